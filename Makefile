@@ -1,0 +1,52 @@
+# CART — make help lists the targets.
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X github.com/cartrouter/cart/cli/internal/buildinfo.Version=$(VERSION) -X github.com/cartrouter/cart/cli/internal/buildinfo.Commit=$(COMMIT)
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+BINARIES := cart cartctl cart-sim
+GOFILES = $(shell git ls-files '*.go' | grep -v '^gen/')
+
+.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build bin/cart, bin/cartctl, bin/cart-sim
+	@mkdir -p bin
+	@for b in $(BINARIES); do \
+		[ -d cli/$$b ] || continue; \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/$$b ./cli/$$b || exit 1; \
+	done
+
+run: build ## start three cart-sim replicas and cart on :6700 (Ctrl-C stops all)
+	@deploy/local/run.sh
+
+test: fmt-check vet staticcheck ## the one test command: format, vet, staticcheck, go test -race
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+lint: fmt-check vet staticcheck ## format, vet and staticcheck only
+
+fmt-check:
+	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+staticcheck:
+	$(GO) run $(STATICCHECK) ./...
+
+FUZZTIME ?= 30s
+fuzz: ## run every fuzz target for FUZZTIME each
+	@for pkg in $$($(GO) list ./...); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+			echo "== $$pkg $$f"; $(GO) test -run XXX -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done
+
+bench: ## micro-benchmarks of the routing path
+	$(GO) test -run XXX -bench . -benchmem ./controlplane/... ./dataplane/...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,124 @@
+// Command cart is the CART router: the all-in-one mode by default, and the
+// control-plane and data-plane roles as subcommands.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cartrouter/cart/cli/internal/buildinfo"
+	"github.com/cartrouter/cart/cli/internal/logging"
+	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/dataplane/fdlimit"
+	"github.com/cartrouter/cart/dataplane/server"
+)
+
+func main() {
+	if err := newRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "cart:", err)
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	var paths []string
+	var check bool
+	root := &cobra.Command{
+		Use:   "cart -c config.yaml [-c overlay.yaml ...]",
+		Short: "CART: cache-aware router for LLM inference pools (all-in-one mode)",
+		Long: "cart runs the all-in-one router: one process that routes OpenAI/Anthropic-style\n" +
+			"requests across inference replicas by prefix-cache affinity.\n\n" +
+			"Config files (-c, repeatable) merge in order; the last one wins.",
+		Version:       buildinfo.String("cart"),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(paths) == 0 {
+				return errors.New("no config file: pass -c config.yaml (see config.example.yaml)")
+			}
+			cfg, err := loadConfig(paths, config.RoleAllInOne)
+			if check {
+				return reportCheck(cmd, cfg, err)
+			}
+			if err != nil {
+				return err
+			}
+			return runAllInOne(cmd.Context(), cfg, paths)
+		},
+	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.Flags().StringArrayVarP(&paths, "config", "c", nil, "config file (repeatable; later files override earlier ones)")
+	root.Flags().BoolVar(&check, "config-check", false, "validate the merged config, print the effective config and exit")
+	return root
+}
+
+func loadConfig(paths []string, role config.Role) (*config.Config, error) {
+	cfg, err := config.Load(paths...)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(role); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// reportCheck prints the effective config (exit 0) or every problem found
+// (non-zero exit).
+func reportCheck(cmd *cobra.Command, cfg *config.Config, err error) error {
+	if err != nil {
+		fmt.Fprintln(cmd.ErrOrStderr(), "config check failed:")
+		fmt.Fprintln(cmd.ErrOrStderr(), err)
+		return errors.New("invalid configuration")
+	}
+	out, err := cfg.YAML()
+	if err != nil {
+		return fmt.Errorf("render effective config: %w", err)
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), "# config OK; effective configuration:")
+	_, _ = cmd.OutOrStdout().Write(out)
+	return nil
+}
+
+func runAllInOne(ctx context.Context, cfg *config.Config, paths []string) error {
+	log := logging.New(os.Stderr, cfg.Log.Level, cfg.Log.Format)
+	if n, err := fdlimit.Ensure(uint64(cfg.Server.MinOpenFiles)); err != nil {
+		return err
+	} else {
+		log.Debug("open-files limit", "soft", n)
+	}
+	a, err := server.NewAllInOne(cfg, paths, log, 0)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", a.HTTP.Addr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				if err := a.Reload(); err != nil {
+					log.Error("SIGHUP reload", "error", err.Error())
+				}
+			}
+		}
+	}()
+	return a.Run(ctx, ln)
+}

@@ -1,0 +1,387 @@
+// Package engine is CART's routing policy: given the usable workers, their
+// load and the prefix index, it decides where a request goes and why.
+//
+// Like the index it is pure: no I/O, no goroutines, no clock (time comes in
+// as an argument), no locks (callers serialise access), and its randomness
+// comes from a source the caller provides, so every rule is table-testable.
+// The in-process router of the all-in-one mode and the control plane's
+// leader both drive the same Engine.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/cartrouter/cart/controlplane/index"
+)
+
+// Reason says why a worker was chosen.
+type Reason string
+
+// Decision reasons. They are metric label values and log fields: stable API.
+const (
+	ReasonCacheHit      Reason = "cache_hit"      // longest-prefix holder won
+	ReasonCacheMiss     Reason = "cache_miss"     // no good enough match: least loaded
+	ReasonHitOverloaded Reason = "hit_overloaded" // good match but its holder is too busy
+	ReasonEmptyText     Reason = "empty_text"     // nothing to match on: least loaded
+)
+
+// Errors returned when no worker can take the request. Callers map all of
+// them to 503 with a message that tells the operator which case it is.
+var (
+	ErrNoWorkers    = errors.New("no workers configured")
+	ErrNoHealthy    = errors.New("no healthy workers")
+	ErrAllExcluded  = errors.New("every healthy worker is excluded for this request (circuit open or already failed)")
+	ErrAllSaturated = errors.New("every usable worker is at max_load")
+)
+
+// Policy holds the routing thresholds (cache.* in the config).
+type Policy struct {
+	// Threshold: route by cache when matched/total characters >= this.
+	Threshold float64
+	// MatchAbsThreshold: or when at least this many characters match
+	// (0 disables the absolute rule).
+	MatchAbsThreshold int
+	// BalanceAbsThreshold and BalanceRelThreshold: a cache candidate C is
+	// dropped for the least-loaded L when load(C)-load(L) > abs AND
+	// load(C) > load(L)*rel.
+	BalanceAbsThreshold int
+	BalanceRelThreshold float64
+	// BlockChars is the index block size, to turn blocks into characters.
+	BlockChars int
+}
+
+// WorkerSpec is what the engine needs to know about a worker.
+type WorkerSpec struct {
+	URL         string
+	MaxLoad     int // 0 = no cap
+	LoadPenalty int
+}
+
+type worker struct {
+	id      index.WorkerID
+	spec    WorkerSpec
+	healthy bool
+	load    int // in-flight requests placed and not yet released
+}
+
+// Request is one routing question.
+type Request struct {
+	// Hashes are the chained block hashes of the key text (index.Hash).
+	Hashes []uint64
+	// KeyLen is the key text length in characters (bytes).
+	KeyLen int
+	// Exclude lists worker URLs this request must not go to: replicas that
+	// already failed it, or whose circuit breaker is open at the caller.
+	Exclude []string
+	// DryRun decides without taking load or recording a placement.
+	DryRun bool
+}
+
+// Decision is the engine's answer.
+type Decision struct {
+	Worker       string
+	Reason       Reason
+	MatchedChars int
+	MatchedRatio float64
+	// Placed are the hashes newly recorded for Worker by this decision:
+	// Unplace removes exactly these if the request never reached it.
+	Placed []uint64
+	// Candidate is the cache candidate's URL, if there was one.
+	Candidate string
+	// ChosenChars is how many key characters the chosen worker holds
+	// according to the index: the predicted cached prefix.
+	ChosenChars int
+}
+
+// Engine is the routing state. Not safe for concurrent use.
+type Engine struct {
+	pol     Policy
+	idx     *index.Index
+	rng     *rand.Rand
+	workers []*worker // in configuration order
+	byURL   map[string]*worker
+	byID    map[index.WorkerID]*worker
+	nextID  index.WorkerID
+	match   index.Match // scratch, reused: the route path must not allocate
+	usable  []*worker   // scratch
+	// Underflows counts releases of a worker with no load: a caller bug
+	// that the guard absorbed. Exported as a metric so it cannot hide.
+	Underflows uint64
+}
+
+// New returns an engine over idx with the given policy. rng breaks ties.
+func New(pol Policy, idx *index.Index, rng *rand.Rand) *Engine {
+	if pol.BlockChars <= 0 {
+		panic("engine: Policy.BlockChars must be positive")
+	}
+	return &Engine{
+		pol:   pol,
+		idx:   idx,
+		rng:   rng,
+		byURL: make(map[string]*worker),
+		byID:  make(map[index.WorkerID]*worker),
+	}
+}
+
+// Index exposes the prefix index (for eviction passes and stats).
+func (e *Engine) Index() *index.Index { return e.idx }
+
+// Policy returns the thresholds in force.
+func (e *Engine) Policy() Policy { return e.pol }
+
+// SetWorkers replaces the worker set. Workers that stay keep their load,
+// health and index entries (the cache stays warm across a reload); removed
+// workers' index entries are dropped. New workers start healthy: the health
+// checker demotes them if they are not. It returns the removed URLs.
+func (e *Engine) SetWorkers(specs []WorkerSpec) (removed []string) {
+	keep := make(map[string]bool, len(specs))
+	next := make([]*worker, 0, len(specs))
+	for _, s := range specs {
+		keep[s.URL] = true
+		if w, ok := e.byURL[s.URL]; ok {
+			w.spec = s
+			next = append(next, w)
+			continue
+		}
+		w := &worker{id: e.nextID, spec: s, healthy: true}
+		e.nextID++
+		e.byURL[s.URL] = w
+		e.byID[w.id] = w
+		next = append(next, w)
+	}
+	for _, w := range e.workers {
+		if keep[w.spec.URL] {
+			continue
+		}
+		removed = append(removed, w.spec.URL)
+		delete(e.byURL, w.spec.URL)
+		delete(e.byID, w.id)
+		e.idx.RemoveWorker(w.id)
+	}
+	e.workers = next
+	return removed
+}
+
+// SetHealthy marks a worker healthy or not. Unknown URLs are ignored (the
+// worker may have been removed while its probe was in flight).
+func (e *Engine) SetHealthy(url string, healthy bool) {
+	if w, ok := e.byURL[url]; ok {
+		w.healthy = healthy
+	}
+}
+
+// WorkerState is a read-only view of one worker.
+type WorkerState struct {
+	WorkerSpec
+	Healthy bool
+	Load    int
+}
+
+// Workers returns the workers in configuration order.
+func (e *Engine) Workers() []WorkerState {
+	out := make([]WorkerState, len(e.workers))
+	for i, w := range e.workers {
+		out[i] = WorkerState{WorkerSpec: w.spec, Healthy: w.healthy, Load: w.load}
+	}
+	return out
+}
+
+// Load returns a worker's in-flight count (0 for unknown workers).
+func (e *Engine) Load(url string) int {
+	if w, ok := e.byURL[url]; ok {
+		return w.load
+	}
+	return 0
+}
+
+// Release gives back the load a non-dry-run Route took on url. Callers must
+// release each decision exactly once; a release with no load outstanding is
+// absorbed (load never goes negative) and counted in Underflows.
+func (e *Engine) Release(url string) {
+	w, ok := e.byURL[url]
+	if !ok {
+		return // removed while the request was in flight
+	}
+	if w.load <= 0 {
+		e.Underflows++
+		return
+	}
+	w.load--
+}
+
+// Unplace withdraws the placement a decision recorded, for a request that
+// never reached its worker (connection refused, retried elsewhere), so the
+// index does not claim the worker holds a prefix it never saw.
+func (e *Engine) Unplace(d Decision) {
+	if w, ok := e.byURL[d.Worker]; ok && len(d.Placed) > 0 {
+		e.idx.RemoveHolder(d.Placed, w.id)
+	}
+}
+
+func (e *Engine) effLoad(w *worker) int { return w.load + w.spec.LoadPenalty }
+
+// Route decides where req goes at time now. Unless req.DryRun, it takes one
+// unit of load on the chosen worker (give it back with Release) and records
+// the prefix for it (withdraw with Unplace).
+func (e *Engine) Route(req Request, now int64) (Decision, error) {
+	if err := e.collectUsable(req.Exclude); err != nil {
+		return Decision{}, err
+	}
+	least := e.leastLoaded()
+
+	var d Decision
+	var chosen *worker
+	var chosenBlocks int
+	if req.KeyLen == 0 || len(req.Hashes) == 0 {
+		chosen, d.Reason = least, ReasonEmptyText
+	} else {
+		cand, blocks := e.cacheCandidate(req.Hashes)
+		if cand != nil {
+			d.MatchedChars = index.MatchedChars(blocks, req.KeyLen, e.pol.BlockChars)
+			d.MatchedRatio = float64(d.MatchedChars) / float64(req.KeyLen)
+		}
+		switch {
+		case cand == nil || !e.goodMatch(d.MatchedChars, d.MatchedRatio):
+			chosen, d.Reason = least, ReasonCacheMiss
+		case e.overloaded(cand, least):
+			d.Candidate = cand.spec.URL
+			chosen, d.Reason = least, ReasonHitOverloaded
+		default:
+			d.Candidate = cand.spec.URL
+			chosen, d.Reason = cand, ReasonCacheHit
+		}
+		chosenBlocks = e.match.BlocksFor(chosen.id)
+		d.ChosenChars = index.MatchedChars(chosenBlocks, req.KeyLen, e.pol.BlockChars)
+	}
+	d.Worker = chosen.spec.URL
+	if req.DryRun {
+		return d, nil
+	}
+	chosen.load++
+	if d.Reason != ReasonEmptyText {
+		e.idx.Insert(req.Hashes, chosen.id, now)
+		// Blocks the worker already held stay its own if the request is
+		// withdrawn; only the ones this decision added are undone.
+		if chosenBlocks < len(req.Hashes) {
+			d.Placed = req.Hashes[chosenBlocks:]
+		}
+	}
+	return d, nil
+}
+
+func (e *Engine) collectUsable(exclude []string) error {
+	e.usable = e.usable[:0]
+	if len(e.workers) == 0 {
+		return ErrNoWorkers
+	}
+	healthy, notExcluded := 0, 0
+	for _, w := range e.workers {
+		if !w.healthy {
+			continue
+		}
+		healthy++
+		if contains(exclude, w.spec.URL) {
+			continue
+		}
+		notExcluded++
+		if w.spec.MaxLoad > 0 && w.load >= w.spec.MaxLoad {
+			continue
+		}
+		e.usable = append(e.usable, w)
+	}
+	switch {
+	case len(e.usable) > 0:
+		return nil
+	case healthy == 0:
+		return ErrNoHealthy
+	case notExcluded == 0:
+		return ErrAllExcluded
+	default:
+		return ErrAllSaturated
+	}
+}
+
+// leastLoaded picks the usable worker with the lowest effective load,
+// breaking ties uniformly at random (reservoir sampling) so that several
+// routers never stampede onto the same replica.
+func (e *Engine) leastLoaded() *worker {
+	var best *worker
+	ties := 0
+	for _, w := range e.usable {
+		switch {
+		case best == nil || e.effLoad(w) < e.effLoad(best):
+			best, ties = w, 1
+		case e.effLoad(w) == e.effLoad(best):
+			ties++
+			if e.rng.IntN(ties) == 0 {
+				best = w
+			}
+		}
+	}
+	return best
+}
+
+// cacheCandidate returns the usable worker holding the longest prefix of
+// hashes (ties: least loaded, then random) and its matched block count.
+func (e *Engine) cacheCandidate(hashes []uint64) (*worker, int) {
+	e.idx.Lookup(hashes, &e.match)
+	var best *worker
+	bestBlocks, ties := 0, 0
+	for i, id := range e.match.Workers {
+		w, ok := e.byID[id]
+		if !ok || !e.isUsable(w) {
+			continue
+		}
+		b := e.match.Blocks[i]
+		switch {
+		case best == nil || b > bestBlocks || (b == bestBlocks && e.effLoad(w) < e.effLoad(best)):
+			best, bestBlocks, ties = w, b, 1
+		case b == bestBlocks && e.effLoad(w) == e.effLoad(best):
+			ties++
+			if e.rng.IntN(ties) == 0 {
+				best = w
+			}
+		}
+	}
+	return best, bestBlocks
+}
+
+func (e *Engine) isUsable(w *worker) bool {
+	for _, u := range e.usable {
+		if u == w {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Engine) goodMatch(chars int, ratio float64) bool {
+	if chars <= 0 {
+		return false
+	}
+	if ratio >= e.pol.Threshold {
+		return true
+	}
+	return e.pol.MatchAbsThreshold > 0 && chars >= e.pol.MatchAbsThreshold
+}
+
+func (e *Engine) overloaded(c, l *worker) bool {
+	lc, ll := e.effLoad(c), e.effLoad(l)
+	return lc-ll > e.pol.BalanceAbsThreshold && float64(lc) > float64(ll)*e.pol.BalanceRelThreshold
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// String renders a decision for logs and errors.
+func (d Decision) String() string {
+	return fmt.Sprintf("%s -> %s (matched %d chars, %.2f)", d.Reason, d.Worker, d.MatchedChars, d.MatchedRatio)
+}

@@ -1,0 +1,445 @@
+// Package index is CART's prefix index: it remembers which workers were sent
+// which prompt prefixes, as chains of block hashes, and answers "who holds
+// the longest prefix of this prompt".
+//
+// It is pure decision state: no I/O, no goroutines, no clock (callers pass
+// the time in as an opaque int64, e.g. Unix nanoseconds), and no locking.
+// It never stores prompt text, only 64-bit hashes.
+//
+// Entries live in a slab with an intrusive LRU list, so touching, evicting
+// and inserting are O(1) per block and the match path allocates nothing.
+// Deeper blocks are always older than or as old as their ancestors in the
+// LRU order (a path is touched leaf-first, root-last), so eviction from the
+// tail removes leaves before the prefixes they extend and never leaves an
+// unreachable suffix behind a hole.
+package index
+
+// WorkerID identifies a worker inside the index. IDs are assigned by the
+// caller and must not be reused for a different worker while the index
+// still holds entries for the old one (RemoveWorker first).
+type WorkerID uint32
+
+const nilSlot = -1
+
+type holder struct {
+	w  WorkerID
+	at int64 // last time this worker was sent this prefix
+}
+
+type entry struct {
+	hash       uint64
+	prev, next int32 // LRU neighbours; head = most recently used
+	used       int64 // last touch of any holder
+	first      holder
+	more       []holder // rare: shared prefixes such as system prompts
+	nholders   int32
+}
+
+// Stats counts what the index did, for metrics.
+type Stats struct {
+	Entries        int
+	Evicted        uint64 // entries removed by LRU eviction or expiry
+	SkippedInserts uint64 // new entries not stored because the index was full
+}
+
+// Index is the prefix index. The zero value is not usable; call New.
+type Index struct {
+	slots      []entry
+	free       []int32
+	byHash     map[uint64]int32
+	head, tail int32
+	ceiling    int // never store more entries than this
+	inline     bool
+	stats      Stats
+}
+
+// Options bound the index.
+type Options struct {
+	// MaxEntries is the target size that Evict trims to.
+	MaxEntries int
+	// Headroom is how far above MaxEntries inserts may grow the index
+	// between Evict passes; beyond MaxEntries+Headroom new entries are
+	// skipped (and counted) instead of waiting for an eviction pass.
+	Headroom int
+	// InlineEvict makes a full index evict its least recently used entry to
+	// make room for a new one instead of skipping it. Used when no periodic
+	// eviction pass runs.
+	InlineEvict bool
+}
+
+// New returns an empty index.
+func New(o Options) *Index {
+	if o.MaxEntries < 1 {
+		o.MaxEntries = 1
+	}
+	if o.Headroom < 0 || o.InlineEvict {
+		o.Headroom = 0
+	}
+	return &Index{
+		byHash:  make(map[uint64]int32),
+		head:    nilSlot,
+		tail:    nilSlot,
+		ceiling: o.MaxEntries + o.Headroom,
+		inline:  o.InlineEvict,
+	}
+}
+
+// Stats returns counters and the current size.
+func (x *Index) Stats() Stats {
+	s := x.stats
+	s.Entries = len(x.byHash)
+	return s
+}
+
+// Len is the number of entries.
+func (x *Index) Len() int { return len(x.byHash) }
+
+// Match is the result of a lookup: for each worker holding a block of the
+// leading run of hashes present in the index, the number of leading blocks
+// it holds. Hashes are chained, so holding block i means the worker was sent
+// blocks 0..i, even if a withdrawn placement (RemoveHolder) has since taken
+// it off a shallower one.
+type Match struct {
+	Workers []WorkerID
+	Blocks  []int
+	// Longest is the deepest matched block count over all workers.
+	Longest int
+}
+
+// Reset empties m keeping its capacity.
+func (m *Match) Reset() {
+	m.Workers = m.Workers[:0]
+	m.Blocks = m.Blocks[:0]
+	m.Longest = 0
+}
+
+// BlocksFor returns how many leading blocks worker w holds (0 if none).
+func (m *Match) BlocksFor(w WorkerID) int {
+	for i, id := range m.Workers {
+		if id == w {
+			return m.Blocks[i]
+		}
+	}
+	return 0
+}
+
+func (m *Match) set(w WorkerID, blocks int) {
+	for i, id := range m.Workers {
+		if id == w {
+			m.Blocks[i] = blocks
+			return
+		}
+	}
+	m.Workers = append(m.Workers, w)
+	m.Blocks = append(m.Blocks, blocks)
+}
+
+// Lookup finds, for every worker, the longest run of leading hashes it
+// holds: the deepest block it holds before the first hash missing from the
+// index (see Match). It does not change the index (a dry run may call it
+// freely).
+// m is reset first; with enough capacity in m, Lookup does not allocate.
+func (x *Index) Lookup(hashes []uint64, m *Match) {
+	m.Reset()
+	for i, h := range hashes {
+		s, ok := x.byHash[h]
+		if !ok {
+			return
+		}
+		e := &x.slots[s]
+		if e.nholders == 0 {
+			return
+		}
+		m.set(e.first.w, i+1)
+		for _, hd := range e.more {
+			m.set(hd.w, i+1)
+		}
+		m.Longest = i + 1
+	}
+}
+
+// Insert records that worker w was sent the prefix hashes at time now:
+// every block on the path gets w as a holder (or its time refreshed) and
+// moves to the front of the LRU order. It returns how many new entries
+// could not be stored because the index was full.
+func (x *Index) Insert(hashes []uint64, w WorkerID, now int64) (skipped int) {
+	if !x.inline && x.ceiling-len(x.byHash) < len(hashes) {
+		// Not every new block may fit: keep the shallowest ones. A deeper
+		// block stored without its parent could never be matched and would
+		// only take the room of a reachable one.
+		hashes, skipped = x.fit(hashes, x.ceiling-len(x.byHash))
+	}
+	protected := false
+	// Leaf first, root last, so ancestors are always more recent than
+	// their descendants (see the package comment).
+	for i := len(hashes) - 1; i >= 0; i-- {
+		h := hashes[i]
+		s, ok := x.byHash[h]
+		if !ok {
+			if len(x.byHash) >= x.ceiling {
+				if !x.inline || x.tail == nilSlot {
+					skipped++
+					continue
+				}
+				if !protected {
+					// The blocks of this path not yet touched may be
+					// the LRU tail: move them out of the way first, or
+					// they would be evicted and re-created, losing
+					// their other holders.
+					x.touchExisting(hashes[:i])
+					protected = true
+				}
+				x.evictTail()
+			}
+			s = x.alloc(h)
+		} else {
+			x.unlink(s)
+		}
+		e := &x.slots[s]
+		e.used = now
+		e.addHolder(w, now)
+		x.pushFront(s)
+	}
+	x.stats.SkippedInserts += uint64(skipped)
+	return skipped
+}
+
+// fit cuts hashes before the first new block that does not fit in room
+// free entries, and returns the cut path and how many new blocks it left out.
+func (x *Index) fit(hashes []uint64, room int) ([]uint64, int) {
+	cut, left := len(hashes), 0
+	for i, h := range hashes {
+		if _, ok := x.byHash[h]; ok {
+			continue
+		}
+		if cut == len(hashes) {
+			if room > 0 {
+				room--
+				continue
+			}
+			cut = i
+		}
+		left++
+	}
+	return hashes[:cut], left
+}
+
+// touchExisting moves the entries of hashes that exist to the front of the
+// LRU order, leaf first, without changing their holders or times.
+func (x *Index) touchExisting(hashes []uint64) {
+	for i := len(hashes) - 1; i >= 0; i-- {
+		if s, ok := x.byHash[hashes[i]]; ok {
+			x.unlink(s)
+			x.pushFront(s)
+		}
+	}
+}
+
+// RemoveHolder undoes a placement: worker w no longer counts as holding
+// hashes (e.g. the request sent there failed before the worker saw it, so
+// it must not leave a phantom holder). Entries left without holders are
+// freed.
+func (x *Index) RemoveHolder(hashes []uint64, w WorkerID) {
+	for _, h := range hashes {
+		s, ok := x.byHash[h]
+		if !ok {
+			continue
+		}
+		e := &x.slots[s]
+		e.removeHolder(w)
+		if e.nholders == 0 {
+			x.drop(s)
+		}
+	}
+}
+
+// RemoveWorker forgets everything worker w holds. O(entries).
+func (x *Index) RemoveWorker(w WorkerID) {
+	for s := x.head; s != nilSlot; {
+		next := x.slots[s].next
+		e := &x.slots[s]
+		e.removeHolder(w)
+		if e.nholders == 0 {
+			x.drop(s)
+		}
+		s = next
+	}
+}
+
+// Evict removes least recently used entries until at most target remain,
+// but no more than limit entries per call (limit <= 0: no limit), so a
+// caller can trim a large index in short steps. It reports how many it
+// removed and whether the index is now at or below target.
+func (x *Index) Evict(target, limit int) (removed int, done bool) {
+	for len(x.byHash) > target && x.tail != nilSlot {
+		if limit > 0 && removed >= limit {
+			return removed, false
+		}
+		x.evictTail()
+		removed++
+	}
+	return removed, true
+}
+
+// ExpireBefore removes every entry not touched since cutoff, up to limit
+// entries per call (limit <= 0: no limit). The LRU order is also the
+// touch-time order, so this walks from the tail and stops at the first
+// fresh entry.
+func (x *Index) ExpireBefore(cutoff int64, limit int) (removed int, done bool) {
+	for x.tail != nilSlot && x.slots[x.tail].used < cutoff {
+		if limit > 0 && removed >= limit {
+			return removed, false
+		}
+		x.evictTail()
+		removed++
+	}
+	return removed, true
+}
+
+// Clear drops every entry (the daily cleanup).
+func (x *Index) Clear() {
+	x.stats.Evicted += uint64(len(x.byHash))
+	clear(x.byHash)
+	x.slots = x.slots[:0]
+	x.free = x.free[:0]
+	x.head, x.tail = nilSlot, nilSlot
+}
+
+// Walk calls fn for every entry from most to least recently used, with its
+// hash and holders (valid only during the call). It is for snapshots and
+// diagnostics, not the routing path.
+func (x *Index) Walk(fn func(hash uint64, used int64, holders []Holder) bool) {
+	var buf []Holder
+	for s := x.head; s != nilSlot; s = x.slots[s].next {
+		e := &x.slots[s]
+		buf = buf[:0]
+		buf = append(buf, Holder{Worker: e.first.w, At: e.first.at})
+		for _, h := range e.more {
+			buf = append(buf, Holder{Worker: h.w, At: h.at})
+		}
+		if !fn(e.hash, e.used, buf) {
+			return
+		}
+	}
+}
+
+// Holder is a worker that was sent a prefix and when.
+type Holder struct {
+	Worker WorkerID
+	At     int64
+}
+
+// Holders returns the holders of a single block hash (nil if absent).
+func (x *Index) Holders(hash uint64) []Holder {
+	s, ok := x.byHash[hash]
+	if !ok {
+		return nil
+	}
+	e := &x.slots[s]
+	out := []Holder{{Worker: e.first.w, At: e.first.at}}
+	for _, h := range e.more {
+		out = append(out, Holder{Worker: h.w, At: h.at})
+	}
+	return out
+}
+
+func (x *Index) evictTail() {
+	x.drop(x.tail)
+	x.stats.Evicted++
+}
+
+func (x *Index) alloc(h uint64) int32 {
+	var s int32
+	if n := len(x.free); n > 0 {
+		s = x.free[n-1]
+		x.free = x.free[:n-1]
+	} else {
+		x.slots = append(x.slots, entry{})
+		s = int32(len(x.slots) - 1)
+	}
+	x.slots[s] = entry{hash: h, prev: nilSlot, next: nilSlot}
+	x.byHash[h] = s
+	return s
+}
+
+func (x *Index) drop(s int32) {
+	x.unlink(s)
+	delete(x.byHash, x.slots[s].hash)
+	x.slots[s] = entry{prev: nilSlot, next: nilSlot}
+	x.free = append(x.free, s)
+}
+
+func (x *Index) unlink(s int32) {
+	e := &x.slots[s]
+	if e.prev != nilSlot {
+		x.slots[e.prev].next = e.next
+	} else if x.head == s {
+		x.head = e.next
+	}
+	if e.next != nilSlot {
+		x.slots[e.next].prev = e.prev
+	} else if x.tail == s {
+		x.tail = e.prev
+	}
+	e.prev, e.next = nilSlot, nilSlot
+}
+
+func (x *Index) pushFront(s int32) {
+	e := &x.slots[s]
+	e.prev = nilSlot
+	e.next = x.head
+	if x.head != nilSlot {
+		x.slots[x.head].prev = s
+	}
+	x.head = s
+	if x.tail == nilSlot {
+		x.tail = s
+	}
+}
+
+func (e *entry) addHolder(w WorkerID, now int64) {
+	if e.nholders == 0 {
+		e.first = holder{w: w, at: now}
+		e.nholders = 1
+		return
+	}
+	if e.first.w == w {
+		e.first.at = now
+		return
+	}
+	for i := range e.more {
+		if e.more[i].w == w {
+			e.more[i].at = now
+			return
+		}
+	}
+	e.more = append(e.more, holder{w: w, at: now})
+	e.nholders++
+}
+
+func (e *entry) removeHolder(w WorkerID) {
+	if e.nholders == 0 {
+		return
+	}
+	if e.first.w == w {
+		if len(e.more) == 0 {
+			e.first = holder{}
+			e.nholders = 0
+			return
+		}
+		last := len(e.more) - 1
+		e.first = e.more[last]
+		e.more = e.more[:last]
+		e.nholders--
+		return
+	}
+	for i := range e.more {
+		if e.more[i].w == w {
+			last := len(e.more) - 1
+			e.more[i] = e.more[last]
+			e.more = e.more[:last]
+			e.nholders--
+			return
+		}
+	}
+}

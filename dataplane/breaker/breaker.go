@@ -1,0 +1,205 @@
+// Package breaker is a per-worker circuit breaker driven by real traffic.
+//
+// Closed: failures are counted; FailureThreshold consecutive failures open
+// it. Open: the worker gets no traffic for Timeout. Half-open: trial
+// requests go through; SuccessThreshold successes close it, one failure
+// re-opens it. The clock is passed in, so the state machine is
+// table-testable.
+package breaker
+
+import (
+	"sync"
+	"time"
+)
+
+// State of one worker's breaker.
+type State int
+
+// Breaker states; String gives their metric/JSON names.
+const (
+	Closed State = iota
+	Open
+	HalfOpen
+)
+
+func (s State) String() string {
+	switch s {
+	case Open:
+		return "open"
+	case HalfOpen:
+		return "half_open"
+	default:
+		return "closed"
+	}
+}
+
+// Config mirrors circuit_breaker.* in the configuration.
+type Config struct {
+	Enabled          bool
+	FailureThreshold int
+	SuccessThreshold int
+	Timeout          time.Duration
+}
+
+// Transition is reported when a breaker changes state.
+type Transition struct {
+	Worker   string
+	From, To State
+}
+
+type cb struct {
+	state     State
+	failures  int // consecutive, while closed
+	successes int // while half-open
+	openedAt  time.Time
+}
+
+// Set holds the breakers of all workers. Safe for concurrent use; no lock
+// is held across I/O (callers report outcomes after their I/O is done).
+type Set struct {
+	cfg      Config
+	mu       sync.Mutex
+	b        map[string]*cb
+	onChange func(Transition) // called without the lock held
+}
+
+// NewSet returns a breaker set. onChange may be nil.
+func NewSet(cfg Config, onChange func(Transition)) *Set {
+	return &Set{cfg: cfg, b: make(map[string]*cb), onChange: onChange}
+}
+
+func (s *Set) get(w string) *cb {
+	c, ok := s.b[w]
+	if !ok {
+		c = &cb{}
+		s.b[w] = c
+	}
+	return c
+}
+
+// Allow reports whether worker w may receive a request at now. An open
+// breaker whose timeout has passed moves to half-open and allows trials.
+func (s *Set) Allow(w string, now time.Time) bool {
+	if !s.cfg.Enabled {
+		return true
+	}
+	s.mu.Lock()
+	c := s.get(w)
+	var tr *Transition
+	if c.state == Open && now.Sub(c.openedAt) >= s.cfg.Timeout {
+		tr = s.move(w, c, HalfOpen)
+	}
+	ok := c.state != Open
+	s.mu.Unlock()
+	s.notify(tr)
+	return ok
+}
+
+// Blocked lists the workers whose breaker is open at now (moving those
+// whose timeout has passed to half-open). It allocates only when some
+// breaker is open, which keeps the healthy path cheap.
+func (s *Set) Blocked(now time.Time) []string {
+	if !s.cfg.Enabled {
+		return nil
+	}
+	var out []string
+	var trs []*Transition
+	s.mu.Lock()
+	for w, c := range s.b {
+		if c.state != Open {
+			continue
+		}
+		if now.Sub(c.openedAt) >= s.cfg.Timeout {
+			trs = append(trs, s.move(w, c, HalfOpen))
+			continue
+		}
+		out = append(out, w)
+	}
+	s.mu.Unlock()
+	for _, tr := range trs {
+		s.notify(tr)
+	}
+	return out
+}
+
+// Success records a request that the worker served.
+func (s *Set) Success(w string) {
+	if !s.cfg.Enabled {
+		return
+	}
+	s.mu.Lock()
+	c := s.get(w)
+	var tr *Transition
+	switch c.state {
+	case Closed:
+		c.failures = 0
+	case HalfOpen:
+		c.successes++
+		if c.successes >= s.cfg.SuccessThreshold {
+			tr = s.move(w, c, Closed)
+		}
+	}
+	s.mu.Unlock()
+	s.notify(tr)
+}
+
+// Failure records a request the worker failed (connection error or a
+// retryable status). Client hang-ups must not be reported here.
+func (s *Set) Failure(w string, now time.Time) {
+	if !s.cfg.Enabled {
+		return
+	}
+	s.mu.Lock()
+	c := s.get(w)
+	var tr *Transition
+	switch c.state {
+	case Closed:
+		c.failures++
+		if c.failures >= s.cfg.FailureThreshold {
+			tr = s.move(w, c, Open)
+			c.openedAt = now
+		}
+	case HalfOpen:
+		tr = s.move(w, c, Open)
+		c.openedAt = now
+	case Open:
+		// A request that was already in flight when the breaker opened:
+		// extend nothing, the timeout runs from the first opening.
+	}
+	s.mu.Unlock()
+	s.notify(tr)
+}
+
+// State returns w's current state (without moving it to half-open).
+func (s *Set) State(w string) State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.b[w]; ok {
+		return c.state
+	}
+	return Closed
+}
+
+// Forget drops the breakers of workers not in keep (after a reload).
+func (s *Set) Forget(keep map[string]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for w := range s.b {
+		if !keep[w] {
+			delete(s.b, w)
+		}
+	}
+}
+
+func (s *Set) move(w string, c *cb, to State) *Transition {
+	tr := &Transition{Worker: w, From: c.state, To: to}
+	c.state = to
+	c.failures, c.successes = 0, 0
+	return tr
+}
+
+func (s *Set) notify(tr *Transition) {
+	if tr != nil && s.onChange != nil {
+		s.onChange(*tr)
+	}
+}

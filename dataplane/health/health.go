@@ -1,0 +1,185 @@
+// Package health polls each worker's health endpoint and turns consecutive
+// results into healthy/unhealthy verdicts with hysteresis: FailureThreshold
+// consecutive failures mark a worker unhealthy, SuccessThreshold consecutive
+// successes bring it back. One Checker serves a whole pool (in the
+// distributed mode it runs on the control-plane leader only).
+package health
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Config mirrors health.* in the configuration.
+type Config struct {
+	Endpoint         string
+	Interval         time.Duration
+	Timeout          time.Duration
+	FailureThreshold int
+	SuccessThreshold int
+}
+
+// Verdict is called when a worker's health changes (and once per worker
+// when it is first judged). It must not block for long.
+type Verdict func(worker string, healthy bool, reason string)
+
+// Tracker is the pure hysteresis state for a set of workers.
+type Tracker struct {
+	cfg   Config
+	state map[string]*track
+}
+
+type track struct {
+	healthy   bool
+	succ, bad int
+}
+
+// NewTracker returns a tracker; workers start healthy so that a freshly
+// started router serves at once (a dead worker is demoted after
+// FailureThreshold probes, and retries cover the gap).
+func NewTracker(cfg Config) *Tracker {
+	return &Tracker{cfg: cfg, state: make(map[string]*track)}
+}
+
+// Observe records one probe result and reports whether the verdict changed
+// and the new verdict.
+func (t *Tracker) Observe(worker string, ok bool) (changed, healthy bool) {
+	s, found := t.state[worker]
+	if !found {
+		s = &track{healthy: true}
+		t.state[worker] = s
+	}
+	if ok {
+		s.bad = 0
+		s.succ++
+		if !s.healthy && s.succ >= t.cfg.SuccessThreshold {
+			s.healthy = true
+			return true, true
+		}
+		return false, s.healthy
+	}
+	s.succ = 0
+	s.bad++
+	if s.healthy && s.bad >= t.cfg.FailureThreshold {
+		s.healthy = false
+		return true, false
+	}
+	return false, s.healthy
+}
+
+// Healthy reports the current verdict (true for unknown workers).
+func (t *Tracker) Healthy(worker string) bool {
+	if s, ok := t.state[worker]; ok {
+		return s.healthy
+	}
+	return true
+}
+
+// Retain forgets workers not in keep.
+func (t *Tracker) Retain(keep map[string]bool) {
+	for w := range t.state {
+		if !keep[w] {
+			delete(t.state, w)
+		}
+	}
+}
+
+// Checker probes workers periodically.
+type Checker struct {
+	cfg     Config
+	client  *http.Client
+	verdict Verdict
+
+	mu      sync.Mutex
+	workers []string
+	tracker *Tracker
+}
+
+// NewChecker returns a checker; call SetWorkers, then Run.
+func NewChecker(cfg Config, client *http.Client, v Verdict) *Checker {
+	if client == nil {
+		client = &http.Client{}
+	}
+	return &Checker{cfg: cfg, client: client, verdict: v, tracker: NewTracker(cfg)}
+}
+
+// SetWorkers replaces the probed set.
+func (c *Checker) SetWorkers(urls []string) {
+	keep := make(map[string]bool, len(urls))
+	for _, u := range urls {
+		keep[u] = true
+	}
+	c.mu.Lock()
+	c.workers = append([]string(nil), urls...)
+	c.tracker.Retain(keep)
+	c.mu.Unlock()
+}
+
+// Run probes every worker each interval until ctx ends. Probes of one
+// round run concurrently, so one hanging worker does not delay the others.
+func (c *Checker) Run(ctx context.Context) {
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	for {
+		c.Round(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Round probes every worker once and applies the results.
+func (c *Checker) Round(ctx context.Context) {
+	c.mu.Lock()
+	ws := append([]string(nil), c.workers...)
+	c.mu.Unlock()
+	type result struct {
+		w   string
+		err error
+	}
+	results := make(chan result, len(ws))
+	for _, w := range ws {
+		go func() { results <- result{w, c.probe(ctx, w)} }()
+	}
+	for range ws {
+		r := <-results
+		if ctx.Err() != nil {
+			continue // shutting down: a cancelled probe says nothing about the worker
+		}
+		c.mu.Lock()
+		changed, healthy := c.tracker.Observe(r.w, r.err == nil)
+		c.mu.Unlock()
+		if changed && c.verdict != nil {
+			reason := "ok"
+			if r.err != nil {
+				reason = r.err.Error()
+			}
+			c.verdict(r.w, healthy, reason)
+		}
+	}
+}
+
+func (c *Checker) probe(ctx context.Context, worker string) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, worker+c.cfg.Endpoint, nil)
+	if err != nil {
+		return fmt.Errorf("build probe: %w", err)
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("probe %s: %w", worker, err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("probe %s: status %d", worker, resp.StatusCode)
+	}
+	return nil
+}

@@ -1,0 +1,186 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// bodyReader replays the buffered request body for one attempt.
+func newBodyReader(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
+
+// releaseOnce closes an upstream body and runs its settlement exactly once,
+// whichever of ReverseProxy's paths (normal end, client abort, error) gets
+// there first.
+type releaseOnce struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+	done   func()
+	once   atomic.Bool
+}
+
+func (r *releaseOnce) Close() error {
+	err := r.ReadCloser.Close()
+	if r.once.CompareAndSwap(false, true) {
+		r.cancel()
+		r.done()
+	}
+	return err
+}
+
+// sniffHead and sniffTail bound how much of a response is kept to read the
+// usage report: OpenAI puts usage at the end (last JSON field, or the last
+// SSE chunk), Anthropic streams put input tokens in the first event.
+const (
+	sniffHead = 2048
+	sniffTail = 4096
+)
+
+// trackedBody watches a response body on its way to the client: it aborts
+// the upstream attempt when no chunk arrives for the idle timeout (a stalled
+// stream) and keeps the head and tail to read the worker's usage report.
+type trackedBody struct {
+	rc     *releaseOnce
+	idle   time.Duration
+	cancel context.CancelFunc
+	timer  *time.Timer
+
+	mu   sync.Mutex // Read and Close may race when the client aborts
+	head []byte
+	tail []byte
+}
+
+func (t *trackedBody) start() {
+	if t.idle > 0 {
+		t.timer = time.AfterFunc(t.idle, t.cancel)
+	}
+}
+
+func (t *trackedBody) Read(b []byte) (int, error) {
+	n, err := t.rc.Read(b)
+	if n > 0 {
+		if t.timer != nil {
+			t.timer.Reset(t.idle)
+		}
+		t.mu.Lock()
+		t.keep(b[:n])
+		t.mu.Unlock()
+	}
+	return n, err
+}
+
+func (t *trackedBody) keep(p []byte) {
+	if room := sniffHead - len(t.head); room > 0 {
+		t.head = append(t.head, p[:min(room, len(p))]...)
+	}
+	if len(p) >= sniffTail {
+		t.tail = append(t.tail[:0], p[len(p)-sniffTail:]...)
+		return
+	}
+	if over := len(t.tail) + len(p) - sniffTail; over > 0 {
+		t.tail = append(t.tail[:0], t.tail[over:]...)
+	}
+	t.tail = append(t.tail, p...)
+}
+
+func (t *trackedBody) Close() error {
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	return t.rc.Close()
+}
+
+type usage struct{ prompt, cached int }
+
+// usage reads token counts from the kept bytes; -1 when absent.
+func (t *trackedBody) usage() usage {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	u := usage{prompt: -1, cached: -1}
+	// OpenAI / vLLM / SGLang: usage.prompt_tokens and
+	// usage.prompt_tokens_details.cached_tokens.
+	if v, ok := lastInt(t.tail, `"prompt_tokens":`); ok {
+		u.prompt = v
+		u.cached = 0 // a usage report without details means nothing cached
+		if c, ok := lastInt(t.tail, `"cached_tokens":`); ok {
+			u.cached = c
+		}
+		return u
+	}
+	// Anthropic: input_tokens excludes cache reads and writes.
+	for _, buf := range [][]byte{t.tail, t.head} {
+		in, ok := lastInt(buf, `"input_tokens":`)
+		if !ok {
+			continue
+		}
+		read, _ := lastInt(buf, `"cache_read_input_tokens":`)
+		created, _ := lastInt(buf, `"cache_creation_input_tokens":`)
+		if read < 0 {
+			read = 0
+		}
+		if created < 0 {
+			created = 0
+		}
+		return usage{prompt: in + read + created, cached: read}
+	}
+	return u
+}
+
+// lastInt finds the last `key` followed by an integer. JSON strings escape
+// quotes, so the key cannot be forged by generated text.
+func lastInt(b []byte, key string) (int, bool) {
+	i := bytes.LastIndex(b, []byte(key))
+	if i < 0 {
+		return -1, false
+	}
+	rest := b[i+len(key):]
+	for len(rest) > 0 && (rest[0] == ' ' || rest[0] == '\t') {
+		rest = rest[1:]
+	}
+	end := 0
+	for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+		end++
+	}
+	if end == 0 || end > 12 {
+		return -1, false
+	}
+	v, err := strconv.Atoi(string(rest[:end]))
+	if err != nil {
+		return -1, false
+	}
+	return v, true
+}
+
+// statusWriter records the status and whether the client went away while
+// writing. It unwraps for http.ResponseController, so flushing and
+// deadlines still reach the real connection.
+type statusWriter struct {
+	http.ResponseWriter
+	status     int
+	clientGone bool
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	n, err := s.ResponseWriter.Write(b)
+	if err != nil {
+		s.clientGone = true
+	}
+	return n, err
+}
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }

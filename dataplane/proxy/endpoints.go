@@ -1,0 +1,157 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/cartrouter/cart/dataplane/apierr"
+	"github.com/cartrouter/cart/dataplane/router"
+)
+
+func (p *Proxy) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	ws := p.o.Router.Workers()
+	healthy := 0
+	for _, wk := range ws {
+		if wk.Healthy {
+			healthy++
+		}
+	}
+	status, code := "ok", http.StatusOK
+	if healthy == 0 {
+		status, code = "unavailable", http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, map[string]any{"status": status, "healthy_workers": healthy, "workers": len(ws)})
+}
+
+// WorkerView is one row of GET /workers.
+type WorkerView struct {
+	URL          string `json:"url"`
+	Load         int    `json:"load"`
+	MaxLoad      int    `json:"max_load"`
+	LoadPenalty  int    `json:"load_penalty"`
+	Healthy      bool   `json:"healthy"`
+	BreakerState string `json:"breaker_state"`
+}
+
+func (p *Proxy) handleWorkers(w http.ResponseWriter, _ *http.Request) {
+	ws := p.o.Router.Workers()
+	out := make([]WorkerView, len(ws))
+	for i, wk := range ws {
+		out[i] = WorkerView{URL: wk.URL, Load: wk.Load, MaxLoad: wk.MaxLoad, LoadPenalty: wk.LoadPenalty,
+			Healthy: wk.Healthy, BreakerState: p.o.Breakers.State(wk.URL).String()}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"workers": out})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// modelsCache answers GET /v1/models from memory for ttl after one worker
+// answered it. It keeps serving the last answer after every worker is gone:
+// it says which models the pool serves, not whether the pool is up, so it
+// is no liveness probe (use /health).
+type modelsCache struct {
+	ttl     time.Duration
+	mu      sync.Mutex // held across the fetch on purpose: one fetch, not a herd
+	body    []byte
+	ctype   string
+	fetched time.Time
+}
+
+func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
+	mc := &p.models
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	now := p.o.Now()
+	if mc.body != nil && now.Sub(mc.fetched) < mc.ttl {
+		p.m.ModelsCache.WithLabelValues("hit").Inc()
+		serveModels(w, mc.ctype, mc.body, "hit")
+		return
+	}
+	body, ctype, err := p.fetchModels(r.Context())
+	if err == nil {
+		mc.body, mc.ctype, mc.fetched = body, ctype, now
+		p.m.ModelsCache.WithLabelValues("miss").Inc()
+		serveModels(w, ctype, body, "miss")
+		return
+	}
+	if mc.body != nil {
+		p.log.Warn("serving stale /v1/models: no worker answered", "error", err.Error())
+		p.m.ModelsCache.WithLabelValues("stale").Inc()
+		serveModels(w, mc.ctype, mc.body, "stale")
+		return
+	}
+	var ae *apierr.Error
+	if !errors.As(err, &ae) {
+		ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_unreachable", "could not list models: %v", err)
+	}
+	apierr.Write(w, ae)
+}
+
+func serveModels(w http.ResponseWriter, ctype string, body []byte, source string) {
+	if ctype == "" {
+		ctype = "application/json"
+	}
+	w.Header().Set("Content-Type", ctype)
+	w.Header().Set("X-Cart-Models-Cache", source)
+	_, _ = w.Write(body)
+}
+
+// fetchModels asks one usable worker (least loaded) for its model list,
+// trying others if it fails.
+func (p *Proxy) fetchModels(ctx context.Context) ([]byte, string, error) {
+	timeout := p.o.RequestTimeout
+	if timeout <= 0 || timeout > 10*time.Second {
+		timeout = 10 * time.Second
+	}
+	var failed []string
+	var lastErr error
+	for range max(1, p.o.MaxRetries+1) {
+		d, err := p.o.Router.Route(ctx, &router.Request{Exclude: failed})
+		if err != nil {
+			if lastErr != nil {
+				return nil, "", lastErr
+			}
+			return nil, "", apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_worker_available", "%v", err)
+		}
+		body, ctype, err := p.getModels(ctx, d.Worker, timeout)
+		p.o.Router.Done(d, router.Outcome{Delivered: err == nil, PromptTokens: -1, CachedTokens: -1})
+		if err == nil {
+			return body, ctype, nil
+		}
+		lastErr = err
+		failed = append(failed, d.Worker)
+	}
+	return nil, "", lastErr
+}
+
+func (p *Proxy) getModels(ctx context.Context, worker string, timeout time.Duration) ([]byte, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, worker+"/v1/models", nil)
+	if err != nil {
+		return nil, "", fmt.Errorf("models request: %w", err)
+	}
+	resp, err := p.upstream.RoundTrip(req)
+	if err != nil {
+		return nil, "", fmt.Errorf("models from %s: %w", worker, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return nil, "", fmt.Errorf("models from %s: %w", worker, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, "", fmt.Errorf("models from %s: status %d", worker, resp.StatusCode)
+	}
+	return body, resp.Header.Get("Content-Type"), nil
+}

@@ -1,0 +1,647 @@
+// Package proxy is the data plane's HTTP front: it reads and checks a
+// request, extracts its prompt key, asks a router.Router where to send it,
+// and streams the worker's answer back, retrying on another worker while no
+// byte has reached the client. The same Proxy runs in the all-in-one mode
+// (with an in-process router) and in a data plane (with the control-plane
+// client); it never knows which.
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/dataplane/apierr"
+	"github.com/cartrouter/cart/dataplane/breaker"
+	"github.com/cartrouter/cart/dataplane/extract"
+	"github.com/cartrouter/cart/dataplane/metrics"
+	"github.com/cartrouter/cart/dataplane/router"
+)
+
+// Headers CART owns. Inbound copies are stripped so a client cannot spoof
+// them.
+const (
+	HeaderRoutedPeer = "X-Routed-Peer"
+	HeaderRequestID  = "X-Request-Id"
+)
+
+// Options configure a Proxy (proxy.* in the configuration, as durations).
+type Options struct {
+	Router   router.Router
+	Breakers *breaker.Set
+	Metrics  *metrics.Metrics
+	Logger   *slog.Logger
+
+	BlockChars          int
+	MaxBodyBytes        int64
+	BodyReadTimeout     time.Duration // time allowed to receive the request body
+	AddRoutedPeerHeader bool
+	RemoteMediaPolicy   int // 0 allows remote media URLs; else the status to refuse with
+
+	ConnectTimeout    time.Duration // TCP+TLS handshake to a worker
+	RequestTimeout    time.Duration // dispatch until the worker's response headers
+	StreamIdleTimeout time.Duration // longest silence between response chunks; 0 = none
+
+	MaxRetries        int
+	InitialBackoff    time.Duration
+	MaxBackoff        time.Duration
+	BackoffMultiplier float64
+	JitterFactor      float64
+	RetryableStatuses []int
+	RetryBudgetRatio  float64
+	RetryBudgetMin    int
+
+	ModelsCacheTTL time.Duration
+
+	// Transport overrides the upstream transport (tests); nil builds one
+	// from the timeouts above.
+	Transport http.RoundTripper
+	Now       func() time.Time
+}
+
+// Proxy is the data plane's request handler.
+type Proxy struct {
+	o         Options
+	rp        *httputil.ReverseProxy
+	upstream  http.RoundTripper
+	retryable [600]bool
+	mux       *http.ServeMux
+	log       *slog.Logger
+	m         *metrics.Metrics
+
+	active      atomic.Int64 // requests being proxied (retry budget base)
+	retryTokens atomic.Int64 // retry attempts in progress
+
+	workerURLs sync.Map // worker URL string -> *url.URL
+
+	rngMu sync.Mutex
+	rng   *mrand.Rand
+
+	models modelsCache
+}
+
+// New builds a Proxy.
+func New(o Options) *Proxy {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New(nil)
+	}
+	if o.BodyReadTimeout <= 0 {
+		o.BodyReadTimeout = time.Minute
+	}
+	p := &Proxy{o: o, log: o.Logger, m: o.Metrics, rng: mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed))}
+	for _, s := range o.RetryableStatuses {
+		if s >= 0 && s < len(p.retryable) {
+			p.retryable[s] = true
+		}
+	}
+	p.upstream = o.Transport
+	if p.upstream == nil {
+		p.upstream = NewTransport(o.ConnectTimeout, o.RequestTimeout)
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:        p.rewrite,
+		Transport:      roundTripFunc(p.roundTrip),
+		FlushInterval:  -1, // stream every chunk as it arrives: TTFT must not suffer
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler:   p.errorHandler,
+		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
+	}
+	p.models.ttl = o.ModelsCacheTTL
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", p.routed(extract.ChatCompletions))
+	mux.HandleFunc("POST /v1/completions", p.routed(extract.Completions))
+	mux.HandleFunc("POST /v1/messages", p.routed(extract.Messages))
+	mux.HandleFunc("GET /health", p.handleHealth)
+	mux.HandleFunc("GET /workers", p.handleWorkers)
+	mux.Handle("GET /metrics", o.Metrics.Handler())
+	mux.HandleFunc("GET /v1/models", p.handleModels)
+	mux.HandleFunc("/", p.passThrough)
+	p.mux = mux
+	return p
+}
+
+// NewTransport is the upstream transport: connect timeout bounds only the
+// handshake so a dead worker fails fast, and the request timeout bounds the
+// wait for response headers, leaving long streams alone.
+func NewTransport(connect, request time.Duration) *http.Transport {
+	d := &net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:                 nil, // never send inference traffic through an environment proxy
+		DialContext:           d.DialContext,
+		TLSHandshakeTimeout:   connect,
+		ResponseHeaderTimeout: request,
+		MaxIdleConns:          4096,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		ForceAttemptHTTP2:     true,
+		DisableCompression:    true, // pass encodings through untouched
+	}
+}
+
+// ServeHTTP implements http.Handler.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.mux.ServeHTTP(w, r)
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// call is one client request on its way through the proxy.
+type call struct {
+	id       string
+	endpoint string // metric label
+	model    string
+	body     []byte
+	hashes   []uint64
+	keyLen   int
+	routed   bool // prefix-routed (vs pass-through)
+	failed   []string
+	final    router.Decision
+	attempts int
+	start    time.Time
+}
+
+type callKey struct{}
+
+func callFrom(ctx context.Context) *call {
+	c, _ := ctx.Value(callKey{}).(*call)
+	return c
+}
+
+var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, 256); return &s }}
+
+func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c := &call{id: requestID(r), endpoint: ep.String(), routed: true, start: p.o.Now()}
+		body, err := p.readBody(w, r)
+		if err != nil {
+			p.fail(w, c, err)
+			return
+		}
+		req, err := extract.Extract(ep, body)
+		if err != nil {
+			p.fail(w, c, err)
+			return
+		}
+		if req.RemoteMediaURL != "" && p.o.RemoteMediaPolicy != 0 {
+			p.fail(w, c, apierr.New(p.o.RemoteMediaPolicy, apierr.TypeInvalidRequest, "remote_media_refused",
+				"remote media URLs are not accepted by this router (found %q); send the media inline as a data: URL or base64 block", truncate(req.RemoteMediaURL, 200)))
+			return
+		}
+		hp := hashPool.Get().(*[]uint64)
+		defer func() { *hp = (*hp)[:0]; hashPool.Put(hp) }()
+		*hp = index.Hash((*hp)[:0], req.Model, req.Key, p.o.BlockChars)
+		c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
+		p.forward(w, r, c)
+	}
+}
+
+func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
+	c := &call{id: requestID(r), endpoint: "other", start: p.o.Now()}
+	body, err := p.readBody(w, r)
+	if err != nil {
+		p.fail(w, c, err)
+		return
+	}
+	c.body = body
+	p.forward(w, r, c)
+}
+
+// readBody buffers the request body once, within the size limit; it is
+// needed for the key anyway and replayed on retries.
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > p.o.MaxBodyBytes {
+		return nil, tooLarge(p.o.MaxBodyBytes)
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(p.o.Now().Add(p.o.BodyReadTimeout))
+	rd := http.MaxBytesReader(w, r.Body, p.o.MaxBodyBytes)
+	n := r.ContentLength
+	if n < 0 || n > p.o.MaxBodyBytes {
+		n = 0
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, n+bytes.MinRead))
+	_, err := buf.ReadFrom(rd)
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge(p.o.MaxBodyBytes)
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil, apierr.New(http.StatusRequestTimeout, apierr.TypeInvalidRequest, "body_timeout", "request body not received within %s", p.o.BodyReadTimeout)
+		}
+		return nil, apierr.BadRequest("body_read_error", "", "could not read request body: %v", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func tooLarge(limit int64) error {
+	return apierr.New(http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large",
+		"request body exceeds the limit of %d bytes (proxy.max_body_bytes)", limit)
+}
+
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
+	p.active.Add(1)
+	defer p.active.Add(-1)
+	sw := &statusWriter{ResponseWriter: w}
+	defer func() {
+		v := recover()
+		p.finish(r, c, sw, v != nil)
+		if v != nil {
+			panic(v) // http.ErrAbortHandler: let the server drop the connection
+		}
+	}()
+	ctx := context.WithValue(r.Context(), callKey{}, c)
+	p.rp.ServeHTTP(sw, r.WithContext(ctx))
+}
+
+// finish records the request's final status. A client that went away is
+// logged as 499, never blamed on the worker.
+func (p *Proxy) finish(r *http.Request, c *call, sw *statusWriter, aborted bool) {
+	status := sw.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	if r.Context().Err() != nil && (aborted || sw.status == 0 || sw.clientGone) {
+		status = 499
+		p.m.ClientDisconnects.Inc()
+	}
+	worker := c.final.Worker
+	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(status), worker).Inc()
+	if status == 499 || aborted {
+		p.log.Info("request ended early", "request_id", c.id, "endpoint", c.endpoint, "status", status, "worker", worker,
+			"duration_ms", p.o.Now().Sub(c.start).Milliseconds(), "client_gone", r.Context().Err() != nil)
+	}
+}
+
+func statusLabel(s int) string {
+	if s >= 100 && s < 600 {
+		return statusText[s/100]
+	}
+	return "other"
+}
+
+var statusText = [6]string{"0xx", "1xx", "2xx", "3xx", "4xx", "5xx"}
+
+func (p *Proxy) fail(w http.ResponseWriter, c *call, err error) {
+	var ae *apierr.Error
+	if !errors.As(err, &ae) {
+		ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_error", "%v", err)
+	}
+	apierr.Write(w, ae)
+	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(ae.Status), "").Inc()
+	p.log.Info("request refused", "request_id", c.id, "endpoint", c.endpoint, "status", ae.Status, "code", ae.Code, "error", ae.Message)
+}
+
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	pr.SetXForwarded()
+	pr.Out.Header.Del(HeaderRoutedPeer)
+	c := callFrom(pr.In.Context())
+	pr.Out.Header.Set(HeaderRequestID, c.id)
+}
+
+func (p *Proxy) modifyResponse(resp *http.Response) error {
+	c := callFrom(resp.Request.Context())
+	resp.Header.Del(HeaderRoutedPeer)
+	if p.o.AddRoutedPeerHeader && c != nil {
+		resp.Header.Set(HeaderRoutedPeer, c.final.Worker)
+	}
+	return nil
+}
+
+func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	c := callFrom(r.Context())
+	if r.Context().Err() != nil {
+		// The client left; nobody is listening for an error body.
+		return
+	}
+	var ae *apierr.Error
+	switch {
+	case errors.As(err, &ae):
+	case errors.Is(err, router.ErrUnavailable):
+		ae = apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_worker_available", "%v", err)
+	case isTimeout(err):
+		ae = apierr.New(http.StatusGatewayTimeout, apierr.TypeServer, "upstream_timeout", "worker did not answer in time: %v", err)
+	default:
+		ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_unreachable", "could not reach a worker: %v", err)
+	}
+	if ae.Status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	apierr.Write(w, ae)
+	if c != nil {
+		p.log.Warn("request failed", "request_id", c.id, "endpoint", c.endpoint, "status", ae.Status, "attempts", c.attempts, "error", err.Error())
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// roundTrip is the ReverseProxy's transport: it routes, dispatches, and
+// retries on another worker while the response has not started. Returning
+// from here is the last moment a retry is possible: after it ReverseProxy
+// starts writing to the client.
+func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
+	c := callFrom(out.Context())
+	ctx := out.Context()
+	var tokens int64
+	defer func() { p.retryTokens.Add(-tokens) }()
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if !p.retryAllowed(attempt) {
+				break
+			}
+			tokens++
+			p.retryTokens.Add(1)
+			if err := sleepCtx(ctx, p.backoff(attempt)); err != nil {
+				return nil, err
+			}
+		}
+		c.attempts++
+		d, err := p.decide(ctx, c)
+		if err != nil {
+			if lastErr != nil {
+				return nil, fmt.Errorf("%w (after: %v)", err, lastErr)
+			}
+			return nil, err
+		}
+		resp, err := p.dispatch(ctx, out, c, d)
+		if err == nil {
+			return resp, nil
+		}
+		var rs *retryableStatus
+		if errors.As(err, &rs) && (attempt >= p.o.MaxRetries || !p.retryBudgetLeft()) {
+			// Out of retries: the worker's own answer is the most useful
+			// thing to give the client.
+			if attempt < p.o.MaxRetries {
+				p.m.RetryBudgetExhaus.Inc()
+			}
+			return p.deliver(c, d, rs.resp, true), nil
+		}
+		if rs != nil {
+			_ = rs.resp.Body.Close()
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		lastErr = err
+		c.failed = append(c.failed, d.Worker)
+	}
+	return nil, lastErr
+}
+
+func (p *Proxy) retryAllowed(attempt int) bool {
+	if attempt > p.o.MaxRetries {
+		return false
+	}
+	if !p.retryBudgetLeft() {
+		p.m.RetryBudgetExhaus.Inc()
+		return false
+	}
+	p.m.Retries.WithLabelValues("upstream_failure").Inc()
+	return true
+}
+
+func (p *Proxy) isRetryable(status int) bool {
+	return status >= 0 && status < len(p.retryable) && p.retryable[status]
+}
+
+// retryBudgetLeft caps retries in progress at RetryBudgetRatio of the
+// requests in flight (at least RetryBudgetMin), so a sick pool sees at most
+// a bounded amplification instead of a retry storm.
+func (p *Proxy) retryBudgetLeft() bool {
+	limit := int64(math.Floor(p.o.RetryBudgetRatio * float64(p.active.Load())))
+	if limit < int64(p.o.RetryBudgetMin) {
+		limit = int64(p.o.RetryBudgetMin)
+	}
+	return p.retryTokens.Load() < limit
+}
+
+func (p *Proxy) backoff(attempt int) time.Duration {
+	b := float64(p.o.InitialBackoff) * math.Pow(p.o.BackoffMultiplier, float64(attempt-1))
+	if max := float64(p.o.MaxBackoff); p.o.MaxBackoff > 0 && b > max {
+		b = max
+	}
+	if p.o.JitterFactor > 0 {
+		p.rngMu.Lock()
+		j := (p.rng.Float64()*2 - 1) * p.o.JitterFactor
+		p.rngMu.Unlock()
+		b *= 1 + j
+	}
+	return time.Duration(b)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// decide asks the router, keeping breaker-open workers out unless that
+// would leave nobody: then the open breakers are ignored and a trial
+// request goes through, because refusing every client is worse than
+// probing a replica that may have recovered.
+func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
+	exclude := c.failed
+	if blocked := p.o.Breakers.Blocked(p.o.Now()); len(blocked) > 0 {
+		exclude = append(append(make([]string, 0, len(c.failed)+len(blocked)), c.failed...), blocked...)
+	}
+	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude}
+	if c.routed {
+		req.Endpoint, req.Hashes, req.KeyLen = c.endpoint, c.hashes, c.keyLen
+	}
+	d, err := p.o.Router.Route(ctx, req)
+	if err != nil && len(exclude) > len(c.failed) && errors.Is(err, router.ErrUnavailable) {
+		req.Exclude = c.failed
+		d, err = p.o.Router.Route(ctx, req)
+		if err == nil {
+			p.log.Warn("every usable worker has an open circuit breaker; sending a trial request anyway", "request_id", c.id, "worker", d.Worker)
+		}
+	}
+	if err != nil {
+		return d, err
+	}
+	if c.routed {
+		p.m.Decisions.WithLabelValues(d.Reason).Inc()
+		p.m.MatchedRatio.Observe(d.MatchedRatio)
+		p.m.DecisionLatency.Observe(d.Latency.Seconds())
+		p.log.Info("route",
+			"request_id", c.id, "endpoint", c.endpoint, "model", c.model, "reason", d.Reason,
+			"matched_ratio", math.Round(d.MatchedRatio*1000)/1000, "matched_chars", d.MatchedChars,
+			"worker", d.Worker, "decision_us", d.Latency.Microseconds(), "attempt", c.attempts)
+	}
+	return d, nil
+}
+
+type retryableStatus struct{ resp *http.Response }
+
+func (e *retryableStatus) Error() string { return fmt.Sprintf("worker answered %s", e.resp.Status) }
+
+// dispatch sends one attempt to d.Worker. On a connection error or a
+// retryable status it settles the decision (load released, placement
+// withdrawn) and reports the failure; on success it hands the response to
+// deliver, which settles the decision when the body is done.
+func (p *Proxy) dispatch(ctx context.Context, out *http.Request, c *call, d router.Decision) (*http.Response, error) {
+	target, err := p.workerURL(d.Worker)
+	if err != nil {
+		p.o.Router.Done(d, router.Outcome{Delivered: false, PromptTokens: -1, CachedTokens: -1})
+		return nil, err
+	}
+	actx, cancel := context.WithCancel(ctx)
+	req := out.Clone(actx)
+	req.URL.Scheme, req.URL.Host = target.Scheme, target.Host
+	req.URL.Path = singleJoin(target.Path, out.URL.Path)
+	req.URL.RawPath = ""
+	req.Host = ""
+	req.ContentLength = int64(len(c.body))
+	req.Body = http.NoBody
+	if len(c.body) > 0 {
+		req.Body = newBodyReader(c.body)
+		req.GetBody = func() (io.ReadCloser, error) { return newBodyReader(c.body), nil }
+	}
+	p.m.InFlight.WithLabelValues(d.Worker).Inc()
+	sent := p.o.Now()
+	resp, err := p.upstream.RoundTrip(req)
+	if err != nil {
+		cancel()
+		p.m.InFlight.WithLabelValues(d.Worker).Dec()
+		clientGone := ctx.Err() != nil
+		// A client hang-up is not the worker's fault, and the worker may
+		// well have seen the request: keep the placement.
+		p.o.Router.Done(d, router.Outcome{Delivered: clientGone, PromptTokens: -1, CachedTokens: -1})
+		if !clientGone {
+			p.o.Breakers.Failure(d.Worker, p.o.Now())
+			p.log.Warn("upstream attempt failed", "request_id", c.id, "worker", d.Worker, "attempt", c.attempts, "error", err.Error())
+		}
+		return nil, err
+	}
+	p.m.UpstreamTTFB.WithLabelValues(d.Worker).Observe(p.o.Now().Sub(sent).Seconds())
+	if p.isRetryable(resp.StatusCode) {
+		p.o.Breakers.Failure(d.Worker, p.o.Now())
+		p.log.Warn("upstream attempt rejected", "request_id", c.id, "worker", d.Worker, "attempt", c.attempts, "status", resp.StatusCode)
+		resp.Body = &releaseOnce{ReadCloser: resp.Body, cancel: cancel, done: func() {
+			p.m.InFlight.WithLabelValues(d.Worker).Dec()
+			p.o.Router.Done(d, router.Outcome{Delivered: false, PromptTokens: -1, CachedTokens: -1})
+		}}
+		return nil, &retryableStatus{resp: resp}
+	}
+	p.o.Breakers.Success(d.Worker)
+	resp.Body = &releaseOnce{ReadCloser: resp.Body, cancel: cancel, done: func() { p.m.InFlight.WithLabelValues(d.Worker).Dec() }}
+	return p.deliver(c, d, resp, false), nil
+}
+
+// deliver makes resp the final answer: its body is watched for stalls and
+// usage, and closing it settles the decision exactly once.
+func (p *Proxy) deliver(c *call, d router.Decision, resp *http.Response, rejected bool) *http.Response {
+	c.final = d
+	inner := resp.Body.(*releaseOnce)
+	tb := &trackedBody{rc: inner, idle: p.o.StreamIdleTimeout, cancel: inner.cancel}
+	prev := inner.done
+	inner.done = func() {
+		prev()
+		if rejected {
+			return // the rejected decision was already settled by its own done
+		}
+		u := tb.usage()
+		p.o.Router.Done(d, router.Outcome{Delivered: true, PromptTokens: u.prompt, CachedTokens: u.cached})
+		p.observeUsage(c, d, u)
+	}
+	tb.start()
+	resp.Body = tb
+	return resp
+}
+
+func (p *Proxy) observeUsage(c *call, d router.Decision, u usage) {
+	if u.prompt <= 0 || u.cached < 0 || !c.routed {
+		return
+	}
+	p.m.PromptTokens.WithLabelValues(d.Worker).Add(float64(u.prompt))
+	p.m.CachedTokens.WithLabelValues(d.Worker).Add(float64(u.cached))
+	predictedTokens := float64(d.ChosenChars) / charsPerToken
+	p.m.PredictedCached.WithLabelValues(d.Worker).Add(predictedTokens)
+	if c.keyLen > 0 {
+		p.m.CachedFraction.WithLabelValues("predicted").Observe(float64(d.ChosenChars) / float64(c.keyLen))
+	}
+	p.m.CachedFraction.WithLabelValues("actual").Observe(float64(u.cached) / float64(u.prompt))
+}
+
+// charsPerToken converts index characters to tokens until the index is
+// token-aware (the usual 4 characters per token of English text).
+const charsPerToken = 4
+
+func (p *Proxy) workerURL(w string) (*url.URL, error) {
+	if v, ok := p.workerURLs.Load(w); ok {
+		return v.(*url.URL), nil
+	}
+	u, err := url.Parse(w)
+	if err != nil {
+		return nil, fmt.Errorf("worker url %q: %w", w, err)
+	}
+	p.workerURLs.Store(w, u)
+	return u, nil
+}
+
+func singleJoin(base, path string) string {
+	switch {
+	case base == "" || base == "/":
+		return path
+	case base[len(base)-1] == '/' && len(path) > 0 && path[0] == '/':
+		return base + path[1:]
+	case base[len(base)-1] != '/' && (len(path) == 0 || path[0] != '/'):
+		return base + "/" + path
+	}
+	return base + path
+}
+
+func requestID(r *http.Request) string {
+	if id := r.Header.Get(HeaderRequestID); id != "" && len(id) <= 128 {
+		return id
+	}
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

@@ -1,0 +1,98 @@
+// Package router defines how the data plane asks where a request goes, and
+// the in-process implementation used by the all-in-one mode. The proxy
+// depends only on the Router interface, so it cannot tell whether the
+// decision came from an embedded engine or a remote control plane.
+package router
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+)
+
+// Request is one routing question from the proxy.
+type Request struct {
+	ID       string // request id, for logs
+	Endpoint string // extract.Endpoint name, "" for pass-through traffic
+	Model    string
+	// Hashes and KeyLen describe the key text (index.Hash); empty for
+	// traffic that is not prefix-routed.
+	Hashes []uint64
+	KeyLen int
+	// Exclude are worker URLs this request must not go to.
+	Exclude []string
+	DryRun  bool
+}
+
+// Decision is where a request goes and why. The Ticket must be handed back
+// to Done exactly once (for non-dry-run decisions).
+type Decision struct {
+	Worker       string
+	Reason       string
+	MatchedChars int
+	MatchedRatio float64
+	Candidate    string
+	// ChosenChars is the prefix the index believes Worker already holds.
+	ChosenChars int
+	// Latency is how long the decision took, measured by the decider.
+	Latency time.Duration
+	// FromLeader is true when an authoritative control plane leader (or the
+	// embedded engine) decided, false for a local fallback.
+	FromLeader bool
+	// Ticket carries what Done needs to release the decision.
+	Ticket any
+}
+
+// Outcome reports what happened to a routed request.
+type Outcome struct {
+	// Delivered is false when the worker never processed the request
+	// (connection failure, retryable rejection): the placement is withdrawn
+	// so the index has no phantom holder.
+	Delivered bool
+	// PromptTokens and CachedTokens come from the worker's usage report
+	// when it sent one (-1 when unknown).
+	PromptTokens int
+	CachedTokens int
+}
+
+// WorkerStatus is the router's view of one worker.
+type WorkerStatus struct {
+	URL         string
+	MaxLoad     int
+	LoadPenalty int
+	Healthy     bool
+	Load        int
+}
+
+// Router decides routes and accounts load.
+type Router interface {
+	// Route picks a worker and takes one unit of load on it.
+	Route(ctx context.Context, req *Request) (Decision, error)
+	// Done releases the decision's load and settles its placement. It must
+	// be called exactly once per successful non-dry-run Route.
+	Done(d Decision, o Outcome)
+	// Workers lists the current worker set.
+	Workers() []WorkerStatus
+}
+
+// ErrUnavailable wraps the "no worker can take this" conditions so the
+// proxy maps them to 503 without knowing the engine's error values.
+var ErrUnavailable = errors.New("no worker available")
+
+// unavailable marks engine capacity errors as ErrUnavailable while keeping
+// the specific message.
+func unavailable(err error) error {
+	switch {
+	case errors.Is(err, engine.ErrNoWorkers), errors.Is(err, engine.ErrNoHealthy),
+		errors.Is(err, engine.ErrAllExcluded), errors.Is(err, engine.ErrAllSaturated):
+		return &unavailableError{err}
+	}
+	return err
+}
+
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string   { return e.err.Error() }
+func (e *unavailableError) Unwrap() []error { return []error{e.err, ErrUnavailable} }

@@ -1,0 +1,166 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/dataplane/breaker"
+	"github.com/cartrouter/cart/dataplane/health"
+	"github.com/cartrouter/cart/dataplane/metrics"
+	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/dataplane/router"
+)
+
+// AllInOne is the single-process router: the data-plane server with the
+// routing engine embedded.
+type AllInOne struct {
+	paths   []string
+	log     *slog.Logger
+	mu      sync.Mutex // guards cfg during reloads
+	cfg     *config.Config
+	Router  *router.Local
+	Health  *health.Checker
+	Break   *breaker.Set
+	Metrics *metrics.Metrics
+	Proxy   *proxy.Proxy
+	HTTP    *http.Server
+}
+
+// WorkerSpecs converts configured workers for the engine.
+func WorkerSpecs(ws []config.Worker) []engine.WorkerSpec {
+	out := make([]engine.WorkerSpec, len(ws))
+	for i, w := range ws {
+		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty}
+	}
+	return out
+}
+
+func workerURLs(ws []config.Worker) []string {
+	out := make([]string, len(ws))
+	for i, w := range ws {
+		out[i] = w.URL
+	}
+	return out
+}
+
+// EnginePolicy translates cache.* into the engine's thresholds.
+func EnginePolicy(c config.Cache) engine.Policy {
+	return engine.Policy{
+		Threshold:           c.Threshold,
+		MatchAbsThreshold:   c.MatchAbsThreshold,
+		BalanceAbsThreshold: c.BalanceAbsThreshold,
+		BalanceRelThreshold: c.BalanceRelThreshold,
+		BlockChars:          c.BlockChars,
+	}
+}
+
+// NewAllInOne builds the all-in-one router from a validated config. paths
+// are kept for SIGHUP reloads.
+func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint64) (*AllInOne, error) {
+	a := &AllInOne{paths: paths, log: log, cfg: cfg}
+	a.Router = router.NewLocal(router.LocalOptions{
+		Policy:      EnginePolicy(cfg.Cache),
+		MaxEntries:  cfg.Cache.MaxTreeSize,
+		InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0,
+		CleanupHour: cfg.Cache.DailyCleanupHourUTC,
+		Seed:        seed,
+	}, WorkerSpecs(cfg.Workers))
+	a.Metrics = metrics.New(func() (int, uint64, uint64, uint64) {
+		st, under := a.Router.IndexStats()
+		return st.Entries, st.Evicted, st.SkippedInserts, under
+	})
+	a.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {
+		a.Metrics.SetBreaker(t.Worker, t.To.String())
+		a.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
+		log.Warn("circuit breaker", "worker", t.Worker, "from", t.From.String(), "to", t.To.String())
+	})
+	a.Health = health.NewChecker(HealthConfig(cfg), nil, func(w string, healthy bool, reason string) {
+		a.Router.SetHealthy(w, healthy)
+		a.Metrics.SetHealthy(w, healthy)
+		log.Warn("worker health changed", "worker", w, "healthy", healthy, "reason", reason)
+	})
+	a.Health.SetWorkers(workerURLs(cfg.Workers))
+	for _, w := range cfg.Workers {
+		a.Metrics.SetHealthy(w.URL, true)
+		a.Metrics.SetBreaker(w.URL, "closed")
+	}
+	a.Proxy = proxy.New(ProxyOptions(cfg, a.Router, a.Break, a.Metrics, log))
+	srv, err := HTTPServer(cfg, a.Proxy, log)
+	if err != nil {
+		return nil, err
+	}
+	a.HTTP = srv
+	return a, nil
+}
+
+// HealthConfig translates health.*.
+func HealthConfig(cfg *config.Config) health.Config {
+	h := cfg.Health
+	return health.Config{Endpoint: h.Endpoint, Interval: secs(h.IntervalSecs), Timeout: secs(h.TimeoutSecs),
+		FailureThreshold: h.FailureThreshold, SuccessThreshold: h.SuccessThreshold}
+}
+
+// Run serves on ln until ctx ends, with health checks and index
+// maintenance running alongside.
+func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); a.Health.Run(ctx) }()
+	go func() { defer wg.Done(); a.Router.Run(ctx, secs(a.cfg.Cache.EvictionIntervalSecs)) }()
+	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(a.cfg.Workers))
+	err := Serve(ctx, a.HTTP, ln, secs(a.cfg.Server.ShutdownGraceSecs))
+	cancel()
+	wg.Wait()
+	return err
+}
+
+// Reload re-reads the config files. Only the worker list may change; any
+// other difference rejects the reload and the running config stays. Kept
+// workers keep their index entries (the cache stays warm), removed workers'
+// entries are dropped, and requests in flight to removed workers finish.
+func (a *AllInOne) Reload() error {
+	next, err := config.Load(a.paths...)
+	if err == nil {
+		err = next.Validate(config.RoleAllInOne)
+	}
+	if err != nil {
+		a.Metrics.Reloads.WithLabelValues("rejected").Inc()
+		return fmt.Errorf("reload rejected: %w", err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var other []string
+	for _, k := range config.DiffKeys(a.cfg, next) {
+		if k != "workers" && !strings.HasPrefix(k, "workers.") && !strings.HasPrefix(k, "workers[") {
+			other = append(other, k)
+		}
+	}
+	if len(other) > 0 {
+		a.Metrics.Reloads.WithLabelValues("rejected").Inc()
+		return fmt.Errorf("reload rejected: only workers may change at runtime, but these keys differ: %s (restart to apply them)", strings.Join(other, ", "))
+	}
+	removed := a.Router.SetWorkers(WorkerSpecs(next.Workers))
+	urls := workerURLs(next.Workers)
+	a.Health.SetWorkers(urls)
+	keep := make(map[string]bool, len(urls))
+	for _, u := range urls {
+		keep[u] = true
+	}
+	a.Break.Forget(keep)
+	for _, w := range removed {
+		a.Metrics.Healthy.DeleteLabelValues(w)
+	}
+	a.cfg = next
+	a.Metrics.Reloads.WithLabelValues("accepted").Inc()
+	a.log.Info("config reloaded", "workers", len(next.Workers), "removed", removed)
+	return nil
+}

@@ -1,0 +1,139 @@
+// Package server assembles a data-plane HTTP server from a configuration
+// and a router: the proxy, health checks, breakers, metrics, limits and
+// graceful shutdown. The all-in-one mode and the distributed data plane
+// both run through here; only the Router differs.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/dataplane/breaker"
+	"github.com/cartrouter/cart/dataplane/metrics"
+	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/dataplane/router"
+)
+
+func secs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+func millis(n int) time.Duration   { return time.Duration(n) * time.Millisecond }
+
+// ProxyOptions translates configuration into proxy options.
+func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metrics.Metrics, log *slog.Logger) proxy.Options {
+	p := cfg.Proxy
+	return proxy.Options{
+		Router:              r,
+		Breakers:            b,
+		Metrics:             m,
+		Logger:              log,
+		BlockChars:          cfg.Cache.BlockChars,
+		MaxBodyBytes:        p.MaxBodyBytes,
+		AddRoutedPeerHeader: p.AddRoutedPeerHeader,
+		RemoteMediaPolicy:   p.RemoteMediaURLPolicy,
+		ConnectTimeout:      secs(p.ConnectTimeoutSecs),
+		RequestTimeout:      secs(p.RequestTimeoutSecs),
+		StreamIdleTimeout:   secs(p.StreamIdleTimeoutSecs),
+		MaxRetries:          p.MaxRetries,
+		InitialBackoff:      millis(p.InitialBackoffMs),
+		MaxBackoff:          millis(p.MaxBackoffMs),
+		BackoffMultiplier:   p.BackoffMultiplier,
+		JitterFactor:        p.JitterFactor,
+		RetryableStatuses:   p.RetryableStatuses,
+		RetryBudgetRatio:    p.RetryBudgetRatio,
+		RetryBudgetMin:      p.RetryBudgetMin,
+		ModelsCacheTTL:      secs(p.ModelsCacheSecs),
+	}
+}
+
+// BreakerConfig translates circuit_breaker.*.
+func BreakerConfig(cfg *config.Config) breaker.Config {
+	cb := cfg.CircuitBreaker
+	return breaker.Config{Enabled: cb.Enabled, FailureThreshold: cb.FailureThreshold, SuccessThreshold: cb.SuccessThreshold, Timeout: secs(cb.TimeoutSecs)}
+}
+
+// HTTPServer builds the client-facing server with the slowloris and size
+// limits from server.*.
+func HTTPServer(cfg *config.Config, h http.Handler, log *slog.Logger) (*http.Server, error) {
+	s := cfg.Server
+	srv := &http.Server{
+		Addr:              net.JoinHostPort(s.Host, fmt.Sprint(s.Port)),
+		Handler:           h,
+		ReadHeaderTimeout: secs(s.ReadHeaderTimeoutSecs),
+		IdleTimeout:       secs(s.IdleTimeoutSecs),
+		MaxHeaderBytes:    s.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetHTTP2(true)
+	protos.SetUnencryptedHTTP2(true) // h2c with prior knowledge, for HTTP/2 clients inside a cluster
+	srv.Protocols = &protos
+	if s.TLS.Enabled() {
+		tc, err := ServerTLS(s.TLS)
+		if err != nil {
+			return nil, err
+		}
+		srv.TLSConfig = tc
+	}
+	return srv, nil
+}
+
+// ServerTLS loads a listener's certificate and, for mutual TLS, its client
+// CA pool.
+func ServerTLS(t config.TLS) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load TLS key pair %s: %w", t.CertFile, err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if t.ClientCAFile != "" {
+		pem, err := os.ReadFile(t.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read client CA %s: %w", t.ClientCAFile, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client CA %s: no certificates found", t.ClientCAFile)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+// Serve runs srv on ln until ctx ends, then shuts down gracefully: new
+// connections stop, in-flight requests (streams included) get grace to
+// finish.
+func Serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
+	errc := make(chan error, 1)
+	go func() {
+		var err error
+		if srv.TLSConfig != nil {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = srv.Close()
+	}
+	<-errc
+	return err
+}
