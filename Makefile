@@ -8,7 +8,14 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BINARIES := cart cartctl cart-sim
 GOFILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean
+.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate
+
+# Code generation tools, pinned and built from the Go module proxy into
+# .tools/ (buf's remote plugins are never used).
+TOOLS := $(CURDIR)/.tools
+BUF_VERSION := v1.75.0
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_CONNECT_GO_VERSION := v1.19.2
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -47,6 +54,22 @@ fuzz: ## run every fuzz target for FUZZTIME each
 
 bench: ## micro-benchmarks of the routing path
 	$(GO) test -run XXX -bench . -benchmem ./controlplane/... ./dataplane/...
+
+tools: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-connect-go ## install pinned buf and protoc plugins into .tools/
+
+$(TOOLS)/buf:
+	GOBIN=$(TOOLS) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+$(TOOLS)/protoc-gen-go:
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+$(TOOLS)/protoc-gen-connect-go:
+	GOBIN=$(TOOLS) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
+
+generate: tools ## buf lint + regenerate gen/ from proto/ with local plugins
+	PATH="$(TOOLS):$$PATH" buf lint
+	PATH="$(TOOLS):$$PATH" buf generate
+
+checkgenerate: generate ## fail when gen/ is stale
+	@test -z "$$(git status --porcelain -- gen/)" || { echo "gen/ is stale: run make generate and commit"; git status --porcelain -- gen/; exit 1; }
 
 clean:
 	rm -rf bin

@@ -1,0 +1,473 @@
+// Package config loads, layers, defaults and validates CART's YAML
+// configuration. Every role (all-in-one, control plane, data plane) reads its
+// settings through this package so that defaults, error reporting and the
+// meaning of each key stay identical across binaries.
+//
+// Loading and validation are deliberately separate steps: Load only checks
+// that the files are well-formed and use known keys of the right type, while
+// Validate applies value rules that depend on the role being started. That
+// lets `--config-check` report every problem in one pass and lets SIGHUP
+// reload compare a freshly loaded config with the running one before
+// deciding whether it can be applied.
+package config
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"strings"
+	"time"
+)
+
+// Role selects which role-specific rules Validate applies.
+type Role int
+
+const (
+	// RoleAllInOne is the single-process router: it must have workers.
+	RoleAllInOne Role = iota
+	// RoleControlPlane is a Raft member that owns placement state.
+	RoleControlPlane
+	// RoleDataPlane proxies requests and asks the control plane for routes.
+	RoleDataPlane
+)
+
+// String returns the role's CLI name, used in error messages.
+func (r Role) String() string {
+	switch r {
+	case RoleAllInOne:
+		return "all-in-one"
+	case RoleControlPlane:
+		return "controlplane"
+	case RoleDataPlane:
+		return "dataplane"
+	default:
+		return fmt.Sprintf("Role(%d)", int(r))
+	}
+}
+
+// Config is the complete effective configuration. The zero value is not
+// useful; start from Default or Load.
+//
+// A Config is not modified after Load returns, so it may be shared between
+// goroutines without locking.
+type Config struct {
+	Server         Server         `yaml:"server"`
+	Workers        []Worker       `yaml:"workers"`
+	Cache          Cache          `yaml:"cache"`
+	Health         Health         `yaml:"health"`
+	Proxy          Proxy          `yaml:"proxy"`
+	CircuitBreaker CircuitBreaker `yaml:"circuit_breaker"`
+	Session        Session        `yaml:"session"`
+	Log            Log            `yaml:"log"`
+	Auth           Auth           `yaml:"auth"`
+	ControlPlane   ControlPlane   `yaml:"controlplane"`
+	DataPlane      DataPlane      `yaml:"dataplane"`
+
+	// origins maps dotted keys to the file and line that last set them, so
+	// validation errors can point at the offending file in a layered setup.
+	origins map[string]origin
+}
+
+type origin struct {
+	file string
+	line int
+}
+
+// Server configures the client-facing HTTP listener.
+type Server struct {
+	Host string `yaml:"host"`
+	Port int    `yaml:"port"`
+	// MinOpenFiles is the RLIMIT_NOFILE the process needs (0 disables the
+	// check): long-lived streaming connections exhaust the common 1024
+	// default quickly, and failing at start beats failing under load.
+	MinOpenFiles          int     `yaml:"min_open_files"`
+	ReadHeaderTimeoutSecs float64 `yaml:"read_header_timeout_secs"`
+	IdleTimeoutSecs       float64 `yaml:"idle_timeout_secs"`
+	MaxHeaderBytes        int     `yaml:"max_header_bytes"`
+	ShutdownGraceSecs     float64 `yaml:"shutdown_grace_secs"`
+	TLS                   TLS     `yaml:"tls"`
+}
+
+// TLS names the PEM files for a listener. An empty CertFile means plaintext.
+type TLS struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ClientCAFile turns on mutual TLS: clients must present a certificate
+	// signed by one of these CAs.
+	ClientCAFile string `yaml:"client_ca_file"`
+}
+
+// Enabled reports whether the listener should serve TLS.
+func (t TLS) Enabled() bool { return t.CertFile != "" }
+
+// ClientTLS configures outgoing TLS connections (data plane → control plane).
+type ClientTLS struct {
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
+}
+
+// Worker is one upstream inference server.
+type Worker struct {
+	URL string `yaml:"url"`
+	// MaxLoad caps in-flight requests; 0 means no cap.
+	MaxLoad int `yaml:"max_load"`
+	// LoadPenalty is added to this worker's load when balancing, to steer
+	// traffic away from slower hardware without excluding it.
+	LoadPenalty int `yaml:"load_penalty"`
+	// CacheCapacityTokens overrides Cache.CapacityTokens for this worker;
+	// 0 means use the global value.
+	CacheCapacityTokens int64 `yaml:"cache_capacity_tokens"`
+}
+
+// Cache tunes the cache-aware routing decision and the prefix index.
+type Cache struct {
+	Threshold float64 `yaml:"threshold"`
+	// MatchAbsThreshold routes by cache when at least this many characters
+	// match even if the relative match is below Threshold; 0 disables it.
+	MatchAbsThreshold    int     `yaml:"match_abs_threshold"`
+	BalanceAbsThreshold  int     `yaml:"balance_abs_threshold"`
+	BalanceRelThreshold  float64 `yaml:"balance_rel_threshold"`
+	MaxTreeSize          int     `yaml:"max_tree_size"`
+	EvictionIntervalSecs float64 `yaml:"eviction_interval_secs"`
+	// DailyCleanupHourUTC clears the index once a day at this hour; -1
+	// disables it.
+	DailyCleanupHourUTC int     `yaml:"daily_cleanup_hour_utc"`
+	BlockChars          int     `yaml:"block_chars"`
+	CapacityTokens      int64   `yaml:"capacity_tokens"`
+	TTLSecs             float64 `yaml:"ttl_secs"`
+}
+
+// Health configures active health checks against workers.
+type Health struct {
+	Endpoint         string  `yaml:"endpoint"`
+	IntervalSecs     float64 `yaml:"interval_secs"`
+	TimeoutSecs      float64 `yaml:"timeout_secs"`
+	FailureThreshold int     `yaml:"failure_threshold"`
+	SuccessThreshold int     `yaml:"success_threshold"`
+}
+
+// Proxy configures forwarding to workers, including retries.
+type Proxy struct {
+	MaxBodyBytes        int64 `yaml:"max_body_bytes"`
+	AddRoutedPeerHeader bool  `yaml:"add_routed_peer_header"`
+	// RemoteMediaURLPolicy is 0 to forward requests with remote media URLs,
+	// or the HTTP status used to refuse them (workers fetching arbitrary
+	// URLs is an SSRF vector some deployments must close).
+	RemoteMediaURLPolicy  int     `yaml:"remote_media_url_policy"`
+	ConnectTimeoutSecs    float64 `yaml:"connect_timeout_secs"`
+	RequestTimeoutSecs    float64 `yaml:"request_timeout_secs"`
+	StreamIdleTimeoutSecs float64 `yaml:"stream_idle_timeout_secs"`
+	MaxRetries            int     `yaml:"max_retries"`
+	InitialBackoffMs      int     `yaml:"initial_backoff_ms"`
+	MaxBackoffMs          int     `yaml:"max_backoff_ms"`
+	BackoffMultiplier     float64 `yaml:"backoff_multiplier"`
+	JitterFactor          float64 `yaml:"jitter_factor"`
+	RetryableStatuses     []int   `yaml:"retryable_statuses"`
+	// RetryBudgetRatio and RetryBudgetMin bound retries to a fraction of
+	// recent traffic so a failing fleet is not hit by a retry storm.
+	RetryBudgetRatio float64 `yaml:"retry_budget_ratio"`
+	RetryBudgetMin   int     `yaml:"retry_budget_min"`
+	ModelsCacheSecs  float64 `yaml:"models_cache_secs"`
+}
+
+// CircuitBreaker configures per-worker passive failure detection.
+type CircuitBreaker struct {
+	Enabled          bool    `yaml:"enabled"`
+	FailureThreshold int     `yaml:"failure_threshold"`
+	SuccessThreshold int     `yaml:"success_threshold"`
+	TimeoutSecs      float64 `yaml:"timeout_secs"`
+}
+
+// Session configures sticky routing by a client-supplied session key.
+type Session struct {
+	Enabled bool `yaml:"enabled"`
+	// Keys are tried in order; the first one present in a request wins.
+	Keys    []string `yaml:"keys"`
+	TTLSecs float64  `yaml:"ttl_secs"`
+}
+
+// Log configures the process logger.
+type Log struct {
+	Level  string `yaml:"level"`
+	Format string `yaml:"format"`
+}
+
+// Auth configures bearer-token authentication. Tokens may be given inline or
+// read from files (preferred: keeps secrets out of config repos and process
+// listings); use Config.Tokens to obtain the effective values.
+type Auth struct {
+	Token          string `yaml:"token"`
+	TokenFile      string `yaml:"token_file"`
+	AdminToken     string `yaml:"admin_token"`
+	AdminTokenFile string `yaml:"admin_token_file"`
+	// AllowUnauthenticatedRemote is the explicit opt-in to serve without a
+	// token on a non-loopback address. Validate does not enforce it: the
+	// defaults (0.0.0.0, no token) must stay loadable, and only the server
+	// knows which listeners it actually opens, so the check belongs there.
+	AllowUnauthenticatedRemote bool `yaml:"allow_unauthenticated_remote"`
+}
+
+// ControlPlane configures a Raft-backed control plane node.
+type ControlPlane struct {
+	NodeID   string `yaml:"node_id"`
+	APIAddr  string `yaml:"api_addr"`
+	RaftAddr string `yaml:"raft_addr"`
+	// AdvertiseRaftAddr and AdvertiseAPIURL are what peers use to reach this
+	// node; they differ from the bind addresses behind NAT or when binding
+	// to 0.0.0.0. Use EffectiveAdvertiseRaftAddr/EffectiveAdvertiseAPIURL.
+	AdvertiseRaftAddr string   `yaml:"advertise_raft_addr"`
+	AdvertiseAPIURL   string   `yaml:"advertise_api_url"`
+	DataDir           string   `yaml:"data_dir"`
+	Bootstrap         bool     `yaml:"bootstrap"`
+	Join              []string `yaml:"join"`
+	// PlacementBatchMs and PlacementBatchMax trade a little routing latency
+	// for far fewer Raft round trips by committing placements in batches.
+	PlacementBatchMs  int     `yaml:"placement_batch_ms"`
+	PlacementBatchMax int     `yaml:"placement_batch_max"`
+	LoadLeaseSecs     float64 `yaml:"load_lease_secs"`
+	SnapshotThreshold uint64  `yaml:"snapshot_threshold"`
+	TrailingLogs      uint64  `yaml:"trailing_logs"`
+	RaftTLS           TLS     `yaml:"raft_tls"`
+}
+
+// DataPlane configures a stateless proxy node that asks the control plane
+// where to route.
+type DataPlane struct {
+	// ID identifies this node to the control plane; when empty the caller
+	// derives one (hostname-pid), because only it knows the process context.
+	ID                   string    `yaml:"id"`
+	ControlPlane         []string  `yaml:"control_plane"`
+	RouteTimeoutMs       int       `yaml:"route_timeout_ms"`
+	ReportIntervalMs     int       `yaml:"report_interval_ms"`
+	WorkerSyncIntervalMs int       `yaml:"worker_sync_interval_ms"`
+	ClientTLS            ClientTLS `yaml:"tls"`
+}
+
+// Default returns a new Config with every default filled in. Each call
+// returns fresh slices, so callers may modify the result freely.
+func Default() *Config {
+	return &Config{
+		Server: Server{
+			Host:                  "0.0.0.0",
+			Port:                  6700,
+			MinOpenFiles:          65535,
+			ReadHeaderTimeoutSecs: 10,
+			IdleTimeoutSecs:       120,
+			MaxHeaderBytes:        1 << 20,
+			ShutdownGraceSecs:     30,
+		},
+		Cache: Cache{
+			Threshold:            0.3,
+			MatchAbsThreshold:    8192,
+			BalanceAbsThreshold:  64,
+			BalanceRelThreshold:  1.5,
+			MaxTreeSize:          1 << 20,
+			EvictionIntervalSecs: 60,
+			DailyCleanupHourUTC:  -1,
+			BlockChars:           64,
+		},
+		Health: Health{
+			Endpoint:         "/health",
+			IntervalSecs:     10,
+			TimeoutSecs:      5,
+			FailureThreshold: 3,
+			SuccessThreshold: 2,
+		},
+		Proxy: Proxy{
+			MaxBodyBytes:          32 << 20,
+			ConnectTimeoutSecs:    2,
+			RequestTimeoutSecs:    600,
+			StreamIdleTimeoutSecs: 120,
+			MaxRetries:            2,
+			InitialBackoffMs:      50,
+			MaxBackoffMs:          2000,
+			BackoffMultiplier:     2,
+			JitterFactor:          0.2,
+			RetryableStatuses:     []int{408, 429, 500, 502, 503, 504},
+			RetryBudgetRatio:      0.2,
+			RetryBudgetMin:        3,
+			ModelsCacheSecs:       600,
+		},
+		CircuitBreaker: CircuitBreaker{
+			Enabled:          true,
+			FailureThreshold: 5,
+			SuccessThreshold: 2,
+			TimeoutSecs:      30,
+		},
+		Session: Session{
+			Keys:    []string{"header:X-Session-Id", "prompt_cache_key", "user"},
+			TTLSecs: 1800,
+		},
+		Log: Log{Level: "info", Format: "json"},
+		ControlPlane: ControlPlane{
+			APIAddr:           "127.0.0.1:6701",
+			RaftAddr:          "127.0.0.1:6702",
+			PlacementBatchMs:  10,
+			PlacementBatchMax: 512,
+			LoadLeaseSecs:     5,
+			SnapshotThreshold: 8192,
+			TrailingLogs:      10240,
+		},
+		DataPlane: DataPlane{
+			RouteTimeoutMs:       20,
+			ReportIntervalMs:     1000,
+			WorkerSyncIntervalMs: 500,
+		},
+	}
+}
+
+// Origin reports the file and line that last set a dotted key such as
+// "cache.threshold", "workers" or "workers[1].url". It returns "" and 0 when
+// the key still holds its default (or was set programmatically).
+func (c *Config) Origin(key string) (file string, line int) {
+	o, ok := c.origins[key]
+	if !ok {
+		return "", 0
+	}
+	return o.file, o.line
+}
+
+// Tokens returns the effective data-plane and admin bearer tokens, reading
+// token files when configured. File contents are trimmed because editors and
+// `echo` add trailing newlines that would otherwise become part of the
+// secret. An empty result means that kind of authentication is disabled.
+func (c *Config) Tokens() (data, admin string, err error) {
+	data, err = resolveToken(c.Auth.Token, c.Auth.TokenFile, "auth.token_file")
+	if err != nil {
+		return "", "", err
+	}
+	admin, err = resolveToken(c.Auth.AdminToken, c.Auth.AdminTokenFile, "auth.admin_token_file")
+	if err != nil {
+		return "", "", err
+	}
+	return data, admin, nil
+}
+
+func resolveToken(inline, file, key string) (string, error) {
+	if inline != "" && file != "" {
+		return "", fmt.Errorf("%s: cannot be combined with an inline token", key)
+	}
+	if file == "" {
+		return inline, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: reading token: %w", key, err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		// Treating an empty file as "no token" would silently turn
+		// authentication off, e.g. when a secret mount failed.
+		return "", fmt.Errorf("%s: %s is empty", key, file)
+	}
+	return tok, nil
+}
+
+// EffectiveAdvertiseRaftAddr is the Raft address peers should dial.
+func (cp ControlPlane) EffectiveAdvertiseRaftAddr() string {
+	if cp.AdvertiseRaftAddr != "" {
+		return cp.AdvertiseRaftAddr
+	}
+	return cp.RaftAddr
+}
+
+// EffectiveAdvertiseAPIURL is the base URL other nodes use for this node's
+// API, e.g. when a follower redirects writes to the leader.
+func (cp ControlPlane) EffectiveAdvertiseAPIURL() string {
+	if cp.AdvertiseAPIURL != "" {
+		return cp.AdvertiseAPIURL
+	}
+	return "http://" + cp.APIAddr
+}
+
+// Addr returns the listen address in host:port form.
+func (s Server) Addr() string {
+	return net.JoinHostPort(s.Host, fmt.Sprint(s.Port))
+}
+
+// ReadHeaderTimeout bounds how long a client may take to send headers.
+func (s Server) ReadHeaderTimeout() time.Duration { return seconds(s.ReadHeaderTimeoutSecs) }
+
+// IdleTimeout bounds keep-alive idle time on client connections.
+func (s Server) IdleTimeout() time.Duration { return seconds(s.IdleTimeoutSecs) }
+
+// ShutdownGrace is how long in-flight requests may drain on shutdown.
+func (s Server) ShutdownGrace() time.Duration { return seconds(s.ShutdownGraceSecs) }
+
+// EvictionInterval is the period of the index eviction pass; 0 disables it.
+func (c Cache) EvictionInterval() time.Duration { return seconds(c.EvictionIntervalSecs) }
+
+// TTL is how long an index entry lives without use; 0 means no expiry.
+func (c Cache) TTL() time.Duration { return seconds(c.TTLSecs) }
+
+// Interval is the period between health probes of one worker.
+func (h Health) Interval() time.Duration { return seconds(h.IntervalSecs) }
+
+// Timeout bounds a single health probe.
+func (h Health) Timeout() time.Duration { return seconds(h.TimeoutSecs) }
+
+// ConnectTimeout bounds dialing a worker.
+func (p Proxy) ConnectTimeout() time.Duration { return seconds(p.ConnectTimeoutSecs) }
+
+// RequestTimeout bounds the wait for upstream response headers.
+func (p Proxy) RequestTimeout() time.Duration { return seconds(p.RequestTimeoutSecs) }
+
+// StreamIdleTimeout bounds the gap between body chunks; 0 disables it.
+func (p Proxy) StreamIdleTimeout() time.Duration { return seconds(p.StreamIdleTimeoutSecs) }
+
+// InitialBackoff is the delay before the first retry.
+func (p Proxy) InitialBackoff() time.Duration { return millis(p.InitialBackoffMs) }
+
+// MaxBackoff caps the delay between retries.
+func (p Proxy) MaxBackoff() time.Duration { return millis(p.MaxBackoffMs) }
+
+// ModelsCacheTTL is how long an aggregated /v1/models answer is reused.
+func (p Proxy) ModelsCacheTTL() time.Duration { return seconds(p.ModelsCacheSecs) }
+
+// Timeout is how long an open breaker waits before probing again.
+func (cb CircuitBreaker) Timeout() time.Duration { return seconds(cb.TimeoutSecs) }
+
+// TTL is how long an idle session stays pinned to its worker.
+func (s Session) TTL() time.Duration { return seconds(s.TTLSecs) }
+
+// PlacementBatch is the longest a placement waits for its batch to fill.
+func (cp ControlPlane) PlacementBatch() time.Duration { return millis(cp.PlacementBatchMs) }
+
+// LoadLease is how long a data plane's load report counts before it lapses.
+func (cp ControlPlane) LoadLease() time.Duration { return seconds(cp.LoadLeaseSecs) }
+
+// RouteTimeout bounds a routing query to the control plane.
+func (dp DataPlane) RouteTimeout() time.Duration { return millis(dp.RouteTimeoutMs) }
+
+// ReportInterval is the period of load reports to the control plane.
+func (dp DataPlane) ReportInterval() time.Duration { return millis(dp.ReportIntervalMs) }
+
+// WorkerSyncInterval is the period of worker-list refreshes.
+func (dp DataPlane) WorkerSyncInterval() time.Duration { return millis(dp.WorkerSyncIntervalMs) }
+
+// seconds converts a validated seconds value, saturating instead of
+// overflowing so that a huge-but-valid setting means "practically forever"
+// rather than a negative duration.
+func seconds(s float64) time.Duration {
+	if !(s > 0) { // also catches NaN
+		return 0
+	}
+	d := s * float64(time.Second)
+	if d >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(d)
+}
+
+func millis(ms int) time.Duration {
+	if ms <= 0 {
+		return 0
+	}
+	if int64(ms) > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
+}

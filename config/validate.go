@@ -1,0 +1,431 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Normalize puts URLs into their canonical form (trailing slashes trimmed)
+// so that "http://w:8000/" and "http://w:8000" name the same worker in
+// routing tables, metrics and Raft state. Load calls it; call it yourself
+// after building or editing a Config in code. Invalid URLs are left as
+// written so Validate can quote them back to the user.
+func (c *Config) Normalize() {
+	for i := range c.Workers {
+		if u, err := NormalizeWorkerURL(c.Workers[i].URL); err == nil {
+			c.Workers[i].URL = u
+		}
+	}
+	normalizeURLs(c.ControlPlane.Join)
+	normalizeURLs(c.DataPlane.ControlPlane)
+}
+
+func normalizeURLs(urls []string) {
+	for i, raw := range urls {
+		if u, err := NormalizeWorkerURL(raw); err == nil {
+			urls[i] = u
+		}
+	}
+}
+
+// NormalizeWorkerURL checks that raw is usable as a base URL for an HTTP
+// peer (absolute http or https URL with a host, no credentials, query or
+// fragment) and returns it with trailing slashes removed. It is exported so
+// that workers added at run time (e.g. through the control plane API) obey
+// the same rules as configured ones.
+func NormalizeWorkerURL(raw string) (string, error) {
+	if raw == "" {
+		return "", fmt.Errorf("URL is empty")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("%q is not a valid URL: %w", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", fmt.Errorf("%q must start with http:// or https://", raw)
+	}
+	if u.Opaque != "" || u.Hostname() == "" {
+		return "", fmt.Errorf("%q has no host", raw)
+	}
+	if port := u.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return "", fmt.Errorf("%q has an invalid port", raw)
+		}
+	}
+	if u.User != nil {
+		// Credentials in a URL end up in logs, metrics labels and the
+		// --config-check output; upstream auth belongs in headers.
+		return "", fmt.Errorf("%q must not contain credentials", raw)
+	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.ContainsAny(raw, "?#") {
+		// Request paths are appended to the base URL, so a query or
+		// fragment here would end up in the middle of every request URL.
+		return "", fmt.Errorf("%q must not have a query or fragment", raw)
+	}
+	return strings.TrimRight(raw, "/"), nil
+}
+
+// workerKey identifies a worker for duplicate detection: scheme and host are
+// case-insensitive, the path is not.
+func workerKey(normalized string) string {
+	u, err := url.Parse(normalized)
+	if err != nil {
+		return normalized
+	}
+	return strings.ToLower(u.Scheme+"://"+u.Host) + u.EscapedPath()
+}
+
+// Validate applies value and cross-field rules, including the ones specific
+// to role. It returns a *Problems listing every violation, or nil. Problems
+// carry the file and line that set the offending key when the config came
+// from Load.
+func (c *Config) Validate(role Role) error {
+	v := &validator{c: c}
+	v.server()
+	v.workers(role)
+	v.cache()
+	v.health()
+	v.proxy()
+	v.circuitBreaker()
+	v.session()
+	v.log()
+	v.auth()
+	v.controlPlane(role)
+	v.dataPlane(role)
+	if role < RoleAllInOne || role > RoleDataPlane {
+		v.add("", "unknown role %v", role)
+	}
+	return v.problems.asError()
+}
+
+type validator struct {
+	c        *Config
+	problems Problems
+}
+
+func (v *validator) add(key, format string, args ...any) {
+	file, line := v.c.Origin(key)
+	v.problems = append(v.problems, Problem{File: file, Line: line, Key: key, Reason: fmt.Sprintf(format, args...)})
+}
+
+func (v *validator) intRange(key string, n, lo, hi int64) {
+	if n < lo || n > hi {
+		v.add(key, "must be between %d and %d, got %d", lo, hi, n)
+	}
+}
+
+func (v *validator) intAtLeast(key string, n, lo int64) {
+	if n < lo {
+		v.add(key, "must be at least %d, got %d", lo, n)
+	}
+}
+
+// finite rejects NaN and infinities, which YAML can express (.nan, .inf) and
+// which slip through ordinary range comparisons.
+func (v *validator) finite(key string, f float64) bool {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		v.add(key, "must be a finite number, got %v", f)
+		return false
+	}
+	return true
+}
+
+func (v *validator) positive(key string, f float64) {
+	if v.finite(key, f) && f <= 0 {
+		v.add(key, "must be greater than 0, got %v", f)
+	}
+}
+
+func (v *validator) floatAtLeast(key string, f, lo float64) {
+	if v.finite(key, f) && f < lo {
+		v.add(key, "must be at least %v, got %v", lo, f)
+	}
+}
+
+func (v *validator) fraction(key string, f float64) {
+	if v.finite(key, f) && (f < 0 || f > 1) {
+		v.add(key, "must be between 0 and 1, got %v", f)
+	}
+}
+
+func (v *validator) oneOf(key, val string, allowed ...string) {
+	for _, a := range allowed {
+		if val == a {
+			return
+		}
+	}
+	v.add(key, "must be one of %s, got %q", strings.Join(allowed, ", "), val)
+}
+
+func (v *validator) hostPort(key, addr string) bool {
+	if addr == "" {
+		v.add(key, "is required (host:port)")
+		return false
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		v.add(key, "must be host:port, got %q", addr)
+		return false
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		v.add(key, "port must be between 1 and 65535, got %q", port)
+		return false
+	}
+	return true
+}
+
+func (v *validator) url(key, raw string) {
+	if _, err := NormalizeWorkerURL(raw); err != nil {
+		v.add(key, "%v", err)
+	}
+}
+
+func (v *validator) tls(prefix string, t TLS) {
+	v.keyPair(prefix, t.CertFile, t.KeyFile)
+	if t.ClientCAFile != "" && t.CertFile == "" {
+		v.add(prefix+".client_ca_file", "requires cert_file and key_file: client certificates can only be checked over TLS")
+	}
+}
+
+// keyPair reports a certificate without its key or vice versa against the
+// key that is set, because that is the one whose origin is known.
+func (v *validator) keyPair(prefix, cert, key string) {
+	switch {
+	case cert != "" && key == "":
+		v.add(prefix+".cert_file", "is set but %s.key_file is not: a certificate is unusable without its key", prefix)
+	case cert == "" && key != "":
+		v.add(prefix+".key_file", "is set but %s.cert_file is not: a key is unusable without its certificate", prefix)
+	}
+}
+
+func (v *validator) server() {
+	s := v.c.Server
+	v.intRange("server.port", int64(s.Port), 1, 65535)
+	v.intAtLeast("server.min_open_files", int64(s.MinOpenFiles), 0)
+	v.positive("server.read_header_timeout_secs", s.ReadHeaderTimeoutSecs)
+	v.positive("server.idle_timeout_secs", s.IdleTimeoutSecs)
+	v.intAtLeast("server.max_header_bytes", int64(s.MaxHeaderBytes), 4096)
+	v.floatAtLeast("server.shutdown_grace_secs", s.ShutdownGraceSecs, 0)
+	v.tls("server.tls", s.TLS)
+}
+
+func (v *validator) workers(role Role) {
+	if len(v.c.Workers) == 0 && role == RoleAllInOne {
+		v.add("workers", "at least one worker is required: the all-in-one router has nowhere to send requests; add workers[].url")
+	}
+	seen := make(map[string]int)
+	for i, w := range v.c.Workers {
+		key := fmt.Sprintf("workers[%d]", i)
+		u, err := NormalizeWorkerURL(w.URL)
+		if err != nil {
+			v.add(key+".url", "%v", err)
+		} else if first, dup := seen[workerKey(u)]; dup {
+			v.add(key+".url", "duplicate worker %q (same as workers[%d])", u, first)
+		} else {
+			seen[workerKey(u)] = i
+		}
+		v.intAtLeast(key+".max_load", int64(w.MaxLoad), 0)
+		v.intAtLeast(key+".load_penalty", int64(w.LoadPenalty), 0)
+		v.intAtLeast(key+".cache_capacity_tokens", w.CacheCapacityTokens, 0)
+	}
+}
+
+func (v *validator) cache() {
+	c := v.c.Cache
+	v.fraction("cache.threshold", c.Threshold)
+	v.intAtLeast("cache.match_abs_threshold", int64(c.MatchAbsThreshold), 0)
+	v.intAtLeast("cache.balance_abs_threshold", int64(c.BalanceAbsThreshold), 0)
+	v.floatAtLeast("cache.balance_rel_threshold", c.BalanceRelThreshold, 1)
+	v.intAtLeast("cache.max_tree_size", int64(c.MaxTreeSize), 1)
+	v.floatAtLeast("cache.eviction_interval_secs", c.EvictionIntervalSecs, 0)
+	v.intRange("cache.daily_cleanup_hour_utc", int64(c.DailyCleanupHourUTC), -1, 23)
+	v.intRange("cache.block_chars", int64(c.BlockChars), 1, 65536)
+	v.intAtLeast("cache.capacity_tokens", c.CapacityTokens, 0)
+	v.floatAtLeast("cache.ttl_secs", c.TTLSecs, 0)
+}
+
+func (v *validator) health() {
+	h := v.c.Health
+	if !strings.HasPrefix(h.Endpoint, "/") {
+		v.add("health.endpoint", "must be a path starting with \"/\", got %q", h.Endpoint)
+	}
+	v.positive("health.interval_secs", h.IntervalSecs)
+	v.positive("health.timeout_secs", h.TimeoutSecs)
+	if h.TimeoutSecs > h.IntervalSecs && h.IntervalSecs > 0 {
+		v.add("health.timeout_secs", "must not exceed health.interval_secs (%v), got %v: probes would overlap", h.IntervalSecs, h.TimeoutSecs)
+	}
+	v.intAtLeast("health.failure_threshold", int64(h.FailureThreshold), 1)
+	v.intAtLeast("health.success_threshold", int64(h.SuccessThreshold), 1)
+}
+
+func (v *validator) proxy() {
+	p := v.c.Proxy
+	v.intAtLeast("proxy.max_body_bytes", p.MaxBodyBytes, 1024)
+	if p.RemoteMediaURLPolicy != 0 && (p.RemoteMediaURLPolicy < 400 || p.RemoteMediaURLPolicy > 599) {
+		v.add("proxy.remote_media_url_policy", "must be 0 (allow) or an HTTP status between 400 and 599, got %d", p.RemoteMediaURLPolicy)
+	}
+	v.positive("proxy.connect_timeout_secs", p.ConnectTimeoutSecs)
+	v.positive("proxy.request_timeout_secs", p.RequestTimeoutSecs)
+	v.floatAtLeast("proxy.stream_idle_timeout_secs", p.StreamIdleTimeoutSecs, 0)
+	v.intRange("proxy.max_retries", int64(p.MaxRetries), 0, 10)
+	v.intAtLeast("proxy.initial_backoff_ms", int64(p.InitialBackoffMs), 0)
+	if p.MaxBackoffMs < p.InitialBackoffMs {
+		v.add("proxy.max_backoff_ms", "must be at least proxy.initial_backoff_ms (%d), got %d", p.InitialBackoffMs, p.MaxBackoffMs)
+	}
+	v.floatAtLeast("proxy.backoff_multiplier", p.BackoffMultiplier, 1)
+	v.fraction("proxy.jitter_factor", p.JitterFactor)
+	for i, s := range p.RetryableStatuses {
+		v.intRange(fmt.Sprintf("proxy.retryable_statuses[%d]", i), int64(s), 400, 599)
+	}
+	v.fraction("proxy.retry_budget_ratio", p.RetryBudgetRatio)
+	v.intAtLeast("proxy.retry_budget_min", int64(p.RetryBudgetMin), 0)
+	v.floatAtLeast("proxy.models_cache_secs", p.ModelsCacheSecs, 0)
+}
+
+func (v *validator) circuitBreaker() {
+	cb := v.c.CircuitBreaker
+	v.intAtLeast("circuit_breaker.failure_threshold", int64(cb.FailureThreshold), 1)
+	v.intAtLeast("circuit_breaker.success_threshold", int64(cb.SuccessThreshold), 1)
+	v.positive("circuit_breaker.timeout_secs", cb.TimeoutSecs)
+}
+
+func (v *validator) session() {
+	s := v.c.Session
+	if s.Enabled && len(s.Keys) == 0 {
+		v.add("session.keys", "at least one key is required when session.enabled is true")
+	}
+	seen := make(map[string]bool)
+	for i, k := range s.Keys {
+		key := fmt.Sprintf("session.keys[%d]", i)
+		switch {
+		case k == "prompt_cache_key" || k == "user":
+		case strings.HasPrefix(k, "header:"):
+			if !isHeaderName(strings.TrimPrefix(k, "header:")) {
+				v.add(key, "%q: header name after \"header:\" must be a valid HTTP header name", k)
+				continue
+			}
+		default:
+			v.add(key, "must be \"header:<Name>\", \"prompt_cache_key\" or \"user\", got %q", k)
+			continue
+		}
+		// HTTP header names are case-insensitive, so compare them that way.
+		norm := strings.ToLower(k)
+		if seen[norm] {
+			v.add(key, "%q is listed twice", k)
+		}
+		seen[norm] = true
+	}
+	v.positive("session.ttl_secs", s.TTLSecs)
+}
+
+// isHeaderName reports whether s is an RFC 9110 token.
+func isHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func (v *validator) log() {
+	v.oneOf("log.level", v.c.Log.Level, "debug", "info", "warn", "error")
+	v.oneOf("log.format", v.c.Log.Format, "json", "text")
+}
+
+func (v *validator) auth() {
+	a := v.c.Auth
+	if a.Token != "" && a.TokenFile != "" {
+		v.add("auth.token_file", "cannot be combined with auth.token: set only one of them")
+	}
+	if a.AdminToken != "" && a.AdminTokenFile != "" {
+		v.add("auth.admin_token_file", "cannot be combined with auth.admin_token: set only one of them")
+	}
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
+
+func (v *validator) controlPlane(role Role) {
+	cp := v.c.ControlPlane
+	if cp.NodeID == "" {
+		if role == RoleControlPlane {
+			v.add("controlplane.node_id", "is required for the control plane: it names this node in the Raft cluster and must not change across restarts")
+		}
+	} else if !idPattern.MatchString(cp.NodeID) {
+		v.add("controlplane.node_id", "may only contain letters, digits, '.', '_' and '-', got %q", cp.NodeID)
+	}
+	if cp.DataDir == "" && role == RoleControlPlane {
+		v.add("controlplane.data_dir", "is required for the control plane: the Raft log and snapshots are kept there")
+	}
+	apiOK := v.hostPort("controlplane.api_addr", cp.APIAddr)
+	raftOK := v.hostPort("controlplane.raft_addr", cp.RaftAddr)
+	if cp.AdvertiseRaftAddr != "" {
+		if v.hostPort("controlplane.advertise_raft_addr", cp.AdvertiseRaftAddr) && unspecifiedHost(cp.AdvertiseRaftAddr) {
+			v.add("controlplane.advertise_raft_addr", "must name an address peers can dial, got %q", cp.AdvertiseRaftAddr)
+		}
+	} else if raftOK && role == RoleControlPlane && unspecifiedHost(cp.RaftAddr) {
+		v.add("controlplane.advertise_raft_addr", "is required when raft_addr (%q) binds to all interfaces: peers cannot dial that address", cp.RaftAddr)
+	}
+	if cp.AdvertiseAPIURL != "" {
+		v.url("controlplane.advertise_api_url", cp.AdvertiseAPIURL)
+	} else if apiOK && role == RoleControlPlane && unspecifiedHost(cp.APIAddr) {
+		v.add("controlplane.advertise_api_url", "is required when api_addr (%q) binds to all interfaces: other nodes cannot reach that address", cp.APIAddr)
+	}
+	if cp.Bootstrap && len(cp.Join) > 0 {
+		v.add("controlplane.join", "must be empty when controlplane.bootstrap is true: a node either starts a new cluster or joins an existing one")
+	}
+	for i, j := range cp.Join {
+		v.url(fmt.Sprintf("controlplane.join[%d]", i), j)
+	}
+	v.intAtLeast("controlplane.placement_batch_ms", int64(cp.PlacementBatchMs), 1)
+	v.intAtLeast("controlplane.placement_batch_max", int64(cp.PlacementBatchMax), 1)
+	v.positive("controlplane.load_lease_secs", cp.LoadLeaseSecs)
+	if cp.SnapshotThreshold < 1 {
+		v.add("controlplane.snapshot_threshold", "must be at least 1, got 0")
+	}
+	v.tls("controlplane.raft_tls", cp.RaftTLS)
+}
+
+// unspecifiedHost reports whether a host:port binds to all interfaces
+// (empty host, 0.0.0.0 or ::), which is fine to listen on but not to
+// advertise.
+func unspecifiedHost(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}
+
+func (v *validator) dataPlane(role Role) {
+	dp := v.c.DataPlane
+	if dp.ID != "" && !idPattern.MatchString(dp.ID) {
+		v.add("dataplane.id", "may only contain letters, digits, '.', '_' and '-', got %q", dp.ID)
+	}
+	if len(dp.ControlPlane) == 0 && role == RoleDataPlane {
+		v.add("dataplane.control_plane", "at least one control plane URL is required: the data plane asks the control plane where to route each request; add dataplane.control_plane[] (e.g. http://cp-1.internal:6701)")
+	}
+	for i, u := range dp.ControlPlane {
+		v.url(fmt.Sprintf("dataplane.control_plane[%d]", i), u)
+	}
+	v.intAtLeast("dataplane.route_timeout_ms", int64(dp.RouteTimeoutMs), 1)
+	v.intAtLeast("dataplane.report_interval_ms", int64(dp.ReportIntervalMs), 50)
+	v.intAtLeast("dataplane.worker_sync_interval_ms", int64(dp.WorkerSyncIntervalMs), 50)
+	v.keyPair("dataplane.tls", dp.ClientTLS.CertFile, dp.ClientTLS.KeyFile)
+}

@@ -1,0 +1,306 @@
+package config
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+// validBase is a config that passes Validate for every role, so each table
+// row below isolates exactly one rule.
+func validBase() *Config {
+	c := Default()
+	c.Workers = []Worker{{URL: "http://127.0.0.1:8001"}}
+	c.ControlPlane.NodeID = "cp-1"
+	c.ControlPlane.DataDir = "/var/lib/cart"
+	c.DataPlane.ControlPlane = []string{"http://127.0.0.1:6701"}
+	return c
+}
+
+func TestValidBaseIsValid(t *testing.T) {
+	for _, role := range []Role{RoleAllInOne, RoleControlPlane, RoleDataPlane} {
+		if err := validBase().Validate(role); err != nil {
+			t.Errorf("%v: %v", role, err)
+		}
+	}
+}
+
+func TestValidateRoles(t *testing.T) {
+	tests := []struct {
+		name   string
+		role   Role
+		mutate func(c *Config)
+	}{
+		{"control plane without workers", RoleControlPlane, func(c *Config) { c.Workers = nil }},
+		{"data plane without workers", RoleDataPlane, func(c *Config) { c.Workers = nil }},
+		{"all-in-one ignores control plane identity", RoleAllInOne, func(c *Config) { c.ControlPlane.NodeID, c.ControlPlane.DataDir = "", "" }},
+		{"all-in-one ignores missing control plane URLs", RoleAllInOne, func(c *Config) { c.DataPlane.ControlPlane = nil }},
+		{"restarted control plane needs neither bootstrap nor join", RoleControlPlane, func(c *Config) {}},
+		{"control plane bootstrap", RoleControlPlane, func(c *Config) { c.ControlPlane.Bootstrap = true }},
+		{"control plane join", RoleControlPlane, func(c *Config) { c.ControlPlane.Join = []string{"http://cp-2.internal:6701"} }},
+		{"bind all interfaces with advertise", RoleControlPlane, func(c *Config) {
+			c.ControlPlane.RaftAddr = "0.0.0.0:6702"
+			c.ControlPlane.AdvertiseRaftAddr = "cp-1.internal:6702"
+			c.ControlPlane.APIAddr = ":6701"
+			c.ControlPlane.AdvertiseAPIURL = "https://cp-1.internal:6701"
+		}},
+		{"remote media refused with 403", RoleAllInOne, func(c *Config) { c.Proxy.RemoteMediaURLPolicy = 403 }},
+		{"session enabled", RoleAllInOne, func(c *Config) { c.Session.Enabled = true }},
+		{"zero disables optional checks", RoleAllInOne, func(c *Config) {
+			c.Server.MinOpenFiles = 0
+			c.Cache.MatchAbsThreshold = 0
+			c.Cache.EvictionIntervalSecs = 0
+			c.Proxy.StreamIdleTimeoutSecs = 0
+			c.Proxy.MaxRetries = 0
+		}},
+		{"mutual TLS", RoleAllInOne, func(c *Config) {
+			c.Server.TLS = TLS{CertFile: "c.pem", KeyFile: "k.pem", ClientCAFile: "ca.pem"}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validBase()
+			tt.mutate(c)
+			if err := c.Validate(tt.role); err != nil {
+				t.Errorf("Validate(%v) = %v", tt.role, err)
+			}
+		})
+	}
+}
+
+func TestValidateRules(t *testing.T) {
+	tests := []struct {
+		name   string
+		role   Role
+		mutate func(c *Config)
+		key    string
+		reason string // substring
+	}{
+		// server
+		{"port zero", RoleAllInOne, func(c *Config) { c.Server.Port = 0 }, "server.port", "between 1 and 65535, got 0"},
+		{"port too big", RoleAllInOne, func(c *Config) { c.Server.Port = 65536 }, "server.port", "between 1 and 65535"},
+		{"min open files negative", RoleAllInOne, func(c *Config) { c.Server.MinOpenFiles = -1 }, "server.min_open_files", "at least 0"},
+		{"read header timeout zero", RoleAllInOne, func(c *Config) { c.Server.ReadHeaderTimeoutSecs = 0 }, "server.read_header_timeout_secs", "greater than 0"},
+		{"idle timeout negative", RoleAllInOne, func(c *Config) { c.Server.IdleTimeoutSecs = -1 }, "server.idle_timeout_secs", "greater than 0"},
+		{"max header bytes small", RoleAllInOne, func(c *Config) { c.Server.MaxHeaderBytes = 4095 }, "server.max_header_bytes", "at least 4096"},
+		{"shutdown grace negative", RoleAllInOne, func(c *Config) { c.Server.ShutdownGraceSecs = -1 }, "server.shutdown_grace_secs", "at least 0"},
+		{"tls cert without key", RoleAllInOne, func(c *Config) { c.Server.TLS.CertFile = "c.pem" }, "server.tls.cert_file", "server.tls.key_file is not"},
+		{"tls key without cert", RoleAllInOne, func(c *Config) { c.Server.TLS.KeyFile = "k.pem" }, "server.tls.key_file", "server.tls.cert_file is not"},
+		{"tls client ca without cert", RoleAllInOne, func(c *Config) { c.Server.TLS.ClientCAFile = "ca.pem" }, "server.tls.client_ca_file", "requires cert_file"},
+
+		// workers
+		{"no workers all-in-one", RoleAllInOne, func(c *Config) { c.Workers = nil }, "workers",
+			"at least one worker is required: the all-in-one router has nowhere to send requests; add workers[].url"},
+		{"worker url empty", RoleControlPlane, func(c *Config) { c.Workers = []Worker{{}} }, "workers[0].url", "URL is empty"},
+		{"worker url scheme", RoleAllInOne, func(c *Config) { c.Workers[0].URL = "ftp://a:1" }, "workers[0].url", "http:// or https://"},
+		{"worker url without scheme", RoleAllInOne, func(c *Config) { c.Workers[0].URL = "localhost:8000" }, "workers[0].url", "http:// or https://"},
+		{"worker url without host", RoleAllInOne, func(c *Config) { c.Workers[0].URL = "http:///v1" }, "workers[0].url", "has no host"},
+		{"worker url with query", RoleAllInOne, func(c *Config) { c.Workers[0].URL = "http://a:1/?x=1" }, "workers[0].url", "query or fragment"},
+		{"worker url with fragment", RoleAllInOne, func(c *Config) { c.Workers[0].URL = "http://a:1#x" }, "workers[0].url", "query or fragment"},
+		{"worker url with credentials", RoleAllInOne, func(c *Config) { c.Workers[0].URL = "http://u:p@a:1" }, "workers[0].url", "credentials"},
+		{"worker url bad port", RoleAllInOne, func(c *Config) { c.Workers[0].URL = "http://a:0" }, "workers[0].url", "invalid port"},
+		{"worker url unparsable", RoleDataPlane, func(c *Config) { c.Workers[0].URL = "http://a b:1" }, "workers[0].url", "not a valid URL"},
+		{"duplicate workers after normalizing", RoleAllInOne, func(c *Config) {
+			c.Workers = []Worker{{URL: "http://a:1"}, {URL: "http://b:1"}, {URL: "HTTP://A:1/"}}
+		}, "workers[2].url", "same as workers[0]"},
+		{"worker max load negative", RoleAllInOne, func(c *Config) { c.Workers[0].MaxLoad = -1 }, "workers[0].max_load", "at least 0"},
+		{"worker load penalty negative", RoleAllInOne, func(c *Config) { c.Workers[0].LoadPenalty = -1 }, "workers[0].load_penalty", "at least 0"},
+		{"worker cache capacity negative", RoleAllInOne, func(c *Config) { c.Workers[0].CacheCapacityTokens = -1 }, "workers[0].cache_capacity_tokens", "at least 0"},
+
+		// cache
+		{"threshold above 1", RoleAllInOne, func(c *Config) { c.Cache.Threshold = 1.01 }, "cache.threshold", "between 0 and 1"},
+		{"threshold negative", RoleAllInOne, func(c *Config) { c.Cache.Threshold = -0.1 }, "cache.threshold", "between 0 and 1"},
+		{"threshold NaN", RoleAllInOne, func(c *Config) { c.Cache.Threshold = math.NaN() }, "cache.threshold", "finite"},
+		{"match abs negative", RoleAllInOne, func(c *Config) { c.Cache.MatchAbsThreshold = -1 }, "cache.match_abs_threshold", "at least 0"},
+		{"balance abs negative", RoleAllInOne, func(c *Config) { c.Cache.BalanceAbsThreshold = -1 }, "cache.balance_abs_threshold", "at least 0"},
+		{"balance rel below 1", RoleAllInOne, func(c *Config) { c.Cache.BalanceRelThreshold = 0.9 }, "cache.balance_rel_threshold", "at least 1"},
+		{"balance rel infinite", RoleAllInOne, func(c *Config) { c.Cache.BalanceRelThreshold = math.Inf(1) }, "cache.balance_rel_threshold", "finite"},
+		{"max tree size zero", RoleAllInOne, func(c *Config) { c.Cache.MaxTreeSize = 0 }, "cache.max_tree_size", "at least 1"},
+		{"eviction interval negative", RoleAllInOne, func(c *Config) { c.Cache.EvictionIntervalSecs = -1 }, "cache.eviction_interval_secs", "at least 0"},
+		{"cleanup hour 24", RoleAllInOne, func(c *Config) { c.Cache.DailyCleanupHourUTC = 24 }, "cache.daily_cleanup_hour_utc", "between -1 and 23"},
+		{"cleanup hour -2", RoleAllInOne, func(c *Config) { c.Cache.DailyCleanupHourUTC = -2 }, "cache.daily_cleanup_hour_utc", "between -1 and 23"},
+		{"block chars zero", RoleAllInOne, func(c *Config) { c.Cache.BlockChars = 0 }, "cache.block_chars", "between 1 and 65536"},
+		{"block chars too big", RoleAllInOne, func(c *Config) { c.Cache.BlockChars = 65537 }, "cache.block_chars", "between 1 and 65536"},
+		{"capacity negative", RoleAllInOne, func(c *Config) { c.Cache.CapacityTokens = -1 }, "cache.capacity_tokens", "at least 0"},
+		{"cache ttl negative", RoleAllInOne, func(c *Config) { c.Cache.TTLSecs = -1 }, "cache.ttl_secs", "at least 0"},
+
+		// health
+		{"endpoint without slash", RoleAllInOne, func(c *Config) { c.Health.Endpoint = "health" }, "health.endpoint", `starting with "/"`},
+		{"health interval zero", RoleAllInOne, func(c *Config) { c.Health.IntervalSecs, c.Health.TimeoutSecs = 0, 0.5 }, "health.interval_secs", "greater than 0"},
+		{"health timeout zero", RoleAllInOne, func(c *Config) { c.Health.TimeoutSecs = 0 }, "health.timeout_secs", "greater than 0"},
+		{"health timeout above interval", RoleAllInOne, func(c *Config) { c.Health.TimeoutSecs = 11 }, "health.timeout_secs", "must not exceed health.interval_secs (10)"},
+		{"health failure threshold zero", RoleAllInOne, func(c *Config) { c.Health.FailureThreshold = 0 }, "health.failure_threshold", "at least 1"},
+		{"health success threshold zero", RoleAllInOne, func(c *Config) { c.Health.SuccessThreshold = 0 }, "health.success_threshold", "at least 1"},
+
+		// proxy
+		{"max body small", RoleAllInOne, func(c *Config) { c.Proxy.MaxBodyBytes = 1023 }, "proxy.max_body_bytes", "at least 1024"},
+		{"remote media policy 200", RoleAllInOne, func(c *Config) { c.Proxy.RemoteMediaURLPolicy = 200 }, "proxy.remote_media_url_policy", "between 400 and 599"},
+		{"remote media policy 600", RoleAllInOne, func(c *Config) { c.Proxy.RemoteMediaURLPolicy = 600 }, "proxy.remote_media_url_policy", "between 400 and 599"},
+		{"connect timeout zero", RoleAllInOne, func(c *Config) { c.Proxy.ConnectTimeoutSecs = 0 }, "proxy.connect_timeout_secs", "greater than 0"},
+		{"request timeout zero", RoleAllInOne, func(c *Config) { c.Proxy.RequestTimeoutSecs = 0 }, "proxy.request_timeout_secs", "greater than 0"},
+		{"stream idle negative", RoleAllInOne, func(c *Config) { c.Proxy.StreamIdleTimeoutSecs = -1 }, "proxy.stream_idle_timeout_secs", "at least 0"},
+		{"max retries 11", RoleAllInOne, func(c *Config) { c.Proxy.MaxRetries = 11 }, "proxy.max_retries", "between 0 and 10"},
+		{"max retries negative", RoleAllInOne, func(c *Config) { c.Proxy.MaxRetries = -1 }, "proxy.max_retries", "between 0 and 10"},
+		{"initial backoff negative", RoleAllInOne, func(c *Config) { c.Proxy.InitialBackoffMs = -1 }, "proxy.initial_backoff_ms", "at least 0"},
+		{"max backoff below initial", RoleAllInOne, func(c *Config) { c.Proxy.MaxBackoffMs = 49 }, "proxy.max_backoff_ms", "at least proxy.initial_backoff_ms (50)"},
+		{"backoff multiplier below 1", RoleAllInOne, func(c *Config) { c.Proxy.BackoffMultiplier = 0.5 }, "proxy.backoff_multiplier", "at least 1"},
+		{"jitter above 1", RoleAllInOne, func(c *Config) { c.Proxy.JitterFactor = 1.5 }, "proxy.jitter_factor", "between 0 and 1"},
+		{"retryable status 200", RoleAllInOne, func(c *Config) { c.Proxy.RetryableStatuses = []int{503, 200} }, "proxy.retryable_statuses[1]", "between 400 and 599"},
+		{"retry budget ratio above 1", RoleAllInOne, func(c *Config) { c.Proxy.RetryBudgetRatio = 2 }, "proxy.retry_budget_ratio", "between 0 and 1"},
+		{"retry budget min negative", RoleAllInOne, func(c *Config) { c.Proxy.RetryBudgetMin = -1 }, "proxy.retry_budget_min", "at least 0"},
+		{"models cache negative", RoleAllInOne, func(c *Config) { c.Proxy.ModelsCacheSecs = -1 }, "proxy.models_cache_secs", "at least 0"},
+
+		// circuit breaker
+		{"breaker failure threshold zero", RoleAllInOne, func(c *Config) { c.CircuitBreaker.FailureThreshold = 0 }, "circuit_breaker.failure_threshold", "at least 1"},
+		{"breaker success threshold zero", RoleAllInOne, func(c *Config) { c.CircuitBreaker.SuccessThreshold = 0 }, "circuit_breaker.success_threshold", "at least 1"},
+		{"breaker timeout zero", RoleAllInOne, func(c *Config) { c.CircuitBreaker.TimeoutSecs = 0 }, "circuit_breaker.timeout_secs", "greater than 0"},
+
+		// session
+		{"session key unknown", RoleAllInOne, func(c *Config) { c.Session.Keys = []string{"user", "cookie:sid"} }, "session.keys[1]", `got "cookie:sid"`},
+		{"session header empty", RoleAllInOne, func(c *Config) { c.Session.Keys = []string{"header:"} }, "session.keys[0]", "valid HTTP header name"},
+		{"session header with space", RoleAllInOne, func(c *Config) { c.Session.Keys = []string{"header:X Session"} }, "session.keys[0]", "valid HTTP header name"},
+		{"session key twice", RoleAllInOne, func(c *Config) { c.Session.Keys = []string{"header:X-Sid", "header:x-sid"} }, "session.keys[1]", "listed twice"},
+		{"session enabled without keys", RoleAllInOne, func(c *Config) { c.Session.Enabled, c.Session.Keys = true, nil }, "session.keys", "at least one key"},
+		{"session ttl zero", RoleAllInOne, func(c *Config) { c.Session.TTLSecs = 0 }, "session.ttl_secs", "greater than 0"},
+
+		// log
+		{"log level", RoleAllInOne, func(c *Config) { c.Log.Level = "warning" }, "log.level", `debug, info, warn, error, got "warning"`},
+		{"log format", RoleAllInOne, func(c *Config) { c.Log.Format = "xml" }, "log.format", "json, text"},
+
+		// auth
+		{"token and token file", RoleAllInOne, func(c *Config) { c.Auth.Token, c.Auth.TokenFile = "t", "f" }, "auth.token_file", "cannot be combined with auth.token"},
+		{"admin token and file", RoleAllInOne, func(c *Config) { c.Auth.AdminToken, c.Auth.AdminTokenFile = "t", "f" }, "auth.admin_token_file", "cannot be combined with auth.admin_token"},
+
+		// control plane
+		{"node id missing", RoleControlPlane, func(c *Config) { c.ControlPlane.NodeID = "" }, "controlplane.node_id", "is required for the control plane"},
+		{"node id charset", RoleAllInOne, func(c *Config) { c.ControlPlane.NodeID = "cp 1" }, "controlplane.node_id", "may only contain"},
+		{"data dir missing", RoleControlPlane, func(c *Config) { c.ControlPlane.DataDir = "" }, "controlplane.data_dir", "is required for the control plane"},
+		{"api addr not host:port", RoleAllInOne, func(c *Config) { c.ControlPlane.APIAddr = "localhost" }, "controlplane.api_addr", "must be host:port"},
+		{"api addr empty", RoleAllInOne, func(c *Config) { c.ControlPlane.APIAddr = "" }, "controlplane.api_addr", "is required"},
+		{"raft addr bad port", RoleAllInOne, func(c *Config) { c.ControlPlane.RaftAddr = "127.0.0.1:0" }, "controlplane.raft_addr", "between 1 and 65535"},
+		{"advertise raft addr invalid", RoleAllInOne, func(c *Config) { c.ControlPlane.AdvertiseRaftAddr = "cp-1" }, "controlplane.advertise_raft_addr", "must be host:port"},
+		{"advertise raft addr unspecified", RoleAllInOne, func(c *Config) { c.ControlPlane.AdvertiseRaftAddr = "0.0.0.0:6702" }, "controlplane.advertise_raft_addr", "peers can dial"},
+		{"raft bound to all interfaces", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftAddr = "0.0.0.0:6702" }, "controlplane.advertise_raft_addr", "is required when raft_addr"},
+		{"api bound to all interfaces", RoleControlPlane, func(c *Config) { c.ControlPlane.APIAddr = "[::]:6701" }, "controlplane.advertise_api_url", "is required when api_addr"},
+		{"advertise api url invalid", RoleAllInOne, func(c *Config) { c.ControlPlane.AdvertiseAPIURL = "cp-1:6701" }, "controlplane.advertise_api_url", "http:// or https://"},
+		{"bootstrap and join", RoleControlPlane, func(c *Config) {
+			c.ControlPlane.Bootstrap = true
+			c.ControlPlane.Join = []string{"http://cp-2:6701"}
+		}, "controlplane.join", "must be empty when controlplane.bootstrap is true"},
+		{"join url invalid", RoleControlPlane, func(c *Config) { c.ControlPlane.Join = []string{"cp-2:6701"} }, "controlplane.join[0]", "http:// or https://"},
+		{"placement batch ms zero", RoleAllInOne, func(c *Config) { c.ControlPlane.PlacementBatchMs = 0 }, "controlplane.placement_batch_ms", "at least 1"},
+		{"placement batch max zero", RoleAllInOne, func(c *Config) { c.ControlPlane.PlacementBatchMax = 0 }, "controlplane.placement_batch_max", "at least 1"},
+		{"load lease zero", RoleAllInOne, func(c *Config) { c.ControlPlane.LoadLeaseSecs = 0 }, "controlplane.load_lease_secs", "greater than 0"},
+		{"snapshot threshold zero", RoleAllInOne, func(c *Config) { c.ControlPlane.SnapshotThreshold = 0 }, "controlplane.snapshot_threshold", "at least 1"},
+		{"raft tls cert without key", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftTLS.CertFile = "c.pem" }, "controlplane.raft_tls.cert_file", "key_file is not"},
+		{"raft tls client ca without cert", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftTLS.ClientCAFile = "ca.pem" }, "controlplane.raft_tls.client_ca_file", "requires cert_file"},
+
+		// data plane
+		{"control plane URLs missing", RoleDataPlane, func(c *Config) { c.DataPlane.ControlPlane = nil }, "dataplane.control_plane", "at least one control plane URL is required"},
+		{"control plane URL invalid", RoleDataPlane, func(c *Config) { c.DataPlane.ControlPlane = []string{"http://a:1", "a:1"} }, "dataplane.control_plane[1]", "http:// or https://"},
+		{"data plane id charset", RoleDataPlane, func(c *Config) { c.DataPlane.ID = "dp/1" }, "dataplane.id", "may only contain"},
+		{"route timeout zero", RoleDataPlane, func(c *Config) { c.DataPlane.RouteTimeoutMs = 0 }, "dataplane.route_timeout_ms", "at least 1"},
+		{"report interval small", RoleDataPlane, func(c *Config) { c.DataPlane.ReportIntervalMs = 49 }, "dataplane.report_interval_ms", "at least 50"},
+		{"worker sync interval small", RoleDataPlane, func(c *Config) { c.DataPlane.WorkerSyncIntervalMs = 49 }, "dataplane.worker_sync_interval_ms", "at least 50"},
+		{"client tls key without cert", RoleDataPlane, func(c *Config) { c.DataPlane.ClientTLS.KeyFile = "k.pem" }, "dataplane.tls.key_file", "dataplane.tls.cert_file is not"},
+
+		{"unknown role", Role(7), func(c *Config) {}, "", "unknown role Role(7)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validBase()
+			tt.mutate(c)
+			err := c.Validate(tt.role)
+			ps := problemsOf(t, err)
+			if len(ps) != 1 {
+				t.Fatalf("got %d problems, want 1:\n%v", len(ps), err)
+			}
+			if ps[0].Key != tt.key || !strings.Contains(ps[0].Reason, tt.reason) {
+				t.Errorf("problem = %q\nwant key %q with reason containing %q", ps[0], tt.key, tt.reason)
+			}
+		})
+	}
+}
+
+func TestValidateReportsAllProblemsWithOrigins(t *testing.T) {
+	paths := writeFiles(t,
+		"workers:\n  - url: http://a:1\n  - url: ftp://b:1\n",
+		"# overlay\ncache:\n  threshold: 2\nlog:\n  level: loud\n",
+	)
+	c, err := Load(paths...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Server.Port = 0 // set in code, so no origin is known
+	err = c.Validate(RoleAllInOne)
+	ps := problemsOf(t, err)
+	want := []struct {
+		file string
+		line int
+		key  string
+	}{
+		{"", 0, "server.port"},
+		{paths[0], 3, "workers[1].url"},
+		{paths[1], 3, "cache.threshold"},
+		{paths[1], 5, "log.level"},
+	}
+	if len(ps) != len(want) {
+		t.Fatalf("got %d problems, want %d:\n%v", len(ps), len(want), err)
+	}
+	for i, w := range want {
+		if ps[i].File != w.file || ps[i].Line != w.line || ps[i].Key != w.key {
+			t.Errorf("problem %d = %s, want %s:%d %s", i, ps[i], w.file, w.line, w.key)
+		}
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("Error() has %d lines, want %d:\n%s", len(lines), len(want), err)
+	}
+	if wantLine := paths[1] + ":3: cache.threshold: must be between 0 and 1, got 2"; lines[2] != wantLine {
+		t.Errorf("line = %q, want %q", lines[2], wantLine)
+	}
+	if !strings.HasPrefix(lines[0], "server.port: ") {
+		t.Errorf("line without origin = %q", lines[0])
+	}
+}
+
+func TestProblemString(t *testing.T) {
+	tests := []struct {
+		p    Problem
+		want string
+	}{
+		{Problem{File: "a.yaml", Line: 3, Key: "k", Reason: "bad"}, "a.yaml:3: k: bad"},
+		{Problem{File: "a.yaml", Key: "k", Reason: "bad"}, "a.yaml: k: bad"},
+		{Problem{File: "a.yaml", Line: 1, Reason: "bad"}, "a.yaml:1: bad"},
+		{Problem{Key: "k", Reason: "bad"}, "k: bad"},
+		{Problem{Line: 2, Reason: "bad"}, "line 2: bad"},
+	}
+	for _, tt := range tests {
+		if got := tt.p.String(); got != tt.want {
+			t.Errorf("%#v.String() = %q, want %q", tt.p, got, tt.want)
+		}
+	}
+}
+
+func TestNormalizeWorkerURL(t *testing.T) {
+	tests := []struct {
+		in, want string
+		ok       bool
+	}{
+		{"http://a:8000", "http://a:8000", true},
+		{"http://a:8000/", "http://a:8000", true},
+		{"https://a/v1///", "https://a/v1", true},
+		{"http://[::1]:8000/", "http://[::1]:8000", true},
+		{"http://a:8000?", "", false},
+		{"", "", false},
+		{"/v1", "", false},
+		{"http://a:65536", "", false},
+		{"mailto:x@y", "", false},
+	}
+	for _, tt := range tests {
+		got, err := NormalizeWorkerURL(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("NormalizeWorkerURL(%q) = %q, %v; want %q, ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+	}
+}

@@ -1,0 +1,181 @@
+package state
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cartrouter/cart/controlplane/index"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// SnapshotVersion is the snapshot format version.
+const SnapshotVersion = 1
+
+// maxRecordBytes bounds one length-delimited record, so a corrupt snapshot
+// cannot make Restore allocate gigabytes.
+const maxRecordBytes = 64 << 20
+
+func indexID(id uint32) index.WorkerID { return index.WorkerID(id) }
+
+// Snapshot is an immutable copy of the state, taken quickly under the lock
+// and written out later while applies continue.
+type Snapshot struct {
+	header  *cartv1.SnapshotHeader
+	records []*cartv1.IndexRecord
+}
+
+// Capture copies the state. It holds the lock for one pass over the index
+// (tens of milliseconds for a million entries); writing happens outside.
+func (s *State) Capture() *Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := &cartv1.SnapshotHeader{
+		Version:        SnapshotVersion,
+		WorkersVersion: s.workersVersion,
+		Members:        maps.Clone(s.members),
+	}
+	pos := make(map[index.WorkerID]uint32, len(s.specs))
+	for i, w := range s.specs {
+		h.Workers = append(h.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: s.capacity[w.URL]})
+		if id, ok := s.eng.WorkerIDOf(w.URL); ok {
+			pos[indexID(id)] = uint32(i)
+		}
+	}
+	snap := &Snapshot{header: h}
+	snap.records = make([]*cartv1.IndexRecord, 0, s.eng.Index().Len())
+	s.eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
+		r := &cartv1.IndexRecord{Hash: hash, UsedUnixNanos: used}
+		for _, hd := range holders {
+			p, ok := pos[hd.Worker]
+			if !ok {
+				continue
+			}
+			r.Workers = append(r.Workers, p)
+			r.AtUnixNanos = append(r.AtUnixNanos, hd.At)
+		}
+		if len(r.Workers) > 0 {
+			snap.records = append(snap.records, r)
+		}
+		return true
+	})
+	h.IndexRecords = uint64(len(snap.records))
+	return snap
+}
+
+// Write streams the snapshot: the header, then each index record, each
+// length-delimited.
+func (snap *Snapshot) Write(w io.Writer) error {
+	bw := bufio.NewWriterSize(w, 256<<10)
+	var buf []byte
+	write := func(m proto.Message) error {
+		var err error
+		buf, err = proto.MarshalOptions{}.MarshalAppend(buf[:0], m)
+		if err != nil {
+			return err
+		}
+		var n [binary.MaxVarintLen64]byte
+		if _, err := bw.Write(n[:binary.PutUvarint(n[:], uint64(len(buf)))]); err != nil {
+			return err
+		}
+		_, err = bw.Write(buf)
+		return err
+	}
+	if err := write(snap.header); err != nil {
+		return fmt.Errorf("write snapshot header: %w", err)
+	}
+	for _, r := range snap.records {
+		if err := write(r); err != nil {
+			return fmt.Errorf("write snapshot record: %w", err)
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("flush snapshot: %w", err)
+	}
+	return nil
+}
+
+// Restore replaces the whole state with a snapshot's. It decodes and checks
+// everything first and swaps only at the end, so a bad snapshot leaves the
+// current state untouched (all or nothing).
+func (s *State) Restore(r io.Reader) error {
+	br := bufio.NewReaderSize(r, 256<<10)
+	var h cartv1.SnapshotHeader
+	if err := readRecord(br, &h); err != nil {
+		return fmt.Errorf("snapshot header: %w", err)
+	}
+	if h.GetVersion() == 0 || h.GetVersion() > SnapshotVersion {
+		return fmt.Errorf("snapshot version %d not supported (max %d)", h.GetVersion(), SnapshotVersion)
+	}
+	records := make([]*cartv1.IndexRecord, 0, min(h.GetIndexRecords(), 1<<24))
+	for i := uint64(0); i < h.GetIndexRecords(); i++ {
+		rec := &cartv1.IndexRecord{}
+		if err := readRecord(br, rec); err != nil {
+			return fmt.Errorf("snapshot record %d of %d: %w", i, h.GetIndexRecords(), err)
+		}
+		if len(rec.GetWorkers()) != len(rec.GetAtUnixNanos()) {
+			return fmt.Errorf("snapshot record %d: %d holders but %d times", i, len(rec.GetWorkers()), len(rec.GetAtUnixNanos()))
+		}
+		for _, p := range rec.GetWorkers() {
+			if int(p) >= len(h.GetWorkers()) {
+				return fmt.Errorf("snapshot record %d: holder %d out of range (%d workers)", i, p, len(h.GetWorkers()))
+			}
+		}
+		records = append(records, rec)
+	}
+	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+		return errors.New("snapshot has trailing data")
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.specs = s.specs[:0]
+	s.capacity = map[string]int64{}
+	for _, w := range h.GetWorkers() {
+		s.specs = append(s.specs, specFrom(w))
+		s.capacity[w.GetUrl()] = w.GetCacheCapacityTokens()
+	}
+	s.eng.SetWorkers(slices.Clone(s.specs))
+	ids := make([]index.WorkerID, len(s.specs))
+	for i, w := range s.specs {
+		id, _ := s.eng.WorkerIDOf(w.URL)
+		ids[i] = indexID(id)
+	}
+	idx := s.eng.Index()
+	idx.Clear()
+	holders := make([]index.Holder, 0, 8)
+	for _, rec := range records {
+		holders = holders[:0]
+		for j, p := range rec.GetWorkers() {
+			holders = append(holders, index.Holder{Worker: ids[p], At: rec.GetAtUnixNanos()[j]})
+		}
+		idx.PutBack(rec.GetHash(), rec.GetUsedUnixNanos(), holders)
+	}
+	s.workersVersion = h.GetWorkersVersion()
+	s.members = h.GetMembers()
+	if s.members == nil {
+		s.members = map[string]string{}
+	}
+	return nil
+}
+
+func readRecord(br *bufio.Reader, m proto.Message) error {
+	n, err := binary.ReadUvarint(br)
+	if err != nil {
+		return fmt.Errorf("read length: %w", err)
+	}
+	if n > maxRecordBytes {
+		return fmt.Errorf("record of %d bytes exceeds the %d-byte limit", n, maxRecordBytes)
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(br, buf); err != nil {
+		return fmt.Errorf("read record: %w", err)
+	}
+	return proto.Unmarshal(buf, m)
+}

@@ -1,0 +1,189 @@
+// Package state is the control plane's replicated state machine: the worker
+// set, the node directory and the prefix index, changed only by log
+// commands. It knows nothing of Raft (controlplane/raftnode adapts it) and
+// does no I/O beyond the snapshot streams it is handed.
+//
+// The engine it mutates is shared with the leader's router, so every access
+// goes through the same mutex: routing decisions and log applies interleave
+// but never overlap.
+package state
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// CommandVersion is the newest envelope version this node understands.
+const CommandVersion = 1
+
+// ErrUnknownCommand means an entry this node cannot apply. Applying past
+// it would make this node diverge from its peers, so the adapter stops the
+// node instead (unless the entry is flagged ignorable).
+var ErrUnknownCommand = errors.New("unknown or undecodable log command")
+
+// State is the replicated state over a shared engine.
+type State struct {
+	mu  *sync.Mutex
+	eng *engine.Engine
+
+	specs          []engine.WorkerSpec
+	capacity       map[string]int64 // cache_capacity_tokens per worker URL
+	workersVersion uint64
+	members        map[string]string // node id -> API URL
+	applied        uint64
+}
+
+// New wraps eng; mu must be the lock every user of eng holds.
+func New(mu *sync.Mutex, eng *engine.Engine) *State {
+	return &State{mu: mu, eng: eng, capacity: map[string]int64{}, members: map[string]string{}}
+}
+
+// Encode serialises a command for the log, stamping the current version.
+func Encode(cmd *cartv1.RaftCommand) ([]byte, error) {
+	if cmd.GetVersion() == 0 {
+		cmd.Version = CommandVersion
+	}
+	b, err := proto.Marshal(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("encode command: %w", err)
+	}
+	return b, nil
+}
+
+// Result is what applying a command returns to the proposer.
+type Result struct {
+	WorkersVersion uint64
+	Err            error // a rejected but well-formed command (e.g. remove of an unknown worker)
+}
+
+// Apply decodes and applies one log entry at the given log index. It
+// returns ErrUnknownCommand (wrapped) for entries that must stop the node.
+func (s *State) Apply(index uint64, data []byte) (Result, error) {
+	var cmd cartv1.RaftCommand
+	if err := proto.Unmarshal(data, &cmd); err != nil {
+		return Result{}, fmt.Errorf("%w: log index %d: %v", ErrUnknownCommand, index, err)
+	}
+	if cmd.GetVersion() > CommandVersion || cmd.GetBody() == nil {
+		if cmd.GetIgnorable() {
+			s.mu.Lock()
+			s.applied = index
+			s.mu.Unlock()
+			return Result{}, nil
+		}
+		return Result{}, fmt.Errorf("%w: log index %d: version %d, body %T", ErrUnknownCommand, index, cmd.GetVersion(), cmd.GetBody())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.applied = index
+	switch b := cmd.GetBody().(type) {
+	case *cartv1.RaftCommand_UpsertWorker:
+		s.upsert(b.UpsertWorker.GetWorker())
+	case *cartv1.RaftCommand_RemoveWorker:
+		if !s.remove(b.RemoveWorker.GetUrl()) {
+			return Result{WorkersVersion: s.workersVersion, Err: fmt.Errorf("worker %q not found", b.RemoveWorker.GetUrl())}, nil
+		}
+	case *cartv1.RaftCommand_SetWorkers:
+		s.specs = s.specs[:0]
+		clear(s.capacity)
+		for _, w := range b.SetWorkers.GetWorkers() {
+			s.specs = append(s.specs, specFrom(w))
+			s.capacity[w.GetUrl()] = w.GetCacheCapacityTokens()
+		}
+		s.commitWorkers()
+	case *cartv1.RaftCommand_PlaceBatch:
+		idx := s.eng.Index()
+		for _, p := range b.PlaceBatch.GetPlacements() {
+			if id, ok := s.eng.WorkerIDOf(p.GetWorker()); ok {
+				idx.Insert(p.GetBlockHashes(), indexID(id), p.GetAtUnixNanos())
+			}
+		}
+	case *cartv1.RaftCommand_UnplaceBatch:
+		idx := s.eng.Index()
+		for _, p := range b.UnplaceBatch.GetPlacements() {
+			if id, ok := s.eng.WorkerIDOf(p.GetWorker()); ok {
+				idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
+			}
+		}
+	case *cartv1.RaftCommand_SetMember:
+		s.members[b.SetMember.GetNodeId()] = b.SetMember.GetApiUrl()
+	case *cartv1.RaftCommand_RemoveMember:
+		delete(s.members, b.RemoveMember.GetNodeId())
+	}
+	return Result{WorkersVersion: s.workersVersion}, nil
+}
+
+func specFrom(w *cartv1.WorkerSpec) engine.WorkerSpec {
+	return engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty())}
+}
+
+func (s *State) upsert(w *cartv1.WorkerSpec) {
+	spec := specFrom(w)
+	s.capacity[spec.URL] = w.GetCacheCapacityTokens()
+	for i := range s.specs {
+		if s.specs[i].URL == spec.URL {
+			if s.specs[i] == spec {
+				return // idempotent re-apply: no version bump
+			}
+			s.specs[i] = spec
+			s.commitWorkers()
+			return
+		}
+	}
+	s.specs = append(s.specs, spec)
+	s.commitWorkers()
+}
+
+func (s *State) remove(url string) bool {
+	i := slices.IndexFunc(s.specs, func(w engine.WorkerSpec) bool { return w.URL == url })
+	if i < 0 {
+		return false
+	}
+	s.specs = slices.Delete(s.specs, i, i+1)
+	delete(s.capacity, url)
+	s.commitWorkers()
+	return true
+}
+
+func (s *State) commitWorkers() {
+	s.eng.SetWorkers(slices.Clone(s.specs))
+	s.workersVersion++
+}
+
+// Worker is a replicated worker spec with its modelled cache capacity.
+type Worker struct {
+	engine.WorkerSpec
+	CacheCapacityTokens int64
+}
+
+// Workers returns the replicated worker set and its version.
+func (s *State) Workers() ([]Worker, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Worker, len(s.specs))
+	for i, w := range s.specs {
+		out[i] = Worker{WorkerSpec: w, CacheCapacityTokens: s.capacity[w.URL]}
+	}
+	return out, s.workersVersion
+}
+
+// Members returns the node directory (node id -> API URL).
+func (s *State) Members() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.members)
+}
+
+// Applied is the last applied log index.
+func (s *State) Applied() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.applied
+}
