@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
@@ -55,6 +56,7 @@ func newRoot() *cobra.Command {
 		},
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
+	root.AddCommand(newControlPlaneCmd(), newDataPlaneCmd())
 	root.Flags().StringArrayVarP(&paths, "config", "c", nil, "config file (repeatable; later files override earlier ones)")
 	root.Flags().BoolVar(&check, "config-check", false, "validate the merged config, print the effective config and exit")
 	return root
@@ -95,7 +97,7 @@ func runAllInOne(ctx context.Context, cfg *config.Config, paths []string) error 
 	} else {
 		log.Debug("open-files limit", "soft", n)
 	}
-	a, err := server.NewAllInOne(cfg, paths, log, 0)
+	a, err := server.NewAllInOne(cfg, paths, log, rand.Uint64())
 	if err != nil {
 		return err
 	}

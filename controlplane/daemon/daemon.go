@@ -1,0 +1,238 @@
+// Package daemon runs one control-plane node: Raft on disk, the replicated
+// state over a routing engine, and the Connect API on one port.
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/controlplane/raftnode"
+	"github.com/cartrouter/cart/controlplane/service"
+	"github.com/cartrouter/cart/controlplane/state"
+	"github.com/cartrouter/cart/dataplane/server"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+)
+
+// Daemon is a running control-plane node.
+type Daemon struct {
+	cfg  *config.Config
+	log  *slog.Logger
+	Core *service.Core
+	Node *raftnode.Node
+	St   *state.State
+	API  *http.Server
+	mu   *sync.Mutex
+	eng  *engine.Engine
+}
+
+// raftTLS builds the Raft transport's server and client TLS from one
+// certificate and CA: every node is both.
+func raftTLS(t config.TLS) (*tls.Config, *tls.Config, error) {
+	if !t.Enabled() {
+		return nil, nil, nil
+	}
+	srv, err := server.ServerTLS(t)
+	if err != nil {
+		return nil, nil, fmt.Errorf("raft TLS: %w", err)
+	}
+	cli := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: srv.Certificates}
+	if t.ClientCAFile != "" {
+		pem, err := os.ReadFile(t.ClientCAFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("raft TLS CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
+		cli.RootCAs = pool
+	}
+	return srv, cli, nil
+}
+
+// Start brings the node up: Raft (bootstrapping or rejoining), the API
+// listener, and — for a joining node — the request to be added as a voter.
+func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, error) {
+	token, adminToken, err := cfg.Tokens()
+	if err != nil {
+		return nil, err
+	}
+	cp := cfg.ControlPlane
+	client, err := cpclient.New(cfg.DataPlane.ClientTLS)
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, log: log, mu: &sync.Mutex{}}
+	idx := index.New(index.Options{MaxEntries: cfg.Cache.MaxTreeSize, Headroom: cfg.Cache.MaxTreeSize / 8, InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0})
+	d.eng = engine.New(server.EnginePolicy(cfg.Cache), idx, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
+	d.St = state.New(d.mu, d.eng)
+	d.Core = service.New(service.Options{
+		NodeID:         cp.NodeID,
+		APIURL:         cp.EffectiveAdvertiseAPIURL(),
+		BlockChars:     cfg.Cache.BlockChars,
+		PlacementBatch: time.Duration(cp.PlacementBatchMs) * time.Millisecond,
+		PlacementMax:   cp.PlacementBatchMax,
+		LoadLease:      time.Duration(cp.LoadLeaseSecs * float64(time.Second)),
+		Health:         server.HealthConfig(cfg),
+		Token:          firstNonEmpty(adminToken, token),
+		Logger:         log,
+		ForwardClient:  client,
+	}, d.mu, d.eng, d.St)
+	srvTLS, cliTLS, err := raftTLS(cp.RaftTLS)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cp.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	existing, err := raftnode.HasExistingState(cp.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	node, err := raftnode.Start(raftnode.Config{
+		NodeID:            cp.NodeID,
+		BindAddr:          cp.RaftAddr,
+		AdvertiseAddr:     cp.EffectiveAdvertiseRaftAddr(),
+		DataDir:           cp.DataDir,
+		Bootstrap:         cp.Bootstrap,
+		ServerTLS:         srvTLS,
+		ClientTLS:         cliTLS,
+		SnapshotThreshold: cp.SnapshotThreshold,
+		TrailingLogs:      cp.TrailingLogs,
+		Logger:            log,
+	}, d.St, d.Core.OnLeadership)
+	if err != nil {
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	d.Node = node
+	d.Core.SetNode(node)
+
+	h := d.Core.Handler(service.AuthOptions{Token: token, AdminToken: adminToken, AllowUnauthenticatedRemote: cfg.Auth.AllowUnauthenticatedRemote})
+	api := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: time.Duration(cfg.Server.ReadHeaderTimeoutSecs * float64(time.Second)),
+		IdleTimeout:       time.Duration(cfg.Server.IdleTimeoutSecs * float64(time.Second)),
+		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetHTTP2(true)
+	protos.SetUnencryptedHTTP2(true)
+	api.Protocols = &protos
+	if cfg.Server.TLS.Enabled() {
+		if api.TLSConfig, err = server.ServerTLS(cfg.Server.TLS); err != nil {
+			_ = node.Shutdown()
+			return nil, err
+		}
+	}
+	d.API = api
+	if !existing && !cp.Bootstrap && len(cp.Join) > 0 {
+		go d.join(ctx, client, firstNonEmpty(adminToken, token))
+	}
+	if cp.Bootstrap {
+		go d.seedWorkers(ctx)
+	}
+	return d, nil
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// join asks the cluster (any listed node; followers forward to the
+// leader) to add this node as a voter, retrying until it succeeds.
+func (d *Daemon) join(ctx context.Context, client *http.Client, token string) {
+	cp := d.cfg.ControlPlane
+	req := &cartv1.AddVoterRequest{Id: cp.NodeID, RaftAddress: cp.EffectiveAdvertiseRaftAddr(), ApiUrl: cp.EffectiveAdvertiseAPIURL()}
+	for attempt := 0; ; attempt++ {
+		for _, u := range cp.Join {
+			c := cartv1connect.NewAdminServiceClient(client, u, connect.WithGRPC())
+			r := connect.NewRequest(req)
+			if token != "" {
+				r.Header().Set("Authorization", "Bearer "+token)
+			}
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := c.AddVoter(actx, r)
+			cancel()
+			if err == nil {
+				d.log.Info("joined the cluster", "via", u)
+				return
+			}
+			if attempt%10 == 0 {
+				d.log.Warn("join failed; retrying", "via", u, "error", err.Error())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// seedWorkers gives a freshly bootstrapped cluster the workers from the
+// config, once: a cluster that already has a worker history keeps it.
+func (d *Daemon) seedWorkers(ctx context.Context) {
+	if len(d.cfg.Workers) == 0 {
+		return
+	}
+	for ctx.Err() == nil {
+		if d.Node.IsLeader() {
+			if _, version := d.St.Workers(); version > 0 {
+				return
+			}
+			cmd := &cartv1.SetWorkersCommand{}
+			for _, w := range d.cfg.Workers {
+				cmd.Workers = append(cmd.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: w.CacheCapacityTokens})
+			}
+			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := d.Node.Apply(actx, &cartv1.RaftCommand{RequestId: "seed-workers", Body: &cartv1.RaftCommand_SetWorkers{SetWorkers: cmd}})
+			cancel()
+			if err == nil {
+				d.log.Info("seeded the worker set from the config", "workers", len(d.cfg.Workers))
+				return
+			}
+			d.log.Warn("seed workers", "error", err.Error())
+		} else if id, _ := d.Node.Leader(); id != "" {
+			return // another node leads: the cluster existed before us
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Serve runs the API on ln until ctx ends, then leaves gracefully: the
+// leader hands leadership over before stopping.
+func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
+	d.log.Info("cart control plane listening", "node", d.cfg.ControlPlane.NodeID, "api", ln.Addr().String(), "raft", d.cfg.ControlPlane.RaftAddr)
+	err := server.Serve(ctx, d.API, ln, 5*time.Second)
+	if serr := d.Node.Shutdown(); serr != nil && err == nil {
+		err = serr
+	}
+	d.Core.Close()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}

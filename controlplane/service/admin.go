@@ -1,0 +1,267 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/raftnode"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// AdminHandler implements cartv1connect.AdminServiceHandler. Writes go
+// through Raft and are acknowledged only once committed; a follower
+// forwards them to the leader, and a node without a leader refuses.
+type AdminHandler struct{ c *Core }
+
+// Admin returns the AdminService handler.
+func (c *Core) Admin() *AdminHandler { return &AdminHandler{c} }
+
+func (c *Core) apply(ctx context.Context, cmd *cartv1.RaftCommand) error {
+	res, err := c.node.Apply(ctx, cmd)
+	if err != nil {
+		if errors.Is(err, raftnode.ErrNotLeader) {
+			return c.notLeader(err)
+		}
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("commit: %w", err))
+	}
+	if res.Err != nil {
+		return connect.NewError(connect.CodeNotFound, res.Err)
+	}
+	return nil
+}
+
+// notLeader builds the "not leader" error, naming the leader when known.
+func (c *Core) notLeader(cause error) error {
+	id, _ := c.node.Leader()
+	url := c.st.Members()[id]
+	var e *connect.Error
+	if id == "" {
+		e = connect.NewError(connect.CodeUnavailable, errNoLeader)
+	} else {
+		e = connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("not the leader (%v); the leader is %s at %s", cause, id, url))
+		e.Meta().Set(HeaderLeaderURL, url)
+	}
+	return e
+}
+
+func toSpec(w *cartv1.Worker) (*cartv1.WorkerSpec, error) {
+	if w == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("worker is required"))
+	}
+	u, err := config.NormalizeWorkerURL(w.GetUrl())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("worker url: %w", err))
+	}
+	return &cartv1.WorkerSpec{Url: u, MaxLoad: w.GetMaxLoad(), LoadPenalty: w.GetLoadPenalty(), CacheCapacityTokens: w.GetCacheCapacityTokens()}, nil
+}
+
+func (c *Core) findWorker(url string) (*cartv1.Worker, bool) {
+	list, _ := c.workerList()
+	for _, w := range list.GetWorkers() {
+		if w.GetUrl() == url {
+			return w, true
+		}
+	}
+	return nil, false
+}
+
+// ListWorkers implements AdminService.ListWorkers. On a follower it asks
+// the leader, whose health and load view is the live one.
+func (h *AdminHandler) ListWorkers(ctx context.Context, req *connect.Request[cartv1.ListWorkersRequest]) (*connect.Response[cartv1.ListWorkersResponse], error) {
+	c := h.c
+	if !c.node.IsLeader() {
+		if url, err := c.leaderURL(req.Header()); err == nil {
+			if resp, err := c.fwd.adminTo(url).ListWorkers(ctx, connect.NewRequest(req.Msg)); err == nil {
+				return resp, nil
+			}
+		}
+		// No leader reachable: this node's replicated copy is still useful
+		// to an operator (health and load are then unknown).
+	}
+	list, err := c.workerList()
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(list), nil
+}
+
+// AddWorker implements AdminService.AddWorker. Adding a worker that exists
+// with the same settings succeeds (idempotent); with other settings it is
+// AlreadyExists (use UpdateWorker).
+func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv1.AddWorkerRequest]) (*connect.Response[cartv1.AddWorkerResponse], error) {
+	c := h.c
+	if !c.node.IsLeader() {
+		url, err := c.leaderURL(req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return c.fwd.adminTo(url).AddWorker(ctx, connect.NewRequest(req.Msg))
+	}
+	spec, err := toSpec(req.Msg.GetWorker())
+	if err != nil {
+		return nil, err
+	}
+	if w, ok := c.findWorker(spec.GetUrl()); ok {
+		if w.GetMaxLoad() == spec.GetMaxLoad() && w.GetLoadPenalty() == spec.GetLoadPenalty() && w.GetCacheCapacityTokens() == spec.GetCacheCapacityTokens() {
+			return connect.NewResponse(&cartv1.AddWorkerResponse{Worker: w}), nil
+		}
+		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("worker %s already exists with other settings; use update", spec.GetUrl()))
+	}
+	if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}}); err != nil {
+		return nil, err
+	}
+	w, _ := c.findWorker(spec.GetUrl())
+	return connect.NewResponse(&cartv1.AddWorkerResponse{Worker: w}), nil
+}
+
+// UpdateWorker implements AdminService.UpdateWorker.
+func (h *AdminHandler) UpdateWorker(ctx context.Context, req *connect.Request[cartv1.UpdateWorkerRequest]) (*connect.Response[cartv1.UpdateWorkerResponse], error) {
+	c := h.c
+	if !c.node.IsLeader() {
+		url, err := c.leaderURL(req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return c.fwd.adminTo(url).UpdateWorker(ctx, connect.NewRequest(req.Msg))
+	}
+	spec, err := toSpec(req.Msg.GetWorker())
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := c.findWorker(spec.GetUrl()); !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("worker %s not found", spec.GetUrl()))
+	}
+	if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}}); err != nil {
+		return nil, err
+	}
+	w, _ := c.findWorker(spec.GetUrl())
+	return connect.NewResponse(&cartv1.UpdateWorkerResponse{Worker: w}), nil
+}
+
+// RemoveWorker implements AdminService.RemoveWorker. Requests in flight to
+// the worker finish; no new ones are routed to it once the removal commits.
+func (h *AdminHandler) RemoveWorker(ctx context.Context, req *connect.Request[cartv1.RemoveWorkerRequest]) (*connect.Response[cartv1.RemoveWorkerResponse], error) {
+	c := h.c
+	if !c.node.IsLeader() {
+		url, err := c.leaderURL(req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return c.fwd.adminTo(url).RemoveWorker(ctx, connect.NewRequest(req.Msg))
+	}
+	u, err := config.NormalizeWorkerURL(req.Msg.GetUrl())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("worker url: %w", err))
+	}
+	if _, ok := c.findWorker(u); !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("worker %s not found", u))
+	}
+	if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_RemoveWorker{RemoveWorker: &cartv1.RemoveWorkerCommand{Url: u}}}); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&cartv1.RemoveWorkerResponse{}), nil
+}
+
+// ClusterStatus implements AdminService.ClusterStatus: this node's view.
+func (h *AdminHandler) ClusterStatus(_ context.Context, _ *connect.Request[cartv1.ClusterStatusRequest]) (*connect.Response[cartv1.ClusterStatusResponse], error) {
+	c := h.c
+	st := c.node.Status()
+	members := c.st.Members()
+	out := &cartv1.ClusterStatusResponse{
+		NodeId: st.NodeID, State: st.State, LeaderId: st.LeaderID, LeaderUrl: members[st.LeaderID],
+		Term: st.Term, CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex, LastLogIndex: st.LastLogIndex,
+	}
+	for _, m := range st.Members {
+		out.Members = append(out.Members, &cartv1.Member{Id: m.ID, RaftAddress: m.Addr, ApiUrl: members[m.ID], Suffrage: m.Suffrage, Leader: m.ID == st.LeaderID})
+	}
+	c.mu.Lock()
+	for _, w := range c.eng.Workers() {
+		out.Workers++
+		if w.Healthy {
+			out.HealthyWorkers++
+		}
+	}
+	out.IndexEntries = uint64(c.eng.Index().Len())
+	out.Dataplanes = uint32(len(c.dps))
+	c.mu.Unlock()
+	return connect.NewResponse(out), nil
+}
+
+// AddVoter implements AdminService.AddVoter (a joining node calls it).
+func (h *AdminHandler) AddVoter(ctx context.Context, req *connect.Request[cartv1.AddVoterRequest]) (*connect.Response[cartv1.AddVoterResponse], error) {
+	c := h.c
+	if !c.node.IsLeader() {
+		url, err := c.leaderURL(req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return c.fwd.adminTo(url).AddVoter(ctx, connect.NewRequest(req.Msg))
+	}
+	m := req.Msg
+	if m.GetId() == "" || m.GetRaftAddress() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("id and raft_address are required"))
+	}
+	if err := c.node.AddVoter(ctx, m.GetId(), m.GetRaftAddress()); err != nil {
+		if errors.Is(err, raftnode.ErrNotLeader) {
+			return nil, c.notLeader(err)
+		}
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("add voter %s: %w", m.GetId(), err))
+	}
+	if m.GetApiUrl() != "" {
+		if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: m.GetId(), ApiUrl: m.GetApiUrl()}}}); err != nil {
+			return nil, err
+		}
+	}
+	return connect.NewResponse(&cartv1.AddVoterResponse{}), nil
+}
+
+// RemoveServer implements AdminService.RemoveServer.
+func (h *AdminHandler) RemoveServer(ctx context.Context, req *connect.Request[cartv1.RemoveServerRequest]) (*connect.Response[cartv1.RemoveServerResponse], error) {
+	c := h.c
+	if !c.node.IsLeader() {
+		url, err := c.leaderURL(req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return c.fwd.adminTo(url).RemoveServer(ctx, connect.NewRequest(req.Msg))
+	}
+	id := req.Msg.GetId()
+	found := false
+	for _, m := range c.node.Status().Members {
+		found = found || m.ID == id
+	}
+	if !found {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node %s is not a cluster member", id))
+	}
+	if err := c.node.RemoveServer(ctx, id); err != nil {
+		if errors.Is(err, raftnode.ErrNotLeader) {
+			return nil, c.notLeader(err)
+		}
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("remove server %s: %w", id, err))
+	}
+	if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_RemoveMember{RemoveMember: &cartv1.RemoveMemberCommand{NodeId: id}}}); err != nil && id != c.o.NodeID {
+		return nil, err
+	}
+	return connect.NewResponse(&cartv1.RemoveServerResponse{}), nil
+}
+
+// TransferLeadership implements AdminService.TransferLeadership.
+func (h *AdminHandler) TransferLeadership(ctx context.Context, req *connect.Request[cartv1.TransferLeadershipRequest]) (*connect.Response[cartv1.TransferLeadershipResponse], error) {
+	c := h.c
+	if !c.node.IsLeader() {
+		url, err := c.leaderURL(req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return c.fwd.adminTo(url).TransferLeadership(ctx, connect.NewRequest(req.Msg))
+	}
+	id, err := c.node.TransferLeadership(ctx, req.Msg.GetId())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("transfer leadership: %w", err))
+	}
+	return connect.NewResponse(&cartv1.TransferLeadershipResponse{LeaderId: id}), nil
+}

@@ -1,0 +1,95 @@
+package service
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// batcher replicates the leader's placements in batches: one Raft entry
+// every interval (or every max placements), instead of one per Route. A
+// new leader's index lacks at most the last window, which only costs a few
+// cache misses.
+type batcher struct {
+	node     Node
+	interval time.Duration
+	max      int
+	log      *slog.Logger
+
+	mu      sync.Mutex
+	place   []*cartv1.Placement
+	unplace []*cartv1.Placement
+	full    chan struct{}
+}
+
+func newBatcher(n Node, interval time.Duration, maxN int, log *slog.Logger) *batcher {
+	if interval <= 0 {
+		interval = 10 * time.Millisecond
+	}
+	if maxN <= 0 {
+		maxN = 512
+	}
+	return &batcher{node: n, interval: interval, max: maxN, log: log, full: make(chan struct{}, 1)}
+}
+
+func (b *batcher) add(list *[]*cartv1.Placement, worker string, hashes []uint64, at time.Time) {
+	b.mu.Lock()
+	*list = append(*list, &cartv1.Placement{Worker: worker, BlockHashes: hashes, AtUnixNanos: at.UnixNano()})
+	n := len(b.place) + len(b.unplace)
+	b.mu.Unlock()
+	if n >= b.max {
+		select {
+		case b.full <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Place queues a placement; hashes must not be modified afterwards.
+func (b *batcher) Place(worker string, hashes []uint64, at time.Time) {
+	b.add(&b.place, worker, hashes, at)
+}
+
+// Unplace queues the withdrawal of a placement.
+func (b *batcher) Unplace(worker string, hashes []uint64, at time.Time) {
+	b.add(&b.unplace, worker, hashes, at)
+}
+
+func (b *batcher) run(ctx context.Context) {
+	t := time.NewTicker(b.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			b.flush(context.Background()) // best effort: hand the last window to Raft
+			return
+		case <-t.C:
+		case <-b.full:
+		}
+		b.flush(ctx)
+	}
+}
+
+func (b *batcher) flush(ctx context.Context) {
+	b.mu.Lock()
+	place, unplace := b.place, b.unplace
+	b.place, b.unplace = nil, nil
+	b.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if len(place) > 0 {
+		cmd := &cartv1.RaftCommand{Ignorable: true, Body: &cartv1.RaftCommand_PlaceBatch{PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place}}}
+		if _, err := b.node.Apply(actx, cmd); err != nil {
+			b.log.Warn("replicate placements", "placements", len(place), "error", err.Error())
+		}
+	}
+	if len(unplace) > 0 {
+		cmd := &cartv1.RaftCommand{Ignorable: true, Body: &cartv1.RaftCommand_UnplaceBatch{UnplaceBatch: &cartv1.UnplaceBatchCommand{Placements: unplace}}}
+		if _, err := b.node.Apply(actx, cmd); err != nil {
+			b.log.Warn("replicate withdrawn placements", "placements", len(unplace), "error", err.Error())
+		}
+	}
+}

@@ -1,0 +1,247 @@
+// Package service is the control plane's serving side: the Connect
+// handlers for RouterService and AdminService, and the leader's soft state
+// (load per data plane, decision tickets, the placement batcher, the health
+// prober). Decisions are made from the leader's in-memory engine and
+// answered at once; only the placements they produce go through Raft, in
+// batches, so a Route never waits for a disk sync.
+package service
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/raftnode"
+	"github.com/cartrouter/cart/controlplane/state"
+	"github.com/cartrouter/cart/dataplane/health"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// Node is the Raft side the service needs (raftnode.Node implements it).
+type Node interface {
+	Apply(ctx context.Context, cmd *cartv1.RaftCommand) (state.Result, error)
+	IsLeader() bool
+	Leader() (id, raftAddr string)
+	AddVoter(ctx context.Context, id, addr string) error
+	RemoveServer(ctx context.Context, id string) error
+	TransferLeadership(ctx context.Context, id string) (string, error)
+	Status() raftnode.Status
+}
+
+// Options configure a Core.
+type Options struct {
+	NodeID         string
+	APIURL         string // this node's advertised API URL
+	BlockChars     int
+	PlacementBatch time.Duration
+	PlacementMax   int
+	LoadLease      time.Duration
+	// TicketTTL bounds how long an unsettled decision is remembered (a
+	// data plane that never reports completion must not leak memory).
+	TicketTTL time.Duration
+	Health    health.Config
+	// HealthClient probes workers; nil uses a default client.
+	HealthClient *http.Client
+	// Token is sent on calls forwarded to the leader.
+	Token  string
+	Logger *slog.Logger
+	Now    func() time.Time
+	// ForwardClient carries calls forwarded to the leader (h2c or TLS).
+	ForwardClient *http.Client
+}
+
+// Core is one control-plane node's service state.
+type Core struct {
+	o    Options
+	log  *slog.Logger
+	mu   *sync.Mutex // the engine lock, shared with the state machine
+	eng  *engine.Engine
+	st   *state.State
+	node Node
+
+	// Leader soft state, guarded by mu.
+	nextTicket uint64
+	tickets    map[uint64]*ticket
+	dps        map[string]*dataPlane
+	leading    bool
+
+	batch *batcher
+	fwd   *forwarder
+
+	lifeMu     sync.Mutex // serialises leadership transitions
+	stopLeader context.CancelFunc
+	leaderDone chan struct{}
+}
+
+type ticket struct {
+	dp     string
+	worker string
+	placed []uint64
+	at     time.Time
+}
+
+type dataPlane struct {
+	loads     map[string]int
+	lastSeen  time.Time
+	fallbacks uint64
+}
+
+// New builds a Core over the shared engine and state. Call SetNode before
+// serving and wire OnLeadership into the Raft node.
+func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.TicketTTL <= 0 {
+		o.TicketTTL = time.Hour
+	}
+	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, dps: map[string]*dataPlane{}}
+	c.fwd = newForwarder(o.ForwardClient, o.Token)
+	return c
+}
+
+// SetNode attaches the Raft node (it is created after the Core because the
+// node's leadership callback needs the Core).
+func (c *Core) SetNode(n Node) {
+	c.node = n
+	c.batch = newBatcher(n, c.o.PlacementBatch, c.o.PlacementMax, c.log)
+}
+
+// OnLeadership is the Raft node's leadership callback: gaining leadership
+// (after the barrier) starts the leader's loops from clean soft state;
+// losing it stops them.
+func (c *Core) OnLeadership(leader bool) {
+	c.lifeMu.Lock()
+	defer c.lifeMu.Unlock()
+	if c.stopLeader != nil {
+		c.stopLeader()
+		<-c.leaderDone
+		c.stopLeader = nil
+	}
+	c.mu.Lock()
+	// Load is soft state: a new leader rebuilds it from data-plane syncs
+	// within one sync interval, rather than trusting a stale copy.
+	c.eng.ResetLoads()
+	// Health verdicts restart with the new leader's prober, which assumes
+	// healthy until probes say otherwise.
+	for _, w := range c.eng.Workers() {
+		c.eng.SetHealthy(w.URL, true)
+	}
+	clear(c.tickets)
+	clear(c.dps)
+	c.leading = leader
+	c.mu.Unlock()
+	if !leader {
+		c.log.Info("control plane: follower", "node", c.o.NodeID)
+		return
+	}
+	c.log.Info("control plane: leader", "node", c.o.NodeID)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	c.stopLeader, c.leaderDone = cancel, done
+	go func() {
+		defer close(done)
+		c.runLeader(ctx)
+	}()
+}
+
+// Close stops the leader loops, if running.
+func (c *Core) Close() {
+	c.OnLeadership(false)
+}
+
+func (c *Core) runLeader(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); c.batch.run(ctx) }()
+	go func() { defer wg.Done(); c.sweep(ctx) }()
+	go func() { defer wg.Done(); c.probe(ctx) }()
+	c.ensureMember(ctx)
+	wg.Wait()
+}
+
+// ensureMember publishes this node's API URL in the replicated directory
+// so followers can point clients at it.
+func (c *Core) ensureMember(ctx context.Context) {
+	if c.o.APIURL == "" || c.st.Members()[c.o.NodeID] == c.o.APIURL {
+		return
+	}
+	cmd := &cartv1.RaftCommand{Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: c.o.NodeID, ApiUrl: c.o.APIURL}}}
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.node.Apply(actx, cmd); err != nil && !errors.Is(err, context.Canceled) {
+		c.log.Warn("publish API URL", "error", err.Error())
+	}
+}
+
+// sweep drops data planes whose syncs stopped (their load leaves the view
+// after the lease) and decisions never settled.
+func (c *Core) sweep(ctx context.Context) {
+	every := max(c.o.LoadLease/4, 50*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := c.o.Now()
+		c.mu.Lock()
+		for id, dp := range c.dps {
+			if now.Sub(dp.lastSeen) <= c.o.LoadLease {
+				continue
+			}
+			for w, n := range dp.loads {
+				c.eng.AdjustLoad(w, -n)
+			}
+			delete(c.dps, id)
+			for k, tk := range c.tickets {
+				if tk.dp == id {
+					delete(c.tickets, k)
+				}
+			}
+			c.log.Warn("data plane lease expired: its load left the view", "dataplane", id)
+		}
+		for k, tk := range c.tickets {
+			if now.Sub(tk.at) > c.o.TicketTTL {
+				delete(c.tickets, k)
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+// probe runs the pool's health checks on the leader only: one prober per
+// pool, not one per proxy; data planes learn the verdicts through Sync.
+func (c *Core) probe(ctx context.Context) {
+	chk := health.NewChecker(c.o.Health, c.o.HealthClient, func(w string, healthy bool, reason string) {
+		c.mu.Lock()
+		c.eng.SetHealthy(w, healthy)
+		c.mu.Unlock()
+		c.log.Warn("worker health changed", "worker", w, "healthy", healthy, "reason", reason)
+	})
+	t := time.NewTicker(c.o.Health.Interval)
+	defer t.Stop()
+	for {
+		ws, _ := c.st.Workers()
+		urls := make([]string, len(ws))
+		for i, w := range ws {
+			urls[i] = w.URL
+		}
+		chk.SetWorkers(urls)
+		chk.Round(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

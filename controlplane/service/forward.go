@@ -1,0 +1,92 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+)
+
+// HeaderForwarded marks a call a follower forwarded to the leader, so a
+// stale leader view can never bounce a call around the cluster.
+const HeaderForwarded = "Cart-Forwarded"
+
+// HeaderLeaderURL carries the leader's API URL on errors from followers,
+// so clients can go straight to the leader next time.
+const HeaderLeaderURL = "Cart-Leader-Url"
+
+// forwarder keeps Connect clients to the current leader.
+type forwarder struct {
+	client *http.Client
+	token  string
+	mu     sync.Mutex
+	router map[string]cartv1connect.RouterServiceClient
+	admin  map[string]cartv1connect.AdminServiceClient
+}
+
+func newForwarder(c *http.Client, token string) *forwarder {
+	if c == nil {
+		c = http.DefaultClient
+	}
+	return &forwarder{client: c, token: token, router: map[string]cartv1connect.RouterServiceClient{}, admin: map[string]cartv1connect.AdminServiceClient{}}
+}
+
+func (f *forwarder) headers() connect.ClientOption {
+	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set(HeaderForwarded, "1")
+			if f.token != "" {
+				req.Header().Set("Authorization", "Bearer "+f.token)
+			}
+			return next(ctx, req)
+		}
+	}))
+}
+
+func (f *forwarder) routerTo(url string) cartv1connect.RouterServiceClient {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.router[url]
+	if !ok {
+		c = cartv1connect.NewRouterServiceClient(f.client, url, connect.WithGRPC(), f.headers())
+		f.router[url] = c
+	}
+	return c
+}
+
+func (f *forwarder) adminTo(url string) cartv1connect.AdminServiceClient {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.admin[url]
+	if !ok {
+		c = cartv1connect.NewAdminServiceClient(f.client, url, connect.WithGRPC(), f.headers())
+		f.admin[url] = c
+	}
+	return c
+}
+
+// errNoLeader is what a node without a reachable leader answers: in a
+// minority partition it must refuse rather than guess.
+var errNoLeader = errors.New("no leader: this node cannot reach a quorum (election in progress or minority partition)")
+
+// leaderURL returns the leader's API URL, or an error to return to the
+// caller: forwarding loops and unknown leaders both end here.
+func (c *Core) leaderURL(h http.Header) (string, error) {
+	if h.Get(HeaderForwarded) != "" {
+		return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s is not the leader either: %w", c.o.NodeID, errNoLeader))
+	}
+	id, _ := c.node.Leader()
+	if id == "" {
+		return "", connect.NewError(connect.CodeUnavailable, errNoLeader)
+	}
+	url := c.st.Members()[id]
+	if url == "" {
+		return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("leader %s has not published its API URL yet", id))
+	}
+	return url, nil
+}

@@ -1,0 +1,219 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// RouterHandler implements cartv1connect.RouterServiceHandler.
+type RouterHandler struct{ c *Core }
+
+// Router returns the RouterService handler.
+func (c *Core) Router() *RouterHandler { return &RouterHandler{c} }
+
+// maxHashes bounds the work one Route can ask for (about 4 MB of prompt at
+// the default 64-character blocks).
+const maxHashes = 1 << 16
+
+// Route implements RouterService.Route.
+func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.RouteRequest]) (*connect.Response[cartv1.RouteResponse], error) {
+	c := h.c
+	if !c.node.IsLeader() {
+		url, err := c.leaderURL(req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return c.fwd.routerTo(url).Route(ctx, connect.NewRequest(req.Msg))
+	}
+	start := time.Now()
+	m := req.Msg
+	hashes, keyLen := m.GetBlockHashes(), int(m.GetKeyLength())
+	if len(hashes) == 0 && m.GetText() != "" {
+		hashes = index.Hash(nil, m.GetModel(), []byte(m.GetText()), c.o.BlockChars)
+		keyLen = len(m.GetText())
+	}
+	if len(hashes) > maxHashes {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%d block hashes exceed the limit of %d", len(hashes), maxHashes))
+	}
+	if keyLen == 0 && len(hashes) > 0 {
+		keyLen = len(hashes) * c.o.BlockChars // length not given: assume full blocks
+	}
+	now := c.o.Now()
+	c.mu.Lock()
+	if !c.leading {
+		c.mu.Unlock()
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("leader is still catching up (barrier pending)"))
+	}
+	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: m.GetExcludeWorkers(), DryRun: m.GetDryRun()}, now.UnixNano())
+	var tk uint64
+	var placed []uint64
+	if err == nil && !m.GetDryRun() {
+		c.nextTicket++
+		tk = c.nextTicket
+		placed = slices.Clone(d.Placed)
+		c.tickets[tk] = &ticket{dp: m.GetDataplaneId(), worker: d.Worker, placed: placed, at: now}
+		dp := c.dataPlane(m.GetDataplaneId(), now)
+		dp.loads[d.Worker]++
+	}
+	c.mu.Unlock()
+	if err != nil {
+		return nil, capacityError(err)
+	}
+	if len(placed) > 0 {
+		c.batch.Place(d.Worker, placed, now)
+	}
+	id, _ := c.node.Leader()
+	return connect.NewResponse(&cartv1.RouteResponse{
+		Worker:         d.Worker,
+		Reason:         string(d.Reason),
+		MatchedChars:   uint32(d.MatchedChars),
+		MatchedRatio:   d.MatchedRatio,
+		DecisionMicros: time.Since(start).Microseconds(),
+		FromLeader:     true,
+		Candidate:      d.Candidate,
+		ChosenChars:    uint32(d.ChosenChars),
+		Ticket:         tk,
+		LeaderId:       id,
+	}), nil
+}
+
+// capacityError maps "nobody can take this" to ResourceExhausted, which
+// data planes pass on as 503 instead of falling back: the control plane
+// answered, and the answer is that the pool is full or down.
+func capacityError(err error) error {
+	switch {
+	case errors.Is(err, engine.ErrNoWorkers), errors.Is(err, engine.ErrNoHealthy),
+		errors.Is(err, engine.ErrAllExcluded), errors.Is(err, engine.ErrAllSaturated):
+		return connect.NewError(connect.CodeResourceExhausted, err)
+	}
+	return connect.NewError(connect.CodeInternal, err)
+}
+
+// dataPlane returns (creating) a data plane's record; mu must be held.
+func (c *Core) dataPlane(id string, now time.Time) *dataPlane {
+	dp, ok := c.dps[id]
+	if !ok {
+		dp = &dataPlane{loads: map[string]int{}}
+		c.dps[id] = dp
+	}
+	dp.lastSeen = now
+	return dp
+}
+
+// Complete implements RouterService.Complete.
+func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv1.CompleteRequest]) (*connect.Response[cartv1.CompleteResponse], error) {
+	c := h.c
+	if !c.node.IsLeader() {
+		url, err := c.leaderURL(req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return c.fwd.routerTo(url).Complete(ctx, connect.NewRequest(req.Msg))
+	}
+	now := c.o.Now()
+	var settled uint32
+	type undo struct {
+		worker string
+		hashes []uint64
+	}
+	var undos []undo
+	c.mu.Lock()
+	dp := c.dataPlane(req.Msg.GetDataplaneId(), now)
+	for _, comp := range req.Msg.GetCompletions() {
+		tk, ok := c.tickets[comp.GetTicket()]
+		if !ok || tk.worker != comp.GetWorker() {
+			continue // settled already, or issued by an earlier leader: Sync reconciles the load
+		}
+		delete(c.tickets, comp.GetTicket())
+		settled++
+		c.eng.Release(tk.worker)
+		if dp.loads[tk.worker] > 0 {
+			dp.loads[tk.worker]--
+		}
+		if !comp.GetDelivered() && len(tk.placed) > 0 {
+			c.eng.Unplace(engine.Decision{Worker: tk.worker, Placed: tk.placed})
+			undos = append(undos, undo{tk.worker, tk.placed})
+		}
+	}
+	c.mu.Unlock()
+	for _, u := range undos {
+		c.batch.Unplace(u.worker, u.hashes, now)
+	}
+	return connect.NewResponse(&cartv1.CompleteResponse{Settled: settled}), nil
+}
+
+// Sync implements RouterService.Sync: the data plane's absolute in-flight
+// counts replace what the leader had for it (reconciling drift both ways),
+// and the answer carries the worker set with live health and load.
+func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.SyncRequest]) (*connect.Response[cartv1.SyncResponse], error) {
+	c := h.c
+	if !c.node.IsLeader() {
+		url, err := c.leaderURL(req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return c.fwd.routerTo(url).Sync(ctx, connect.NewRequest(req.Msg))
+	}
+	now := c.o.Now()
+	reported := make(map[string]int, len(req.Msg.GetLoads()))
+	for _, l := range req.Msg.GetLoads() {
+		reported[l.GetWorker()] = int(l.GetInFlight())
+	}
+	c.mu.Lock()
+	dp := c.dataPlane(req.Msg.GetDataplaneId(), now)
+	dp.fallbacks += req.Msg.GetFallbacks()
+	for w, n := range dp.loads {
+		if _, ok := reported[w]; !ok {
+			c.eng.AdjustLoad(w, -n)
+			delete(dp.loads, w)
+		}
+	}
+	for w, n := range reported {
+		c.eng.AdjustLoad(w, n-dp.loads[w])
+		dp.loads[w] = n
+	}
+	c.mu.Unlock()
+	resp, err := c.workerList()
+	if err != nil {
+		return nil, err
+	}
+	id, _ := c.node.Leader()
+	return connect.NewResponse(&cartv1.SyncResponse{
+		Workers:        resp.Workers,
+		WorkersVersion: resp.WorkersVersion,
+		BlockChars:     uint32(c.o.BlockChars),
+		LeaderId:       id,
+		LeaderUrl:      c.st.Members()[id],
+	}), nil
+}
+
+// workerList merges the replicated worker set with this node's live
+// health and load view.
+func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
+	ws, version := c.st.Workers()
+	c.mu.Lock()
+	live := c.eng.Workers()
+	c.mu.Unlock()
+	byURL := make(map[string]engine.WorkerState, len(live))
+	for _, w := range live {
+		byURL[w.URL] = w
+	}
+	out := &cartv1.ListWorkersResponse{WorkersVersion: version}
+	for _, w := range ws {
+		l := byURL[w.URL]
+		out.Workers = append(out.Workers, &cartv1.Worker{
+			Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty),
+			CacheCapacityTokens: w.CacheCapacityTokens, Healthy: l.Healthy, Load: uint32(l.Load),
+		})
+	}
+	return out, nil
+}

@@ -1,0 +1,550 @@
+package extract
+
+import (
+	"encoding/json"
+)
+
+// OpenAI chat completions (and the vLLM/SGLang extensions of it).
+//
+// Fields that may hold more than one JSON type, or whose text goes straight
+// into the key, are json.RawMessage; everything else is typed so that
+// encoding/json checks it.
+
+type chatRequest struct {
+	Model          string         `json:"model"`
+	Stream         bool           `json:"stream"`
+	StreamOptions  *streamOptions `json:"stream_options"`
+	User           string         `json:"user"`
+	PromptCacheKey string         `json:"prompt_cache_key"`
+	Messages       []chatMessage  `json:"messages"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type chatMessage struct {
+	Role         json.RawMessage `json:"role"`
+	Name         string          `json:"name"`
+	ToolCallID   string          `json:"tool_call_id"`
+	Content      json.RawMessage `json:"content"`
+	ToolCalls    []toolCall      `json:"tool_calls"`
+	FunctionCall *callBody       `json:"function_call"`
+}
+
+type toolCall struct {
+	ID       string    `json:"id"`
+	Type     string    `json:"type"`
+	Function *callBody `json:"function"`
+	Custom   *callBody `json:"custom"`
+}
+
+// callBody is a function call ({name, arguments}) or a custom tool call
+// ({name, input}). Arguments are a JSON-encoded string per the API, but some
+// clients send the object itself; both are accepted.
+type callBody struct {
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments"`
+	Input     json.RawMessage `json:"input"`
+}
+
+// partFields are the content part fields that have one JSON type.
+type partFields struct {
+	Type       *string         `json:"type"`
+	Text       json.RawMessage `json:"text"`
+	Refusal    json.RawMessage `json:"refusal"`
+	Thinking   json.RawMessage `json:"thinking"`
+	InputAudio *inputAudio     `json:"input_audio"`
+	File       *fileRef        `json:"file"`
+	FileID     string          `json:"file_id"`
+	UUID       string          `json:"uuid"`
+}
+
+// chatPart is a content part in the shape nearly every client sends: media
+// URLs as {"url": ...} objects. Decoding a whole content array straight into
+// it, instead of element by element, saves two passes of the JSON scanner
+// over every base64 image.
+type chatPart struct {
+	partFields
+	ImageURL *mediaURL `json:"image_url"`
+	AudioURL *mediaURL `json:"audio_url"`
+	VideoURL *mediaURL `json:"video_url"`
+}
+
+// chatPartLoose accepts the other shapes vLLM takes: a media URL given as a
+// plain string (also the Responses-style input_image part).
+type chatPartLoose struct {
+	partFields
+	ImageURL json.RawMessage `json:"image_url"`
+	AudioURL json.RawMessage `json:"audio_url"`
+	VideoURL json.RawMessage `json:"video_url"`
+}
+
+type mediaURL struct {
+	URL json.RawMessage `json:"url"`
+}
+
+type inputAudio struct {
+	Data   json.RawMessage `json:"data"`
+	Format string          `json:"format"`
+}
+
+type fileRef struct {
+	FileData json.RawMessage `json:"file_data"`
+	FileID   string          `json:"file_id"`
+	Filename string          `json:"filename"`
+	FileURL  json.RawMessage `json:"file_url"`
+}
+
+func (b *builder) chat(body []byte) (*Request, error) {
+	var req chatRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, decodeError(err, body, nil)
+	}
+	root := path{name: "messages"}
+	if err := checkMessages(len(req.Messages), req.Messages == nil, &root); err != nil {
+		return nil, err
+	}
+	for i := range req.Messages {
+		p := root.index(i)
+		if err := b.chatMessage(&req.Messages[i], &p); err != nil {
+			return nil, err
+		}
+	}
+	out := &Request{
+		Model:          req.Model,
+		Stream:         req.Stream,
+		User:           req.User,
+		PromptCacheKey: req.PromptCacheKey,
+	}
+	if req.StreamOptions != nil {
+		out.IncludeUsage = req.StreamOptions.IncludeUsage
+	}
+	return out, nil
+}
+
+func checkMessages(n int, absent bool, p *path) error {
+	switch {
+	case absent:
+		return errMissing(p)
+	case n == 0:
+		return errValue(p, "expected a non-empty array of messages.")
+	}
+	return nil
+}
+
+func (b *builder) chatMessage(m *chatMessage, p *path) error {
+	if err := b.role(m.Role, p); err != nil {
+		return err
+	}
+	if m.Name != "" {
+		b.marker("name")
+		b.key = appendEscapedString(b.key, m.Name)
+	}
+	if m.ToolCallID != "" {
+		b.marker("call_id")
+		b.key = appendEscapedString(b.key, m.ToolCallID)
+	}
+	cp := p.field("content")
+	switch firstByte(m.Content) {
+	case '"':
+		b.text(m.Content)
+	case '[':
+		if err := b.chatParts(m.Content, &cp); err != nil {
+			return err
+		}
+	case 0, 'n':
+		// Assistant turns carry tool calls instead of content, and the
+		// legacy function role may have none either.
+		if r := string(b.decode(m.Role)); r != "assistant" && r != "function" {
+			return errMissing(&cp)
+		}
+	default:
+		return errType(&cp, "a string or an array of content parts", m.Content)
+	}
+	calls := p.field("tool_calls")
+	for j := range m.ToolCalls {
+		tp := calls.index(j)
+		if err := b.toolCall(&m.ToolCalls[j], &tp); err != nil {
+			return err
+		}
+	}
+	if fc := m.FunctionCall; fc != nil {
+		fp := p.field("function_call")
+		b.marker("fn_call")
+		b.key = appendEscapedString(b.key, fc.Name)
+		b.field()
+		ap := fp.field("arguments")
+		if err := b.arguments(fc.Arguments, &ap); err != nil {
+			return err
+		}
+	}
+	b.key = append(b.key, sepRecord)
+	return nil
+}
+
+// role starts a message record with its role, which must be a string.
+func (b *builder) role(raw json.RawMessage, p *path) error {
+	switch firstByte(raw) {
+	case '"':
+		b.key = appendLiteral(b.key, raw)
+		return nil
+	case 0, 'n':
+		rp := p.field("role")
+		return errMissing(&rp)
+	}
+	rp := p.field("role")
+	return errType(&rp, "a string", raw)
+}
+
+func (b *builder) toolCall(tc *toolCall, p *path) error {
+	b.marker("tool_call")
+	b.key = appendEscapedString(b.key, tc.ID)
+	b.field()
+	switch {
+	case tc.Function != nil:
+		b.key = appendEscapedString(b.key, tc.Function.Name)
+		b.field()
+		fp := p.field("function")
+		ap := fp.field("arguments")
+		return b.arguments(tc.Function.Arguments, &ap)
+	case tc.Custom != nil:
+		b.key = appendEscapedString(b.key, tc.Custom.Name)
+		b.field()
+		cp := p.field("custom")
+		ip := cp.field("input")
+		return b.arguments(tc.Custom.Input, &ip)
+	}
+	// A call type this package does not know: its type at least tells
+	// calls apart.
+	b.key = appendEscapedString(b.key, tc.Type)
+	return nil
+}
+
+func (b *builder) arguments(raw json.RawMessage, p *path) error {
+	switch firstByte(raw) {
+	case '"':
+		b.key = appendLiteral(b.key, raw)
+	case '{', '[':
+		b.appendJSON(raw)
+	case 0, 'n':
+	default:
+		return errType(p, "a string", raw)
+	}
+	return nil
+}
+
+// chatParts appends a content array.
+func (b *builder) chatParts(raw json.RawMessage, p *path) error {
+	var parts []chatPart
+	if json.Unmarshal(raw, &parts) != nil {
+		return b.chatPartsLoose(raw, p)
+	}
+	// Unknown part types are hashed from their JSON, which the typed decode
+	// did not keep; split the array only when such a part is present.
+	var elems []json.RawMessage
+	for j := range parts {
+		if t := parts[j].Type; t != nil && !knownChatType(*t) {
+			elems = splitArray(raw)
+			break
+		}
+	}
+	for j := range parts {
+		var elem json.RawMessage
+		if j < len(elems) {
+			elem = elems[j]
+		}
+		pp := p.index(j)
+		if err := b.chatPart(&parts[j], elem, &pp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chatPartsLoose decodes a content array element by element. It accepts
+// every shape vLLM does and reports errors with the exact element.
+func (b *builder) chatPartsLoose(raw json.RawMessage, p *path) error {
+	elems := splitArray(raw)
+	for j, elem := range elems {
+		pp := p.index(j)
+		switch firstByte(elem) {
+		case '"':
+			// vLLM takes bare strings as text parts.
+			b.text(elem)
+			continue
+		case '{':
+		default:
+			return errType(&pp, "an object", elem)
+		}
+		var loose chatPartLoose
+		if err := json.Unmarshal(elem, &loose); err != nil {
+			if t, ok := partType(elem); ok && !knownChatType(t) {
+				b.unknownPart(t, elem)
+				continue
+			}
+			return decodeError(err, elem, &pp)
+		}
+		if t := loose.Type; t != nil && !knownChatType(*t) {
+			b.unknownPart(*t, elem)
+			continue
+		}
+		part := chatPart{partFields: loose.partFields}
+		var err error
+		for _, f := range [...]struct {
+			name string
+			raw  json.RawMessage
+			dst  **mediaURL
+		}{
+			{"image_url", loose.ImageURL, &part.ImageURL},
+			{"audio_url", loose.AudioURL, &part.AudioURL},
+			{"video_url", loose.VideoURL, &part.VideoURL},
+		} {
+			fp := pp.field(f.name)
+			if *f.dst, err = looseMedia(f.raw, &fp); err != nil {
+				return err
+			}
+		}
+		if err := b.chatPart(&part, elem, &pp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// looseMedia accepts a media URL as {"url": ...} or as the bare string.
+func looseMedia(raw json.RawMessage, p *path) (*mediaURL, error) {
+	switch firstByte(raw) {
+	case 0, 'n':
+		return nil, nil
+	case '"':
+		return &mediaURL{URL: raw}, nil
+	case '{':
+		var m mediaURL
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return nil, decodeError(err, raw, p)
+		}
+		return &m, nil
+	}
+	return nil, errType(p, "an object or a string", raw)
+}
+
+// partType returns the "type" of a part or block when it is a string.
+func partType(elem []byte) (string, bool) {
+	var v struct {
+		Type *string `json:"type"`
+	}
+	if json.Unmarshal(elem, &v) != nil || v.Type == nil {
+		return "", false
+	}
+	return *v.Type, true
+}
+
+func knownChatType(t string) bool {
+	switch t {
+	case "text", "input_text", "output_text", "refusal", "thinking",
+		"image_url", "input_image", "audio_url", "input_audio", "video_url", "file":
+		return true
+	}
+	return false
+}
+
+// chatPart appends one content part. elem is the part's JSON, needed only
+// for types this package does not know.
+func (b *builder) chatPart(pt *chatPart, elem json.RawMessage, p *path) error {
+	var typ string
+	if pt.Type != nil {
+		typ = *pt.Type
+	} else {
+		// vLLM infers the type of untyped parts from the media field.
+		switch {
+		case pt.ImageURL != nil:
+			typ = "image_url"
+		case pt.AudioURL != nil:
+			typ = "audio_url"
+		case pt.VideoURL != nil:
+			typ = "video_url"
+		case pt.InputAudio != nil:
+			typ = "input_audio"
+		default:
+			tp := p.field("type")
+			return errMissing(&tp)
+		}
+	}
+	var err error
+	switch typ {
+	case "text", "input_text", "output_text":
+		err = b.textField(pt.Text, p, "text", "")
+	case "refusal":
+		err = b.textField(pt.Refusal, p, "refusal", "refusal")
+	case "thinking":
+		err = b.textField(pt.Thinking, p, "thinking", "think")
+	case "image_url", "input_image":
+		err = b.chatMedia("img", "image_url", pt.ImageURL, pt, p)
+	case "audio_url":
+		err = b.chatMedia("audio", "audio_url", pt.AudioURL, pt, p)
+	case "video_url":
+		err = b.chatMedia("video", "video_url", pt.VideoURL, pt, p)
+	case "input_audio":
+		err = b.inputAudio(pt, p)
+	case "file":
+		err = b.file(pt, p)
+	default:
+		if elem == nil {
+			// Cannot happen: chatParts splits the array when it sees an
+			// unknown type. Hash what is known rather than fail.
+			elem, _ = json.Marshal(pt)
+		}
+		b.unknownPart(typ, elem)
+	}
+	if err != nil {
+		return err
+	}
+	// vLLM picks the media field by name, not by type, when a part carries
+	// a uuid, so a URL in any media field may be fetched: check them all.
+	for _, m := range [...]*mediaURL{pt.ImageURL, pt.AudioURL, pt.VideoURL} {
+		if m != nil {
+			b.checkURL(m.URL)
+		}
+	}
+	if f := pt.File; f != nil {
+		b.checkURL(f.FileData)
+		b.checkURL(f.FileURL)
+	}
+	return nil
+}
+
+// textField appends a text-valued field as plain text (kind "") or as a
+// marker of the given kind. Null counts as empty, as it does in vLLM.
+func (b *builder) textField(raw json.RawMessage, p *path, name, kind string) error {
+	switch firstByte(raw) {
+	case '"':
+	case 0, 'n':
+		raw = nil
+	default:
+		fp := p.field(name)
+		return errType(&fp, "a string", raw)
+	}
+	if kind == "" {
+		b.key = append(b.key, sepItem)
+	} else {
+		b.marker(kind)
+	}
+	if raw != nil {
+		b.key = appendLiteral(b.key, raw)
+	}
+	return nil
+}
+
+func (b *builder) chatMedia(kind, name string, m *mediaURL, pt *chatPart, p *path) error {
+	fp := p.field(name)
+	var lit json.RawMessage
+	if m != nil {
+		switch firstByte(m.URL) {
+		case '"':
+			lit = m.URL
+		case 0, 'n':
+		default:
+			up := fp.field("url")
+			return errType(&up, "a string", m.URL)
+		}
+	}
+	uuid := pt.UUID
+	if lit == nil && uuid == "" && pt.FileID != "" {
+		// Responses-style input_image may name an uploaded file instead.
+		uuid = "file:" + pt.FileID
+	}
+	if lit == nil && uuid == "" {
+		if m != nil {
+			up := fp.field("url")
+			return errMissing(&up)
+		}
+		return errMissing(&fp)
+	}
+	b.media(kind, uuid, lit)
+	return nil
+}
+
+func (b *builder) inputAudio(pt *chatPart, p *path) error {
+	ap := p.field("input_audio")
+	a := pt.InputAudio
+	if a == nil {
+		if pt.UUID != "" {
+			b.media("audio", pt.UUID, nil)
+			return nil
+		}
+		return errMissing(&ap)
+	}
+	switch firstByte(a.Data) {
+	case '"':
+	case 0, 'n':
+		if pt.UUID != "" {
+			b.media("audio", pt.UUID, nil)
+			return nil
+		}
+		dp := ap.field("data")
+		return errMissing(&dp)
+	default:
+		dp := ap.field("data")
+		return errType(&dp, "a string", a.Data)
+	}
+	b.hashStart()
+	if pt.UUID != "" {
+		b.hashString("uuid", pt.UUID)
+	} else {
+		// The same bytes in another format decode to other audio.
+		b.hashString("format", a.Format)
+		b.hashField("data", b.decode(a.Data))
+	}
+	b.marker("audio")
+	b.hashEnd()
+	return nil
+}
+
+func (b *builder) file(pt *chatPart, p *path) error {
+	fp := p.field("file")
+	f := pt.File
+	if f == nil {
+		return errMissing(&fp)
+	}
+	for _, v := range [...]struct {
+		name string
+		raw  json.RawMessage
+	}{{"file_data", f.FileData}, {"file_url", f.FileURL}} {
+		if !isNull(v.raw) && firstByte(v.raw) != '"' {
+			vp := fp.field(v.name)
+			return errType(&vp, "a string", v.raw)
+		}
+	}
+	if isNull(f.FileData) && isNull(f.FileURL) && f.FileID == "" {
+		dp := fp.field("file_data")
+		return errMissing(&dp)
+	}
+	b.hashStart()
+	b.hashString("file_id", f.FileID)
+	// OpenAI shows the model the file name along with the file.
+	b.hashString("filename", f.Filename)
+	if !isNull(f.FileData) {
+		b.hashField("file_data", b.decode(f.FileData))
+	}
+	if !isNull(f.FileURL) {
+		b.hashField("file_url", b.decode(f.FileURL))
+	}
+	b.marker("file")
+	b.hashEnd()
+	// Gateways accept a URL in file_id too.
+	if b.remote == "" && isRemoteURL([]byte(f.FileID)) {
+		b.remote = f.FileID
+	}
+	return nil
+}
+
+// unknownPart appends a marker for a part or block of a type this package
+// does not know, so that new types never fail a request and different
+// contents still give different keys.
+func (b *builder) unknownPart(typ string, elem []byte) {
+	b.marker("part")
+	b.key = appendEscapedString(b.key, typ)
+	b.key = append(b.key, ':')
+	b.canonicalHash(elem)
+}

@@ -1,0 +1,172 @@
+// Package extract parses inference request bodies (OpenAI chat completions
+// and completions, Anthropic messages) and derives the key text T that the
+// router cuts into blocks and hashes to find the replica holding the longest
+// matching prompt prefix in its KV cache.
+//
+// # Key format
+//
+// T is a byte string whose only job is prefix comparison, so it is built to
+// satisfy two properties:
+//
+//   - Injective: different prompts give different T. Content is copied with
+//     every C0 control byte except TAB, LF and CR replaced by ESC (0x1b)
+//     followed by the byte plus 0x40, which frees those control bytes for
+//     use as structure that no content can imitate.
+//   - Append-only: a request that resends a conversation plus new messages
+//     has the earlier request's T as an exact prefix. Every message is a
+//     self-terminated record and nothing derived from the request as a whole
+//     (message count, tools, sampling parameters) is included.
+//
+// Structure bytes:
+//
+//	RS  0x1e  ends a message record; separates the prompts of a batch
+//	US  0x1f  starts an item inside a record; ends each token id
+//	NUL 0x00  right after US: the item is a marker, not plain text
+//	GS  0x1d  separates the sub-fields of a marker
+//	STX 0x02, ETX 0x03  bracket the items nested in a marker
+//
+// Chat completions and Anthropic messages:
+//
+//	T       = [system] record*
+//	system  = "system" item* RS        (Anthropic top-level system only)
+//	record  = role item* RS
+//	item    = US text
+//	        | US NUL "name:" text | US NUL "call_id:" text
+//	        | US NUL "refusal:" text | US NUL "think:" text
+//	        | US NUL ("img" | "audio" | "video" | "file" | "doc") ":" hash
+//	        | US NUL "tool_call:" id GS name GS arguments
+//	        | US NUL "fn_call:" name GS arguments
+//	        | US NUL "tool_use:" id GS name GS input
+//	        | US NUL "tool_result:" id [GS "error"] STX item* ETX
+//	        | US NUL "doc:" STX item* ETX        (document with content source)
+//	        | US NUL "redacted_think:" hash
+//	        | US NUL "part:" type ":" hash       (part type unknown to this package)
+//
+// where hash is the first 8 bytes, in hex, of a SHA-256 over the media's
+// identity (its data or URL, or the client's uuid, which vLLM keys its
+// multimodal cache by), so that big payloads cost a hash instead of a copy
+// while different media never look like the same prefix. Parts of unknown
+// types are hashed from their JSON with keys sorted and cache_control left
+// out. Fields that do not change what the model sees (image detail,
+// cache_control, signatures) are left out.
+//
+// A string content and a single text part give the same T, and Anthropic
+// text conversations give the same T as the equivalent chat completions
+// request, because vLLM renders both through the same chat template.
+//
+// Completions: a string prompt is its text; an array of strings is the
+// texts joined by RS (so ["x"] and "x" agree); token ids are decimal, each
+// followed by US; an array of token-id arrays joins them by RS; vLLM's
+// prompt_embeds add US NUL "embeds:" hash.
+package extract
+
+import (
+	"net/http"
+
+	"github.com/cartrouter/cart/dataplane/apierr"
+)
+
+// Endpoint identifies which API a request body belongs to.
+type Endpoint int
+
+const (
+	ChatCompletions Endpoint = iota + 1 // POST /v1/chat/completions
+	Completions                         // POST /v1/completions
+	Messages                            // POST /v1/messages (Anthropic)
+)
+
+// EndpointForPath maps a request path to its endpoint. Only exact paths
+// match: anything else is not a request this package understands.
+func EndpointForPath(path string) (Endpoint, bool) {
+	switch path {
+	case "/v1/chat/completions":
+		return ChatCompletions, true
+	case "/v1/completions":
+		return Completions, true
+	case "/v1/messages":
+		return Messages, true
+	}
+	return 0, false
+}
+
+// String returns the endpoint's metric label.
+func (e Endpoint) String() string {
+	switch e {
+	case ChatCompletions:
+		return "chat_completions"
+	case Completions:
+		return "completions"
+	case Messages:
+		return "messages"
+	}
+	return "unknown"
+}
+
+// Request is what the router needs from a request body.
+type Request struct {
+	Model          string
+	Stream         bool
+	Key            []byte // key text T; empty when the prompt is empty
+	RemoteMediaURL string // first http(s) media URL found, "" if none
+	PromptCacheKey string // OpenAI prompt_cache_key
+	User           string // OpenAI user, or Anthropic metadata.user_id
+	IncludeUsage   bool   // stream_options.include_usage
+}
+
+// Extract parses body for endpoint e. Problems with the body are reported
+// as *apierr.Error with status 400 and Param naming the offending field.
+func Extract(e Endpoint, body []byte) (*Request, error) {
+	return AppendKey(nil, e, body)
+}
+
+// maxPrealloc bounds the key buffer allocated up front. For text-only bodies
+// T is close to the body size, but a body made of base64 media yields a
+// tiny T, so a large body is no reason to allocate a large buffer.
+const maxPrealloc = 64 << 10
+
+// AppendKey is Extract with the key text appended to dst, so that callers
+// can reuse key buffers across requests. The returned Request's Key shares
+// dst's backing array when it has room.
+func AppendKey(dst []byte, e Endpoint, body []byte) (*Request, error) {
+	if cap(dst) == 0 {
+		dst = make([]byte, 0, min(len(body), maxPrealloc))
+	}
+	if err := checkObject(body); err != nil {
+		return nil, err
+	}
+	b := builder{key: dst, start: len(dst)}
+	var (
+		req *Request
+		err error
+	)
+	switch e {
+	case ChatCompletions:
+		req, err = b.chat(body)
+	case Completions:
+		req, err = b.completions(body)
+	case Messages:
+		req, err = b.messages(body)
+	default:
+		// A caller bug, not a client mistake: never blame the client for it.
+		return nil, apierr.New(http.StatusInternalServerError, apierr.TypeServer, "internal_error", "extract: unknown endpoint %d", int(e))
+	}
+	if err != nil {
+		return nil, err
+	}
+	req.Key = b.key
+	req.RemoteMediaURL = b.remote
+	return req, nil
+}
+
+// checkObject rejects bodies that are not a JSON object before decoding,
+// because encoding/json would silently accept "null" and would describe
+// other non-objects in terms of Go types.
+func checkObject(body []byte) error {
+	switch firstByte(body) {
+	case '{':
+		return nil
+	case 0:
+		return apierr.BadRequest(codeInvalidJSON, "", "The request body is empty; expected a JSON object.")
+	}
+	return apierr.BadRequest(codeInvalidJSON, "", "The request body must be a JSON object.")
+}

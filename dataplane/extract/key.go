@@ -1,0 +1,377 @@
+package extract
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"hash"
+	"slices"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// Structure bytes of the key format; see the package documentation.
+const (
+	sepMarker = 0x00
+	sepOpen   = 0x02
+	sepClose  = 0x03
+	sepEscape = 0x1b
+	sepField  = 0x1d
+	sepRecord = 0x1e
+	sepItem   = 0x1f
+)
+
+// reserved reports whether content byte c must be escaped: every C0 control
+// except the whitespace that real prompts are full of. Reserving more than
+// the bytes in use today keeps room for new structure without changing how
+// existing content is encoded.
+func reserved(c byte) bool {
+	return c < 0x20 && c != '\t' && c != '\n' && c != '\r'
+}
+
+// builder accumulates the key text and what is learnt while building it.
+type builder struct {
+	key     []byte
+	start   int       // len(key) before this request's key
+	remote  string    // first remote media URL
+	scratch []byte    // decoded string literals that are not appended to key
+	tag     []byte    // hash field framing
+	h       hash.Hash // created on first media item
+	sum     [32]byte  // digest output, kept here so Sum does not allocate
+	sorted  []string  // reused by canonicalHash
+}
+
+// appendEscaped appends content bytes, escaping reserved bytes.
+func appendEscaped(dst []byte, s []byte) []byte {
+	for len(s) > 0 {
+		i := 0
+		for i < len(s) && !reserved(s[i]) {
+			i++
+		}
+		dst = append(dst, s[:i]...)
+		if i == len(s) {
+			break
+		}
+		dst = append(dst, sepEscape, s[i]+0x40)
+		s = s[i+1:]
+	}
+	return dst
+}
+
+// appendEscapedString is appendEscaped for Go strings, which typed fields
+// such as names and ids decode into.
+func appendEscapedString(dst []byte, s string) []byte {
+	for len(s) > 0 {
+		i := 0
+		for i < len(s) && !reserved(s[i]) {
+			i++
+		}
+		dst = append(dst, s[:i]...)
+		if i == len(s) {
+			break
+		}
+		dst = append(dst, sepEscape, s[i]+0x40)
+		s = s[i+1:]
+	}
+	return dst
+}
+
+// appendLiteral appends the escaped content of the JSON string literal lit,
+// decoding JSON escapes on the way. Decoding here, rather than letting
+// encoding/json produce a Go string, saves an allocation and a copy per
+// text, which is most of the body.
+//
+// lit must come from encoding/json, which has validated it: JSON forbids
+// raw control bytes in strings, so only escapes can produce reserved bytes
+// and the runs between escapes are copied without looking at them.
+// Malformed input still never causes a panic.
+func appendLiteral(dst, lit []byte) []byte {
+	if len(lit) < 2 || lit[0] != '"' || lit[len(lit)-1] != '"' {
+		return appendEscaped(dst, lit)
+	}
+	// The decoded text is never longer than the literal: growing once here
+	// keeps long texts from being copied at every step of append's growth.
+	dst = slices.Grow(dst, len(lit))
+	s := lit[1 : len(lit)-1]
+	for len(s) > 0 {
+		i := bytes.IndexByte(s, '\\')
+		if i < 0 {
+			return append(dst, s...)
+		}
+		dst = append(dst, s[:i]...)
+		s = s[i:]
+		r, n := decodeEscape(s)
+		if n == 0 {
+			// Not a valid escape: keep the backslash as content.
+			dst = append(dst, '\\')
+			s = s[1:]
+			continue
+		}
+		switch {
+		case r < utf8.RuneSelf && reserved(byte(r)):
+			dst = append(dst, sepEscape, byte(r)+0x40)
+		case r < utf8.RuneSelf:
+			dst = append(dst, byte(r))
+		default:
+			dst = utf8.AppendRune(dst, r)
+		}
+		s = s[n:]
+	}
+	return dst
+}
+
+// decodeEscape decodes the JSON escape sequence at the start of s, which
+// starts with a backslash, and returns the rune and the bytes consumed, or
+// n == 0 if there is no valid escape. Lone surrogates become U+FFFD, as in
+// encoding/json.
+func decodeEscape(s []byte) (r rune, n int) {
+	if len(s) < 2 {
+		return 0, 0
+	}
+	switch s[1] {
+	case '"', '\\', '/':
+		return rune(s[1]), 2
+	case 'b':
+		return '\b', 2
+	case 'f':
+		return '\f', 2
+	case 'n':
+		return '\n', 2
+	case 'r':
+		return '\r', 2
+	case 't':
+		return '\t', 2
+	case 'u':
+		r1, ok := hex4(s[2:])
+		if !ok {
+			return 0, 0
+		}
+		if !utf16.IsSurrogate(r1) {
+			return r1, 6
+		}
+		if len(s) >= 12 && s[6] == '\\' && s[7] == 'u' {
+			if r2, ok := hex4(s[8:]); ok {
+				if r := utf16.DecodeRune(r1, r2); r != utf8.RuneError {
+					return r, 12
+				}
+			}
+		}
+		return utf8.RuneError, 6
+	}
+	return 0, 0
+}
+
+func hex4(s []byte) (rune, bool) {
+	if len(s) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range s[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
+
+// decode returns the escaped content of the string literal lit without
+// appending it to the key. Literals without escapes, which includes
+// practically all base64, are returned in place; escaping is injective, so
+// hashing this form identifies the decoded string.
+func (b *builder) decode(lit []byte) []byte {
+	if len(lit) >= 2 && lit[0] == '"' && lit[len(lit)-1] == '"' && bytes.IndexByte(lit, '\\') < 0 {
+		return lit[1 : len(lit)-1]
+	}
+	b.scratch = appendLiteral(b.scratch[:0], lit)
+	return b.scratch
+}
+
+// text appends a plain text item.
+func (b *builder) text(lit []byte) {
+	b.key = append(b.key, sepItem)
+	b.key = appendLiteral(b.key, lit)
+}
+
+// marker starts a marker item of the given kind.
+func (b *builder) marker(kind string) {
+	b.key = append(b.key, sepItem, sepMarker)
+	b.key = append(b.key, kind...)
+	b.key = append(b.key, ':')
+}
+
+// field separates the sub-fields of a marker.
+func (b *builder) field() { b.key = append(b.key, sepField) }
+
+// appendJSON appends an arbitrary JSON value (tool arguments and inputs)
+// compacted, so that formatting differences between clients do not split
+// what the model sees as the same prompt. Compact JSON has no control
+// bytes: those are always escaped inside JSON strings.
+func (b *builder) appendJSON(raw []byte) {
+	buf := bytes.NewBuffer(b.key)
+	if err := json.Compact(buf, raw); err != nil {
+		// raw was validated by the decoder that produced it.
+		b.key = appendEscaped(b.key, raw)
+		return
+	}
+	b.key = buf.Bytes()
+}
+
+// hashStart begins the digest of a media item.
+func (b *builder) hashStart() {
+	if b.h == nil {
+		b.h = sha256.New()
+	} else {
+		b.h.Reset()
+	}
+}
+
+// hashField adds one named field to the digest. Values are in escaped form,
+// which never contains NUL, so the framing below is unambiguous.
+func (b *builder) hashField(name string, v []byte) {
+	b.tag = append(b.tag[:0], name...)
+	b.tag = append(b.tag, 0)
+	b.h.Write(b.tag)
+	b.h.Write(v)
+	b.h.Write(b.tag[len(b.tag)-1:])
+}
+
+func (b *builder) hashString(name, v string) {
+	b.scratch = appendEscapedString(b.scratch[:0], v)
+	b.hashField(name, b.scratch)
+}
+
+// hashEnd appends the digest, as hex, to the key.
+func (b *builder) hashEnd() {
+	sum := b.h.Sum(b.sum[:0])
+	b.key = hex.AppendEncode(b.key, sum[:8])
+}
+
+// media appends a hashed media marker. The media is identified by uuid when
+// the client supplied one, because vLLM then keys its multimodal cache by
+// that uuid and not by the content; otherwise by the URL or data in lit.
+// Any URL is checked for being remote even when a uuid is present, because
+// the backend may still fetch it.
+func (b *builder) media(kind, uuid string, lit []byte) {
+	b.hashStart()
+	if lit != nil {
+		u := b.decode(lit)
+		b.noteURL(u, lit)
+		if uuid == "" {
+			b.hashField("data", u)
+		}
+	}
+	if uuid != "" {
+		b.hashString("uuid", uuid)
+	}
+	b.marker(kind)
+	b.hashEnd()
+}
+
+// noteURL records u, the decoded form of the string literal lit, as the
+// request's remote media URL if it is the first remote one.
+func (b *builder) noteURL(u, lit []byte) {
+	if b.remote != "" || !isRemoteURL(u) {
+		return
+	}
+	var s string
+	if json.Unmarshal(lit, &s) != nil {
+		s = string(u)
+	}
+	b.remote = s
+}
+
+// checkURL is noteURL for a literal that is not otherwise hashed.
+func (b *builder) checkURL(lit []byte) {
+	if b.remote == "" && firstByte(lit) == '"' {
+		b.noteURL(b.decode(lit), lit)
+	}
+}
+
+// isRemoteURL reports whether u (in escaped form) has an http or https
+// scheme. It parses the way URL parsers that fetch media do (WHATWG, and
+// Python's urlsplit used by vLLM): leading controls and spaces are dropped
+// and tabs and newlines are ignored, so " HTTPS://x" or "ht\ttps://x" cannot
+// slip past a policy that refuses remote media.
+func isRemoteURL(u []byte) bool {
+	i := 0
+	for i < len(u) && u[i] <= ' ' {
+		if u[i] == sepEscape {
+			i++ // an escaped control is two bytes
+		}
+		i++
+	}
+	var s [5]byte
+	n := 0
+	for ; i < len(u); i++ {
+		c := u[i]
+		switch {
+		case c == '\t' || c == '\n' || c == '\r':
+			continue
+		case c == ':':
+			return string(s[:n]) == "http" || string(s[:n]) == "https"
+		case n == len(s):
+			return false
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		s[n] = c
+		n++
+	}
+	return false
+}
+
+// canonicalHash appends the digest of a JSON value of a type this package
+// does not know. Objects are hashed by sorted key, without cache_control,
+// because clients move Anthropic cache breakpoints from turn to turn and a
+// moved breakpoint must not look like a different prompt.
+func (b *builder) canonicalHash(raw []byte) {
+	b.hashStart()
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(raw, &obj) != nil || obj == nil {
+		b.scratch = compactAppend(b.scratch[:0], raw)
+		b.hashField("value", b.scratch)
+		b.hashEnd()
+		return
+	}
+	b.sorted = b.sorted[:0]
+	for k := range obj {
+		if k != "cache_control" {
+			b.sorted = append(b.sorted, k)
+		}
+	}
+	slices.Sort(b.sorted)
+	for _, k := range b.sorted {
+		b.scratch = compactAppend(appendEscapedString(b.scratch[:0], k), obj[k])
+		b.hashField("member", b.scratch)
+	}
+	b.hashEnd()
+}
+
+func compactAppend(dst, raw []byte) []byte {
+	buf := bytes.NewBuffer(dst)
+	buf.WriteByte(sepField)
+	if json.Compact(buf, raw) != nil {
+		return appendEscaped(dst, raw)
+	}
+	return buf.Bytes()
+}
+
+// splitArray returns the elements of the JSON array raw. It is only used on
+// rare paths (unknown part types, lenient fallbacks), as it costs a second
+// full decode of the array.
+func splitArray(raw []byte) []json.RawMessage {
+	var elems []json.RawMessage
+	if json.Unmarshal(raw, &elems) != nil {
+		return nil
+	}
+	return elems
+}

@@ -1,0 +1,424 @@
+// Package remote is the data plane's Router backed by the control plane:
+// every decision is asked of the Raft leader (one shared index and load
+// view for all data planes), and when the control plane is slow or
+// unreachable the data plane routes locally to its least-loaded usable
+// worker, so clients never see the control plane's trouble.
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/dataplane/router"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+)
+
+// ReasonFallbackLocal marks decisions made locally without the control
+// plane.
+const ReasonFallbackLocal = "fallback_local"
+
+// Options configure the remote router.
+type Options struct {
+	ID            string   // this data plane's id
+	ControlPlanes []string // API URLs of control-plane nodes (any of them)
+	RouteTimeout  time.Duration
+	SyncInterval  time.Duration // worker set + load reconciliation
+	FlushInterval time.Duration // completion batching
+	Token         string
+	HTTPClient    *http.Client
+	// BootWorkers are used until the first successful sync (a data plane
+	// may start while the control plane is unreachable).
+	BootWorkers []router.WorkerStatus
+	BlockChars  int
+	Logger      *slog.Logger
+	// OnFallback is told the cause of each local fallback (for metrics).
+	OnFallback func(cause string)
+	Seed       uint64
+}
+
+// Router implements router.Router against the control plane.
+type Router struct {
+	o   Options
+	log *slog.Logger
+
+	mu        sync.Mutex
+	workers   []router.WorkerStatus // last known set, Load = our in-flight
+	version   uint64
+	local     map[string]int
+	target    int // index into targets of the node we talk to
+	targets   []string
+	leaderURL string // learned from Sync; preferred target
+	pending   []*cartv1.Completion
+	fallbacks uint64 // since the last successful sync
+	synced    bool
+	rng       *rand.Rand
+
+	clientsMu sync.Mutex
+	clients   map[string]cartv1connect.RouterServiceClient
+	flushNow  chan struct{}
+}
+
+type ticket struct {
+	id     uint64 // control-plane ticket; 0 for local fallbacks
+	worker string
+}
+
+// New builds the router. Call Run to start syncing.
+func New(o Options) *Router {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.HTTPClient == nil {
+		o.HTTPClient = http.DefaultClient
+	}
+	if o.FlushInterval <= 0 {
+		o.FlushInterval = 10 * time.Millisecond
+	}
+	r := &Router{
+		o: o, log: o.Logger,
+		workers:  append([]router.WorkerStatus(nil), o.BootWorkers...),
+		local:    map[string]int{},
+		targets:  append([]string(nil), o.ControlPlanes...),
+		rng:      rand.New(rand.NewPCG(o.Seed, uint64(time.Now().UnixNano()))),
+		clients:  map[string]cartv1connect.RouterServiceClient{},
+		flushNow: make(chan struct{}, 1),
+	}
+	if len(r.targets) > 0 {
+		// Spread data planes across control-plane nodes for their first
+		// contact; Sync then points each at the leader.
+		r.target = r.rng.IntN(len(r.targets))
+	}
+	return r
+}
+
+func (r *Router) client(url string) cartv1connect.RouterServiceClient {
+	r.clientsMu.Lock()
+	defer r.clientsMu.Unlock()
+	c, ok := r.clients[url]
+	if !ok {
+		opts := []connect.ClientOption{connect.WithGRPC()}
+		if r.o.Token != "" {
+			tok := "Bearer " + r.o.Token
+			opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+				return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+					req.Header().Set("Authorization", tok)
+					return next(ctx, req)
+				}
+			})))
+		}
+		c = cartv1connect.NewRouterServiceClient(r.o.HTTPClient, url, opts...)
+		r.clients[url] = c
+	}
+	return c
+}
+
+// current returns the node to call: the leader when known.
+func (r *Router) current() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.leaderURL != "" {
+		return r.leaderURL
+	}
+	if len(r.targets) == 0 {
+		return ""
+	}
+	return r.targets[r.target%len(r.targets)]
+}
+
+// rotate moves to the next control-plane node after a failure and forgets
+// the leader, which may be the node that failed.
+func (r *Router) rotate(failed string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.leaderURL == failed {
+		r.leaderURL = ""
+	}
+	if len(r.targets) > 0 && r.targets[r.target%len(r.targets)] == failed {
+		r.target = (r.target + 1) % len(r.targets)
+	}
+}
+
+// Route implements router.Router.
+func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
+	start := time.Now()
+	target := r.current()
+	var cause string
+	if target == "" {
+		cause = "no_control_plane"
+	} else {
+		rctx, cancel := context.WithTimeout(ctx, r.o.RouteTimeout)
+		resp, err := r.client(target).Route(rctx, connect.NewRequest(&cartv1.RouteRequest{
+			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: req.Hashes, KeyLength: uint32(req.KeyLen),
+			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, DryRun: req.DryRun, RequestId: req.ID,
+		}))
+		cancel()
+		if err == nil {
+			m := resp.Msg
+			if !req.DryRun {
+				r.mu.Lock()
+				r.local[m.GetWorker()]++
+				r.mu.Unlock()
+			}
+			return router.Decision{
+				Worker: m.GetWorker(), Reason: m.GetReason(), MatchedChars: int(m.GetMatchedChars()),
+				MatchedRatio: m.GetMatchedRatio(), Candidate: m.GetCandidate(), ChosenChars: int(m.GetChosenChars()),
+				Latency: time.Since(start), FromLeader: m.GetFromLeader(),
+				Ticket: &ticket{id: m.GetTicket(), worker: m.GetWorker()},
+			}, nil
+		}
+		if ctx.Err() != nil {
+			return router.Decision{}, ctx.Err() // the client left; nothing to route
+		}
+		if connect.CodeOf(err) == connect.CodeResourceExhausted {
+			// The control plane answered: no worker can take this.
+			return router.Decision{}, &unavailable{err}
+		}
+		cause = causeOf(err)
+		r.rotate(target)
+		r.log.Debug("route via control plane failed; routing locally", "control_plane", target, "error", err.Error())
+	}
+	d, err := r.fallback(req)
+	if err != nil {
+		return d, err
+	}
+	d.Latency = time.Since(start)
+	if r.o.OnFallback != nil {
+		r.o.OnFallback(cause)
+	}
+	return d, nil
+}
+
+func causeOf(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), connect.CodeOf(err) == connect.CodeDeadlineExceeded:
+		return "timeout"
+	case connect.CodeOf(err) == connect.CodeUnavailable:
+		return "unavailable"
+	case connect.CodeOf(err) == connect.CodeUnauthenticated, connect.CodeOf(err) == connect.CodePermissionDenied:
+		return "auth"
+	default:
+		return "error"
+	}
+}
+
+type unavailable struct{ err error }
+
+func (u *unavailable) Error() string {
+	var ce *connect.Error
+	if errors.As(u.err, &ce) {
+		return ce.Message()
+	}
+	return u.err.Error()
+}
+
+func (u *unavailable) Unwrap() []error { return []error{u.err, router.ErrUnavailable} }
+
+// fallback picks the least-loaded usable worker by this data plane's own
+// in-flight counts, breaking ties at random so that data planes falling
+// back together do not stampede onto one replica.
+func (r *Router) fallback(req *router.Request) (router.Decision, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var best string
+	bestLoad, ties := 0, 0
+	known := 0
+	for _, w := range r.workers {
+		known++
+		if !w.Healthy || contains(req.Exclude, w.URL) {
+			continue
+		}
+		load := r.local[w.URL]
+		if w.MaxLoad > 0 && load >= w.MaxLoad {
+			continue
+		}
+		eff := load + w.LoadPenalty
+		switch {
+		case best == "" || eff < bestLoad:
+			best, bestLoad, ties = w.URL, eff, 1
+		case eff == bestLoad:
+			ties++
+			if r.rng.IntN(ties) == 0 {
+				best = w.URL
+			}
+		}
+	}
+	if best == "" {
+		msg := "no usable worker known to this data plane (control plane unreachable)"
+		if known == 0 {
+			msg = "no workers configured"
+		}
+		return router.Decision{}, &unavailable{connect.NewError(connect.CodeResourceExhausted, errors.New(msg))}
+	}
+	if !req.DryRun {
+		r.local[best]++
+		r.fallbacks++
+	}
+	return router.Decision{Worker: best, Reason: ReasonFallbackLocal, Ticket: &ticket{worker: best}}, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Done implements router.Router.
+func (r *Router) Done(d router.Decision, o router.Outcome) {
+	t, ok := d.Ticket.(*ticket)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	if r.local[t.worker] > 0 {
+		r.local[t.worker]--
+		if r.local[t.worker] == 0 {
+			delete(r.local, t.worker)
+		}
+	}
+	n := 0
+	if t.id != 0 {
+		r.pending = append(r.pending, &cartv1.Completion{
+			Ticket: t.id, Worker: t.worker, Delivered: o.Delivered,
+			PromptTokens: int32(o.PromptTokens), CachedTokens: int32(o.CachedTokens),
+		})
+		n = len(r.pending)
+	}
+	r.mu.Unlock()
+	if n >= 256 {
+		select {
+		case r.flushNow <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Workers implements router.Router: the last known set, with this data
+// plane's own in-flight counts as Load.
+func (r *Router) Workers() []router.WorkerStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]router.WorkerStatus, len(r.workers))
+	for i, w := range r.workers {
+		w.Load = r.local[w.URL]
+		out[i] = w
+	}
+	return out
+}
+
+// Synced reports whether a sync with the control plane has succeeded.
+func (r *Router) Synced() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.synced
+}
+
+// Run syncs and flushes completions until ctx ends.
+func (r *Router) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); r.syncLoop(ctx) }()
+	go func() { defer wg.Done(); r.flushLoop(ctx) }()
+	wg.Wait()
+}
+
+func (r *Router) syncLoop(ctx context.Context) {
+	t := time.NewTicker(r.o.SyncInterval)
+	defer t.Stop()
+	for {
+		if err := r.SyncOnce(ctx); err != nil && ctx.Err() == nil {
+			r.log.Debug("sync with control plane failed", "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// SyncOnce reports this data plane's in-flight counts and refreshes the
+// worker set from the leader.
+func (r *Router) SyncOnce(ctx context.Context) error {
+	target := r.current()
+	if target == "" {
+		return errors.New("no control plane configured")
+	}
+	r.mu.Lock()
+	req := &cartv1.SyncRequest{DataplaneId: r.o.ID, Fallbacks: r.fallbacks}
+	for w, n := range r.local {
+		req.Loads = append(req.Loads, &cartv1.WorkerLoad{Worker: w, InFlight: uint32(n)})
+	}
+	r.mu.Unlock()
+	sctx, cancel := context.WithTimeout(ctx, max(r.o.SyncInterval, time.Second))
+	resp, err := r.client(target).Sync(sctx, connect.NewRequest(req))
+	cancel()
+	if err != nil {
+		r.rotate(target)
+		return fmt.Errorf("sync with %s: %w", target, err)
+	}
+	m := resp.Msg
+	if bc := int(m.GetBlockChars()); bc != 0 && r.o.BlockChars != 0 && bc != r.o.BlockChars {
+		r.log.Error("block size differs from the control plane's: prefixes will not match; set cache.block_chars to match", "local", r.o.BlockChars, "control_plane", bc)
+	}
+	ws := make([]router.WorkerStatus, len(m.GetWorkers()))
+	for i, w := range m.GetWorkers() {
+		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy()}
+	}
+	r.mu.Lock()
+	r.workers, r.version, r.synced = ws, m.GetWorkersVersion(), true
+	r.fallbacks -= min(r.fallbacks, req.GetFallbacks())
+	if m.GetLeaderUrl() != "" {
+		r.leaderURL = m.GetLeaderUrl()
+	}
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *Router) flushLoop(ctx context.Context) {
+	t := time.NewTicker(r.o.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.flush(context.Background())
+			return
+		case <-t.C:
+		case <-r.flushNow:
+		}
+		r.flush(ctx)
+	}
+}
+
+// flush sends queued completions. If the control plane cannot take them
+// they are dropped: the next Sync's absolute counts reconcile the load,
+// and an unsettled placement only costs a stale index hint.
+func (r *Router) flush(ctx context.Context) {
+	r.mu.Lock()
+	batch := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	target := r.current()
+	if target == "" {
+		return
+	}
+	fctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := r.client(target).Complete(fctx, connect.NewRequest(&cartv1.CompleteRequest{DataplaneId: r.o.ID, Completions: batch})); err != nil {
+		r.log.Debug("report completions", "completions", len(batch), "error", err.Error())
+	}
+}

@@ -1,0 +1,97 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+
+	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/dataplane/breaker"
+	"github.com/cartrouter/cart/dataplane/metrics"
+	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/dataplane/remote"
+	"github.com/cartrouter/cart/dataplane/router"
+)
+
+// DataPlane is a stateless proxy that asks the control plane where each
+// request goes. It shares every line of proxy code with the all-in-one
+// mode; only its Router differs.
+type DataPlane struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	Router  *remote.Router
+	Break   *breaker.Set
+	Metrics *metrics.Metrics
+	Proxy   *proxy.Proxy
+	HTTP    *http.Server
+}
+
+// DataPlaneID returns the configured id or hostname-pid.
+func DataPlaneID(cfg *config.Config) string {
+	if cfg.DataPlane.ID != "" {
+		return cfg.DataPlane.ID
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		host = "dataplane"
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// NewDataPlane builds a data plane from a validated config.
+func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*DataPlane, error) {
+	token, _, err := cfg.Tokens()
+	if err != nil {
+		return nil, err
+	}
+	d := &DataPlane{cfg: cfg, log: log}
+	d.Metrics = metrics.New(nil)
+	boot := make([]router.WorkerStatus, len(cfg.Workers))
+	for i, w := range cfg.Workers {
+		boot[i] = router.WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: true}
+	}
+	d.Router = remote.New(remote.Options{
+		ID:            DataPlaneID(cfg),
+		ControlPlanes: cfg.DataPlane.ControlPlane,
+		RouteTimeout:  millis(cfg.DataPlane.RouteTimeoutMs),
+		SyncInterval:  millis(cfg.DataPlane.WorkerSyncIntervalMs),
+		Token:         token,
+		HTTPClient:    client,
+		BootWorkers:   boot,
+		BlockChars:    cfg.Cache.BlockChars,
+		Logger:        log,
+		OnFallback: func(cause string) {
+			d.Metrics.Fallbacks.WithLabelValues(cause).Inc()
+		},
+	})
+	d.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {
+		d.Metrics.SetBreaker(t.Worker, t.To.String())
+		d.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
+		log.Warn("circuit breaker", "worker", t.Worker, "from", t.From.String(), "to", t.To.String())
+	})
+	d.Proxy = proxy.New(ProxyOptions(cfg, d.Router, d.Break, d.Metrics, log))
+	srv, err := HTTPServer(cfg, d.Proxy, log)
+	if err != nil {
+		return nil, err
+	}
+	d.HTTP = srv
+	return d, nil
+}
+
+// Run serves on ln until ctx ends, syncing with the control plane.
+func (d *DataPlane) Run(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); d.Router.Run(ctx) }()
+	d.log.Info("cart data plane listening", "addr", ln.Addr().String(), "control_plane", d.cfg.DataPlane.ControlPlane)
+	err := Serve(ctx, d.HTTP, ln, secs(d.cfg.Server.ShutdownGraceSecs))
+	cancel()
+	wg.Wait()
+	return err
+}
