@@ -1,0 +1,140 @@
+// Command cart-sim runs one simulated OpenAI/Anthropic-compatible inference
+// replica with a prefix cache, for local demos, end-to-end tests and
+// benchmarks of the CART router. See package sim for the model it simulates.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cartrouter/cart/cli/internal/buildinfo"
+	"github.com/cartrouter/cart/sim"
+)
+
+// shutdownGrace bounds how long a stop waits for connections to close. In
+// practice it is short: sim.Server.Close aborts in-flight generations first.
+const shutdownGrace = 5 * time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newCommand(serve).ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		os.Exit(1) // cobra has already printed the error
+	}
+}
+
+// serveFunc runs a replica until ctx ends; a parameter so tests can check
+// flag handling without opening sockets.
+type serveFunc func(ctx context.Context, listen string, cfg sim.Config, logOut io.Writer) error
+
+func newCommand(run serveFunc) *cobra.Command {
+	cfg := sim.DefaultConfig()
+	cfg.Name = "" // derived from the listen port unless given
+	var listen string
+
+	cmd := &cobra.Command{
+		Use:   "cart-sim",
+		Short: "Simulated LLM inference replica with a prefix (KV) cache",
+		Long: `cart-sim serves /v1/chat/completions, /v1/completions, /v1/messages and
+/v1/models like a vLLM/SGLang replica, without a model: it approximates
+tokens as 4 bytes, keeps an LRU prefix cache of 16-token blocks, queues
+prefills and paces decode, and reports cache hits in usage and in the
+X-Sim-Cached-Tokens / X-Sim-Prompt-Tokens headers.
+
+Control and observation: GET /health, GET /metrics, GET /sim/stats,
+GET|POST /sim/fault {"mode":"none|down|slow|error","status":503,"delay_ms":2000},
+POST /sim/reset.`,
+		Example:      "  cart-sim --listen 127.0.0.1:8001 --name a --cache-tokens 65536",
+		Version:      buildinfo.String("cart-sim"),
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Name == "" {
+				cfg.Name = nameFromListen(listen)
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			return run(cmd.Context(), listen, cfg, cmd.ErrOrStderr())
+		},
+	}
+
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:8001", "address to listen on (host:port)")
+	f.StringVar(&cfg.Name, "name", "", "replica name sent in X-Sim-Replica (default sim-PORT)")
+	f.StringVar(&cfg.Model, "model", cfg.Model, "model id served by /v1/models and used when a request names none")
+	f.IntVar(&cfg.CacheTokens, "cache-tokens", cfg.CacheTokens, "prefix cache capacity in tokens, 0 for unbounded")
+	f.IntVar(&cfg.BlockTokens, "block-tokens", cfg.BlockTokens, "prefix cache block size in tokens")
+	f.Float64Var(&cfg.PrefillUsPerToken, "prefill-us-per-token", cfg.PrefillUsPerToken, "prefill time per uncached prompt token, in microseconds")
+	f.Float64Var(&cfg.DecodeMsPerToken, "decode-ms-per-token", cfg.DecodeMsPerToken, "decode time per output token for a lone request, in milliseconds")
+	f.Float64Var(&cfg.DecodeSlowdown, "decode-slowdown", cfg.DecodeSlowdown, "extra decode time fraction per additional running request")
+	f.IntVar(&cfg.MaxConcurrency, "max-concurrency", cfg.MaxConcurrency, "requests that may prefill at once")
+	f.IntVar(&cfg.OutputTokens, "output-tokens", cfg.OutputTokens, "output tokens when a request sets no max_tokens")
+	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed for the generated filler text")
+	f.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "multiplier for every simulated delay (0 = never sleep)")
+	return cmd
+}
+
+// nameFromListen names a replica after its port, so that three local
+// replicas are told apart in X-Sim-Replica without extra flags.
+func nameFromListen(listen string) string {
+	if _, port, err := net.SplitHostPort(listen); err == nil && port != "" && port != "0" {
+		return "sim-" + port
+	}
+	return sim.DefaultName
+}
+
+// serve listens on listen and serves a replica until ctx ends.
+func serve(ctx context.Context, listen string, cfg sim.Config, logOut io.Writer) error {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	return serveListener(ctx, ln, cfg, logOut)
+}
+
+// serveListener serves a replica on ln until ctx ends, then stops it: the
+// replica is closed first so long generations do not hold up the shutdown.
+func serveListener(ctx context.Context, ln net.Listener, cfg sim.Config, logOut io.Writer) error {
+	logger := slog.New(slog.NewTextHandler(logOut, nil))
+	cfg.Logger = logger
+	replica := sim.New(cfg)
+	srv := &http.Server{
+		Handler:           replica.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	logger.Info("cart-sim listening", "addr", ln.Addr().String(), "name", cfg.Name, "model", cfg.Model,
+		"cache_tokens", cfg.CacheTokens, "max_concurrency", cfg.MaxConcurrency, "time_scale", cfg.TimeScale)
+
+	select {
+	case err := <-errc:
+		_ = replica.Close()
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("cart-sim stopping")
+	_ = replica.Close() // never fails; aborts in-flight requests
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	err := srv.Shutdown(shutdownCtx)
+	if serveErr := <-errc; serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) && err == nil {
+		err = serveErr
+	}
+	return err
+}

@@ -1,0 +1,204 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+)
+
+// Anthropic Messages API wire types.
+
+type messagesRequest struct {
+	Model     string             `json:"model"`
+	System    json.RawMessage    `json:"system"`
+	Messages  []anthropicMessage `json:"messages"`
+	Tools     json.RawMessage    `json:"tools"`
+	MaxTokens *int               `json:"max_tokens"`
+	Stream    bool               `json:"stream"`
+}
+
+type anthropicUsage struct {
+	// InputTokens excludes cached tokens, as in Anthropic's API, where the
+	// prompt size is input + cache read + cache creation tokens.
+	InputTokens              int `json:"input_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+}
+
+func anthropicUsageOf(j *job, output int) anthropicUsage {
+	return anthropicUsage{
+		InputTokens:          j.promptTokens - j.cachedTokens,
+		CacheReadInputTokens: j.cachedTokens,
+		OutputTokens:         output,
+	}
+}
+
+type anthropicText struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+type anthropicResponse struct {
+	ID           string          `json:"id"`
+	Type         string          `json:"type"`
+	Role         string          `json:"role"`
+	Model        string          `json:"model"`
+	Content      []anthropicText `json:"content"`
+	StopReason   *string         `json:"stop_reason"`
+	StopSequence *string         `json:"stop_sequence"`
+	Usage        anthropicUsage  `json:"usage"`
+}
+
+// Stream events, as structs so that "type" leads each event as in
+// Anthropic's own stream. Every text response has a single block, index 0.
+
+type anthropicMessageStart struct {
+	Type    string            `json:"type"`
+	Message anthropicResponse `json:"message"`
+}
+
+type anthropicBlockStart struct {
+	Type         string        `json:"type"`
+	Index        int           `json:"index"`
+	ContentBlock anthropicText `json:"content_block"`
+}
+
+type anthropicTextDelta struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+type anthropicBlockDelta struct {
+	Type  string             `json:"type"`
+	Index int                `json:"index"`
+	Delta anthropicTextDelta `json:"delta"`
+}
+
+type anthropicBlockStop struct {
+	Type  string `json:"type"`
+	Index int    `json:"index"`
+}
+
+type anthropicStop struct {
+	StopReason   string  `json:"stop_reason"`
+	StopSequence *string `json:"stop_sequence"`
+}
+
+type anthropicMessageDelta struct {
+	Type  string         `json:"type"`
+	Delta anthropicStop  `json:"delta"`
+	Usage anthropicUsage `json:"usage"`
+}
+
+type anthropicMessageStop struct {
+	Type string `json:"type"`
+}
+
+// anthropicStopReason mirrors finishReason: "max_tokens" when the client's
+// limit stopped generation, "end_turn" otherwise.
+func anthropicStopReason(j *job) string {
+	if j.capped {
+		return "max_tokens"
+	}
+	return "end_turn"
+}
+
+func (s *Server) serveMessages(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
+	var req messagesRequest
+	if aerr, err := readJSON(ctx, w, r, &req); err != nil {
+		return err
+	} else if aerr != nil {
+		aerr.write(w, styleAnthropic)
+		return nil
+	}
+	if len(req.Messages) == 0 {
+		badRequest("messages: at least one message is required", "messages").write(w, styleAnthropic)
+		return nil
+	}
+	prompt, err := renderAnthropic(req.Tools, req.System, req.Messages)
+	if err != nil {
+		badRequest(err.Error(), "messages").write(w, styleAnthropic)
+		return nil
+	}
+	j := s.newJob(r, req.Model, prompt)
+	j.stream = req.Stream
+	// Anthropic requires max_tokens; accepting its absence keeps hand-written
+	// curl tests short and costs nothing.
+	if aerr := s.outputBudget(j, namedLimit{"max_tokens", req.MaxTokens}); aerr != nil {
+		aerr.write(w, styleAnthropic)
+		return nil
+	}
+
+	done, err := s.admit(ctx, j)
+	if err != nil {
+		return err
+	}
+	defer done()
+	setUsageHeaders(w, j)
+
+	id := newID("msg_")
+	text := newFillerText(s.textSeed(j))
+	dec := s.newDecoder(ctx)
+	stop := anthropicStopReason(j)
+	if !j.stream {
+		var out strings.Builder
+		for range j.maxTokens {
+			if err := dec.step(); err != nil {
+				return err
+			}
+			out.WriteString(text.next())
+		}
+		writeJSON(w, http.StatusOK, anthropicResponse{
+			ID: id, Type: "message", Role: "assistant", Model: j.model,
+			Content:    []anthropicText{{Type: "text", Text: out.String()}},
+			StopReason: &stop,
+			Usage:      anthropicUsageOf(j, j.maxTokens),
+		})
+		return nil
+	}
+
+	sw, err := startSSE(w)
+	if err != nil {
+		return err
+	}
+	if err := sw.event("message_start", anthropicMessageStart{
+		Type: "message_start",
+		Message: anthropicResponse{
+			ID: id, Type: "message", Role: "assistant", Model: j.model,
+			Content: []anthropicText{},
+			Usage:   anthropicUsageOf(j, 0),
+		},
+	}); err != nil {
+		return err
+	}
+	if err := sw.event("content_block_start", anthropicBlockStart{
+		Type: "content_block_start", ContentBlock: anthropicText{Type: "text", Text: ""},
+	}); err != nil {
+		return err
+	}
+	for range j.maxTokens {
+		if err := dec.step(); err != nil {
+			return err
+		}
+		if err := sw.event("content_block_delta", anthropicBlockDelta{
+			Type: "content_block_delta", Delta: anthropicTextDelta{Type: "text_delta", Text: text.next()},
+		}); err != nil {
+			return err
+		}
+	}
+	if err := sw.event("content_block_stop", anthropicBlockStop{Type: "content_block_stop"}); err != nil {
+		return err
+	}
+	// message_delta carries cumulative usage; the SDK overwrites its
+	// message_start values with these.
+	if err := sw.event("message_delta", anthropicMessageDelta{
+		Type:  "message_delta",
+		Delta: anthropicStop{StopReason: stop},
+		Usage: anthropicUsageOf(j, j.maxTokens),
+	}); err != nil {
+		return err
+	}
+	return sw.event("message_stop", anthropicMessageStop{Type: "message_stop"})
+}

@@ -1,0 +1,88 @@
+package sim
+
+import (
+	"container/list"
+	"sync"
+)
+
+// prefixCache is a block-granular LRU set of chained block hashes, standing in
+// for the KV-cache block pool of an inference engine.
+type prefixCache struct {
+	mu       sync.Mutex
+	capacity int // in blocks; 0 = unbounded
+	blocks   map[uint64]*list.Element
+	lru      list.List // of uint64 hashes; front = most recently used
+}
+
+func newPrefixCache(capacityBlocks int) *prefixCache {
+	return &prefixCache{capacity: capacityBlocks, blocks: make(map[uint64]*list.Element)}
+}
+
+// match returns how many leading blocks of hashes are cached and marks them
+// as used. Because hashes are chained, the first miss ends the match: a later
+// block cannot be valid without the blocks before it.
+func (c *prefixCache) match(hashes []uint64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for n < len(hashes) {
+		if _, ok := c.blocks[hashes[n]]; !ok {
+			break
+		}
+		n++
+	}
+	c.touchLocked(hashes[:n])
+	return n
+}
+
+// insert adds all hashes (refreshing those already present) and evicts the
+// least recently used blocks beyond capacity.
+func (c *prefixCache) insert(hashes []uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// Add in reverse so that, like touchLocked, block 0 ends up the most
+	// recently used. If the prompt alone exceeds capacity, eviction then
+	// drops its own tail and keeps the prefix that can still be matched.
+	for i := len(hashes) - 1; i >= 0; i-- {
+		h := hashes[i]
+		if e, ok := c.blocks[h]; ok {
+			c.lru.MoveToFront(e)
+		} else {
+			c.blocks[h] = c.lru.PushFront(h)
+		}
+		c.evictLocked()
+	}
+}
+
+// touchLocked marks a prompt's blocks as used, tail first. vLLM frees a
+// finished sequence's blocks in reverse order so that, among equally old
+// blocks, suffixes are evicted before the prefixes they depend on; refreshing
+// in reverse gives the same order here.
+func (c *prefixCache) touchLocked(hashes []uint64) {
+	for i := len(hashes) - 1; i >= 0; i-- {
+		c.lru.MoveToFront(c.blocks[hashes[i]])
+	}
+}
+
+func (c *prefixCache) evictLocked() {
+	for c.capacity > 0 && c.lru.Len() > c.capacity {
+		oldest := c.lru.Back()
+		c.lru.Remove(oldest)
+		delete(c.blocks, oldest.Value.(uint64))
+	}
+}
+
+// len returns the number of cached blocks.
+func (c *prefixCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lru.Len()
+}
+
+// reset empties the cache.
+func (c *prefixCache) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.blocks)
+	c.lru.Init()
+}

@@ -1,0 +1,146 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+)
+
+// Defaults used by DefaultConfig and for zero-valued fields where zero has no
+// sensible meaning.
+const (
+	DefaultName              = "sim"
+	DefaultModel             = "cart-sim"
+	DefaultBlockTokens       = 16
+	DefaultPrefillUsPerToken = 50.0
+	DefaultDecodeMsPerToken  = 5.0
+	DefaultDecodeSlowdown    = 0.05
+	DefaultMaxConcurrency    = 1
+	DefaultOutputTokens      = 16
+
+	// MaxOutputTokens caps every request's output length so a trace with an
+	// absurd max_tokens cannot keep a replica busy for minutes.
+	MaxOutputTokens = 4096
+)
+
+// Config describes one simulated replica.
+//
+// Zero values are taken literally for the timing fields: a zero Config is a
+// replica that never sleeps, which is what most in-process tests want. Use
+// DefaultConfig for a replica with realistic timing (TimeScale 1).
+// Name, Model, BlockTokens, MaxConcurrency and OutputTokens fall back to their
+// defaults when zero because zero is meaningless for them.
+type Config struct {
+	// Name identifies the replica in the X-Sim-Replica response header.
+	Name string
+	// Model is the model id listed by /v1/models and used in responses when a
+	// request names none.
+	Model string
+
+	// CacheTokens is the prefix cache capacity in tokens (rounded down to
+	// whole blocks); 0 means unbounded.
+	CacheTokens int
+	// BlockTokens is the cache block size in tokens.
+	BlockTokens int
+
+	// PrefillUsPerToken is the prefill cost of one uncached prompt token, in
+	// microseconds.
+	PrefillUsPerToken float64
+	// DecodeMsPerToken is the cost of one output token for a lone request,
+	// in milliseconds.
+	DecodeMsPerToken float64
+	// DecodeSlowdown is the fractional decode slowdown added by each other
+	// running request, modelling a larger batch.
+	DecodeSlowdown float64
+	// MaxConcurrency is the number of requests that can prefill at once.
+	MaxConcurrency int
+
+	// OutputTokens is the output length when a request sets no max_tokens.
+	OutputTokens int
+	// Seed makes the generated filler text differ between replicas or runs;
+	// the same seed and prompt always produce the same text.
+	Seed int64
+
+	// TimeScale multiplies every modelled delay (prefill and decode). 1 is
+	// real time, 0 disables sleeping entirely. Fault delays are not scaled:
+	// they are wall-clock values chosen by the test that injects them.
+	TimeScale float64
+
+	// Logger receives fault changes and aborted connections; nil discards.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the configuration of a replica with realistic,
+// real-time behaviour: 16-token blocks, an unbounded cache, a serial prefill
+// queue at 50 µs/token and 5 ms/token decode.
+func DefaultConfig() Config {
+	return Config{
+		Name:              DefaultName,
+		Model:             DefaultModel,
+		BlockTokens:       DefaultBlockTokens,
+		PrefillUsPerToken: DefaultPrefillUsPerToken,
+		DecodeMsPerToken:  DefaultDecodeMsPerToken,
+		DecodeSlowdown:    DefaultDecodeSlowdown,
+		MaxConcurrency:    DefaultMaxConcurrency,
+		OutputTokens:      DefaultOutputTokens,
+		TimeScale:         1,
+	}
+}
+
+// withDefaults fills the fields whose zero value is meaningless.
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.BlockTokens == 0 {
+		c.BlockTokens = DefaultBlockTokens
+	}
+	if c.MaxConcurrency == 0 {
+		c.MaxConcurrency = DefaultMaxConcurrency
+	}
+	if c.OutputTokens == 0 {
+		c.OutputTokens = DefaultOutputTokens
+	}
+	return c
+}
+
+// Validate reports whether New would accept c. Zero fields that have
+// defaults are accepted.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if c.BlockTokens < 1 {
+		errs = append(errs, fmt.Errorf("block tokens must be positive, got %d", c.BlockTokens))
+	}
+	if c.CacheTokens < 0 {
+		errs = append(errs, fmt.Errorf("cache tokens must be 0 (unbounded) or positive, got %d", c.CacheTokens))
+	} else if c.CacheTokens > 0 && c.BlockTokens > 0 && c.CacheTokens < c.BlockTokens {
+		// A bounded cache smaller than one block could never hold anything,
+		// which is almost certainly a units mistake rather than intent.
+		errs = append(errs, fmt.Errorf("cache tokens (%d) must be at least one block (%d tokens)", c.CacheTokens, c.BlockTokens))
+	}
+	if c.MaxConcurrency < 1 {
+		errs = append(errs, fmt.Errorf("max concurrency must be positive, got %d", c.MaxConcurrency))
+	}
+	if c.OutputTokens < 1 || c.OutputTokens > MaxOutputTokens {
+		errs = append(errs, fmt.Errorf("output tokens must be in 1..%d, got %d", MaxOutputTokens, c.OutputTokens))
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{
+		{"prefill µs per token", c.PrefillUsPerToken},
+		{"decode ms per token", c.DecodeMsPerToken},
+		{"decode slowdown", c.DecodeSlowdown},
+		{"time scale", c.TimeScale},
+	} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must be a finite non-negative number, got %v", f.name, f.v))
+		}
+	}
+	return errors.Join(errs...)
+}

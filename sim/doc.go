@@ -1,0 +1,69 @@
+// Package sim is a simulated LLM inference replica that speaks the OpenAI
+// (chat completions, completions, models) and Anthropic (messages) HTTP APIs.
+//
+// CART routes requests to replicas by where their prompt prefix is already
+// cached, so the simulator's job is to reproduce the parts of a vLLM/SGLang
+// engine that make routing decisions matter: an automatic prefix (KV) cache
+// with block granularity and LRU eviction, a prefill stage whose cost is
+// proportional to the uncached part of the prompt and that runs through a
+// bounded FCFS queue, and a decode stage that slows down as more requests
+// share the batch. It does not run a model; the generated text is filler.
+//
+// # Tokens and the prompt template
+//
+// Prompts are never tokenised for real. A request is rendered to bytes the way
+// a chat template would, and every 4 bytes count as one token (rounded up).
+// Counting bytes rather than runes keeps dense scripts (CJK, emoji) from being
+// undercounted, as real BPE tokenisers also spend more tokens on them.
+//
+// The chat template, for /v1/chat/completions and /v1/messages, is
+//
+//	<|tools|>\n{canonical JSON of tools}\n        (only when tools are given)
+//	<|system|>\n{system}\n                        (Anthropic top-level system only)
+//	<|{role}|>\n{content}[<|tool_calls|>{JSON}]\n (once per message)
+//	<|assistant|>\n                               (the generation prompt)
+//
+// Text content is copied verbatim. Any other content part (an image, audio, a
+// file, a tool result block...) becomes "<|{type}:{hash}|>", where hash is a
+// 64-bit FNV-1a hash of the part's canonical JSON, so two requests carrying the
+// same image share a prefix and two carrying different images do not.
+//
+// For /v1/completions a string prompt is used as is, a list of strings is
+// concatenated, and token-id arrays contribute exactly one token per id (each
+// id is encoded as 4 bytes).
+//
+// Because messages are appended in order, a multi-turn conversation's next
+// request has the previous request's rendered text (minus the generation
+// prompt) as its prefix, which is what makes prefix caching pay off.
+//
+// # Prefix cache
+//
+// The rendered prompt is cut into blocks of BlockTokens tokens; only full
+// blocks are cached. Each block is identified by a hash chained over all the
+// blocks before it, so a block only matches when the whole prefix up to and
+// including it matches. A request's cache hit is the longest run of leading
+// blocks present in the cache. The cache holds CacheTokens/BlockTokens blocks
+// (unbounded when CacheTokens is 0) and evicts least-recently-used blocks;
+// within one prompt the tail blocks are the older ones, so under pressure a
+// prompt loses its suffix before its prefix, as in vLLM.
+//
+// The lookup happens when a request is admitted to prefill (not on arrival)
+// and the prompt's blocks are inserted when its prefill finishes, mirroring a
+// real scheduler: a request queued behind an identical one benefits from it,
+// while one that is prefilled concurrently with it does not.
+//
+// # Timing
+//
+// Prefill holds one of MaxConcurrency slots for
+// uncached_tokens × PrefillUsPerToken µs. Decode does not hold a slot; each
+// output token takes DecodeMsPerToken × (1 + DecodeSlowdown × (running-1)) ms,
+// where running counts requests that have been admitted and not finished.
+// Every modelled delay is multiplied by TimeScale; with TimeScale 0 nothing
+// sleeps, which keeps unit tests fast while preserving ordering.
+//
+// # Control endpoints
+//
+// GET /health, GET /metrics (Prometheus), GET /sim/stats, GET|POST /sim/fault
+// and POST /sim/reset control and observe a replica; see [Server.SetFault],
+// [Server.Stats] and [Server.Reset] for their in-process equivalents.
+package sim

@@ -1,0 +1,232 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"hash/fnv"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// job is one inference request as the engine sees it.
+type job struct {
+	requestID    string // the client's X-Request-Id, if any
+	model        string
+	prompt       []byte
+	promptTokens int
+	hashes       []uint64 // chained hashes of the prompt's full blocks
+
+	maxTokens int  // output tokens to generate
+	capped    bool // the client set the limit, so stopping there is "length"
+	stream    bool
+	// includeUsage asks for a final usage chunk in an OpenAI stream.
+	includeUsage bool
+
+	cachedTokens int // set by admit
+}
+
+// newJob prepares the engine's view of a rendered prompt.
+func (s *Server) newJob(r *http.Request, model string, prompt []byte) *job {
+	if model == "" {
+		model = s.cfg.Model
+	}
+	return &job{
+		requestID:    r.Header.Get("X-Request-Id"),
+		model:        model,
+		prompt:       prompt,
+		promptTokens: tokenCount(prompt),
+		hashes:       blockHashes(prompt, s.cfg.BlockTokens),
+	}
+}
+
+// textSeed derives the filler-text seed from the replica seed and the prompt,
+// so identical requests get identical answers and different prompts do not.
+func (s *Server) textSeed(j *job) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write(j.prompt)
+	return h.Sum64() ^ uint64(s.cfg.Seed)
+}
+
+// outputBudget picks the output length from the first limit the client set
+// (callers list fields by precedence), or the configured default.
+func (s *Server) outputBudget(j *job, limits ...namedLimit) *apiError {
+	for _, l := range limits {
+		if l.v == nil {
+			continue
+		}
+		if *l.v < 1 {
+			return badRequest(l.name+" must be at least 1", l.name)
+		}
+		j.maxTokens = min(*l.v, MaxOutputTokens)
+		j.capped = true
+		return nil
+	}
+	j.maxTokens = s.cfg.OutputTokens
+	return nil
+}
+
+type namedLimit struct {
+	name string
+	v    *int
+}
+
+// admit runs a job through the prefill stage: it waits in FIFO order for a
+// prefill slot, looks the prompt up in the prefix cache, spends the prefill
+// time on the uncached tokens and inserts the prompt's blocks. The lookup is
+// done on admission, not arrival, because that is when a real scheduler
+// allocates blocks; the insert is done at the end because a block's KV only
+// exists once it has been computed.
+//
+// On success the job counts as running until the returned func is called.
+// On failure (ctx ended) nothing is left held.
+func (s *Server) admit(ctx context.Context, j *job) (func(), error) {
+	s.queued.Add(1)
+	err := s.slots.Acquire(ctx, 1)
+	s.queued.Add(-1)
+	if err != nil {
+		return nil, err
+	}
+	s.running.Add(1)
+
+	matched := s.cache.match(j.hashes)
+	j.cachedTokens = min(matched*s.cfg.BlockTokens, j.promptTokens)
+	if s.hooks.prefillStart != nil {
+		s.hooks.prefillStart(j)
+	}
+	uncached := j.promptTokens - j.cachedTokens
+	err = sleepCtx(ctx, s.scaled(float64(uncached)*s.cfg.PrefillUsPerToken, time.Microsecond))
+	if err == nil {
+		s.cache.insert(j.hashes)
+		s.promptTokens.Add(int64(j.promptTokens))
+		s.cachedTokens.Add(int64(j.cachedTokens))
+		if s.hooks.prefillEnd != nil {
+			s.hooks.prefillEnd(j)
+		}
+	}
+	s.slots.Release(1)
+	if err != nil {
+		s.running.Add(-1)
+		return nil, err
+	}
+	return func() { s.running.Add(-1) }, nil
+}
+
+// scaled converts an amount of unit into a duration multiplied by TimeScale,
+// saturating instead of overflowing for absurd configurations.
+func (s *Server) scaled(amount float64, unit time.Duration) time.Duration {
+	ns := amount * s.cfg.TimeScale * float64(unit)
+	if ns >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
+}
+
+// sleepCtx waits for d or until ctx ends, whichever is first. A non-positive
+// d does not wait but still reports an ended ctx, so that TimeScale 0 keeps
+// honouring cancellation.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// decoder paces output tokens.
+type decoder struct {
+	s   *Server
+	ctx context.Context
+	// due is when the previous token was scheduled to finish. Sleeping until
+	// a running deadline, rather than for a fixed delay per token, keeps
+	// timer and write overhead from accumulating over long outputs.
+	due time.Time
+}
+
+func (s *Server) newDecoder(ctx context.Context) *decoder { return &decoder{s: s, ctx: ctx} }
+
+// step waits for one output token. Its cost is recomputed from the current
+// number of running requests, so a stream slows down as others join it, as
+// a shared decode batch does.
+func (d *decoder) step() error {
+	delay := d.s.decodeDelay(d.s.running.Load())
+	now := time.Now()
+	if d.due.IsZero() || d.due.Before(now.Add(-delay)) {
+		// First token, or we fell more than a token behind (a slow client):
+		// restart the schedule instead of bursting to catch up.
+		d.due = now
+	}
+	d.due = d.due.Add(delay)
+	if err := sleepCtx(d.ctx, time.Until(d.due)); err != nil {
+		return err
+	}
+	d.s.completionTokens.Add(1)
+	return nil
+}
+
+// decodeDelay is the time one output token takes with running requests in
+// the engine (including the caller).
+func (s *Server) decodeDelay(running int64) time.Duration {
+	others := float64(max(running-1, 0))
+	return s.scaled(s.cfg.DecodeMsPerToken*(1+s.cfg.DecodeSlowdown*others), time.Millisecond)
+}
+
+// setUsageHeaders exposes the cache outcome before the body, so routers and
+// benchmarks can read it whether or not the client asked for usage.
+func setUsageHeaders(w http.ResponseWriter, j *job) {
+	h := w.Header()
+	h.Set("X-Sim-Prompt-Tokens", strconv.Itoa(j.promptTokens))
+	h.Set("X-Sim-Cached-Tokens", strconv.Itoa(j.cachedTokens))
+}
+
+// sseWriter writes server-sent events, flushing each one so the client sees
+// tokens as they are generated.
+type sseWriter struct {
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	buf []byte
+}
+
+// startSSE sends the response headers at once: for a stream they are the
+// first byte the client sees, and they carry the X-Sim-* usage headers.
+func startSSE(w http.ResponseWriter) (*sseWriter, error) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no") // keep buffering proxies from batching tokens
+	w.WriteHeader(http.StatusOK)
+	sw := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	return sw, sw.rc.Flush()
+}
+
+// event sends one event; name may be empty for OpenAI's unnamed events.
+func (sw *sseWriter) event(name string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic("sim: encoding stream event: " + err.Error()) // our own types only
+	}
+	return sw.send(name, data)
+}
+
+func (sw *sseWriter) send(name string, data []byte) error {
+	sw.buf = sw.buf[:0]
+	if name != "" {
+		sw.buf = append(sw.buf, "event: "...)
+		sw.buf = append(sw.buf, name...)
+		sw.buf = append(sw.buf, '\n')
+	}
+	sw.buf = append(sw.buf, "data: "...)
+	sw.buf = append(sw.buf, data...)
+	sw.buf = append(sw.buf, "\n\n"...)
+	if _, err := sw.w.Write(sw.buf); err != nil {
+		return err
+	}
+	return sw.rc.Flush()
+}

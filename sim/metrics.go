@@ -1,0 +1,63 @@
+package sim
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics exposes a replica's state in Prometheus text format. Each Server has
+// its own registry so that many in-process replicas never collide on the
+// global default registry.
+type metrics struct {
+	registry *prometheus.Registry
+	requests *prometheus.CounterVec
+	handler  http.Handler
+}
+
+// newMetrics registers the replica's metrics. Token counters and gauges read
+// the Server's own atomics at scrape time, so /metrics, /sim/stats and Stats
+// can never disagree; Reset makes those counters drop to zero, which
+// Prometheus's rate() treats like a process restart.
+func newMetrics(s *Server) *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sim_requests_total",
+			Help: "Inference API requests by endpoint and outcome (HTTP status; 499 when the client went away, aborted when the replica cut the connection).",
+		}, []string{"endpoint", "status"}),
+	}
+	m.registry.MustRegister(
+		m.requests,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sim_prompt_tokens_total",
+			Help: "Prompt tokens of requests whose prefill completed.",
+		}, func() float64 { return float64(s.promptTokens.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sim_cached_tokens_total",
+			Help: "Prompt tokens served from the prefix cache.",
+		}, func() float64 { return float64(s.cachedTokens.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sim_generation_tokens_total",
+			Help: "Output tokens generated.",
+		}, func() float64 { return float64(s.completionTokens.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sim_running_requests",
+			Help: "Requests admitted past the prefill queue and not yet finished.",
+		}, func() float64 { return float64(s.running.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sim_queue_depth",
+			Help: "Requests waiting for a prefill slot.",
+		}, func() float64 { return float64(s.queued.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sim_cache_blocks",
+			Help: "Blocks held by the prefix cache.",
+		}, func() float64 { return float64(s.cache.len()) }),
+	)
+	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
+		// A scrape should show whatever it can rather than fail whole.
+		ErrorHandling: promhttp.ContinueOnError,
+	})
+	return m
+}

@@ -1,0 +1,233 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// eventLog records prefill start/end events across concurrent requests.
+type eventLog struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (l *eventLog) add(e string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+}
+
+func (l *eventLog) snapshot() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.events)
+}
+
+// runTwoPrefills sends A, holds it inside its prefill until B has either
+// started prefilling or is queued, then lets A finish, and returns the order
+// of prefill events.
+func runTwoPrefills(t *testing.T, maxConcurrency int) []string {
+	t.Helper()
+	s := New(Config{MaxConcurrency: maxConcurrency})
+	var log eventLog
+	aStarted, releaseA := make(chan struct{}), make(chan struct{})
+	s.hooks.prefillStart = func(j *job) {
+		log.add("start " + j.requestID)
+		if j.requestID == "A" {
+			close(aStarted)
+			<-releaseA
+		}
+	}
+	s.hooks.prefillEnd = func(j *job) { log.add("end " + j.requestID) }
+	ts := startServer(t, s)
+
+	var wg sync.WaitGroup
+	send := func(id string) {
+		wg.Go(func() {
+			if _, err := tryComplete(ts, pathChat, chatBody("request "+id), "X-Request-Id", id); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	send("A")
+	<-aStarted
+	send("B")
+	eventually(t, "B to be queued or prefilling", func() bool {
+		st := s.Stats()
+		return st.Queued == 1 || slices.Contains(log.snapshot(), "start B")
+	})
+	close(releaseA)
+	wg.Wait()
+	return log.snapshot()
+}
+
+func TestSerialQueueSerializesPrefills(t *testing.T) {
+	got := runTwoPrefills(t, 1)
+	want := []string{"start A", "end A", "start B", "end B"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("prefill events = %v, want %v", got, want)
+	}
+}
+
+func TestConcurrentSlotsOverlapPrefills(t *testing.T) {
+	got := runTwoPrefills(t, 2)
+	// B must have started while A was still held inside its prefill.
+	if len(got) != 4 || got[0] != "start A" || got[1] != "start B" {
+		t.Fatalf("prefill events = %v, want B to start before A ends", got)
+	}
+}
+
+func TestSerialQueueDelaysLaterRequestByEarlierPrefill(t *testing.T) {
+	// Real (scaled) time: A's prefill is long, B's prompt is tiny. With one
+	// slot, B cannot finish before A, whatever the machine's speed.
+	s, ts := startReplica(t, Config{MaxConcurrency: 1, PrefillUsPerToken: 1000, TimeScale: 1})
+	long := tokenPrompt(seq(0, 200)) // 200 ms of prefill
+	short := tokenPrompt([]int{1})
+
+	done := make(chan string, 2)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := tryComplete(ts, pathCompletions, long); err != nil {
+			t.Error(err)
+		}
+		done <- "long"
+	})
+	eventually(t, "the long request to be admitted", func() bool { return s.Stats().Running == 1 })
+	wg.Go(func() {
+		if _, err := tryComplete(ts, pathCompletions, short); err != nil {
+			t.Error(err)
+		}
+		done <- "short"
+	})
+	wg.Wait()
+	close(done)
+	if first := <-done; first != "long" {
+		t.Fatalf("%s request finished first; the short one should have queued behind the long prefill", first)
+	}
+}
+
+func TestCancellationReleasesSlotAndRunning(t *testing.T) {
+	// 100 ms per uncached token: the 10,000-token prompts would prefill for
+	// about 17 minutes, so only cancellation can end them.
+	s, ts := startReplica(t, Config{MaxConcurrency: 1, PrefillUsPerToken: 100_000, TimeScale: 1})
+	huge := tokenPrompt(seq(0, 10_000))
+
+	start := func(id string) (context.CancelFunc, <-chan error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			resp, err := post(t, ctx, ts, pathCompletions, huge, "X-Request-Id", id)
+			if err == nil {
+				resp.Body.Close()
+				err = errors.New(id + " completed unexpectedly: " + resp.Status)
+			}
+			errc <- err
+		}()
+		return cancel, errc
+	}
+
+	cancelA, errA := start("A")
+	eventually(t, "A to hold the prefill slot", func() bool { return s.Stats().Running == 1 })
+	cancelB, errB := start("B")
+	eventually(t, "B to queue", func() bool { return s.Stats().Queued == 1 })
+
+	cancelB()
+	if err := <-errB; !errors.Is(err, context.Canceled) {
+		t.Fatalf("B: %v, want context.Canceled", err)
+	}
+	eventually(t, "B to leave the queue", func() bool { return s.Stats().Queued == 0 })
+	if got := s.Stats().Running; got != 1 {
+		t.Fatalf("running = %d after cancelling the queued request, want 1", got)
+	}
+
+	cancelA()
+	if err := <-errA; !errors.Is(err, context.Canceled) {
+		t.Fatalf("A: %v, want context.Canceled", err)
+	}
+	eventually(t, "A to release the slot", func() bool { return s.Stats().Running == 0 })
+
+	// The slot is free again: a one-token prompt prefills in 100 ms.
+	if r := complete(t, ts, pathCompletions, tokenPrompt([]int{7})); r.Usage.PromptTokens != 1 {
+		t.Fatalf("prompt tokens = %d, want 1", r.Usage.PromptTokens)
+	}
+	eventually(t, "cancelled requests to be counted", func() bool {
+		_, body, err := get(t, ts, "/metrics")
+		return err == nil && strings.Contains(string(body), `sim_requests_total{endpoint="/v1/completions",status="499"} 2`)
+	})
+	// Cancelled prefills never completed, so their tokens are not counted.
+	if st := s.Stats(); st.PromptTokens != 1 || st.CacheBlocks != 0 {
+		t.Fatalf("stats after cancellations = %+v", st)
+	}
+}
+
+func TestCancelledStreamStopsDecoding(t *testing.T) {
+	s, ts := startReplica(t, Config{DecodeMsPerToken: 60_000, OutputTokens: 5, TimeScale: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, err := post(t, ctx, ts, pathChat, chatBody("hello", "stream", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// The role chunk arrives right after prefill; the first token would
+	// take a minute.
+	if _, err := newSSEReader(resp.Body).next(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Stats().Running; got != 1 {
+		t.Fatalf("running = %d while decoding, want 1", got)
+	}
+	cancel()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	// eventually gives up long before the minute-long token could finish,
+	// so passing means the sleep itself was interrupted.
+	eventually(t, "the decode to stop", func() bool { return s.Stats().Running == 0 })
+}
+
+// smallBufferListener shrinks each accepted connection's send buffer so that
+// a client that stops reading blocks the server's writes quickly.
+type smallBufferListener struct{ net.Listener }
+
+func (l smallBufferListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(1024)
+	}
+	return c, err
+}
+
+func TestCloseUnblocksWritesToStalledClient(t *testing.T) {
+	s := New(Config{}) // TimeScale 0: only the socket can hold the stream up
+	ts := httptest.NewUnstartedServer(s.Handler())
+	ts.Listener = smallBufferListener{ts.Listener}
+	ts.Start()
+	defer ts.Close()
+
+	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.(*net.TCPConn).SetReadBuffer(1024) // and never read
+	body := `{"stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"hi"}]}`
+	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: sim\r\nContent-Length: %d\r\n\r\n%s", pathChat, len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	// ~800 KB of events cannot fit in a few KB of socket buffers, so the
+	// handler ends up blocked in a write.
+	eventually(t, "the stream to start", func() bool { return s.Stats().CompletionTokens > 0 })
+
+	_ = s.Close()
+	eventually(t, "the blocked handler to give up", func() bool { return s.Stats().Running == 0 })
+	if got := s.Stats().CompletionTokens; got >= 4096 {
+		t.Fatalf("all %d tokens were written; the client never blocked the stream", got)
+	}
+}
