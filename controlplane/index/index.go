@@ -161,7 +161,9 @@ func (x *Index) Lookup(hashes []uint64, m *Match) {
 // Insert records that worker w was sent the prefix hashes at time now:
 // every block on the path gets w as a holder (or its time refreshed) and
 // moves to the front of the LRU order. It returns how many new entries
-// could not be stored because the index was full.
+// could not be stored because the index was full: the shallowest new
+// blocks that fit are kept and the path is cut before the first that does
+// not (with InlineEvict, the least recently used entries make room instead).
 func (x *Index) Insert(hashes []uint64, w WorkerID, now int64) (skipped int) {
 	if !x.inline && x.ceiling-len(x.byHash) < len(hashes) {
 		// Not every new block may fit: keep the shallowest ones. A deeper
@@ -186,7 +188,7 @@ func (x *Index) Insert(hashes []uint64, w WorkerID, now int64) (skipped int) {
 					// the LRU tail: move them out of the way first, or
 					// they would be evicted and re-created, losing
 					// their other holders.
-					x.touchExisting(hashes[:i])
+					x.touchPrefix(hashes[:i])
 					protected = true
 				}
 				x.evictTail()
@@ -224,14 +226,22 @@ func (x *Index) fit(hashes []uint64, room int) ([]uint64, int) {
 	return hashes[:cut], left
 }
 
-// touchExisting moves the entries of hashes that exist to the front of the
-// LRU order, leaf first, without changing their holders or times.
-func (x *Index) touchExisting(hashes []uint64) {
-	for i := len(hashes) - 1; i >= 0; i-- {
-		if s, ok := x.byHash[hashes[i]]; ok {
-			x.unlink(s)
-			x.pushFront(s)
+// touchPrefix moves the leading run of hashes present in the index to the
+// front of the LRU order, leaf first, without changing holders or times.
+// (Entries past a missing hash cannot be matched, so they need no
+// protection, and a miss costs a single lookup.)
+func (x *Index) touchPrefix(hashes []uint64) {
+	n := 0
+	for n < len(hashes) {
+		if _, ok := x.byHash[hashes[n]]; !ok {
+			break
 		}
+		n++
+	}
+	for i := n - 1; i >= 0; i-- {
+		s := x.byHash[hashes[i]]
+		x.unlink(s)
+		x.pushFront(s)
 	}
 }
 

@@ -69,8 +69,9 @@ type Core struct {
 	dps        map[string]*dataPlane
 	leading    bool
 
-	batch *batcher
-	fwd   *forwarder
+	batch   *batcher
+	fwd     *forwarder
+	metrics *cpMetrics
 
 	lifeMu     sync.Mutex // serialises leadership transitions
 	stopLeader context.CancelFunc
@@ -104,6 +105,7 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 	}
 	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, dps: map[string]*dataPlane{}}
 	c.fwd = newForwarder(o.ForwardClient, o.Token)
+	c.metrics = newCPMetrics(c)
 	return c
 }
 

@@ -71,13 +71,16 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	if len(placed) > 0 {
 		c.batch.Place(d.Worker, placed, now)
 	}
+	elapsed := time.Since(start)
+	c.metrics.routes.WithLabelValues(string(d.Reason)).Inc()
+	c.metrics.routeTime.Observe(elapsed.Seconds())
 	id, _ := c.node.Leader()
 	return connect.NewResponse(&cartv1.RouteResponse{
 		Worker:         d.Worker,
 		Reason:         string(d.Reason),
 		MatchedChars:   uint32(d.MatchedChars),
 		MatchedRatio:   d.MatchedRatio,
-		DecisionMicros: time.Since(start).Microseconds(),
+		DecisionMicros: elapsed.Microseconds(),
 		FromLeader:     true,
 		Candidate:      d.Candidate,
 		ChosenChars:    uint32(d.ChosenChars),

@@ -46,6 +46,7 @@ func (c *Core) Handler(auth AuthOptions) http.Handler {
 	mux.Handle(grpcreflect.NewHandlerV1(reflector, connect.WithInterceptors(authInterceptor(auth))))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector, connect.WithInterceptors(authInterceptor(auth))))
 	mux.Handle(grpchealth.NewHandler(&healthChecker{c}))
+	mux.Handle("GET /metrics", c.metrics.handler())
 	return mux
 }
 

@@ -1,0 +1,145 @@
+package index
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+const benchBlockChars = 128
+
+var (
+	benchSizes   = []int{10_000, 1_000_000}
+	benchPrompts = []int{1_000, 10_000, 100_000}
+)
+
+// benchIndexes caches the pre-filled indexes across sub-benchmarks: the
+// 1M-entry one takes a while to build.
+var benchIndexes struct {
+	sync.Mutex
+	m map[int]*Index
+}
+
+// benchIndex returns a shared index holding n entries (random paths of 100
+// blocks over 8 workers). It evicts inline, so sub-benchmarks may insert
+// their own prompts without growing it.
+func benchIndex(b *testing.B, n int) *Index {
+	benchIndexes.Lock()
+	defer benchIndexes.Unlock()
+	if benchIndexes.m == nil {
+		benchIndexes.m = map[int]*Index{}
+	}
+	x, ok := benchIndexes.m[n]
+	if !ok {
+		x = fillIndex(Options{MaxEntries: n, InlineEvict: true}, n, 100, 8, 99)
+		benchIndexes.m[n] = x
+	}
+	return x
+}
+
+func benchText(n int, seed uint64) []byte {
+	r := newRand(seed)
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = ' ' + byte(r.IntN(95))
+	}
+	return b
+}
+
+func sizeName(n int) string {
+	if n >= 1_000_000 {
+		return fmt.Sprintf("%dM", n/1_000_000)
+	}
+	return fmt.Sprintf("%dk", n/1_000)
+}
+
+func BenchmarkHash(b *testing.B) {
+	for _, n := range benchPrompts {
+		b.Run(fmt.Sprintf("chars=%s", sizeName(n)), func(b *testing.B) {
+			text := benchText(n, 1)
+			dst := make([]uint64, 0, NumBlocks(n, benchBlockChars))
+			b.SetBytes(int64(n))
+			settle()
+			b.ReportAllocs()
+			for b.Loop() {
+				dst = Hash(dst[:0], "bench-model", text, benchBlockChars)
+			}
+		})
+	}
+}
+
+// BenchmarkLookup matches a prompt that is fully in the index (the longest
+// walk) against pre-filled indexes.
+func BenchmarkLookup(b *testing.B) {
+	for _, size := range benchSizes {
+		for _, n := range benchPrompts {
+			b.Run(fmt.Sprintf("entries=%s/chars=%s", sizeName(size), sizeName(n)), func(b *testing.B) {
+				x := benchIndex(b, size)
+				p := Hash(nil, "bench-model", benchText(n, uint64(n)), benchBlockChars)
+				x.Insert(p, 3, 1<<40)
+				x.Insert(p[:len(p)/2], 5, 1<<40) // a second, shorter holder
+				var m Match
+				x.Lookup(p, &m)
+				settle()
+				b.ReportAllocs()
+				for b.Loop() {
+					x.Lookup(p, &m)
+				}
+				if m.Longest != len(p) || m.BlocksFor(3) != len(p) {
+					b.Fatalf("prompt not fully matched: %d of %d", m.Longest, len(p))
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkInsert measures recording a prompt: refresh of a known path and
+// a path of new entries into a full index (inline eviction).
+func BenchmarkInsert(b *testing.B) {
+	for _, size := range benchSizes {
+		for _, n := range benchPrompts {
+			name := fmt.Sprintf("entries=%s/chars=%s", sizeName(size), sizeName(n))
+			b.Run("refresh/"+name, func(b *testing.B) {
+				x := benchIndex(b, size)
+				p := Hash(nil, "bench-model", benchText(n, uint64(n)), benchBlockChars)
+				x.Insert(p, 3, 1<<40)
+				settle()
+				b.ReportAllocs()
+				for i := int64(0); b.Loop(); i++ {
+					x.Insert(p, 3, 1<<40+i)
+				}
+			})
+			b.Run("new/"+name, func(b *testing.B) {
+				x := benchIndex(b, size)
+				base := Hash(nil, "bench-model", benchText(n, uint64(n)+7), benchBlockChars)
+				p := make([]uint64, len(base))
+				settle()
+				b.ReportAllocs()
+				for i := uint64(1); b.Loop(); i++ {
+					for j, h := range base {
+						p[j] = h ^ (i * 0x9e3779b97f4a7c15)
+					}
+					x.Insert(p, WorkerID(i%8), int64(1<<41+i))
+				}
+				if x.Len() != size {
+					b.Fatalf("len %d", x.Len())
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkMemoryPerEntry builds a 1M-entry index per iteration and reports
+// the live heap it takes per entry (slab, map and LRU links included).
+func BenchmarkMemoryPerEntry(b *testing.B) {
+	var bpe float64
+	for b.Loop() {
+		bpe = measureBytesPerEntry(1_000_000)
+	}
+	b.ReportMetric(bpe, "B/entry")
+}
+
+// settle finishes the garbage collection that building a large index
+// leaves running, so it does not steal time from the measured loop.
+func settle() { runtime.GC() }

@@ -1,0 +1,113 @@
+package index
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// checkInvariants verifies the internal structure: the LRU list is a
+// well-formed doubly linked list over exactly the live entries, the map and
+// the slab agree, every entry has at least one holder and no duplicates,
+// free slots are really free, and the ceiling holds.
+func checkInvariants(t testing.TB, x *Index) {
+	t.Helper()
+	if err := invariantErr(x); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func invariantErr(x *Index) error {
+	if len(x.byHash) > x.ceiling {
+		return fmt.Errorf("len %d exceeds ceiling %d", len(x.byHash), x.ceiling)
+	}
+	if len(x.slots) != len(x.byHash)+len(x.free) {
+		return fmt.Errorf("slots %d != live %d + free %d", len(x.slots), len(x.byHash), len(x.free))
+	}
+	seen := make(map[int32]bool, len(x.byHash))
+	n := 0
+	prev := int32(nilSlot)
+	for s := x.head; s != nilSlot; s = x.slots[s].next {
+		if seen[s] {
+			return fmt.Errorf("LRU cycle at slot %d", s)
+		}
+		seen[s] = true
+		n++
+		e := &x.slots[s]
+		if e.prev != prev {
+			return fmt.Errorf("slot %d prev=%d want %d", s, e.prev, prev)
+		}
+		if got, ok := x.byHash[e.hash]; !ok || got != s {
+			return fmt.Errorf("slot %d hash %x maps to %d,%v", s, e.hash, got, ok)
+		}
+		if e.nholders < 1 || int(e.nholders) != 1+len(e.more) {
+			return fmt.Errorf("slot %d nholders=%d more=%d", s, e.nholders, len(e.more))
+		}
+		ws := []WorkerID{e.first.w}
+		for _, h := range e.more {
+			ws = append(ws, h.w)
+		}
+		slices.Sort(ws)
+		if len(slices.Compact(ws)) != int(e.nholders) {
+			return fmt.Errorf("slot %d has duplicate holders", s)
+		}
+		prev = s
+	}
+	if x.tail != prev {
+		return fmt.Errorf("tail=%d, list ends at %d", x.tail, prev)
+	}
+	if n != len(x.byHash) {
+		return fmt.Errorf("LRU list has %d entries, map %d", n, len(x.byHash))
+	}
+	for _, s := range x.free {
+		if seen[s] {
+			return fmt.Errorf("free slot %d is on the LRU list", s)
+		}
+	}
+	return nil
+}
+
+// hashes returns the chained hashes of text under model "m".
+func hashes(text string, blockChars int) []uint64 {
+	return Hash(nil, "m", []byte(text), blockChars)
+}
+
+// matchMap turns a Match into worker -> blocks, failing on duplicates.
+func matchMap(t testing.TB, m *Match) map[WorkerID]int {
+	t.Helper()
+	if len(m.Workers) != len(m.Blocks) {
+		t.Fatalf("Match: %d workers, %d block counts", len(m.Workers), len(m.Blocks))
+	}
+	out := make(map[WorkerID]int, len(m.Workers))
+	for i, w := range m.Workers {
+		if _, dup := out[w]; dup {
+			t.Fatalf("Match lists worker %d twice", w)
+		}
+		out[w] = m.Blocks[i]
+	}
+	return out
+}
+
+func holderMap(hs []Holder) map[WorkerID]int64 {
+	if hs == nil {
+		return nil
+	}
+	out := make(map[WorkerID]int64, len(hs))
+	for _, h := range hs {
+		out[h.Worker] = h.At
+	}
+	return out
+}
+
+func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed^0xda3e39cb94b95bdb)) }
+
+// lruOrder returns the hashes from most to least recently used.
+func lruOrder(x *Index) []uint64 {
+	var out []uint64
+	x.Walk(func(h uint64, _ int64, _ []Holder) bool {
+		out = append(out, h)
+		return true
+	})
+	return out
+}

@@ -1,0 +1,64 @@
+package service
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// cpMetrics are the control plane's collectors. Raft and state gauges are
+// read at scrape time, so they cannot go stale.
+type cpMetrics struct {
+	reg       *prometheus.Registry
+	routes    *prometheus.CounterVec
+	routeTime prometheus.Histogram
+}
+
+func newCPMetrics(c *Core) *cpMetrics {
+	m := &cpMetrics{reg: prometheus.NewRegistry()}
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.routes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_routes_total", Help: "Route decisions made by this node as leader, by reason."}, []string{"reason"})
+	m.routeTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cart_cp_route_seconds", Help: "Leader-side Route decision time.",
+		Buckets: []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2}})
+	m.reg.MustRegister(m.routes, m.routeTime)
+	gauge := func(name, help string, f func() float64) {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
+	}
+	status := func() (leader, term, commit, applied, last float64) {
+		if c.node == nil {
+			return
+		}
+		st := c.node.Status()
+		if c.node.IsLeader() {
+			leader = 1
+		}
+		return leader, float64(st.Term), float64(st.CommitIndex), float64(st.AppliedIndex), float64(st.LastLogIndex)
+	}
+	gauge("cart_raft_leader", "1 when this node is the Raft leader and serving.", func() float64 { l, _, _, _, _ := status(); return l })
+	gauge("cart_raft_term", "Current Raft term.", func() float64 { _, t, _, _, _ := status(); return t })
+	gauge("cart_raft_commit_index", "Raft commit index.", func() float64 { _, _, ci, _, _ := status(); return ci })
+	gauge("cart_raft_applied_index", "Raft applied index.", func() float64 { _, _, _, a, _ := status(); return a })
+	gauge("cart_raft_last_log_index", "Last Raft log index.", func() float64 { _, _, _, _, l := status(); return l })
+	counts := func() (workers, healthy, dps, entries float64) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, w := range c.eng.Workers() {
+			workers++
+			if w.Healthy {
+				healthy++
+			}
+		}
+		return workers, healthy, float64(len(c.dps)), float64(c.eng.Index().Len())
+	}
+	gauge("cart_cp_workers", "Workers in the replicated worker set.", func() float64 { w, _, _, _ := counts(); return w })
+	gauge("cart_cp_healthy_workers", "Workers the leader's prober considers healthy.", func() float64 { _, h, _, _ := counts(); return h })
+	gauge("cart_cp_dataplanes", "Data planes with a live load lease (leader only).", func() float64 { _, _, d, _ := counts(); return d })
+	gauge("cart_cp_index_entries", "Entries in this node's prefix index.", func() float64 { _, _, _, e := counts(); return e })
+	return m
+}
+
+func (m *cpMetrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
