@@ -1,0 +1,98 @@
+package raftnode
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/cartrouter/cart/controlplane/state"
+)
+
+// errHalted is what every entry after a fatal one gets: the node refuses
+// to apply anything past an entry it could not apply.
+var errHalted = errors.New("state machine halted after an entry it could not apply")
+
+// fsm adapts *state.State to raft.FSM.
+type fsm struct {
+	st    *state.State
+	fatal func(error)
+
+	// halted is set when an entry could not be applied. Fatal normally ends
+	// the process; when it does not (tests, or a Fatal that only alerts),
+	// applying later entries on top of a skipped one would silently diverge
+	// from the peers, so the adapter stops applying instead.
+	halted   atomic.Bool
+	restores atomic.Uint64 // snapshots installed, for tests and metrics
+}
+
+var _ raft.FSM = (*fsm)(nil)
+
+// Apply runs on raft's FSM goroutine, one entry at a time. The returned
+// value is what the proposer's ApplyFuture.Response yields: a state.Result,
+// or an error for an entry that stopped the node.
+func (f *fsm) Apply(l *raft.Log) any {
+	// raft hands the FSM only command entries today; configuration and
+	// barrier entries carry no state-machine data, so be explicit.
+	if l.Type != raft.LogCommand {
+		return nil
+	}
+	if f.halted.Load() {
+		return fmt.Errorf("apply log index %d: %w", l.Index, errHalted)
+	}
+	res, err := f.st.Apply(l.Index, l.Data)
+	if err != nil {
+		err = fmt.Errorf("apply log index %d (term %d): %w", l.Index, l.Term, err)
+		f.halted.Store(true)
+		f.fatal(err)
+		return err
+	}
+	return res
+}
+
+// Snapshot captures the state under its lock (one pass over the index) and
+// leaves the expensive encoding to Persist, which raft runs concurrently
+// with later applies.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	if f.halted.Load() {
+		// A snapshot of a state that skipped an entry would let raft
+		// truncate the log that proves it, and spread the damage to
+		// followers that install it.
+		return nil, fmt.Errorf("snapshot: %w", errHalted)
+	}
+	return &fsmSnapshot{snap: f.st.Capture()}, nil
+}
+
+// Restore replaces the state with a snapshot's. state.Restore validates the
+// whole stream before swapping, so a bad snapshot leaves the old state.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	if err := f.st.Restore(rc); err != nil {
+		return fmt.Errorf("restore snapshot: %w", err)
+	}
+	f.restores.Add(1)
+	return nil
+}
+
+type fsmSnapshot struct {
+	snap *state.Snapshot
+}
+
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := s.snap.Write(sink); err != nil {
+		// Cancel discards the partial file; its error adds nothing to the
+		// write error that caused it.
+		_ = sink.Cancel()
+		return fmt.Errorf("persist snapshot %s: %w", sink.ID(), err)
+	}
+	if err := sink.Close(); err != nil {
+		return fmt.Errorf("close snapshot %s: %w", sink.ID(), err)
+	}
+	return nil
+}
+
+// Release has nothing to free: the captured copy is garbage once Persist
+// is done with it.
+func (s *fsmSnapshot) Release() {}
