@@ -45,10 +45,13 @@ func Load(paths ...string) (*Config, error) {
 		ps := loadFile(cfg, path)
 		problems = append(problems, ps...)
 	}
-	if len(problems) > 0 {
-		return nil, problems.asError()
-	}
 	cfg.Normalize()
+	if len(problems) > 0 {
+		// The best-effort config (every well-formed setting applied) comes
+		// back too, so --config-check can validate it and list value
+		// problems alongside the syntax ones. Never run with it.
+		return cfg, problems.asError()
+	}
 	return cfg, nil
 }
 
@@ -64,7 +67,15 @@ func loadFile(cfg *Config, path string) Problems {
 		return fc.problems
 	}
 	clean := fc.clean(root, reflect.TypeOf(Config{}), "")
-	if len(fc.problems) > 0 || clean == nil {
+	if clean == nil {
+		return fc.problems
+	}
+	if len(fc.problems) > 0 {
+		// Apply what is well-formed so later checks can still run (and
+		// point at this file), then report this file's problems.
+		if decodeNode(clean, cfg) == nil {
+			fc.recordOrigins(cfg, path)
+		}
 		return fc.problems
 	}
 	if err := decodeNode(clean, cfg); err != nil {
@@ -73,8 +84,14 @@ func loadFile(cfg *Config, path string) Problems {
 		// reported instead of silently dropping a setting.
 		return Problems{{File: path, Reason: fmt.Sprintf("cannot apply settings: %v", err), cause: err}}
 	}
-	// A list replaces the earlier one wholesale, so origins recorded for
-	// the old list's items no longer describe anything.
+	fc.recordOrigins(cfg, path)
+	return nil
+}
+
+// recordOrigins notes where this file set each key. A list replaces the
+// earlier one wholesale, so origins recorded for the old list's items no
+// longer describe anything.
+func (fc *fileCheck) recordOrigins(cfg *Config, path string) {
 	for _, list := range fc.lists {
 		prefix := list + "["
 		for k := range cfg.origins {
@@ -86,7 +103,6 @@ func loadFile(cfg *Config, path string) Problems {
 	for k, line := range fc.origins {
 		cfg.origins[k] = origin{file: path, line: line}
 	}
-	return nil
 }
 
 // readReason describes a read error without repeating the path that the

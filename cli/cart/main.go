@@ -62,13 +62,22 @@ func newRoot() *cobra.Command {
 	return root
 }
 
+// loadConfig loads and validates. When the files themselves have problems
+// it still validates what could be read, so one run lists every problem.
 func loadConfig(paths []string, role config.Role) (*config.Config, error) {
 	cfg, err := config.Load(paths...)
 	if err != nil {
+		if cfg != nil {
+			var loadPs, valPs *config.Problems
+			if errors.As(err, &loadPs) && errors.As(cfg.Validate(role), &valPs) {
+				all := append(append(config.Problems{}, *loadPs...), *valPs...)
+				return nil, &all
+			}
+		}
 		return nil, err
 	}
 	if err := cfg.Validate(role); err != nil {
-		return cfg, err
+		return nil, err
 	}
 	return cfg, nil
 }
