@@ -11,7 +11,7 @@ import (
 )
 
 const (
-	benchBlockChars = 128
+	benchBlockChars = 64 // the default cache.block_chars
 	benchWorkers    = 8
 )
 

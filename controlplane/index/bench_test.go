@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-const benchBlockChars = 128
+const benchBlockChars = 64 // the default cache.block_chars
 
 var (
 	benchSizes   = []int{10_000, 1_000_000}

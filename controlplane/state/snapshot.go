@@ -135,6 +135,12 @@ func (s *State) Restore(r io.Reader) error {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Clear the index before replacing the workers: SetWorkers drops each
+	// removed worker's entries with a walk over the whole index, which on a
+	// full index costs a pass per removed worker, under the engine lock,
+	// for entries about to be discarded anyway.
+	idx := s.eng.Index()
+	idx.Clear()
 	s.specs = s.specs[:0]
 	s.capacity = map[string]int64{}
 	for _, w := range h.GetWorkers() {
@@ -147,8 +153,6 @@ func (s *State) Restore(r io.Reader) error {
 		id, _ := s.eng.WorkerIDOf(w.URL)
 		ids[i] = indexID(id)
 	}
-	idx := s.eng.Index()
-	idx.Clear()
 	holders := make([]index.Holder, 0, 8)
 	for _, rec := range records {
 		holders = holders[:0]

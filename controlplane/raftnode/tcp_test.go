@@ -1,0 +1,348 @@
+package raftnode
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// tcpTimeouts leave real sockets, TLS handshakes and fsyncs some room on a
+// loaded machine while keeping elections well under a second.
+var tcpTimeouts = Timeouts{Heartbeat: 200 * time.Millisecond, Election: 200 * time.Millisecond, LeaderLease: 200 * time.Millisecond, Commit: 10 * time.Millisecond}
+
+// A single node on bolt and TCP survives a restart from its data
+// directory: it restores its snapshot, replays the log after it, and leads
+// again without bootstrapping.
+func TestDiskRestart(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if ok, err := HasExistingState(dir); err != nil || ok {
+		t.Fatalf("HasExistingState on a missing dir = %v, %v", ok, err)
+	}
+	fatals := &fatalRecorder{}
+	cfg := Config{NodeID: "solo", BindAddr: "127.0.0.1:0", DataDir: dir, Bootstrap: true, Timeouts: &tcpTimeouts, Logger: testLogger(t), Fatal: fatals.fatal}
+	rep := newReplica()
+	n, err := Start(cfg, rep.st, nil)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer n.Shutdown()
+	waitFor(t, 5*time.Second, "bootstrap leader", n.IsLeader)
+	addr := n.Addr()
+	if !strings.HasPrefix(addr, "127.0.0.1:") || strings.HasSuffix(addr, ":0") {
+		t.Fatalf("advertised address %q: want the bound 127.0.0.1 port", addr)
+	}
+	apply := func(n *Node, cmd *cartv1.RaftCommand) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := n.Apply(ctx, cmd); err != nil {
+			t.Fatalf("apply: %v", err)
+		}
+	}
+	apply(n, upsertCmd("http://w1:8000", 4))
+	apply(n, upsertCmd("http://w2:8000", 4))
+	if err := n.Raft().Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	// Entries after the snapshot come back from the log.
+	r := mrand.New(mrand.NewPCG(1, 1))
+	apply(n, upsertCmd("http://w3:8000", 4))
+	apply(n, placeCmd(placement("http://w3:8000", newPrompt(r, 5), 1), placement("http://w2:8000", newPrompt(r, 3), 2)))
+	apply(n, removeCmd("http://w1:8000"))
+	apply(n, memberCmd("solo", "http://127.0.0.1:9000"))
+	before := rep.dump()
+
+	// A second node on the same directory must fail, not corrupt it.
+	if _, err := Start(Config{NodeID: "other", BindAddr: "127.0.0.1:0", DataDir: dir, Logger: testLogger(t)}, newReplica().st, nil); err == nil {
+		t.Fatal("a second node started on a data dir in use")
+	}
+
+	if err := n.Shutdown(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("data dir: %v, mode %v; want 0700", err, fi.Mode().Perm())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "raft.db")); err != nil {
+		t.Errorf("raft.db: %v", err)
+	}
+	if ok, err := HasExistingState(dir); err != nil || !ok {
+		t.Fatalf("HasExistingState after shutdown = %v, %v", ok, err)
+	}
+
+	rep2 := newReplica()
+	lead := &leadership{}
+	cfg.Bootstrap = false
+	cfg.BindAddr = addr // the configuration stored in the log names this address
+	n2, err := Start(cfg, rep2.st, lead.on)
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	defer n2.Shutdown()
+	waitFor(t, 5*time.Second, "leadership after restart", n2.IsLeader)
+	if got := rep2.dump(); !got.equal(before) {
+		t.Fatalf("state after restart differs:\n got  %s\n want %s", got, before)
+	}
+	if n2.restores() != 1 {
+		t.Errorf("restores = %d, want 1 (the snapshot)", n2.restores())
+	}
+	if ev := lead.snapshot(); !slices.Equal(ev, []bool{true}) {
+		t.Errorf("onLeadership calls = %v, want [true]", ev)
+	}
+	apply(n2, upsertCmd("http://w4:8000", 4))
+	if ws, _ := rep2.st.Workers(); len(ws) != 3 {
+		t.Errorf("workers after restart and one more upsert: %v", ws)
+	}
+	if err := n2.Shutdown(); err != nil {
+		t.Fatalf("shutdown after restart: %v", err)
+	}
+	if errs := fatals.get(); len(errs) > 0 {
+		t.Errorf("unexpected Fatal calls: %v", errs)
+	}
+}
+
+// Three nodes over mutually authenticated TLS elect a leader and
+// replicate; a peer without a certificate from the cluster's CA can neither
+// talk to the members nor receive the log when added.
+func TestTLSCluster(t *testing.T) {
+	ca := newTestCA(t)
+	log := testLogger(t)
+	fatals := &fatalRecorder{}
+	type member struct {
+		id   string
+		rep  *replica
+		node *Node
+	}
+	start := func(id string, ca *testCA, bootstrap bool) *member {
+		t.Helper()
+		cert := ca.issue(t, id)
+		mem := raft.NewInmemStore()
+		m := &member{id: id, rep: newReplica()}
+		n, err := Start(Config{
+			NodeID:    id,
+			BindAddr:  "127.0.0.1:0",
+			Bootstrap: bootstrap,
+			ServerTLS: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.pool, MinVersion: tls.VersionTLS13},
+			ClientTLS: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
+			Stores:    &Stores{Log: mem, Stable: mem, Snap: raft.NewInmemSnapshotStore()},
+			Timeouts:  &tcpTimeouts,
+			Logger:    log,
+			Fatal:     fatals.fatal,
+		}, m.rep.st, nil)
+		if err != nil {
+			t.Fatalf("start %s: %v", id, err)
+		}
+		m.node = n
+		t.Cleanup(func() {
+			if err := n.Shutdown(); err != nil {
+				t.Errorf("shutdown %s: %v", id, err)
+			}
+		})
+		return m
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	n1 := start("n1", ca, true)
+	waitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
+	members := []*member{n1, start("n2", ca, false), start("n3", ca, false)}
+	for _, m := range members[1:] {
+		if err := n1.node.AddVoter(ctx, m.id, m.node.Addr()); err != nil {
+			t.Fatalf("add voter %s: %v", m.id, err)
+		}
+	}
+	// onLeader runs op on the current leader, again if leadership moves.
+	onLeader := func(what string, op func(ld *member) error) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var ld *member
+			waitFor(t, 5*time.Second, "a leader", func() bool {
+				for _, m := range members {
+					if m.node.IsLeader() {
+						ld = m
+						return true
+					}
+				}
+				return false
+			})
+			err := op(ld)
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, ErrNotLeader) || time.Now().After(deadline) {
+				t.Fatalf("%s on %s: %v", what, ld.id, err)
+			}
+		}
+	}
+	onLeader("apply over TLS", func(ld *member) error {
+		_, err := ld.node.Apply(ctx, upsertCmd("http://w1:8000", 1))
+		return err
+	})
+	waitFor(t, 5*time.Second, "replication to every member", func() bool {
+		for _, m := range members {
+			if ws, _ := m.rep.st.Workers(); len(ws) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+
+	// A client without a certificate, or with one from another CA, is
+	// refused at the handshake: its RPCs never reach raft, so a vote
+	// request with a huge term does not disturb anyone.
+	target := members[1]
+	term := target.node.Raft().CurrentTerm()
+	other := newTestCA(t)
+	for name, clientTLS := range map[string]*tls.Config{
+		"no client certificate": {RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
+		"foreign certificate":   {Certificates: []tls.Certificate{other.issue(t, "rogue")}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
+	} {
+		stream, err := newStreamLayer("127.0.0.1:0", "", nil, clientTLS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trans := raft.NewNetworkTransportWithLogger(stream, 1, 2*time.Second, newHCLogAdapter(log, "rogue"))
+		req := &raft.RequestVoteRequest{RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("rogue"), Addr: []byte(stream.Addr().String())}, Term: term + 100, LastLogIndex: 1 << 40, LastLogTerm: term + 100}
+		err = trans.RequestVote(raft.ServerID(target.id), raft.ServerAddress(target.node.Addr()), req, &raft.RequestVoteResponse{})
+		_ = trans.Close()
+		if err == nil {
+			t.Errorf("%s: the vote request reached %s's raft; the handshake should have refused it", name, target.id)
+		}
+	}
+	// (An ordinary election may still bump the term on a loaded machine;
+	// only the rogue's would jump it by a hundred.)
+	if got := target.node.Raft().CurrentTerm(); got >= term+100 {
+		t.Errorf("%s's term jumped from %d to %d: a rogue vote request got through", target.id, term, got)
+	}
+
+	// A node whose certificates come from another CA cannot join even when
+	// a leader adds it: the leader refuses its server certificate, and it
+	// cannot dial anyone, so it never receives an entry.
+	rogue := start("rogue", other, false)
+	onLeader("add rogue voter", func(ld *member) error { return ld.node.AddVoter(ctx, "rogue", rogue.node.Addr()) })
+	time.Sleep(time.Second)
+	if last := rogue.node.Raft().LastIndex(); last != 0 {
+		t.Errorf("rogue node received log entries up to %d", last)
+	}
+	if ws, _ := rogue.rep.st.Workers(); len(ws) != 0 {
+		t.Errorf("rogue node learnt the worker set: %v", ws)
+	}
+	onLeader("remove rogue", func(ld *member) error { return ld.node.RemoveServer(ctx, "rogue") })
+	if errs := fatals.get(); len(errs) > 0 {
+		t.Errorf("unexpected Fatal calls: %v", errs)
+	}
+}
+
+// The stream layer refuses advertise addresses peers could not dial.
+func TestStreamLayerRejectsWildcardAdvertise(t *testing.T) {
+	for _, adv := range []string{"0.0.0.0:7000", "[::]:7000", "host-without-port", "h:0"} {
+		if s, err := newStreamLayer("127.0.0.1:0", adv, nil, nil); err == nil {
+			_ = s.Close()
+			t.Errorf("advertise %q accepted", adv)
+		}
+	}
+	s, err := newStreamLayer("127.0.0.1:0", "raft1.example:7000", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// A host name stays a host name: TLS peers verify it against DNS SANs.
+	if got := s.Addr().String(); got != "raft1.example:7000" {
+		t.Errorf("advertised %q", got)
+	}
+	// Close also drops open connections (raft's transport would not).
+	conn, err := net.Dial("tcp", s.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	accepted, err := s.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	if _, err := accepted.Read(make([]byte, 1)); err == nil {
+		t.Error("accepted connection still open after Close")
+	}
+}
+
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "cart test CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &testCA{cert: cert, key: key, pool: pool}
+}
+
+// issue makes a certificate for a node, valid as server and client for
+// 127.0.0.1 (peers dial IP addresses in these tests).
+func (ca *testCA) issue(t *testing.T, name string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}

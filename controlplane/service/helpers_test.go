@@ -1,0 +1,413 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/controlplane/raftnode"
+	"github.com/cartrouter/cart/controlplane/state"
+	"github.com/cartrouter/cart/dataplane/health"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const testBlockChars = 16
+
+var testPolicy = engine.Policy{
+	Threshold:           0.5,
+	BalanceAbsThreshold: 100, // affinity wins unless a holder is far busier
+	BalanceRelThreshold: 1.5,
+	BlockChars:          testBlockChars,
+}
+
+// fakeNode stands in for raftnode.Node: it applies every command at once
+// to the local state machine, as a single-node cluster would, and records
+// what it was asked to apply.
+type fakeNode struct {
+	id string
+	st *state.State
+
+	applyMu sync.Mutex // serialises applies, like the Raft log
+	index   uint64
+
+	mu       sync.Mutex
+	leader   bool
+	leaderID string
+	applyErr error
+	cmds     []*cartv1.RaftCommand
+	members  []raftnode.Member
+}
+
+func newFakeNode(id string, st *state.State) *fakeNode {
+	return &fakeNode{id: id, st: st, leader: true, leaderID: id,
+		members: []raftnode.Member{{ID: id, Addr: "127.0.0.1:7000", Suffrage: "voter"}}}
+}
+
+func (n *fakeNode) Apply(ctx context.Context, cmd *cartv1.RaftCommand) (state.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return state.Result{}, err
+	}
+	n.mu.Lock()
+	err := n.applyErr
+	n.mu.Unlock()
+	if err != nil {
+		return state.Result{}, err
+	}
+	data, err := state.Encode(cmd)
+	if err != nil {
+		return state.Result{}, err
+	}
+	n.applyMu.Lock()
+	defer n.applyMu.Unlock()
+	n.index++
+	res, err := n.st.Apply(n.index, data)
+	if err != nil {
+		return state.Result{}, err
+	}
+	n.mu.Lock()
+	n.cmds = append(n.cmds, proto.Clone(cmd).(*cartv1.RaftCommand))
+	n.mu.Unlock()
+	return res, nil
+}
+
+func (n *fakeNode) IsLeader() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.leader
+}
+
+func (n *fakeNode) Leader() (string, string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.leaderID == "" {
+		return "", ""
+	}
+	return n.leaderID, "raft-" + n.leaderID
+}
+
+func (n *fakeNode) AddVoter(_ context.Context, id, addr string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.leader {
+		return raftnode.ErrNotLeader
+	}
+	n.members = append(n.members, raftnode.Member{ID: id, Addr: addr, Suffrage: "voter"})
+	return nil
+}
+
+func (n *fakeNode) RemoveServer(_ context.Context, id string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.leader {
+		return raftnode.ErrNotLeader
+	}
+	n.members = slices.DeleteFunc(n.members, func(m raftnode.Member) bool { return m.ID == id })
+	return nil
+}
+
+func (n *fakeNode) TransferLeadership(_ context.Context, id string) (string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if id == "" {
+		id = "n2"
+	}
+	n.leader, n.leaderID = false, id
+	return id, nil
+}
+
+func (n *fakeNode) Status() raftnode.Status {
+	n.applyMu.Lock()
+	idx := n.index
+	n.applyMu.Unlock()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st := "follower"
+	if n.leader {
+		st = "leader"
+	}
+	return raftnode.Status{
+		NodeID: n.id, State: st, LeaderID: n.leaderID, LeaderAddr: "raft-" + n.leaderID,
+		Term: 7, CommitIndex: idx, AppliedIndex: idx, LastLogIndex: idx,
+		Members: slices.Clone(n.members),
+	}
+}
+
+func (n *fakeNode) setLeader(leader bool, id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.leader, n.leaderID = leader, id
+}
+
+func (n *fakeNode) setApplyErr(err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.applyErr = err
+}
+
+func (n *fakeNode) commands() []*cartv1.RaftCommand {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.cmds)
+}
+
+// placeBatches and unplaceBatches return the batch commands applied so far.
+func (n *fakeNode) placeBatches() []*cartv1.PlaceBatchCommand {
+	var out []*cartv1.PlaceBatchCommand
+	for _, c := range n.commands() {
+		if b := c.GetPlaceBatch(); b != nil {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+func (n *fakeNode) unplaceBatches() []*cartv1.UnplaceBatchCommand {
+	var out []*cartv1.UnplaceBatchCommand
+	for _, c := range n.commands() {
+		if b := c.GetUnplaceBatch(); b != nil {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// okTransport answers every health probe with 200.
+type okTransport struct{}
+
+func (okTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader("ok")), Header: http.Header{}, Request: r}, nil
+}
+
+// h2cClient speaks HTTP/2 with prior knowledge, as gRPC over plaintext
+// needs.
+func h2cClient() *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: &p}}
+}
+
+// startH2C serves h on 127.0.0.1 with HTTP/1.1 and h2c.
+func startH2C(t testing.TB, h http.Handler) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// testCP is one control-plane node under test.
+type testCP struct {
+	core   *Core
+	node   *fakeNode
+	st     *state.State
+	eng    *engine.Engine
+	mu     *sync.Mutex
+	srv    *httptest.Server
+	url    string
+	client *http.Client
+}
+
+type cpConfig struct {
+	id     string
+	leader bool
+	auth   AuthOptions
+	opts   func(*Options)
+}
+
+func newTestCP(t testing.TB, cfg cpConfig) *testCP {
+	t.Helper()
+	if cfg.id == "" {
+		cfg.id = "n1"
+	}
+	mu := &sync.Mutex{}
+	eng := engine.New(testPolicy, index.New(index.Options{MaxEntries: 1 << 20}), rand.New(rand.NewPCG(1, 2)))
+	st := state.New(mu, eng)
+	cp := &testCP{st: st, eng: eng, mu: mu}
+	var handler http.Handler
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	cp.url = "http://" + srv.Listener.Addr().String()
+	cp.client = h2cClient()
+	fwd := h2cClient()
+	o := Options{
+		NodeID:         cfg.id,
+		APIURL:         cp.url,
+		BlockChars:     testBlockChars,
+		PlacementBatch: 20 * time.Millisecond,
+		PlacementMax:   512,
+		LoadLease:      time.Minute,
+		Health:         health.Config{Endpoint: "/health", Interval: 50 * time.Millisecond, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
+		HealthClient:   &http.Client{Transport: okTransport{}},
+		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ForwardClient:  fwd,
+	}
+	if cfg.opts != nil {
+		cfg.opts(&o)
+	}
+	cp.core = New(o, mu, eng, st)
+	cp.node = newFakeNode(cfg.id, st)
+	cp.core.SetNode(cp.node)
+	handler = cp.core.Handler(cfg.auth)
+	srv.Start()
+	cp.srv = srv
+	t.Cleanup(func() {
+		srv.Close()
+		cp.core.Close()
+		cp.client.CloseIdleConnections()
+		fwd.CloseIdleConnections()
+	})
+	if cfg.leader {
+		cp.core.OnLeadership(true)
+		waitFor(t, "leader publishes its API URL", func() bool { return st.Members()[cfg.id] == cp.url })
+	} else {
+		cp.node.setLeader(false, "")
+	}
+	return cp
+}
+
+func (cp *testCP) addWorkers(t testing.TB, urls ...string) {
+	t.Helper()
+	for _, u := range urls {
+		cmd := &cartv1.RaftCommand{Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: &cartv1.WorkerSpec{Url: u}}}}
+		if _, err := cp.node.Apply(context.Background(), cmd); err != nil {
+			t.Fatalf("add worker %s: %v", u, err)
+		}
+	}
+}
+
+func (cp *testCP) setMember(t testing.TB, id, url string) {
+	t.Helper()
+	cmd := &cartv1.RaftCommand{Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: id, ApiUrl: url}}}
+	if _, err := cp.node.Apply(context.Background(), cmd); err != nil {
+		t.Fatalf("set member: %v", err)
+	}
+}
+
+// router returns a RouterService client; with no options it speaks gRPC,
+// as data planes do.
+func (cp *testCP) router(opts ...connect.ClientOption) cartv1connect.RouterServiceClient {
+	if len(opts) == 0 {
+		opts = []connect.ClientOption{connect.WithGRPC()}
+	}
+	return cartv1connect.NewRouterServiceClient(cp.client, cp.url, opts...)
+}
+
+func (cp *testCP) admin(opts ...connect.ClientOption) cartv1connect.AdminServiceClient {
+	if len(opts) == 0 {
+		opts = []connect.ClientOption{connect.WithGRPC()}
+	}
+	return cartv1connect.NewAdminServiceClient(cp.client, cp.url, opts...)
+}
+
+// loads returns the leader's per-worker load as ListWorkers reports it.
+func (cp *testCP) loads(t testing.TB) map[string]uint32 {
+	t.Helper()
+	resp, err := cp.admin().ListWorkers(context.Background(), connect.NewRequest(&cartv1.ListWorkersRequest{}))
+	if err != nil {
+		t.Fatalf("ListWorkers: %v", err)
+	}
+	out := map[string]uint32{}
+	for _, w := range resp.Msg.GetWorkers() {
+		out[w.GetUrl()] = w.GetLoad()
+	}
+	return out
+}
+
+func route(t testing.TB, c cartv1connect.RouterServiceClient, req *cartv1.RouteRequest) *cartv1.RouteResponse {
+	t.Helper()
+	resp, err := c.Route(context.Background(), connect.NewRequest(req))
+	if err != nil {
+		t.Fatalf("Route(%v): %v", req, err)
+	}
+	return resp.Msg
+}
+
+func complete(t testing.TB, c cartv1connect.RouterServiceClient, dp string, comps ...*cartv1.Completion) uint32 {
+	t.Helper()
+	resp, err := c.Complete(context.Background(), connect.NewRequest(&cartv1.CompleteRequest{DataplaneId: dp, Completions: comps}))
+	if err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	return resp.Msg.GetSettled()
+}
+
+func syncLoads(t testing.TB, c cartv1connect.RouterServiceClient, dp string, loads map[string]uint32) *cartv1.SyncResponse {
+	t.Helper()
+	req := &cartv1.SyncRequest{DataplaneId: dp}
+	for w, n := range loads {
+		req.Loads = append(req.Loads, &cartv1.WorkerLoad{Worker: w, InFlight: n})
+	}
+	resp, err := c.Sync(context.Background(), connect.NewRequest(req))
+	if err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	return resp.Msg
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func wantCode(t testing.TB, err error, code connect.Code) *connect.Error {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("got no error, want %v", code)
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("error %v is not a connect error", err)
+	}
+	if ce.Code() != code {
+		t.Fatalf("got code %v (%v), want %v", ce.Code(), err, code)
+	}
+	return ce
+}
+
+// text returns n deterministic characters; texts of different seeds differ
+// in their first block, so they share no prefix.
+func text(n int, seed int) string {
+	b := []byte(fmt.Sprintf("seed-%08d:", seed))
+	for i := len(b); i < n; i++ {
+		b = append(b, byte('a'+(i*3+i/testBlockChars*11)%26))
+	}
+	return string(b[:n])
+}
+
+func hashes(model, s string) []uint64 {
+	return index.Hash(nil, model, []byte(s), testBlockChars)
+}
