@@ -37,7 +37,9 @@ const (
 	DefaultSnapshotThreshold = 8192
 	// DefaultTrailingLogs is how many entries stay in the log after a
 	// snapshot, so a briefly lagging follower catches up from the log
-	// rather than by receiving the whole index.
+	// rather than by receiving the whole index. Bolt reuses the pages that
+	// truncation frees but never shrinks raft.db, so the file settles at
+	// about TrailingLogs plus SnapshotThreshold entries.
 	DefaultTrailingLogs = 10240
 
 	defaultApplyTimeout = 5 * time.Second
@@ -103,8 +105,8 @@ type Stores struct {
 	Snap   raft.SnapshotStore
 }
 
-// Timeouts override raft's timing (tests run with ~50 ms). Zero fields keep
-// raft's defaults.
+// Timeouts override raft's timing (tests use tens of milliseconds so that
+// elections are quick). Zero fields keep raft's defaults.
 type Timeouts struct {
 	Heartbeat, Election, LeaderLease, Commit time.Duration
 }

@@ -47,9 +47,12 @@ func New(mu *sync.Mutex, eng *engine.Engine) *State {
 }
 
 // Encode serialises a command for the log, stamping the current version.
+// The caller's command is not modified, so one command may be shared.
 func Encode(cmd *cartv1.RaftCommand) ([]byte, error) {
 	if cmd.GetVersion() == 0 {
-		cmd.Version = CommandVersion
+		c := proto.CloneOf(cmd)
+		c.Version = CommandVersion
+		cmd = c
 	}
 	b, err := proto.Marshal(cmd)
 	if err != nil {
@@ -125,6 +128,9 @@ func specFrom(w *cartv1.WorkerSpec) engine.WorkerSpec {
 }
 
 func (s *State) upsert(w *cartv1.WorkerSpec) {
+	if w.GetUrl() == "" {
+		return // malformed proposal; the admin API validates before proposing
+	}
 	spec := specFrom(w)
 	s.capacity[spec.URL] = w.GetCacheCapacityTokens()
 	for i := range s.specs {
