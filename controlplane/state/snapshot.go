@@ -40,6 +40,7 @@ func (s *State) Capture() *Snapshot {
 		Version:        SnapshotVersion,
 		WorkersVersion: s.workersVersion,
 		Members:        maps.Clone(s.members),
+		AppliedIndex:   s.applied,
 	}
 	pos := make(map[index.WorkerID]uint32, len(s.specs))
 	for i, w := range s.specs {
@@ -162,6 +163,7 @@ func (s *State) Restore(r io.Reader) error {
 		idx.PutBack(rec.GetHash(), rec.GetUsedUnixNanos(), holders)
 	}
 	s.workersVersion = h.GetWorkersVersion()
+	s.applied = h.GetAppliedIndex()
 	s.members = h.GetMembers()
 	if s.members == nil {
 		s.members = map[string]string{}

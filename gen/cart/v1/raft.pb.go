@@ -674,8 +674,10 @@ type SnapshotHeader struct {
 	WorkersVersion uint64                 `protobuf:"varint,3,opt,name=workers_version,json=workersVersion,proto3" json:"workers_version,omitempty"`
 	Members        map[string]string      `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	IndexRecords   uint64                 `protobuf:"varint,5,opt,name=index_records,json=indexRecords,proto3" json:"index_records,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Last log index applied when the snapshot was captured.
+	AppliedIndex  uint64 `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotHeader) Reset() {
@@ -739,6 +741,13 @@ func (x *SnapshotHeader) GetMembers() map[string]string {
 func (x *SnapshotHeader) GetIndexRecords() uint64 {
 	if x != nil {
 		return x.IndexRecords
+	}
+	return 0
+}
+
+func (x *SnapshotHeader) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
 	}
 	return 0
 }
@@ -864,13 +873,14 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x17\n" +
 	"\aapi_url\x18\x02 \x01(\tR\x06apiUrl\".\n" +
 	"\x13RemoveMemberCommand\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\xa3\x02\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\xc8\x02\n" +
 	"\x0eSnapshotHeader\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12-\n" +
 	"\aworkers\x18\x02 \x03(\v2\x13.cart.v1.WorkerSpecR\aworkers\x12'\n" +
 	"\x0fworkers_version\x18\x03 \x01(\x04R\x0eworkersVersion\x12>\n" +
 	"\amembers\x18\x04 \x03(\v2$.cart.v1.SnapshotHeader.MembersEntryR\amembers\x12#\n" +
-	"\rindex_records\x18\x05 \x01(\x04R\findexRecords\x1a:\n" +
+	"\rindex_records\x18\x05 \x01(\x04R\findexRecords\x12#\n" +
+	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x1a:\n" +
 	"\fMembersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
