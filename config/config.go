@@ -138,6 +138,12 @@ type Cache struct {
 	BlockChars          int     `yaml:"block_chars"`
 	CapacityTokens      int64   `yaml:"capacity_tokens"`
 	TTLSecs             float64 `yaml:"ttl_secs"`
+	// ClosedLoop adapts each worker's modelled cache capacity to the
+	// cached tokens it reports in usage.
+	ClosedLoop bool `yaml:"closed_loop"`
+	// HotPrefixFraction: a prefix present in at least this fraction of
+	// recent requests is spread instead of pinned (0 disables).
+	HotPrefixFraction float64 `yaml:"hot_prefix_fraction"`
 }
 
 // Health configures active health checks against workers.

@@ -247,6 +247,7 @@ func (v *validator) cache() {
 	v.intRange("cache.block_chars", int64(c.BlockChars), 1, 65536)
 	v.intAtLeast("cache.capacity_tokens", c.CapacityTokens, 0)
 	v.floatAtLeast("cache.ttl_secs", c.TTLSecs, 0)
+	v.fraction("cache.hot_prefix_fraction", c.HotPrefixFraction)
 }
 
 func (v *validator) health() {

@@ -79,7 +79,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	}
 	d := &Daemon{cfg: cfg, log: log, mu: &sync.Mutex{}}
 	idx := index.New(index.Options{MaxEntries: cfg.Cache.MaxTreeSize, Headroom: cfg.Cache.MaxTreeSize / 8, InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0})
-	d.eng = engine.New(server.EnginePolicy(cfg.Cache), idx, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
+	d.eng = engine.New(server.EnginePolicy(cfg), idx, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	d.St = state.New(d.mu, d.eng)
 	d.Core = service.New(service.Options{
 		NodeID:         cp.NodeID,

@@ -25,6 +25,7 @@ const (
 	ReasonCacheMiss     Reason = "cache_miss"     // no good enough match: least loaded
 	ReasonHitOverloaded Reason = "hit_overloaded" // good match but its holder is too busy
 	ReasonEmptyText     Reason = "empty_text"     // nothing to match on: least loaded
+	ReasonSessionHit    Reason = "session_hit"    // the request's session stuck to its worker
 )
 
 // Errors returned when no worker can take the request. Callers map all of
@@ -50,6 +51,26 @@ type Policy struct {
 	BalanceRelThreshold float64
 	// BlockChars is the index block size, to turn blocks into characters.
 	BlockChars int
+
+	// Routing-quality mechanisms (each off at its zero value); see
+	// quality.go.
+
+	// CapacityBlocks is the default modelled prefix-cache capacity of a
+	// worker in index blocks (0 = unbounded): the index forgets what a
+	// replica of that size has most likely evicted.
+	CapacityBlocks int
+	// TTL ignores placements older than this many nanoseconds.
+	TTL int64
+	// ClosedLoop adapts each worker's modelled capacity to the cached
+	// tokens the worker reports (Feedback).
+	ClosedLoop bool
+	// SessionTTL enables session affinity: a request with a session key
+	// sticks to its session's worker (under the balance rule) until the
+	// session has been idle this many nanoseconds.
+	SessionTTL int64
+	// HotFraction enables hot-prefix spreading: a prefix seen in at least
+	// this fraction of recent requests does not count as a match.
+	HotFraction float64
 }
 
 // WorkerSpec is what the engine needs to know about a worker.
@@ -57,6 +78,8 @@ type WorkerSpec struct {
 	URL         string
 	MaxLoad     int // 0 = no cap
 	LoadPenalty int
+	// CapacityBlocks overrides Policy.CapacityBlocks (0 = use it).
+	CapacityBlocks int
 }
 
 type worker struct {
@@ -64,6 +87,8 @@ type worker struct {
 	spec    WorkerSpec
 	healthy bool
 	load    int // in-flight requests placed and not yet released
+	model   *blockLRU
+	acc     Accuracy
 }
 
 // Request is one routing question.
@@ -77,6 +102,8 @@ type Request struct {
 	Exclude []string
 	// DryRun decides without taking load or recording a placement.
 	DryRun bool
+	// Session is the request's session key ("" = none).
+	Session string
 }
 
 // Decision is the engine's answer.
@@ -93,19 +120,28 @@ type Decision struct {
 	// ChosenChars is how many key characters the chosen worker holds
 	// according to the index: the predicted cached prefix.
 	ChosenChars int
+	// HotChars is the leading part of the key that counted as a hot
+	// (widely shared) prefix and was not treated as a match.
+	HotChars int
+	// PlacedAgo is how long ago (nanoseconds) the chosen worker was sent
+	// the predicted prefix; -1 when nothing was predicted.
+	PlacedAgo int64
 }
 
 // Engine is the routing state. Not safe for concurrent use.
 type Engine struct {
-	pol     Policy
-	idx     *index.Index
-	rng     *rand.Rand
-	workers []*worker // in configuration order
-	byURL   map[string]*worker
-	byID    map[index.WorkerID]*worker
-	nextID  index.WorkerID
-	match   index.Match // scratch, reused: the route path must not allocate
-	usable  []*worker   // scratch
+	pol      Policy
+	idx      *index.Index
+	rng      *rand.Rand
+	workers  []*worker // in configuration order
+	byURL    map[string]*worker
+	byID     map[index.WorkerID]*worker
+	nextID   index.WorkerID
+	match    index.Match // scratch, reused: the route path must not allocate
+	usable   []*worker   // scratch
+	sessions map[string]session
+	hot      hotTracker
+	evicted  []uint64 // scratch for the capacity model
 	// Underflows counts releases of a worker with no load: a caller bug
 	// that the guard absorbed. Exported as a metric so it cannot hide.
 	Underflows uint64
@@ -142,10 +178,12 @@ func (e *Engine) SetWorkers(specs []WorkerSpec) (removed []string) {
 		keep[s.URL] = true
 		if w, ok := e.byURL[s.URL]; ok {
 			w.spec = s
+			e.resizeModel(w)
 			next = append(next, w)
 			continue
 		}
 		w := &worker{id: e.nextID, spec: s, healthy: true}
+		e.resizeModel(w)
 		e.nextID++
 		e.byURL[s.URL] = w
 		e.byID[w.id] = w
@@ -177,13 +215,15 @@ type WorkerState struct {
 	WorkerSpec
 	Healthy bool
 	Load    int
+	// Accuracy compares the index's predictions with reported usage.
+	Accuracy Accuracy
 }
 
 // Workers returns the workers in configuration order.
 func (e *Engine) Workers() []WorkerState {
 	out := make([]WorkerState, len(e.workers))
 	for i, w := range e.workers {
-		out[i] = WorkerState{WorkerSpec: w.spec, Healthy: w.healthy, Load: w.load}
+		out[i] = WorkerState{WorkerSpec: w.spec, Healthy: w.healthy, Load: w.load, Accuracy: w.accuracy()}
 	}
 	return out
 }
@@ -217,6 +257,9 @@ func (e *Engine) Release(url string) {
 func (e *Engine) Unplace(d Decision) {
 	if w, ok := e.byURL[d.Worker]; ok && len(d.Placed) > 0 {
 		e.idx.RemoveHolder(d.Placed, w.id)
+		if w.model != nil {
+			w.model.remove(d.Placed)
+		}
 	}
 }
 
@@ -231,19 +274,36 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 	}
 	least := e.leastLoaded()
 
-	var d Decision
+	d := Decision{PlacedAgo: -1}
 	var chosen *worker
 	var chosenBlocks int
 	if req.KeyLen == 0 || len(req.Hashes) == 0 {
 		chosen, d.Reason = least, ReasonEmptyText
 	} else {
-		cand, blocks := e.cacheCandidate(req.Hashes)
+		hotBlocks := e.hot.depth(req.Hashes, e.pol.HotFraction)
+		cand, blocks := e.cacheCandidate(req.Hashes, now)
 		if cand != nil {
 			d.MatchedChars = index.MatchedChars(blocks, req.KeyLen, e.pol.BlockChars)
 			d.MatchedRatio = float64(d.MatchedChars) / float64(req.KeyLen)
 		}
+		// A hot prefix (held everywhere, e.g. a global system prompt)
+		// says nothing about where the rest of the prompt lives: judge
+		// the match on what follows it.
+		effChars, effRatio := d.MatchedChars, d.MatchedRatio
+		if hotBlocks > 0 && cand != nil {
+			d.HotChars = index.MatchedChars(hotBlocks, req.KeyLen, e.pol.BlockChars)
+			effChars = max(0, d.MatchedChars-d.HotChars)
+			if rest := req.KeyLen - d.HotChars; rest > 0 {
+				effRatio = float64(effChars) / float64(rest)
+			} else {
+				effRatio = 0
+			}
+		}
+		sess := e.sessionWorker(req.Session, now)
 		switch {
-		case cand == nil || !e.goodMatch(d.MatchedChars, d.MatchedRatio):
+		case sess != nil && !e.overloaded(sess, least):
+			chosen, d.Reason = sess, ReasonSessionHit
+		case cand == nil || !e.goodMatch(effChars, effRatio):
 			chosen, d.Reason = least, ReasonCacheMiss
 		case e.overloaded(cand, least):
 			d.Candidate = cand.spec.URL
@@ -254,14 +314,22 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 		}
 		chosenBlocks = e.match.BlocksFor(chosen.id)
 		d.ChosenChars = index.MatchedChars(chosenBlocks, req.KeyLen, e.pol.BlockChars)
+		if chosenBlocks > 0 {
+			d.PlacedAgo = e.placedAgo(req.Hashes[chosenBlocks-1], chosen.id, now)
+		}
 	}
 	d.Worker = chosen.spec.URL
 	if req.DryRun {
 		return d, nil
 	}
 	chosen.load++
+	if req.Session != "" && e.pol.SessionTTL > 0 {
+		e.setSession(req.Session, chosen.id, now)
+	}
 	if d.Reason != ReasonEmptyText {
+		e.hot.observe(req.Hashes, e.pol.HotFraction)
 		e.idx.Insert(req.Hashes, chosen.id, now)
+		e.modelTouch(chosen, req.Hashes)
 		// Blocks the worker already held stay its own if the request is
 		// withdrawn; only the ones this decision added are undone.
 		if chosenBlocks < len(req.Hashes) {
@@ -325,8 +393,12 @@ func (e *Engine) leastLoaded() *worker {
 
 // cacheCandidate returns the usable worker holding the longest prefix of
 // hashes (ties: least loaded, then random) and its matched block count.
-func (e *Engine) cacheCandidate(hashes []uint64) (*worker, int) {
-	e.idx.Lookup(hashes, &e.match)
+func (e *Engine) cacheCandidate(hashes []uint64, now int64) (*worker, int) {
+	if e.pol.TTL > 0 {
+		e.idx.LookupSince(hashes, now-e.pol.TTL, &e.match)
+	} else {
+		e.idx.Lookup(hashes, &e.match)
+	}
 	var best *worker
 	bestBlocks, ties := 0, 0
 	for i, id := range e.match.Workers {

@@ -14,6 +14,8 @@
 // unreachable suffix behind a hole.
 package index
 
+import "math"
+
 // WorkerID identifies a worker inside the index. IDs are assigned by the
 // caller and must not be reused for a different worker while the index
 // still holds entries for the old one (RemoveWorker first).
@@ -140,6 +142,12 @@ func (m *Match) set(w WorkerID, blocks int) {
 // freely).
 // m is reset first; with enough capacity in m, Lookup does not allocate.
 func (x *Index) Lookup(hashes []uint64, m *Match) {
+	x.LookupSince(hashes, math.MinInt64, m)
+}
+
+// LookupSince is Lookup counting only holders sent the prefix at or after
+// since (a time-to-live: older placements are presumed evicted).
+func (x *Index) LookupSince(hashes []uint64, since int64, m *Match) {
 	m.Reset()
 	for i, h := range hashes {
 		s, ok := x.byHash[h]
@@ -150,9 +158,13 @@ func (x *Index) Lookup(hashes []uint64, m *Match) {
 		if e.nholders == 0 {
 			return
 		}
-		m.set(e.first.w, i+1)
+		if e.first.at >= since {
+			m.set(e.first.w, i+1)
+		}
 		for _, hd := range e.more {
-			m.set(hd.w, i+1)
+			if hd.at >= since {
+				m.set(hd.w, i+1)
+			}
 		}
 		m.Longest = i + 1
 	}
@@ -452,4 +464,23 @@ func (e *entry) removeHolder(w WorkerID) {
 			return
 		}
 	}
+}
+
+// HolderAt returns when worker w was last sent the block hash, without
+// allocating.
+func (x *Index) HolderAt(hash uint64, w WorkerID) (int64, bool) {
+	s, ok := x.byHash[hash]
+	if !ok {
+		return 0, false
+	}
+	e := &x.slots[s]
+	if e.nholders > 0 && e.first.w == w {
+		return e.first.at, true
+	}
+	for _, h := range e.more {
+		if h.w == w {
+			return h.at, true
+		}
+	}
+	return 0, false
 }

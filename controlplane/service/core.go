@@ -79,10 +79,13 @@ type Core struct {
 }
 
 type ticket struct {
-	dp     string
-	worker string
-	placed []uint64
-	at     time.Time
+	dp        string
+	worker    string
+	placed    []uint64
+	at        time.Time
+	keyLen    int
+	predicted int   // characters the index predicted cached
+	placedAgo int64 // age of that prediction, ns
 }
 
 type dataPlane struct {

@@ -53,14 +53,15 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		c.mu.Unlock()
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("leader is still catching up (barrier pending)"))
 	}
-	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: m.GetExcludeWorkers(), DryRun: m.GetDryRun()}, now.UnixNano())
+	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: m.GetExcludeWorkers(), DryRun: m.GetDryRun(), Session: m.GetSessionKey()}, now.UnixNano())
 	var tk uint64
 	var placed []uint64
 	if err == nil && !m.GetDryRun() {
 		c.nextTicket++
 		tk = c.nextTicket
 		placed = slices.Clone(d.Placed)
-		c.tickets[tk] = &ticket{dp: m.GetDataplaneId(), worker: d.Worker, placed: placed, at: now}
+		c.tickets[tk] = &ticket{dp: m.GetDataplaneId(), worker: d.Worker, placed: placed, at: now,
+			keyLen: keyLen, predicted: d.ChosenChars, placedAgo: d.PlacedAgo}
 		dp := c.dataPlane(m.GetDataplaneId(), now)
 		dp.loads[d.Worker]++
 	}
@@ -130,7 +131,7 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 	}
 	var undos []undo
 	c.mu.Lock()
-	dp := c.dataPlane(req.Msg.GetDataplaneId(), now)
+	c.dataPlane(req.Msg.GetDataplaneId(), now)
 	for _, comp := range req.Msg.GetCompletions() {
 		tk, ok := c.tickets[comp.GetTicket()]
 		if !ok || tk.worker != comp.GetWorker() {
@@ -138,13 +139,19 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 		}
 		delete(c.tickets, comp.GetTicket())
 		settled++
-		c.eng.Release(tk.worker)
-		if dp.loads[tk.worker] > 0 {
+		// Release only load the deciding data plane still accounts for: a
+		// Sync that arrived before this completion may already have taken
+		// it off, and releasing again would eat another data plane's load.
+		if dp := c.dps[tk.dp]; dp != nil && dp.loads[tk.worker] > 0 {
 			dp.loads[tk.worker]--
+			c.eng.Release(tk.worker)
 		}
 		if !comp.GetDelivered() && len(tk.placed) > 0 {
 			c.eng.Unplace(engine.Decision{Worker: tk.worker, Placed: tk.placed})
 			undos = append(undos, undo{tk.worker, tk.placed})
+		}
+		if comp.GetDelivered() && comp.GetPromptTokens() > 0 && comp.GetCachedTokens() >= 0 {
+			c.eng.Feedback(tk.worker, tk.keyLen, tk.predicted, tk.placedAgo, int(comp.GetPromptTokens()), int(comp.GetCachedTokens()))
 		}
 	}
 	c.mu.Unlock()
@@ -216,6 +223,8 @@ func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 		out.Workers = append(out.Workers, &cartv1.Worker{
 			Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty),
 			CacheCapacityTokens: w.CacheCapacityTokens, Healthy: l.Healthy, Load: uint32(l.Load),
+			PredictedCachedTokens: l.Accuracy.PredictedTokens, ActualCachedTokens: l.Accuracy.ActualTokens,
+			CacheMisses: l.Accuracy.Misses, ModelCapacityBlocks: uint32(l.Accuracy.ModelCapacity),
 		})
 	}
 	return out, nil

@@ -145,7 +145,7 @@ func (s *State) Restore(r io.Reader) error {
 	s.specs = s.specs[:0]
 	s.capacity = map[string]int64{}
 	for _, w := range h.GetWorkers() {
-		s.specs = append(s.specs, specFrom(w))
+		s.specs = append(s.specs, s.specFrom(w))
 		s.capacity[w.GetUrl()] = w.GetCacheCapacityTokens()
 	}
 	s.eng.SetWorkers(slices.Clone(s.specs))

@@ -97,7 +97,7 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		s.specs = s.specs[:0]
 		clear(s.capacity)
 		for _, w := range b.SetWorkers.GetWorkers() {
-			s.specs = append(s.specs, specFrom(w))
+			s.specs = append(s.specs, s.specFrom(w))
 			s.capacity[w.GetUrl()] = w.GetCacheCapacityTokens()
 		}
 		s.commitWorkers()
@@ -123,15 +123,20 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 	return Result{WorkersVersion: s.workersVersion}, nil
 }
 
-func specFrom(w *cartv1.WorkerSpec) engine.WorkerSpec {
-	return engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty())}
+func (s *State) specFrom(w *cartv1.WorkerSpec) engine.WorkerSpec {
+	spec := engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty())}
+	if t, bc := w.GetCacheCapacityTokens(), s.eng.Policy().BlockChars; t > 0 && bc > 0 {
+		// Tokens are taken as 4 characters until the index is token-aware.
+		spec.CapacityBlocks = int(max(1, t*4/int64(bc)))
+	}
+	return spec
 }
 
 func (s *State) upsert(w *cartv1.WorkerSpec) {
 	if w.GetUrl() == "" {
 		return // malformed proposal; the admin API validates before proposing
 	}
-	spec := specFrom(w)
+	spec := s.specFrom(w)
 	s.capacity[spec.URL] = w.GetCacheCapacityTokens()
 	for i := range s.specs {
 		if s.specs[i].URL == spec.URL {

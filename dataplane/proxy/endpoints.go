@@ -37,6 +37,13 @@ type WorkerView struct {
 	LoadPenalty  int    `json:"load_penalty"`
 	Healthy      bool   `json:"healthy"`
 	BreakerState string `json:"breaker_state"`
+	// How right the prefix index has been about this worker's cache:
+	// cached prompt tokens it predicted vs what the worker reported.
+	PredictedCachedTokens uint64   `json:"predicted_cached_tokens"`
+	ActualCachedTokens    uint64   `json:"actual_cached_tokens"`
+	PredictionAccuracy    *float64 `json:"prediction_accuracy"` // actual/predicted; null before any report
+	CacheMisses           uint64   `json:"cache_misses"`
+	ModelCapacityBlocks   int      `json:"model_capacity_blocks"`
 }
 
 func (p *Proxy) handleWorkers(w http.ResponseWriter, _ *http.Request) {
@@ -44,7 +51,13 @@ func (p *Proxy) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	out := make([]WorkerView, len(ws))
 	for i, wk := range ws {
 		out[i] = WorkerView{URL: wk.URL, Load: wk.Load, MaxLoad: wk.MaxLoad, LoadPenalty: wk.LoadPenalty,
-			Healthy: wk.Healthy, BreakerState: p.o.Breakers.State(wk.URL).String()}
+			Healthy: wk.Healthy, BreakerState: p.o.Breakers.State(wk.URL).String(),
+			PredictedCachedTokens: wk.PredictedCachedTokens, ActualCachedTokens: wk.ActualCachedTokens,
+			CacheMisses: wk.CacheMisses, ModelCapacityBlocks: wk.ModelCapacityBlocks}
+		if wk.PredictedCachedTokens > 0 {
+			acc := float64(wk.ActualCachedTokens) / float64(wk.PredictedCachedTokens)
+			out[i].PredictionAccuracy = &acc
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"workers": out})
 }

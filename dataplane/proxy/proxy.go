@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +68,11 @@ type Options struct {
 	RetryBudgetMin    int
 
 	ModelsCacheTTL time.Duration
+
+	// SessionKeys, in order, name where a request's session key comes
+	// from: "header:<Name>", "prompt_cache_key" or "user". Empty disables
+	// session affinity.
+	SessionKeys []string
 
 	// Transport overrides the upstream transport (tests); nil builds one
 	// from the timeouts above.
@@ -176,6 +182,7 @@ type call struct {
 	body     []byte
 	hashes   []uint64
 	keyLen   int
+	session  string
 	routed   bool // prefix-routed (vs pass-through)
 	failed   []string
 	final    router.Decision
@@ -214,8 +221,28 @@ func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
 		defer func() { *hp = (*hp)[:0]; hashPool.Put(hp) }()
 		*hp = index.Hash((*hp)[:0], req.Model, req.Key, p.o.BlockChars)
 		c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
+		c.session = p.sessionKey(r, req)
 		p.forward(w, r, c)
 	}
+}
+
+// sessionKey returns the first session key present, in configured order.
+func (p *Proxy) sessionKey(r *http.Request, req *extract.Request) string {
+	for _, k := range p.o.SessionKeys {
+		var v string
+		switch {
+		case k == "prompt_cache_key":
+			v = req.PromptCacheKey
+		case k == "user":
+			v = req.User
+		case strings.HasPrefix(k, "header:"):
+			v = r.Header.Get(strings.TrimPrefix(k, "header:"))
+		}
+		if v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
@@ -231,21 +258,31 @@ func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
 
 // readBody buffers the request body once, within the size limit; it is
 // needed for the key anyway and replayed on retries.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (_ []byte, err error) {
+	defer func() {
+		if err != nil && r.ProtoMajor < 2 {
+			// Close the connection after the error: otherwise net/http
+			// drains the unread body before sending the answer, waiting
+			// (without a deadline) for bytes a slow or lying client may
+			// never send, and the refusal never goes out.
+			w.Header().Set("Connection", "close")
+		}
+	}()
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
 	if r.ContentLength > p.o.MaxBodyBytes {
 		return nil, tooLarge(p.o.MaxBodyBytes)
 	}
-	_ = http.NewResponseController(w).SetReadDeadline(p.o.Now().Add(p.o.BodyReadTimeout))
+	// A socket deadline is wall-clock time, whatever clock Options.Now is.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(p.o.BodyReadTimeout))
 	rd := http.MaxBytesReader(w, r.Body, p.o.MaxBodyBytes)
 	n := r.ContentLength
 	if n < 0 || n > p.o.MaxBodyBytes {
 		n = 0
 	}
 	buf := bytes.NewBuffer(make([]byte, 0, n+bytes.MinRead))
-	_, err := buf.ReadFrom(rd)
+	_, err = buf.ReadFrom(rd)
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -369,61 +406,81 @@ func isTimeout(err error) bool {
 // retries on another worker while the response has not started. Returning
 // from here is the last moment a retry is possible: after it ReverseProxy
 // starts writing to the client.
+//
+// When no other worker can take a retry, the client gets the last real
+// failure (the worker's own retryable answer, or a 504/502 for a timeout or
+// connection error), not a generic "no worker available".
 func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
 	c := callFrom(out.Context())
 	ctx := out.Context()
 	var tokens int64
 	defer func() { p.retryTokens.Add(-tokens) }()
+	// held is the last retryable answer, kept open until another worker has
+	// been found for the retry: if none can be, it is delivered as is.
+	var held *http.Response
+	var heldD router.Decision
+	drop := func() {
+		if held != nil {
+			_ = held.Body.Close()
+			held = nil
+		}
+	}
 	var lastErr error
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
-			if !p.retryAllowed(attempt) {
-				break
-			}
-			tokens++
-			p.retryTokens.Add(1)
 			if err := sleepCtx(ctx, p.backoff(attempt)); err != nil {
+				drop()
 				return nil, err
 			}
 		}
 		c.attempts++
 		d, err := p.decide(ctx, c)
 		if err != nil {
+			if held != nil {
+				return p.deliver(c, heldD, held, true), nil
+			}
 			if lastErr != nil {
-				return nil, fmt.Errorf("%w (after: %v)", err, lastErr)
+				return nil, fmt.Errorf("%w (no other worker to retry on: %v)", lastErr, err)
 			}
 			return nil, err
 		}
+		drop()
 		resp, err := p.dispatch(ctx, out, c, d)
 		if err == nil {
 			return resp, nil
 		}
 		var rs *retryableStatus
-		if errors.As(err, &rs) && (attempt >= p.o.MaxRetries || !p.retryBudgetLeft()) {
-			// Out of retries: the worker's own answer is the most useful
-			// thing to give the client.
-			if attempt < p.o.MaxRetries {
-				p.m.RetryBudgetExhaus.Inc()
-			}
-			return p.deliver(c, d, rs.resp, true), nil
-		}
-		if rs != nil {
-			_ = rs.resp.Body.Close()
-		}
+		errors.As(err, &rs)
 		if ctx.Err() != nil {
+			if rs != nil {
+				_ = rs.resp.Body.Close()
+			}
 			return nil, ctx.Err()
 		}
+		if !p.takeRetry(attempt) {
+			if rs != nil {
+				// Out of retries: the worker's own answer is the most
+				// useful thing to give the client.
+				return p.deliver(c, d, rs.resp, true), nil
+			}
+			return nil, err
+		}
+		tokens++
 		lastErr = err
 		c.failed = append(c.failed, d.Worker)
+		if rs != nil {
+			held, heldD = rs.resp, d
+		}
 	}
-	return nil, lastErr
 }
 
-func (p *Proxy) retryAllowed(attempt int) bool {
-	if attempt > p.o.MaxRetries {
+// takeRetry reports whether the attempt that just failed (0-based) may be
+// retried, taking a retry-budget token if so.
+func (p *Proxy) takeRetry(attempt int) bool {
+	if attempt >= p.o.MaxRetries {
 		return false
 	}
-	if !p.retryBudgetLeft() {
+	if !p.reserveRetryToken() {
 		p.m.RetryBudgetExhaus.Inc()
 		return false
 	}
@@ -435,15 +492,25 @@ func (p *Proxy) isRetryable(status int) bool {
 	return status >= 0 && status < len(p.retryable) && p.retryable[status]
 }
 
-// retryBudgetLeft caps retries in progress at RetryBudgetRatio of the
+// reserveRetryToken caps retries in progress at RetryBudgetRatio of the
 // requests in flight (at least RetryBudgetMin), so a sick pool sees at most
-// a bounded amplification instead of a retry storm.
-func (p *Proxy) retryBudgetLeft() bool {
+// a bounded amplification instead of a retry storm. The check and the
+// reservation are one atomic step: in a storm many requests fail at once,
+// and checking before taking would let all of them through.
+func (p *Proxy) reserveRetryToken() bool {
 	limit := int64(math.Floor(p.o.RetryBudgetRatio * float64(p.active.Load())))
 	if limit < int64(p.o.RetryBudgetMin) {
 		limit = int64(p.o.RetryBudgetMin)
 	}
-	return p.retryTokens.Load() < limit
+	for {
+		n := p.retryTokens.Load()
+		if n >= limit {
+			return false
+		}
+		if p.retryTokens.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 func (p *Proxy) backoff(attempt int) time.Duration {
@@ -485,7 +552,7 @@ func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 	}
 	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude}
 	if c.routed {
-		req.Endpoint, req.Hashes, req.KeyLen = c.endpoint, c.hashes, c.keyLen
+		req.Endpoint, req.Hashes, req.KeyLen, req.Session = c.endpoint, c.hashes, c.keyLen, c.session
 	}
 	d, err := p.o.Router.Route(ctx, req)
 	if err != nil && len(exclude) > len(c.failed) && errors.Is(err, router.ErrUnavailable) {

@@ -158,7 +158,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		rctx, cancel := context.WithTimeout(ctx, r.o.RouteTimeout)
 		resp, err := r.client(target).Route(rctx, connect.NewRequest(&cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: req.Hashes, KeyLength: uint32(req.KeyLen),
-			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, DryRun: req.DryRun, RequestId: req.ID,
+			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
 		}))
 		cancel()
 		if err == nil {
@@ -374,7 +374,9 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	}
 	ws := make([]router.WorkerStatus, len(m.GetWorkers()))
 	for i, w := range m.GetWorkers() {
-		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy()}
+		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy(),
+			PredictedCachedTokens: w.GetPredictedCachedTokens(), ActualCachedTokens: w.GetActualCachedTokens(),
+			CacheMisses: w.GetCacheMisses(), ModelCapacityBlocks: int(w.GetModelCapacityBlocks())}
 	}
 	r.mu.Lock()
 	r.workers, r.version, r.synced = ws, m.GetWorkersVersion(), true

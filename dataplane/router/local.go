@@ -49,7 +49,8 @@ func NewLocal(o LocalOptions, workers []engine.WorkerSpec) *Local {
 }
 
 type localTicket struct {
-	d engine.Decision
+	d      engine.Decision
+	keyLen int
 }
 
 // Route implements Router.
@@ -61,6 +62,7 @@ func (l *Local) Route(_ context.Context, req *Request) (Decision, error) {
 		KeyLen:  req.KeyLen,
 		Exclude: req.Exclude,
 		DryRun:  req.DryRun,
+		Session: req.Session,
 	}, l.now().UnixNano())
 	l.mu.Unlock()
 	if err != nil {
@@ -75,7 +77,7 @@ func (l *Local) Route(_ context.Context, req *Request) (Decision, error) {
 		ChosenChars:  d.ChosenChars,
 		Latency:      time.Since(start),
 		FromLeader:   true,
-		Ticket:       &localTicket{d: d},
+		Ticket:       &localTicket{d: d, keyLen: req.KeyLen},
 	}, nil
 }
 
@@ -90,6 +92,10 @@ func (l *Local) Done(d Decision, o Outcome) {
 	l.eng.Release(t.d.Worker)
 	if !o.Delivered {
 		l.eng.Unplace(t.d)
+		return
+	}
+	if o.PromptTokens > 0 && o.CachedTokens >= 0 {
+		l.eng.Feedback(t.d.Worker, t.keyLen, t.d.ChosenChars, t.d.PlacedAgo, o.PromptTokens, o.CachedTokens)
 	}
 }
 
@@ -100,7 +106,9 @@ func (l *Local) Workers() []WorkerStatus {
 	l.mu.Unlock()
 	out := make([]WorkerStatus, len(ws))
 	for i, w := range ws {
-		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load}
+		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load,
+			PredictedCachedTokens: w.Accuracy.PredictedTokens, ActualCachedTokens: w.Accuracy.ActualTokens,
+			CacheMisses: w.Accuracy.Misses, ModelCapacityBlocks: w.Accuracy.ModelCapacity}
 	}
 	return out
 }
@@ -143,6 +151,16 @@ func (l *Local) EvictPass() int {
 			break
 		}
 	}
+	now := l.now().UnixNano()
+	l.mu.Lock()
+	if ttl := l.eng.Policy().TTL; ttl > 0 {
+		n, _ := l.eng.Index().ExpireBefore(now-ttl, 0)
+		total += n
+	}
+	if l.eng.Policy().SessionTTL > 0 {
+		l.eng.ExpireSessions(now)
+	}
+	l.mu.Unlock()
 	l.maybeDailyReset()
 	return total
 }

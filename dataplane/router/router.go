@@ -24,6 +24,8 @@ type Request struct {
 	// Exclude are worker URLs this request must not go to.
 	Exclude []string
 	DryRun  bool
+	// Session is the request's session key ("" = none).
+	Session string
 }
 
 // Decision is where a request goes and why. The Ticket must be handed back
@@ -64,6 +66,12 @@ type WorkerStatus struct {
 	LoadPenalty int
 	Healthy     bool
 	Load        int
+	// Model accuracy: what the index predicted as cached vs what the
+	// worker reported, and the current modelled capacity.
+	PredictedCachedTokens uint64
+	ActualCachedTokens    uint64
+	CacheMisses           uint64
+	ModelCapacityBlocks   int
 }
 
 // Router decides routes and accounts load.

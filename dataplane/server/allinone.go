@@ -34,12 +34,25 @@ type AllInOne struct {
 }
 
 // WorkerSpecs converts configured workers for the engine.
-func WorkerSpecs(ws []config.Worker) []engine.WorkerSpec {
+func WorkerSpecs(ws []config.Worker, blockChars int) []engine.WorkerSpec {
 	out := make([]engine.WorkerSpec, len(ws))
 	for i, w := range ws {
-		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty}
+		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty,
+			CapacityBlocks: CapacityBlocks(w.CacheCapacityTokens, blockChars)}
 	}
 	return out
+}
+
+// CharsPerToken is how the index converts token capacities into
+// characters until it is token-aware.
+const CharsPerToken = 4
+
+// CapacityBlocks converts a cache capacity in tokens into index blocks.
+func CapacityBlocks(tokens int64, blockChars int) int {
+	if tokens <= 0 || blockChars <= 0 {
+		return 0
+	}
+	return int(max(1, tokens*CharsPerToken/int64(blockChars)))
 }
 
 func workerURLs(ws []config.Worker) []string {
@@ -50,15 +63,24 @@ func workerURLs(ws []config.Worker) []string {
 	return out
 }
 
-// EnginePolicy translates cache.* into the engine's thresholds.
-func EnginePolicy(c config.Cache) engine.Policy {
-	return engine.Policy{
+// EnginePolicy translates cache.* and session.* into the engine's policy.
+func EnginePolicy(cfg *config.Config) engine.Policy {
+	c := cfg.Cache
+	p := engine.Policy{
 		Threshold:           c.Threshold,
 		MatchAbsThreshold:   c.MatchAbsThreshold,
 		BalanceAbsThreshold: c.BalanceAbsThreshold,
 		BalanceRelThreshold: c.BalanceRelThreshold,
 		BlockChars:          c.BlockChars,
+		CapacityBlocks:      CapacityBlocks(c.CapacityTokens, c.BlockChars),
+		TTL:                 int64(secs(c.TTLSecs)),
+		ClosedLoop:          c.ClosedLoop,
+		HotFraction:         c.HotPrefixFraction,
 	}
+	if cfg.Session.Enabled {
+		p.SessionTTL = int64(secs(cfg.Session.TTLSecs))
+	}
+	return p
 }
 
 // NewAllInOne builds the all-in-one router from a validated config. paths
@@ -66,12 +88,12 @@ func EnginePolicy(c config.Cache) engine.Policy {
 func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint64) (*AllInOne, error) {
 	a := &AllInOne{paths: paths, log: log, cfg: cfg}
 	a.Router = router.NewLocal(router.LocalOptions{
-		Policy:      EnginePolicy(cfg.Cache),
+		Policy:      EnginePolicy(cfg),
 		MaxEntries:  cfg.Cache.MaxTreeSize,
 		InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0,
 		CleanupHour: cfg.Cache.DailyCleanupHourUTC,
 		Seed:        seed,
-	}, WorkerSpecs(cfg.Workers))
+	}, WorkerSpecs(cfg.Workers, cfg.Cache.BlockChars))
 	a.Metrics = metrics.New(func() (int, uint64, uint64, uint64) {
 		st, under := a.Router.IndexStats()
 		return st.Entries, st.Evicted, st.SkippedInserts, under
@@ -148,16 +170,26 @@ func (a *AllInOne) Reload() error {
 		a.Metrics.Reloads.WithLabelValues("rejected").Inc()
 		return fmt.Errorf("reload rejected: only workers may change at runtime, but these keys differ: %s (restart to apply them)", strings.Join(other, ", "))
 	}
-	removed := a.Router.SetWorkers(WorkerSpecs(next.Workers))
+	before := make(map[string]bool, len(a.cfg.Workers))
+	for _, u := range workerURLs(a.cfg.Workers) {
+		before[u] = true
+	}
+	removed := a.Router.SetWorkers(WorkerSpecs(next.Workers, next.Cache.BlockChars))
 	urls := workerURLs(next.Workers)
 	a.Health.SetWorkers(urls)
 	keep := make(map[string]bool, len(urls))
 	for _, u := range urls {
 		keep[u] = true
+		if !before[u] {
+			// Added workers start healthy with a closed breaker, as at start.
+			a.Metrics.SetHealthy(u, true)
+			a.Metrics.SetBreaker(u, "closed")
+		}
 	}
 	a.Break.Forget(keep)
 	for _, w := range removed {
 		a.Metrics.Healthy.DeleteLabelValues(w)
+		a.Metrics.BreakerState.DeletePartialMatch(map[string]string{"worker": w})
 	}
 	a.cfg = next
 	a.Metrics.Reloads.WithLabelValues("accepted").Inc()

@@ -50,7 +50,15 @@ func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metric
 		RetryBudgetRatio:    p.RetryBudgetRatio,
 		RetryBudgetMin:      p.RetryBudgetMin,
 		ModelsCacheTTL:      secs(p.ModelsCacheSecs),
+		SessionKeys:         sessionKeys(cfg),
 	}
+}
+
+func sessionKeys(cfg *config.Config) []string {
+	if !cfg.Session.Enabled {
+		return nil
+	}
+	return cfg.Session.Keys
 }
 
 // BreakerConfig translates circuit_breaker.*.

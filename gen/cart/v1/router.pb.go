@@ -659,9 +659,17 @@ type Worker struct {
 	// Health verdict of the leader's prober.
 	Healthy bool `protobuf:"varint,5,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	// In-flight requests the leader accounts to this worker.
-	Load          uint32 `protobuf:"varint,6,opt,name=load,proto3" json:"load,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Load uint32 `protobuf:"varint,6,opt,name=load,proto3" json:"load,omitempty"`
+	// Cached prompt tokens the index predicted for requests with a usage
+	// report, and what the worker reported for them.
+	PredictedCachedTokens uint64 `protobuf:"varint,7,opt,name=predicted_cached_tokens,json=predictedCachedTokens,proto3" json:"predicted_cached_tokens,omitempty"`
+	ActualCachedTokens    uint64 `protobuf:"varint,8,opt,name=actual_cached_tokens,json=actualCachedTokens,proto3" json:"actual_cached_tokens,omitempty"`
+	// Reports far below the prediction (closed loop).
+	CacheMisses uint64 `protobuf:"varint,9,opt,name=cache_misses,json=cacheMisses,proto3" json:"cache_misses,omitempty"`
+	// Current modelled cache capacity in index blocks (0 = unbounded).
+	ModelCapacityBlocks uint32 `protobuf:"varint,10,opt,name=model_capacity_blocks,json=modelCapacityBlocks,proto3" json:"model_capacity_blocks,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -736,6 +744,34 @@ func (x *Worker) GetLoad() uint32 {
 	return 0
 }
 
+func (x *Worker) GetPredictedCachedTokens() uint64 {
+	if x != nil {
+		return x.PredictedCachedTokens
+	}
+	return 0
+}
+
+func (x *Worker) GetActualCachedTokens() uint64 {
+	if x != nil {
+		return x.ActualCachedTokens
+	}
+	return 0
+}
+
+func (x *Worker) GetCacheMisses() uint64 {
+	if x != nil {
+		return x.CacheMisses
+	}
+	return 0
+}
+
+func (x *Worker) GetModelCapacityBlocks() uint32 {
+	if x != nil {
+		return x.ModelCapacityBlocks
+	}
+	return 0
+}
+
 var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
@@ -796,14 +832,19 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"blockChars\x12\x1b\n" +
 	"\tleader_id\x18\x04 \x01(\tR\bleaderId\x12\x1d\n" +
 	"\n" +
-	"leader_url\x18\x05 \x01(\tR\tleaderUrl\"\xba\x01\n" +
+	"leader_url\x18\x05 \x01(\tR\tleaderUrl\"\xfb\x02\n" +
 	"\x06Worker\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
 	"\bmax_load\x18\x02 \x01(\rR\amaxLoad\x12!\n" +
 	"\fload_penalty\x18\x03 \x01(\rR\vloadPenalty\x122\n" +
 	"\x15cache_capacity_tokens\x18\x04 \x01(\x03R\x13cacheCapacityTokens\x12\x18\n" +
 	"\ahealthy\x18\x05 \x01(\bR\ahealthy\x12\x12\n" +
-	"\x04load\x18\x06 \x01(\rR\x04load2\xc3\x01\n" +
+	"\x04load\x18\x06 \x01(\rR\x04load\x126\n" +
+	"\x17predicted_cached_tokens\x18\a \x01(\x04R\x15predictedCachedTokens\x120\n" +
+	"\x14actual_cached_tokens\x18\b \x01(\x04R\x12actualCachedTokens\x12!\n" +
+	"\fcache_misses\x18\t \x01(\x04R\vcacheMisses\x122\n" +
+	"\x15model_capacity_blocks\x18\n" +
+	" \x01(\rR\x13modelCapacityBlocks2\xc3\x01\n" +
 	"\rRouterService\x128\n" +
 	"\x05Route\x12\x15.cart.v1.RouteRequest\x1a\x16.cart.v1.RouteResponse\"\x00\x12A\n" +
 	"\bComplete\x12\x18.cart.v1.CompleteRequest\x1a\x19.cart.v1.CompleteResponse\"\x00\x125\n" +
