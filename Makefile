@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BINARIES := cart cartctl cart-sim
 GOFILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate
+.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check
 
 # Code generation tools, pinned and built from the Go module proxy into
 # .tools/ (buf's remote plugins are never used).
@@ -16,6 +16,9 @@ TOOLS := $(CURDIR)/.tools
 BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_CONNECT_GO_VERSION := v1.19.2
+HELM_VERSION := v3.22.0
+# A go-installed helm assumes Kubernetes 1.20, below the chart's kubeVersion.
+HELM_KUBE_VERSION := 1.30.0
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -31,7 +34,7 @@ run: build ## start three cart-sim replicas and cart on :6700 (Ctrl-C stops all)
 	@deploy/local/run.sh
 
 test: fmt-check vet staticcheck ## the one test command: format, vet, staticcheck, go test -race
-	$(GO) test -race -count=1 -timeout 20m ./...
+	HELM=$(TOOLS)/helm $(GO) test -race -count=1 -timeout 25m ./...
 
 lint: fmt-check vet staticcheck ## format, vet and staticcheck only
 
@@ -70,6 +73,17 @@ generate: tools ## buf lint + regenerate gen/ from proto/ with local plugins
 
 checkgenerate: generate ## fail when gen/ is stale
 	@test -z "$$(git status --porcelain -- gen/)" || { echo "gen/ is stale: run make generate and commit"; git status --porcelain -- gen/; exit 1; }
+
+deploy-tools: $(TOOLS)/helm ## install pinned helm into .tools/
+$(TOOLS)/helm:
+	GOBIN=$(TOOLS) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+deploy-check: deploy-tools ## lint and test deploy/ (Dockerfile, compose, Helm, systemd, dashboard, alerts)
+	$(TOOLS)/helm lint --strict --kube-version $(HELM_KUBE_VERSION) deploy/helm/cart
+	shellcheck -s sh deploy/docker/build.sh
+	promtool check config deploy/prometheus/prometheus.yml
+	promtool test rules deploy/prometheus/alerts_test.yml
+	CI=true HELM=$(TOOLS)/helm $(GO) test -count=1 ./deploy/...
 
 clean:
 	rm -rf bin

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -40,6 +41,7 @@ func newControlPlaneCmd() *cobra.Command {
 			log := logging.New(os.Stderr, cfg.Log.Level, cfg.Log.Format)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			ignoreHUP(ctx, log, "the control plane's worker set changes through cartctl (AdminService), not config reloads")
 			d, err := daemon.Start(ctx, cfg, log)
 			if err != nil {
 				return err
@@ -102,5 +104,24 @@ func runDataPlane(ctx context.Context, cfg *config.Config) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ignoreHUP(ctx, log, "a data plane learns its worker set from the control plane")
 	return d.Run(ctx, ln)
+}
+
+// ignoreHUP keeps SIGHUP (sent by reload tooling to every unit) from
+// killing a role that has nothing to reload, and says why.
+func ignoreHUP(ctx context.Context, log *slog.Logger, why string) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				log.Warn("SIGHUP ignored: nothing to reload in this role", "why", why)
+			}
+		}
+	}()
 }

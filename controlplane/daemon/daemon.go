@@ -217,8 +217,11 @@ func (d *Daemon) seedWorkers(ctx context.Context) {
 				return
 			}
 			d.log.Warn("seed workers", "error", err.Error())
-		} else if id, _ := d.Node.Leader(); id != "" {
-			return // another node leads: the cluster existed before us
+		} else if id, _ := d.Node.Leader(); id != "" && id != d.cfg.ControlPlane.NodeID {
+			// Another node leads: the cluster existed before us. (Raft
+			// names this node leader before its barrier completes, so
+			// our own id means "not ready yet", not "someone else".)
+			return
 		}
 		select {
 		case <-ctx.Done():

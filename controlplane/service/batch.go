@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -53,8 +54,21 @@ func (b *batcher) Place(worker string, hashes []uint64, at time.Time) {
 	b.add(&b.place, worker, hashes, at)
 }
 
-// Unplace queues the withdrawal of a placement.
+// Unplace queues the withdrawal of a placement. A placement still waiting
+// in this window is dropped instead, so a queued withdrawal always refers to
+// a placement replicated in an earlier window; flush can then replicate the
+// withdrawals before the window's placements, and a prefix withdrawn and
+// placed again within one window stays placed.
 func (b *batcher) Unplace(worker string, hashes []uint64, at time.Time) {
+	b.mu.Lock()
+	for i := len(b.place) - 1; i >= 0; i-- {
+		if p := b.place[i]; p.GetWorker() == worker && slices.Equal(p.GetBlockHashes(), hashes) {
+			b.place = slices.Delete(b.place, i, i+1)
+			b.mu.Unlock()
+			return
+		}
+	}
+	b.mu.Unlock()
 	b.add(&b.unplace, worker, hashes, at)
 }
 
@@ -80,16 +94,16 @@ func (b *batcher) flush(ctx context.Context) {
 	b.mu.Unlock()
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if len(place) > 0 {
-		cmd := &cartv1.RaftCommand{Ignorable: true, Body: &cartv1.RaftCommand_PlaceBatch{PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place}}}
-		if _, err := b.node.Apply(actx, cmd); err != nil {
-			b.log.Warn("replicate placements", "placements", len(place), "error", err.Error())
-		}
-	}
 	if len(unplace) > 0 {
 		cmd := &cartv1.RaftCommand{Ignorable: true, Body: &cartv1.RaftCommand_UnplaceBatch{UnplaceBatch: &cartv1.UnplaceBatchCommand{Placements: unplace}}}
 		if _, err := b.node.Apply(actx, cmd); err != nil {
 			b.log.Warn("replicate withdrawn placements", "placements", len(unplace), "error", err.Error())
+		}
+	}
+	if len(place) > 0 {
+		cmd := &cartv1.RaftCommand{Ignorable: true, Body: &cartv1.RaftCommand_PlaceBatch{PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place}}}
+		if _, err := b.node.Apply(actx, cmd); err != nil {
+			b.log.Warn("replicate placements", "placements", len(place), "error", err.Error())
 		}
 	}
 }

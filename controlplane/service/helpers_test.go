@@ -207,19 +207,6 @@ func h2cClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{Protocols: &p}}
 }
 
-// startH2C serves h on 127.0.0.1 with HTTP/1.1 and h2c.
-func startH2C(t testing.TB, h http.Handler) *httptest.Server {
-	t.Helper()
-	srv := httptest.NewUnstartedServer(h)
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv
-}
-
 // testCP is one control-plane node under test.
 type testCP struct {
 	core   *Core

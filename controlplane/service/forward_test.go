@@ -1,0 +1,170 @@
+package service
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// pair is a leader "n2" and a follower "n1" that knows n2's API URL.
+func newPair(t *testing.T, leaderAuth, followerAuth AuthOptions, followerToken string) (leader, follower *testCP) {
+	t.Helper()
+	leader = newTestCP(t, cpConfig{id: "n2", leader: true, auth: leaderAuth})
+	leader.addWorkers(t, w1, w2)
+	follower = newTestCP(t, cpConfig{id: "n1", auth: followerAuth, opts: func(o *Options) { o.Token = followerToken }})
+	follower.setMember(t, "n2", leader.url)
+	follower.node.setLeader(false, "n2")
+	return leader, follower
+}
+
+func TestFollowerForwards(t *testing.T) {
+	leader, follower := newPair(t, AuthOptions{}, AuthOptions{}, "")
+	for _, p := range protocols {
+		t.Run(p.name, func(t *testing.T) {
+			rc := follower.router(p.opts...)
+			txt := text(64, 20)
+			d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+			if !d.GetFromLeader() || d.GetLeaderId() != "n2" || d.GetTicket() == 0 || d.GetWorker() == "" {
+				t.Fatalf("forwarded Route = %v", d)
+			}
+			if got := leader.loads(t)[d.GetWorker()]; got != 1 {
+				t.Fatalf("leader load after forwarded Route = %d, want 1", got)
+			}
+			if again := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DryRun: true}); again.GetReason() != "cache_hit" {
+				t.Fatalf("forwarded repeat = %v, want cache_hit", again)
+			}
+			if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: true}); n != 1 {
+				t.Fatalf("forwarded Complete settled %d", n)
+			}
+			if got := leader.loads(t)[d.GetWorker()]; got != 0 {
+				t.Fatalf("leader load after forwarded Complete = %d", got)
+			}
+			s := syncLoads(t, rc, "dp1", map[string]uint32{w1: 2})
+			if s.GetLeaderId() != "n2" || s.GetLeaderUrl() != leader.url || len(s.GetWorkers()) < 2 {
+				t.Fatalf("forwarded Sync = %v", s)
+			}
+			if got := leader.loads(t)[w1]; got != 2 {
+				t.Fatalf("leader load after forwarded Sync = %d, want 2", got)
+			}
+			syncLoads(t, rc, "dp1", nil)
+		})
+	}
+
+	ac := follower.admin()
+	ctx := context.Background()
+	const w9 = "http://w9.test:8000"
+	if _, err := ac.AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w9, MaxLoad: 4}})); err != nil {
+		t.Fatalf("forwarded AddWorker: %v", err)
+	}
+	if _, ok := leader.loads(t)[w9]; !ok {
+		t.Fatal("forwarded AddWorker did not reach the leader")
+	}
+	list, err := ac.ListWorkers(ctx, connect.NewRequest(&cartv1.ListWorkersRequest{}))
+	if err != nil || len(list.Msg.GetWorkers()) != 3 {
+		t.Fatalf("forwarded ListWorkers = %v, %v", list, err)
+	}
+	if _, err := ac.UpdateWorker(ctx, connect.NewRequest(&cartv1.UpdateWorkerRequest{Worker: &cartv1.Worker{Url: w9, MaxLoad: 8}})); err != nil {
+		t.Fatalf("forwarded UpdateWorker: %v", err)
+	}
+	if _, err := ac.RemoveWorker(ctx, connect.NewRequest(&cartv1.RemoveWorkerRequest{Url: w9})); err != nil {
+		t.Fatalf("forwarded RemoveWorker: %v", err)
+	}
+	if _, ok := leader.loads(t)[w9]; ok {
+		t.Fatal("forwarded RemoveWorker did not reach the leader")
+	}
+	_, err = ac.RemoveWorker(ctx, connect.NewRequest(&cartv1.RemoveWorkerRequest{Url: w9}))
+	wantCode(t, err, connect.CodeNotFound) // the leader's answer comes back as is
+}
+
+func TestForwardedCallToFollowerDoesNotLoop(t *testing.T) {
+	_, follower := newPair(t, AuthOptions{}, AuthOptions{}, "")
+	ctx := context.Background()
+	rc := follower.router()
+	forwarded := func(req interface{ Header() http.Header }) {
+		req.Header().Set(HeaderForwarded, "1")
+	}
+	rreq := connect.NewRequest(&cartv1.RouteRequest{Text: "x"})
+	forwarded(rreq)
+	_, err := rc.Route(ctx, rreq)
+	ce := wantCode(t, err, connect.CodeUnavailable)
+	if !strings.Contains(ce.Message(), "not the leader either") {
+		t.Fatalf("loop refusal message = %q", ce.Message())
+	}
+	creq := connect.NewRequest(&cartv1.CompleteRequest{})
+	forwarded(creq)
+	_, err = rc.Complete(ctx, creq)
+	wantCode(t, err, connect.CodeUnavailable)
+	sreq := connect.NewRequest(&cartv1.SyncRequest{})
+	forwarded(sreq)
+	_, err = rc.Sync(ctx, sreq)
+	wantCode(t, err, connect.CodeUnavailable)
+	areq := connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w3}})
+	forwarded(areq)
+	_, err = follower.admin().AddWorker(ctx, areq)
+	wantCode(t, err, connect.CodeUnavailable)
+}
+
+func TestFollowerWithoutLeader(t *testing.T) {
+	_, follower := newPair(t, AuthOptions{}, AuthOptions{}, "")
+	follower.node.setLeader(false, "")
+	ctx := context.Background()
+	rc, ac := follower.router(), follower.admin()
+	calls := map[string]func() error{
+		"Route":    func() error { _, err := rc.Route(ctx, connect.NewRequest(&cartv1.RouteRequest{Text: "x"})); return err },
+		"Complete": func() error { _, err := rc.Complete(ctx, connect.NewRequest(&cartv1.CompleteRequest{})); return err },
+		"Sync":     func() error { _, err := rc.Sync(ctx, connect.NewRequest(&cartv1.SyncRequest{})); return err },
+		"AddWorker": func() error {
+			_, err := ac.AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w3}}))
+			return err
+		},
+		"RemoveWorker": func() error {
+			_, err := ac.RemoveWorker(ctx, connect.NewRequest(&cartv1.RemoveWorkerRequest{Url: w3}))
+			return err
+		},
+		"AddVoter": func() error {
+			_, err := ac.AddVoter(ctx, connect.NewRequest(&cartv1.AddVoterRequest{Id: "n3", RaftAddress: "x:1"}))
+			return err
+		},
+	}
+	for name, call := range calls {
+		ce := wantCode(t, call(), connect.CodeUnavailable)
+		if !strings.Contains(ce.Message(), "no leader") {
+			t.Fatalf("%s without leader: %q", name, ce.Message())
+		}
+	}
+	// An operator still sees the replicated worker set.
+	if _, err := ac.ListWorkers(ctx, connect.NewRequest(&cartv1.ListWorkersRequest{})); err != nil {
+		t.Fatalf("ListWorkers without leader: %v", err)
+	}
+
+	// A leader that has not published its URL yet.
+	follower.node.setLeader(false, "n3")
+	_, err := rc.Route(ctx, connect.NewRequest(&cartv1.RouteRequest{Text: "x"}))
+	ce := wantCode(t, err, connect.CodeUnavailable)
+	if !strings.Contains(ce.Message(), "n3") {
+		t.Fatalf("unpublished leader message = %q", ce.Message())
+	}
+}
+
+func TestForwardCarriesToken(t *testing.T) {
+	auth := AuthOptions{Token: "s3cret"}
+	bearer := connect.WithInterceptors(bearerInterceptor("s3cret"))
+	t.Run("with token", func(t *testing.T) {
+		_, follower := newPair(t, auth, auth, "s3cret")
+		rc := follower.router(connect.WithGRPC(), bearer)
+		if d := route(t, rc, &cartv1.RouteRequest{Text: "x", DataplaneId: "dp1"}); !d.GetFromLeader() {
+			t.Fatalf("forwarded Route = %v", d)
+		}
+	})
+	t.Run("without token", func(t *testing.T) {
+		_, follower := newPair(t, auth, auth, "")
+		rc := follower.router(connect.WithGRPC(), bearer)
+		_, err := rc.Route(context.Background(), connect.NewRequest(&cartv1.RouteRequest{Text: "x"}))
+		wantCode(t, err, connect.CodeUnauthenticated)
+	})
+}

@@ -1,0 +1,697 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/dataplane/router"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+var boot = []router.WorkerStatus{{URL: wA, Healthy: true}, {URL: wB, Healthy: true}}
+
+func TestRouteViaControlPlane(t *testing.T) {
+	cp := newFakeCP(t)
+	cp.set(func(f *fakeCP) {
+		f.routeFn = func(*cartv1.RouteRequest) *cartv1.RouteResponse {
+			return &cartv1.RouteResponse{Worker: wA, Reason: "cache_hit", MatchedChars: 64, MatchedRatio: 0.5, Candidate: wA,
+				ChosenChars: 64, Ticket: 42, FromLeader: true, LeaderId: "n1", DecisionMicros: 3}
+		}
+	})
+	var fb fallbacks
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, Token: "tok", OnFallback: fb.on})
+	req := &router.Request{ID: "req-1", Endpoint: "chat_completions", Model: "m", Hashes: []uint64{1, 2, 3}, KeyLen: 150, Exclude: []string{wB}}
+	d, err := r.Route(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker != wA || d.Reason != "cache_hit" || d.MatchedChars != 64 || d.MatchedRatio != 0.5 || d.Candidate != wA ||
+		d.ChosenChars != 64 || !d.FromLeader || d.Latency <= 0 {
+		t.Fatalf("decision = %+v", d)
+	}
+	if tk, ok := d.Ticket.(*ticket); !ok || tk.id != 42 || tk.worker != wA {
+		t.Fatalf("ticket = %#v", d.Ticket)
+	}
+	got := cp.lastRoute()
+	if got.GetDataplaneId() != "dp-test" || got.GetRequestId() != "req-1" || got.GetEndpoint() != "chat_completions" || got.GetModel() != "m" ||
+		!slices.Equal(got.GetBlockHashes(), []uint64{1, 2, 3}) || got.GetKeyLength() != 150 || !slices.Equal(got.GetExcludeWorkers(), []string{wB}) || got.GetDryRun() {
+		t.Fatalf("RouteRequest sent = %v", got)
+	}
+	cp.mu.Lock()
+	auth := cp.auth[len(cp.auth)-1]
+	cp.mu.Unlock()
+	if auth != "Bearer tok" {
+		t.Fatalf("Authorization = %q", auth)
+	}
+	if l := loadOf(r, wA); l != 1 {
+		t.Fatalf("local load after Route = %d, want 1", l)
+	}
+	if len(fb.list()) != 0 {
+		t.Fatalf("fallback on success: %v", fb.list())
+	}
+
+	r.Done(d, router.Outcome{Delivered: true, PromptTokens: 100, CachedTokens: 64})
+	if l := loadOf(r, wA); l != 0 {
+		t.Fatalf("local load after Done = %d, want 0", l)
+	}
+	// A second Done (a caller bug) must not drive the count negative.
+	r.Done(d, router.Outcome{Delivered: true, PromptTokens: 100, CachedTokens: 64})
+	if l := loadOf(r, wA); l != 0 {
+		t.Fatalf("local load after a second Done = %d, want 0", l)
+	}
+	// A decision without a ticket of ours is ignored.
+	r.Done(router.Decision{Worker: wA, Ticket: "foreign"}, router.Outcome{})
+
+	run(t, r)
+	waitFor(t, "completion flushed", func() bool { _, all := cp.completions(); return len(all) >= 1 })
+	cp.mu.Lock()
+	first := cp.completes[0]
+	cp.mu.Unlock()
+	c := first.GetCompletions()[0]
+	if first.GetDataplaneId() != "dp-test" || c.GetTicket() != 42 || c.GetWorker() != wA || !c.GetDelivered() || c.GetPromptTokens() != 100 || c.GetCachedTokens() != 64 {
+		t.Fatalf("completion = %v in %v", c, first)
+	}
+}
+
+func TestDryRunViaControlPlaneTakesNoLoad(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot})
+	d, err := r.Route(context.Background(), &router.Request{DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cp.lastRoute().GetDryRun() || d.Worker != wA {
+		t.Fatalf("dry run: %+v, sent %v", d, cp.lastRoute())
+	}
+	for _, w := range r.Workers() {
+		if w.Load != 0 {
+			t.Fatalf("dry run took load on %s", w.URL)
+		}
+	}
+}
+
+func TestCompletionsAreBatched(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: 100 * time.Millisecond})
+	run(t, r)
+	const n = 20
+	var ds []router.Decision
+	for range n {
+		d, err := r.Route(context.Background(), &router.Request{Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	if l := loadOf(r, wA); l != n {
+		t.Fatalf("local load = %d, want %d", l, n)
+	}
+	for i, d := range ds {
+		r.Done(d, router.Outcome{Delivered: i%2 == 0, PromptTokens: i, CachedTokens: -1})
+	}
+	waitFor(t, "all completions flushed", func() bool { _, all := cp.completions(); return len(all) == n })
+	calls, all := cp.completions()
+	if calls > 3 {
+		t.Fatalf("%d completions took %d Complete calls", n, calls)
+	}
+	seen := map[uint64]bool{}
+	for _, c := range all {
+		tk := c.GetTicket()
+		i := int(tk) - 1
+		if seen[tk] || i < 0 || i >= n || c.GetDelivered() != (i%2 == 0) || c.GetPromptTokens() != int32(i) || c.GetCachedTokens() != -1 {
+			t.Fatalf("completion %v (dup %v)", c, seen[tk])
+		}
+		seen[tk] = true
+	}
+}
+
+// A full queue is flushed at once rather than at the next tick.
+func TestCompletionsFlushWhenQueueFills(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
+	run(t, r)
+	for range 300 {
+		d, err := r.Route(context.Background(), &router.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(d, router.Outcome{Delivered: true})
+	}
+	waitFor(t, "early flush", func() bool { _, all := cp.completions(); return len(all) >= 256 })
+}
+
+func TestCompletionsFlushedOnStop(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
+	stop := run(t, r)
+	d, err := r.Route(context.Background(), &router.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Done(d, router.Outcome{Delivered: false})
+	stop()
+	if _, all := cp.completions(); len(all) != 1 || all[0].GetDelivered() {
+		t.Fatalf("completions after stop = %v", all)
+	}
+}
+
+func TestFallbackOnTimeout(t *testing.T) {
+	cp := newFakeCP(t)
+	cp.set(func(f *fakeCP) { f.routeDelay = 5 * time.Second })
+	var fb fallbacks
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteTimeout: 20 * time.Millisecond, OnFallback: fb.on, FlushInterval: 10 * time.Millisecond})
+	start := time.Now()
+	d, err := r.Route(context.Background(), &router.Request{Model: "m"})
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Reason != ReasonFallbackLocal || d.FromLeader || (d.Worker != wA && d.Worker != wB) {
+		t.Fatalf("decision = %+v", d)
+	}
+	if elapsed > time.Second {
+		t.Fatalf("fallback took %v; the route timeout is 20ms", elapsed)
+	}
+	if got := fb.list(); !slices.Equal(got, []string{"timeout"}) {
+		t.Fatalf("fallback causes = %v", got)
+	}
+	if l := loadOf(r, d.Worker); l != 1 {
+		t.Fatalf("local load after fallback = %d", l)
+	}
+	run(t, r)
+	r.Done(d, router.Outcome{Delivered: true})
+	if l := loadOf(r, d.Worker); l != 0 {
+		t.Fatalf("local load after Done = %d", l)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, all := cp.completions(); len(all) != 0 {
+		t.Fatalf("a local decision was reported to the control plane: %v", all)
+	}
+}
+
+func TestFallbackOnControlPlaneDown(t *testing.T) {
+	var fb fallbacks
+	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t)}, BootWorkers: boot, OnFallback: fb.on})
+	d, err := r.Route(context.Background(), &router.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Reason != ReasonFallbackLocal {
+		t.Fatalf("decision = %+v", d)
+	}
+	if got := fb.list(); len(got) != 1 || (got[0] != "unavailable" && got[0] != "error") {
+		t.Fatalf("fallback causes = %v", got)
+	}
+}
+
+func TestFallbackWithoutControlPlane(t *testing.T) {
+	var fb fallbacks
+	r := newTestRouter(t, Options{BootWorkers: boot, OnFallback: fb.on})
+	if d, err := r.Route(context.Background(), &router.Request{}); err != nil || d.Reason != ReasonFallbackLocal {
+		t.Fatalf("Route = %+v, %v", d, err)
+	}
+	if got := fb.list(); !slices.Equal(got, []string{"no_control_plane"}) {
+		t.Fatalf("fallback causes = %v", got)
+	}
+	if err := r.SyncOnce(context.Background()); err == nil {
+		t.Fatal("SyncOnce without a control plane succeeded")
+	}
+}
+
+func TestFallbackCauses(t *testing.T) {
+	cases := []struct {
+		code  connect.Code
+		cause string
+	}{
+		{connect.CodeUnavailable, "unavailable"},
+		{connect.CodeDeadlineExceeded, "timeout"},
+		{connect.CodeUnauthenticated, "auth"},
+		{connect.CodePermissionDenied, "auth"},
+		{connect.CodeInternal, "error"},
+		{connect.CodeFailedPrecondition, "error"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.code.String(), func(t *testing.T) {
+			cp := newFakeCP(t)
+			cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(tc.code, errors.New("boom")) })
+			var fb fallbacks
+			r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, OnFallback: fb.on})
+			d, err := r.Route(context.Background(), &router.Request{})
+			if err != nil || d.Reason != ReasonFallbackLocal {
+				t.Fatalf("Route = %+v, %v", d, err)
+			}
+			if got := fb.list(); !slices.Equal(got, []string{tc.cause}) {
+				t.Fatalf("causes = %v, want %s", got, tc.cause)
+			}
+		})
+	}
+}
+
+// ResourceExhausted is the control plane's answer, not its failure: the
+// pool is full or down, and routing around it locally would overload it.
+func TestResourceExhaustedIsNotAFallback(t *testing.T) {
+	cp := newFakeCP(t)
+	cp.set(func(f *fakeCP) {
+		f.routeErr = connect.NewError(connect.CodeResourceExhausted, errors.New("every usable worker is at max_load"))
+	})
+	var fb fallbacks
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, OnFallback: fb.on})
+	_, err := r.Route(context.Background(), &router.Request{})
+	if !errors.Is(err, router.ErrUnavailable) {
+		t.Fatalf("err = %v, want one wrapping router.ErrUnavailable", err)
+	}
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("code = %v", connect.CodeOf(err))
+	}
+	if !strings.Contains(err.Error(), "max_load") {
+		t.Fatalf("message = %q", err.Error())
+	}
+	if len(fb.list()) != 0 {
+		t.Fatalf("fell back: %v", fb.list())
+	}
+	for _, w := range r.Workers() {
+		if w.Load != 0 {
+			t.Fatalf("load taken on %s", w.URL)
+		}
+	}
+	// The node answered, so the router keeps talking to it.
+	before := cp.routeCount()
+	_, _ = r.Route(context.Background(), &router.Request{})
+	if cp.routeCount() != before+1 {
+		t.Fatal("router moved away from a node that answered")
+	}
+}
+
+func TestClientGoneIsNotAFallback(t *testing.T) {
+	cp := newFakeCP(t)
+	cp.set(func(f *fakeCP) { f.routeDelay = 5 * time.Second })
+	var fb fallbacks
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, OnFallback: fb.on})
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(30*time.Millisecond, cancel)
+	_, err := r.Route(ctx, &router.Request{})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want the caller's context error", err)
+	}
+	if len(fb.list()) != 0 {
+		t.Fatalf("fell back for a caller that left: %v", fb.list())
+	}
+	for _, w := range r.Workers() {
+		if w.Load != 0 {
+			t.Fatalf("load taken on %s", w.URL)
+		}
+	}
+}
+
+func TestNoWorkersKnown(t *testing.T) {
+	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t)}})
+	_, err := r.Route(context.Background(), &router.Request{})
+	if !errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "no workers configured") {
+		t.Fatalf("err = %v", err)
+	}
+	r = newTestRouter(t, Options{BootWorkers: []router.WorkerStatus{{URL: wA}, {URL: wB}}})
+	_, err = r.Route(context.Background(), &router.Request{})
+	if !errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "no usable worker") {
+		t.Fatalf("all unhealthy: err = %v", err)
+	}
+}
+
+func TestFallbackPicksLeastLoadedUsable(t *testing.T) {
+	r := newTestRouter(t, Options{BootWorkers: []router.WorkerStatus{
+		{URL: wA, Healthy: false},
+		{URL: wB, Healthy: true},
+		{URL: wC, Healthy: true, MaxLoad: 1},
+		{URL: wD, Healthy: true, LoadPenalty: 5},
+	}})
+	pick := func(exclude ...string) (router.Decision, error) {
+		return r.Route(context.Background(), &router.Request{Exclude: exclude})
+	}
+	d1, err := pick(wB)
+	if err != nil || d1.Worker != wC {
+		t.Fatalf("first pick = %+v, %v; want %s (B excluded, A unhealthy, D penalised)", d1, err, wC)
+	}
+	d2, err := pick(wB)
+	if err != nil || d2.Worker != wD {
+		t.Fatalf("second pick = %+v, %v; want %s (C at max_load)", d2, err, wD)
+	}
+	d3, err := pick()
+	if err != nil || d3.Worker != wB {
+		t.Fatalf("third pick = %+v, %v; want %s", d3, err, wB)
+	}
+	// B has 1, D has 1+5: B again, until B reaches D's effective load.
+	for i := 2; i <= 6; i++ {
+		d, err := pick()
+		if err != nil || d.Worker != wB {
+			t.Fatalf("pick %d = %+v, %v; want %s", i, d, err, wB)
+		}
+	}
+	if _, err := pick(wB, wD); !errors.Is(err, router.ErrUnavailable) {
+		t.Fatalf("everything excluded or saturated: err = %v", err)
+	}
+	// Releasing C makes it usable again.
+	r.Done(d1, router.Outcome{Delivered: true})
+	if d, err := pick(wB, wD); err != nil || d.Worker != wC {
+		t.Fatalf("after release = %+v, %v; want %s", d, err, wC)
+	}
+}
+
+func TestFallbackTiesAreRandom(t *testing.T) {
+	ws := []router.WorkerStatus{{URL: wA, Healthy: true}, {URL: wB, Healthy: true}, {URL: wC, Healthy: true}, {URL: wD, Healthy: true}}
+	r := newTestRouter(t, Options{BootWorkers: ws, Seed: 7})
+	const n = 8000
+	count := map[string]int{}
+	for range n {
+		d, err := r.Route(context.Background(), &router.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		count[d.Worker]++
+		r.Done(d, router.Outcome{Delivered: true})
+	}
+	for _, w := range ws {
+		// Expected 2000 each; sigma is about 39.
+		if c := count[w.URL]; c < 1700 || c > 2300 {
+			t.Fatalf("tie-break distribution %v is not uniform", count)
+		}
+	}
+	// Dry runs too, and they take no load.
+	clear(count)
+	for range n {
+		d, err := r.Route(context.Background(), &router.Request{DryRun: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		count[d.Worker]++
+	}
+	for _, w := range ws {
+		if c := count[w.URL]; c < 1700 || c > 2300 {
+			t.Fatalf("dry-run tie-break distribution %v is not uniform", count)
+		}
+		if w := loadOf(r, w.URL); w != 0 {
+			t.Fatalf("dry runs took load")
+		}
+	}
+}
+
+// Fallback decisions spread by local load: with equal load, successive
+// decisions go to different workers.
+func TestFallbackSpreadsByLocalLoad(t *testing.T) {
+	ws := []router.WorkerStatus{{URL: wA, Healthy: true}, {URL: wB, Healthy: true}, {URL: wC, Healthy: true}}
+	r := newTestRouter(t, Options{BootWorkers: ws})
+	var ds []router.Decision
+	for range 30 {
+		d, err := r.Route(context.Background(), &router.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	for _, w := range r.Workers() {
+		if w.Load != 10 {
+			t.Fatalf("loads after 30 fallbacks = %+v, want 10 each", r.Workers())
+		}
+	}
+	for _, d := range ds {
+		r.Done(d, router.Outcome{Delivered: true})
+	}
+	for _, w := range r.Workers() {
+		if w.Load != 0 {
+			t.Fatalf("loads after Done = %+v", r.Workers())
+		}
+	}
+}
+
+func TestConcurrentRouteDone(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteTimeout: time.Second})
+	run(t, r)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				if g%2 == 0 && i%10 == 0 {
+					_ = r.SyncOnce(context.Background())
+				}
+				d, err := r.Route(context.Background(), &router.Request{})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_ = r.Workers()
+				r.Done(d, router.Outcome{Delivered: true})
+			}
+		}()
+	}
+	wg.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for w, n := range r.local {
+		if n != 0 {
+			t.Fatalf("local load on %s = %d after every Done", w, n)
+		}
+	}
+}
+
+func TestLeaderDiscovery(t *testing.T) {
+	follower, leader := newFakeCP(t), newFakeCP(t)
+	follower.set(func(f *fakeCP) {
+		f.syncResp = &cartv1.SyncResponse{Workers: []*cartv1.Worker{{Url: wA, Healthy: true}}, LeaderId: "n2", LeaderUrl: leader.url}
+	})
+	var fb fallbacks
+	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t), follower.url, leader.url}, BootWorkers: boot, OnFallback: fb.on})
+	r.target = 0 // start at the dead node
+
+	d, err := r.Route(context.Background(), &router.Request{})
+	if err != nil || d.Reason != ReasonFallbackLocal {
+		t.Fatalf("route via the dead node = %+v, %v", d, err)
+	}
+	r.Done(d, router.Outcome{Delivered: true})
+	d, err = r.Route(context.Background(), &router.Request{})
+	if err != nil || !d.FromLeader || follower.routeCount() != 1 {
+		t.Fatalf("route after rotating = %+v, %v (follower saw %d)", d, err, follower.routeCount())
+	}
+	r.Done(d, router.Outcome{Delivered: true})
+
+	if err := r.SyncOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		d, err := r.Route(context.Background(), &router.Request{})
+		if err != nil || !d.FromLeader {
+			t.Fatalf("route after sync = %+v, %v", d, err)
+		}
+		r.Done(d, router.Outcome{Delivered: true})
+	}
+	if follower.routeCount() != 1 || leader.routeCount() != 3 {
+		t.Fatalf("after learning the leader: follower saw %d routes, leader %d; want 1, 3", follower.routeCount(), leader.routeCount())
+	}
+
+	// The leader dies: the router forgets it and goes back to the list.
+	leader.srv.Close()
+	d, err = r.Route(context.Background(), &router.Request{})
+	if err != nil || d.Reason != ReasonFallbackLocal {
+		t.Fatalf("route via the dead leader = %+v, %v", d, err)
+	}
+	r.Done(d, router.Outcome{Delivered: true})
+	if d, err := r.Route(context.Background(), &router.Request{}); err != nil || !d.FromLeader || follower.routeCount() != 2 {
+		t.Fatalf("route after the leader died = %+v, %v (follower saw %d)", d, err, follower.routeCount())
+	}
+}
+
+func TestSyncRotatesOnFailure(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t), cp.url}})
+	r.target = 0
+	if err := r.SyncOnce(context.Background()); err == nil {
+		t.Fatal("sync with a dead node succeeded")
+	}
+	if r.Synced() {
+		t.Fatal("Synced after a failed sync")
+	}
+	if err := r.SyncOnce(context.Background()); err != nil {
+		t.Fatalf("sync after rotating: %v", err)
+	}
+	if !r.Synced() {
+		t.Fatal("not Synced after a successful sync")
+	}
+}
+
+func TestSyncReportsLoadsAndReplacesWorkers(t *testing.T) {
+	cp := newFakeCP(t)
+	var fb fallbacks
+	r := newTestRouter(t, Options{ID: "dp7", ControlPlanes: []string{cp.url}, BootWorkers: []router.WorkerStatus{{URL: wB, Healthy: true}}, RouteTimeout: 500 * time.Millisecond, OnFallback: fb.on})
+	// Two decisions by the control plane (on wA), one local fallback (on
+	// wB, the only worker this data plane knows before its first sync).
+	var ds []router.Decision
+	for range 2 {
+		d, err := r.Route(context.Background(), &router.Request{})
+		if err != nil || d.Worker != wA {
+			t.Fatalf("Route = %+v, %v", d, err)
+		}
+		ds = append(ds, d)
+	}
+	cp.set(func(f *fakeCP) { f.routeDelay = 5 * time.Second })
+	fbd, err := r.Route(context.Background(), &router.Request{})
+	if err != nil || fbd.Reason != ReasonFallbackLocal || fbd.Worker != wB {
+		t.Fatalf("fallback = %+v, %v", fbd, err)
+	}
+	cp.set(func(f *fakeCP) {
+		f.routeDelay = 0
+		f.syncResp = &cartv1.SyncResponse{
+			Workers: []*cartv1.Worker{
+				{Url: wA, Healthy: true, MaxLoad: 3, LoadPenalty: 1, Load: 17},
+				{Url: wC, Healthy: false},
+			},
+			WorkersVersion: 5, BlockChars: 64, LeaderId: "n1", LeaderUrl: cp.url,
+		}
+	})
+	if err := r.SyncOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	req := cp.syncRequests()[0]
+	loads := map[string]uint32{}
+	for _, l := range req.GetLoads() {
+		loads[l.GetWorker()] = l.GetInFlight()
+	}
+	if req.GetDataplaneId() != "dp7" || req.GetFallbacks() != 1 || len(loads) != 2 || loads[wA] != 2 || loads[wB] != 1 {
+		t.Fatalf("SyncRequest = %v", req)
+	}
+	want := []router.WorkerStatus{
+		{URL: wA, Healthy: true, MaxLoad: 3, LoadPenalty: 1, Load: 2}, // our own count, not the leader's
+		{URL: wC, Healthy: false},
+	}
+	if got := r.Workers(); !slices.Equal(got, want) {
+		t.Fatalf("Workers after sync = %+v, want %+v", got, want)
+	}
+	r.mu.Lock()
+	version := r.version
+	r.mu.Unlock()
+	if version != 5 {
+		t.Fatalf("workers version = %d", version)
+	}
+	// The fallback count was reported once.
+	if err := r.SyncOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if req := cp.syncRequests()[1]; req.GetFallbacks() != 0 {
+		t.Fatalf("second SyncRequest reports %d fallbacks again", req.GetFallbacks())
+	}
+	// The in-flight request on wB (no longer in the set) still counts
+	// until it is done.
+	r.Done(fbd, router.Outcome{Delivered: true})
+	if err := r.SyncOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range cp.syncRequests()[2].GetLoads() {
+		if l.GetWorker() == wB {
+			t.Fatalf("finished request still reported: %v", cp.syncRequests()[2])
+		}
+	}
+	// Fallback now follows the new set: wC is unhealthy, wA has room for
+	// one more (2 of max 3), then nothing.
+	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
+	d, err := r.Route(context.Background(), &router.Request{})
+	if err != nil || d.Worker != wA || d.Reason != ReasonFallbackLocal {
+		t.Fatalf("fallback after sync = %+v, %v", d, err)
+	}
+	if _, err := r.Route(context.Background(), &router.Request{}); !errors.Is(err, router.ErrUnavailable) {
+		t.Fatalf("fallback with wA saturated and wC unhealthy: %v", err)
+	}
+	for _, d := range ds {
+		r.Done(d, router.Outcome{Delivered: true})
+	}
+}
+
+func TestSyncFailureKeepsFallbackCount(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot})
+	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
+	for range 2 {
+		d, err := r.Route(context.Background(), &router.Request{})
+		if err != nil || d.Reason != ReasonFallbackLocal {
+			t.Fatalf("Route = %+v, %v", d, err)
+		}
+	}
+	cp.set(func(f *fakeCP) { f.syncErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
+	if err := r.SyncOnce(context.Background()); err == nil {
+		t.Fatal("sync succeeded")
+	}
+	if r.Synced() || len(r.Workers()) != 2 {
+		t.Fatalf("a failed sync changed the worker set: %+v", r.Workers())
+	}
+	d, err := r.Route(context.Background(), &router.Request{})
+	if err != nil || d.Reason != ReasonFallbackLocal {
+		t.Fatalf("Route = %+v, %v", d, err)
+	}
+	cp.set(func(f *fakeCP) { f.syncErr = nil })
+	if err := r.SyncOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	reqs := cp.syncRequests()
+	last := reqs[len(reqs)-1]
+	var inFlight uint32
+	for _, l := range last.GetLoads() {
+		inFlight += l.GetInFlight()
+	}
+	if last.GetFallbacks() != 3 || inFlight != 3 {
+		t.Fatalf("SyncRequest after a failed one = %v; want 3 fallbacks, 3 in flight", last)
+	}
+}
+
+func TestBootWorkersUntilFirstSync(t *testing.T) {
+	cp := newFakeCP(t)
+	bootSet := []router.WorkerStatus{{URL: wB, Healthy: true}, {URL: wC, Healthy: true}}
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: bootSet})
+	if r.Synced() {
+		t.Fatal("Synced before any sync")
+	}
+	if got := r.Workers(); !slices.Equal(got, bootSet) {
+		t.Fatalf("Workers before sync = %+v", got)
+	}
+	// The caller's slice is not aliased.
+	bootSet[0].Healthy = false
+	if !r.Workers()[0].Healthy {
+		t.Fatal("router aliases the boot worker slice")
+	}
+	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
+	seen := map[string]bool{}
+	for range 20 {
+		d, err := r.Route(context.Background(), &router.Request{DryRun: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[d.Worker] = true
+	}
+	if len(seen) != 2 || !seen[wB] || !seen[wC] {
+		t.Fatalf("fallback before sync used %v, want the boot workers", seen)
+	}
+
+	stop := run(t, r) // Run syncs at once
+	waitFor(t, "first sync", r.Synced)
+	stop()
+	if got := r.Workers(); len(got) != 1 || got[0].URL != wA {
+		t.Fatalf("Workers after sync = %+v, want the control plane's set", got)
+	}
+	for range 10 {
+		d, err := r.Route(context.Background(), &router.Request{DryRun: true})
+		if err != nil || d.Worker != wA {
+			t.Fatalf("fallback after sync = %+v, %v", d, err)
+		}
+	}
+}
+
+func TestRunSyncsPeriodically(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, SyncInterval: 20 * time.Millisecond})
+	run(t, r)
+	waitFor(t, "several syncs", func() bool { return len(cp.syncRequests()) >= 3 })
+}

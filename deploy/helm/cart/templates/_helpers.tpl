@@ -1,0 +1,168 @@
+{{/* Names. */}}
+{{- define "cart.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's full name; component names append -cp, -dataplane, ...
+so it is cut to leave room within the 63-character DNS label limit. */}}
+{{- define "cart.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "cart.cpName" -}}{{ include "cart.fullname" . }}-cp{{- end }}
+{{/* Headless: stable per-pod DNS names for Raft and the API. */}}
+{{- define "cart.cpHeadless" -}}{{ include "cart.fullname" . }}-cp-headless{{- end }}
+{{- define "cart.dpName" -}}{{ include "cart.fullname" . }}-dataplane{{- end }}
+
+{{- define "cart.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "cart.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "cart.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cart.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "cart.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "cart.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "cart.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "cart.authSecretName" -}}
+{{- default (printf "%s-auth" (include "cart.fullname" .)) .Values.auth.existingSecret }}
+{{- end }}
+
+{{/* Where every pod mounts the token; the configs' auth.token_file. */}}
+{{- define "cart.tokenDir" -}}/var/run/secrets/cart{{- end }}
+{{- define "cart.tokenFile" -}}{{ include "cart.tokenDir" . }}/token{{- end }}
+
+{{/* The control plane's in-cluster API URL: a ClusterIP Service over Ready
+(leader-aware) nodes, for cartctl and the init containers. */}}
+{{- define "cart.cpURL" -}}
+http://{{ include "cart.cpName" . }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}:6701
+{{- end }}
+
+{{/* DNS name of control-plane pod number .i (dict "root" $ "i" N). */}}
+{{- define "cart.cpPodHost" -}}
+{{- $root := .root -}}
+{{ include "cart.cpName" $root }}-{{ .i }}.{{ include "cart.cpHeadless" $root }}.{{ $root.Release.Namespace }}.svc.{{ $root.Values.clusterDomain }}
+{{- end }}
+
+{{/* Workers in cart config form. */}}
+{{- define "cart.workersConfig" -}}
+{{- $out := list }}
+{{- range .Values.workers }}
+{{- $w := dict "url" (required "every workers[] entry needs a url" .url) }}
+{{- with .maxLoad }}{{ $_ := set $w "max_load" . }}{{ end }}
+{{- with .loadPenalty }}{{ $_ := set $w "load_penalty" . }}{{ end }}
+{{- with .cacheCapacityTokens }}{{ $_ := set $w "cache_capacity_tokens" . }}{{ end }}
+{{- $out = append $out $w }}
+{{- end }}
+{{- toYaml (dict "workers" $out) }}
+{{- end }}
+
+{{/* Settings every role shares and the chart owns: the token file and the
+open-files threshold (the entrypoint's CART_MIN_OPEN_FILES matches). */}}
+{{- define "cart.commonFixed" -}}
+auth:
+  token_file: {{ include "cart.tokenFile" . }}
+server:
+  min_open_files: {{ int .Values.minOpenFiles }}
+{{- end }}
+
+{{/* controlplane.yaml; (dict "root" $ "workers" bool). Without workers
+it is the input of the pods' config checksum: the worker list only seeds a
+new cluster, and changing it must not restart the control plane. */}}
+{{- define "cart.cpConfig" -}}
+{{- $root := .root }}
+{{- $fixed := include "cart.commonFixed" $root | fromYaml }}
+{{- $cp := dict "controlplane" (dict "api_addr" "0.0.0.0:6701" "raft_addr" "0.0.0.0:6702" "data_dir" "/var/lib/cart") }}
+{{- $cfg := mustMergeOverwrite (dict) (deepCopy $root.Values.config) (deepCopy $root.Values.controlPlane.config) $fixed $cp }}
+{{- if .workers }}
+{{- $cfg = mustMergeOverwrite $cfg (include "cart.workersConfig" $root | fromYaml) }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/* The per-node overlay of pod number .i: identity, advertised names,
+bootstrap on node 0 (while controlPlane.bootstrap) and join through the
+others. */}}
+{{- define "cart.cpNodeConfig" -}}
+{{- $root := .root }}
+{{- $i := int .i }}
+{{- $host := include "cart.cpPodHost" (dict "root" $root "i" $i) }}
+{{- $node := dict "node_id" (printf "%s-%d" (include "cart.cpName" $root) $i) "advertise_raft_addr" (printf "%s:6702" $host) "advertise_api_url" (printf "http://%s:6701" $host) }}
+{{- if and (eq $i 0) $root.Values.controlPlane.bootstrap }}
+{{- $_ := set $node "bootstrap" true }}
+{{- else }}
+{{- $join := list }}
+{{- range $j := until (int $root.Values.controlPlane.replicas) }}
+{{- if ne $j $i }}
+{{- $join = append $join (printf "http://%s:6701" (include "cart.cpPodHost" (dict "root" $root "i" $j))) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $node "join" $join }}
+{{- end }}
+{{- toYaml (dict "controlplane" $node) }}
+{{- end }}
+
+{{/* dataplane.yaml; (dict "root" $ "workers" bool) as for cart.cpConfig. */}}
+{{- define "cart.dpConfig" -}}
+{{- $root := .root }}
+{{- $fixed := include "cart.commonFixed" $root | fromYaml }}
+{{- $cps := list }}
+{{- range $i := until (int $root.Values.controlPlane.replicas) }}
+{{- $cps = append $cps (printf "http://%s:6701" (include "cart.cpPodHost" (dict "root" $root "i" $i))) }}
+{{- end }}
+{{- $dp := dict "server" (dict "host" "0.0.0.0" "port" 6700) "dataplane" (dict "control_plane" $cps) }}
+{{- $cfg := mustMergeOverwrite (dict) (deepCopy $root.Values.config) (deepCopy $root.Values.dataPlane.config) $fixed $dp }}
+{{- if .workers }}
+{{- $cfg = mustMergeOverwrite $cfg (include "cart.workersConfig" $root | fromYaml) }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/* The token volume every cart pod mounts. */}}
+{{- define "cart.tokenVolume" -}}
+- name: token
+  secret:
+    secretName: {{ include "cart.authSecretName" . }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.auth.secretKey }}
+        path: token
+{{- end }}
+
+{{- define "cart.tokenMount" -}}
+- name: token
+  mountPath: {{ include "cart.tokenDir" . }}
+  readOnly: true
+{{- end }}
+
+{{/* A cartctl / cart-probe container's environment. */}}
+{{- define "cart.cartctlEnv" -}}
+- name: CARTCTL_SERVER
+  value: {{ include "cart.cpURL" . | quote }}
+- name: CARTCTL_TOKEN_FILE
+  value: {{ include "cart.tokenFile" . | quote }}
+{{- end }}

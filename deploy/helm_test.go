@@ -1,0 +1,532 @@
+package deploy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/cartrouter/cart/config"
+)
+
+// helmKubeVersion is passed to helm: a helm built with `go install` does
+// not know a Kubernetes version and assumes 1.20, below the chart's
+// kubeVersion (gRPC probes need 1.27+).
+const helmKubeVersion = "1.30.0"
+
+const chartDir = "deploy/helm/cart"
+
+func helmBin(t *testing.T) string {
+	return tool(t, "make deploy-tools, or GOBIN=$PWD/.tools go install helm.sh/helm/v3/cmd/helm@v3.22.0",
+		os.Getenv("HELM"), path(t, ".tools", "helm"), "helm")
+}
+
+type obj = map[string]any
+
+// manifests is a rendered chart, indexed by kind and name.
+type manifests struct {
+	docs []obj
+}
+
+func (m manifests) get(t *testing.T, kind, name string) obj {
+	t.Helper()
+	for _, d := range m.docs {
+		if d["kind"] == kind && dig(d, "metadata", "name") == name {
+			return d
+		}
+	}
+	t.Fatalf("no %s %s rendered", kind, name)
+	return nil
+}
+
+func (m manifests) all(kind string) []obj {
+	var out []obj
+	for _, d := range m.docs {
+		if d["kind"] == kind {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// dig walks maps by key and slices by int index; nil when absent.
+func dig(v any, path ...any) any {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := v.(obj)
+			if !ok {
+				return nil
+			}
+			v = m[k]
+		case int:
+			s, ok := v.([]any)
+			if !ok || k >= len(s) {
+				return nil
+			}
+			v = s[k]
+		}
+	}
+	return v
+}
+
+func str(v any) string { s, _ := v.(string); return s }
+
+func list(v any) []any { s, _ := v.([]any); return s }
+
+func helmTemplate(t *testing.T, args ...string) (manifests, error) {
+	t.Helper()
+	all := append([]string{"template", "rel", path(t, chartDir), "--namespace", "ns", "--kube-version", helmKubeVersion}, args...)
+	out, err := runErr(repoRoot(t), nil, helmBin(t), all...)
+	if err != nil {
+		return manifests{}, fmt.Errorf("%w: %s", err, out)
+	}
+	var m manifests
+	dec := yaml.NewDecoder(bytes.NewReader([]byte(out)))
+	for {
+		var d obj
+		if err := dec.Decode(&d); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("rendered YAML does not parse: %v", err)
+		}
+		if d != nil {
+			m.docs = append(m.docs, d)
+		}
+	}
+	return m, nil
+}
+
+func mustTemplate(t *testing.T, args ...string) manifests {
+	t.Helper()
+	m, err := helmTemplate(t, args...)
+	if err != nil {
+		t.Fatalf("helm template %v: %v", args, err)
+	}
+	return m
+}
+
+var withWorkers = []string{
+	"--set", "workers[0].url=http://vllm-0.vllm:8000", "--set", "workers[0].maxLoad=32",
+	"--set", "workers[1].url=http://vllm-1.vllm:8000",
+}
+
+func TestHelmLint(t *testing.T) {
+	h := helmBin(t)
+	run(t, repoRoot(t), h, "lint", "--strict", "--kube-version", helmKubeVersion, chartDir)
+	run(t, repoRoot(t), h, append([]string{"lint", "--strict", "--kube-version", helmKubeVersion, chartDir,
+		"--set", "dataPlane.hpa.enabled=true", "--set", "auth.existingSecret=cart-token", "--set", "metrics.serviceMonitor.enabled=true"}, withWorkers...)...)
+}
+
+func TestHelmControlPlane(t *testing.T) {
+	m := mustTemplate(t, withWorkers...)
+	sts := m.get(t, "StatefulSet", "rel-cart-cp")
+	if r := dig(sts, "spec", "replicas"); r != 3 {
+		t.Errorf("StatefulSet replicas %v, want 3", r)
+	}
+	if p := dig(sts, "spec", "podManagementPolicy"); p != "Parallel" {
+		t.Errorf("podManagementPolicy %v: OrderedReady deadlocks after a full outage (node 0 never becomes Ready alone)", p)
+	}
+	svcName := str(dig(sts, "spec", "serviceName"))
+	headless := m.get(t, "Service", svcName)
+	if dig(headless, "spec", "clusterIP") != "None" {
+		t.Errorf("serviceName %s is not headless (clusterIP %v)", svcName, dig(headless, "spec", "clusterIP"))
+	}
+	if dig(headless, "spec", "publishNotReadyAddresses") != true {
+		t.Error("headless Service must publish not-ready addresses: nodes become Ready only after electing a leader, which needs their DNS names")
+	}
+	ports := map[any]bool{}
+	for _, p := range list(dig(headless, "spec", "ports")) {
+		ports[dig(p, "port")] = true
+	}
+	if !ports[6701] || !ports[6702] {
+		t.Errorf("headless Service ports %v, want 6701 (API) and 6702 (Raft)", ports)
+	}
+	vcts := list(dig(sts, "spec", "volumeClaimTemplates"))
+	if len(vcts) != 1 || dig(vcts[0], "metadata", "name") != "data" {
+		t.Fatalf("volumeClaimTemplates %v, want one named data", vcts)
+	}
+
+	pod := dig(sts, "spec", "template", "spec")
+	containers := list(dig(pod, "containers"))
+	if len(containers) != 1 {
+		t.Errorf("control-plane pod has %d containers: no sidecars (the Raft quorum is the HA mechanism)", len(containers))
+	}
+	if ic := list(dig(pod, "initContainers")); len(ic) != 0 {
+		t.Errorf("control-plane pod has init containers %v", ic)
+	}
+	c := containers[0]
+	if dig(c, "readinessProbe", "grpc", "port") != 6701 {
+		t.Errorf("readinessProbe %v, want grpc on 6701 (SERVING once the node knows a leader)", dig(c, "readinessProbe"))
+	}
+	if dig(c, "livenessProbe", "grpc") != nil || dig(c, "livenessProbe", "httpGet") != nil {
+		t.Errorf("livenessProbe %v must not depend on having a leader", dig(c, "livenessProbe"))
+	}
+	var dataMount string
+	for _, vm := range list(dig(c, "volumeMounts")) {
+		if dig(vm, "name") == "data" {
+			dataMount = str(dig(vm, "mountPath"))
+		}
+	}
+	args := strings.Join(toStrings(dig(c, "args")), " ")
+	if args != "cart controlplane -c /etc/cart/controlplane.yaml -c /etc/cart/$(POD_NAME).yaml" {
+		t.Errorf("args %q", args)
+	}
+	if !slices.ContainsFunc(list(dig(c, "env")), func(e any) bool {
+		return dig(e, "name") == "POD_NAME" && dig(e, "valueFrom", "fieldRef", "fieldPath") == "metadata.name"
+	}) {
+		t.Error("POD_NAME is not taken from metadata.name: $(POD_NAME) in args would not expand")
+	}
+
+	// Every node's config, through the real loader and validator.
+	cm := m.get(t, "ConfigMap", "rel-cart-config")
+	data, _ := dig(cm, "data").(obj)
+	dir := t.TempDir()
+	for k, v := range data {
+		if err := os.WriteFile(filepath.Join(dir, k), []byte(str(v)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tokenFile := tokenMountPath(t, c) + "/token"
+	for i := range 3 {
+		pod := fmt.Sprintf("rel-cart-cp-%d", i)
+		cfg, err := config.Load(filepath.Join(dir, "controlplane.yaml"), filepath.Join(dir, pod+".yaml"))
+		if err == nil {
+			err = cfg.Validate(config.RoleControlPlane)
+		}
+		if err != nil {
+			t.Errorf("%s config: %v", pod, err)
+			continue
+		}
+		cp := cfg.ControlPlane
+		host := fmt.Sprintf("%s.%s.ns.svc.cluster.local", pod, svcName)
+		if cp.NodeID != pod || cp.AdvertiseRaftAddr != host+":6702" || cp.AdvertiseAPIURL != "http://"+host+":6701" {
+			t.Errorf("%s identity: node_id %q raft %q api %q; want the pod name and its headless DNS name", pod, cp.NodeID, cp.AdvertiseRaftAddr, cp.AdvertiseAPIURL)
+		}
+		if (i == 0) != cp.Bootstrap {
+			t.Errorf("%s bootstrap=%v: only ordinal 0 bootstraps", pod, cp.Bootstrap)
+		}
+		if i > 0 && len(cp.Join) != 2 {
+			t.Errorf("%s joins %v, want its two peers", pod, cp.Join)
+		}
+		if cp.DataDir != dataMount {
+			t.Errorf("%s data_dir %q is not the PVC mount %q", pod, cp.DataDir, dataMount)
+		}
+		if cfg.Auth.TokenFile != tokenFile {
+			t.Errorf("%s auth.token_file %q, want the Secret mount %q", pod, cfg.Auth.TokenFile, tokenFile)
+		}
+		if len(cfg.Workers) != 2 || cfg.Workers[0].MaxLoad != 32 {
+			t.Errorf("%s seeds workers %+v, want the two from values", pod, cfg.Workers)
+		}
+	}
+	if _, ok := data["rel-cart-cp-3.yaml"]; ok {
+		t.Error("config rendered for a fourth node")
+	}
+
+	// After the first install node 0 can be told to join like the others,
+	// so an empty volume cannot bootstrap a second cluster.
+	joined := mustTemplate(t, "--set", "controlPlane.bootstrap=false")
+	overlay := str(dig(joined.get(t, "ConfigMap", "rel-cart-config"), "data", "rel-cart-cp-0.yaml"))
+	if strings.Contains(overlay, "bootstrap") || !strings.Contains(overlay, "rel-cart-cp-1.") || !strings.Contains(overlay, "rel-cart-cp-2.") {
+		t.Errorf("controlPlane.bootstrap=false: node 0 overlay\n%s\nwant a join through nodes 1 and 2", overlay)
+	}
+
+	pdb := m.get(t, "PodDisruptionBudget", "rel-cart-cp")
+	if dig(pdb, "spec", "minAvailable") != 2 {
+		t.Errorf("control-plane PDB minAvailable %v, want 2 (the quorum of 3)", dig(pdb, "spec", "minAvailable"))
+	}
+	five := mustTemplate(t, "--set", "controlPlane.replicas=5")
+	if v := dig(five.get(t, "PodDisruptionBudget", "rel-cart-cp"), "spec", "minAvailable"); v != 3 {
+		t.Errorf("PDB minAvailable for 5 nodes %v, want 3", v)
+	}
+	if _, err := helmTemplate(t, "--set", "controlPlane.replicas=4"); err == nil || !strings.Contains(err.Error(), "odd") {
+		t.Errorf("4 control-plane replicas rendered (%v); an even Raft cluster must be refused", err)
+	}
+}
+
+func toStrings(v any) []string {
+	var out []string
+	for _, x := range list(v) {
+		out = append(out, str(x))
+	}
+	return out
+}
+
+func tokenMountPath(t *testing.T, container any) string {
+	t.Helper()
+	for _, vm := range list(dig(container, "volumeMounts")) {
+		if dig(vm, "name") == "token" {
+			if dig(vm, "readOnly") != true {
+				t.Errorf("token mount of %v is writable", dig(container, "name"))
+			}
+			return str(dig(vm, "mountPath"))
+		}
+	}
+	t.Errorf("container %v does not mount the token Secret", dig(container, "name"))
+	return ""
+}
+
+func TestHelmDataPlane(t *testing.T) {
+	m := mustTemplate(t, withWorkers...)
+	dep := m.get(t, "Deployment", "rel-cart-dataplane")
+	if dig(dep, "spec", "replicas") != 2 {
+		t.Errorf("Deployment replicas %v, want 2", dig(dep, "spec", "replicas"))
+	}
+	pod := dig(dep, "spec", "template", "spec")
+	c := dig(pod, "containers", 0)
+	if dig(c, "readinessProbe", "httpGet", "path") != "/health" {
+		t.Errorf("data-plane readinessProbe %v, want httpGet /health", dig(c, "readinessProbe"))
+	}
+	if p := dig(c, "livenessProbe", "httpGet", "path"); p != nil && p != "/health" {
+		t.Errorf("data-plane livenessProbe path %v", p)
+	}
+	if strings.Join(toStrings(dig(c, "args")), " ") != "cart dataplane -c /etc/cart/dataplane.yaml" {
+		t.Errorf("data-plane args %v", dig(c, "args"))
+	}
+	svc := m.get(t, "Service", "rel-cart-dataplane")
+	if dig(svc, "spec", "ports", 0, "port") != 6700 {
+		t.Errorf("data-plane Service port %v", dig(svc, "spec", "ports", 0, "port"))
+	}
+
+	// waitForWorkers: an init container that blocks until a worker is listed.
+	ic := dig(pod, "initContainers", 0)
+	args := toStrings(dig(ic, "args"))
+	if dig(ic, "name") != "wait-for-workers" || len(args) < 3 || args[0] != "cart-probe" || args[len(args)-2] != "workers" ||
+		args[len(args)-1] != "http://rel-cart-cp.ns.svc.cluster.local:6701" {
+		t.Errorf("wait-for-workers init container %v", ic)
+	}
+	tokenFile := tokenMountPath(t, c) + "/token"
+	if !slices.Contains(args, "-token-file="+tokenFile) {
+		t.Errorf("wait-for-workers does not read the token file %s: %v", tokenFile, args)
+	}
+	if none := mustTemplate(t, "--set", "dataPlane.waitForWorkers.enabled=false"); dig(none.get(t, "Deployment", "rel-cart-dataplane"), "spec", "template", "spec", "initContainers") != nil {
+		t.Error("waitForWorkers.enabled=false still renders the init container")
+	}
+
+	cm := m.get(t, "ConfigMap", "rel-cart-config")
+	f := filepath.Join(t.TempDir(), "dataplane.yaml")
+	if err := os.WriteFile(f, []byte(str(dig(cm, "data", "dataplane.yaml"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(f)
+	if err == nil {
+		err = cfg.Validate(config.RoleDataPlane)
+	}
+	if err != nil {
+		t.Fatalf("dataplane.yaml: %v", err)
+	}
+	if len(cfg.DataPlane.ControlPlane) != 3 || cfg.Server.Port != 6700 || cfg.Auth.TokenFile != tokenFile {
+		t.Errorf("dataplane.yaml: control_plane %v, port %d, token_file %q", cfg.DataPlane.ControlPlane, cfg.Server.Port, cfg.Auth.TokenFile)
+	}
+
+	// HPA only when enabled; then the Deployment leaves replicas to it.
+	if hpas := m.all("HorizontalPodAutoscaler"); len(hpas) != 0 {
+		t.Errorf("HPA rendered while disabled: %v", hpas)
+	}
+	scaled := mustTemplate(t, "--set", "dataPlane.hpa.enabled=true", "--set", "dataPlane.hpa.maxReplicas=7")
+	hpa := scaled.get(t, "HorizontalPodAutoscaler", "rel-cart-dataplane")
+	if dig(hpa, "spec", "scaleTargetRef", "name") != "rel-cart-dataplane" || dig(hpa, "spec", "maxReplicas") != 7 {
+		t.Errorf("HPA %v", dig(hpa, "spec"))
+	}
+	if r := dig(scaled.get(t, "Deployment", "rel-cart-dataplane"), "spec", "replicas"); r != nil {
+		t.Errorf("Deployment replicas %v with the HPA enabled: every upgrade would reset the HPA's count", r)
+	}
+}
+
+// podSpecs returns every pod template in the release (and the Job's).
+func podSpecs(m manifests) map[string]any {
+	out := map[string]any{}
+	for _, d := range m.docs {
+		if spec := dig(d, "spec", "template", "spec"); spec != nil {
+			out[str(d["kind"])+"/"+str(dig(d, "metadata", "name"))] = spec
+		}
+	}
+	return out
+}
+
+func TestHelmSecurityAndToken(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		args       []string
+		secretName string
+		rendered   bool
+	}{
+		{"generated", nil, "rel-cart-auth", true},
+		{"existingSecret", []string{"--set", "auth.existingSecret=my-token", "--set", "auth.secretKey=tok"}, "my-token", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := mustTemplate(t, append(tc.args, withWorkers...)...)
+			secrets := m.all("Secret")
+			if tc.rendered != (len(secrets) == 1) {
+				t.Fatalf("%d Secrets rendered", len(secrets))
+			}
+			if tc.rendered {
+				if v := str(dig(secrets[0], "data", "token")); len(v) < 40 {
+					t.Errorf("generated token %q is too short", v)
+				}
+			}
+			specs := podSpecs(m)
+			if len(specs) != 3 {
+				t.Fatalf("pod templates %v, want the StatefulSet, the Deployment and the workers Job", specs)
+			}
+			for name, spec := range specs {
+				if dig(spec, "securityContext", "runAsNonRoot") != true || dig(spec, "securityContext", "seccompProfile", "type") != "RuntimeDefault" {
+					t.Errorf("%s pod securityContext %v", name, dig(spec, "securityContext"))
+				}
+				if dig(spec, "automountServiceAccountToken") != false {
+					t.Errorf("%s mounts a service account token; CART never calls the API server", name)
+				}
+				var tokenVol any
+				for _, v := range list(dig(spec, "volumes")) {
+					if dig(v, "name") == "token" {
+						tokenVol = v
+					}
+				}
+				if dig(tokenVol, "secret", "secretName") != tc.secretName {
+					t.Errorf("%s token volume %v, want Secret %s", name, tokenVol, tc.secretName)
+				}
+				wantKey := "token"
+				if !tc.rendered {
+					wantKey = "tok"
+				}
+				if dig(tokenVol, "secret", "items", 0, "key") != wantKey {
+					t.Errorf("%s token volume reads key %v, want %s", name, dig(tokenVol, "secret", "items", 0, "key"), wantKey)
+				}
+				for _, c := range append(list(dig(spec, "initContainers")), list(dig(spec, "containers"))...) {
+					sc := dig(c, "securityContext")
+					drop := toStrings(dig(sc, "capabilities", "drop"))
+					if dig(sc, "readOnlyRootFilesystem") != true || dig(sc, "allowPrivilegeEscalation") != false ||
+						dig(sc, "runAsNonRoot") != true || !slices.Equal(drop, []string{"ALL"}) {
+						t.Errorf("%s container %v securityContext %v", name, dig(c, "name"), sc)
+					}
+					if dig(c, "resources", "requests") == nil {
+						t.Errorf("%s container %v has no resource requests", name, dig(c, "name"))
+					}
+					for _, e := range list(dig(c, "env")) {
+						if strings.Contains(strings.ToLower(str(dig(e, "name"))), "token") && dig(e, "value") != nil && !strings.HasSuffix(str(dig(e, "name")), "_FILE") {
+							t.Errorf("%s container %v has a literal token in env %v", name, dig(c, "name"), e)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestHelmNeverProbesModels(t *testing.T) {
+	m := mustTemplate(t, append(withWorkers, "--set", "dataPlane.hpa.enabled=true", "--set", "metrics.serviceMonitor.enabled=true")...)
+	var walk func(where string, v any)
+	walk = func(where string, v any) {
+		switch x := v.(type) {
+		case obj:
+			for k, c := range x {
+				walk(where+"."+k, c)
+			}
+		case []any:
+			for i, c := range x {
+				walk(fmt.Sprintf("%s[%d]", where, i), c)
+			}
+		case string:
+			// Config text in the ConfigMap may not name it either: a
+			// health.endpoint of /v1/models would be the same mistake.
+			if strings.Contains(x, "/v1/models") {
+				t.Errorf("%s uses /v1/models (answered from a cache; never a probe): %q", where, x)
+			}
+		}
+	}
+	for _, d := range m.docs {
+		walk(str(d["kind"])+"/"+str(dig(d, "metadata", "name")), d)
+	}
+	for name, spec := range podSpecs(m) {
+		for _, c := range append(list(dig(spec, "initContainers")), list(dig(spec, "containers"))...) {
+			for _, probe := range []string{"readinessProbe", "livenessProbe", "startupProbe"} {
+				if p := dig(c, probe, "httpGet", "path"); p != nil && p != "/health" {
+					t.Errorf("%s %v %s probes %v", name, dig(c, "name"), probe, p)
+				}
+			}
+		}
+	}
+}
+
+func TestHelmWorkersHook(t *testing.T) {
+	if none := mustTemplate(t); len(none.all("Job")) != 0 {
+		t.Error("workers Job rendered with no workers")
+	}
+	m := mustTemplate(t, withWorkers...)
+	job := m.get(t, "Job", "rel-cart-workers")
+	ann, _ := dig(job, "metadata", "annotations").(obj)
+	hooks := strings.Split(str(ann["helm.sh/hook"]), ",")
+	if !slices.Contains(hooks, "post-install") || !slices.Contains(hooks, "post-upgrade") {
+		t.Errorf("helm.sh/hook %q, want post-install,post-upgrade", ann["helm.sh/hook"])
+	}
+	if !strings.Contains(str(ann["helm.sh/hook-delete-policy"]), "before-hook-creation") {
+		t.Errorf("hook-delete-policy %q: a second upgrade would collide with the old Job", ann["helm.sh/hook-delete-policy"])
+	}
+	spec := dig(job, "spec", "template", "spec")
+	if dig(spec, "restartPolicy") != "Never" {
+		t.Errorf("Job restartPolicy %v", dig(spec, "restartPolicy"))
+	}
+	var adds [][]string
+	for _, c := range list(dig(spec, "initContainers")) {
+		a := toStrings(dig(c, "args"))
+		if len(a) >= 3 && a[0] == "cartctl" && a[1] == "workers" && a[2] == "add" {
+			adds = append(adds, a[3:])
+		}
+		if strings.HasPrefix(str(dig(c, "name")), "add-worker") {
+			env := map[string]any{}
+			for _, e := range list(dig(c, "env")) {
+				env[str(dig(e, "name"))] = dig(e, "value")
+			}
+			if env["CARTCTL_SERVER"] != "http://rel-cart-cp.ns.svc.cluster.local:6701" || env["CARTCTL_TOKEN_FILE"] != tokenMountPath(t, c)+"/token" {
+				t.Errorf("%v env %v: want the control-plane Service and the mounted token", dig(c, "name"), env)
+			}
+		}
+	}
+	want := [][]string{{"http://vllm-0.vllm:8000", "--max-load=32"}, {"http://vllm-1.vllm:8000"}}
+	if !slices.EqualFunc(adds, want, slices.Equal) {
+		t.Errorf("cartctl workers add calls %v, want %v", adds, want)
+	}
+	// Values files hold numbers as floats: large ones must still render as
+	// integers (not 1e+06) in cartctl flags.
+	vf := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(vf, []byte("workers:\n  - url: http://a:8000\n    maxLoad: 1000000\n    loadPenalty: 2000000\n    cacheCapacityTokens: 3000000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := toStrings(dig(mustTemplate(t, "-f", vf).get(t, "Job", "rel-cart-workers"), "spec", "template", "spec", "initContainers", 1, "args"))
+	if want := []string{"cartctl", "workers", "add", "http://a:8000", "--max-load=1000000", "--load-penalty=2000000", "--cache-capacity-tokens=3000000"}; !slices.Equal(big, want) {
+		t.Errorf("args %q, want %q", big, want)
+	}
+	if first := dig(spec, "initContainers", 0, "name"); first != "wait-for-leader" {
+		t.Errorf("first Job step %v, want wait-for-leader", first)
+	}
+}
+
+// TestHelmWorkerChangesDoNotRestart: the worker list reaches running pods
+// through the hook Job, so it must not change the pods' config checksums
+// (which would roll every pod); other config changes must.
+func TestHelmWorkerChangesDoNotRestart(t *testing.T) {
+	sums := func(args ...string) [2]string {
+		m := mustTemplate(t, args...)
+		return [2]string{
+			str(dig(m.get(t, "StatefulSet", "rel-cart-cp"), "spec", "template", "metadata", "annotations", "checksum/config")),
+			str(dig(m.get(t, "Deployment", "rel-cart-dataplane"), "spec", "template", "metadata", "annotations", "checksum/config")),
+		}
+	}
+	base := sums()
+	if base[0] == "" || base[1] == "" {
+		t.Fatal("no checksum/config annotations")
+	}
+	if got := sums(withWorkers...); got != base {
+		t.Errorf("adding workers changed the checksums %v -> %v: pods would restart", base, got)
+	}
+	if got := sums("--set", "config.log.level=debug"); got[0] == base[0] || got[1] == base[1] {
+		t.Errorf("a config change left a checksum unchanged %v -> %v: pods would keep the old config", base, got)
+	}
+}
