@@ -319,7 +319,7 @@ func Default() *Config {
 		},
 		DataPlane: DataPlane{
 			RouteTimeoutMs:       20,
-			ReportIntervalMs:     1000,
+			ReportIntervalMs:     10,
 			WorkerSyncIntervalMs: 500,
 		},
 	}
@@ -448,7 +448,8 @@ func (cp ControlPlane) LoadLease() time.Duration { return seconds(cp.LoadLeaseSe
 // RouteTimeout bounds a routing query to the control plane.
 func (dp DataPlane) RouteTimeout() time.Duration { return millis(dp.RouteTimeoutMs) }
 
-// ReportInterval is the period of load reports to the control plane.
+// ReportInterval is how often completed requests are reported (batched)
+// to the control plane.
 func (dp DataPlane) ReportInterval() time.Duration { return millis(dp.ReportIntervalMs) }
 
 // WorkerSyncInterval is the period of worker-list refreshes.

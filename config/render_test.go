@@ -248,7 +248,7 @@ func TestDurations(t *testing.T) {
 		{"placement batch", c.ControlPlane.PlacementBatch(), 10 * time.Millisecond},
 		{"load lease", c.ControlPlane.LoadLease(), 5 * time.Second},
 		{"route timeout", c.DataPlane.RouteTimeout(), 20 * time.Millisecond},
-		{"report interval", c.DataPlane.ReportInterval(), time.Second},
+		{"report interval", c.DataPlane.ReportInterval(), 10 * time.Millisecond},
 		{"worker sync", c.DataPlane.WorkerSyncInterval(), 500 * time.Millisecond},
 		{"fractional seconds", Health{IntervalSecs: 0.25}.Interval(), 250 * time.Millisecond},
 		{"huge seconds saturate", Cache{TTLSecs: 1e300}.TTL(), time.Duration(math.MaxInt64)},

@@ -426,7 +426,7 @@ func (v *validator) dataPlane(role Role) {
 		v.url(fmt.Sprintf("dataplane.control_plane[%d]", i), u)
 	}
 	v.intAtLeast("dataplane.route_timeout_ms", int64(dp.RouteTimeoutMs), 1)
-	v.intAtLeast("dataplane.report_interval_ms", int64(dp.ReportIntervalMs), 50)
+	v.intRange("dataplane.report_interval_ms", int64(dp.ReportIntervalMs), 1, 10000)
 	v.intAtLeast("dataplane.worker_sync_interval_ms", int64(dp.WorkerSyncIntervalMs), 50)
 	v.keyPair("dataplane.tls", dp.ClientTLS.CertFile, dp.ClientTLS.KeyFile)
 }

@@ -59,6 +59,7 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*D
 		ControlPlanes: cfg.DataPlane.ControlPlane,
 		RouteTimeout:  millis(cfg.DataPlane.RouteTimeoutMs),
 		SyncInterval:  millis(cfg.DataPlane.WorkerSyncIntervalMs),
+		FlushInterval: millis(cfg.DataPlane.ReportIntervalMs),
 		Token:         token,
 		HTTPClient:    client,
 		BootWorkers:   boot,
