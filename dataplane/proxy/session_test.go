@@ -34,7 +34,9 @@ func TestSessionKeysInConfiguredOrder(t *testing.T) {
 		name string
 		send func(i int) string
 	}{
-		{"header", func(i int) string { return peerOf(chatBody("s", fmt.Sprintf("q%d %s", i, longText(fmt.Sprint(i), 300)), false), "X-Session-Id", "sess-h") }},
+		{"header", func(i int) string {
+			return peerOf(chatBody("s", fmt.Sprintf("q%d %s", i, longText(fmt.Sprint(i), 300)), false), "X-Session-Id", "sess-h")
+		}},
 		{"prompt_cache_key", func(i int) string { return peerOf(withField("prompt_cache_key", "sess-p", i)) }},
 		{"user", func(i int) string { return peerOf(withField("user", "sess-u", i)) }},
 	} {
