@@ -5,10 +5,10 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/cartrouter/cart/cli/internal/buildinfo.Version=$(VERSION) -X github.com/cartrouter/cart/cli/internal/buildinfo.Commit=$(COMMIT)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-BINARIES := cart cartctl cart-sim
+BINARIES := cart cartctl cart-sim cart-bench
 GOFILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check
+.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro
 
 # Code generation tools, pinned and built from the Go module proxy into
 # .tools/ (buf's remote plugins are never used).
@@ -55,8 +55,11 @@ fuzz: ## run every fuzz target for FUZZTIME each
 		done; \
 	done
 
-bench: ## micro-benchmarks of the routing path
-	$(GO) test -run XXX -bench . -benchmem ./controlplane/... ./dataplane/...
+bench: build ## side-by-side suite (nginx rr/least_conn, CART all-in-one, 1/2/4 data planes, split) -> bench/results/<date>/; BENCH_FULL=1 for whole traces
+	bin/cart-bench suite
+
+bench-micro: ## micro-benchmarks of the routing path
+	$(GO) test -run XXX -bench . -benchmem ./controlplane/index ./controlplane/engine ./dataplane/extract
 
 tools: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-connect-go ## install pinned buf and protoc plugins into .tools/
 

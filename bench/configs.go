@@ -1,0 +1,149 @@
+package bench
+
+import (
+	"fmt"
+	"strings"
+)
+
+// NginxConfig returns an nginx.conf proxying 127.0.0.1:listen to the
+// upstreams (host:port), round robin or least_conn, with keep-alive HTTP/1.1
+// upstream connections and no response buffering (tokens stream through).
+// Every path nginx writes to is under prefix.
+func NginxConfig(prefix string, listen int, upstreams []string, leastConn bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `worker_processes 2;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+worker_rlimit_nofile 8192;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/client_body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  client_max_body_size 64m;
+  client_body_buffer_size 4m;
+  keepalive_requests 100000;
+  upstream pool {
+`, prefix)
+	if leastConn {
+		b.WriteString("    least_conn;\n")
+	}
+	for _, u := range upstreams {
+		fmt.Fprintf(&b, "    server %s max_fails=0;\n", u)
+	}
+	fmt.Fprintf(&b, `    keepalive 256;
+    keepalive_requests 100000;
+  }
+  server {
+    listen 127.0.0.1:%d;
+    location / {
+      proxy_pass http://pool;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering on;
+      proxy_read_timeout 600s;
+      proxy_send_timeout 600s;
+    }
+  }
+}
+`, listen)
+	return b.String()
+}
+
+// HAProxyConfig returns a haproxy.cfg balancing TCP connections on
+// 127.0.0.1:listen round robin over the backends (host:port).
+func HAProxyConfig(listen int, backends []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `global
+  maxconn 8192
+defaults
+  mode tcp
+  timeout connect 2s
+  timeout client 10m
+  timeout server 10m
+frontend fe
+  bind 127.0.0.1:%d
+  default_backend be
+backend be
+  balance roundrobin
+`, listen)
+	for i, u := range backends {
+		fmt.Fprintf(&b, "  server b%d %s\n", i+1, u)
+	}
+	return b.String()
+}
+
+// CartRouterConfig is what the suite varies in a generated cart config.
+type CartRouterConfig struct {
+	Port    int
+	Workers []string // base URLs
+	// CacheTokens is each worker's cache capacity (0 = unbounded).
+	CacheTokens int
+	// ControlPlane, for a control-plane node.
+	NodeID    string
+	APIAddr   string
+	RaftAddr  string
+	DataDir   string
+	Bootstrap bool
+	Join      []string
+	// DataPlane: control-plane API URLs.
+	ControlPlanes []string
+	DataPlaneID   string
+}
+
+// CartConfig renders a cart YAML config. Keys follow config.example.yaml;
+// only what differs from the defaults (or matters for the benchmark) is set.
+func CartConfig(c CartRouterConfig) string {
+	var b strings.Builder
+	port := c.Port
+	if port == 0 {
+		port = 6700 // unused by a control plane, but must be valid
+	}
+	fmt.Fprintf(&b, `server:
+  host: 127.0.0.1
+  port: %d
+  min_open_files: 1024
+  shutdown_grace_secs: 2
+workers:
+`, port)
+	for _, w := range c.Workers {
+		fmt.Fprintf(&b, "  - url: %s\n", w)
+		if c.CacheTokens > 0 {
+			fmt.Fprintf(&b, "    cache_capacity_tokens: %d\n", c.CacheTokens)
+		}
+	}
+	if c.CacheTokens > 0 {
+		fmt.Fprintf(&b, "cache:\n  capacity_tokens: %d\n", c.CacheTokens)
+	}
+	b.WriteString(`health:
+  interval_secs: 1
+  timeout_secs: 1
+  failure_threshold: 3
+  success_threshold: 1
+proxy:
+  add_routed_peer_header: true
+log:
+  level: warn
+  format: text
+`)
+	if c.NodeID != "" {
+		fmt.Fprintf(&b, "controlplane:\n  node_id: %s\n  api_addr: %s\n  raft_addr: %s\n  data_dir: %s\n", c.NodeID, c.APIAddr, c.RaftAddr, c.DataDir)
+		if c.Bootstrap {
+			b.WriteString("  bootstrap: true\n")
+		}
+		if len(c.Join) > 0 {
+			fmt.Fprintf(&b, "  join: [%s]\n", strings.Join(c.Join, ", "))
+		}
+	}
+	if len(c.ControlPlanes) > 0 {
+		fmt.Fprintf(&b, "dataplane:\n  control_plane: [%s]\n", strings.Join(c.ControlPlanes, ", "))
+		if c.DataPlaneID != "" {
+			fmt.Fprintf(&b, "  id: %s\n", c.DataPlaneID)
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,292 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// OverheadConfig drives the proxy-overhead benchmark: a closed loop of
+// Concurrency clients sending tiny non-streaming requests for Duration to
+// each target in front of one replica that never sleeps.
+type OverheadConfig struct {
+	Duration    time.Duration `json:"duration_ns"`
+	Warmup      time.Duration `json:"warmup_ns"`
+	Concurrency int           `json:"concurrency"`
+	// MaxRequests bounds each target's loop in count as Duration bounds it
+	// in time.
+	MaxRequests int `json:"max_requests"`
+	// PromptChars is the length of the fixed prompt.
+	PromptChars int `json:"prompt_chars"`
+	// UseWrk drives the load with wrk instead, when installed.
+	UseWrk bool `json:"use_wrk"`
+}
+
+// DefaultOverhead returns 10 s per target at concurrency 32.
+func DefaultOverhead() OverheadConfig {
+	return OverheadConfig{Duration: 10 * time.Second, Warmup: time.Second, Concurrency: 32, MaxRequests: 2_000_000, PromptChars: 512}
+}
+
+// OverheadTarget is one target's figures.
+type OverheadTarget struct {
+	Name     string  `json:"name"`
+	URL      string  `json:"url,omitempty"`
+	Tool     string  `json:"tool,omitempty"`
+	Requests int     `json:"requests"`
+	Errors   int     `json:"errors"`
+	ReqPerS  float64 `json:"req_per_s"`
+	P50Ms    float64 `json:"p50_ms"`
+	P99Ms    float64 `json:"p99_ms"`
+	Skipped  string  `json:"skipped,omitempty"`
+}
+
+// OverheadResult compares the targets.
+type OverheadResult struct {
+	Config  OverheadConfig   `json:"config"`
+	Targets []OverheadTarget `json:"targets"`
+	// CartOverNginx is CART's throughput divided by nginx's.
+	CartOverNginx float64 `json:"cart_over_nginx"`
+}
+
+func overheadBody(promptChars int) []byte {
+	prompt := TextTokens(9, 1, max(promptChars/BytesPerToken, 1))
+	return []byte(fmt.Sprintf(`{"model":"cart-sim","max_tokens":1,"messages":[{"role":"user","content":%q}]}`, prompt))
+}
+
+// LoadClosedLoop sends POST body to url from conc workers until d passes or
+// maxReqs requests are done, and measures throughput and latency.
+func LoadClosedLoop(ctx context.Context, url string, body []byte, conc int, d time.Duration, maxReqs int) OverheadTarget {
+	hc := NewHTTPClient(conc)
+	defer hc.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var mu sync.Mutex
+	var lat []float64
+	var errs, n int
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range max(conc, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			local := make([]float64, 0, 1024)
+			localErrs := 0
+			defer func() {
+				mu.Lock()
+				lat = append(lat, local...)
+				errs += localErrs
+				mu.Unlock()
+			}()
+			for ctx.Err() == nil {
+				mu.Lock()
+				if n >= maxReqs {
+					mu.Unlock()
+					return
+				}
+				n++
+				mu.Unlock()
+				t0 := time.Now()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := hc.Do(req)
+				if err != nil {
+					if ctx.Err() == nil {
+						localErrs++
+					}
+					continue
+				}
+				_, err = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+				if err != nil || resp.StatusCode != http.StatusOK {
+					if ctx.Err() == nil {
+						localErrs++
+					}
+					continue
+				}
+				local = append(local, ms(time.Since(t0)))
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	t := OverheadTarget{URL: url, Tool: "go", Requests: len(lat), Errors: errs}
+	if el > 0 {
+		t.ReqPerS = float64(len(lat)) / el
+	}
+	if len(lat) > 0 {
+		l := latencyOf(lat)
+		t.P50Ms, t.P99Ms = l.P50, l.P99
+	}
+	return t
+}
+
+// RunOverhead measures direct, nginx and CART all-in-one in front of one
+// cart-sim with --time-scale 0.
+func RunOverhead(ctx context.Context, env *Env, c OverheadConfig) OverheadResult {
+	res := OverheadResult{Config: c}
+	s := &suite{env: env, cfg: env.Cfg, cartBin: filepath.Join(env.Cfg.BinDir, "cart"), simBin: filepath.Join(env.Cfg.BinDir, "cart-sim")}
+	s.nginx, _ = exec.LookPath("nginx")
+	skipAll := func(reason string) OverheadResult {
+		for _, n := range []string{"direct", "nginx", "cart"} {
+			res.Targets = append(res.Targets, OverheadTarget{Name: n, Skipped: reason})
+		}
+		return res
+	}
+	port, err := env.FreePort()
+	if err != nil {
+		return skipAll(err.Error())
+	}
+	rep := &replica{name: "fast", port: port}
+	p, err := env.Start("overhead-sim", s.simBin, "--listen", hostPort(port), "--name", "fast",
+		"--time-scale", "0", "--max-concurrency", "1024", "--cache-tokens", "0")
+	if err == nil {
+		err = env.WaitReady(ctx, p, env.Cfg.StartTimeout, env.httpOK(baseURL(port)+"/health"))
+	}
+	if p != nil {
+		defer env.StopAll([]*Proc{p})
+	}
+	if err != nil {
+		return skipAll("replica: " + err.Error())
+	}
+	s.replicas = []*replica{rep}
+	dir := env.Path("overhead")
+	_ = os.MkdirAll(dir, 0o755)
+	body := overheadBody(c.PromptChars)
+
+	measure := func(name, base string) OverheadTarget {
+		url := base + "/v1/chat/completions"
+		if c.UseWrk {
+			if t, err := runWrk(ctx, dir, url, body, c); err == nil {
+				t.Name = name
+				return t
+			} else {
+				env.Logf("   wrk: %v; using the Go load generator", err)
+			}
+		}
+		if c.Warmup > 0 {
+			LoadClosedLoop(ctx, url, body, c.Concurrency, c.Warmup, c.MaxRequests)
+		}
+		t := LoadClosedLoop(ctx, url, body, c.Concurrency, c.Duration, c.MaxRequests)
+		t.Name = name
+		return t
+	}
+
+	res.Targets = append(res.Targets, measure("direct", baseURL(port)))
+
+	if target, procs, err := s.startNginx(ctx, dir, "overhead-nginx", []string{hostPort(port)}, false); err != nil {
+		env.StopAll(procs)
+		res.Targets = append(res.Targets, OverheadTarget{Name: "nginx", Skipped: err.Error()})
+	} else {
+		res.Targets = append(res.Targets, measure("nginx", target))
+		env.StopAll(procs)
+	}
+
+	if cport, err := env.FreePort(); err != nil {
+		res.Targets = append(res.Targets, OverheadTarget{Name: "cart", Skipped: err.Error()})
+	} else if procs, err := s.startCart(ctx, dir, "overhead-cart", cport); err != nil {
+		env.StopAll(procs)
+		res.Targets = append(res.Targets, OverheadTarget{Name: "cart", Skipped: err.Error()})
+	} else {
+		res.Targets = append(res.Targets, measure("cart", baseURL(cport)))
+		env.StopAll(procs)
+	}
+	var nginxRPS, cartRPS float64
+	for _, t := range res.Targets {
+		switch t.Name {
+		case "nginx":
+			nginxRPS = t.ReqPerS
+		case "cart":
+			cartRPS = t.ReqPerS
+		}
+	}
+	if nginxRPS > 0 {
+		res.CartOverNginx = cartRPS / nginxRPS
+	}
+	return res
+}
+
+var (
+	wrkRPS = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	wrkPct = regexp.MustCompile(`(?m)^\s+(50|99)(?:\.0+)?%\s+([0-9.]+)(us|ms|s)\b`)
+	wrkReq = regexp.MustCompile(`(\d+) requests in`)
+	wrkErr = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)`)
+)
+
+// runWrk drives url with wrk (POSTing body) and parses its report.
+func runWrk(ctx context.Context, dir, url string, body []byte, c OverheadConfig) (OverheadTarget, error) {
+	bin, err := exec.LookPath("wrk")
+	if err != nil {
+		return OverheadTarget{}, fmt.Errorf("wrk not installed (apt-get install -y wrk)")
+	}
+	script := filepath.Join(dir, "post.lua")
+	lua := fmt.Sprintf("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = %q\n", string(body))
+	if err := os.WriteFile(script, []byte(lua), 0o644); err != nil {
+		return OverheadTarget{}, err
+	}
+	secs := max(int(c.Duration.Seconds()), 1)
+	cctx, cancel := context.WithTimeout(ctx, c.Duration+30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, bin, "-t", "2", "-c", strconv.Itoa(c.Concurrency), "-d", strconv.Itoa(secs)+"s",
+		"--latency", "-s", script, url).CombinedOutput()
+	if err != nil {
+		return OverheadTarget{}, fmt.Errorf("wrk: %v: %s", err, lastLine(string(out)))
+	}
+	return parseWrk(string(out), url)
+}
+
+func parseWrk(out, url string) (OverheadTarget, error) {
+	t := OverheadTarget{URL: url, Tool: "wrk"}
+	m := wrkRPS.FindStringSubmatch(out)
+	if m == nil {
+		return t, fmt.Errorf("wrk output has no Requests/sec")
+	}
+	t.ReqPerS, _ = strconv.ParseFloat(m[1], 64)
+	if m := wrkReq.FindStringSubmatch(out); m != nil {
+		t.Requests, _ = strconv.Atoi(m[1])
+	}
+	if m := wrkErr.FindStringSubmatch(out); m != nil {
+		t.Errors, _ = strconv.Atoi(m[1])
+	}
+	for _, m := range wrkPct.FindAllStringSubmatch(out, -1) {
+		v, _ := strconv.ParseFloat(m[2], 64)
+		switch m[3] {
+		case "us":
+			v /= 1000
+		case "s":
+			v *= 1000
+		}
+		if m[1] == "50" {
+			t.P50Ms = v
+		} else {
+			t.P99Ms = v
+		}
+	}
+	return t, nil
+}
+
+// FormatOverhead renders the overhead result as text.
+func FormatOverhead(r OverheadResult) string {
+	var b strings.Builder
+	for _, t := range r.Targets {
+		if t.Skipped != "" {
+			fmt.Fprintf(&b, "%-7s skipped: %s\n", t.Name, t.Skipped)
+			continue
+		}
+		fmt.Fprintf(&b, "%-7s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  %d requests, %d errors (%s)\n",
+			t.Name, t.ReqPerS, t.P50Ms, t.P99Ms, t.Requests, t.Errors, t.Tool)
+	}
+	if r.CartOverNginx > 0 {
+		fmt.Fprintf(&b, "cart/nginx throughput: %.2f\n", r.CartOverNginx)
+	}
+	return b.String()
+}

@@ -1,0 +1,260 @@
+// Command cart-bench is CART's load generator and benchmark suite.
+//
+//	cart-bench run --target http://127.0.0.1:6700 --trace ../shared/traces/mooncake_conversation.jsonl --limit 200
+//	cart-bench suite                 # every scenario on the default slice
+//	cart-bench overhead              # proxy overhead: CART vs nginx
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cartrouter/cart/bench"
+	"github.com/cartrouter/cart/cli/internal/buildinfo"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRootCmd().ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		os.Exit(1)
+	}
+}
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:          "cart-bench",
+		Short:        "Load generator and benchmark suite for CART",
+		Version:      buildinfo.String("cart-bench"),
+		SilenceUsage: true,
+	}
+	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newOracleCmd())
+	return root
+}
+
+func newRunCmd() *cobra.Command {
+	c := bench.DefaultRunConfig()
+	var out string
+	var noProgress bool
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Replay a trace or a synthetic workload against one endpoint",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if c.Workload == "trace" && c.TracePath == "" {
+				return fmt.Errorf("--trace is required for the trace workload")
+			}
+			var progress = cmd.ErrOrStderr()
+			if noProgress {
+				progress = nil
+			}
+			res, err := bench.Execute(cmd.Context(), c, c.Workload, progress)
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), bench.FormatSummary(res.Summary))
+			if out == "" {
+				return nil
+			}
+			if err := bench.WriteJSON(out, res); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", out)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&c.Target, "target", c.Target, "endpoint base URL (/v1 is appended)")
+	f.StringVar(&c.Model, "model", c.Model, "model name sent in requests")
+	f.StringVar(&c.Workload, "workload", c.Workload, "trace, gsp or multiturn")
+	f.StringVar(&c.TracePath, "trace", "", "Mooncake-format JSONL trace (workload trace)")
+	f.IntVar(&c.Start, "start", 0, "skip this many trace records")
+	f.IntVar(&c.Limit, "limit", 0, "send at most this many requests (0 = all)")
+	f.Float64Var(&c.Speedup, "speedup", c.Speedup, "divide trace timestamps by this factor")
+	f.Float64Var(&c.Rate, "rate", 0, "ignore timestamps: Poisson arrivals at this many requests/s (0 = use the trace's)")
+	f.IntVar(&c.MaxTokensCap, "max-tokens-cap", c.MaxTokensCap, "cap on max_tokens (output_length); 0 = no cap")
+	f.Uint64Var(&c.Seed, "seed", c.Seed, "seed for generated arrivals")
+	f.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "safety cap on requests in flight (arrivals beyond it wait and are counted)")
+	f.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "timeout of one request")
+	f.DurationVar(&c.RunTimeout, "run-timeout", c.RunTimeout, "timeout of the whole run")
+	f.IntVar(&c.PoolCacheTokens, "pool-cache-tokens", 0, "total cache capacity of the pool in tokens, for the oracle (0 = unbounded)")
+	f.IntVar(&c.BlockTokens, "block-tokens", c.BlockTokens, "replica cache block size in tokens, for the oracle")
+	f.StringSliceVar(&c.Replicas, "replicas", nil, "names of the pool's replicas (X-Sim-Replica), so idle ones count in the imbalance")
+	f.BoolVar(&c.RecordRequests, "records", false, "include per-request records in the JSON output")
+	f.StringVarP(&out, "out", "o", "", "write the run's JSON here")
+	f.BoolVar(&noProgress, "no-progress", false, "no progress line on stderr")
+	f.IntVar(&c.GSP.Groups, "gsp-groups", c.GSP.Groups, "gsp: number of shared system prompts")
+	f.IntVar(&c.GSP.PromptsPerGroup, "gsp-prompts-per-group", c.GSP.PromptsPerGroup, "gsp: questions per system prompt")
+	f.IntVar(&c.GSP.SystemTokens, "gsp-system-tokens", c.GSP.SystemTokens, "gsp: system prompt length")
+	f.IntVar(&c.GSP.QuestionTokens, "gsp-question-tokens", c.GSP.QuestionTokens, "gsp: question length")
+	f.IntVar(&c.GSP.OutputTokens, "gsp-output-tokens", c.GSP.OutputTokens, "gsp: output length (then capped by --max-tokens-cap)")
+	f.IntVar(&c.MultiTurn.Chats, "mt-chats", c.MultiTurn.Chats, "multiturn: conversations")
+	f.IntVar(&c.MultiTurn.Turns, "mt-turns", c.MultiTurn.Turns, "multiturn: turns per conversation")
+	f.IntVar(&c.MultiTurn.SystemTokens, "mt-system-tokens", c.MultiTurn.SystemTokens, "multiturn: system prompt length")
+	f.IntVar(&c.MultiTurn.QuestionTokens, "mt-question-tokens", c.MultiTurn.QuestionTokens, "multiturn: question length per turn")
+	f.IntVar(&c.MultiTurn.OutputTokens, "mt-output-tokens", c.MultiTurn.OutputTokens, "multiturn: answer length")
+	f.DurationVar(&c.MultiTurn.Think, "mt-think", c.MultiTurn.Think, "multiturn: pause between an answer and the next question")
+	f.Float64Var(&c.MultiTurn.ChatRate, "mt-chat-rate", c.MultiTurn.ChatRate, "multiturn: conversations started per second (0 = all at once)")
+	return cmd
+}
+
+// repoRoot finds the repository root (the directory holding go.mod) from
+// the working directory upwards; it falls back to the working directory.
+func repoRoot() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/cartrouter/cart") {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			return wd
+		}
+	}
+}
+
+func newSuiteCmd() *cobra.Command {
+	root := repoRoot()
+	c := bench.DefaultSuiteConfig(root)
+	var traces, scenarios string
+	cmd := &cobra.Command{
+		Use:   "suite",
+		Short: "Run every scenario (nginx, CART all-in-one, distributed, split) on one trace slice and pool",
+		Long: `Runs the same trace slice against each router scenario in turn, resetting the
+simulated replicas between scenarios, and writes results.json, summary.md,
+machine.md and PNG charts to bench/results/<date>/.
+
+BENCH_FULL=1 replays whole traces (hours). nginx and haproxy come from Debian:
+apt-get install -y nginx haproxy`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if traces != "" {
+				c.Traces = splitList(traces)
+			}
+			if scenarios != "" {
+				c.Scenarios = splitList(scenarios)
+			}
+			if os.Getenv("BENCH_FULL") == "1" {
+				c.Full = true
+			}
+			if c.OutDir == "" {
+				c.OutDir = filepath.Join(root, "bench", "results", time.Now().Format("2006-01-02"))
+			}
+			return bench.RunSuite(cmd.Context(), c, cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&c.BinDir, "bin", c.BinDir, "directory holding cart and cart-sim")
+	f.StringVar(&c.TraceDir, "traces-dir", c.TraceDir, "directory of the trace files")
+	f.StringVar(&traces, "traces", strings.Join(c.Traces, ","), "trace files (names in --traces-dir) to replay; add llmd_shared_prefix_73pct_blk512 for the llm-d workload")
+	f.StringVar(&scenarios, "scenarios", strings.Join(c.Scenarios, ","), "scenarios to run: "+strings.Join(bench.AllScenarios, ","))
+	f.StringVar(&c.OutDir, "out", "", "output directory (default bench/results/<date>)")
+	f.IntVar(&c.Limit, "limit", 0, "requests per trace slice, for every trace (0 = each trace's default; ignored with BENCH_FULL=1)")
+	f.IntVar(&c.Start, "start", c.Start, "first trace record of the slice")
+	f.Float64Var(&c.Speedup, "speedup", 0, "trace time speed-up, for every trace (0 = each trace's default)")
+	f.Float64Var(&c.ZeroTimeRate, "burst-rate", 0, "Poisson arrival rate (req/s) for traces whose requests all arrive at t=0 (0 = each trace's default)")
+	f.IntVar(&c.CacheTokens, "cache-tokens", -1, "cache capacity of each replica in tokens, for every trace (0 = unbounded; -1 = each trace's default)")
+	f.IntVar(&c.MaxTokensCap, "max-tokens-cap", c.MaxTokensCap, "cap on max_tokens")
+	f.IntVar(&c.Replicas, "replicas", c.Replicas, "simulated replicas in the pool")
+	f.Float64Var(&c.Sim.PrefillUsPerToken, "prefill-us-per-token", c.Sim.PrefillUsPerToken, "replica prefill cost")
+	f.Float64Var(&c.Sim.DecodeMsPerToken, "decode-ms-per-token", c.Sim.DecodeMsPerToken, "replica decode cost")
+	f.IntVar(&c.Sim.MaxConcurrency, "max-concurrency", c.Sim.MaxConcurrency, "replica prefill slots")
+	f.Float64Var(&c.Sim.TimeScale, "time-scale", c.Sim.TimeScale, "replica time scale")
+	f.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "load generator safety cap on requests in flight")
+	f.DurationVar(&c.RunTimeout, "run-timeout", c.RunTimeout, "timeout of one scenario's run")
+	f.DurationVar(&c.StartTimeout, "start-timeout", c.StartTimeout, "time a role gets to become ready before its scenario is skipped")
+	f.BoolVar(&c.RecordRequests, "records", false, "keep per-request records in each scenario's JSON")
+	f.BoolVar(&c.SkipOverhead, "no-overhead", false, "skip the proxy-overhead benchmark")
+	f.DurationVar(&c.Overhead.Duration, "overhead-duration", c.Overhead.Duration, "proxy-overhead: duration per target")
+	f.IntVar(&c.Overhead.Concurrency, "overhead-concurrency", c.Overhead.Concurrency, "proxy-overhead: closed-loop concurrency")
+	return cmd
+}
+
+func newOverheadCmd() *cobra.Command {
+	root := repoRoot()
+	c := bench.DefaultSuiteConfig(root)
+	var out string
+	cmd := &cobra.Command{
+		Use:   "overhead",
+		Short: "Proxy overhead: requests/s and latency of CART all-in-one vs nginx in front of one fast replica",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			env, err := bench.NewEnv(c, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			defer env.Close()
+			res := bench.RunOverhead(cmd.Context(), env, c.Overhead)
+			fmt.Fprint(cmd.OutOrStdout(), bench.FormatOverhead(res))
+			if out != "" {
+				return bench.WriteJSON(out, res)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&c.BinDir, "bin", c.BinDir, "directory holding cart and cart-sim")
+	f.DurationVar(&c.Overhead.Duration, "duration", c.Overhead.Duration, "duration per target")
+	f.IntVar(&c.Overhead.Concurrency, "concurrency", c.Overhead.Concurrency, "closed-loop concurrency")
+	f.BoolVar(&c.Overhead.UseWrk, "wrk", false, "drive the load with wrk when it is installed")
+	f.StringVarP(&out, "out", "o", "", "write the JSON result here")
+	return cmd
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func newOracleCmd() *cobra.Command {
+	c := bench.DefaultRunConfig()
+	cmd := &cobra.Command{
+		Use:   "oracle",
+		Short: "Print the oracle hit ratio of a trace slice for a pool capacity, without sending anything",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			w, err := bench.BuildWorkload(c)
+			if err != nil {
+				return err
+			}
+			if len(w.Chats) > 0 {
+				return fmt.Errorf("the multiturn workload depends on the answers: run it to get its oracle")
+			}
+			o := bench.NewOracle(c.PoolCacheTokens, c.BlockTokens)
+			for i := range w.Requests {
+				o.AccessMessages(w.Requests[i].Prompt())
+			}
+			span := 0.0
+			if n := len(w.Requests); n > 0 {
+				span = w.Requests[n-1].At.Seconds()
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: %d requests over %.1fs, oracle hit ratio %.2f%% (pool %d tokens, %d blocks held at the end)\n",
+				w.Name, len(w.Requests), span, 100*o.HitRatio(), c.PoolCacheTokens, o.Len())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&c.Workload, "workload", c.Workload, "trace or gsp")
+	f.StringVar(&c.TracePath, "trace", "", "Mooncake-format JSONL trace")
+	f.IntVar(&c.Start, "start", 0, "skip this many trace records")
+	f.IntVar(&c.Limit, "limit", 0, "at most this many requests (0 = all)")
+	f.IntVar(&c.PoolCacheTokens, "pool-cache-tokens", 0, "total cache capacity of the pool in tokens (0 = unbounded)")
+	f.IntVar(&c.BlockTokens, "block-tokens", c.BlockTokens, "cache block size in tokens")
+	return cmd
+}
