@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -100,7 +101,9 @@ func reportCheck(cmd *cobra.Command, cfg *config.Config, err error) error {
 }
 
 func runAllInOne(ctx context.Context, cfg *config.Config, paths []string) error {
-	log := logging.New(os.Stderr, cfg.Log.Level, cfg.Log.Format)
+	logw := logging.NewBuffered(os.Stderr, 100*time.Millisecond)
+	defer logw.Close()
+	log := logging.New(logw, cfg.Log.Level, cfg.Log.Format)
 	if n, err := fdlimit.Ensure(uint64(cfg.Server.MinOpenFiles)); err != nil {
 		return err
 	} else {

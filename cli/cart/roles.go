@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -38,7 +39,9 @@ func newControlPlaneCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			log := logging.New(os.Stderr, cfg.Log.Level, cfg.Log.Format)
+			logw := logging.NewBuffered(os.Stderr, 100*time.Millisecond)
+			defer logw.Close()
+			log := logging.New(logw, cfg.Log.Level, cfg.Log.Format)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			ignoreHUP(ctx, log, "the control plane's worker set changes through cartctl (AdminService), not config reloads")
@@ -86,7 +89,9 @@ func newDataPlaneCmd() *cobra.Command {
 }
 
 func runDataPlane(ctx context.Context, cfg *config.Config) error {
-	log := logging.New(os.Stderr, cfg.Log.Level, cfg.Log.Format)
+	logw := logging.NewBuffered(os.Stderr, 100*time.Millisecond)
+	defer logw.Close()
+	log := logging.New(logw, cfg.Log.Level, cfg.Log.Format)
 	if _, err := fdlimit.Ensure(uint64(cfg.Server.MinOpenFiles)); err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ func (b *backend) set(h http.HandlerFunc) {
 }
 
 type rig struct {
-	t       *testing.T
+	t       testing.TB
 	router  *router.Local
 	breaks  *breaker.Set
 	metrics *metrics.Metrics
@@ -94,7 +94,7 @@ func defaultPolicy() engine.Policy {
 	return engine.Policy{Threshold: 0.3, MatchAbsThreshold: 8192, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, BlockChars: 64}
 }
 
-func newRig(t *testing.T, urls []string, opts ...rigOpt) *rig {
+func newRig(t testing.TB, urls []string, opts ...rigOpt) *rig {
 	t.Helper()
 	o := defaultOptions()
 	pol := defaultPolicy()

@@ -128,9 +128,14 @@ func New(o Options) *Proxy {
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
 		Transport:      roundTripFunc(p.roundTrip),
-		FlushInterval:  -1, // stream every chunk as it arrives: TTFT must not suffer
+		// 0, not -1: ReverseProxy already flushes every chunk of
+		// text/event-stream and unknown-length (chunked) responses at once,
+		// so streams keep their time to first token, while fixed-length
+		// JSON answers go out in one write instead of a flush per read.
+		FlushInterval:  0,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
+		BufferPool:     copyBuffers{},
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
 	p.models.ttl = o.ModelsCacheTTL
@@ -169,6 +174,15 @@ func NewTransport(connect, request time.Duration) *http.Transport {
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mux.ServeHTTP(w, r)
 }
+
+// copyBuffers recycles ReverseProxy's 32 KiB copy buffers, which it would
+// otherwise allocate for every response.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
+func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
