@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BINARIES := cart cartctl cart-sim cart-bench
 GOFILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro
+.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro bench-quality
 
 # Code generation tools, pinned and built from the Go module proxy into
 # .tools/ (buf's remote plugins are never used).
@@ -90,3 +90,12 @@ deploy-check: deploy-tools ## lint and test deploy/ (Dockerfile, compose, Helm, 
 
 clean:
 	rm -rf bin
+
+QUALITY_OUT ?= bench/results/$(shell date -u +%F)-quality
+bench-quality: build ## routing-quality mechanisms side by side: mooncake conversation, and llm-d shared prefix with replica capacity swept
+	bin/cart-bench suite --no-overhead --traces mooncake_conversation \
+		--scenarios nginx-lc,cart-plain,cart-capacity,cart-closedloop,cart-hot,cart-all --out $(QUALITY_OUT)/mooncake
+	for c in 1228800 614400 409600 307200; do \
+		bin/cart-bench suite --no-overhead --traces llmd_shared_prefix_73pct_blk512 --cache-tokens $$c \
+			--scenarios nginx-lc,cart-plain,cart-capacity,cart-closedloop,cart-all --out $(QUALITY_OUT)/llmd-$$c || exit 1; \
+	done

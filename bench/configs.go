@@ -83,6 +83,9 @@ type CartRouterConfig struct {
 	Workers []string // base URLs
 	// CacheTokens is each worker's cache capacity (0 = unbounded).
 	CacheTokens int
+	// Variant selects the routing-quality mechanisms (see CartVariants);
+	// "" is the default set-up: the replicas' capacity declared.
+	Variant string
 	// ControlPlane, for a control-plane node.
 	NodeID    string
 	APIAddr   string
@@ -93,6 +96,24 @@ type CartRouterConfig struct {
 	// DataPlane: control-plane API URLs.
 	ControlPlanes []string
 	DataPlaneID   string
+}
+
+// CartVariant is a set of routing-quality mechanisms to switch on.
+type CartVariant struct {
+	Capacity    bool    // declare the replicas' cache capacity (capacity-aware index)
+	ClosedLoop  bool    // cache.closed_loop
+	HotFraction float64 // cache.hot_prefix_fraction
+}
+
+// CartVariants are the all-in-one variants the suite can compare: scenario
+// "cart-<name>" runs variant <name>; plain "cart" runs "".
+var CartVariants = map[string]CartVariant{
+	"":           {Capacity: true},
+	"plain":      {},
+	"capacity":   {Capacity: true},
+	"closedloop": {ClosedLoop: true},
+	"hot":        {HotFraction: 0.3},
+	"all":        {Capacity: true, ClosedLoop: true, HotFraction: 0.3},
 }
 
 // CartConfig renders a cart YAML config. Keys follow config.example.yaml;
@@ -110,15 +131,19 @@ func CartConfig(c CartRouterConfig) string {
   shutdown_grace_secs: 2
 workers:
 `, port)
+	v := CartVariants[c.Variant]
+	declare := c.CacheTokens > 0 && v.Capacity
 	for _, w := range c.Workers {
 		fmt.Fprintf(&b, "  - url: %s\n", w)
-		if c.CacheTokens > 0 {
+		if declare {
 			fmt.Fprintf(&b, "    cache_capacity_tokens: %d\n", c.CacheTokens)
 		}
 	}
-	if c.CacheTokens > 0 {
-		fmt.Fprintf(&b, "cache:\n  capacity_tokens: %d\n", c.CacheTokens)
+	b.WriteString("cache:\n")
+	if declare {
+		fmt.Fprintf(&b, "  capacity_tokens: %d\n", c.CacheTokens)
 	}
+	fmt.Fprintf(&b, "  closed_loop: %t\n  hot_prefix_fraction: %g\n", v.ClosedLoop, v.HotFraction)
 	b.WriteString(`health:
   interval_secs: 1
   timeout_secs: 1

@@ -193,7 +193,7 @@ func RunOverhead(ctx context.Context, env *Env, c OverheadConfig) OverheadResult
 
 	if cport, err := env.FreePort(); err != nil {
 		res.Targets = append(res.Targets, OverheadTarget{Name: "cart", Skipped: err.Error()})
-	} else if procs, err := s.startCart(ctx, dir, "overhead-cart", cport); err != nil {
+	} else if procs, err := s.startCart(ctx, dir, "overhead-cart", cport, ""); err != nil {
 		env.StopAll(procs)
 		res.Targets = append(res.Targets, OverheadTarget{Name: "cart", Skipped: err.Error()})
 	} else {

@@ -23,6 +23,17 @@ const (
 	ScenarioSplit      = "split-4"
 )
 
+// isVariant reports whether sc names an all-in-one routing-quality variant
+// ("cart-plain", "cart-all", ...).
+func isVariant(sc string) bool {
+	name, ok := strings.CutPrefix(sc, ScenarioCart+"-")
+	if !ok || strings.HasPrefix(sc, ScenarioDistPrefix) {
+		return false
+	}
+	_, known := CartVariants[name]
+	return known && name != ""
+}
+
 // AllScenarios lists every scenario the suite knows.
 var AllScenarios = []string{ScenarioNginxRR, ScenarioNginxLC, ScenarioCart,
 	ScenarioDistPrefix + "1", ScenarioDistPrefix + "2", ScenarioDistPrefix + "4", ScenarioSplit}
@@ -569,13 +580,13 @@ func (s *suite) setup(ctx context.Context, trace, sc string) (deployment, error)
 	switch {
 	case sc == ScenarioNginxRR || sc == ScenarioNginxLC:
 		d.target, d.procs, err = s.startNginx(ctx, dir, sc, s.replicaAddrs(), sc == ScenarioNginxLC)
-	case sc == ScenarioCart:
+	case sc == ScenarioCart || isVariant(sc):
 		port, perr := s.env.FreePort()
 		if perr != nil {
 			return d, perr
 		}
 		d.target, d.routers = baseURL(port), []int{port}
-		d.procs, err = s.startCart(ctx, dir, sc, port)
+		d.procs, err = s.startCart(ctx, dir, sc, port, strings.TrimPrefix(strings.TrimPrefix(sc, ScenarioCart), "-"))
 	case strings.HasPrefix(sc, ScenarioDistPrefix):
 		n, aerr := strconv.Atoi(strings.TrimPrefix(sc, ScenarioDistPrefix))
 		if aerr != nil || n < 1 || n > 16 {
@@ -678,9 +689,9 @@ func (s *suite) cartHealthy(port, workers int) func() error {
 	}
 }
 
-func (s *suite) startCart(ctx context.Context, dir, name string, port int) ([]*Proc, error) {
+func (s *suite) startCart(ctx context.Context, dir, name string, port int, variant string) ([]*Proc, error) {
 	cfgPath := filepath.Join(dir, name+".yaml")
-	cfg := CartConfig(CartRouterConfig{Port: port, Workers: s.replicaURLs(), CacheTokens: s.cacheTokens})
+	cfg := CartConfig(CartRouterConfig{Port: port, Workers: s.replicaURLs(), CacheTokens: s.cacheTokens, Variant: variant})
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err
 	}
@@ -719,7 +730,7 @@ func (s *suite) startSplit(ctx context.Context, dir, name string, n int, d *depl
 		if err != nil {
 			return err
 		}
-		p, err := s.startCart(ctx, dir, fmt.Sprintf("%s-cart%d", name, i+1), port)
+		p, err := s.startCart(ctx, dir, fmt.Sprintf("%s-cart%d", name, i+1), port, "")
 		d.procs = append(d.procs, p...)
 		if err != nil {
 			return err
