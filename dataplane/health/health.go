@@ -23,8 +23,9 @@ type Config struct {
 	SuccessThreshold int
 }
 
-// Verdict is called when a worker's health changes (and once per worker
-// when it is first judged). It must not block for long.
+// Verdict is called when a worker's health changes. Workers start healthy
+// (see NewTracker) and no verdict is reported for that initial state. It
+// must not block for long.
 type Verdict func(worker string, healthy bool, reason string)
 
 // Tracker is the pure hysteresis state for a set of workers.
@@ -96,13 +97,20 @@ type Checker struct {
 
 	mu      sync.Mutex
 	workers []string
+	current map[string]bool // the set of workers, for results of removed ones
 	tracker *Tracker
 }
 
-// NewChecker returns a checker; call SetWorkers, then Run.
+// NewChecker returns a checker; call SetWorkers, then Run. A nil client
+// gets a transport that, like the proxy's, ignores HTTP_PROXY and friends:
+// probes must reach the workers the way inference traffic does, not through
+// an environment proxy (which may not reach them at all and would take the
+// whole pool out of service).
 func NewChecker(cfg Config, client *http.Client, v Verdict) *Checker {
 	if client == nil {
-		client = &http.Client{}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.Proxy = nil
+		client = &http.Client{Transport: tr}
 	}
 	return &Checker{cfg: cfg, client: client, verdict: v, tracker: NewTracker(cfg)}
 }
@@ -115,6 +123,7 @@ func (c *Checker) SetWorkers(urls []string) {
 	}
 	c.mu.Lock()
 	c.workers = append([]string(nil), urls...)
+	c.current = keep
 	c.tracker.Retain(keep)
 	c.mu.Unlock()
 }
@@ -153,6 +162,12 @@ func (c *Checker) Round(ctx context.Context) {
 			continue // shutting down: a cancelled probe says nothing about the worker
 		}
 		c.mu.Lock()
+		if !c.current[r.w] {
+			// Removed (by a reload) while its probe was in flight: a verdict
+			// would resurrect its state and its metrics.
+			c.mu.Unlock()
+			continue
+		}
 		changed, healthy := c.tracker.Observe(r.w, r.err == nil)
 		c.mu.Unlock()
 		if changed && c.verdict != nil {

@@ -126,8 +126,8 @@ func New(o Options) *Proxy {
 		p.upstream = NewTransport(o.ConnectTimeout, o.RequestTimeout)
 	}
 	p.rp = &httputil.ReverseProxy{
-		Rewrite:        p.rewrite,
-		Transport:      roundTripFunc(p.roundTrip),
+		Rewrite:   p.rewrite,
+		Transport: roundTripFunc(p.roundTrip),
 		// 0, not -1: ReverseProxy already flushes every chunk of
 		// text/event-stream and unknown-length (chunked) responses at once,
 		// so streams keep their time to first token, while fixed-length

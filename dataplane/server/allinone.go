@@ -132,14 +132,18 @@ func HealthConfig(cfg *config.Config) health.Config {
 // Run serves on ln until ctx ends, with health checks and index
 // maintenance running alongside.
 func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
+	// A SIGHUP reload may replace a.cfg at any time, even now.
+	a.mu.Lock()
+	cfg := a.cfg
+	a.mu.Unlock()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); a.Health.Run(ctx) }()
-	go func() { defer wg.Done(); a.Router.Run(ctx, secs(a.cfg.Cache.EvictionIntervalSecs)) }()
-	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(a.cfg.Workers))
-	err := Serve(ctx, a.HTTP, ln, secs(a.cfg.Server.ShutdownGraceSecs))
+	go func() { defer wg.Done(); a.Router.Run(ctx, secs(cfg.Cache.EvictionIntervalSecs)) }()
+	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers))
+	err := Serve(ctx, a.HTTP, ln, secs(cfg.Server.ShutdownGraceSecs))
 	cancel()
 	wg.Wait()
 	return err

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -37,6 +38,9 @@ func TestReloadWorkersKeepsWarmCacheAndDrainsRemoved(t *testing.T) {
 	z.mu.Lock()
 	z.hold = make(chan struct{})
 	z.mu.Unlock()
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(z.hold) }) }
+	t.Cleanup(release) // before z closes, which waits for its handlers
 	type result struct {
 		code       int
 		peer, body string
@@ -78,7 +82,7 @@ func TestReloadWorkersKeepsWarmCacheAndDrainsRemoved(t *testing.T) {
 	}
 
 	// The in-flight request on z finishes normally.
-	close(z.hold)
+	release()
 	res := <-inflight
 	if res.code != http.StatusOK || res.peer != z.URL || !strings.Contains(res.body, "hi from z") {
 		t.Fatalf("in-flight request on the removed worker: %d via %s: %s", res.code, res.peer, res.body)
@@ -164,5 +168,23 @@ func TestReloadRejectsOtherChanges(t *testing.T) {
 	}
 	if ws := workers(t, base); len(ws) != 2 {
 		t.Fatalf("workers after the accepted reload: %v", ws)
+	}
+}
+
+// A SIGHUP may arrive while the server is starting: Reload and Run must
+// not race on the config (run with -race).
+func TestReloadWhileStartingIsRaceFree(t *testing.T) {
+	x, y := newReplica(t, "x"), newReplica(t, "y")
+	paths := configFiles(t, workersYAML(x.URL))
+	a := newAllInOne(t, paths)
+	writeFile(t, paths[1], workersYAML(x.URL, y.URL))
+	done := make(chan error, 1)
+	go func() { done <- a.Reload() }()
+	base := runAllInOne(t, a)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if ws := workers(t, base); len(ws) != 2 {
+		t.Fatalf("workers after the reload: %v", ws)
 	}
 }

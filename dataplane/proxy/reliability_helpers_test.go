@@ -1,0 +1,254 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/dataplane/breaker"
+	"github.com/cartrouter/cart/dataplane/metrics"
+	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/dataplane/router"
+)
+
+// wiring is what newWiredRig sets up beyond newRig: the breaker
+// configuration, breaker transitions reported to the metrics the way the
+// server does, and an injectable clock.
+type wiring struct {
+	breaker breaker.Config
+	now     func() time.Time
+}
+
+func defaultWiring() wiring {
+	return wiring{breaker: breaker.Config{Enabled: true, FailureThreshold: 3, SuccessThreshold: 1, Timeout: time.Minute}}
+}
+
+// newWiredRig is newRig with wiring.
+func newWiredRig(t *testing.T, urls []string, w wiring, opts ...rigOpt) *rig {
+	t.Helper()
+	o := defaultOptions()
+	pol := defaultPolicy()
+	specs := make([]engine.WorkerSpec, len(urls))
+	for i, u := range urls {
+		specs[i] = engine.WorkerSpec{URL: u}
+	}
+	for _, f := range opts {
+		f(&o, &pol, specs)
+	}
+	r := &rig{t: t}
+	r.router = router.NewLocal(router.LocalOptions{Policy: pol, MaxEntries: 1 << 16, CleanupHour: -1, Seed: 1, Now: w.now}, specs)
+	r.metrics = metrics.New(func() (int, uint64, uint64, uint64) {
+		st, u := r.router.IndexStats()
+		return st.Entries, st.Evicted, st.SkippedInserts, u
+	})
+	for _, u := range urls {
+		r.metrics.SetBreaker(u, "closed")
+	}
+	r.breaks = breaker.NewSet(w.breaker, func(tr breaker.Transition) {
+		r.metrics.SetBreaker(tr.Worker, tr.To.String())
+		r.metrics.BreakerTrans.WithLabelValues(tr.Worker, tr.To.String()).Inc()
+	})
+	o.Router, o.Breakers, o.Metrics, o.Now = r.router, r.breaks, r.metrics, w.now
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	r.proxy = proxy.New(o)
+	r.front = httptest.NewServer(r.proxy)
+	t.Cleanup(r.front.Close)
+	return r
+}
+
+// preferOrder makes the router try workers in the given order on a cache
+// miss: worker i gets load penalty i*step, so it is the least loaded once
+// the ones before it are excluded. step must exceed the load a test puts on
+// any one worker.
+func preferOrder(step int) rigOpt {
+	return func(_ *proxy.Options, _ *engine.Policy, s []engine.WorkerSpec) {
+		for i := range s {
+			s[i].LoadPenalty = i * step
+		}
+	}
+}
+
+func withOptions(f func(*proxy.Options)) rigOpt {
+	return func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { f(o) }
+}
+
+// answer503 is a replica that is up but refuses work.
+func answer503(name string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"error":{"message":"overloaded `+name+`","type":"server_error"}}`)
+	}
+}
+
+// hangUntilGone never answers: it waits for the request to be cancelled (or
+// the test to end) and reports when it saw the cancellation.
+func hangUntilGone(stop <-chan struct{}, cancelled chan<- time.Time) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		// The server notices a closed connection only once the body is read.
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case <-r.Context().Done():
+			if cancelled != nil {
+				select {
+				case cancelled <- time.Now():
+				default:
+				}
+			}
+		case <-stop:
+		}
+	}
+}
+
+// stopChan is closed when the test ends, to release handlers that wait.
+func stopChan(t *testing.T) chan struct{} {
+	c := make(chan struct{})
+	t.Cleanup(func() { close(c) })
+	return c
+}
+
+// workerView fetches GET /workers.
+func (r *rig) workerViews() map[string]proxy.WorkerView {
+	r.t.Helper()
+	resp, err := http.Get(r.front.URL + "/workers")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Workers []proxy.WorkerView }
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		r.t.Fatal(err)
+	}
+	out := make(map[string]proxy.WorkerView, len(body.Workers))
+	for _, w := range body.Workers {
+		out[w.URL] = w
+	}
+	return out
+}
+
+// postCtx sends a chat request with ctx and returns the response or error.
+func (r *rig) postCtx(ctx context.Context, body string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.front.URL+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return http.DefaultClient.Do(req)
+}
+
+// fakeClock is a settable clock for Options.Now.
+type fakeClock struct{ off atomic.Int64 }
+
+func (c *fakeClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *fakeClock) advance(d time.Duration) { c.off.Add(int64(d)) }
+
+// blackholeAddr returns a 127.0.0.1 address whose TCP handshake never
+// completes: a listening socket with backlog 0 that never accepts, with its
+// accept queue filled, so the kernel drops further SYNs.
+func blackholeAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	for range 32 {
+		c, err := net.DialTimeout("tcp", addr, 150*time.Millisecond)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return addr // the queue is full: handshakes now hang
+			}
+			t.Fatalf("filling the accept queue: %v", err)
+		}
+		conns = append(conns, c)
+	}
+	t.Skip("could not fill the accept queue of a backlog-0 listener; SYNs are not dropped here")
+	return ""
+}
+
+// silentTLSAddr returns the address of a TCP listener that accepts and then
+// never says a word: a TLS handshake against it hangs.
+func silentTLSAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+	})
+	return ln.Addr().String()
+}
+
+// closedURL is the URL of a port nobody listens on (connection refused).
+func closedURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return "http://" + addr
+}
+
+// assertNoDoubleRelease checks that no routing decision was released twice.
+func assertNoDoubleRelease(t *testing.T, r *rig) {
+	t.Helper()
+	if v := counterValue(t, r, "cart_load_release_underflows_total", ""); v != 0 {
+		t.Fatalf("load release underflows = %v: some decision was released twice", v)
+	}
+}
