@@ -236,6 +236,12 @@ type ControlPlane struct {
 	LoadLeaseSecs     float64 `yaml:"load_lease_secs"`
 	SnapshotThreshold uint64  `yaml:"snapshot_threshold"`
 	TrailingLogs      uint64  `yaml:"trailing_logs"`
+	// Raft timing. Election happens HeartbeatTimeoutMs after the leader
+	// goes silent; shorter means faster failover but more spurious
+	// elections on a starved host.
+	HeartbeatTimeoutMs   int `yaml:"heartbeat_timeout_ms"`
+	ElectionTimeoutMs    int `yaml:"election_timeout_ms"`
+	LeaderLeaseTimeoutMs int `yaml:"leader_lease_timeout_ms"`
 	RaftTLS           TLS     `yaml:"raft_tls"`
 }
 
@@ -315,7 +321,10 @@ func Default() *Config {
 			PlacementBatchMax: 512,
 			LoadLeaseSecs:     5,
 			SnapshotThreshold: 8192,
-			TrailingLogs:      10240,
+			TrailingLogs:      2048,
+			HeartbeatTimeoutMs:   500,
+			ElectionTimeoutMs:    500,
+			LeaderLeaseTimeoutMs: 250,
 		},
 		DataPlane: DataPlane{
 			RouteTimeoutMs:       20,

@@ -393,6 +393,12 @@ func (v *validator) controlPlane(role Role) {
 	v.intAtLeast("controlplane.placement_batch_ms", int64(cp.PlacementBatchMs), 1)
 	v.intAtLeast("controlplane.placement_batch_max", int64(cp.PlacementBatchMax), 1)
 	v.positive("controlplane.load_lease_secs", cp.LoadLeaseSecs)
+	v.intRange("controlplane.heartbeat_timeout_ms", int64(cp.HeartbeatTimeoutMs), 50, 60000)
+	v.intRange("controlplane.election_timeout_ms", int64(cp.ElectionTimeoutMs), 50, 60000)
+	v.intRange("controlplane.leader_lease_timeout_ms", int64(cp.LeaderLeaseTimeoutMs), 25, 60000)
+	if cp.LeaderLeaseTimeoutMs > cp.HeartbeatTimeoutMs {
+		v.add("controlplane.leader_lease_timeout_ms", "must not exceed heartbeat_timeout_ms (%d)", cp.HeartbeatTimeoutMs)
+	}
 	if cp.SnapshotThreshold < 1 {
 		v.add("controlplane.snapshot_threshold", "must be at least 1, got 0")
 	}

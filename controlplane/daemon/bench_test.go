@@ -6,10 +6,17 @@ package daemon_test
 // the tickets with batched Complete calls as a data plane would. They only
 // run with -bench; see BENCHMARKS.md for the commands and the results.
 //
-//	go test -run XXX -bench 'Route' -benchtime 1x ./controlplane/daemon
+//	go test -run XXX -bench 'RouteCluster3$' -benchtime 1x ./controlplane/daemon
 //
-// Flags (after -args): -cartbench.dur, -cartbench.growth,
-// -cartbench.growthrate, -cartbench.conc.
+// BenchmarkRouteCluster3, BenchmarkRouteSingleNode: processes on loopback.
+// BenchmarkRouteInProcess: one node in this process, handler called
+// directly and over its own h2c API. BenchmarkRouteInProcessLeader3: the
+// leader in this process (for -cpuprofile), followers as processes.
+// BenchmarkRaftLogGrowth: log entries and bytes per 100k routes.
+// BenchmarkPlaceBatchApply: engine-lock hold time of one placement batch.
+//
+// Flags (after -args): -cartbench.dur, -cartbench.conc, -cartbench.gzip,
+// -cartbench.growth, -cartbench.growthrate.
 
 import (
 	"context"
@@ -45,7 +52,10 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/daemon"
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/controlplane/state"
+	"github.com/cartrouter/cart/dataplane/server"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/sim"
@@ -54,13 +64,14 @@ import (
 var (
 	benchDur        = flag.Duration("cartbench.dur", 5*time.Second, "duration of each open-loop and closed-loop Route run")
 	benchGrowth     = flag.Int("cartbench.growth", 100_000, "routes for the raft log growth measurement")
-	benchGrowthRate = flag.Int("cartbench.growthrate", 5000, "open-loop rate (routes/s) of the growth run; 0 = closed loop with 32 clients")
+	benchGrowthRate = flag.Int("cartbench.growthrate", 0, "open-loop rate (routes/s) of the growth run; 0 = closed loop with 32 clients until -cartbench.growth routes succeeded")
 	benchConc       = flag.String("cartbench.conc", "16,64", "closed-loop client goroutine counts, comma separated")
+	benchGzip       = flag.Bool("cartbench.gzip", true, "clients accept gzip responses (connect's default, as data planes do); false shows the cost of compressing every response")
 )
 
 const (
 	benchWorkers     = 4
-	benchDataPlanes  = 4  // simulated data planes: one HTTP/2 client and one completer each
+	benchDataPlanes  = 4 // simulated data planes: one HTTP/2 client and one completer each
 	benchGroups      = 100
 	benchBlockChars  = 64 // cache.block_chars default
 	benchPrefixChars = 2048
@@ -164,11 +175,11 @@ func benchFreePort(tb testing.TB) string {
 
 // benchConfig writes a control-plane config with the production defaults
 // for batching (placement_batch_ms 10, placement_batch_max 512), snapshots
-// and the index; only health probing is faster so the workers are healthy
-// before the run starts.
+// and the index; health probes every 2 s with a 2 s timeout (default
+// thresholds), so the workers are seen healthy before the run starts.
 func benchConfig(tb testing.TB, p *cpProc, bootstrap bool, join string, workers []string) {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "server: {min_open_files: 0}\nlog: {level: warn}\nhealth: {interval_secs: 1, timeout_secs: 0.5}\n")
+	fmt.Fprintf(&sb, "server: {min_open_files: 0}\nlog: {level: warn}\nhealth: {interval_secs: 2, timeout_secs: 2}\n")
 	fmt.Fprintf(&sb, "controlplane:\n  node_id: %s\n  api_addr: %s\n  raft_addr: %s\n  data_dir: %s\n", p.id, p.api, p.raft, p.dir)
 	if bootstrap {
 		sb.WriteString("  bootstrap: true\nworkers:\n")
@@ -262,11 +273,21 @@ func benchWaitLeader(procs []*bproc, within time.Duration) (*bproc, error) {
 
 // dataPlanes builds the simulated data planes, each with its own HTTP/2
 // (h2c) connection pool, as separate data plane processes would have.
-func dataPlanesFor(url string) []*benchDP {
+func dataPlanesFor(url string) []*benchDP { return dataPlanesGzip(url, *benchGzip) }
+
+// dataPlanesGzip: with gzip false the clients do not offer gzip, so the
+// server answers uncompressed (connect compresses every response a client
+// accepts gzip for, however small, unless the handler sets
+// WithCompressMinBytes).
+func dataPlanesGzip(url string, gzip bool) []*benchDP {
 	var dps []*benchDP
 	for i := range benchDataPlanes {
 		c := cpclient.NewWithTLS(nil)
-		dps = append(dps, &benchDP{id: fmt.Sprintf("bench-dp-%d", i), api: cartv1connect.NewRouterServiceClient(c, url, connect.WithGRPC())})
+		opts := []connect.ClientOption{connect.WithGRPC()}
+		if !gzip {
+			opts = append(opts, connect.WithAcceptCompression("gzip", nil, nil))
+		}
+		dps = append(dps, &benchDP{id: fmt.Sprintf("bench-dp-%d", i), api: cartv1connect.NewRouterServiceClient(c, url, opts...)})
 	}
 	return dps
 }
@@ -371,7 +392,7 @@ func machineCPU() (busy, all uint64) {
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	f := strings.Fields(line)
-	for i, x := range f[1:] {
+	for i, x := range f[1:min(len(f), 9)] { // user..steal; guest time is already in user
 		v, _ := strconv.ParseUint(x, 10, 64)
 		all += v
 		if i != 3 && i != 4 { // idle, iowait
@@ -426,6 +447,11 @@ type result struct {
 	completeCalls, completeErrs        int64
 	settled                            int64
 	gomaxprocs                         int
+	others                             float64 // machine busy % not accounted to the processes measured
+	leader, leader1                    string  // leader id before and after the run
+	term0, term1                       uint64  // raft term before and after (a change = an election)
+	indexEntries                       uint64  // leader's prefix index size after the run
+	conns                              int     // client connections to the API port open after the run
 }
 
 func pct(s []time.Duration, p float64) time.Duration {
@@ -479,6 +505,11 @@ func summarize(name, target string, samples []sample, wall time.Duration, before
 	}
 	if after.all > before.all {
 		r.machineBusy = 100 * float64(after.busy-before.busy) / float64(after.all-before.all)
+		ours := after.self - before.self
+		for i := range before.procs {
+			ours += after.procs[i] - before.procs[i]
+		}
+		r.others = max(0, r.machineBusy-100*ours.Seconds()/(wall.Seconds()*float64(runtime.NumCPU())))
 	}
 	for _, d := range dps {
 		r.completeCalls += d.completeCalls.Swap(0)
@@ -486,6 +517,13 @@ func summarize(name, target string, samples []sample, wall time.Duration, before
 		r.settled += d.settled.Swap(0)
 	}
 	return r
+}
+
+func (r result) leaderCol() string {
+	if r.term0 == r.term1 && r.leader == r.leader1 {
+		return fmt.Sprintf("%s (%d)", r.leader, r.term0)
+	}
+	return fmt.Sprintf("%s (%d) -> %s (%d) ELECTION", r.leader, r.term0, r.leader1, r.term1)
 }
 
 func (r result) errCount() int {
@@ -515,7 +553,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d.Microseco
 func printTable(title string, rs []result) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(os.Stdout, "\n=== %s (%s, nproc %d)\n", title, time.Now().UTC().Format(time.RFC3339), runtime.NumCPU())
-	fmt.Fprintln(tw, "run\ttarget\tsent\tok\terrors\troutes/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\tsched p99 ms\tdecide p50/p99 µs\tcpu µs/route L/F/bench\tmachine busy %\tloadavg\thit/miss/ovl\tcomplete calls/errs\t")
+	fmt.Fprintln(tw, "run\ttarget\tsent\tok\terrors\troutes/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\tsched p99 ms\tdecide p50/p99 µs\tcpu µs/route L/F/bench\tbusy % all/others\tloadavg\thit/miss/ovl\tcomplete calls/errs\tconns\tindex entries\tleader (term)\t")
 	for _, r := range rs {
 		sched := "-"
 		if r.schedP99 > 0 {
@@ -530,10 +568,10 @@ func printTable(title string, rs []result) {
 		if len(errs) > 0 {
 			e += " (" + strings.Join(errs, ",") + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%.0f/%.0f/%.0f\t%.0f\t%s\t%d/%d/%d\t%d/%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%.0f/%.0f/%.0f\t%.0f/%.0f\t%s\t%d/%d/%d\t%d/%d\t%d\t%d\t%s\t\n",
 			r.name, r.target, r.sent, r.ok, e, r.rps, ms(r.p50), ms(r.p90), ms(r.p99), ms(r.pmax), sched,
-			r.decP50, r.decP99, r.cpuLeader, r.cpuFollowers, r.cpuClient, r.machineBusy, r.load,
-			r.reasons["cache_hit"], r.reasons["cache_miss"], r.reasons["hit_overloaded"], r.completeCalls, r.completeErrs)
+			r.decP50, r.decP99, r.cpuLeader, r.cpuFollowers, r.cpuClient, r.machineBusy, r.others, r.load,
+			r.reasons["cache_hit"], r.reasons["cache_miss"], r.reasons["hit_overloaded"], r.completeCalls, r.completeErrs, r.conns, r.indexEntries, r.leaderCol())
 	}
 	_ = tw.Flush()
 }
@@ -636,24 +674,68 @@ func concList() []int {
 // benchSuite runs the standard set of runs against api, collecting results.
 type benchSuite struct {
 	title     string
+	procs     []*bproc // nil: in-process node at statusURL
+	statusURL string
+	apiPort   int
 	wl        *workload
 	dps       []*benchDP
 	pids      []int
 	leaderIdx int
 	results   []result
+	runDPs    []*benchDP // set by a run that used its own data planes
 }
 
 func (s *benchSuite) run(b *testing.B, name, target string, f func() ([]sample, time.Duration)) {
 	b.Run(name, func(b *testing.B) {
 		// Let the previous run's placements and completions settle.
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(time.Second)
+		leader, term0 := s.retarget()
 		before := snapCPU(s.pids)
 		samples, wall := f()
 		after := snapCPU(s.pids)
-		r := summarize(name, target, samples, wall, before, after, s.leaderIdx, s.dps)
+		dps := s.dps
+		if s.runDPs != nil {
+			dps, s.runDPs = s.runDPs, nil
+		}
+		r := summarize(name, target, samples, wall, before, after, s.leaderIdx, dps)
+		r.conns = estabConns(s.apiPort)
+		r.leader, r.term0 = leader, term0
+		if st, err := status(s.url()); err == nil {
+			r.term1, r.leader1, r.indexEntries = st.GetTerm(), st.GetLeaderId(), st.GetIndexEntries()
+		}
 		r.report(b)
 		s.results = append(s.results, r)
 	})
+}
+
+func (s *benchSuite) url() string {
+	if s.procs == nil {
+		return s.statusURL
+	}
+	return s.procs[max(s.leaderIdx, 0)].url()
+}
+
+// retarget points the data planes at the current leader (an overloaded
+// leader can lose its lease and a follower take over) and returns its id
+// and term.
+func (s *benchSuite) retarget() (string, uint64) {
+	if s.procs != nil {
+		l, err := benchWaitLeader(s.procs, 15*time.Second)
+		if err != nil {
+			return "none", 0
+		}
+		for i, p := range s.procs {
+			if p == l && i != s.leaderIdx {
+				fmt.Printf("%s: leader is now %s: retargeting the data planes\n", s.title, p.id)
+				s.dps, s.leaderIdx, s.apiPort = dataPlanesFor(p.url()), i, portOf(p.api)
+			}
+		}
+	}
+	st, err := status(s.url())
+	if err != nil {
+		return "?", 0
+	}
+	return st.GetLeaderId(), st.GetTerm()
 }
 
 func (s *benchSuite) standard(b *testing.B) {
@@ -665,21 +747,37 @@ func (s *benchSuite) standard(b *testing.B) {
 		d.settled.Store(0)
 	}
 	dur := *benchDur
-	s.run(b, "open-1k", "1000/s", func() ([]sample, time.Duration) { return runOpen(s.wl, s.dps, 1000, dur) })
-	s.run(b, "open-5k", "5000/s", func() ([]sample, time.Duration) { return runOpen(s.wl, s.dps, 5000, dur) })
-	for _, c := range concList() {
-		s.run(b, fmt.Sprintf("closed-c%d", c), fmt.Sprintf("closed c=%d", c), func() ([]sample, time.Duration) { return runClosed(s.wl, s.dps, c, dur) })
+	open := func(rate int) func() ([]sample, time.Duration) {
+		return func() ([]sample, time.Duration) { return runOpen(s.wl, s.dps, rate, dur) }
 	}
+	closed := func(c int) func() ([]sample, time.Duration) {
+		return func() ([]sample, time.Duration) { return runClosed(s.wl, s.dps, c, dur) }
+	}
+	gmp1 := func(f func() ([]sample, time.Duration)) func() ([]sample, time.Duration) {
+		return func() ([]sample, time.Duration) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+			return f()
+		}
+	}
+	s.run(b, "open-1k", "1000/s", open(1000))
+	s.run(b, "open-2k", "2000/s", open(2000))
+	for _, c := range concList() {
+		s.run(b, fmt.Sprintf("closed-c%d", c), fmt.Sprintf("closed c=%d", c), closed(c))
+	}
+	// The same closed loop with the clients declining gzip: the difference
+	// is what compressing every ~100-byte RouteResponse costs.
+	s.run(b, "closed-c32", "closed c=32", closed(32))
+	s.run(b, "closed-c32-nogzip", "closed c=32", func() ([]sample, time.Duration) {
+		s.runDPs = dataPlanesGzip(s.url(), false)
+		return runClosed(s.wl, s.runDPs, 32, dur)
+	})
 	// The load generator shares the cores with the servers: measure again
 	// with the benchmark process held to one P.
-	s.run(b, "open-5k-bench-gmp1", "5000/s", func() ([]sample, time.Duration) {
-		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-		return runOpen(s.wl, s.dps, 5000, dur)
-	})
-	s.run(b, "closed-c32-bench-gmp1", "closed c=32", func() ([]sample, time.Duration) {
-		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-		return runClosed(s.wl, s.dps, 32, dur)
-	})
+	s.run(b, "closed-c32-bench-gmp1", "closed c=32", gmp1(closed(32)))
+	// Overload last: a backlog of thousands of calls can cost the leader
+	// its lease, and the runs after it would measure the recovery.
+	s.run(b, "open-5k", "5000/s", open(5000))
+	s.run(b, "open-5k-bench-gmp1", "5000/s", gmp1(open(5000)))
 }
 
 func procPIDs(procs []*bproc, leader *bproc) (pids []int, leaderIdx int) {
@@ -748,20 +846,51 @@ func benchProcs(b *testing.B, n int, title string) {
 	workers := benchReplicas(b, benchWorkers)
 	procs, leader := benchCluster(b, n, workers)
 	pids, li := procPIDs(procs, leader)
-	s := &benchSuite{title: title, wl: newWorkload(), dps: dataPlanesFor(leader.url()), pids: pids, leaderIdx: li}
+	s := &benchSuite{title: title, procs: procs, wl: newWorkload(), dps: dataPlanesFor(leader.url()), pids: pids, leaderIdx: li, apiPort: portOf(leader.api)}
 	fmt.Printf("\n%s: before: %s (loadavg %s)\n", title, clusterLine(leader.url()), loadavg())
 	s.standard(b)
-	fmt.Printf("%s: after: %s\n", title, clusterLine(leader.url()))
+	s.retarget()
+	fmt.Printf("%s: after: %s\n", title, clusterLine(s.url()))
 	fmt.Printf("%s: index probe: %s\n", title, probeIndex(s.dps[0].api))
-	if l, err := benchWaitLeader(procs, time.Second); err != nil || l != leader {
-		fmt.Printf("%s: WARNING leadership changed during the run (%v)\n", title, err)
-	}
 	printTable(title, s.results)
 	for _, p := range procs {
 		if lg := strings.TrimSpace(p.out.String()); lg != "" {
 			fmt.Printf("--- %s log (last 2000 chars):\n%s\n", p.id, tail(lg, 2000))
 		}
 	}
+}
+
+func portOf(hostport string) int {
+	_, p, _ := net.SplitHostPort(hostport)
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+// estabConns counts established TCP connections whose remote port is
+// port, i.e. client connections to the API (the benchmark's, and the
+// followers' forwarding connections if any).
+func estabConns(port int) int {
+	if port == 0 {
+		return 0
+	}
+	n := 0
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) < 4 || fs[3] != "01" {
+				continue
+			}
+			_, rp, ok := strings.Cut(fs[2], ":")
+			if v, err := strconv.ParseUint(rp, 16, 32); ok && err == nil && int(v) == port {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func tail(s string, n int) string {
@@ -771,13 +900,10 @@ func tail(s string, n int) string {
 	return "..." + s[len(s)-n:]
 }
 
-// BenchmarkRouteInProcess runs one node inside the benchmark process and
-// drives it twice: calling the Connect handler directly (decision cost,
-// lock contention with Raft applies, no serialisation or network) and
-// through its API over loopback h2c (adds protobuf + HTTP/2 both ways).
-// Profile it with -cpuprofile to see where the time goes.
-func BenchmarkRouteInProcess(b *testing.B) {
-	workers := benchReplicas(b, benchWorkers)
+// startInProcess runs node n1 inside the benchmark process (bootstrap,
+// with the workers) and, if followers > 0, that many `cart controlplane`
+// processes joining it; it waits until n1 leads with every worker healthy.
+func startInProcess(b *testing.B, workers []string, followers int) (*daemon.Daemon, *cpProc, []*bproc) {
 	dir := b.TempDir()
 	p := &cpProc{id: "n1", api: benchFreePort(b), raft: benchFreePort(b), dir: filepath.Join(dir, "d1"), cfg: filepath.Join(dir, "n1.yaml")}
 	benchConfig(b, p, true, "", workers)
@@ -802,31 +928,93 @@ func BenchmarkRouteInProcess(b *testing.B) {
 	}
 	served := make(chan error, 1)
 	go func() { served <- d.Serve(ctx, ln) }()
+	var fs []*bproc
 	b.Cleanup(func() {
+		for _, f := range fs {
+			f.stop(syscall.SIGKILL)
+		}
 		cancel()
 		select {
 		case <-served:
 		case <-time.After(10 * time.Second):
 		}
 	})
-	deadline := time.Now().Add(20 * time.Second)
+	if err := waitInProcess(p.url(), 1, 20*time.Second); err != nil {
+		b.Fatal(err)
+	}
+	for i := 2; i <= followers+1; i++ {
+		f := &bproc{cpProc: &cpProc{id: fmt.Sprintf("n%d", i), api: benchFreePort(b), raft: benchFreePort(b),
+			dir: filepath.Join(dir, fmt.Sprintf("d%d", i)), cfg: filepath.Join(dir, fmt.Sprintf("n%d.yaml", i))}}
+		benchConfig(b, f.cpProc, false, p.url(), workers)
+		benchStartProc(b, f)
+		fs = append(fs, f)
+	}
+	if err := waitInProcess(p.url(), followers+1, 30*time.Second); err != nil {
+		for _, f := range fs {
+			b.Logf("--- %s log:\n%s", f.id, f.out.String())
+		}
+		b.Fatal(err)
+	}
+	return d, p, fs
+}
+
+func waitInProcess(url string, members int, within time.Duration) error {
+	deadline := time.Now().Add(within)
 	for {
-		st, err := status(p.url())
-		if err == nil && st.GetState() == "leader" && st.GetHealthyWorkers() == benchWorkers {
-			break
+		st, err := status(url)
+		if err == nil && st.GetState() == "leader" && len(st.GetMembers()) == members && st.GetHealthyWorkers() == benchWorkers {
+			return nil
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("in-process node not ready: %v %v", st, err)
+			return fmt.Errorf("in-process node not ready: %v %v", st, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// BenchmarkRouteInProcessLeader3 is the 3-node cluster with the leader
+// inside the benchmark process (the followers are processes), so that
+// -cpuprofile shows the leader's side of a replicated Route: there is no
+// pprof endpoint on the daemon. Client and leader share the process; the
+// "bench" CPU column is both.
+func BenchmarkRouteInProcessLeader3(b *testing.B) {
+	workers := benchReplicas(b, benchWorkers)
+	_, p, fs := startInProcess(b, workers, 2)
+	var pids []int
+	for _, f := range fs {
+		pids = append(pids, f.cmd.Process.Pid)
+	}
+	wl := newWorkload()
+	dps := dataPlanesFor(p.url())
+	s := &benchSuite{title: "3-node cluster, leader in the bench process", wl: wl, dps: dps, pids: pids, leaderIdx: -1, apiPort: portOf(p.api), statusURL: p.url()}
+	runOpen(wl, dps, 500, time.Second)
+	dur := *benchDur
+	s.run(b, "open-1k", "1000/s", func() ([]sample, time.Duration) { return runOpen(wl, dps, 1000, dur) })
+	s.run(b, "open-2k", "2000/s", func() ([]sample, time.Duration) { return runOpen(wl, dps, 2000, dur) })
+	s.run(b, "closed-c32", "closed c=32", func() ([]sample, time.Duration) { return runClosed(wl, dps, 32, dur) })
+	s.run(b, "closed-c32-nogzip", "closed c=32", func() ([]sample, time.Duration) {
+		s.runDPs = dataPlanesGzip(p.url(), false)
+		return runClosed(wl, s.runDPs, 32, dur)
+	})
+	fmt.Printf("in-process leader: after: %s\n", clusterLine(p.url()))
+	printTable("3-node cluster, leader in the bench process (bench cpu = leader + clients; F = both followers)", s.results)
+}
+
+// BenchmarkRouteInProcess runs one node inside the benchmark process and
+// drives it twice: calling the Connect handler directly (decision cost,
+// lock contention with Raft applies, no serialisation or network) and
+// through its API over loopback h2c (adds protobuf + HTTP/2 both ways).
+// Profile it with -cpuprofile to see where the time goes.
+func BenchmarkRouteInProcess(b *testing.B) {
+	workers := benchReplicas(b, benchWorkers)
+	d, p, _ := startInProcess(b, workers, 0)
 	direct := d.Core.Router()
 	var dps []*benchDP
 	for i := range benchDataPlanes {
 		dps = append(dps, &benchDP{id: fmt.Sprintf("bench-dp-%d", i), api: direct})
 	}
 	wl := newWorkload()
-	s := &benchSuite{title: "in-process, handler called directly", wl: wl, dps: dps}
+	s := &benchSuite{title: "in-process, handler called directly", wl: wl, dps: dps, statusURL: p.url()}
 	runOpen(wl, dps, 500, time.Second)
 	dur := *benchDur
 	s.run(b, "direct-open-5k", "5000/s", func() ([]sample, time.Duration) { return runOpen(wl, dps, 5000, dur) })
@@ -834,11 +1022,26 @@ func BenchmarkRouteInProcess(b *testing.B) {
 		s.run(b, fmt.Sprintf("direct-closed-c%d", c), fmt.Sprintf("closed c=%d", c), func() ([]sample, time.Duration) { return runClosed(wl, dps, c, dur) })
 	}
 	h2c := dataPlanesFor(p.url())
-	s.dps = h2c
-	s.run(b, "h2c-open-5k", "5000/s", func() ([]sample, time.Duration) { return runOpen(wl, h2c, 5000, dur) })
+	s.dps, s.apiPort = h2c, portOf(p.api)
+	s.run(b, "h2c-open-1k", "1000/s", func() ([]sample, time.Duration) { return runOpen(wl, h2c, 1000, dur) })
 	s.run(b, "h2c-closed-c32", "closed c=32", func() ([]sample, time.Duration) { return runClosed(wl, h2c, 32, dur) })
+	s.run(b, "h2c-closed-c32-nogzip", "closed c=32", func() ([]sample, time.Duration) {
+		s.runDPs = dataPlanesGzip(p.url(), false)
+		return runClosed(wl, s.runDPs, 32, dur)
+	})
+	s.run(b, "h2c-open-5k", "5000/s", func() ([]sample, time.Duration) { return runOpen(wl, h2c, 5000, dur) })
 	fmt.Printf("in-process: after: %s\n", clusterLine(p.url()))
 	fmt.Printf("in-process: index probe: %s\n", probeIndex(direct))
+	// What a Raft snapshot of this state costs: Capture runs under the
+	// engine lock (every Route waits), Write runs outside it.
+	t0 := time.Now()
+	snap := d.St.Capture()
+	held := time.Since(t0)
+	var cw countingWriter
+	t1 := time.Now()
+	err := snap.Write(&cw)
+	fmt.Printf("in-process: snapshot: Capture held the engine lock %v (%s); Write encoded %s in %v (err %v)\n",
+		held.Round(time.Microsecond), clusterLine(p.url()), mb(cw.n), time.Since(t1).Round(time.Millisecond), err)
 	printTable("in-process node (handler direct / own API over h2c); cpu columns: all in the bench process", s.results)
 }
 
@@ -868,9 +1071,19 @@ func BenchmarkRaftLogGrowth(b *testing.B) {
 		target = fmt.Sprintf("%d routes, closed loop c=32", n)
 		// Closed loop for as long as n routes take (bounded at 10 minutes).
 		stop := time.Now().Add(10 * time.Minute)
-		for len(samples) < n && time.Now().Before(stop) {
+		cur := leader
+		for ok := 0; ok < n && time.Now().Before(stop); {
+			if l, err := benchWaitLeader(procs, 15*time.Second); err == nil && l != cur {
+				fmt.Printf("growth: leader is now %s\n", l.id)
+				cur, dps = l, dataPlanesFor(l.url())
+			}
 			s, w := runClosed(wl, dps, 32, time.Second)
 			samples, wall = append(samples, s...), wall+w
+			for _, x := range s {
+				if x.err == "" {
+					ok++
+				}
+			}
 		}
 	}
 	time.Sleep(time.Second) // the last batches commit
@@ -887,9 +1100,9 @@ func BenchmarkRaftLogGrowth(b *testing.B) {
 	}
 	first, last := st0.GetLastLogIndex()+1, st1.GetLastLogIndex()
 	entries := last - first + 1
-	fmt.Printf("\nRaft log growth: %s, took %v; ok %d of %d\n", target, time.Since(start).Round(time.Millisecond), ok, len(samples))
-	fmt.Printf("leader %s: last_log_index %d -> %d (%d entries, %.0f per 100k routes), index_entries %d -> %d\n",
-		leader.id, st0.GetLastLogIndex(), st1.GetLastLogIndex(), entries, float64(entries)*100000/float64(ok), st0.GetIndexEntries(), st1.GetIndexEntries())
+	fmt.Printf("\nRaft log growth: %s, took %v (%.0f routes/s); ok %d of %d; loadavg %s\n", target, time.Since(start).Round(time.Millisecond), float64(ok)/wall.Seconds(), ok, len(samples), loadavg())
+	fmt.Printf("leader %s (term %d -> %d, leader now %s): last_log_index %d -> %d (%d entries, %.0f per 100k routes), index_entries %d -> %d\n",
+		leader.id, st0.GetTerm(), st1.GetTerm(), st1.GetLeaderId(), st0.GetLastLogIndex(), st1.GetLastLogIndex(), entries, float64(entries)*100000/float64(ok), st0.GetIndexEntries(), st1.GetIndexEntries())
 	for i, p := range procs {
 		fmt.Printf("  %s: raft.db %s -> %s (+%s), snapshots %s -> %s; %s\n", p.id,
 			mb(sizes0[i].db), mb(sizes1[i].db), mb(sizes1[i].db-sizes0[i].db), mb(sizes0[i].snaps), mb(sizes1[i].snaps), snapNames(p.dir))
@@ -1009,6 +1222,81 @@ func readLog(path string, first, last uint64) (logStats, error) {
 	}
 	return st, nil
 }
+
+// BenchmarkPlaceBatchApply times State.Apply of one PlaceBatch log entry
+// as the placement batcher produces it (k placements of the unique suffix
+// of a workload prompt, ~66 hashes each). Apply holds the engine lock,
+// shared with Route, for the whole entry, so ns/op is how long every Route
+// on that node waits behind one batch. "leader" applies placements the
+// engine already inserted at Route time (what the leader does with its own
+// batches); "follower" inserts them fresh. "full" starts with the index at
+// its ceiling (max_tree_size + 1/8 headroom, the control plane's state
+// after a few minutes: nothing evicts it). Run with a fixed count, e.g.
+// -benchtime 300x: every iteration builds its batch untimed.
+func BenchmarkPlaceBatchApply(b *testing.B) {
+	cfg := config.Default()
+	for _, fill := range []string{"empty", "full"} {
+		for _, role := range []string{"follower", "leader"} {
+			for _, k := range []int{50, 512} {
+				b.Run(fmt.Sprintf("%s/%s/k=%d", fill, role, k), func(b *testing.B) {
+					var mu sync.Mutex
+					idx := index.New(index.Options{MaxEntries: cfg.Cache.MaxTreeSize, Headroom: cfg.Cache.MaxTreeSize / 8, InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0})
+					eng := engine.New(server.EnginePolicy(cfg), idx, rand.New(rand.NewPCG(1, 2)))
+					st := state.New(&mu, eng)
+					set := &cartv1.SetWorkersCommand{}
+					for w := range benchWorkers {
+						set.Workers = append(set.Workers, &cartv1.WorkerSpec{Url: fmt.Sprintf("http://w%d", w)})
+					}
+					data, err := state.Encode(&cartv1.RaftCommand{Body: &cartv1.RaftCommand_SetWorkers{SetWorkers: set}})
+					if err != nil {
+						b.Fatal(err)
+					}
+					if _, err := st.Apply(1, data); err != nil {
+						b.Fatal(err)
+					}
+					wl := newWorkload()
+					now := time.Now().UnixNano()
+					if fill == "full" {
+						ceiling := cfg.Cache.MaxTreeSize + cfg.Cache.MaxTreeSize/8
+						for i := 0; idx.Len() < ceiling && i < 10_000_000; i++ {
+							idx.Insert(wl.next("fill").BlockHashes, index.WorkerID(i%benchWorkers), now)
+						}
+					}
+					hashes := 0
+					b.ResetTimer()
+					for i := range b.N {
+						b.StopTimer()
+						batch := &cartv1.PlaceBatchCommand{}
+						for j := range k {
+							h := wl.next("b").BlockHashes
+							w := j % benchWorkers
+							if role == "leader" {
+								idx.Insert(h, index.WorkerID(w), now)
+							}
+							batch.Placements = append(batch.Placements, &cartv1.Placement{Worker: fmt.Sprintf("http://w%d", w), BlockHashes: h[benchPrefixChars/benchBlockChars:], AtUnixNanos: now})
+							hashes += len(h) - benchPrefixChars/benchBlockChars
+						}
+						data, err := state.Encode(&cartv1.RaftCommand{Ignorable: true, Body: &cartv1.RaftCommand_PlaceBatch{PlaceBatch: batch}})
+						if err != nil {
+							b.Fatal(err)
+						}
+						b.StartTimer()
+						if _, err := st.Apply(uint64(i+2), data); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.StopTimer()
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(hashes), "ns/hash")
+					b.ReportMetric(float64(idx.Len()), "index-entries")
+				})
+			}
+		}
+	}
+}
+
+type countingWriter struct{ n int64 }
+
+func (w *countingWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
 
 // bytesBuffer is a goroutine-safe log sink for the child processes.
 type bytesBuffer struct {

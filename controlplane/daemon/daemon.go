@@ -115,11 +115,16 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		SnapshotThreshold: cp.SnapshotThreshold,
 		TrailingLogs:      cp.TrailingLogs,
 		Logger:            log,
-		// Half of hashicorp/raft's LAN defaults: a control plane is a
-		// latency-sensitive service on one network, and data planes fall
-		// back locally during an election, so a faster election (about
-		// 1-2 s after a crash instead of 2-3 s) costs little.
-		Timeouts: &raftnode.Timeouts{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 250 * time.Millisecond, Commit: 50 * time.Millisecond},
+		// Configurable; the defaults are half of hashicorp/raft's LAN
+		// values: data planes fall back locally during an election, so a
+		// faster election (about 1-2 s after a crash instead of 2-3 s)
+		// costs little.
+		Timeouts: &raftnode.Timeouts{
+			Heartbeat:   time.Duration(cp.HeartbeatTimeoutMs) * time.Millisecond,
+			Election:    time.Duration(cp.ElectionTimeoutMs) * time.Millisecond,
+			LeaderLease: time.Duration(cp.LeaderLeaseTimeoutMs) * time.Millisecond,
+			Commit:      50 * time.Millisecond,
+		},
 	}, d.St, d.Core.OnLeadership)
 	if err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
@@ -153,6 +158,10 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	if cp.Bootstrap {
 		go d.seedWorkers(ctx)
 	}
+	go d.Core.RunMaintenance(ctx, service.MaintenanceOptions{
+		Interval:   time.Duration(cfg.Cache.EvictionIntervalSecs * float64(time.Second)),
+		MaxEntries: cfg.Cache.MaxTreeSize,
+	})
 	return d, nil
 }
 

@@ -2,9 +2,12 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -24,6 +27,19 @@ type batcher struct {
 	place   []*cartv1.Placement
 	unplace []*cartv1.Placement
 	full    chan struct{}
+
+	// Batches this node proposed, by request id: when they come back
+	// through the log, their placements are already in the engine.
+	nonce uint64
+	seq   atomic.Uint64
+	own   sync.Map
+}
+
+// isOwn reports whether requestID is a batch this process proposed and
+// forgets it (each entry is applied once per process lifetime).
+func (b *batcher) isOwn(requestID string) bool {
+	_, ok := b.own.LoadAndDelete(requestID)
+	return ok
 }
 
 func newBatcher(n Node, interval time.Duration, maxN int, log *slog.Logger) *batcher {
@@ -33,7 +49,7 @@ func newBatcher(n Node, interval time.Duration, maxN int, log *slog.Logger) *bat
 	if maxN <= 0 {
 		maxN = 512
 	}
-	return &batcher{node: n, interval: interval, max: maxN, log: log, full: make(chan struct{}, 1)}
+	return &batcher{node: n, interval: interval, max: maxN, log: log, full: make(chan struct{}, 1), nonce: rand.Uint64()}
 }
 
 func (b *batcher) add(list *[]*cartv1.Placement, worker string, hashes []uint64, at time.Time) {
@@ -92,18 +108,20 @@ func (b *batcher) flush(ctx context.Context) {
 	place, unplace := b.place, b.unplace
 	b.place, b.unplace = nil, nil
 	b.mu.Unlock()
+	if len(place) == 0 && len(unplace) == 0 {
+		return
+	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if len(unplace) > 0 {
-		cmd := &cartv1.RaftCommand{Ignorable: true, Body: &cartv1.RaftCommand_UnplaceBatch{UnplaceBatch: &cartv1.UnplaceBatchCommand{Placements: unplace}}}
-		if _, err := b.node.Apply(actx, cmd); err != nil {
-			b.log.Warn("replicate withdrawn placements", "placements", len(unplace), "error", err.Error())
-		}
+	// One entry per window: withdrawals (applied first) and placements.
+	id := fmt.Sprintf("batch-%016x-%d", b.nonce, b.seq.Add(1))
+	b.own.Store(id, struct{}{})
+	cmd := &cartv1.RaftCommand{Ignorable: true, RequestId: id, Body: &cartv1.RaftCommand_PlaceBatch{
+		PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place, Withdrawals: unplace}}}
+	if _, err := b.node.Apply(actx, cmd); err != nil {
+		b.log.Warn("replicate placements", "placements", len(place), "withdrawals", len(unplace), "error", err.Error())
 	}
-	if len(place) > 0 {
-		cmd := &cartv1.RaftCommand{Ignorable: true, Body: &cartv1.RaftCommand_PlaceBatch{PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place}}}
-		if _, err := b.node.Apply(actx, cmd); err != nil {
-			b.log.Warn("replicate placements", "placements", len(place), "error", err.Error())
-		}
-	}
+	// Applied, failed or of unknown fate: if it ever commits later, this
+	// process applies it like any other entry (placements are idempotent).
+	b.own.Delete(id)
 }

@@ -117,6 +117,7 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 func (c *Core) SetNode(n Node) {
 	c.node = n
 	c.batch = newBatcher(n, c.o.PlacementBatch, c.o.PlacementMax, c.log)
+	c.st.SetOwnBatches(c.batch.isOwn)
 }
 
 // OnLeadership is the Raft node's leadership callback: gaining leadership

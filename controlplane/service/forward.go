@@ -53,7 +53,7 @@ func (f *forwarder) routerTo(url string) cartv1connect.RouterServiceClient {
 	defer f.mu.Unlock()
 	c, ok := f.router[url]
 	if !ok {
-		c = cartv1connect.NewRouterServiceClient(f.client, url, connect.WithGRPC(), f.headers())
+		c = cartv1connect.NewRouterServiceClient(f.client, url, connect.WithGRPC(), connect.WithSendCompression("identity"), f.headers())
 		f.router[url] = c
 	}
 	return c

@@ -182,11 +182,16 @@ func (n *fakeNode) placeBatches() []*cartv1.PlaceBatchCommand {
 	return out
 }
 
+// unplaceBatches returns the withdrawals replicated so far: those carried
+// by place batches, and legacy UnplaceBatch entries.
 func (n *fakeNode) unplaceBatches() []*cartv1.UnplaceBatchCommand {
 	var out []*cartv1.UnplaceBatchCommand
 	for _, c := range n.commands() {
 		if b := c.GetUnplaceBatch(); b != nil {
 			out = append(out, b)
+		}
+		if w := c.GetPlaceBatch().GetWithdrawals(); len(w) > 0 {
+			out = append(out, &cartv1.UnplaceBatchCommand{Placements: w})
 		}
 	}
 	return out

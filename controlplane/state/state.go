@@ -39,7 +39,20 @@ type State struct {
 	workersVersion uint64
 	members        map[string]string // node id -> API URL
 	applied        uint64
+
+	// ownBatch reports (and forgets) placement batches this node proposed
+	// as leader: their placements are already in its engine, made at
+	// decision time, so applying them again would only hold the lock.
+	ownBatch func(requestID string) bool
 }
+
+// SetOwnBatches installs the check for batches this node proposed.
+func (s *State) SetOwnBatches(f func(requestID string) bool) { s.ownBatch = f }
+
+// placementChunk bounds how many placements one lock hold applies, so
+// routing decisions interleave with a large batch instead of waiting for
+// all of it.
+const placementChunk = 32
 
 // New wraps eng; mu must be the lock every user of eng holds.
 func New(mu *sync.Mutex, eng *engine.Engine) *State {
@@ -83,6 +96,16 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		}
 		return Result{}, fmt.Errorf("%w: log index %d: version %d, body %T", ErrUnknownCommand, index, cmd.GetVersion(), cmd.GetBody())
 	}
+	if b, ok := cmd.GetBody().(*cartv1.RaftCommand_PlaceBatch); ok {
+		if s.ownBatch == nil || !s.ownBatch(cmd.GetRequestId()) {
+			s.applyPlacements(b.PlaceBatch.GetWithdrawals(), false)
+			s.applyPlacements(b.PlaceBatch.GetPlacements(), true)
+		}
+		s.mu.Lock()
+		s.applied = index
+		s.mu.Unlock()
+		return Result{}, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.applied = index
@@ -101,13 +124,6 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 			s.capacity[w.GetUrl()] = w.GetCacheCapacityTokens()
 		}
 		s.commitWorkers()
-	case *cartv1.RaftCommand_PlaceBatch:
-		idx := s.eng.Index()
-		for _, p := range b.PlaceBatch.GetPlacements() {
-			if id, ok := s.eng.WorkerIDOf(p.GetWorker()); ok {
-				idx.Insert(p.GetBlockHashes(), indexID(id), p.GetAtUnixNanos())
-			}
-		}
 	case *cartv1.RaftCommand_UnplaceBatch:
 		idx := s.eng.Index()
 		for _, p := range b.UnplaceBatch.GetPlacements() {
@@ -121,6 +137,28 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		delete(s.members, b.RemoveMember.GetNodeId())
 	}
 	return Result{WorkersVersion: s.workersVersion}, nil
+}
+
+// applyPlacements inserts (or withdraws) placements in chunks, releasing
+// the engine lock between chunks. Snapshots cannot interleave (raft never
+// runs Snapshot concurrently with Apply), only routing decisions can.
+func (s *State) applyPlacements(ps []*cartv1.Placement, insert bool) {
+	for start := 0; start < len(ps); start += placementChunk {
+		s.mu.Lock()
+		idx := s.eng.Index()
+		for _, p := range ps[start:min(start+placementChunk, len(ps))] {
+			id, ok := s.eng.WorkerIDOf(p.GetWorker())
+			if !ok {
+				continue
+			}
+			if insert {
+				idx.Insert(p.GetBlockHashes(), indexID(id), p.GetAtUnixNanos())
+			} else {
+				idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
+			}
+		}
+		s.mu.Unlock()
+	}
 }
 
 func (s *State) specFrom(w *cartv1.WorkerSpec) engine.WorkerSpec {

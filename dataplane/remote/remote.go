@@ -105,7 +105,9 @@ func (r *Router) client(url string) cartv1connect.RouterServiceClient {
 	defer r.clientsMu.Unlock()
 	c, ok := r.clients[url]
 	if !ok {
-		opts := []connect.ClientOption{connect.WithGRPC()}
+		// Route requests are a few hundred bytes: no compression, and no
+		// gzip for the small answers either (see service.CompressMinBytes).
+		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096)}
 		if r.o.Token != "" {
 			tok := "Bearer " + r.o.Token
 			opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {

@@ -479,9 +479,13 @@ func (x *Placement) GetAtUnixNanos() int64 {
 	return 0
 }
 
+// PlaceBatchCommand is one batch window of the leader's placement
+// changes: withdrawals first, then placements.
 type PlaceBatchCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Placements    []*Placement           `protobuf:"bytes,1,rep,name=placements,proto3" json:"placements,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Placements []*Placement           `protobuf:"bytes,1,rep,name=placements,proto3" json:"placements,omitempty"`
+	// Placements withdrawn because their request never reached the worker.
+	Withdrawals   []*Placement `protobuf:"bytes,2,rep,name=withdrawals,proto3" json:"withdrawals,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -519,6 +523,13 @@ func (*PlaceBatchCommand) Descriptor() ([]byte, []int) {
 func (x *PlaceBatchCommand) GetPlacements() []*Placement {
 	if x != nil {
 		return x.Placements
+	}
+	return nil
+}
+
+func (x *PlaceBatchCommand) GetWithdrawals() []*Placement {
+	if x != nil {
+		return x.Withdrawals
 	}
 	return nil
 }
@@ -860,11 +871,12 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\tPlacement\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12!\n" +
 	"\fblock_hashes\x18\x02 \x03(\x06R\vblockHashes\x12\"\n" +
-	"\rat_unix_nanos\x18\x03 \x01(\x03R\vatUnixNanos\"G\n" +
+	"\rat_unix_nanos\x18\x03 \x01(\x03R\vatUnixNanos\"}\n" +
 	"\x11PlaceBatchCommand\x122\n" +
 	"\n" +
 	"placements\x18\x01 \x03(\v2\x12.cart.v1.PlacementR\n" +
-	"placements\"I\n" +
+	"placements\x124\n" +
+	"\vwithdrawals\x18\x02 \x03(\v2\x12.cart.v1.PlacementR\vwithdrawals\"I\n" +
 	"\x13UnplaceBatchCommand\x122\n" +
 	"\n" +
 	"placements\x18\x01 \x03(\v2\x12.cart.v1.PlacementR\n" +
@@ -929,14 +941,15 @@ var file_cart_v1_raft_proto_depIdxs = []int32{
 	1,  // 7: cart.v1.UpsertWorkerCommand.worker:type_name -> cart.v1.WorkerSpec
 	1,  // 8: cart.v1.SetWorkersCommand.workers:type_name -> cart.v1.WorkerSpec
 	5,  // 9: cart.v1.PlaceBatchCommand.placements:type_name -> cart.v1.Placement
-	5,  // 10: cart.v1.UnplaceBatchCommand.placements:type_name -> cart.v1.Placement
-	1,  // 11: cart.v1.SnapshotHeader.workers:type_name -> cart.v1.WorkerSpec
-	12, // 12: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	5,  // 10: cart.v1.PlaceBatchCommand.withdrawals:type_name -> cart.v1.Placement
+	5,  // 11: cart.v1.UnplaceBatchCommand.placements:type_name -> cart.v1.Placement
+	1,  // 12: cart.v1.SnapshotHeader.workers:type_name -> cart.v1.WorkerSpec
+	12, // 13: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_raft_proto_init() }

@@ -1,0 +1,65 @@
+package service
+
+import (
+	"context"
+	"time"
+)
+
+// MaintenanceOptions bound the prefix index on a control-plane node.
+type MaintenanceOptions struct {
+	Interval   time.Duration // eviction pass period; 0 relies on inline eviction
+	MaxEntries int
+}
+
+// maintainChunk bounds how many entries one lock hold evicts, so Route
+// never waits long behind a pass over a large index.
+const maintainChunk = 2048
+
+// RunMaintenance keeps this node's index within bounds until ctx ends:
+// LRU eviction to MaxEntries in short locked steps, expiry of placements
+// past the TTL and of idle sessions. Every node runs it (followers apply
+// placements too), independently: what each evicts is a cache decision,
+// not replicated state.
+func (c *Core) RunMaintenance(ctx context.Context, o MaintenanceOptions) {
+	if o.Interval <= 0 {
+		o.Interval = time.Minute // TTL and session expiry still need a tick
+	}
+	t := time.NewTicker(o.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.maintainOnce(o.MaxEntries)
+	}
+}
+
+func (c *Core) maintainOnce(maxEntries int) {
+	for {
+		c.mu.Lock()
+		_, done := c.eng.Index().Evict(maxEntries, maintainChunk)
+		c.mu.Unlock()
+		if done {
+			break
+		}
+	}
+	now := c.o.Now().UnixNano()
+	pol := c.eng.Policy()
+	if pol.TTL > 0 {
+		for {
+			c.mu.Lock()
+			_, done := c.eng.Index().ExpireBefore(now-pol.TTL, maintainChunk)
+			c.mu.Unlock()
+			if done {
+				break
+			}
+		}
+	}
+	if pol.SessionTTL > 0 {
+		c.mu.Lock()
+		c.eng.ExpireSessions(now)
+		c.mu.Unlock()
+	}
+}
