@@ -242,7 +242,7 @@ type ControlPlane struct {
 	HeartbeatTimeoutMs   int `yaml:"heartbeat_timeout_ms"`
 	ElectionTimeoutMs    int `yaml:"election_timeout_ms"`
 	LeaderLeaseTimeoutMs int `yaml:"leader_lease_timeout_ms"`
-	RaftTLS           TLS     `yaml:"raft_tls"`
+	RaftTLS              TLS `yaml:"raft_tls"`
 }
 
 // DataPlane configures a stateless proxy node that asks the control plane
@@ -315,13 +315,13 @@ func Default() *Config {
 		},
 		Log: Log{Level: "info", Format: "json"},
 		ControlPlane: ControlPlane{
-			APIAddr:           "127.0.0.1:6701",
-			RaftAddr:          "127.0.0.1:6702",
-			PlacementBatchMs:  10,
-			PlacementBatchMax: 512,
-			LoadLeaseSecs:     5,
-			SnapshotThreshold: 8192,
-			TrailingLogs:      2048,
+			APIAddr:              "127.0.0.1:6701",
+			RaftAddr:             "127.0.0.1:6702",
+			PlacementBatchMs:     10,
+			PlacementBatchMax:    512,
+			LoadLeaseSecs:        5,
+			SnapshotThreshold:    8192,
+			TrailingLogs:         2048,
 			HeartbeatTimeoutMs:   500,
 			ElectionTimeoutMs:    500,
 			LeaderLeaseTimeoutMs: 250,

@@ -1164,7 +1164,7 @@ type logStats struct {
 	placements, hashes   int
 	unplacements         int
 	maxEntry             int
-	firstIndex, lastKept uint64
+	firstIndex           uint64
 }
 
 func (l logStats) String() string {
