@@ -1158,13 +1158,13 @@ func snapNames(dir string) string {
 func mb(n int64) string { return fmt.Sprintf("%.2f MB", float64(n)/1e6) }
 
 type logStats struct {
-	present, missing     int
-	bytes                int64
-	byType               map[string]int
-	placements, hashes   int
-	unplacements         int
-	maxEntry             int
-	firstIndex           uint64
+	present, missing   int
+	bytes              int64
+	byType             map[string]int
+	placements, hashes int
+	unplacements       int
+	maxEntry           int
+	firstIndex         uint64
 }
 
 func (l logStats) String() string {
