@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/cartrouter/cart/cli/internal/buildinfo.Version=$(VERSION) -X github.com/cartrouter/cart/cli/internal/buildinfo.Commit=$(COMMIT)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-BINARIES := cart cartctl cart-sim cart-bench
+BINARIES := cart cartctl cart-sim
 GOFILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
 .PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro bench-quality
@@ -55,8 +55,13 @@ fuzz: ## run every fuzz target for FUZZTIME each
 		done; \
 	done
 
-bench: build ## side-by-side suite (nginx rr/least_conn, CART all-in-one, 1/2/4 data planes, split) -> bench/results/<date>/; BENCH_FULL=1 for whole traces
+bench: build bin/cart-bench ## side-by-side suite (nginx rr/least_conn, CART all-in-one, 1/2/4 data planes, split) -> bench/results/<date>/; BENCH_FULL=1 for whole traces
 	bin/cart-bench suite
+
+.PHONY: bin/cart-bench
+bin/cart-bench: ## the load generator and benchmark suite (not part of the image)
+	@mkdir -p bin
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/cart-bench ./cli/cart-bench
 
 bench-micro: ## micro-benchmarks of the routing path
 	$(GO) test -run XXX -bench . -benchmem ./controlplane/index ./controlplane/engine ./dataplane/extract
@@ -92,7 +97,7 @@ clean:
 	rm -rf bin
 
 QUALITY_OUT ?= bench/results/$(shell date -u +%F)-quality
-bench-quality: build ## routing-quality mechanisms side by side: mooncake conversation, and llm-d shared prefix with replica capacity swept
+bench-quality: build bin/cart-bench ## routing-quality mechanisms side by side: mooncake conversation, and llm-d shared prefix with replica capacity swept
 	bin/cart-bench suite --no-overhead --traces mooncake_conversation \
 		--scenarios nginx-lc,cart-plain,cart-capacity,cart-closedloop,cart-hot,cart-all --out $(QUALITY_OUT)/mooncake
 	for c in 1228800 307200 153600 102400 76800; do \
