@@ -52,7 +52,11 @@ http://10.0.0.6:8000  no       0     unlimited  0        default
       "load_penalty": 2,
       "cache_capacity_tokens": "1000000",
       "healthy": true,
-      "load": 7
+      "load": 7,
+      "predicted_cached_tokens": "0",
+      "actual_cached_tokens": "0",
+      "cache_misses": "0",
+      "model_capacity_blocks": 0
     },
     {
       "url": "http://10.0.0.6:8000",
@@ -60,7 +64,11 @@ http://10.0.0.6:8000  no       0     unlimited  0        default
       "load_penalty": 0,
       "cache_capacity_tokens": "0",
       "healthy": false,
-      "load": 0
+      "load": 0,
+      "predicted_cached_tokens": "0",
+      "actual_cached_tokens": "0",
+      "cache_misses": "0",
+      "model_capacity_blocks": 0
     }
   ],
   "workers_version": "12"
