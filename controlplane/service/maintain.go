@@ -37,29 +37,10 @@ func (c *Core) RunMaintenance(ctx context.Context, o MaintenanceOptions) {
 }
 
 func (c *Core) maintainOnce(maxEntries int) {
-	for {
-		c.mu.Lock()
-		_, done := c.eng.Index().Evict(maxEntries, maintainChunk)
-		c.mu.Unlock()
-		if done {
-			break
-		}
-	}
 	now := c.o.Now().UnixNano()
-	pol := c.eng.Policy()
-	if pol.TTL > 0 {
-		for {
-			c.mu.Lock()
-			_, done := c.eng.Index().ExpireBefore(now-pol.TTL, maintainChunk)
-			c.mu.Unlock()
-			if done {
-				break
-			}
-		}
-	}
-	if pol.SessionTTL > 0 {
+	for done := false; !done; {
 		c.mu.Lock()
-		c.eng.ExpireSessions(now)
+		done = c.eng.MaintainStep(now, maxEntries, maintainChunk)
 		c.mu.Unlock()
 	}
 }

@@ -141,28 +141,19 @@ const evictChunk = 2048
 // EvictPass trims the index to its size bound in short locked steps, then
 // applies the daily reset if its hour has come. It returns entries removed.
 func (l *Local) EvictPass() int {
-	total := 0
-	for {
-		l.mu.Lock()
-		n, done := l.eng.Index().Evict(l.maxEntries, evictChunk)
-		l.mu.Unlock()
-		total += n
-		if done {
-			break
-		}
-	}
-	now := l.now().UnixNano()
 	l.mu.Lock()
-	if ttl := l.eng.Policy().TTL; ttl > 0 {
-		n, _ := l.eng.Index().ExpireBefore(now-ttl, 0)
-		total += n
-	}
-	if l.eng.Policy().SessionTTL > 0 {
-		l.eng.ExpireSessions(now)
-	}
+	before := l.eng.Index().Stats().Evicted
 	l.mu.Unlock()
+	now := l.now().UnixNano()
+	for done := false; !done; {
+		l.mu.Lock()
+		done = l.eng.MaintainStep(now, l.maxEntries, evictChunk)
+		l.mu.Unlock()
+	}
 	l.maybeDailyReset()
-	return total
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return int(l.eng.Index().Stats().Evicted - before)
 }
 
 func (l *Local) maybeDailyReset() {
