@@ -324,7 +324,7 @@ func Default() *Config {
 			TrailingLogs:         2048,
 			HeartbeatTimeoutMs:   500,
 			ElectionTimeoutMs:    500,
-			LeaderLeaseTimeoutMs: 250,
+			LeaderLeaseTimeoutMs: 500,
 		},
 		DataPlane: DataPlane{
 			RouteTimeoutMs:       20,
