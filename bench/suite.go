@@ -517,6 +517,9 @@ func (s *suite) runScenario(ctx context.Context, trace, sc string, w *Workload, 
 	run := ExecuteWorkload(ctx, rc, w, trace+" "+sc, s.env.Log)
 	r.RouterMetrics = s.routerMetrics(dep.routers)
 	s.env.StopAll(dep.procs)
+	if dep.stop != nil {
+		dep.stop()
+	}
 
 	r.Summary = &run.Summary
 	r.ReplicaStats = map[string]SimStats{}
@@ -564,6 +567,7 @@ func (s *suite) keepLogs(procs []*Proc) {
 // deployment is a scenario's running router set-up.
 type deployment struct {
 	target     string // URL the load goes to
+	stop       func() // in-process router to stop, if any
 	procs      []*Proc
 	dataplanes int
 	routers    []int // ports of CART routers, for /metrics
@@ -580,6 +584,8 @@ func (s *suite) setup(ctx context.Context, trace, sc string) (deployment, error)
 	switch {
 	case sc == ScenarioNginxRR || sc == ScenarioNginxLC:
 		d.target, d.procs, err = s.startNginx(ctx, dir, sc, s.replicaAddrs(), sc == ScenarioNginxLC)
+	case sc == ScenarioPrecise:
+		d.target, d.stop, err = s.startPrecise()
 	case sc == ScenarioCart || isVariant(sc):
 		port, perr := s.env.FreePort()
 		if perr != nil {

@@ -204,6 +204,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/sim/stats", s.serveStats)
 	mux.HandleFunc("/sim/fault", s.serveFault)
 	mux.HandleFunc("/sim/reset", s.serveReset)
+	mux.HandleFunc("/sim/match", s.serveMatch)
 	mux.Handle("/", s.diesWhenDown(http.HandlerFunc(serveNotFound)))
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
