@@ -89,7 +89,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		PlacementMax:   cp.PlacementBatchMax,
 		LoadLease:      time.Duration(cp.LoadLeaseSecs * float64(time.Second)),
 		Health:         server.HealthConfig(cfg),
-		Token:          firstNonEmpty(adminToken, token),
+		Token:          token,
+		AdminToken:     adminToken,
 		Logger:         log,
 		ForwardClient:  client,
 	}, d.mu, d.eng, d.St)
@@ -239,12 +240,39 @@ func (d *Daemon) seedWorkers(ctx context.Context) {
 	}
 }
 
-// Serve runs the API on ln until ctx ends, then leaves gracefully: the
-// leader hands leadership over before stopping.
+// Serve runs the API on ln until ctx ends, then leaves gracefully: a
+// leader first hands leadership over while its API still answers (so
+// followers and data planes move to the new leader without a gap), then
+// the API stops, then Raft.
 func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	d.log.Info("cart control plane listening", "node", d.cfg.ControlPlane.NodeID, "api", ln.Addr().String(), "raft", d.cfg.ControlPlane.RaftAddr)
-	err := server.Serve(ctx, d.API, ln, 5*time.Second)
-	if serr := d.Node.Shutdown(); serr != nil && err == nil {
+	errc := make(chan error, 1)
+	go func() {
+		if d.API.TLSConfig != nil {
+			errc <- d.API.ServeTLS(ln, "", "")
+		} else {
+			errc <- d.API.Serve(ln)
+		}
+	}()
+	var err error
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+		if d.Node.IsLeader() {
+			tctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			if _, terr := d.Node.TransferLeadership(tctx, ""); terr != nil {
+				d.log.Warn("leadership transfer before shutdown", "error", terr.Error())
+			}
+			cancel()
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if serr := d.API.Shutdown(sctx); serr != nil {
+			_ = d.API.Close()
+		}
+		cancel()
+		err = <-errc
+	}
+	if serr := d.Node.Shutdown(); serr != nil && (err == nil || errors.Is(err, http.ErrServerClosed)) {
 		err = serr
 	}
 	d.Core.Close()

@@ -115,13 +115,30 @@ func (b *batcher) flush(ctx context.Context) {
 	defer cancel()
 	// One entry per window: withdrawals (applied first) and placements.
 	id := fmt.Sprintf("batch-%016x-%d", b.nonce, b.seq.Add(1))
-	b.own.Store(id, struct{}{})
+	b.own.Store(id, time.Now())
 	cmd := &cartv1.RaftCommand{Ignorable: true, RequestId: id, Body: &cartv1.RaftCommand_PlaceBatch{
 		PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place, Withdrawals: unplace}}}
 	if _, err := b.node.Apply(actx, cmd); err != nil {
 		b.log.Warn("replicate placements", "placements", len(place), "withdrawals", len(unplace), "error", err.Error())
 	}
-	// Applied, failed or of unknown fate: if it ever commits later, this
-	// process applies it like any other entry (placements are idempotent).
-	b.own.Delete(id)
+	// The id stays registered even after an error: an entry of unknown
+	// fate that commits later must still be skipped here (its placements
+	// were made, and some perhaps withdrawn since, at decision time).
+	// Applied entries remove themselves in isOwn; stale ids age out.
+	b.own.Range(func(k, v any) bool {
+		if time.Since(v.(time.Time)) > ownBatchTTL {
+			b.own.Delete(k)
+		}
+		return true
+	})
+}
+
+// ownBatchTTL bounds how long an unconfirmed batch id is remembered.
+const ownBatchTTL = 10 * time.Minute
+
+// discard drops whatever is queued (after leadership is lost).
+func (b *batcher) discard() {
+	b.mu.Lock()
+	b.place, b.unplace = nil, nil
+	b.mu.Unlock()
 }

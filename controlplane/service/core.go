@@ -8,8 +8,8 @@ package service
 
 import (
 	"context"
-	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
@@ -46,10 +46,12 @@ type Options struct {
 	Health    health.Config
 	// HealthClient probes workers; nil uses a default client.
 	HealthClient *http.Client
-	// Token is sent on calls forwarded to the leader.
-	Token  string
-	Logger *slog.Logger
-	Now    func() time.Time
+	// Token and AdminToken are sent on RouterService and AdminService
+	// calls forwarded to the leader (AdminToken defaults to Token).
+	Token      string
+	AdminToken string
+	Logger     *slog.Logger
+	Now        func() time.Time
 	// ForwardClient carries calls forwarded to the leader (h2c or TLS).
 	ForwardClient *http.Client
 }
@@ -64,16 +66,18 @@ type Core struct {
 	node Node
 
 	// Leader soft state, guarded by mu.
-	nextTicket uint64
-	tickets    map[uint64]*ticket
-	dps        map[string]*dataPlane
-	leading    bool
+	nextTicket   uint64
+	loadsVersion uint64 // worker-set version the load view was built for
+	tickets      map[uint64]*ticket
+	dps          map[string]*dataPlane
+	leading      bool
 
 	batch   *batcher
 	fwd     *forwarder
 	metrics *cpMetrics
 
-	lifeMu     sync.Mutex // serialises leadership transitions
+	ready      chan struct{} // closed by SetNode; leadership waits for it
+	lifeMu     sync.Mutex    // serialises leadership transitions
 	stopLeader context.CancelFunc
 	leaderDone chan struct{}
 }
@@ -107,7 +111,12 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 		o.TicketTTL = time.Hour
 	}
 	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, dps: map[string]*dataPlane{}}
-	c.fwd = newForwarder(o.ForwardClient, o.Token)
+	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
+	c.ready = make(chan struct{})
+	// The batcher and the state's own-batch check exist before the Raft
+	// node starts applying entries; SetNode only supplies the node.
+	c.batch = newBatcher(nil, o.PlacementBatch, o.PlacementMax, c.log)
+	c.st.SetOwnBatches(c.batch.isOwn)
 	c.metrics = newCPMetrics(c)
 	return c
 }
@@ -116,14 +125,17 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 // node's leadership callback needs the Core).
 func (c *Core) SetNode(n Node) {
 	c.node = n
-	c.batch = newBatcher(n, c.o.PlacementBatch, c.o.PlacementMax, c.log)
-	c.st.SetOwnBatches(c.batch.isOwn)
+	c.batch.node = n
+	close(c.ready)
 }
 
 // OnLeadership is the Raft node's leadership callback: gaining leadership
 // (after the barrier) starts the leader's loops from clean soft state;
 // losing it stops them.
 func (c *Core) OnLeadership(leader bool) {
+	if leader {
+		<-c.ready // raft may elect us before the daemon wired the node in
+	}
 	c.lifeMu.Lock()
 	defer c.lifeMu.Unlock()
 	if c.stopLeader != nil {
@@ -142,6 +154,9 @@ func (c *Core) OnLeadership(leader bool) {
 	}
 	clear(c.tickets)
 	clear(c.dps)
+	// Tickets of an earlier leader may still arrive in Complete: start
+	// this term's numbering somewhere they cannot collide with.
+	c.nextTicket = rand.Uint64() >> 1
 	c.leading = leader
 	c.mu.Unlock()
 	if !leader {
@@ -171,19 +186,32 @@ func (c *Core) runLeader(ctx context.Context) {
 	go func() { defer wg.Done(); c.probe(ctx) }()
 	c.ensureMember(ctx)
 	wg.Wait()
+	// A decision that raced the step-down may have queued a placement
+	// after the final flush: drop it rather than keep it for a later term.
+	c.batch.discard()
 }
 
 // ensureMember publishes this node's API URL in the replicated directory
 // so followers can point clients at it.
 func (c *Core) ensureMember(ctx context.Context) {
-	if c.o.APIURL == "" || c.st.Members()[c.o.NodeID] == c.o.APIURL {
-		return
-	}
 	cmd := &cartv1.RaftCommand{Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: c.o.NodeID, ApiUrl: c.o.APIURL}}}
-	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := c.node.Apply(actx, cmd); err != nil && !errors.Is(err, context.Canceled) {
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		if c.o.APIURL == "" || c.st.Members()[c.o.NodeID] == c.o.APIURL {
+			return
+		}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.node.Apply(actx, cmd)
+		cancel()
+		if err == nil {
+			return
+		}
+		// Without the URL followers cannot forward to us: keep trying.
 		c.log.Warn("publish API URL", "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
 	}
 }
 

@@ -22,26 +22,30 @@ const HeaderLeaderURL = "Cart-Leader-Url"
 
 // forwarder keeps Connect clients to the current leader.
 type forwarder struct {
-	client *http.Client
-	token  string
-	mu     sync.Mutex
-	router map[string]cartv1connect.RouterServiceClient
-	admin  map[string]cartv1connect.AdminServiceClient
+	client      *http.Client
+	routerToken string // for RouterService calls
+	adminToken  string // for AdminService calls
+	mu          sync.Mutex
+	router      map[string]cartv1connect.RouterServiceClient
+	admin       map[string]cartv1connect.AdminServiceClient
 }
 
-func newForwarder(c *http.Client, token string) *forwarder {
+func newForwarder(c *http.Client, routerToken, adminToken string) *forwarder {
 	if c == nil {
 		c = http.DefaultClient
 	}
-	return &forwarder{client: c, token: token, router: map[string]cartv1connect.RouterServiceClient{}, admin: map[string]cartv1connect.AdminServiceClient{}}
+	if adminToken == "" {
+		adminToken = routerToken
+	}
+	return &forwarder{client: c, routerToken: routerToken, adminToken: adminToken, router: map[string]cartv1connect.RouterServiceClient{}, admin: map[string]cartv1connect.AdminServiceClient{}}
 }
 
-func (f *forwarder) headers() connect.ClientOption {
+func (f *forwarder) headers(token string) connect.ClientOption {
 	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			req.Header().Set(HeaderForwarded, "1")
-			if f.token != "" {
-				req.Header().Set("Authorization", "Bearer "+f.token)
+			if token != "" {
+				req.Header().Set("Authorization", "Bearer "+token)
 			}
 			return next(ctx, req)
 		}
@@ -53,7 +57,7 @@ func (f *forwarder) routerTo(url string) cartv1connect.RouterServiceClient {
 	defer f.mu.Unlock()
 	c, ok := f.router[url]
 	if !ok {
-		c = cartv1connect.NewRouterServiceClient(f.client, url, connect.WithGRPC(), connect.WithSendCompression("identity"), f.headers())
+		c = cartv1connect.NewRouterServiceClient(f.client, url, connect.WithGRPC(), connect.WithSendCompression("identity"), f.headers(f.routerToken))
 		f.router[url] = c
 	}
 	return c
@@ -64,7 +68,7 @@ func (f *forwarder) adminTo(url string) cartv1connect.AdminServiceClient {
 	defer f.mu.Unlock()
 	c, ok := f.admin[url]
 	if !ok {
-		c = cartv1connect.NewAdminServiceClient(f.client, url, connect.WithGRPC(), f.headers())
+		c = cartv1connect.NewAdminServiceClient(f.client, url, connect.WithGRPC(), f.headers(f.adminToken))
 		f.admin[url] = c
 	}
 	return c

@@ -134,7 +134,7 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 	c.dataPlane(req.Msg.GetDataplaneId(), now)
 	for _, comp := range req.Msg.GetCompletions() {
 		tk, ok := c.tickets[comp.GetTicket()]
-		if !ok || tk.worker != comp.GetWorker() {
+		if !ok || tk.worker != comp.GetWorker() || tk.dp != req.Msg.GetDataplaneId() {
 			continue // settled already, or issued by an earlier leader: Sync reconciles the load
 		}
 		delete(c.tickets, comp.GetTicket())
@@ -178,7 +178,9 @@ func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.Sy
 	for _, l := range req.Msg.GetLoads() {
 		reported[l.GetWorker()] = int(l.GetInFlight())
 	}
+	_, version := c.st.Workers() // before c.mu: the state shares that lock
 	c.mu.Lock()
+	c.rebuildLoads(version)
 	dp := c.dataPlane(req.Msg.GetDataplaneId(), now)
 	dp.fallbacks += req.Msg.GetFallbacks()
 	for w, n := range dp.loads {
@@ -188,6 +190,12 @@ func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.Sy
 		}
 	}
 	for w, n := range reported {
+		if _, known := c.eng.WorkerIDOf(w); !known {
+			// Removed (or not yet added): nothing to account it to.
+			c.eng.AdjustLoad(w, -dp.loads[w])
+			delete(dp.loads, w)
+			continue
+		}
 		c.eng.AdjustLoad(w, n-dp.loads[w])
 		dp.loads[w] = n
 	}
@@ -204,6 +212,27 @@ func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.Sy
 		LeaderId:       id,
 		LeaderUrl:      c.st.Members()[id],
 	}), nil
+}
+
+// rebuildLoads recomputes the engine's load view from the data planes'
+// counts after the worker set changed: a worker removed and added again
+// comes back with load 0 in the engine while data planes still count
+// requests on it. c.mu must be held.
+func (c *Core) rebuildLoads(version uint64) {
+	if version == c.loadsVersion {
+		return
+	}
+	c.loadsVersion = version
+	c.eng.ResetLoads()
+	for _, dp := range c.dps {
+		for w, n := range dp.loads {
+			if _, known := c.eng.WorkerIDOf(w); known {
+				c.eng.AdjustLoad(w, n)
+			} else {
+				delete(dp.loads, w)
+			}
+		}
+	}
 }
 
 // workerList merges the replicated worker set with this node's live

@@ -166,7 +166,7 @@ type statusWriter struct {
 }
 
 func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 {
+	if s.status == 0 && code >= 200 { // 1xx are interim, not the answer
 		s.status = code
 	}
 	s.ResponseWriter.WriteHeader(code)

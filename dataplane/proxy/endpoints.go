@@ -81,33 +81,42 @@ type modelsCache struct {
 }
 
 func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
-	mc := &p.models
+	body, ctype, source, err := p.models.get(p, r.Context())
+	if err != nil {
+		var ae *apierr.Error
+		if !errors.As(err, &ae) {
+			ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_unreachable", "could not list models: %v", err)
+		}
+		apierr.Write(w, ae)
+		return
+	}
+	// Written after the lock is released: a client that reads slowly must
+	// not hold up everyone else's /v1/models.
+	p.m.ModelsCache.WithLabelValues(source).Inc()
+	serveModels(w, ctype, body, source)
+}
+
+// get returns the cached list, refreshing it when it is older than the
+// TTL. The lock is held across the refresh on purpose (one fetch, not a
+// herd), and the fetch runs detached from the first caller's context, so
+// that caller hanging up does not fail it for the others.
+func (mc *modelsCache) get(p *Proxy, ctx context.Context) (body []byte, ctype, source string, err error) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	now := p.o.Now()
 	if mc.body != nil && now.Sub(mc.fetched) < mc.ttl {
-		p.m.ModelsCache.WithLabelValues("hit").Inc()
-		serveModels(w, mc.ctype, mc.body, "hit")
-		return
+		return mc.body, mc.ctype, "hit", nil
 	}
-	body, ctype, err := p.fetchModels(r.Context())
+	body, ctype, err = p.fetchModels(context.WithoutCancel(ctx))
 	if err == nil {
 		mc.body, mc.ctype, mc.fetched = body, ctype, now
-		p.m.ModelsCache.WithLabelValues("miss").Inc()
-		serveModels(w, ctype, body, "miss")
-		return
+		return body, ctype, "miss", nil
 	}
 	if mc.body != nil {
 		p.log.Warn("serving stale /v1/models: no worker answered", "error", err.Error())
-		p.m.ModelsCache.WithLabelValues("stale").Inc()
-		serveModels(w, mc.ctype, mc.body, "stale")
-		return
+		return mc.body, mc.ctype, "stale", nil
 	}
-	var ae *apierr.Error
-	if !errors.As(err, &ae) {
-		ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_unreachable", "could not list models: %v", err)
-	}
-	apierr.Write(w, ae)
+	return nil, "", "", err
 }
 
 func serveModels(w http.ResponseWriter, ctype string, body []byte, source string) {

@@ -202,6 +202,7 @@ type call struct {
 	final    router.Decision
 	attempts int
 	start    time.Time
+	client   *http.ResponseController // the client's connection, for deadlines
 }
 
 type callKey struct{}
@@ -260,6 +261,13 @@ func (p *Proxy) sessionKey(r *http.Request, req *extract.Request) string {
 }
 
 func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
+	// ServeMux matches escaped paths, so /v1/chat%2Fcompletions lands here
+	// although the worker would decode it to a routed endpoint: route it
+	// as one, so extraction and the remote-media policy are never skipped.
+	if ep, ok := extract.EndpointForPath(r.URL.Path); ok && r.Method == http.MethodPost {
+		p.routed(ep)(w, r)
+		return
+	}
 	c := &call{id: requestID(r), endpoint: "other", start: p.o.Now()}
 	body, err := p.readBody(w, r)
 	if err != nil {
@@ -321,6 +329,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 	p.active.Add(1)
 	defer p.active.Add(-1)
 	sw := &statusWriter{ResponseWriter: w}
+	c.client = http.NewResponseController(sw)
 	defer func() {
 		v := recover()
 		p.finish(r, c, sw, v != nil)
@@ -373,11 +382,18 @@ func (p *Proxy) fail(w http.ResponseWriter, c *call, err error) {
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetXForwarded()
 	pr.Out.Header.Del(HeaderRoutedPeer)
+	pr.Out.Header.Del("Upgrade") // see modifyResponse: no upgraded connections
 	c := callFrom(pr.In.Context())
 	pr.Out.Header.Set(HeaderRequestID, c.id)
 }
 
 func (p *Proxy) modifyResponse(resp *http.Response) error {
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// An upgraded connection would outlive the body wrapper that
+		// settles the decision; returning an error makes ReverseProxy
+		// close the body (settling it) and answer 502.
+		return errors.New("protocol upgrades are not proxied")
+	}
 	c := callFrom(resp.Request.Context())
 	resp.Header.Del(HeaderRoutedPeer)
 	if p.o.AddRoutedPeerHeader && c != nil {
@@ -653,7 +669,15 @@ func (p *Proxy) dispatch(ctx context.Context, out *http.Request, c *call, d rout
 func (p *Proxy) deliver(c *call, d router.Decision, resp *http.Response, rejected bool) *http.Response {
 	c.final = d
 	inner := resp.Body.(*releaseOnce)
-	tb := &trackedBody{rc: inner, idle: p.o.StreamIdleTimeout, cancel: inner.cancel}
+	tb := &trackedBody{rc: inner, idle: p.o.StreamIdleTimeout, cancel: func() {
+		inner.cancel()
+		// A client that stopped reading blocks ReverseProxy in Write,
+		// where cancelling the upstream cannot reach it: expire the write
+		// too, so the stream ends and its load is released.
+		if c.client != nil {
+			_ = c.client.SetWriteDeadline(time.Now())
+		}
+	}}
 	prev := inner.done
 	inner.done = func() {
 		prev()

@@ -185,7 +185,12 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			return router.Decision{}, &unavailable{err}
 		}
 		cause = causeOf(err)
-		r.rotate(target)
+		if cause != "timeout" {
+			// A slow answer is not a dead node: keep talking to the leader
+			// (rotating to a follower would add a forwarding hop and make
+			// the next deadline harder to meet); errors rotate.
+			r.rotate(target)
+		}
 		r.log.Debug("route via control plane failed; routing locally", "control_plane", target, "error", err.Error())
 	}
 	d, err := r.fallback(req)

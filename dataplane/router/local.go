@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -68,6 +69,10 @@ func (l *Local) Route(_ context.Context, req *Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, unavailable(err)
 	}
+	// Placed points into the caller's hash buffer, which may be pooled
+	// and reused once the request is over; the ticket outlives nothing
+	// today, but must not depend on that.
+	d.Placed = slices.Clone(d.Placed)
 	return Decision{
 		Worker:       d.Worker,
 		Reason:       string(d.Reason),
