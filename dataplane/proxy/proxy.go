@@ -212,6 +212,10 @@ func callFrom(ctx context.Context) *call {
 	return c
 }
 
+// maxPooledHashes bounds the hash buffers kept for reuse (64k blocks = a
+// 4 MB prompt at the default block size).
+const maxPooledHashes = 1 << 16
+
 var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, 256); return &s }}
 
 func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
@@ -233,7 +237,14 @@ func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
 			return
 		}
 		hp := hashPool.Get().(*[]uint64)
-		defer func() { *hp = (*hp)[:0]; hashPool.Put(hp) }()
+		defer func() {
+			// Keep only ordinary buffers: a huge prompt's slice would stay
+			// pinned in the pool for good.
+			if cap(*hp) <= maxPooledHashes {
+				*hp = (*hp)[:0]
+				hashPool.Put(hp)
+			}
+		}()
 		*hp = index.Hash((*hp)[:0], req.Model, req.Key, p.o.BlockChars)
 		c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
 		c.session = p.sessionKey(r, req)

@@ -429,5 +429,8 @@ func (r *Router) flush(ctx context.Context) {
 	defer cancel()
 	if _, err := r.client(target).Complete(fctx, connect.NewRequest(&cartv1.CompleteRequest{DataplaneId: r.o.ID, Completions: batch})); err != nil {
 		r.log.Debug("report completions", "completions", len(batch), "error", err.Error())
+		if causeOf(err) != "timeout" {
+			r.rotate(target) // a dead node must not keep receiving every report
+		}
 	}
 }
