@@ -51,6 +51,7 @@ type cb struct {
 	state     State
 	failures  int // consecutive, while closed
 	successes int // while half-open
+	trials    int // requests in flight to a half-open worker
 	openedAt  time.Time
 }
 
@@ -106,6 +107,10 @@ func (s *Set) Blocked(now time.Time) []string {
 	var trs []*Transition
 	s.mu.Lock()
 	for w, c := range s.b {
+		if c.state == HalfOpen && c.trials >= max(1, s.cfg.SuccessThreshold) {
+			out = append(out, w) // enough trials in flight already
+			continue
+		}
 		if c.state != Open {
 			continue
 		}
@@ -122,6 +127,35 @@ func (s *Set) Blocked(now time.Time) []string {
 	return out
 }
 
+// Begin records that a request is being sent to w. While w is half-open
+// it counts as a trial: once SuccessThreshold trials are in flight, Blocked
+// keeps further traffic away until they report, so a still-sick replica is
+// probed with a few requests instead of a whole burst. Every Begin must be
+// followed by exactly one Success, Failure or Abandon.
+func (s *Set) Begin(w string) {
+	if !s.cfg.Enabled {
+		return
+	}
+	s.mu.Lock()
+	if c := s.get(w); c.state == HalfOpen {
+		c.trials++
+	}
+	s.mu.Unlock()
+}
+
+// Abandon ends a request that says nothing about the worker (the client
+// went away).
+func (s *Set) Abandon(w string) {
+	if !s.cfg.Enabled {
+		return
+	}
+	s.mu.Lock()
+	if c, ok := s.b[w]; ok && c.trials > 0 {
+		c.trials--
+	}
+	s.mu.Unlock()
+}
+
 // Success records a request that the worker served.
 func (s *Set) Success(w string) {
 	if !s.cfg.Enabled {
@@ -129,6 +163,9 @@ func (s *Set) Success(w string) {
 	}
 	s.mu.Lock()
 	c := s.get(w)
+	if c.trials > 0 {
+		c.trials--
+	}
 	var tr *Transition
 	switch c.state {
 	case Closed:
@@ -151,6 +188,9 @@ func (s *Set) Failure(w string, now time.Time) {
 	}
 	s.mu.Lock()
 	c := s.get(w)
+	if c.trials > 0 {
+		c.trials--
+	}
 	var tr *Transition
 	switch c.state {
 	case Closed:
@@ -194,7 +234,7 @@ func (s *Set) Forget(keep map[string]bool) {
 func (s *Set) move(w string, c *cb, to State) *Transition {
 	tr := &Transition{Worker: w, From: c.state, To: to}
 	c.state = to
-	c.failures, c.successes = 0, 0
+	c.failures, c.successes, c.trials = 0, 0, 0
 	return tr
 }
 

@@ -213,3 +213,33 @@ func TestStateStrings(t *testing.T) {
 		}
 	}
 }
+
+// A half-open worker gets at most SuccessThreshold trials in flight at a
+// time: a still-sick replica is probed, not flooded.
+func TestHalfOpenLimitsTrialsInFlight(t *testing.T) {
+	s := NewSet(Config{Enabled: true, FailureThreshold: 1, SuccessThreshold: 2, Timeout: time.Second}, nil)
+	t0 := time.Unix(0, 0)
+	s.Failure("w", t0) // open
+	now := t0.Add(time.Second)
+	if b := s.Blocked(now); len(b) != 0 {
+		t.Fatalf("timeout passed, still blocked: %v", b)
+	}
+	s.Begin("w")
+	if b := s.Blocked(now); len(b) != 0 {
+		t.Fatalf("one trial in flight already blocks: %v", b)
+	}
+	s.Begin("w")
+	if b := s.Blocked(now); len(b) != 1 {
+		t.Fatalf("two trials in flight (the success threshold) do not block further traffic: %v", b)
+	}
+	s.Abandon("w") // a client hang-up frees its trial without judging
+	if b := s.Blocked(now); len(b) != 0 {
+		t.Fatalf("abandoned trial still counted: %v", b)
+	}
+	s.Success("w")
+	s.Begin("w")
+	s.Success("w")
+	if st := s.State("w"); st != Closed {
+		t.Fatalf("two successful trials left it %s", st)
+	}
+}

@@ -645,6 +645,7 @@ func (p *Proxy) dispatch(ctx context.Context, out *http.Request, c *call, d rout
 		req.GetBody = func() (io.ReadCloser, error) { return newBodyReader(c.body), nil }
 	}
 	p.m.InFlight.WithLabelValues(d.Worker).Inc()
+	p.o.Breakers.Begin(d.Worker)
 	sent := p.o.Now()
 	resp, err := p.upstream.RoundTrip(req)
 	if err != nil {
@@ -654,7 +655,9 @@ func (p *Proxy) dispatch(ctx context.Context, out *http.Request, c *call, d rout
 		// A client hang-up is not the worker's fault, and the worker may
 		// well have seen the request: keep the placement.
 		p.o.Router.Done(d, router.Outcome{Delivered: clientGone, PromptTokens: -1, CachedTokens: -1})
-		if !clientGone {
+		if clientGone {
+			p.o.Breakers.Abandon(d.Worker)
+		} else {
 			p.o.Breakers.Failure(d.Worker, p.o.Now())
 			p.log.Warn("upstream attempt failed", "request_id", c.id, "worker", d.Worker, "attempt", c.attempts, "error", err.Error())
 		}
