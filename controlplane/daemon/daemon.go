@@ -98,6 +98,10 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	if err != nil {
 		return nil, err
 	}
+	if (srvTLS == nil || srvTLS.ClientCAs == nil) && !loopbackAddr(cp.RaftAddr) {
+		log.Warn("the Raft port is reachable beyond loopback without mutual TLS: anyone who reaches it can act as a peer; set controlplane.raft_tls (cert_file, key_file, client_ca_file) or restrict the network",
+			"raft_addr", cp.RaftAddr)
+	}
 	if err := os.MkdirAll(cp.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
@@ -164,6 +168,18 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		MaxEntries: cfg.Cache.MaxTreeSize,
 	})
 	return d, nil
+}
+
+func loopbackAddr(hostPort string) bool {
+	host, _, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func firstNonEmpty(a, b string) string {
