@@ -17,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/dataplane/extract"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
@@ -531,4 +532,25 @@ func TestE2EVersionAndCompletion(t *testing.T) {
 			t.Errorf("completion %s output does not mention cartctl", sh)
 		}
 	}
+}
+
+// --body extracts the key text exactly as a data plane would, so a dry run
+// answers for the real request (model taken from the body).
+func TestE2ERouteBody(t *testing.T) {
+	f := &fakeCP{routeResp: &cartv1.RouteResponse{Worker: "http://w1:8000", Reason: "cache_miss", FromLeader: true}}
+	srv := serve(t, f)
+	env := map[string]string{"CARTCTL_SERVER": srv}
+	body := `{"model":"llama","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}`
+	cartctl(t, env, body, "route", "--body", "-", "--endpoint", "chat_completions").must(t, exitOK)
+	want, err := extract.Extract(extract.ChatCompletions, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := f.lastRoute(t)
+	if got.GetText() != string(want.Key) || got.GetModel() != "llama" || !got.GetDryRun() {
+		t.Fatalf("Route request %v, want the extracted key and model llama", got)
+	}
+	// A body that is not a valid request is a usage error.
+	cartctl(t, env, `{"messages":"nope"}`, "route", "--body", "-").must(t, exitUsage)
+	cartctl(t, env, body, "route", "--body", "-", "--text", "x").must(t, exitUsage)
 }

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
+	"github.com/cartrouter/cart/dataplane/extract"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -31,6 +32,7 @@ const (
 type routeFlags struct {
 	text     string
 	textFile string
+	body     string
 	endpoint string
 	model    string
 	exclude  []string
@@ -40,7 +42,7 @@ type routeFlags struct {
 func (a *app) routeCmd() *cobra.Command {
 	var f routeFlags
 	cmd := &cobra.Command{
-		Use:   "route (--text TEXT | --text-file PATH)",
+		Use:   "route (--text TEXT | --text-file PATH | --body PATH)",
 		Short: "Ask where the control plane would route a prompt (dry run)",
 		Long: withExitCodes(`Ask the control plane which worker it would choose for a request whose
 key text is TEXT, and why. This is always a dry run: the control plane
@@ -53,16 +55,36 @@ name, because it seeds the prefix hash chain: the same text under another
 model matches nothing. --text - or --text-file - read the text from stdin,
 byte for byte (a trailing newline is part of the text).
 
+--body takes a whole request body instead (a JSON file, or - for stdin), as
+a client would send it to --endpoint: cartctl extracts the key text with the
+data plane's own code, and takes the model from the body unless --model is
+given, so the answer is exactly what that request would get.
+
 --explain adds a plain-English account of the rule that fired. With -o json
 the output is the RouteResponse message, plus an "explanation" field with
 --explain.`),
 		Example: `  cartctl route --model llama-3-8b --text "You are a helpful assistant." --explain
-  cartctl route --model llama-3-8b --text-file prompt.txt --exclude http://10.0.0.5:8000`,
+  cartctl route --model llama-3-8b --text-file prompt.txt --exclude http://10.0.0.5:8000
+  cartctl route --endpoint chat_completions --body request.json --explain`,
 		Args: checkArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			text, err := f.readText(cmd, a.stdin)
 			if err != nil {
 				return err
+			}
+			if cmd.Flags().Changed("body") {
+				ep, ok := extract.EndpointForPath("/v1/" + strings.ReplaceAll(f.endpoint, "_", "/"))
+				if !ok {
+					return usagef("--endpoint must be chat_completions, completions or messages with --body")
+				}
+				req, err := extract.Extract(ep, []byte(text))
+				if err != nil {
+					return usagef("body: %v", err)
+				}
+				text = string(req.Key)
+				if !cmd.Flags().Changed("model") {
+					f.model = req.Model
+				}
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
 				req := &cartv1.RouteRequest{
@@ -92,6 +114,7 @@ the output is the RouteResponse message, plus an "explanation" field with
 	fl := cmd.Flags()
 	fl.StringVar(&f.text, "text", "", `key text to route ("-" reads stdin)`)
 	fl.StringVar(&f.textFile, "text-file", "", `read the key text from this file ("-" for stdin)`)
+	fl.StringVar(&f.body, "body", "", `a request body (JSON file, "-" for stdin) to extract the key text from, as a data plane would`)
 	fl.StringVar(&f.endpoint, "endpoint", "chat_completions", "endpoint the request would arrive on: chat_completions, completions or messages")
 	fl.StringVar(&f.model, "model", "", "model name of the request (seeds the prefix hashes)")
 	fl.StringArrayVar(&f.exclude, "exclude", nil, "worker URL the request must not go to (repeatable)")
@@ -104,12 +127,18 @@ the output is the RouteResponse message, plus an "explanation" field with
 // happens to requests with no key text.
 func (f *routeFlags) readText(cmd *cobra.Command, stdin io.Reader) (string, error) {
 	hasText, hasFile := cmd.Flags().Changed("text"), cmd.Flags().Changed("text-file")
+	if cmd.Flags().Changed("body") {
+		if hasText || hasFile {
+			return "", usagef("give --body or --text/--text-file, not both")
+		}
+		hasFile, f.textFile = true, f.body
+	}
 	var r io.Reader
 	switch {
 	case hasText && hasFile:
 		return "", usagef("give --text or --text-file, not both")
 	case !hasText && !hasFile:
-		return "", usagef("give the key text with --text or --text-file")
+		return "", usagef("give the key text with --text or --text-file, or a request with --body")
 	case hasText && f.text != "-":
 		if len(f.text) > maxTextBytes {
 			return "", usagef("text is %d bytes; the control plane accepts at most %d", len(f.text), maxTextBytes)
