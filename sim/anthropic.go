@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"strings"
 )
 
 // Anthropic Messages API wire types.
@@ -143,16 +142,13 @@ func (s *Server) serveMessages(ctx context.Context, w http.ResponseWriter, r *ht
 	dec := s.newDecoder(ctx)
 	stop := anthropicStopReason(j)
 	if !j.stream {
-		var out strings.Builder
-		for range j.maxTokens {
-			if err := dec.step(); err != nil {
-				return err
-			}
-			out.WriteString(text.next())
+		out, err := dec.generate(text, j.maxTokens)
+		if err != nil {
+			return err
 		}
 		writeJSON(w, http.StatusOK, anthropicResponse{
 			ID: id, Type: "message", Role: "assistant", Model: j.model,
-			Content:    []anthropicText{{Type: "text", Text: out.String()}},
+			Content:    []anthropicText{{Type: "text", Text: out}},
 			StopReason: &stop,
 			Usage:      anthropicUsageOf(j, j.maxTokens),
 		})

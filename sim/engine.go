@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -229,4 +230,17 @@ func (sw *sseWriter) send(name string, data []byte) error {
 		return err
 	}
 	return sw.rc.Flush()
+}
+
+// generate decodes n tokens of text at the decoder's pace and returns
+// them as one string, for non-streamed answers.
+func (d *decoder) generate(text *fillerText, n int) (string, error) {
+	var out strings.Builder
+	for range n {
+		if err := d.step(); err != nil {
+			return "", err
+		}
+		out.WriteString(text.next())
+	}
+	return out.String(), nil
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"net/http"
-	"strings"
 	"time"
 )
 
@@ -164,17 +163,14 @@ func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.R
 	text := newFillerText(s.textSeed(j))
 	dec := s.newDecoder(ctx)
 	if !j.stream {
-		var out strings.Builder
-		for range j.maxTokens {
-			if err := dec.step(); err != nil {
-				return err
-			}
-			out.WriteString(text.next())
+		out, err := dec.generate(text, j.maxTokens)
+		if err != nil {
+			return err
 		}
 		writeJSON(w, http.StatusOK, chatCompletion{
 			ID: id, Object: "chat.completion", Created: created, Model: j.model,
 			Choices: []chatChoice{{
-				Message:      chatOutMessage{Role: "assistant", Content: out.String()},
+				Message:      chatOutMessage{Role: "assistant", Content: out},
 				Logprobs:     jsonNull,
 				FinishReason: finishReason(j),
 			}},
@@ -256,16 +252,13 @@ func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r 
 	dec := s.newDecoder(ctx)
 	reason := finishReason(j)
 	if !j.stream {
-		var out strings.Builder
-		for range j.maxTokens {
-			if err := dec.step(); err != nil {
-				return err
-			}
-			out.WriteString(text.next())
+		out, err := dec.generate(text, j.maxTokens)
+		if err != nil {
+			return err
 		}
 		writeJSON(w, http.StatusOK, textCompletion{
 			ID: id, Object: "text_completion", Created: created, Model: j.model,
-			Choices: []textChoice{{Text: out.String(), Logprobs: jsonNull, FinishReason: &reason}},
+			Choices: []textChoice{{Text: out, Logprobs: jsonNull, FinishReason: &reason}},
 			Usage:   usageOf(j, j.maxTokens),
 		})
 		return nil
