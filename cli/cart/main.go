@@ -6,17 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/signal"
-	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/cartrouter/cart/cli/internal/buildinfo"
-	"github.com/cartrouter/cart/cli/internal/logging"
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/fdlimit"
 	"github.com/cartrouter/cart/dataplane/server"
@@ -30,9 +27,7 @@ func main() {
 }
 
 func newRoot() *cobra.Command {
-	var paths []string
-	var check bool
-	root := &cobra.Command{
+	root := configured(&cobra.Command{
 		Use:   "cart -c config.yaml [-c overlay.yaml ...]",
 		Short: "CART: cache-aware router for LLM inference pools (all-in-one mode)",
 		Long: "cart runs the all-in-one router: one process that routes OpenAI/Anthropic-style\n" +
@@ -41,25 +36,9 @@ func newRoot() *cobra.Command {
 		Version:       buildinfo.String("cart"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Args:          cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if len(paths) == 0 {
-				return errors.New("no config file: pass -c config.yaml (see config.example.yaml)")
-			}
-			cfg, err := loadConfig(paths, config.RoleAllInOne)
-			if check {
-				return reportCheck(cmd, cfg, err)
-			}
-			if err != nil {
-				return err
-			}
-			return runAllInOne(cmd.Context(), cfg, paths)
-		},
-	}
+	}, config.RoleAllInOne, runAllInOne)
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.AddCommand(newControlPlaneCmd(), newDataPlaneCmd())
-	root.Flags().StringArrayVarP(&paths, "config", "c", nil, "config file (repeatable; later files override earlier ones)")
-	root.Flags().BoolVar(&check, "config-check", false, "validate the merged config, print the effective config and exit")
 	return root
 }
 
@@ -100,15 +79,12 @@ func reportCheck(cmd *cobra.Command, cfg *config.Config, err error) error {
 	return nil
 }
 
-func runAllInOne(ctx context.Context, cfg *config.Config, paths []string) error {
-	logw := logging.NewBuffered(os.Stderr, 100*time.Millisecond)
-	defer logw.Close()
-	log := logging.New(logw, cfg.Log.Level, cfg.Log.Format)
-	if n, err := fdlimit.Ensure(uint64(cfg.Server.MinOpenFiles)); err != nil {
+func runAllInOne(ctx context.Context, cfg *config.Config, paths []string, log *slog.Logger) error {
+	n, err := fdlimit.Ensure(uint64(cfg.Server.MinOpenFiles))
+	if err != nil {
 		return err
-	} else {
-		log.Debug("open-files limit", "soft", n)
 	}
+	log.Debug("open-files limit", "soft", n)
 	a, err := server.NewAllInOne(cfg, paths, log, rand.Uint64())
 	if err != nil {
 		return err
@@ -117,22 +93,10 @@ func runAllInOne(ctx context.Context, cfg *config.Config, paths []string) error 
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-hup:
-				if err := a.Reload(); err != nil {
-					log.Error("SIGHUP reload", "error", err.Error())
-				}
-			}
+	onHUP(ctx, func() {
+		if err := a.Reload(); err != nil {
+			log.Error("SIGHUP reload", "error", err.Error())
 		}
-	}()
+	})
 	return a.Run(ctx, ln)
 }

@@ -21,77 +21,71 @@ import (
 	"github.com/cartrouter/cart/dataplane/server"
 )
 
-func newControlPlaneCmd() *cobra.Command {
+// roleRun runs one role with its loaded config, a buffered logger and a
+// context that ends on SIGINT or SIGTERM.
+type roleRun func(ctx context.Context, cfg *config.Config, paths []string, log *slog.Logger) error
+
+// configured gives cmd the -c and --config-check flags every role shares
+// and a RunE that loads the config for role, then either reports the check
+// or runs run.
+func configured(cmd *cobra.Command, role config.Role, run roleRun) *cobra.Command {
 	var paths []string
 	var check bool
-	cmd := &cobra.Command{
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if len(paths) == 0 {
+			return errors.New("no config file: pass -c config.yaml (see config.example.yaml)")
+		}
+		cfg, err := loadConfig(paths, role)
+		if check {
+			return reportCheck(cmd, cfg, err)
+		}
+		if err != nil {
+			return err
+		}
+		logw := logging.NewBuffered(os.Stderr, 100*time.Millisecond)
+		defer logw.Close()
+		log := logging.New(logw, cfg.Log.Level, cfg.Log.Format)
+		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return run(ctx, cfg, paths, log)
+	}
+	cmd.Flags().StringArrayVarP(&paths, "config", "c", nil, "config file (repeatable; later files override earlier ones)")
+	cmd.Flags().BoolVar(&check, "config-check", false, "validate the merged config, print the effective config and exit")
+	return cmd
+}
+
+func newControlPlaneCmd() *cobra.Command {
+	return configured(&cobra.Command{
 		Use:   "controlplane -c config.yaml",
 		Short: "Run one control-plane node (Raft member serving Route and the admin API)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if len(paths) == 0 {
-				return errors.New("no config file: pass -c config.yaml")
-			}
-			cfg, err := loadConfig(paths, config.RoleControlPlane)
-			if check {
-				return reportCheck(cmd, cfg, err)
-			}
-			if err != nil {
-				return err
-			}
-			logw := logging.NewBuffered(os.Stderr, 100*time.Millisecond)
-			defer logw.Close()
-			log := logging.New(logw, cfg.Log.Level, cfg.Log.Format)
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			ignoreHUP(ctx, log, "the control plane's worker set changes through cartctl (AdminService), not config reloads")
-			d, err := daemon.Start(ctx, cfg, log)
-			if err != nil {
-				return err
-			}
-			ln, err := net.Listen("tcp", cfg.ControlPlane.APIAddr)
-			if err != nil {
-				_ = d.Node.Shutdown()
-				return fmt.Errorf("listen %s: %w", cfg.ControlPlane.APIAddr, err)
-			}
-			return d.Serve(ctx, ln)
-		},
-	}
-	cmd.Flags().StringArrayVarP(&paths, "config", "c", nil, "config file (repeatable)")
-	cmd.Flags().BoolVar(&check, "config-check", false, "validate the merged config, print it and exit")
-	return cmd
+	}, config.RoleControlPlane, runControlPlane)
 }
 
 func newDataPlaneCmd() *cobra.Command {
-	var paths []string
-	var check bool
-	cmd := &cobra.Command{
+	return configured(&cobra.Command{
 		Use:   "dataplane -c config.yaml",
 		Short: "Run a stateless data plane that asks the control plane where to route",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if len(paths) == 0 {
-				return errors.New("no config file: pass -c config.yaml")
-			}
-			cfg, err := loadConfig(paths, config.RoleDataPlane)
-			if check {
-				return reportCheck(cmd, cfg, err)
-			}
-			if err != nil {
-				return err
-			}
-			return runDataPlane(cmd.Context(), cfg)
-		},
-	}
-	cmd.Flags().StringArrayVarP(&paths, "config", "c", nil, "config file (repeatable)")
-	cmd.Flags().BoolVar(&check, "config-check", false, "validate the merged config, print it and exit")
-	return cmd
+	}, config.RoleDataPlane, runDataPlane)
 }
 
-func runDataPlane(ctx context.Context, cfg *config.Config) error {
-	logw := logging.NewBuffered(os.Stderr, 100*time.Millisecond)
-	defer logw.Close()
-	log := logging.New(logw, cfg.Log.Level, cfg.Log.Format)
+func runControlPlane(ctx context.Context, cfg *config.Config, _ []string, log *slog.Logger) error {
+	onHUP(ctx, func() {
+		log.Warn("SIGHUP ignored: the control plane's worker set changes through cartctl (AdminService), not config reloads")
+	})
+	d, err := daemon.Start(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.ControlPlane.APIAddr)
+	if err != nil {
+		_ = d.Node.Shutdown()
+		return fmt.Errorf("listen %s: %w", cfg.ControlPlane.APIAddr, err)
+	}
+	return d.Serve(ctx, ln)
+}
+
+func runDataPlane(ctx context.Context, cfg *config.Config, _ []string, log *slog.Logger) error {
 	if _, err := fdlimit.Ensure(uint64(cfg.Server.MinOpenFiles)); err != nil {
 		return err
 	}
@@ -107,15 +101,15 @@ func runDataPlane(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ignoreHUP(ctx, log, "a data plane learns its worker set from the control plane")
+	onHUP(ctx, func() {
+		log.Warn("SIGHUP ignored: a data plane learns its worker set from the control plane")
+	})
 	return d.Run(ctx, ln)
 }
 
-// ignoreHUP keeps SIGHUP (sent by reload tooling to every unit) from
-// killing a role that has nothing to reload, and says why.
-func ignoreHUP(ctx context.Context, log *slog.Logger, why string) {
+// onHUP calls fn for every SIGHUP until ctx ends. Every role handles the
+// signal (reload tooling sends it to every unit), so none is killed by it.
+func onHUP(ctx context.Context, fn func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
@@ -125,7 +119,7 @@ func ignoreHUP(ctx context.Context, log *slog.Logger, why string) {
 			case <-ctx.Done():
 				return
 			case <-hup:
-				log.Warn("SIGHUP ignored: nothing to reload in this role", "why", why)
+				fn()
 			}
 		}
 	}()
