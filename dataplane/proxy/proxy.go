@@ -633,7 +633,11 @@ func (p *Proxy) dispatch(ctx context.Context, out *http.Request, c *call, d rout
 		return nil, err
 	}
 	actx, cancel := context.WithCancel(ctx)
-	req := out.Clone(actx)
+	// out is already ReverseProxy's private copy, and no attempt changes
+	// its headers: a shallow copy with its own URL is enough per attempt.
+	req := out.WithContext(actx)
+	u := *out.URL
+	req.URL = &u
 	req.URL.Scheme, req.URL.Host = target.Scheme, target.Host
 	req.URL.Path = singleJoin(target.Path, out.URL.Path)
 	req.URL.RawPath = ""

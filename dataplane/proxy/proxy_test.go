@@ -187,12 +187,8 @@ func TestStreamingFirstByteBeforeReplicaFinishes(t *testing.T) {
 	if !strings.Contains(line, "first") {
 		t.Fatalf("first line %q", line)
 	}
-	// The replica has not finished: the first event must already be here.
-	select {
-	case <-finish:
-		t.Fatal("unreachable")
-	default:
-	}
+	// finish is still open here: the replica has not finished, yet the
+	// first event arrived (a buffering proxy would block ReadString).
 	if r.totalLoad() != 1 {
 		t.Fatalf("load during stream = %d, want 1", r.totalLoad())
 	}
