@@ -139,11 +139,11 @@ func (b *builder) chatMessage(m *chatMessage, p *path) error {
 	}
 	if m.Name != "" {
 		b.marker("name")
-		b.key = appendEscapedString(b.key, m.Name)
+		b.key = appendEscaped(b.key, m.Name)
 	}
 	if m.ToolCallID != "" {
 		b.marker("call_id")
-		b.key = appendEscapedString(b.key, m.ToolCallID)
+		b.key = appendEscaped(b.key, m.ToolCallID)
 	}
 	cp := p.field("content")
 	switch firstByte(m.Content) {
@@ -172,7 +172,7 @@ func (b *builder) chatMessage(m *chatMessage, p *path) error {
 	if fc := m.FunctionCall; fc != nil {
 		fp := p.field("function_call")
 		b.marker("fn_call")
-		b.key = appendEscapedString(b.key, fc.Name)
+		b.key = appendEscaped(b.key, fc.Name)
 		b.field()
 		ap := fp.field("arguments")
 		if err := b.arguments(fc.Arguments, &ap); err != nil {
@@ -199,17 +199,17 @@ func (b *builder) role(raw json.RawMessage, p *path) error {
 
 func (b *builder) toolCall(tc *toolCall, p *path) error {
 	b.marker("tool_call")
-	b.key = appendEscapedString(b.key, tc.ID)
+	b.key = appendEscaped(b.key, tc.ID)
 	b.field()
 	switch {
 	case tc.Function != nil:
-		b.key = appendEscapedString(b.key, tc.Function.Name)
+		b.key = appendEscaped(b.key, tc.Function.Name)
 		b.field()
 		fp := p.field("function")
 		ap := fp.field("arguments")
 		return b.arguments(tc.Function.Arguments, &ap)
 	case tc.Custom != nil:
-		b.key = appendEscapedString(b.key, tc.Custom.Name)
+		b.key = appendEscaped(b.key, tc.Custom.Name)
 		b.field()
 		cp := p.field("custom")
 		ip := cp.field("input")
@@ -217,7 +217,7 @@ func (b *builder) toolCall(tc *toolCall, p *path) error {
 	}
 	// A call type this package does not know: its type at least tells
 	// calls apart.
-	b.key = appendEscapedString(b.key, tc.Type)
+	b.key = appendEscaped(b.key, tc.Type)
 	return nil
 }
 
@@ -544,7 +544,7 @@ func (b *builder) file(pt *chatPart, p *path) error {
 // contents still give different keys.
 func (b *builder) unknownPart(typ string, elem []byte) {
 	b.marker("part")
-	b.key = appendEscapedString(b.key, typ)
+	b.key = appendEscaped(b.key, typ)
 	b.key = append(b.key, ':')
 	b.canonicalHash(elem)
 }

@@ -42,26 +42,9 @@ type builder struct {
 	sorted  []string  // reused by canonicalHash
 }
 
-// appendEscaped appends content bytes, escaping reserved bytes.
-func appendEscaped(dst []byte, s []byte) []byte {
-	for len(s) > 0 {
-		i := 0
-		for i < len(s) && !reserved(s[i]) {
-			i++
-		}
-		dst = append(dst, s[:i]...)
-		if i == len(s) {
-			break
-		}
-		dst = append(dst, sepEscape, s[i]+0x40)
-		s = s[i+1:]
-	}
-	return dst
-}
-
-// appendEscapedString is appendEscaped for Go strings, which typed fields
-// such as names and ids decode into.
-func appendEscapedString(dst []byte, s string) []byte {
+// appendEscaped appends content (bytes, or a Go string that a typed field
+// such as a name or id decoded into), escaping reserved bytes.
+func appendEscaped[S ~string | ~[]byte](dst []byte, s S) []byte {
 	for len(s) > 0 {
 		i := 0
 		for i < len(s) && !reserved(s[i]) {
@@ -245,7 +228,7 @@ func (b *builder) hashField(name string, v []byte) {
 }
 
 func (b *builder) hashString(name, v string) {
-	b.scratch = appendEscapedString(b.scratch[:0], v)
+	b.scratch = appendEscaped(b.scratch[:0], v)
 	b.hashField(name, b.scratch)
 }
 
@@ -350,7 +333,7 @@ func (b *builder) canonicalHash(raw []byte) {
 	}
 	slices.Sort(b.sorted)
 	for _, k := range b.sorted {
-		b.scratch = compactAppend(appendEscapedString(b.scratch[:0], k), obj[k])
+		b.scratch = compactAppend(appendEscaped(b.scratch[:0], k), obj[k])
 		b.hashField("member", b.scratch)
 	}
 	b.hashEnd()

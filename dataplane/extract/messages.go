@@ -229,16 +229,16 @@ func (b *builder) anthBlock(blk *anthBlock, elem json.RawMessage, p *path, depth
 		return b.source("doc", blk.Source, p, depth)
 	case "tool_use":
 		b.marker("tool_use")
-		b.key = appendEscapedString(b.key, blk.ID)
+		b.key = appendEscaped(b.key, blk.ID)
 		b.field()
-		b.key = appendEscapedString(b.key, blk.Name)
+		b.key = appendEscaped(b.key, blk.Name)
 		b.field()
 		if !isNull(blk.Input) {
 			b.appendJSON(blk.Input)
 		}
 	case "tool_result":
 		b.marker("tool_result")
-		b.key = appendEscapedString(b.key, blk.ToolUseID)
+		b.key = appendEscaped(b.key, blk.ToolUseID)
 		if blk.IsError {
 			b.field()
 			b.key = append(b.key, "error"...)
