@@ -696,16 +696,31 @@ func (s *suite) cartHealthy(port, workers int) func() error {
 }
 
 func (s *suite) startCart(ctx context.Context, dir, name string, port int, variant string) ([]*Proc, error) {
-	cfgPath := filepath.Join(dir, name+".yaml")
-	cfg := CartConfig(CartRouterConfig{Port: port, Workers: s.replicaURLs(), CacheTokens: s.cacheTokens, Variant: variant})
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+	c := CartRouterConfig{Port: port, Workers: s.replicaURLs(), CacheTokens: s.cacheTokens, Variant: variant}
+	p, err := s.startRole(ctx, dir, name, "", c, s.cartHealthy(port, len(s.replicas)))
+	if p == nil {
 		return nil, err
 	}
-	p, err := s.env.Start(name, s.cartBin, "-c", cfgPath)
+	return []*Proc{p}, err
+}
+
+// startRole writes c as <dir>/<name>.yaml, starts `cart [role] -c` on it and
+// waits until ready passes. The process is returned even when it does not
+// become ready, so the caller can stop it and keep its log.
+func (s *suite) startRole(ctx context.Context, dir, name, role string, c CartRouterConfig, ready func() error) (*Proc, error) {
+	cfgPath := filepath.Join(dir, name+".yaml")
+	if err := os.WriteFile(cfgPath, []byte(CartConfig(c)), 0o644); err != nil {
+		return nil, err
+	}
+	args := []string{"-c", cfgPath}
+	if role != "" {
+		args = append([]string{role}, args...)
+	}
+	p, err := s.env.Start(name, s.cartBin, args...)
 	if err != nil {
 		return nil, err
 	}
-	return []*Proc{p}, s.env.WaitReady(ctx, p, s.cfg.StartTimeout, s.cartHealthy(port, len(s.replicas)))
+	return p, s.env.WaitReady(ctx, p, s.cfg.StartTimeout, ready)
 }
 
 func (s *suite) startHAProxy(ctx context.Context, dir, name string, backends []string) (string, *Proc, error) {
@@ -773,17 +788,12 @@ func (s *suite) startDistributed(ctx context.Context, dir, name string, n int, d
 		} else {
 			c.Join = []string{apiURLs[0]}
 		}
-		cfgPath := filepath.Join(dir, node+".yaml")
-		if err := os.WriteFile(cfgPath, []byte(CartConfig(c)), 0o644); err != nil {
-			return err
+		p, err := s.startRole(ctx, dir, name+"-"+node, "controlplane", c, tcpOpen(api))
+		if p != nil {
+			d.procs = append(d.procs, p)
 		}
-		p, err := s.env.Start(name+"-"+node, s.cartBin, "controlplane", "-c", cfgPath)
 		if err != nil {
 			return fmt.Errorf("control plane %s: %w", node, err)
-		}
-		d.procs = append(d.procs, p)
-		if err := s.env.WaitReady(ctx, p, s.cfg.StartTimeout, tcpOpen(api)); err != nil {
-			return fmt.Errorf("control plane: %w", err)
 		}
 		apiURLs = append(apiURLs, baseURL(api))
 	}
@@ -799,17 +809,12 @@ func (s *suite) startDistributed(ctx context.Context, dir, name string, n int, d
 		id := fmt.Sprintf("dp%d", i+1)
 		c := CartRouterConfig{Port: port, Workers: s.replicaURLs(), CacheTokens: s.cacheTokens,
 			ControlPlanes: apiURLs, DataPlaneID: id}
-		cfgPath := filepath.Join(dir, id+".yaml")
-		if err := os.WriteFile(cfgPath, []byte(CartConfig(c)), 0o644); err != nil {
-			return err
+		p, err := s.startRole(ctx, dir, name+"-"+id, "dataplane", c, s.cartHealthy(port, len(s.replicas)))
+		if p != nil {
+			d.procs = append(d.procs, p)
 		}
-		p, err := s.env.Start(name+"-"+id, s.cartBin, "dataplane", "-c", cfgPath)
 		if err != nil {
 			return fmt.Errorf("data plane %s: %w", id, err)
-		}
-		d.procs = append(d.procs, p)
-		if err := s.env.WaitReady(ctx, p, s.cfg.StartTimeout, s.cartHealthy(port, len(s.replicas))); err != nil {
-			return fmt.Errorf("data plane: %w", err)
 		}
 		backends = append(backends, hostPort(port))
 		d.routers = append(d.routers, port)
