@@ -152,13 +152,15 @@ func New(pol Policy, idx *index.Index, rng *rand.Rand) *Engine {
 	if pol.BlockChars <= 0 {
 		panic("engine: Policy.BlockChars must be positive")
 	}
-	return &Engine{
+	e := &Engine{
 		pol:   pol,
 		idx:   idx,
 		rng:   rng,
 		byURL: make(map[string]*worker),
 		byID:  make(map[index.WorkerID]*worker),
 	}
+	idx.OnRelease(e.released)
+	return e
 }
 
 // Index exposes the prefix index (for eviction passes and stats).
@@ -328,8 +330,8 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 	}
 	if d.Reason != ReasonEmptyText {
 		e.hot.observe(req.Hashes, e.pol.HotFraction)
-		e.idx.Insert(req.Hashes, chosen.id, now)
-		e.modelTouch(chosen, req.Hashes)
+		skipped := e.idx.Insert(req.Hashes, chosen.id, now)
+		e.modelTouch(chosen, req.Hashes, skipped > 0)
 		// Blocks the worker already held stay its own if the request is
 		// withdrawn; only the ones this decision added are undone.
 		if chosenBlocks < len(req.Hashes) {

@@ -70,9 +70,13 @@ func (l *blockLRU) shrink(dst []uint64) []uint64 {
 
 func (l *blockLRU) remove(hashes []uint64) {
 	for _, h := range hashes {
-		if n, ok := l.byHash[h]; ok {
-			l.drop(n)
-		}
+		l.remove1(h)
+	}
+}
+
+func (l *blockLRU) remove1(h uint64) {
+	if n, ok := l.byHash[h]; ok {
+		l.drop(n)
 	}
 }
 
@@ -135,12 +139,36 @@ func (e *Engine) resizeModel(w *worker) {
 	}
 }
 
-func (e *Engine) modelTouch(w *worker, hashes []uint64) {
+// modelTouch records hashes in w's model. When the index skipped part of
+// the path (it was full), only the leading blocks it actually records for
+// w are modelled: a model must never hold a block the index does not, or
+// it outgrows the index it is meant to trim.
+func (e *Engine) modelTouch(w *worker, hashes []uint64, partial bool) {
 	if w.model == nil {
 		return
 	}
+	if partial {
+		n := 0
+		for n < len(hashes) {
+			if _, ok := e.idx.HolderAt(hashes[n], w.id); !ok {
+				break
+			}
+			n++
+		}
+		hashes = hashes[:n]
+	}
 	e.evicted = w.model.touch(hashes, e.evicted[:0])
 	e.forget(w, e.evicted)
+}
+
+// released is the index's OnRelease hook: a block the index no longer
+// records for a worker (evicted, expired, cleared, withdrawn) leaves that
+// worker's model too, so every model stays within the index's own bound
+// whatever its modelled capacity.
+func (e *Engine) released(hash uint64, id index.WorkerID) {
+	if w, ok := e.byID[id]; ok && w.model != nil {
+		w.model.remove1(hash)
+	}
 }
 
 // forget drops w as a holder of blocks its model evicted.
@@ -160,7 +188,10 @@ type Accuracy struct {
 	ActualTokens    uint64 // Σ reported cached prompt tokens
 	Misses          uint64 // reports far below the prediction
 	ModelBlocks     int    // blocks in the worker's cache model
-	ModelCapacity   int    // current modelled capacity in blocks (0 = unbounded)
+	// ModelCapacity is the current modelled capacity in blocks; 0 means
+	// no learned or configured limit, so the model is bounded by the
+	// index alone (it never holds a block the index dropped).
+	ModelCapacity int
 }
 
 func (w *worker) accuracy() Accuracy {
@@ -221,6 +252,12 @@ func (e *Engine) Feedback(url string, keyLen, predictedChars int, placedAgo int6
 		grown := int(float64(w.model.capacity)*growFactor) + 1
 		if limit := e.configuredCapacity(w); limit > 0 && grown > limit {
 			grown = limit
+		}
+		// With nothing configured, growth stops at the index's own bound:
+		// beyond it a limit means nothing, and a limit grown without
+		// bound would take as long to cut back on the next miss.
+		if e.configuredCapacity(w) == 0 && grown >= e.idx.Ceiling() {
+			grown = 0
 		}
 		w.model.capacity = grown
 	}

@@ -53,6 +53,9 @@ type Index struct {
 	ceiling    int // never store more entries than this
 	inline     bool
 	stats      Stats
+	// onRelease is told every (hash, worker) pair the index stops
+	// recording, whatever the cause (see OnRelease).
+	onRelease func(hash uint64, w WorkerID)
 }
 
 // Options bound the index.
@@ -95,6 +98,29 @@ func (x *Index) Stats() Stats {
 
 // Len is the number of entries.
 func (x *Index) Len() int { return len(x.byHash) }
+
+// Ceiling is the most entries the index ever stores (MaxEntries plus the
+// headroom allowed between eviction passes).
+func (x *Index) Ceiling() int { return x.ceiling }
+
+// OnRelease registers fn to be told of every (hash, worker) pair the index
+// stops recording: LRU eviction, expiry, Clear, RemoveHolder and
+// RemoveWorker. State kept beside the index per worker (the engine's cache
+// models) follows the index with it instead of outgrowing it. fn must not
+// call back into the index.
+func (x *Index) OnRelease(fn func(hash uint64, w WorkerID)) { x.onRelease = fn }
+
+// released reports every holder of slot s to onRelease.
+func (x *Index) released(s int32) {
+	e := &x.slots[s]
+	if x.onRelease == nil || e.nholders == 0 {
+		return
+	}
+	x.onRelease(e.hash, e.first.w)
+	for _, h := range e.more {
+		x.onRelease(e.hash, h.w)
+	}
+}
 
 // Match is the result of a lookup: for each worker holding a block of the
 // leading run of hashes present in the index, the number of leading blocks
@@ -268,7 +294,9 @@ func (x *Index) RemoveHolder(hashes []uint64, w WorkerID) {
 			continue
 		}
 		e := &x.slots[s]
-		e.removeHolder(w)
+		if e.removeHolder(w) && x.onRelease != nil {
+			x.onRelease(h, w)
+		}
 		if e.nholders == 0 {
 			x.drop(s)
 		}
@@ -280,7 +308,9 @@ func (x *Index) RemoveWorker(w WorkerID) {
 	for s := x.head; s != nilSlot; {
 		next := x.slots[s].next
 		e := &x.slots[s]
-		e.removeHolder(w)
+		if e.removeHolder(w) && x.onRelease != nil {
+			x.onRelease(e.hash, w)
+		}
 		if e.nholders == 0 {
 			x.drop(s)
 		}
@@ -320,6 +350,11 @@ func (x *Index) ExpireBefore(cutoff int64, limit int) (removed int, done bool) {
 
 // Clear drops every entry (the daily cleanup).
 func (x *Index) Clear() {
+	if x.onRelease != nil {
+		for s := x.head; s != nilSlot; s = x.slots[s].next {
+			x.released(s)
+		}
+	}
 	x.stats.Evicted += uint64(len(x.byHash))
 	clear(x.byHash)
 	x.slots = x.slots[:0]
@@ -366,6 +401,7 @@ func (x *Index) Holders(hash uint64) []Holder {
 }
 
 func (x *Index) evictTail() {
+	x.released(x.tail)
 	x.drop(x.tail)
 	x.stats.Evicted++
 }
@@ -439,21 +475,22 @@ func (e *entry) addHolder(w WorkerID, now int64) {
 	e.nholders++
 }
 
-func (e *entry) removeHolder(w WorkerID) {
+// removeHolder drops w from e and reports whether it was a holder.
+func (e *entry) removeHolder(w WorkerID) bool {
 	if e.nholders == 0 {
-		return
+		return false
 	}
 	if e.first.w == w {
 		if len(e.more) == 0 {
 			e.first = holder{}
 			e.nholders = 0
-			return
+			return true
 		}
 		last := len(e.more) - 1
 		e.first = e.more[last]
 		e.more = e.more[:last]
 		e.nholders--
-		return
+		return true
 	}
 	for i := range e.more {
 		if e.more[i].w == w {
@@ -461,9 +498,10 @@ func (e *entry) removeHolder(w WorkerID) {
 			e.more[i] = e.more[last]
 			e.more = e.more[:last]
 			e.nholders--
-			return
+			return true
 		}
 	}
+	return false
 }
 
 // HolderAt returns when worker w was last sent the block hash, without

@@ -10,6 +10,7 @@ func (x *Index) PutBack(hash uint64, used int64, holders []Holder) {
 		return
 	}
 	if s, ok := x.byHash[hash]; ok {
+		x.released(s)
 		x.drop(s)
 	}
 	s := x.alloc(hash)
