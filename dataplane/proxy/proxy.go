@@ -10,6 +10,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -24,6 +26,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/index"
@@ -467,8 +470,11 @@ func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
 		}
 	}
 	var lastErr error
+	unsent := false // the last attempt provably never reached its worker
 	for attempt := 0; ; attempt++ {
-		if attempt > 0 {
+		// A worker that refused the connection says nothing about the
+		// others: retry elsewhere at once rather than back off.
+		if attempt > 0 && !unsent {
 			if err := sleepCtx(ctx, p.backoff(attempt)); err != nil {
 				drop()
 				return nil, err
@@ -498,7 +504,8 @@ func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
 			}
 			return nil, ctx.Err()
 		}
-		if !p.takeRetry(attempt) {
+		unsent = rs == nil && neverSent(err)
+		if !p.takeRetry(attempt, unsent) {
 			if rs != nil {
 				// Out of retries: the worker's own answer is the most
 				// useful thing to give the client.
@@ -506,7 +513,9 @@ func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
 			}
 			return nil, err
 		}
-		tokens++
+		if !unsent {
+			tokens++
+		}
 		lastErr = err
 		c.failed = append(c.failed, d.Worker)
 		if rs != nil {
@@ -516,10 +525,19 @@ func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
 }
 
 // takeRetry reports whether the attempt that just failed (0-based) may be
-// retried, taking a retry-budget token if so.
-func (p *Proxy) takeRetry(attempt int) bool {
+// retried, taking a retry-budget token if so. An attempt that never reached
+// its worker (unsent) is retried outside the budget, which exists to keep
+// retries from multiplying the load on sick workers: a refused connection
+// put no load on anyone, and turning it into a 502 while healthy workers
+// remain would make a replica kill visible to clients. MaxRetries and the
+// set of workers not yet tried still bound it.
+func (p *Proxy) takeRetry(attempt int, unsent bool) bool {
 	if attempt >= p.o.MaxRetries {
 		return false
+	}
+	if unsent {
+		p.m.Retries.WithLabelValues("not_sent").Inc()
+		return true
 	}
 	if !p.reserveRetryToken() {
 		p.m.RetryBudgetExhaus.Inc()
@@ -527,6 +545,38 @@ func (p *Proxy) takeRetry(attempt int) bool {
 	}
 	p.m.Retries.WithLabelValues("upstream_failure").Inc()
 	return true
+}
+
+// neverSent reports whether a transport error proves the request never
+// left for the worker: the connection was never established (dial errors:
+// refused, unreachable, DNS, connect timeout) or its TLS handshake failed,
+// which net/http completes before writing a byte of the request.
+func neverSent(err error) bool {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "dial" {
+		return true
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) || errors.Is(err, syscall.ECONNREFUSED) {
+		return true
+	}
+	var (
+		rhe    tls.RecordHeaderError
+		alert  tls.AlertError
+		verify *tls.CertificateVerificationError
+		unkCA  x509.UnknownAuthorityError
+		host   x509.HostnameError
+		invCrt x509.CertificateInvalidError
+	)
+	if errors.As(err, &rhe) || errors.As(err, &alert) || errors.As(err, &verify) ||
+		errors.As(err, &unkCA) || errors.As(err, &host) || errors.As(err, &invCrt) {
+		return true
+	}
+	// net/http's handshake timeout and its "closed while idle" (the
+	// worker closed a keep-alive connection before reading anything more
+	// from it) have no exported type.
+	msg := err.Error()
+	return strings.Contains(msg, "net/http: TLS handshake timeout") || strings.Contains(msg, "http: server closed idle connection")
 }
 
 func (p *Proxy) isRetryable(status int) bool {
