@@ -243,6 +243,10 @@ type ControlPlane struct {
 	ElectionTimeoutMs    int `yaml:"election_timeout_ms"`
 	LeaderLeaseTimeoutMs int `yaml:"leader_lease_timeout_ms"`
 	RaftTLS              TLS `yaml:"raft_tls"`
+
+	// MaxUnsettledTickets caps the decisions the leader remembers until a
+	// data plane settles them; past it the oldest is settled as undelivered.
+	MaxUnsettledTickets int `yaml:"max_unsettled_tickets"`
 }
 
 // DataPlane configures a stateless proxy node that asks the control plane
@@ -320,6 +324,7 @@ func Default() *Config {
 			PlacementBatchMs:     10,
 			PlacementBatchMax:    512,
 			LoadLeaseSecs:        5,
+			MaxUnsettledTickets:  1 << 18,
 			SnapshotThreshold:    8192,
 			TrailingLogs:         2048,
 			HeartbeatTimeoutMs:   500,

@@ -393,6 +393,7 @@ func (v *validator) controlPlane(role Role) {
 	v.intAtLeast("controlplane.placement_batch_ms", int64(cp.PlacementBatchMs), 1)
 	v.intAtLeast("controlplane.placement_batch_max", int64(cp.PlacementBatchMax), 1)
 	v.positive("controlplane.load_lease_secs", cp.LoadLeaseSecs)
+	v.intRange("controlplane.max_unsettled_tickets", int64(cp.MaxUnsettledTickets), 1, 1<<24)
 	v.intRange("controlplane.heartbeat_timeout_ms", int64(cp.HeartbeatTimeoutMs), 50, 60000)
 	v.intRange("controlplane.election_timeout_ms", int64(cp.ElectionTimeoutMs), 50, 60000)
 	v.intRange("controlplane.leader_lease_timeout_ms", int64(cp.LeaderLeaseTimeoutMs), 25, 60000)

@@ -191,6 +191,7 @@ func TestValidateRules(t *testing.T) {
 		{"placement batch ms zero", RoleAllInOne, func(c *Config) { c.ControlPlane.PlacementBatchMs = 0 }, "controlplane.placement_batch_ms", "at least 1"},
 		{"placement batch max zero", RoleAllInOne, func(c *Config) { c.ControlPlane.PlacementBatchMax = 0 }, "controlplane.placement_batch_max", "at least 1"},
 		{"load lease zero", RoleAllInOne, func(c *Config) { c.ControlPlane.LoadLeaseSecs = 0 }, "controlplane.load_lease_secs", "greater than 0"},
+		{"unsettled tickets zero", RoleControlPlane, func(c *Config) { c.ControlPlane.MaxUnsettledTickets = 0 }, "controlplane.max_unsettled_tickets", "between 1 and"},
 		{"snapshot threshold zero", RoleAllInOne, func(c *Config) { c.ControlPlane.SnapshotThreshold = 0 }, "controlplane.snapshot_threshold", "at least 1"},
 		{"raft tls cert without key", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftTLS.CertFile = "c.pem" }, "controlplane.raft_tls.cert_file", "key_file is not"},
 		{"raft tls client ca without cert", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftTLS.ClientCAFile = "ca.pem" }, "controlplane.raft_tls.client_ca_file", "requires cert_file"},

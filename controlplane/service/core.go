@@ -39,11 +39,12 @@ type Options struct {
 	BlockChars     int
 	PlacementBatch time.Duration
 	PlacementMax   int
-	LoadLease      time.Duration
-	// TicketTTL bounds how long an unsettled decision is remembered (a
-	// data plane that never reports completion must not leak memory).
-	TicketTTL time.Duration
-	Health    health.Config
+	// LoadLease is how long a data plane's Sync counts; it also bounds how
+	// long a decision its data plane no longer counts stays unsettled.
+	LoadLease time.Duration
+	// MaxTickets caps unsettled decisions (0 = defaultMaxTickets).
+	MaxTickets int
+	Health     health.Config
 	// HealthClient probes workers; nil uses a default client.
 	HealthClient *http.Client
 	// Token and AdminToken are sent on RouterService and AdminService
@@ -69,6 +70,8 @@ type Core struct {
 	nextTicket   uint64
 	loadsVersion uint64 // worker-set version the load view was built for
 	tickets      map[uint64]*ticket
+	byRoute      map[routeKey]uint64 // tickets by the data plane's route id
+	oldestTicket uint64              // no live ticket is numbered below this
 	dps          map[string]*dataPlane
 	leading      bool
 
@@ -84,6 +87,7 @@ type Core struct {
 
 type ticket struct {
 	dp        string
+	route     uint64 // the data plane's route id (0 = none)
 	worker    string
 	placed    []uint64
 	at        time.Time
@@ -107,10 +111,10 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.TicketTTL <= 0 {
-		o.TicketTTL = time.Hour
+	if o.MaxTickets <= 0 {
+		o.MaxTickets = defaultMaxTickets
 	}
-	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, dps: map[string]*dataPlane{}}
+	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, byRoute: map[routeKey]uint64{}, dps: map[string]*dataPlane{}}
 	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
 	c.ready = make(chan struct{})
 	// The batcher and the state's own-batch check exist before the Raft
@@ -153,10 +157,12 @@ func (c *Core) OnLeadership(leader bool) {
 		c.eng.SetHealthy(w.URL, true)
 	}
 	clear(c.tickets)
+	clear(c.byRoute)
 	clear(c.dps)
 	// Tickets of an earlier leader may still arrive in Complete: start
 	// this term's numbering somewhere they cannot collide with.
 	c.nextTicket = rand.Uint64() >> 1
+	c.oldestTicket = c.nextTicket + 1
 	c.leading = leader
 	c.mu.Unlock()
 	if !leader {
@@ -237,19 +243,12 @@ func (c *Core) sweep(ctx context.Context) {
 				c.eng.AdjustLoad(w, -n)
 			}
 			delete(c.dps, id)
-			for k, tk := range c.tickets {
-				if tk.dp == id {
-					delete(c.tickets, k)
-				}
-			}
+			c.forgetDataPlane(id)
 			c.log.Warn("data plane lease expired: its load left the view", "dataplane", id)
 		}
-		for k, tk := range c.tickets {
-			if now.Sub(tk.at) > c.o.TicketTTL {
-				delete(c.tickets, k)
-			}
-		}
+		undone := c.sweepStale(now)
 		c.mu.Unlock()
+		c.withdraw(undone, now)
 	}
 }
 

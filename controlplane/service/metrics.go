@@ -14,6 +14,8 @@ type cpMetrics struct {
 	reg       *prometheus.Registry
 	routes    *prometheus.CounterVec
 	routeTime prometheus.Histogram
+	// ticketsDropped counts decisions settled without a normal completion.
+	ticketsDropped *prometheus.CounterVec
 }
 
 func newCPMetrics(c *Core) *cpMetrics {
@@ -22,7 +24,9 @@ func newCPMetrics(c *Core) *cpMetrics {
 	m.routes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_routes_total", Help: "Route decisions made by this node as leader, by reason."}, []string{"reason"})
 	m.routeTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cart_cp_route_seconds", Help: "Leader-side Route decision time.",
 		Buckets: []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2}})
-	m.reg.MustRegister(m.routes, m.routeTime)
+	m.ticketsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_tickets_dropped_total",
+		Help: "Decisions the leader settled as undelivered without a normal completion: abandoned (the data plane gave up waiting for Route), stale (past the load lease and no longer in flight on its data plane), cap (controlplane.max_unsettled_tickets reached)."}, []string{"cause"})
+	m.reg.MustRegister(m.routes, m.routeTime, m.ticketsDropped)
 	gauge := func(name, help string, f func() float64) {
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}
@@ -56,6 +60,11 @@ func newCPMetrics(c *Core) *cpMetrics {
 	gauge("cart_cp_healthy_workers", "Workers the leader's prober considers healthy.", func() float64 { _, h, _, _ := counts(); return h })
 	gauge("cart_cp_dataplanes", "Data planes with a live load lease (leader only).", func() float64 { _, _, d, _ := counts(); return d })
 	gauge("cart_cp_index_entries", "Entries in this node's prefix index.", func() float64 { _, _, _, e := counts(); return e })
+	gauge("cart_cp_unsettled_tickets", "Decisions waiting for their data plane to settle them (leader only).", func() float64 {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return float64(len(c.tickets))
+	})
 	return m
 }
 

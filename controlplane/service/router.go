@@ -56,12 +56,21 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: m.GetExcludeWorkers(), DryRun: m.GetDryRun(), Session: m.GetSessionKey()}, now.UnixNano())
 	var tk uint64
 	var placed []uint64
+	var undone []withdrawal
 	if err == nil && !m.GetDryRun() {
-		c.nextTicket++
-		tk = c.nextTicket
+		if ctx.Err() != nil {
+			// The caller's deadline passed while this waited for the
+			// lock or decided: it has routed elsewhere and will never
+			// settle this decision. Undo it before anyone sees it.
+			c.eng.Release(d.Worker)
+			c.eng.Unplace(d)
+			c.mu.Unlock()
+			c.metrics.ticketsDropped.WithLabelValues(dropAbandoned).Inc()
+			return nil, connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+		}
 		placed = slices.Clone(d.Placed)
-		c.tickets[tk] = &ticket{dp: m.GetDataplaneId(), worker: d.Worker, placed: placed, at: now,
-			keyLen: keyLen, predicted: d.ChosenChars, placedAgo: d.PlacedAgo}
+		tk, undone = c.issue(&ticket{dp: m.GetDataplaneId(), route: m.GetRouteId(), worker: d.Worker, placed: placed, at: now,
+			keyLen: keyLen, predicted: d.ChosenChars, placedAgo: d.PlacedAgo})
 		dp := c.dataPlane(m.GetDataplaneId(), now)
 		dp.loads[d.Worker]++
 	}
@@ -69,6 +78,7 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	if err != nil {
 		return nil, capacityError(err)
 	}
+	c.withdraw(undone, now)
 	if len(placed) > 0 {
 		c.batch.Place(d.Worker, placed, now)
 	}
@@ -125,39 +135,39 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 	}
 	now := c.o.Now()
 	var settled uint32
-	type undo struct {
-		worker string
-		hashes []uint64
-	}
-	var undos []undo
+	var undos []withdrawal
+	dpID := req.Msg.GetDataplaneId()
 	c.mu.Lock()
-	c.dataPlane(req.Msg.GetDataplaneId(), now)
+	c.dataPlane(dpID, now)
 	for _, comp := range req.Msg.GetCompletions() {
+		if comp.GetAbandoned() {
+			// The data plane never used this decision: it knows only the
+			// id of the call it gave up on.
+			id, ok := c.byRoute[routeKey{dpID, comp.GetRouteId()}]
+			if !ok || comp.GetRouteId() == 0 {
+				continue // undone when its deadline passed, or never decided
+			}
+			if w, ok := c.settle(id, false, true); ok {
+				undos = append(undos, w)
+			}
+			settled++
+			c.metrics.ticketsDropped.WithLabelValues(dropAbandoned).Inc()
+			continue
+		}
 		tk, ok := c.tickets[comp.GetTicket()]
-		if !ok || tk.worker != comp.GetWorker() || tk.dp != req.Msg.GetDataplaneId() {
+		if !ok || tk.worker != comp.GetWorker() || tk.dp != dpID {
 			continue // settled already, or issued by an earlier leader: Sync reconciles the load
 		}
-		delete(c.tickets, comp.GetTicket())
+		if w, ok := c.settle(comp.GetTicket(), comp.GetDelivered(), true); ok {
+			undos = append(undos, w)
+		}
 		settled++
-		// Release only load the deciding data plane still accounts for: a
-		// Sync that arrived before this completion may already have taken
-		// it off, and releasing again would eat another data plane's load.
-		if dp := c.dps[tk.dp]; dp != nil && dp.loads[tk.worker] > 0 {
-			dp.loads[tk.worker]--
-			c.eng.Release(tk.worker)
-		}
-		if !comp.GetDelivered() && len(tk.placed) > 0 {
-			c.eng.Unplace(engine.Decision{Worker: tk.worker, Placed: tk.placed})
-			undos = append(undos, undo{tk.worker, tk.placed})
-		}
 		if comp.GetDelivered() && comp.GetPromptTokens() > 0 && comp.GetCachedTokens() >= 0 {
 			c.eng.Feedback(tk.worker, tk.keyLen, tk.predicted, tk.placedAgo, int(comp.GetPromptTokens()), int(comp.GetCachedTokens()))
 		}
 	}
 	c.mu.Unlock()
-	for _, u := range undos {
-		c.batch.Unplace(u.worker, u.hashes, now)
-	}
+	c.withdraw(undos, now)
 	return connect.NewResponse(&cartv1.CompleteResponse{Settled: settled}), nil
 }
 

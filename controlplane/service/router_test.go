@@ -503,22 +503,6 @@ func TestLoadLeaseExpiry(t *testing.T) {
 	}
 }
 
-func TestTicketTTL(t *testing.T) {
-	// The sweep runs every LoadLease/4; the data plane itself stays within
-	// its lease.
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) {
-		o.TicketTTL = 100 * time.Millisecond
-		o.LoadLease = 2 * time.Second
-	}})
-	cp.addWorkers(t, w1)
-	rc := cp.router()
-	a := route(t, rc, &cartv1.RouteRequest{Text: "x", DataplaneId: "dp1"})
-	time.Sleep(1200 * time.Millisecond)
-	if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: w1, Delivered: true}); n != 0 {
-		t.Fatalf("expired ticket settled %d", n)
-	}
-}
-
 func TestPlacementBatching(t *testing.T) {
 	const interval = 200 * time.Millisecond
 	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = interval }})

@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -65,6 +66,9 @@ type Router struct {
 	clientsMu sync.Mutex
 	clients   map[string]cartv1connect.RouterServiceClient
 	flushNow  chan struct{}
+	// routeIDs names each Route call, so one given up on can be reported
+	// abandoned (it has no ticket to name it by).
+	routeIDs atomic.Uint64
 }
 
 type ticket struct {
@@ -92,6 +96,9 @@ func New(o Options) *Router {
 		clients:  map[string]cartv1connect.RouterServiceClient{},
 		flushNow: make(chan struct{}, 1),
 	}
+	// A random start keeps a restarted data plane (same id) from naming
+	// its calls like its predecessor's still-unsettled ones.
+	r.routeIDs.Store(r.rng.Uint64() >> 1)
 	if len(r.targets) > 0 {
 		// Spread data planes across control-plane nodes for their first
 		// contact; Sync then points each at the leader.
@@ -157,12 +164,23 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	if target == "" {
 		cause = "no_control_plane"
 	} else {
+		var routeID uint64
+		if !req.DryRun {
+			routeID = r.routeIDs.Add(1)
+		}
 		rctx, cancel := context.WithTimeout(ctx, r.o.RouteTimeout)
 		resp, err := r.client(target).Route(rctx, connect.NewRequest(&cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: req.Hashes, KeyLength: uint32(req.KeyLen),
 			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
+			RouteId: routeID,
 		}))
 		cancel()
+		if err != nil && routeID != 0 && connect.CodeOf(err) != connect.CodeResourceExhausted {
+			// The leader may have decided (and placed) before the answer
+			// was lost or came too late; this data plane will never use
+			// it, so say so rather than leave it for the leader to age out.
+			r.abandon(routeID)
+		}
 		if err == nil {
 			m := resp.Msg
 			if !req.DryRun {
@@ -279,6 +297,13 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// abandon queues the report of a Route call whose answer will never be used.
+func (r *Router) abandon(routeID uint64) {
+	r.mu.Lock()
+	r.pending = append(r.pending, &cartv1.Completion{Abandoned: true, RouteId: routeID, PromptTokens: -1, CachedTokens: -1})
+	r.mu.Unlock()
 }
 
 // Done implements router.Router.

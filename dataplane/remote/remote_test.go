@@ -190,9 +190,16 @@ func TestFallbackOnTimeout(t *testing.T) {
 	if l := loadOf(r, d.Worker); l != 0 {
 		t.Fatalf("local load after Done = %d", l)
 	}
-	time.Sleep(100 * time.Millisecond)
-	if _, all := cp.completions(); len(all) != 0 {
-		t.Fatalf("a local decision was reported to the control plane: %v", all)
+	// The Route call it gave up on is reported abandoned, by the id it
+	// was sent with, so the leader can undo whatever it decided; the
+	// local decision itself is never reported.
+	sent := cp.lastRoute().GetRouteId()
+	if sent == 0 {
+		t.Fatal("Route was sent without a route id")
+	}
+	waitFor(t, "the abandoned call is reported", func() bool { _, all := cp.completions(); return len(all) > 0 })
+	if _, all := cp.completions(); len(all) != 1 || !all[0].GetAbandoned() || all[0].GetRouteId() != sent || all[0].GetTicket() != 0 {
+		t.Fatalf("completions = %v, want one abandoned report for route id %d", all, sent)
 	}
 }
 

@@ -44,7 +44,13 @@ type RouteRequest struct {
 	// Decide without taking load or recording a placement.
 	DryRun bool `protobuf:"varint,9,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	// Request id, for logs.
-	RequestId     string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Names this call among the data plane's Route calls (unique per data
+	// plane process; 0 = none). A data plane that gives up waiting
+	// (route_timeout_ms) and routes elsewhere reports the call abandoned in
+	// Complete under this id, so the leader undoes the decision it may have
+	// made: it has no ticket to name it by.
+	RouteId       uint64 `protobuf:"varint,11,opt,name=route_id,json=routeId,proto3" json:"route_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -147,6 +153,13 @@ func (x *RouteRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *RouteRequest) GetRouteId() uint64 {
+	if x != nil {
+		return x.RouteId
+	}
+	return 0
 }
 
 type RouteResponse struct {
@@ -286,7 +299,13 @@ type Completion struct {
 	// Prompt tokens the worker reported (-1 unknown).
 	PromptTokens int32 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	// Cached prompt tokens the worker reported (-1 unknown).
-	CachedTokens  int32 `protobuf:"varint,5,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	CachedTokens int32 `protobuf:"varint,5,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	// The data plane gave up waiting for the Route call named by route_id
+	// and never used its answer: the leader releases the decision's load and
+	// withdraws its placement. ticket and worker are unset.
+	Abandoned bool `protobuf:"varint,6,opt,name=abandoned,proto3" json:"abandoned,omitempty"`
+	// RouteRequest.route_id of the abandoned call.
+	RouteId       uint64 `protobuf:"varint,7,opt,name=route_id,json=routeId,proto3" json:"route_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -352,6 +371,20 @@ func (x *Completion) GetPromptTokens() int32 {
 func (x *Completion) GetCachedTokens() int32 {
 	if x != nil {
 		return x.CachedTokens
+	}
+	return 0
+}
+
+func (x *Completion) GetAbandoned() bool {
+	if x != nil {
+		return x.Abandoned
+	}
+	return false
+}
+
+func (x *Completion) GetRouteId() uint64 {
+	if x != nil {
+		return x.RouteId
 	}
 	return 0
 }
@@ -776,7 +809,7 @@ var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x14cart/v1/router.proto\x12\acart.v1\"\xbb\x02\n" +
+	"\x14cart/v1/router.proto\x12\acart.v1\"\xd6\x02\n" +
 	"\fRouteRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
@@ -791,7 +824,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\adry_run\x18\t \x01(\bR\x06dryRun\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\n" +
-	" \x01(\tR\trequestId\"\xc9\x02\n" +
+	" \x01(\tR\trequestId\x12\x19\n" +
+	"\broute_id\x18\v \x01(\x04R\arouteId\"\xc9\x02\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -804,14 +838,16 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\fchosen_chars\x18\b \x01(\rR\vchosenChars\x12\x16\n" +
 	"\x06ticket\x18\t \x01(\x04R\x06ticket\x12\x1b\n" +
 	"\tleader_id\x18\n" +
-	" \x01(\tR\bleaderId\"\xa4\x01\n" +
+	" \x01(\tR\bleaderId\"\xdd\x01\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\tR\x06worker\x12\x1c\n" +
 	"\tdelivered\x18\x03 \x01(\bR\tdelivered\x12#\n" +
 	"\rprompt_tokens\x18\x04 \x01(\x05R\fpromptTokens\x12#\n" +
-	"\rcached_tokens\x18\x05 \x01(\x05R\fcachedTokens\"k\n" +
+	"\rcached_tokens\x18\x05 \x01(\x05R\fcachedTokens\x12\x1c\n" +
+	"\tabandoned\x18\x06 \x01(\bR\tabandoned\x12\x19\n" +
+	"\broute_id\x18\a \x01(\x04R\arouteId\"k\n" +
 	"\x0fCompleteRequest\x12!\n" +
 	"\fdataplane_id\x18\x01 \x01(\tR\vdataplaneId\x125\n" +
 	"\vcompletions\x18\x02 \x03(\v2\x13.cart.v1.CompletionR\vcompletions\",\n" +
