@@ -210,6 +210,46 @@ func (s *Set) Failure(w string, now time.Time) {
 	s.notify(tr)
 }
 
+// StateAt returns w's state at now. An open breaker whose timeout has
+// passed is moved to half-open first, as the next request would move it:
+// otherwise a view such as /workers keeps showing "open" for a worker that
+// recovered while no traffic flowed, though it would get the next request.
+func (s *Set) StateAt(w string, now time.Time) State {
+	if !s.cfg.Enabled {
+		return Closed
+	}
+	s.mu.Lock()
+	c, ok := s.b[w]
+	if !ok {
+		s.mu.Unlock()
+		return Closed
+	}
+	var tr *Transition
+	if c.state == Open && now.Sub(c.openedAt) >= s.cfg.Timeout {
+		tr = s.move(w, c, HalfOpen)
+	}
+	st := c.state
+	s.mu.Unlock()
+	s.notify(tr)
+	return st
+}
+
+// HealthRecovered moves w's open breaker to half-open: its health check
+// has turned green again, which is better evidence than the time since the
+// breaker opened, so trial requests may go at once.
+func (s *Set) HealthRecovered(w string) {
+	if !s.cfg.Enabled {
+		return
+	}
+	s.mu.Lock()
+	var tr *Transition
+	if c, ok := s.b[w]; ok && c.state == Open {
+		tr = s.move(w, c, HalfOpen)
+	}
+	s.mu.Unlock()
+	s.notify(tr)
+}
+
 // State returns w's current state (without moving it to half-open).
 func (s *Set) State(w string) State {
 	s.mu.Lock()

@@ -243,3 +243,36 @@ func TestHalfOpenLimitsTrialsInFlight(t *testing.T) {
 		t.Fatalf("two successful trials left it %s", st)
 	}
 }
+
+// A view of the breakers must not keep showing "open" for a worker that
+// would get the next request: once the timeout has passed, or once its
+// health check is green again, it is half-open.
+func TestStateAtAndHealthRecovery(t *testing.T) {
+	var trans []Transition
+	s := NewSet(Config{Enabled: true, FailureThreshold: 1, SuccessThreshold: 1, Timeout: 10 * time.Second},
+		func(tr Transition) { trans = append(trans, tr) })
+	t0 := time.Unix(1000, 0)
+	if st := s.StateAt("unknown", t0); st != Closed {
+		t.Fatalf("unknown worker: %s", st)
+	}
+	s.Failure("a", t0)
+	s.Failure("b", t0)
+	if st := s.StateAt("a", t0.Add(9*time.Second)); st != Open {
+		t.Fatalf("before the timeout: %s, want open", st)
+	}
+	if st := s.StateAt("a", t0.Add(10*time.Second)); st != HalfOpen {
+		t.Fatalf("after the timeout with no traffic: %s, want half_open", st)
+	}
+	s.HealthRecovered("b")
+	if st := s.State("b"); st != HalfOpen {
+		t.Fatalf("after its health check turned green: %s, want half_open", st)
+	}
+	s.HealthRecovered("c") // never opened: nothing to do
+	if st := s.State("c"); st != Closed {
+		t.Fatalf("a closed breaker moved on health recovery: %s", st)
+	}
+	want := []Transition{{"a", Closed, Open}, {"b", Closed, Open}, {"a", Open, HalfOpen}, {"b", Open, HalfOpen}}
+	if !slices.Equal(trans, want) {
+		t.Fatalf("transitions %v, want %v", trans, want)
+	}
+}

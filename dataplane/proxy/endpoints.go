@@ -51,7 +51,7 @@ func (p *Proxy) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	out := make([]WorkerView, len(ws))
 	for i, wk := range ws {
 		out[i] = WorkerView{URL: wk.URL, Load: wk.Load, MaxLoad: wk.MaxLoad, LoadPenalty: wk.LoadPenalty,
-			Healthy: wk.Healthy, BreakerState: p.o.Breakers.State(wk.URL).String(),
+			Healthy: wk.Healthy, BreakerState: p.o.Breakers.StateAt(wk.URL, p.o.Now()).String(),
 			PredictedCachedTokens: wk.PredictedCachedTokens, ActualCachedTokens: wk.ActualCachedTokens,
 			CacheMisses: wk.CacheMisses, ModelCapacityBlocks: wk.ModelCapacityBlocks}
 		if wk.PredictedCachedTokens > 0 {

@@ -374,7 +374,12 @@ func (p *Proxy) finish(r *http.Request, c *call, sw *statusWriter, aborted bool)
 	}
 }
 
+// statusLabel is the status label of cart_requests_total: the class, with
+// client hang-ups (499) apart so they never pass for malformed requests.
 func statusLabel(s int) string {
+	if s == 499 {
+		return "499"
+	}
 	if s >= 100 && s < 600 {
 		return statusText[s/100]
 	}

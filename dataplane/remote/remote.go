@@ -43,7 +43,10 @@ type Options struct {
 	Logger      *slog.Logger
 	// OnFallback is told the cause of each local fallback (for metrics).
 	OnFallback func(cause string)
-	Seed       uint64
+	// OnHealthy is told of each worker the control plane reports healthy
+	// again after reporting it unhealthy (it may reset a circuit breaker).
+	OnHealthy func(url string)
+	Seed      uint64
 }
 
 // Router implements router.Router against the control plane.
@@ -411,12 +414,28 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 			CacheMisses: w.GetCacheMisses(), ModelCapacityBlocks: int(w.GetModelCapacityBlocks())}
 	}
 	r.mu.Lock()
+	var recovered []string
+	for _, old := range r.workers {
+		if old.Healthy {
+			continue
+		}
+		for _, w := range ws {
+			if w.URL == old.URL && w.Healthy {
+				recovered = append(recovered, w.URL)
+			}
+		}
+	}
 	r.workers, r.version, r.synced = ws, m.GetWorkersVersion(), true
 	r.fallbacks -= min(r.fallbacks, req.GetFallbacks())
 	if m.GetLeaderUrl() != "" {
 		r.leaderURL = m.GetLeaderUrl()
 	}
 	r.mu.Unlock()
+	if r.o.OnHealthy != nil {
+		for _, u := range recovered {
+			r.o.OnHealthy(u)
+		}
+	}
 	return nil
 }
 

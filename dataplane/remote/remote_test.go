@@ -702,3 +702,34 @@ func TestRunSyncsPeriodically(t *testing.T) {
 	run(t, r)
 	waitFor(t, "several syncs", func() bool { return len(cp.syncRequests()) >= 3 })
 }
+
+// A worker the control plane reports healthy again is announced once, so
+// the data plane can stop showing (and enforcing) a stale open breaker.
+func TestOnHealthyAfterRecovery(t *testing.T) {
+	cp := newFakeCP(t)
+	var mu sync.Mutex
+	var got []string
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, OnHealthy: func(u string) {
+		mu.Lock()
+		got = append(got, u)
+		mu.Unlock()
+	}})
+	syncWith := func(aHealthy bool) {
+		t.Helper()
+		cp.set(func(f *fakeCP) {
+			f.syncResp = &cartv1.SyncResponse{Workers: []*cartv1.Worker{{Url: wA, Healthy: aHealthy}, {Url: wB, Healthy: true}}}
+		})
+		if err := r.SyncOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syncWith(true)
+	syncWith(false)
+	syncWith(true)
+	syncWith(true)
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(got, []string{wA}) {
+		t.Fatalf("OnHealthy calls %v, want exactly one for %s", got, wA)
+	}
+}

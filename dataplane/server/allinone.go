@@ -106,6 +106,9 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	a.Health = health.NewChecker(HealthConfig(cfg), nil, func(w string, healthy bool, reason string) {
 		a.Router.SetHealthy(w, healthy)
 		a.Metrics.SetHealthy(w, healthy)
+		if healthy {
+			a.Break.HealthRecovered(w)
+		}
 		log.Warn("worker health changed", "worker", w, "healthy", healthy, "reason", reason)
 	})
 	a.Health.SetWorkers(workerURLs(cfg.Workers))

@@ -68,6 +68,7 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*D
 		OnFallback: func(cause string) {
 			d.Metrics.Fallbacks.WithLabelValues(cause).Inc()
 		},
+		OnHealthy: func(url string) { d.Break.HealthRecovered(url) },
 	})
 	d.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {
 		d.Metrics.SetBreaker(t.Worker, t.To.String())

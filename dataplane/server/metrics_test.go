@@ -122,7 +122,7 @@ cache:
 		byWorker += v
 	}
 	check(byWorker == ok2xx, "2xx requests labelled with a worker: %v of %v", byWorker, ok2xx)
-	check(get("cart_requests_total", labels{"status": "4xx"}) >= 1, "the hang-up (499) is not in cart_requests_total{4xx}")
+	check(get("cart_requests_total", labels{"status": "499"}) >= 1, "the hang-up is not in cart_requests_total{499}")
 
 	hits, misses := get("cart_routing_decisions_total", labels{"reason": "cache_hit"}), get("cart_routing_decisions_total", labels{"reason": "cache_miss"})
 	check(hits > 0 && misses > 0, "decisions: cache_hit %v, cache_miss %v, want both > 0", hits, misses)
