@@ -64,13 +64,14 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 			keyLen: keyLen, predicted: d.ChosenChars, placedAgo: d.PlacedAgo}
 		dp := c.dataPlane(m.GetDataplaneId(), now)
 		dp.loads[d.Worker]++
+		if len(placed) > 0 {
+			// Under the engine lock: the batcher's ledger moves with the index.
+			c.batch.Place(d.Worker, placed, now)
+		}
 	}
 	c.mu.Unlock()
 	if err != nil {
 		return nil, capacityError(err)
-	}
-	if len(placed) > 0 {
-		c.batch.Place(d.Worker, placed, now)
 	}
 	elapsed := time.Since(start)
 	c.metrics.routes.WithLabelValues(string(d.Reason)).Inc()
@@ -125,11 +126,6 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 	}
 	now := c.o.Now()
 	var settled uint32
-	type undo struct {
-		worker string
-		hashes []uint64
-	}
-	var undos []undo
 	c.mu.Lock()
 	c.dataPlane(req.Msg.GetDataplaneId(), now)
 	for _, comp := range req.Msg.GetCompletions() {
@@ -148,16 +144,15 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 		}
 		if !comp.GetDelivered() && len(tk.placed) > 0 {
 			c.eng.Unplace(engine.Decision{Worker: tk.worker, Placed: tk.placed})
-			undos = append(undos, undo{tk.worker, tk.placed})
+			// The decision's time, so that undoing this withdrawal (if it
+			// never commits) restores the placement as it was.
+			c.batch.Unplace(tk.worker, tk.placed, tk.at)
 		}
 		if comp.GetDelivered() && comp.GetPromptTokens() > 0 && comp.GetCachedTokens() >= 0 {
 			c.eng.Feedback(tk.worker, tk.keyLen, tk.predicted, tk.placedAgo, int(comp.GetPromptTokens()), int(comp.GetCachedTokens()))
 		}
 	}
 	c.mu.Unlock()
-	for _, u := range undos {
-		c.batch.Unplace(u.worker, u.hashes, now)
-	}
 	return connect.NewResponse(&cartv1.CompleteResponse{Settled: settled}), nil
 }
 

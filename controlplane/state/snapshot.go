@@ -162,6 +162,9 @@ func (s *State) Restore(r io.Reader) error {
 		}
 		idx.PutBack(rec.GetHash(), rec.GetUsedUnixNanos(), holders)
 	}
+	if s.own != nil {
+		s.own.Restored()
+	}
 	s.workersVersion = h.GetWorkersVersion()
 	s.applied = h.GetAppliedIndex()
 	s.members = h.GetMembers()
