@@ -68,6 +68,8 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*D
 		OnFallback: func(cause string) {
 			d.Metrics.Fallbacks.WithLabelValues(cause).Inc()
 		},
+		Shadow: remote.ShadowOptions{Entries: remote.DefaultShadowEntries, Threshold: cfg.Cache.Threshold, MatchAbsChars: cfg.Cache.MatchAbsThreshold,
+			BalanceAbs: cfg.Cache.BalanceAbsThreshold, BalanceRel: cfg.Cache.BalanceRelThreshold},
 	})
 	d.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {
 		d.Metrics.SetBreaker(t.Worker, t.To.String())
