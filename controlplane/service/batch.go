@@ -234,11 +234,27 @@ func (b *batcher) discard() {
 	b.clearFences()
 }
 
-// undo reverts ops in the reverse of log order (placements, then
-// withdrawals, each newest first), skipping blocks a committed entry has
-// set since. It returns how many blocks it changed. Engine lock held.
+// undo reverts ops in this node's index. It returns how many blocks it
+// changed. Engine lock held.
 func (b *batcher) undo(ops []pendingOp) int {
 	n := 0
+	b.inverse(ops, func(insert bool, worker string, wid uint32, hashes []uint64, at int64) {
+		n += len(hashes)
+		if insert {
+			b.eng.Index().Insert(hashes, index.WorkerID(wid), at)
+		} else {
+			b.eng.Unplace(engine.Decision{Worker: worker, Placed: hashes})
+		}
+	})
+	return n
+}
+
+// inverse calls fn with the changes that revert ops, in the reverse of log
+// order (placements, then withdrawals, each newest first): insert=false
+// removes worker as holder of hashes, insert=true restores it. Blocks a
+// committed entry has set since, and workers removed since, are left out.
+// Engine lock held.
+func (b *batcher) inverse(ops []pendingOp, fn func(insert bool, worker string, wid uint32, hashes []uint64, at int64)) {
 	for _, place := range []bool{true, false} {
 		for i := len(ops) - 1; i >= 0; i-- {
 			op := ops[i]
@@ -254,16 +270,22 @@ func (b *batcher) undo(ops []pendingOp) int {
 					hs = append(hs, h)
 				}
 			}
-			if len(hs) == 0 {
-				continue
-			}
-			n += len(hs)
-			if place {
-				b.eng.Unplace(engine.Decision{Worker: op.worker, Placed: hs})
-			} else {
-				b.eng.Index().Insert(hs, index.WorkerID(op.wid), op.at)
+			if len(hs) > 0 {
+				fn(!place, op.worker, op.wid, hs, op.at)
 			}
 		}
 	}
-	return n
+}
+
+// Uncommitted implements state.OwnBatches: the changes that would take
+// this node's index back to what the log says, as a failure would undo
+// them (the window first, then the batch in flight). A snapshot applies
+// them to its copy, so that it never persists a placement that may not
+// commit. Engine lock held.
+func (b *batcher) Uncommitted(fn func(insert bool, worker string, hashes []uint64, at int64)) {
+	adapt := func(insert bool, worker string, _ uint32, hashes []uint64, at int64) { fn(insert, worker, hashes, at) }
+	b.inverse(b.window, adapt)
+	if b.inflight != nil {
+		b.inverse(b.inflight.ops, adapt)
+	}
 }

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -179,4 +180,40 @@ func TestForwardedWriteWithoutAnswer(t *testing.T) {
 	closed.Close()
 	follower.setMember(t, "n2", url)
 	wantCode(t, add(), connect.CodeUnavailable)
+}
+
+// A snapshot stands for the log up to its applied index: taken on a leader
+// with placements (and withdrawals) still uncommitted, it must leave them
+// out, or a restart from it, or a follower installing it, keeps them.
+func TestSnapshotLeavesOutUncommittedChanges(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp.addWorkers(t, w1, w2)
+	rc := cp.router()
+	committed, withdrawn, pending := text(64, 40), text(64, 41), text(64, 42)
+	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: committed, DataplaneId: "dp1"})
+	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: withdrawn, DataplaneId: "dp1"})
+	cp.core.batch.flush(context.Background())
+	complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: false})
+	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: pending, DataplaneId: "dp1"})
+
+	var buf bytes.Buffer
+	if err := cp.st.Capture().Write(&buf); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newTestCP(t, cpConfig{id: "restored", leader: true})
+	if err := fresh.st.Restore(&buf); err != nil {
+		t.Fatal(err)
+	}
+	for txt, want := range map[string]string{committed: "cache_hit", withdrawn: "cache_hit", pending: "cache_miss"} {
+		if r := reasonOf(t, fresh, txt); r != want {
+			t.Errorf("restored snapshot routes %q as %s, want %s (as the log says)", txt[:12], r, want)
+		}
+	}
+	// The leader's own index is untouched by the snapshot.
+	if r := reasonOf(t, cp, pending); r != "cache_hit" {
+		t.Fatalf("leader lost its pending placement: %s", r)
+	}
+	if r := reasonOf(t, cp, withdrawn); r != "cache_miss" {
+		t.Fatalf("leader's withdrawal undone by the snapshot: %s", r)
+	}
 }

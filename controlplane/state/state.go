@@ -59,6 +59,10 @@ type OwnBatches interface {
 	Committed(worker string, hashes []uint64)
 	// Restored is told that a snapshot replaced the index.
 	Restored()
+	// Uncommitted calls fn with the changes that take the index back to
+	// what the log says, in order: insert=false removes worker as holder
+	// of hashes, insert=true restores it (placed at at).
+	Uncommitted(fn func(insert bool, worker string, hashes []uint64, at int64))
 }
 
 // SetOwnBatches installs the leader's ledger. Call it before the first
