@@ -203,6 +203,9 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	if err != nil {
 		return d, err
 	}
+	if !req.DryRun {
+		r.shadow.record(req.Hashes, d.Worker) // outside r.mu: an insert walks the whole path
+	}
 	d.Latency = time.Since(start)
 	if r.o.OnFallback != nil {
 		r.o.OnFallback(cause)
@@ -286,7 +289,6 @@ func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 	if !req.DryRun {
 		r.local[best]++
 		r.fallbacks++
-		r.shadow.record(req.Hashes, best)
 	}
 	return d, nil
 }
