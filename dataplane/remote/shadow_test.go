@@ -270,3 +270,26 @@ func TestFallbackKeepsCacheAwareness(t *testing.T) {
 		})
 	}
 }
+
+// During a long outage most prefixes are new: the shadow learns from the
+// fallback's own decisions, so a prefix's next request follows its first.
+func TestFallbackLearnsFromItsOwnDecisions(t *testing.T) {
+	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t)}, BlockChars: shadowBlockChars, Shadow: testShadow,
+		BootWorkers: []router.WorkerStatus{{URL: wA, Healthy: true}, {URL: wB, Healthy: true}, {URL: wC, Healthy: true}, {URL: wD, Healthy: true}}})
+	for i := range 20 {
+		prefix := fmt.Sprintf("conversation %04d: the first message of this conversation, several blocks", i)
+		first, err := r.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prefix + " turn 1"), KeyLen: len(prefix) + 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(first, router.Outcome{Delivered: true})
+		next, err := r.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prefix + " turn 2"), KeyLen: len(prefix) + 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(next, router.Outcome{Delivered: true})
+		if next.Reason != ReasonFallbackLocal || next.Worker != first.Worker || next.Candidate != first.Worker || next.MatchedChars == 0 {
+			t.Fatalf("prefix %d: first went to %s, next %+v", i, first.Worker, next)
+		}
+	}
+}
