@@ -37,6 +37,9 @@ type fakeCP struct {
 	noLeader bool
 	// hang makes ListWorkers wait until the caller gives up.
 	hang bool
+	// unknown makes AddWorker answer as a leader that appended the write
+	// and then lost leadership: Aborted, outcome unknown.
+	unknown bool
 
 	mu        sync.Mutex
 	workers   []*cartv1.Worker
@@ -77,6 +80,11 @@ func (f *fakeCP) ListWorkers(ctx context.Context, _ *connect.Request[cartv1.List
 func (f *fakeCP) AddWorker(_ context.Context, req *connect.Request[cartv1.AddWorkerRequest]) (*connect.Response[cartv1.AddWorkerResponse], error) {
 	if err := f.notLeader(); err != nil {
 		return nil, err
+	}
+	if f.unknown {
+		e := connect.NewError(connect.CodeAborted, errors.New("write outcome unknown, retry the same command (it is idempotent): commit: leadership lost while committing log"))
+		e.Meta().Set(headerWriteOutcome, "unknown")
+		return nil, e
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -361,6 +369,20 @@ func TestE2ENotLeader(t *testing.T) {
 	if r.stderr != want {
 		t.Errorf("stderr %q, want %q", r.stderr, want)
 	}
+}
+
+// A write that may still commit is neither done nor "no leader": its own
+// exit code, and a message that says repeating it is safe.
+func TestE2EUnknownOutcome(t *testing.T) {
+	srv := serve(t, &fakeCP{unknown: true})
+	r := cartctl(t, nil, "", "--server", srv, "workers", "add", "http://w1:8000").must(t, exitUnknown)
+	if !strings.Contains(r.stderr, "may or may not have been applied; repeating it is safe") {
+		t.Errorf("stderr %q", r.stderr)
+	}
+	// Unknown is final for this call: no failover to another member, which
+	// could only answer for itself.
+	live := serve(t, &fakeCP{})
+	cartctl(t, nil, "", "--server", srv+","+live, "workers", "add", "http://w1:8000").must(t, exitUnknown)
 }
 
 func TestE2EAuth(t *testing.T) {

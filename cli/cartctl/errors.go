@@ -23,6 +23,11 @@ const (
 	exitNotLeader   = 5
 	exitAuth        = 6
 	exitUnavailable = 7
+	// exitUnknown: the server cannot tell whether a write took effect (it
+	// was appended, then leadership was lost). Never "not done": the write
+	// may still commit. Commands are idempotent, so repeating the same
+	// command until it answers 0 (or a definite error) settles it.
+	exitUnknown = 8
 )
 
 // usageError marks a problem with how cartctl was invoked (flags,
@@ -43,6 +48,9 @@ func exitCode(err error) int {
 	}
 	if _, ok := errors.AsType[*usageError](err); ok {
 		return exitUsage
+	}
+	if unknownOutcome(err) {
+		return exitUnknown
 	}
 	if ce, ok := errors.AsType[*connect.Error](err); ok {
 		switch ce.Code() {
@@ -75,6 +83,27 @@ func exitCode(err error) int {
 		return exitUnavailable
 	}
 	return exitError
+}
+
+// headerWriteOutcome is the error metadata key (service.HeaderWriteOutcome)
+// the server sets to "unknown" with code Aborted.
+const headerWriteOutcome = "Cart-Write-Outcome"
+
+// unknownOutcome reports whether a server answered that a write's outcome
+// is unknown: code Aborted, which the control plane uses for nothing else.
+// Any attempt counts, not only the last: a write that may have landed on
+// one server stays "maybe" whatever another server said after it.
+func unknownOutcome(err error) bool {
+	if re, ok := errors.AsType[*rpcError](err); ok {
+		for _, at := range re.attempts {
+			if unknownOutcome(at.err) {
+				return true
+			}
+		}
+		return false
+	}
+	ce, ok := errors.AsType[*connect.Error](err)
+	return ok && connect.IsWireError(ce) && (ce.Code() == connect.CodeAborted || ce.Meta().Get(headerWriteOutcome) == "unknown")
 }
 
 // noLeader reports whether a server answered that the cluster has no
@@ -162,6 +191,10 @@ func describe(at attempt, timeout time.Duration) string {
 		return fmt.Sprintf("%s is unavailable: %s", at.server, msg)
 	case connect.CodeDeadlineExceeded:
 		return fmt.Sprintf("timed out after %s waiting for %s (raise --timeout?)", timeout, at.server)
+	case connect.CodeAborted:
+		if connect.IsWireError(ce) {
+			return fmt.Sprintf("%s: %s (the write may or may not have been applied; repeating it is safe)", at.server, msg)
+		}
 	}
 	return fmt.Sprintf("%s: %s: %s", at.server, ce.Code(), msg)
 }

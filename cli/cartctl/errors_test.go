@@ -42,6 +42,20 @@ func TestExitCode(t *testing.T) {
 		{"resource exhausted", wireErr(connect.CodeResourceExhausted, "every usable worker is at max_load"), exitError},
 		{"internal", wireErr(connect.CodeInternal, "oops"), exitError},
 		{"canceled", connect.NewError(connect.CodeCanceled, context.Canceled), exitError},
+		{"outcome unknown", wireErr(connect.CodeAborted, "write outcome unknown, retry the same command"), exitUnknown},
+		{"outcome unknown by header", func() error {
+			e := wireErr(connect.CodeUnavailable, "x")
+			e.Meta().Set(headerWriteOutcome, "unknown")
+			return e
+		}(), exitUnknown},
+		// cartctl itself never makes up an unknown outcome.
+		{"local aborted", connect.NewError(connect.CodeAborted, errors.New("x")), exitError},
+		// A write that may have landed stays "maybe" after a failover,
+		// whatever the next server said.
+		{"unknown then no leader", &rpcError{attempts: []attempt{
+			{"http://a", wireErr(connect.CodeAborted, "write outcome unknown")},
+			{"http://b", wireErr(connect.CodeUnavailable, "no leader: x")},
+		}}, exitUnknown},
 		{"rpc error", &rpcError{attempts: []attempt{{"http://a", wireErr(connect.CodeNotFound, "gone")}}}, exitNotFound},
 		{"rpc error uses last attempt", &rpcError{attempts: []attempt{
 			{"http://a", connect.NewError(connect.CodeUnavailable, errors.New("refused"))},
@@ -91,6 +105,8 @@ func TestDescribe(t *testing.T) {
 			"http://a: invalid_argument: worker url: bad"},
 		{"local not found", connect.NewError(connect.CodeNotFound, errors.New("worker http://w not found")),
 			"worker http://w not found"},
+		{"outcome unknown", &rpcError{attempts: []attempt{{"http://a", wireErr(connect.CodeAborted, "write outcome unknown, retry the same command (it is idempotent): commit: leadership lost")}}},
+			"http://a: write outcome unknown, retry the same command (it is idempotent): commit: leadership lost (the write may or may not have been applied; repeating it is safe)"},
 		{"plain", errors.New("boom"), "boom"},
 	}
 	for _, tt := range tests {

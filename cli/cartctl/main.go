@@ -88,7 +88,15 @@ const exitCodesHelp = `Exit codes (stable; scripts may rely on them):
   5  not the leader, or the cluster has no leader; when the server names
      the leader, the message says where it is
   6  unauthenticated or permission denied (check --token / CARTCTL_TOKEN)
-  7  control plane unavailable: connection refused, unreachable or timed out`
+  7  control plane unavailable: connection refused, unreachable or timed out
+     (a write that timed out after reaching a server may still be applied)
+  8  write outcome unknown: the server appended the change but lost
+     leadership before it knew whether it committed; it may still take
+     effect. Commands are idempotent: run the same command again until it
+     exits 0 or with a definite error
+
+A write is done (0), unknown (8, or a 7 that timed out after reaching a
+server) or not done (any other code). Repeating a write is always safe.`
 
 func (a *app) newRoot() *cobra.Command {
 	root := &cobra.Command{

@@ -30,7 +30,34 @@ func newHCLogAdapter(l *slog.Logger, name string) *hclogAdapter {
 }
 
 func derive(base *slog.Logger, name string, implied []any) *hclogAdapter {
-	return &hclogAdapter{base: base, log: base.With("component", name).With(implied...), name: name, implied: implied}
+	return &hclogAdapter{base: base, log: base.With("component", name).With(safeArgs(implied)...), name: name, implied: implied}
+}
+
+// reservedKeys are the keys slog's handlers write for every record. raft
+// names some of its own fields the same (the "failed to contact" warning
+// carries a duration called "time"), and a JSON line with two "time" keys
+// makes log tools read raft's value instead of the timestamp.
+var reservedKeys = map[string]bool{slog.TimeKey: true, slog.LevelKey: true, slog.MessageKey: true, slog.SourceKey: true}
+
+// safeArgs returns hclog's alternating key/value args with every key that
+// would collide with a record's own keys prefixed "raft_". args is not
+// modified: hclog callers may reuse it.
+func safeArgs(args []any) []any {
+	var out []any
+	for i := 0; i < len(args); i += 2 {
+		k, ok := args[i].(string)
+		if !ok || !reservedKeys[k] {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(args)
+		}
+		out[i] = "raft_" + k
+	}
+	if out == nil {
+		return args
+	}
+	return out
 }
 
 func (a *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
@@ -43,7 +70,7 @@ func (a *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	default:
 		return
 	}
-	a.log.Log(context.Background(), sl, msg, args...)
+	a.log.Log(context.Background(), sl, msg, safeArgs(args)...)
 }
 
 func (a *hclogAdapter) Trace(string, ...any)                {}

@@ -65,6 +65,13 @@ const (
 // is known and says whether a write may have landed.
 var ErrNotLeader = errors.New("not the raft leader")
 
+// ErrOutcomeUnknown (wrapped, possibly together with ErrNotLeader) means
+// the entry was handed to raft but its fate is not known: the leader lost
+// leadership or the caller stopped waiting after it was appended, and a
+// majority may already hold it, in which case it commits later. Callers
+// must report this apart from a definite failure.
+var ErrOutcomeUnknown = errors.New("outcome unknown: it may or may not have been committed")
+
 // Config configures a Node.
 type Config struct {
 	NodeID        string
@@ -506,14 +513,14 @@ func (n *Node) mapApplyErr(op string, err error) error {
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrRaftShutdown):
 		return n.notLeader(op, "it was not appended", err)
 	case errors.Is(err, raft.ErrLeadershipLost):
-		return n.notLeader(op, "it may or may not have been committed; retry on the leader", err)
+		return n.notLeader(op, "retry on the leader", fmt.Errorf("%w: %w", ErrOutcomeUnknown, err))
 	case errors.Is(err, raft.ErrEnqueueTimeout):
 		return fmt.Errorf("%s: leader too busy, not appended: %w", op, err)
 	case errors.As(err, &ce):
 		if n.raft.State() != raft.Leader {
-			return n.notLeader(op, "it may or may not have been committed; retry on the leader", err)
+			return n.notLeader(op, "retry on the leader", fmt.Errorf("%w: %w", ErrOutcomeUnknown, err))
 		}
-		return fmt.Errorf("%s: gave up waiting; it may still be committed: %w", op, err)
+		return fmt.Errorf("%s: gave up waiting: %w: %w", op, ErrOutcomeUnknown, err)
 	default:
 		return fmt.Errorf("%s: %w", op, err)
 	}

@@ -23,10 +23,7 @@ func (c *Core) Admin() *AdminHandler { return &AdminHandler{c} }
 func (c *Core) apply(ctx context.Context, cmd *cartv1.RaftCommand) error {
 	res, err := c.node.Apply(ctx, cmd)
 	if err != nil {
-		if errors.Is(err, raftnode.ErrNotLeader) {
-			return c.notLeader(err)
-		}
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("commit: %w", err))
+		return c.writeError("commit", err)
 	}
 	if res.Err != nil {
 		return connect.NewError(connect.CodeNotFound, res.Err)
@@ -34,7 +31,46 @@ func (c *Core) apply(ctx context.Context, cmd *cartv1.RaftCommand) error {
 	return nil
 }
 
+// writeError maps a failed Raft write to one of the two failure outcomes a
+// client must tell apart: not done (Unavailable, or FailedPrecondition
+// naming the leader) and unknown (Aborted, see outcomeUnknown). Success is
+// the third. An entry this node appended before losing leadership may
+// still commit, so "unknown" wins over "not the leader".
+func (c *Core) writeError(op string, err error) error {
+	switch {
+	case errors.Is(err, raftnode.ErrOutcomeUnknown):
+		return c.outcomeUnknown(fmt.Errorf("%s: %w", op, err))
+	case errors.Is(err, raftnode.ErrNotLeader):
+		return c.notLeader(err)
+	}
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s: %w", op, err))
+}
+
+// HeaderWriteOutcome is set to "unknown" on a write's error when the
+// control plane cannot tell whether the write took effect (the code is
+// then Aborted). Commands are idempotent: the client repeats the call,
+// on any member, until it gets a definite answer.
+const HeaderWriteOutcome = "Cart-Write-Outcome"
+
+// outcomeUnknown builds the "may or may not have been applied" error.
+// Aborted is chosen because nothing else in CART (nor the Connect and gRPC
+// libraries on their own) produces it, so clients can rely on the code;
+// Unavailable would read as "not done", and DeadlineExceeded is also what
+// a client's own timeout looks like. The leader's URL is attached when
+// known, as for "not the leader", so the retry can go straight there.
+func (c *Core) outcomeUnknown(cause error) error {
+	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): %w", cause))
+	e.Meta().Set(HeaderWriteOutcome, "unknown")
+	if id, _ := c.node.Leader(); id != "" {
+		if url := c.st.Members()[id]; url != "" {
+			e.Meta().Set(HeaderLeaderURL, url)
+		}
+	}
+	return e
+}
+
 // notLeader builds the "not leader" error, naming the leader when known.
+// It means the write was not done.
 func (c *Core) notLeader(cause error) error {
 	id, _ := c.node.Leader()
 	url := c.st.Members()[id]
@@ -99,7 +135,7 @@ func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv
 		if err != nil {
 			return nil, err
 		}
-		return c.fwd.adminTo(url).AddWorker(ctx, connect.NewRequest(req.Msg))
+		return forwardedWrite(c.fwd.adminTo(url).AddWorker(ctx, connect.NewRequest(req.Msg)))
 	}
 	spec, err := toSpec(req.Msg.GetWorker())
 	if err != nil {
@@ -126,7 +162,7 @@ func (h *AdminHandler) UpdateWorker(ctx context.Context, req *connect.Request[ca
 		if err != nil {
 			return nil, err
 		}
-		return c.fwd.adminTo(url).UpdateWorker(ctx, connect.NewRequest(req.Msg))
+		return forwardedWrite(c.fwd.adminTo(url).UpdateWorker(ctx, connect.NewRequest(req.Msg)))
 	}
 	spec, err := toSpec(req.Msg.GetWorker())
 	if err != nil {
@@ -151,7 +187,7 @@ func (h *AdminHandler) RemoveWorker(ctx context.Context, req *connect.Request[ca
 		if err != nil {
 			return nil, err
 		}
-		return c.fwd.adminTo(url).RemoveWorker(ctx, connect.NewRequest(req.Msg))
+		return forwardedWrite(c.fwd.adminTo(url).RemoveWorker(ctx, connect.NewRequest(req.Msg)))
 	}
 	u, err := config.NormalizeWorkerURL(req.Msg.GetUrl())
 	if err != nil {
@@ -199,17 +235,14 @@ func (h *AdminHandler) AddVoter(ctx context.Context, req *connect.Request[cartv1
 		if err != nil {
 			return nil, err
 		}
-		return c.fwd.adminTo(url).AddVoter(ctx, connect.NewRequest(req.Msg))
+		return forwardedWrite(c.fwd.adminTo(url).AddVoter(ctx, connect.NewRequest(req.Msg)))
 	}
 	m := req.Msg
 	if m.GetId() == "" || m.GetRaftAddress() == "" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("id and raft_address are required"))
 	}
 	if err := c.node.AddVoter(ctx, m.GetId(), m.GetRaftAddress()); err != nil {
-		if errors.Is(err, raftnode.ErrNotLeader) {
-			return nil, c.notLeader(err)
-		}
-		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("add voter %s: %w", m.GetId(), err))
+		return nil, c.writeError("add voter "+m.GetId(), err)
 	}
 	if m.GetApiUrl() != "" {
 		if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: m.GetId(), ApiUrl: m.GetApiUrl()}}}); err != nil {
@@ -227,7 +260,7 @@ func (h *AdminHandler) RemoveServer(ctx context.Context, req *connect.Request[ca
 		if err != nil {
 			return nil, err
 		}
-		return c.fwd.adminTo(url).RemoveServer(ctx, connect.NewRequest(req.Msg))
+		return forwardedWrite(c.fwd.adminTo(url).RemoveServer(ctx, connect.NewRequest(req.Msg)))
 	}
 	id := req.Msg.GetId()
 	found := false
@@ -238,10 +271,7 @@ func (h *AdminHandler) RemoveServer(ctx context.Context, req *connect.Request[ca
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node %s is not a cluster member", id))
 	}
 	if err := c.node.RemoveServer(ctx, id); err != nil {
-		if errors.Is(err, raftnode.ErrNotLeader) {
-			return nil, c.notLeader(err)
-		}
-		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("remove server %s: %w", id, err))
+		return nil, c.writeError("remove server "+id, err)
 	}
 	if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_RemoveMember{RemoveMember: &cartv1.RemoveMemberCommand{NodeId: id}}}); err != nil && id != c.o.NodeID {
 		return nil, err

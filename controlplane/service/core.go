@@ -119,8 +119,8 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 	c.ready = make(chan struct{})
 	// The batcher and the state's own-batch check exist before the Raft
 	// node starts applying entries; SetNode only supplies the node.
-	c.batch = newBatcher(nil, o.PlacementBatch, o.PlacementMax, c.log)
-	c.st.SetOwnBatches(c.batch.isOwn)
+	c.batch = newBatcher(nil, o.PlacementBatch, o.PlacementMax, c.log, mu, eng)
+	c.st.SetOwnBatches(c.batch)
 	c.metrics = newCPMetrics(c)
 	return c
 }
@@ -193,7 +193,7 @@ func (c *Core) runLeader(ctx context.Context) {
 	c.ensureMember(ctx)
 	wg.Wait()
 	// A decision that raced the step-down may have queued a placement
-	// after the final flush: drop it rather than keep it for a later term.
+	// after the final flush: undo it rather than keep it for a later term.
 	c.batch.discard()
 }
 
@@ -246,9 +246,8 @@ func (c *Core) sweep(ctx context.Context) {
 			c.forgetDataPlane(id)
 			c.log.Warn("data plane lease expired: its load left the view", "dataplane", id)
 		}
-		undone := c.sweepStale(now)
+		c.sweepStale(now)
 		c.mu.Unlock()
-		c.withdraw(undone, now)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 
@@ -93,4 +94,21 @@ func (c *Core) leaderURL(h http.Header) (string, error) {
 		return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("leader %s has not published its API URL yet", id))
 	}
 	return url, nil
+}
+
+// forwardedWrite passes on the leader's answer to a forwarded write. When
+// the call failed without an answer after it may have reached the leader
+// (connection lost mid-call, deadline), the write's outcome is unknown,
+// which the client must not read as "not done"; only a failed dial is
+// certain not to have delivered it.
+func forwardedWrite[T any](resp *connect.Response[T], err error) (*connect.Response[T], error) {
+	if err == nil || connect.IsWireError(err) {
+		return resp, err
+	}
+	if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
+		return nil, err
+	}
+	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): forwarding to the leader failed: %w", err))
+	e.Meta().Set(HeaderWriteOutcome, "unknown")
+	return nil, e
 }

@@ -56,7 +56,6 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: m.GetExcludeWorkers(), DryRun: m.GetDryRun(), Session: m.GetSessionKey()}, now.UnixNano())
 	var tk uint64
 	var placed []uint64
-	var undone []withdrawal
 	if err == nil && !m.GetDryRun() {
 		if ctx.Err() != nil {
 			// The caller's deadline passed while this waited for the
@@ -69,18 +68,18 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
 		}
 		placed = slices.Clone(d.Placed)
-		tk, undone = c.issue(&ticket{dp: m.GetDataplaneId(), route: m.GetRouteId(), worker: d.Worker, placed: placed, at: now,
+		tk = c.issue(&ticket{dp: m.GetDataplaneId(), route: m.GetRouteId(), worker: d.Worker, placed: placed, at: now,
 			keyLen: keyLen, predicted: d.ChosenChars, placedAgo: d.PlacedAgo})
 		dp := c.dataPlane(m.GetDataplaneId(), now)
 		dp.loads[d.Worker]++
+		if len(placed) > 0 {
+			// Under the engine lock: the batcher's ledger moves with the index.
+			c.batch.Place(d.Worker, placed, now)
+		}
 	}
 	c.mu.Unlock()
 	if err != nil {
 		return nil, capacityError(err)
-	}
-	c.withdraw(undone, now)
-	if len(placed) > 0 {
-		c.batch.Place(d.Worker, placed, now)
 	}
 	elapsed := time.Since(start)
 	c.metrics.routes.WithLabelValues(string(d.Reason)).Inc()
@@ -135,7 +134,6 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 	}
 	now := c.o.Now()
 	var settled uint32
-	var undos []withdrawal
 	dpID := req.Msg.GetDataplaneId()
 	c.mu.Lock()
 	c.dataPlane(dpID, now)
@@ -147,9 +145,7 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 			if !ok || comp.GetRouteId() == 0 {
 				continue // undone when its deadline passed, or never decided
 			}
-			if w, ok := c.settle(id, false, true); ok {
-				undos = append(undos, w)
-			}
+			c.settle(id, false, true)
 			settled++
 			c.metrics.ticketsDropped.WithLabelValues(dropAbandoned).Inc()
 			continue
@@ -158,16 +154,13 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 		if !ok || tk.worker != comp.GetWorker() || tk.dp != dpID {
 			continue // settled already, or issued by an earlier leader: Sync reconciles the load
 		}
-		if w, ok := c.settle(comp.GetTicket(), comp.GetDelivered(), true); ok {
-			undos = append(undos, w)
-		}
+		c.settle(comp.GetTicket(), comp.GetDelivered(), true)
 		settled++
 		if comp.GetDelivered() && comp.GetPromptTokens() > 0 && comp.GetCachedTokens() >= 0 {
 			c.eng.Feedback(tk.worker, tk.keyLen, tk.predicted, tk.placedAgo, int(comp.GetPromptTokens()), int(comp.GetCachedTokens()))
 		}
 	}
 	c.mu.Unlock()
-	c.withdraw(undos, now)
 	return connect.NewResponse(&cartv1.CompleteResponse{Settled: settled}), nil
 }
 

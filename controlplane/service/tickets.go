@@ -35,15 +35,9 @@ type routeKey struct {
 	id uint64
 }
 
-// withdrawal is a placement to replicate as withdrawn once c.mu is released.
-type withdrawal struct {
-	worker string
-	hashes []uint64
-}
-
 // issue records a new ticket and, past the cap, settles the oldest ones as
 // undelivered. c.mu must be held.
-func (c *Core) issue(tk *ticket) (id uint64, undone []withdrawal) {
+func (c *Core) issue(tk *ticket) (id uint64) {
 	c.nextTicket++
 	id = c.nextTicket
 	c.tickets[id] = tk
@@ -60,22 +54,21 @@ func (c *Core) issue(tk *ticket) (id uint64, undone []withdrawal) {
 			}
 			c.oldestTicket++
 		}
-		if w, ok := c.settle(c.oldestTicket, false, true); ok {
-			undone = append(undone, w)
-		}
+		c.settle(c.oldestTicket, false, true)
 		c.metrics.ticketsDropped.WithLabelValues(dropCap).Inc()
 	}
-	return id, undone
+	return id
 }
 
 // settle forgets ticket id. It releases the decision's load when release is
 // set (and the deciding data plane still accounts for it), and withdraws
-// the placement when the request was not delivered, returning it for
-// replication. c.mu must be held.
-func (c *Core) settle(id uint64, delivered, release bool) (withdrawal, bool) {
+// the placement when the request was not delivered, queueing the withdrawal
+// for replication. It reports whether the ticket existed. c.mu must be held
+// (the batcher's ledger moves with the index).
+func (c *Core) settle(id uint64, delivered, release bool) bool {
 	tk, ok := c.tickets[id]
 	if !ok {
-		return withdrawal{}, false
+		return false
 	}
 	delete(c.tickets, id)
 	if tk.route != 0 {
@@ -89,10 +82,13 @@ func (c *Core) settle(id uint64, delivered, release bool) (withdrawal, bool) {
 		c.eng.Release(tk.worker)
 	}
 	if delivered || len(tk.placed) == 0 {
-		return withdrawal{}, false
+		return true
 	}
 	c.eng.Unplace(engine.Decision{Worker: tk.worker, Placed: tk.placed})
-	return withdrawal{tk.worker, tk.placed}, true
+	// The decision's time, so that undoing this withdrawal (if it never
+	// commits) restores the placement as it was.
+	c.batch.Unplace(tk.worker, tk.placed, tk.at)
+	return true
 }
 
 // forgetDataPlane drops the tickets of a data plane whose lease expired
@@ -116,7 +112,7 @@ func (c *Core) forgetDataPlane(id string) {
 // are those. Young tickets are left alone: their answer may still be on
 // its way to the data plane. The load itself needs no release: Sync's
 // absolute counts already exclude these. c.mu must be held.
-func (c *Core) sweepStale(now time.Time) (undone []withdrawal) {
+func (c *Core) sweepStale(now time.Time) {
 	type pair struct{ dp, worker string }
 	young := map[pair]int{}
 	old := map[pair][]uint64{}
@@ -138,18 +134,8 @@ func (c *Core) sweepStale(now time.Time) (undone []withdrawal) {
 		}
 		slices.Sort(ids)
 		for _, id := range ids[:len(ids)-keep] {
-			if w, ok := c.settle(id, false, false); ok {
-				undone = append(undone, w)
-			}
+			c.settle(id, false, false)
 			c.metrics.ticketsDropped.WithLabelValues(dropStale).Inc()
 		}
-	}
-	return undone
-}
-
-// withdraw replicates withdrawn placements; call without c.mu.
-func (c *Core) withdraw(ws []withdrawal, now time.Time) {
-	for _, w := range ws {
-		c.batch.Unplace(w.worker, w.hashes, now)
 	}
 }

@@ -49,6 +49,12 @@ func (s *State) Capture() *Snapshot {
 			pos[indexID(id)] = uint32(i)
 		}
 	}
+	// A leader's index runs ahead of the log by the placements it has not
+	// committed yet; the snapshot stands for the log up to s.applied, so
+	// those are taken back out of the copy (and withdrawals not committed
+	// put back), or a restart or a follower installing it could keep
+	// placements that never commit.
+	fix := s.uncommitted(pos)
 	snap := &Snapshot{header: h}
 	snap.records = make([]*cartv1.IndexRecord, 0, s.eng.Index().Len())
 	s.eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
@@ -61,13 +67,73 @@ func (s *State) Capture() *Snapshot {
 			r.Workers = append(r.Workers, p)
 			r.AtUnixNanos = append(r.AtUnixNanos, hd.At)
 		}
+		if changes, ok := fix[hash]; ok {
+			delete(fix, hash)
+			changes.apply(r)
+		}
 		if len(r.Workers) > 0 {
 			snap.records = append(snap.records, r)
 		}
 		return true
 	})
+	for hash, changes := range fix {
+		r := &cartv1.IndexRecord{Hash: hash}
+		changes.apply(r)
+		if len(r.Workers) > 0 {
+			r.UsedUnixNanos = slices.Max(r.AtUnixNanos)
+			snap.records = append(snap.records, r)
+		}
+	}
 	h.IndexRecords = uint64(len(snap.records))
 	return snap
+}
+
+// holderChange is one uncommitted change to take out of a snapshot.
+type holderChange struct {
+	insert bool
+	worker uint32 // position in the snapshot's worker list
+	at     int64
+}
+
+type holderChanges []holderChange
+
+func (cs holderChanges) apply(r *cartv1.IndexRecord) {
+	for _, c := range cs {
+		i := slices.Index(r.Workers, c.worker)
+		switch {
+		case c.insert && i < 0:
+			r.Workers = append(r.Workers, c.worker)
+			r.AtUnixNanos = append(r.AtUnixNanos, c.at)
+		case !c.insert && i >= 0:
+			r.Workers = slices.Delete(r.Workers, i, i+1)
+			r.AtUnixNanos = slices.Delete(r.AtUnixNanos, i, i+1)
+		}
+	}
+}
+
+// uncommitted collects the ledger's changes by block hash. s.mu held.
+func (s *State) uncommitted(pos map[index.WorkerID]uint32) map[uint64]holderChanges {
+	if s.own == nil {
+		return nil
+	}
+	var fix map[uint64]holderChanges
+	s.own.Uncommitted(func(insert bool, worker string, hashes []uint64, at int64) {
+		id, ok := s.eng.WorkerIDOf(worker)
+		if !ok {
+			return
+		}
+		p, ok := pos[indexID(id)]
+		if !ok {
+			return
+		}
+		if fix == nil {
+			fix = map[uint64]holderChanges{}
+		}
+		for _, h := range hashes {
+			fix[h] = append(fix[h], holderChange{insert: insert, worker: p, at: at})
+		}
+	})
+	return fix
 }
 
 // Write streams the snapshot: the header, then each index record, each
@@ -161,6 +227,9 @@ func (s *State) Restore(r io.Reader) error {
 			holders = append(holders, index.Holder{Worker: ids[p], At: rec.GetAtUnixNanos()[j]})
 		}
 		idx.PutBack(rec.GetHash(), rec.GetUsedUnixNanos(), holders)
+	}
+	if s.own != nil {
+		s.own.Restored()
 	}
 	s.workersVersion = h.GetWorkersVersion()
 	s.applied = h.GetAppliedIndex()

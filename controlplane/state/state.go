@@ -40,14 +40,34 @@ type State struct {
 	members        map[string]string // node id -> API URL
 	applied        uint64
 
-	// ownBatch reports (and forgets) placement batches this node proposed
-	// as leader: their placements are already in its engine, made at
-	// decision time, so applying them again would only hold the lock.
-	ownBatch func(requestID string) bool
+	own OwnBatches
 }
 
-// SetOwnBatches installs the check for batches this node proposed.
-func (s *State) SetOwnBatches(f func(requestID string) bool) { s.ownBatch = f }
+// OwnBatches is the leader's ledger of the index changes it made at
+// decision time, ahead of the log (see controlplane/service). The state
+// tells it what the log decides, so that the ledger can undo exactly the
+// changes that never commit. Every method is called with the engine lock
+// held.
+type OwnBatches interface {
+	// Own reports (and forgets) a placement batch this node proposed and
+	// whose changes its index already holds: applying it again would only
+	// hold the lock.
+	Own(requestID string) bool
+	// Committed is told of every placement or withdrawal applied from the
+	// log that was not Own: from then on the log decides whether worker
+	// holds hashes, not a pending change made before.
+	Committed(worker string, hashes []uint64)
+	// Restored is told that a snapshot replaced the index.
+	Restored()
+	// Uncommitted calls fn with the changes that take the index back to
+	// what the log says, in order: insert=false removes worker as holder
+	// of hashes, insert=true restores it (placed at at).
+	Uncommitted(fn func(insert bool, worker string, hashes []uint64, at int64))
+}
+
+// SetOwnBatches installs the leader's ledger. Call it before the first
+// Apply.
+func (s *State) SetOwnBatches(o OwnBatches) { s.own = o }
 
 // placementChunk bounds how many placements one lock hold applies, so
 // routing decisions interleave with a large batch instead of waiting for
@@ -97,7 +117,13 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		return Result{}, fmt.Errorf("%w: log index %d: version %d, body %T", ErrUnknownCommand, index, cmd.GetVersion(), cmd.GetBody())
 	}
 	if b, ok := cmd.GetBody().(*cartv1.RaftCommand_PlaceBatch); ok {
-		if s.ownBatch == nil || !s.ownBatch(cmd.GetRequestId()) {
+		// Asked under the lock: the ledger may be undoing this very batch
+		// (its proposer gave up on it) and must either finish first, so the
+		// batch is applied here as anyone's, or see it committed.
+		s.mu.Lock()
+		own := s.own != nil && s.own.Own(cmd.GetRequestId())
+		s.mu.Unlock()
+		if !own {
 			s.applyPlacements(b.PlaceBatch.GetWithdrawals(), false)
 			s.applyPlacements(b.PlaceBatch.GetPlacements(), true)
 		}
@@ -129,6 +155,7 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		for _, p := range b.UnplaceBatch.GetPlacements() {
 			if id, ok := s.eng.WorkerIDOf(p.GetWorker()); ok {
 				idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
+				s.committed(p)
 			}
 		}
 	case *cartv1.RaftCommand_SetMember:
@@ -156,8 +183,17 @@ func (s *State) applyPlacements(ps []*cartv1.Placement, insert bool) {
 			} else {
 				idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
 			}
+			s.committed(p)
 		}
 		s.mu.Unlock()
+	}
+}
+
+// committed tells the ledger a placement or withdrawal came from the log.
+// s.mu must be held.
+func (s *State) committed(p *cartv1.Placement) {
+	if s.own != nil {
+		s.own.Committed(p.GetWorker(), p.GetBlockHashes())
 	}
 }
 

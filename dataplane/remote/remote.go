@@ -47,6 +47,8 @@ type Options struct {
 	// again after reporting it unhealthy (it may reset a circuit breaker).
 	OnHealthy func(url string)
 	Seed      uint64
+	// Shadow keeps fallback decisions cache-aware (see shadow.go).
+	Shadow ShadowOptions
 }
 
 // Router implements router.Router against the control plane.
@@ -72,6 +74,8 @@ type Router struct {
 	// routeIDs names each Route call, so one given up on can be reported
 	// abandoned (it has no ticket to name it by).
 	routeIDs atomic.Uint64
+
+	shadow *shadow // nil when disabled
 }
 
 type ticket struct {
@@ -98,6 +102,7 @@ func New(o Options) *Router {
 		rng:      rand.New(rand.NewPCG(o.Seed, uint64(time.Now().UnixNano()))),
 		clients:  map[string]cartv1connect.RouterServiceClient{},
 		flushNow: make(chan struct{}, 1),
+		shadow:   newShadow(o.Shadow),
 	}
 	// A random start keeps a restarted data plane (same id) from naming
 	// its calls like its predecessor's still-unsettled ones.
@@ -190,6 +195,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				r.mu.Lock()
 				r.local[m.GetWorker()]++
 				r.mu.Unlock()
+				r.shadow.record(req.Hashes, m.GetWorker())
 			}
 			return router.Decision{
 				Worker: m.GetWorker(), Reason: m.GetReason(), MatchedChars: int(m.GetMatchedChars()),
@@ -217,6 +223,9 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	d, err := r.fallback(req)
 	if err != nil {
 		return d, err
+	}
+	if !req.DryRun {
+		r.shadow.record(req.Hashes, d.Worker) // outside r.mu: an insert walks the whole path
 	}
 	d.Latency = time.Since(start)
 	if r.o.OnFallback != nil {
@@ -252,13 +261,16 @@ func (u *unavailable) Unwrap() []error { return []error{u.err, router.ErrUnavail
 
 // fallback picks the least-loaded usable worker by this data plane's own
 // in-flight counts, breaking ties at random so that data planes falling
-// back together do not stampede onto one replica.
+// back together do not stampede onto one replica; or, when the shadow
+// index remembers a good enough prefix match on a worker that is not
+// overloaded by the control plane's balance rule, that worker.
 func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var best string
 	bestLoad, ties := 0, 0
 	known := 0
+	var usable []usableWorker
 	for _, w := range r.workers {
 		known++
 		if !w.Healthy || contains(req.Exclude, w.URL) {
@@ -269,6 +281,9 @@ func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 			continue
 		}
 		eff := load + w.LoadPenalty
+		if r.shadow != nil {
+			usable = append(usable, usableWorker{w.URL, eff})
+		}
 		switch {
 		case best == "" || eff < bestLoad:
 			best, bestLoad, ties = w.URL, eff, 1
@@ -286,11 +301,17 @@ func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 		}
 		return router.Decision{}, &unavailable{connect.NewError(connect.CodeResourceExhausted, errors.New(msg))}
 	}
+	d := router.Decision{Reason: ReasonFallbackLocal}
+	if c, chars := r.shadow.pick(req.Hashes, req.KeyLen, r.o.BlockChars, usable, best, bestLoad); c != "" {
+		best, d.Candidate, d.MatchedChars, d.ChosenChars = c, c, chars, chars
+		d.MatchedRatio = float64(chars) / float64(req.KeyLen)
+	}
+	d.Worker, d.Ticket = best, &ticket{worker: best}
 	if !req.DryRun {
 		r.local[best]++
 		r.fallbacks++
 	}
-	return router.Decision{Worker: best, Reason: ReasonFallbackLocal, Ticket: &ticket{worker: best}}, nil
+	return d, nil
 }
 
 func contains(list []string, s string) bool {

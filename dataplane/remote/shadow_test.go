@@ -1,0 +1,295 @@
+package remote
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/dataplane/router"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+const shadowBlockChars = 16
+
+var testShadow = ShadowOptions{Entries: 1 << 12, Threshold: 0.3, BalanceAbs: 4, BalanceRel: 1.5}
+
+func keyHashes(s string) []uint64 { return index.Hash(nil, "m", []byte(s), shadowBlockChars) }
+
+func TestShadowPick(t *testing.T) {
+	prefix := "0123456789abcdef0123456789abcdef0123456789abcdef" // 3 blocks
+	key := prefix + "-tail-of-request"
+	hs := keyHashes(key)
+	s := newShadow(testShadow)
+	s.record(keyHashes(prefix), wA)
+	s.record(keyHashes(prefix[:16]), wB)
+	all := []usableWorker{{wA, 0}, {wB, 0}, {wC, 0}}
+	tests := []struct {
+		name   string
+		usable []usableWorker
+		least  string
+		eff    int
+		want   string
+	}{
+		{"longest match", all, wC, 0, wA},
+		{"longest holder unusable: next", []usableWorker{{wB, 0}, {wC, 0}}, wC, 0, ""}, // wB: 16 of 64 chars < 0.3
+		{"overloaded holder", []usableWorker{{wA, 10}, {wB, 0}, {wC, 0}}, wC, 0, ""},
+		{"busier but within the rule", []usableWorker{{wA, 3}, {wC, 0}}, wC, 0, wA},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got, _ := s.pick(hs, len(key), shadowBlockChars, tt.usable, tt.least, tt.eff); got != tt.want {
+				t.Fatalf("pick = %q, want %q", got, tt.want)
+			}
+		})
+	}
+	// Equal matches: the caller's least-loaded (random) pick wins, so data
+	// planes do not stampede on the first worker in the list.
+	s.record(keyHashes(prefix), wC)
+	if got, _ := s.pick(hs, len(key), shadowBlockChars, all, wC, 0); got != wC {
+		t.Fatalf("tie: pick = %q, want the least-loaded pick %s", got, wC)
+	}
+	if got, _ := (*shadow)(nil).pick(hs, len(key), shadowBlockChars, all, wC, 0); got != "" {
+		t.Fatalf("disabled shadow picked %q", got)
+	}
+}
+
+// The shadow is bounded: old prefixes are forgotten, recent ones kept.
+func TestShadowIsBounded(t *testing.T) {
+	s := newShadow(ShadowOptions{Entries: 64, Threshold: 0.3, BalanceAbs: 4, BalanceRel: 1.5})
+	for i := range 200 {
+		s.record(keyHashes(fmt.Sprintf("prompt-%06d-%s", i, "0123456789abcdef0123456789abcdef")), wA)
+	}
+	if n := s.idx.Len(); n > 64 {
+		t.Fatalf("shadow holds %d entries, bound 64", n)
+	}
+	recent := fmt.Sprintf("prompt-%06d-%s", 199, "0123456789abcdef0123456789abcdef")
+	if got, _ := s.pick(keyHashes(recent), len(recent), shadowBlockChars, []usableWorker{{wA, 0}, {wB, 0}}, wB, 0); got != wA {
+		t.Fatalf("recent prefix forgotten: %q", got)
+	}
+}
+
+// workload is a repeated-prefix workload: groups (a system prompt or a
+// conversation) that requests share, each request with its own tail. Each
+// worker's prefix cache is modelled as an LRU of cacheGroups groups, so the
+// pool can hold every group once but not everywhere: routing blind thrashes
+// it, as on real replicas.
+type workload struct {
+	mu     sync.Mutex
+	rng    *rand.Rand
+	groups []string
+	caches map[string][]int // worker -> groups cached, most recent last
+	seen   map[int]bool
+}
+
+const cacheGroups = 12
+
+func newWorkload(groups int) *workload {
+	w := &workload{rng: rand.New(rand.NewPCG(7, 8)), caches: map[string][]int{}, seen: map[int]bool{}}
+	for g := range groups {
+		w.groups = append(w.groups, fmt.Sprintf("group-%04d: system prompt shared by every request of this group, about eight blocks", g))
+	}
+	return w
+}
+
+func (w *workload) next() (int, string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	g := w.rng.IntN(len(w.groups))
+	return g, fmt.Sprintf("%s|question %08d", w.groups[g], w.rng.Uint32())
+}
+
+// landed sends group g's request to worker and reports whether the group
+// was seen before (a repeat) and whether worker still had it cached (hit).
+func (w *workload) landed(g int, worker string) (repeat, hit bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	repeat = w.seen[g]
+	w.seen[g] = true
+	c := w.caches[worker]
+	if i := slices.Index(c, g); i >= 0 {
+		hit = true
+		c = slices.Delete(c, i, i+1)
+	} else if len(c) >= cacheGroups {
+		c = c[1:]
+	}
+	w.caches[worker] = append(c, g)
+	return repeat, hit
+}
+
+type faultResult struct {
+	requests, fallbacks, repeats, hits int
+}
+
+func (r faultResult) String() string {
+	return fmt.Sprintf("fallback %.0f%%, hit ratio %.0f%% (%d requests, %d repeats)",
+		100*float64(r.fallbacks)/float64(max(1, r.requests)), 100*float64(r.hits)/float64(max(1, r.repeats)), r.requests, r.repeats)
+}
+
+// runFault warms two data planes through a cache-aware control plane, then
+// breaks it (slow: every Route takes 200 ms against a 20 ms route timeout;
+// cut: unreachable) and measures the fault phase: the share of decisions
+// that fell back, and the share of repeated-prefix requests landing on a
+// worker that had the prefix.
+func runFault(t *testing.T, mode string, shadowOn bool) faultResult {
+	t.Helper()
+	workers := []string{wA, wB, wC, wD}
+	var syncWorkers []*cartv1.Worker
+	for _, w := range workers {
+		syncWorkers = append(syncWorkers, &cartv1.Worker{Url: w, Healthy: true})
+	}
+	var engMu sync.Mutex
+	eng := engine.New(engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 4, BalanceRelThreshold: 1.5, BlockChars: shadowBlockChars},
+		index.New(index.Options{MaxEntries: 1 << 16}), rand.New(rand.NewPCG(1, 2)))
+	specs := make([]engine.WorkerSpec, len(workers))
+	for i, w := range workers {
+		specs[i] = engine.WorkerSpec{URL: w}
+	}
+	eng.SetWorkers(specs)
+	cp := newFakeCP(t)
+	cp.set(func(f *fakeCP) {
+		f.syncResp = &cartv1.SyncResponse{Workers: syncWorkers, WorkersVersion: 1}
+		f.routeFn = func(req *cartv1.RouteRequest) *cartv1.RouteResponse {
+			engMu.Lock()
+			defer engMu.Unlock()
+			d, err := eng.Route(engine.Request{Hashes: req.GetBlockHashes(), KeyLen: int(req.GetKeyLength())}, time.Now().UnixNano())
+			if err != nil {
+				t.Error(err)
+				return &cartv1.RouteResponse{Worker: wA}
+			}
+			eng.Release(d.Worker) // load is not what this harness measures
+			return &cartv1.RouteResponse{Worker: d.Worker, Reason: string(d.Reason), FromLeader: true}
+		}
+	})
+	// A generous timeout while warming up, so that a loaded machine does
+	// not turn warm-up decisions into fallbacks; the fault phase uses the
+	// production default of 20 ms.
+	opts := Options{ControlPlanes: []string{cp.url}, RouteTimeout: 5 * time.Second, BlockChars: shadowBlockChars}
+	if shadowOn {
+		opts.Shadow = testShadow
+	}
+	var dps []*Router
+	for i := range 2 {
+		o := opts
+		o.ID, o.Seed = fmt.Sprintf("dp%d", i), uint64(i)
+		dp := newTestRouter(t, o)
+		if err := dp.SyncOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		dps = append(dps, dp)
+	}
+	wl := newWorkload(40)
+	const inFlight = 2 // per client: requests complete two decisions later
+	phase := func(n, clients int) faultResult {
+		var mu sync.Mutex
+		var res faultResult
+		var wg sync.WaitGroup
+		for c := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var open []router.Decision
+				var openDP []*Router
+				for i := c; i < n; i += clients {
+					dp := dps[i%len(dps)]
+					g, key := wl.next()
+					d, err := dp.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(key), KeyLen: len(key)})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					repeat, hit := wl.landed(g, d.Worker)
+					mu.Lock()
+					res.requests++
+					if d.Reason == ReasonFallbackLocal {
+						res.fallbacks++
+					}
+					if repeat {
+						res.repeats++
+						if hit {
+							res.hits++
+						}
+					}
+					mu.Unlock()
+					open, openDP = append(open, d), append(openDP, dp)
+					if len(open) > inFlight {
+						openDP[0].Done(open[0], router.Outcome{Delivered: true})
+						open, openDP = open[1:], openDP[1:]
+					}
+				}
+				for i := range open {
+					openDP[i].Done(open[i], router.Outcome{Delivered: true})
+				}
+			}()
+		}
+		wg.Wait()
+		return res
+	}
+	warm := phase(200, 1)
+	if warm.fallbacks != 0 {
+		t.Fatalf("warm-up fell back: %v", warm)
+	}
+	for _, dp := range dps {
+		dp.o.RouteTimeout = 20 * time.Millisecond
+	}
+	switch mode {
+	case "slow":
+		cp.set(func(f *fakeCP) { f.routeDelay = 200 * time.Millisecond })
+	case "cut":
+		cp.srv.CloseClientConnections()
+		cp.srv.Close()
+	}
+	clients := 1
+	if mode == "slow" {
+		clients = 16 // every decision waits out the 20 ms route timeout
+	}
+	return phase(400, clients)
+}
+
+// With the control plane slow or cut off, fallback keeps routing repeated
+// prefixes to the worker that has them, instead of least-loaded blind.
+func TestFallbackKeepsCacheAwareness(t *testing.T) {
+	for _, mode := range []string{"cut", "slow"} {
+		t.Run(mode, func(t *testing.T) {
+			before := runFault(t, mode, false)
+			after := runFault(t, mode, true)
+			t.Logf("%s control plane: without shadow: %v; with shadow: %v", mode, before, after)
+			for _, r := range []faultResult{before, after} {
+				if r.fallbacks*10 < r.requests*9 {
+					t.Fatalf("the fault did not make decisions fall back: %v", r)
+				}
+			}
+			if after.hits*100 < after.repeats*65 || (after.hits-before.hits)*100 < after.repeats*25 {
+				t.Fatalf("shadow fallback hit ratio not clearly better: before %v, after %v", before, after)
+			}
+		})
+	}
+}
+
+// During a long outage most prefixes are new: the shadow learns from the
+// fallback's own decisions, so a prefix's next request follows its first.
+func TestFallbackLearnsFromItsOwnDecisions(t *testing.T) {
+	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t)}, BlockChars: shadowBlockChars, Shadow: testShadow,
+		BootWorkers: []router.WorkerStatus{{URL: wA, Healthy: true}, {URL: wB, Healthy: true}, {URL: wC, Healthy: true}, {URL: wD, Healthy: true}}})
+	for i := range 20 {
+		prefix := fmt.Sprintf("conversation %04d: the first message of this conversation, several blocks", i)
+		first, err := r.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prefix + " turn 1"), KeyLen: len(prefix) + 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(first, router.Outcome{Delivered: true})
+		next, err := r.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prefix + " turn 2"), KeyLen: len(prefix) + 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(next, router.Outcome{Delivered: true})
+		if next.Reason != ReasonFallbackLocal || next.Worker != first.Worker || next.Candidate != first.Worker || next.MatchedChars == 0 {
+			t.Fatalf("prefix %d: first went to %s, next %+v", i, first.Worker, next)
+		}
+	}
+}
