@@ -72,6 +72,14 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	if err != nil {
 		return nil, err
 	}
+	// The leader probes workers; keyed workers (vLLM --api-key) need their
+	// key on probes or they are all marked down.
+	workerKeys, err := server.WorkerKeys(cfg)
+	if err != nil {
+		return nil, err
+	}
+	healthCfg := server.HealthConfig(cfg)
+	healthCfg.WorkerKey = workerKeys.Get
 	cp := cfg.ControlPlane
 	client, err := cpclient.New(cfg.DataPlane.ClientTLS)
 	if err != nil {
@@ -88,7 +96,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		PlacementBatch: time.Duration(cp.PlacementBatchMs) * time.Millisecond,
 		PlacementMax:   cp.PlacementBatchMax,
 		LoadLease:      time.Duration(cp.LoadLeaseSecs * float64(time.Second)),
-		Health:         server.HealthConfig(cfg),
+		Health:         healthCfg,
 		Token:          token,
 		AdminToken:     adminToken,
 		Logger:         log,

@@ -152,19 +152,27 @@ type WorkerKeys struct {
 // workerKeys is swapped whole on reload.
 type workerKeys struct{ v atomic.Pointer[WorkerKeys] }
 
-func (k *workerKeys) get(worker string) string {
-	wk := k.v.Load()
-	if wk == nil {
-		return ""
-	}
-	if s, ok := wk.PerWorker[worker]; ok {
+// Get returns the key for worker: its own, else the default.
+func (k WorkerKeys) Get(worker string) string {
+	if s, ok := k.PerWorker[worker]; ok {
 		return s
 	}
-	return wk.Default
+	return k.Default
+}
+
+func (k *workerKeys) get(worker string) string {
+	if wk := k.v.Load(); wk != nil {
+		return wk.Get(worker)
+	}
+	return ""
 }
 
 // SetWorkerKeys replaces the worker keys (SIGHUP reload).
 func (p *Proxy) SetWorkerKeys(k WorkerKeys) { p.workerKeys.v.Store(&k) }
+
+// WorkerKey is the key currently sent to worker ("" for none), for health
+// probes, which must authenticate like requests do.
+func (p *Proxy) WorkerKey(worker string) string { return p.workerKeys.get(worker) }
 
 // clientCredentialHeaders are what clients authenticate to CART with; they
 // are never forwarded, since a worker has no business seeing a tenant's
