@@ -108,6 +108,10 @@ tls_server_name, timeout and output; unknown keys are an error.
 --server may list several control-plane URLs separated by commas; they are
 tried in order while a server is unreachable or unavailable.
 
+A token is never sent over plain http:// to a host other than loopback
+unless --insecure is given; a token file, or a config file holding a token,
+that other local users can read is warned about.
+
 ` + exitCodesHelp,
 		Version:       buildinfo.String("cartctl"),
 		SilenceUsage:  true,

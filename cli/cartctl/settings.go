@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -63,6 +64,7 @@ type globalFlags struct {
 	tlsServerName string
 	timeout       time.Duration
 	output        string
+	insecure      bool
 }
 
 func (g *globalFlags) register(root *cobra.Command) {
@@ -77,6 +79,7 @@ func (g *globalFlags) register(root *cobra.Command) {
 	f.StringVar(&g.tlsServerName, "tls-server-name", "", "server name to verify the control plane's certificate against")
 	f.DurationVar(&g.timeout, "timeout", defaultTimeout, "deadline for the whole command, across all servers tried")
 	f.StringVarP(&g.output, "output", "o", outputTable, "output format: table or json")
+	f.BoolVar(&g.insecure, "insecure", false, "allow sending the token over plain http:// to a host other than loopback, where anyone on the path can read it")
 }
 
 // settings are the resolved, validated global settings.
@@ -86,6 +89,8 @@ type settings struct {
 	tls     config.ClientTLS
 	timeout time.Duration
 	output  string
+	// warnings are printed to stderr by commands that use the settings.
+	warnings []string
 }
 
 // source is one layer of settings. A key absent from values is not set by
@@ -93,8 +98,9 @@ type settings struct {
 // value is set to empty (e.g. `--token ""` to drop a token from the config
 // file).
 type source struct {
-	name   string
-	values map[string]string
+	name     string
+	values   map[string]string
+	warnings []string
 }
 
 // settings resolves the global settings from a command's parsed flags
@@ -112,7 +118,12 @@ func (a *app) settings(flags *pflag.FlagSet) (*settings, error) {
 	if err != nil {
 		return nil, err
 	}
-	return finalize(values, origin)
+	s, err := finalize(values, origin)
+	if err != nil {
+		return nil, err
+	}
+	s.warnings = append(file.warnings, s.warnings...)
+	return s, nil
 }
 
 func flagSource(flags *pflag.FlagSet) source {
@@ -183,6 +194,11 @@ func (a *app) fileSource(flags *pflag.FlagSet) (source, error) {
 	dec.KnownFields(true)
 	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
 		return s, usagef("config file %s: %v", path, err)
+	}
+	if fc.Token != nil && *fc.Token != "" {
+		if w := exposedSecret(path, "config file "+path+" holds a token"); w != "" {
+			s.warnings = append(s.warnings, w)
+		}
 	}
 	for k, v := range map[string]*string{
 		keyServer: fc.Server, keyToken: fc.Token, keyTokenFile: fc.TokenFile,
@@ -295,6 +311,44 @@ func finalize(values, origin map[string]string) (*settings, error) {
 		if s.token == "" {
 			return nil, bad(keyTokenFile, "token file %s is empty", path)
 		}
+		if w := exposedSecret(path, "token file "+path); w != "" {
+			s.warnings = append(s.warnings, w)
+		}
 	}
 	return s, nil
+}
+
+// exposedSecret returns a warning when the file at path can be read by its
+// group or by everyone: any local user could then act as the operator.
+func exposedSecret(path, what string) string {
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm()&0o044 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s is readable by group or others (mode %04o); run chmod 600 %s", what, fi.Mode().Perm(), path)
+}
+
+// checkCleartext refuses to send a token over plain http:// to anything
+// but loopback, where it would cross a network in the clear, unless the
+// user says --insecure.
+func checkCleartext(s *settings, insecure bool) error {
+	if s.token == "" || insecure {
+		return nil
+	}
+	for _, raw := range s.servers {
+		u, err := url.Parse(raw)
+		if err != nil || u.Scheme != "http" || loopbackHost(u.Hostname()) {
+			continue
+		}
+		return usagef("refusing to send the token over plain http to %s: use https:// (see --tls-ca), or pass --insecure if the network path is trusted", raw)
+	}
+	return nil
+}
+
+func loopbackHost(h string) bool {
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }

@@ -166,7 +166,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	}
 	d.API = api
 	if !existing && !cp.Bootstrap && len(cp.Join) > 0 {
-		go d.join(ctx, client, firstNonEmpty(adminToken, token))
+		// Joining adds a Raft voter: an admin operation, never one the
+		// cluster token (which data planes hold) may perform.
+		go d.join(ctx, client, adminToken)
 	}
 	if cp.Bootstrap {
 		go d.seedWorkers(ctx)
