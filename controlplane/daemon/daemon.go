@@ -192,13 +192,6 @@ func loopbackAddr(hostPort string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func firstNonEmpty(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
 // join asks the cluster (any listed node; followers forward to the
 // leader) to add this node as a voter, retrying until it succeeds.
 func (d *Daemon) join(ctx context.Context, client *http.Client, token string) {
