@@ -133,7 +133,7 @@ func (a *app) withSession(cmd *cobra.Command, fn func(ctx context.Context, s *se
 	for _, w := range st.warnings {
 		fmt.Fprintf(a.stderr, "cartctl: warning: %s\n", w)
 	}
-	if err := checkCleartext(st, a.flags.insecure); err != nil {
+	if err := checkCleartext(st); err != nil {
 		return err
 	}
 	cp, err := dial(st)

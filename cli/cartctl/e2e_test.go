@@ -574,6 +574,13 @@ func TestE2ETokenSafety(t *testing.T) {
 	if r.code == exitUsage || strings.Contains(r.stderr, "refusing") {
 		t.Errorf("--insecure still refused: %d %q", r.code, r.stderr)
 	}
+	// So does CARTCTL_INSECURE=true (what an in-cluster Job sets); a typo in
+	// it is a usage error, not a silent "false".
+	r = cartctl(t, map[string]string{"CARTCTL_INSECURE": "true"}, "", "--server", remote, "--token", "s3cret", "--timeout", "2s", "workers", "list")
+	if r.code == exitUsage || strings.Contains(r.stderr, "refusing") {
+		t.Errorf("CARTCTL_INSECURE=true still refused: %d %q", r.code, r.stderr)
+	}
+	cartctl(t, map[string]string{"CARTCTL_INSECURE": "yes please"}, "", "--server", remote, "--token", "s3cret", "workers", "list").must(t, exitUsage)
 	// No token, nothing to protect.
 	r = cartctl(t, nil, "", "--server", remote, "--timeout", "2s", "workers", "list")
 	if r.code == exitUsage {

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,9 +34,10 @@ const (
 	keyTLSServerName = "tls_server_name"
 	keyTimeout       = "timeout"
 	keyOutput        = "output"
+	keyInsecure      = "insecure"
 )
 
-var settingKeys = []string{keyServer, keyToken, keyTokenFile, keyTLSCA, keyTLSCert, keyTLSKey, keyTLSServerName, keyTimeout, keyOutput}
+var settingKeys = []string{keyServer, keyToken, keyTokenFile, keyTLSCA, keyTLSCert, keyTLSKey, keyTLSServerName, keyTimeout, keyOutput, keyInsecure}
 
 const (
 	defaultServer  = "http://127.0.0.1:6701"
@@ -89,6 +91,8 @@ type settings struct {
 	tls     config.ClientTLS
 	timeout time.Duration
 	output  string
+	// insecure allows a token over plain http:// to a non-loopback host.
+	insecure bool
 	// warnings are printed to stderr by commands that use the settings.
 	warnings []string
 }
@@ -162,6 +166,7 @@ type fileSettings struct {
 	TLSServerName *string `yaml:"tls_server_name"`
 	Timeout       *string `yaml:"timeout"`
 	Output        *string `yaml:"output"`
+	Insecure      *string `yaml:"insecure"`
 }
 
 // fileSource loads the config file: --config, else $CARTCTL_CONFIG, else
@@ -203,7 +208,7 @@ func (a *app) fileSource(flags *pflag.FlagSet) (source, error) {
 	for k, v := range map[string]*string{
 		keyServer: fc.Server, keyToken: fc.Token, keyTokenFile: fc.TokenFile,
 		keyTLSCA: fc.TLSCA, keyTLSCert: fc.TLSCert, keyTLSKey: fc.TLSKey, keyTLSServerName: fc.TLSServerName,
-		keyTimeout: fc.Timeout, keyOutput: fc.Output,
+		keyTimeout: fc.Timeout, keyOutput: fc.Output, keyInsecure: fc.Insecure,
 	} {
 		if v != nil {
 			s.values[k] = *v
@@ -274,6 +279,11 @@ func finalize(values, origin map[string]string) (*settings, error) {
 		return nil, bad(keyTimeout, "timeout must be a positive duration such as 10s, not %q", values[keyTimeout])
 	}
 	s.timeout = d
+	if v := values[keyInsecure]; v != "" {
+		if s.insecure, err = strconv.ParseBool(v); err != nil {
+			return nil, bad(keyInsecure, "insecure must be true or false, not %q", v)
+		}
+	}
 
 	s.tls = config.ClientTLS{CAFile: values[keyTLSCA], CertFile: values[keyTLSCert], KeyFile: values[keyTLSKey], ServerName: values[keyTLSServerName]}
 	if (s.tls.CertFile == "") != (s.tls.KeyFile == "") {
@@ -331,8 +341,8 @@ func exposedSecret(path, what string) string {
 // checkCleartext refuses to send a token over plain http:// to anything
 // but loopback, where it would cross a network in the clear, unless the
 // user says --insecure.
-func checkCleartext(s *settings, insecure bool) error {
-	if s.token == "" || insecure {
+func checkCleartext(s *settings) error {
+	if s.token == "" || s.insecure {
 		return nil
 	}
 	for _, raw := range s.servers {

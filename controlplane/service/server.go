@@ -93,9 +93,11 @@ type authn struct {
 
 func (a *authn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := a.z.check(r.URL.Path, r.RemoteAddr, r.Header); err != nil {
-		// Close rather than drain an unread body the caller may never
-		// finish sending.
-		w.Header().Set("Connection", "close")
+		if r.ProtoMajor < 2 {
+			// Close rather than drain an unread body the caller may never
+			// finish sending (HTTP/2 resets just the stream).
+			w.Header().Set("Connection", "close")
+		}
 		if a.errw.IsSupported(r) {
 			_ = a.errw.Write(w, r, err)
 			return

@@ -179,4 +179,10 @@ what its role uses (a data plane never the admin token). */}}
   value: {{ include "cart.cpURL" . | quote }}
 - name: CARTCTL_TOKEN_FILE
   value: {{ include "cart.adminTokenFile" . | quote }}
+# The chart's control-plane API is plain HTTP on the pod network, and
+# cartctl refuses to send a token over plain http to anything but loopback
+# unless told: here it is told, since pod-to-pod is the deployment's trust
+# boundary (restrict it with NetworkPolicies).
+- name: CARTCTL_INSECURE
+  value: "true"
 {{- end }}
