@@ -87,6 +87,11 @@ type Server struct {
 	MaxHeaderBytes        int     `yaml:"max_header_bytes"`
 	ShutdownGraceSecs     float64 `yaml:"shutdown_grace_secs"`
 	TLS                   TLS     `yaml:"tls"`
+	// MetricsAddr moves GET /metrics to its own plaintext listener
+	// (host:port), so scrapers can be let in on a private interface while
+	// the client port stays closed to them; empty keeps /metrics on the
+	// client listener.
+	MetricsAddr string `yaml:"metrics_addr"`
 }
 
 // TLS names the PEM files for a listener. An empty CertFile means plaintext.
@@ -120,6 +125,10 @@ type Worker struct {
 	// CacheCapacityTokens overrides Cache.CapacityTokens for this worker;
 	// 0 means use the global value.
 	CacheCapacityTokens int64 `yaml:"cache_capacity_tokens"`
+	// APIKeyFile holds the key this worker expects (vLLM --api-key); it is
+	// sent as "Authorization: Bearer <key>" on requests and health probes.
+	// Empty falls back to proxy.worker_api_key_file.
+	APIKeyFile string `yaml:"api_key_file"`
 }
 
 // Cache tunes the cache-aware routing decision and the prefix index.
@@ -177,6 +186,9 @@ type Proxy struct {
 	RetryBudgetRatio float64 `yaml:"retry_budget_ratio"`
 	RetryBudgetMin   int     `yaml:"retry_budget_min"`
 	ModelsCacheSecs  float64 `yaml:"models_cache_secs"`
+	// WorkerAPIKeyFile is the pool-wide worker key, for workers without
+	// their own api_key_file (including workers added through cartctl).
+	WorkerAPIKeyFile string `yaml:"worker_api_key_file"`
 }
 
 // CircuitBreaker configures per-worker passive failure detection.
@@ -201,20 +213,54 @@ type Log struct {
 	Format string `yaml:"format"`
 }
 
-// Auth configures bearer-token authentication. Tokens may be given inline or
-// read from files (preferred: keeps secrets out of config repos and process
-// listings); use Config.Tokens to obtain the effective values.
+// Auth configures the credentials of the three roles that talk to CART.
+// They never stand in for one another:
+//
+//   - client keys (ClientKeys): what API clients present to the proxy
+//     (all-in-one router and data planes);
+//   - the cluster token (Token): what data planes and control-plane peers
+//     present to the control-plane API (RouterService);
+//   - the admin token (AdminToken): AdminService and the proxy's /workers.
+//
+// Secrets may be given inline or read from files (preferred: keeps them out
+// of config repos and process listings); use Config.Tokens and
+// Config.ClientKeys to obtain the effective values.
 type Auth struct {
 	Token          string `yaml:"token"`
 	TokenFile      string `yaml:"token_file"`
 	AdminToken     string `yaml:"admin_token"`
 	AdminTokenFile string `yaml:"admin_token_file"`
-	// AllowUnauthenticatedRemote is the explicit opt-in to serve without a
-	// token on a non-loopback address. Validate does not enforce it: the
-	// defaults (0.0.0.0, no token) must stay loadable, and only the server
-	// knows which listeners it actually opens, so the check belongs there.
+	// ClientKeys are the named API keys clients send as
+	// "Authorization: Bearer <key>" or "x-api-key: <key>". The name is the
+	// tenant label in logs and metrics.
+	ClientKeys []ClientKey `yaml:"client_keys"`
+	// AllowUnauthenticatedRemote is the explicit opt-in to serve without
+	// credentials on a non-loopback address: a proxy role without client
+	// keys, or a control plane without a cluster token. Validate does not
+	// enforce it: the defaults (0.0.0.0, no keys) must stay loadable, and
+	// only the server knows which listeners it actually opens, so the check
+	// belongs there.
 	AllowUnauthenticatedRemote bool `yaml:"allow_unauthenticated_remote"`
 }
+
+// ClientKey is one tenant's API key.
+type ClientKey struct {
+	// Name labels the tenant in logs and metrics (bounded cardinality:
+	// only configured names appear).
+	Name    string `yaml:"name"`
+	Key     string `yaml:"key"`
+	KeyFile string `yaml:"key_file"`
+}
+
+// NamedKey is a resolved client key.
+type NamedKey struct {
+	Name string
+	Key  string
+}
+
+// AnonymousTenant labels requests when no client keys are configured (and
+// requests refused for lack of a valid key). Config names may not use it.
+const AnonymousTenant = "anonymous"
 
 // ControlPlane configures a Raft-backed control plane node.
 type ControlPlane struct {
@@ -350,12 +396,12 @@ func (c *Config) Origin(key string) (file string, line int) {
 	return o.file, o.line
 }
 
-// Tokens returns the effective data-plane and admin bearer tokens, reading
+// Tokens returns the effective cluster and admin bearer tokens, reading
 // token files when configured. File contents are trimmed because editors and
 // `echo` add trailing newlines that would otherwise become part of the
 // secret. An empty result means that kind of authentication is disabled.
-func (c *Config) Tokens() (data, admin string, err error) {
-	data, err = resolveToken(c.Auth.Token, c.Auth.TokenFile, "auth.token_file")
+func (c *Config) Tokens() (cluster, admin string, err error) {
+	cluster, err = resolveToken(c.Auth.Token, c.Auth.TokenFile, "auth.token_file")
 	if err != nil {
 		return "", "", err
 	}
@@ -363,7 +409,47 @@ func (c *Config) Tokens() (data, admin string, err error) {
 	if err != nil {
 		return "", "", err
 	}
-	return data, admin, nil
+	return cluster, admin, nil
+}
+
+// ClientKeys returns the configured client keys with key files read.
+func (c *Config) ClientKeys() ([]NamedKey, error) {
+	out := make([]NamedKey, 0, len(c.Auth.ClientKeys))
+	for i, k := range c.Auth.ClientKeys {
+		key, err := resolveToken(k.Key, k.KeyFile, fmt.Sprintf("auth.client_keys[%d].key_file", i))
+		if err != nil {
+			return nil, err
+		}
+		if key == "" {
+			return nil, fmt.Errorf("auth.client_keys[%d]: key or key_file is required", i)
+		}
+		out = append(out, NamedKey{Name: k.Name, Key: key})
+	}
+	return out, nil
+}
+
+// WorkerKeys returns the key each configured worker expects, by worker URL,
+// and the pool default (for workers not in the config, e.g. added through
+// the control plane). Workers without a key of their own get the default.
+func (c *Config) WorkerKeys() (perWorker map[string]string, poolDefault string, err error) {
+	poolDefault, err = resolveToken("", c.Proxy.WorkerAPIKeyFile, "proxy.worker_api_key_file")
+	if err != nil {
+		return nil, "", err
+	}
+	perWorker = make(map[string]string, len(c.Workers))
+	for i, w := range c.Workers {
+		k, err := resolveToken("", w.APIKeyFile, fmt.Sprintf("workers[%d].api_key_file", i))
+		if err != nil {
+			return nil, "", err
+		}
+		if k == "" {
+			k = poolDefault
+		}
+		if k != "" {
+			perWorker[w.URL] = k
+		}
+	}
+	return perWorker, poolDefault, nil
 }
 
 func resolveToken(inline, file, key string) (string, error) {

@@ -29,11 +29,22 @@ func TestExampleMatchesDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load(%s): %v", examplePath, err)
 	}
-	if got := DiffKeys(Default(), c); !reflect.DeepEqual(got, []string{"workers"}) {
-		t.Errorf("%s differs from Default() in %v (only workers may differ)", examplePath, got)
+	if got := DiffKeys(Default(), c); !reflect.DeepEqual(got, []string{"workers", "auth.client_keys"}) {
+		t.Errorf("%s differs from Default() in %v (only workers and auth.client_keys may differ)", examplePath, got)
 	}
 	if len(c.Workers) == 0 {
 		t.Errorf("%s should show an example workers list", examplePath)
+	}
+	if len(c.Auth.ClientKeys) == 0 || c.Auth.ClientKeys[0].KeyFile == "" {
+		t.Errorf("%s should show a client key read from a file", examplePath)
+	}
+	// The example's key file lives on a server, not here: stand one in.
+	keyFile := filepath.Join(t.TempDir(), "team-a")
+	if err := os.WriteFile(keyFile, []byte("example-key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i := range c.Auth.ClientKeys {
+		c.Auth.ClientKeys[i].KeyFile = keyFile
 	}
 	if err := c.Validate(RoleAllInOne); err != nil {
 		t.Errorf("%s does not validate: %v", examplePath, err)

@@ -26,6 +26,17 @@ func (c *Config) YAML() ([]byte, error) {
 	if out.Auth.AdminToken != "" {
 		out.Auth.AdminToken = Redacted
 	}
+	if len(out.Auth.ClientKeys) > 0 {
+		// A fresh slice: out shares the caller's backing array.
+		keys := make([]ClientKey, len(out.Auth.ClientKeys))
+		for i, k := range out.Auth.ClientKeys {
+			if k.Key != "" {
+				k.Key = Redacted
+			}
+			keys[i] = k
+		}
+		out.Auth.ClientKeys = keys
+	}
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)

@@ -148,6 +148,7 @@ func TestYAMLRedactsTokens(t *testing.T) {
 	c.Auth.Token = "s3cret-data"
 	c.Auth.AdminToken = "s3cret-admin"
 	c.Auth.TokenFile = "/run/secrets/unused"
+	c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "s3cret-client"}, {Name: "b", KeyFile: "/run/secrets/b"}}
 	out, err := c.YAML()
 	if err != nil {
 		t.Fatal(err)
@@ -156,17 +157,17 @@ func TestYAMLRedactsTokens(t *testing.T) {
 	if strings.Contains(s, "s3cret") {
 		t.Errorf("rendered YAML leaks a token:\n%s", s)
 	}
-	if strings.Count(s, Redacted) != 2 {
-		t.Errorf("want two %q markers:\n%s", Redacted, s)
+	if strings.Count(s, Redacted) != 3 {
+		t.Errorf("want three %q markers:\n%s", Redacted, s)
 	}
 	if !strings.Contains(s, "/run/secrets/unused") {
 		t.Errorf("token file path should be shown:\n%s", s)
 	}
-	if c.Auth.Token != "s3cret-data" {
+	if c.Auth.Token != "s3cret-data" || c.Auth.ClientKeys[0].Key != "s3cret-client" {
 		t.Errorf("YAML() modified the config")
 	}
 	back := mustLoad(t, s)
-	if d := DiffKeys(c, back); !reflect.DeepEqual(d, []string{"auth.token", "auth.admin_token"}) {
+	if d := DiffKeys(c, back); !reflect.DeepEqual(d, []string{"auth.token", "auth.admin_token", "auth.client_keys"}) {
 		t.Errorf("DiffKeys after round trip = %v", d)
 	}
 

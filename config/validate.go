@@ -212,6 +212,9 @@ func (v *validator) server() {
 	v.intAtLeast("server.max_header_bytes", int64(s.MaxHeaderBytes), 4096)
 	v.floatAtLeast("server.shutdown_grace_secs", s.ShutdownGraceSecs, 0)
 	v.tls("server.tls", s.TLS)
+	if s.MetricsAddr != "" && v.hostPort("server.metrics_addr", s.MetricsAddr) && s.MetricsAddr == s.Addr() {
+		v.add("server.metrics_addr", "must differ from the client listener (%s): leave it empty to serve /metrics there", s.Addr())
+	}
 }
 
 func (v *validator) workers(role Role) {
@@ -232,6 +235,9 @@ func (v *validator) workers(role Role) {
 		v.intAtLeast(key+".max_load", int64(w.MaxLoad), 0)
 		v.intAtLeast(key+".load_penalty", int64(w.LoadPenalty), 0)
 		v.intAtLeast(key+".cache_capacity_tokens", w.CacheCapacityTokens, 0)
+		if w.APIKeyFile != "" {
+			v.secret(key+".api_key_file", "", w.APIKeyFile)
+		}
 	}
 }
 
@@ -286,6 +292,9 @@ func (v *validator) proxy() {
 	v.fraction("proxy.retry_budget_ratio", p.RetryBudgetRatio)
 	v.intAtLeast("proxy.retry_budget_min", int64(p.RetryBudgetMin), 0)
 	v.floatAtLeast("proxy.models_cache_secs", p.ModelsCacheSecs, 0)
+	if p.WorkerAPIKeyFile != "" {
+		v.secret("proxy.worker_api_key_file", "", p.WorkerAPIKeyFile)
+	}
 }
 
 func (v *validator) circuitBreaker() {
@@ -348,12 +357,66 @@ func (v *validator) log() {
 
 func (v *validator) auth() {
 	a := v.c.Auth
+	// owner maps each secret to the key that set it: one value serving two
+	// roles would let a client key act as the cluster or admin credential.
+	owner := map[string]string{}
+	claim := func(key, secret string) {
+		if secret == "" {
+			return
+		}
+		if first, dup := owner[secret]; dup {
+			v.add(key, "has the same value as %s: client keys, the cluster token and the admin token must all differ, or one role's credential would work for another", first)
+			return
+		}
+		owner[secret] = key
+	}
 	if a.Token != "" && a.TokenFile != "" {
 		v.add("auth.token_file", "cannot be combined with auth.token: set only one of them")
+	} else {
+		claim("auth.token", v.secret("auth.token_file", a.Token, a.TokenFile))
 	}
 	if a.AdminToken != "" && a.AdminTokenFile != "" {
 		v.add("auth.admin_token_file", "cannot be combined with auth.admin_token: set only one of them")
+	} else {
+		claim("auth.admin_token", v.secret("auth.admin_token_file", a.AdminToken, a.AdminTokenFile))
 	}
+	names := map[string]int{}
+	for i, k := range a.ClientKeys {
+		key := fmt.Sprintf("auth.client_keys[%d]", i)
+		switch {
+		case k.Name == "":
+			v.add(key+".name", "is required: it labels the tenant in logs and metrics")
+		case !idPattern.MatchString(k.Name) || len(k.Name) > 64:
+			v.add(key+".name", "may only contain letters, digits, '.', '_' and '-' (at most 64), got %q", k.Name)
+		case k.Name == AnonymousTenant:
+			v.add(key+".name", "%q is reserved for requests without a client key", AnonymousTenant)
+		default:
+			if first, dup := names[k.Name]; dup {
+				v.add(key+".name", "duplicate tenant name %q (same as auth.client_keys[%d])", k.Name, first)
+			}
+			names[k.Name] = i
+		}
+		switch {
+		case k.Key != "" && k.KeyFile != "":
+			v.add(key+".key_file", "cannot be combined with key: set only one of them")
+		case k.Key == "" && k.KeyFile == "":
+			v.add(key+".key_file", "is required (or an inline key): a client key without a secret would admit anyone")
+		default:
+			claim(key, v.secret(key+".key_file", k.Key, k.KeyFile))
+		}
+	}
+}
+
+// secret resolves an inline-or-file secret, reporting an unreadable or
+// empty file against fileKey, so `--config-check` catches a missing secret
+// mount before the process starts without it.
+func (v *validator) secret(fileKey, inline, file string) string {
+	s, err := resolveToken(inline, file, fileKey)
+	if err != nil {
+		v.add(fileKey, "%v", strings.TrimPrefix(err.Error(), fileKey+": "))
+		return ""
+	}
+	return s
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)

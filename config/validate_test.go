@@ -2,6 +2,8 @@ package config
 
 import (
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -170,6 +172,29 @@ func TestValidateRules(t *testing.T) {
 		// auth
 		{"token and token file", RoleAllInOne, func(c *Config) { c.Auth.Token, c.Auth.TokenFile = "t", "f" }, "auth.token_file", "cannot be combined with auth.token"},
 		{"admin token and file", RoleAllInOne, func(c *Config) { c.Auth.AdminToken, c.Auth.AdminTokenFile = "t", "f" }, "auth.admin_token_file", "cannot be combined with auth.admin_token"},
+		{"token file missing", RoleDataPlane, func(c *Config) { c.Auth.TokenFile = "/nonexistent/cart-token" }, "auth.token_file", "no such file"},
+		{"admin token file missing", RoleControlPlane, func(c *Config) { c.Auth.AdminTokenFile = "/nonexistent/cart-admin" }, "auth.admin_token_file", "no such file"},
+		{"admin token equals cluster token", RoleControlPlane, func(c *Config) { c.Auth.Token, c.Auth.AdminToken = "same", "same" }, "auth.admin_token", "same value as auth.token"},
+		{"client key equals cluster token", RoleDataPlane, func(c *Config) {
+			c.Auth.Token = "shared"
+			c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "shared"}}
+		}, "auth.client_keys[0]", "same value as auth.token"},
+		{"client key equals admin token", RoleAllInOne, func(c *Config) {
+			c.Auth.AdminToken = "shared"
+			c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "shared"}}
+		}, "auth.client_keys[0]", "same value as auth.admin_token"},
+		{"two tenants share a key", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "k"}, {Name: "b", Key: "k"}} }, "auth.client_keys[1]", "same value as auth.client_keys[0]"},
+		{"client key without name", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Key: "k"}} }, "auth.client_keys[0].name", "is required"},
+		{"client key name charset", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "team a", Key: "k"}} }, "auth.client_keys[0].name", "may only contain"},
+		{"client key name anonymous", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "anonymous", Key: "k"}} }, "auth.client_keys[0].name", "reserved"},
+		{"client key names duplicate", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "k1"}, {Name: "a", Key: "k2"}} }, "auth.client_keys[1].name", "duplicate tenant name"},
+		{"client key without secret", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a"}} }, "auth.client_keys[0].key_file", "is required"},
+		{"client key inline and file", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "k", KeyFile: "f"}} }, "auth.client_keys[0].key_file", "cannot be combined with key"},
+		{"client key file missing", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a", KeyFile: "/nonexistent/key"}} }, "auth.client_keys[0].key_file", "no such file"},
+		{"worker api key file missing", RoleAllInOne, func(c *Config) { c.Workers[0].APIKeyFile = "/nonexistent/worker-key" }, "workers[0].api_key_file", "no such file"},
+		{"pool worker api key file missing", RoleDataPlane, func(c *Config) { c.Proxy.WorkerAPIKeyFile = "/nonexistent/worker-key" }, "proxy.worker_api_key_file", "no such file"},
+		{"metrics addr invalid", RoleAllInOne, func(c *Config) { c.Server.MetricsAddr = "9090" }, "server.metrics_addr", "must be host:port"},
+		{"metrics addr same as client listener", RoleAllInOne, func(c *Config) { c.Server.MetricsAddr = "0.0.0.0:6700" }, "server.metrics_addr", "must differ from the client listener"},
 
 		// control plane
 		{"node id missing", RoleControlPlane, func(c *Config) { c.ControlPlane.NodeID = "" }, "controlplane.node_id", "is required for the control plane"},
@@ -303,5 +328,57 @@ func TestNormalizeWorkerURL(t *testing.T) {
 		if (err == nil) != tt.ok || got != tt.want {
 			t.Errorf("NormalizeWorkerURL(%q) = %q, %v; want %q, ok=%v", tt.in, got, err, tt.want, tt.ok)
 		}
+	}
+}
+
+// TestSecretFilesAreRead: a secret mount that is present but empty must not
+// silently turn authentication off, and a good file must pass.
+func TestSecretFilesAreRead(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty")
+	good := filepath.Join(dir, "good")
+	if err := os.WriteFile(empty, []byte(" \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(good, []byte("k3y\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name   string
+		mutate func(c *Config)
+		key    string
+	}{
+		{"cluster token", func(c *Config) { c.Auth.TokenFile = empty }, "auth.token_file"},
+		{"client key", func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a", KeyFile: empty}} }, "auth.client_keys[0].key_file"},
+		{"worker key", func(c *Config) { c.Workers[0].APIKeyFile = empty }, "workers[0].api_key_file"},
+		{"pool worker key", func(c *Config) { c.Proxy.WorkerAPIKeyFile = empty }, "proxy.worker_api_key_file"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validBase()
+			tt.mutate(c)
+			err := c.Validate(RoleAllInOne)
+			if err == nil || !strings.Contains(err.Error(), tt.key) || !strings.Contains(err.Error(), "is empty") {
+				t.Fatalf("Validate = %v, want %s reported empty", err, tt.key)
+			}
+		})
+	}
+	c := validBase()
+	c.Auth.ClientKeys = []ClientKey{{Name: "team-a", KeyFile: good}, {Name: "team-b", Key: "inline"}}
+	c.Workers[0].APIKeyFile = good
+	c.Workers = append(c.Workers, Worker{URL: "http://127.0.0.1:8002"})
+	c.Proxy.WorkerAPIKeyFile = filepath.Join(dir, "pool")
+	if err := os.WriteFile(c.Proxy.WorkerAPIKeyFile, []byte("pool-key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(RoleAllInOne); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := c.ClientKeys()
+	if err != nil || len(keys) != 2 || keys[0] != (NamedKey{"team-a", "k3y"}) || keys[1] != (NamedKey{"team-b", "inline"}) {
+		t.Fatalf("ClientKeys() = %v, %v", keys, err)
+	}
+	per, def, err := c.WorkerKeys()
+	if err != nil || def != "pool-key" || per["http://127.0.0.1:8001"] != "k3y" || per["http://127.0.0.1:8002"] != "pool-key" {
+		t.Fatalf("WorkerKeys() = %v, %q, %v", per, def, err)
 	}
 }

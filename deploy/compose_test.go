@@ -141,18 +141,51 @@ func TestComposeTopology(t *testing.T) {
 				t.Errorf("%s healthcheck %q, want cart-probe http .../health", name, hc)
 			}
 		}
-		if s.Command[0] == "cart" && !slices.ContainsFunc(s.Secrets, func(x struct {
-			Source string `yaml:"source"`
-			Target string `yaml:"target"`
-		}) bool {
-			return x.Source == "cart_token" && x.Target == "cart_token"
-		}) {
-			t.Errorf("%s does not mount the cart_token secret", name)
+		if s.Command[0] != "cart" {
+			continue
+		}
+		// Each role mounts exactly the secrets it uses: a data plane never
+		// holds the admin token, a control plane never the client key.
+		want := []string{"cart_token", "cart_admin_token"}
+		if s.Command[1] == "dataplane" {
+			want = []string{"cart_token", "cart_client_key"}
+		}
+		var got []string
+		for _, x := range s.Secrets {
+			if x.Source != x.Target {
+				t.Errorf("%s mounts secret %s as %s", name, x.Source, x.Target)
+			}
+			got = append(got, x.Source)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s mounts secrets %v, want %v", name, got, want)
 		}
 	}
-	if f := c.Secrets["cart_token"].File; !strings.Contains(f, "CART_TOKEN_FILE") || !strings.Contains(f, "cart-token.example") {
-		t.Errorf("secret cart_token file %q: want ${CART_TOKEN_FILE:-./cart-token.example}", f)
+	for secret, want := range map[string]string{
+		"cart_token":       "${CART_TOKEN_FILE:-./cart-token.example}",
+		"cart_admin_token": "${CART_ADMIN_TOKEN_FILE:-./cart-admin-token.example}",
+		"cart_client_key":  "${CART_CLIENT_KEY_FILE:-./cart-client-key.example}",
+	} {
+		if f := c.Secrets[secret].File; f != want {
+			t.Errorf("secret %s file %q: want %s", secret, f, want)
+		}
 	}
+}
+
+// composeSecretFile maps a /run/secrets/NAME path to the host file compose
+// would mount there by default.
+func composeSecretFile(t *testing.T, c composeFile, p string) string {
+	t.Helper()
+	name, ok := strings.CutPrefix(p, "/run/secrets/")
+	if !ok {
+		t.Errorf("secret path %q is not a compose secret", p)
+		return p
+	}
+	f := c.Secrets[name].File
+	if _, def, ok := strings.Cut(f, ":-"); ok {
+		f = strings.TrimSuffix(def, "}")
+	}
+	return filepath.Join(path(t, composeDir), f)
 }
 
 // TestComposeCartConfigs loads every config a cart service is started
@@ -190,17 +223,32 @@ func TestComposeCartConfigs(t *testing.T) {
 			}
 		}
 		cfg, err := config.Load(files...)
-		if err == nil {
-			err = cfg.Validate(role)
-		}
 		if err != nil {
 			t.Errorf("%s (%v, %v): %v", name, role, files, err)
 			continue
 		}
-		checked++
-		if cfg.Auth.TokenFile != "/run/secrets/cart_token" {
-			t.Errorf("%s: auth.token_file %q, want the compose secret /run/secrets/cart_token", name, cfg.Auth.TokenFile)
+		a := cfg.Auth
+		if a.TokenFile != "/run/secrets/cart_token" {
+			t.Errorf("%s: auth.token_file %q, want the compose secret /run/secrets/cart_token", name, a.TokenFile)
 		}
+		switch role {
+		case config.RoleControlPlane:
+			if a.AdminTokenFile != "/run/secrets/cart_admin_token" || len(a.ClientKeys) != 0 {
+				t.Errorf("%s: admin_token_file %q, client_keys %v; want the admin secret and no client keys", name, a.AdminTokenFile, a.ClientKeys)
+			}
+		case config.RoleDataPlane:
+			if a.AdminTokenFile != "" || len(a.ClientKeys) != 1 || a.ClientKeys[0].KeyFile != "/run/secrets/cart_client_key" {
+				t.Errorf("%s: admin_token_file %q, client_keys %v; want only the client key secret", name, a.AdminTokenFile, a.ClientKeys)
+			}
+		}
+		// The secrets are mounted at run time; validate against the files
+		// compose would mount.
+		withSecretFiles(cfg, func(p string) string { return composeSecretFile(t, c, p) })
+		if err := cfg.Validate(role); err != nil {
+			t.Errorf("%s (%v, %v): %v", name, role, files, err)
+			continue
+		}
+		checked++
 		if cfg.Server.MinOpenFiles != 65535 {
 			t.Errorf("%s: server.min_open_files %d; compose sets ulimits to 65535, keep the production check", name, cfg.Server.MinOpenFiles)
 		}

@@ -198,10 +198,17 @@ func TestHelmControlPlane(t *testing.T) {
 	for i := range 3 {
 		pod := fmt.Sprintf("rel-cart-cp-%d", i)
 		cfg, err := config.Load(filepath.Join(dir, "controlplane.yaml"), filepath.Join(dir, pod+".yaml"))
-		if err == nil {
-			err = cfg.Validate(config.RoleControlPlane)
-		}
 		if err != nil {
+			t.Errorf("%s config: %v", pod, err)
+			continue
+		}
+		// Admin token for joins and cartctl; no client key on a control plane.
+		if cfg.Auth.AdminTokenFile != tokenMountPath(t, c)+"/admin-token" || len(cfg.Auth.ClientKeys) != 0 {
+			t.Errorf("%s auth %+v: want the mounted admin token and no client keys", pod, cfg.Auth)
+		}
+		mounted := *cfg
+		withSecretFiles(&mounted, fakeSecrets(t))
+		if err := mounted.Validate(config.RoleControlPlane); err != nil {
 			t.Errorf("%s config: %v", pod, err)
 			continue
 		}
@@ -303,8 +310,31 @@ func TestHelmDataPlane(t *testing.T) {
 		t.Errorf("wait-for-workers init container %v", ic)
 	}
 	tokenFile := tokenMountPath(t, c) + "/token"
-	if !slices.Contains(args, "-token-file="+tokenFile) {
-		t.Errorf("wait-for-workers does not read the token file %s: %v", tokenFile, args)
+	// ListWorkers is an admin call: the init container alone holds the
+	// admin token; the serving container holds the cluster token and the
+	// client key only.
+	var adminMount string
+	for _, vm := range list(dig(ic, "volumeMounts")) {
+		if dig(vm, "name") == "admin-token" && dig(vm, "readOnly") == true {
+			adminMount = str(dig(vm, "mountPath"))
+		}
+	}
+	if adminMount == "" || !slices.Contains(args, "-token-file="+adminMount+"/admin-token") {
+		t.Errorf("wait-for-workers does not read the admin token from its own mount: %v %v", args, dig(ic, "volumeMounts"))
+	}
+	vols := map[string][]string{}
+	for _, v := range list(dig(pod, "volumes")) {
+		for _, it := range list(dig(v, "secret", "items")) {
+			vols[str(dig(v, "name"))] = append(vols[str(dig(v, "name"))], str(dig(it, "key")))
+		}
+	}
+	if !slices.Equal(vols["token"], []string{"token", "client-key"}) || !slices.Equal(vols["admin-token"], []string{"admin-token"}) {
+		t.Errorf("data-plane secret volumes %v", vols)
+	}
+	for _, vm := range list(dig(c, "volumeMounts")) {
+		if dig(vm, "name") == "admin-token" {
+			t.Error("the serving data-plane container mounts the admin token")
+		}
 	}
 	if none := mustTemplate(t, "--set", "dataPlane.waitForWorkers.enabled=false"); dig(none.get(t, "Deployment", "rel-cart-dataplane"), "spec", "template", "spec", "initContainers") != nil {
 		t.Error("waitForWorkers.enabled=false still renders the init container")
@@ -316,14 +346,25 @@ func TestHelmDataPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg, err := config.Load(f)
-	if err == nil {
-		err = cfg.Validate(config.RoleDataPlane)
-	}
 	if err != nil {
 		t.Fatalf("dataplane.yaml: %v", err)
 	}
 	if len(cfg.DataPlane.ControlPlane) != 3 || cfg.Server.Port != 6700 || cfg.Auth.TokenFile != tokenFile {
 		t.Errorf("dataplane.yaml: control_plane %v, port %d, token_file %q", cfg.DataPlane.ControlPlane, cfg.Server.Port, cfg.Auth.TokenFile)
+	}
+	// A data plane on 0.0.0.0 needs client keys; the chart ships one.
+	if k := cfg.Auth.ClientKeys; len(k) != 1 || k[0].Name != "default" || k[0].KeyFile != tokenMountPath(t, c)+"/client-key" || cfg.Auth.AdminTokenFile != "" {
+		t.Errorf("dataplane.yaml auth %+v: want the mounted client key and no admin token", cfg.Auth)
+	}
+	withSecretFiles(cfg, fakeSecrets(t))
+	if err := cfg.Validate(config.RoleDataPlane); err != nil {
+		t.Fatalf("dataplane.yaml: %v", err)
+	}
+	// Tenants added through dataPlane.config keep theirs next to the chart's.
+	more := mustTemplate(t, "--set", "dataPlane.config.auth.client_keys[0].name=team-a", "--set", "dataPlane.config.auth.client_keys[0].key_file=/keys/team-a")
+	dpYAML := str(dig(more.get(t, "ConfigMap", "rel-cart-config"), "data", "dataplane.yaml"))
+	if !strings.Contains(dpYAML, "name: team-a") || !strings.Contains(dpYAML, "name: default") {
+		t.Errorf("dataPlane.config client keys lost:\n%s", dpYAML)
 	}
 
 	// HPA only when enabled; then the Deployment leaves replicas to it.
@@ -368,8 +409,13 @@ func TestHelmSecurityAndToken(t *testing.T) {
 				t.Fatalf("%d Secrets rendered", len(secrets))
 			}
 			if tc.rendered {
-				if v := str(dig(secrets[0], "data", "token")); len(v) < 40 {
-					t.Errorf("generated token %q is too short", v)
+				seen := map[string]bool{}
+				for _, k := range []string{"token", "admin-token", "client-key"} {
+					v := str(dig(secrets[0], "data", k))
+					if len(v) < 40 || seen[v] {
+						t.Errorf("generated %s %q is too short or not distinct", k, v)
+					}
+					seen[v] = true
 				}
 			}
 			specs := podSpecs(m)
@@ -392,12 +438,22 @@ func TestHelmSecurityAndToken(t *testing.T) {
 				if dig(tokenVol, "secret", "secretName") != tc.secretName {
 					t.Errorf("%s token volume %v, want Secret %s", name, tokenVol, tc.secretName)
 				}
-				wantKey := "token"
+				// Each pod gets the credentials of its role only.
+				want := map[string][]string{"StatefulSet": {"token", "admin-token"}, "Deployment": {"token", "client-key"}, "Job": {"admin-token"}}[strings.SplitN(name, "/", 2)[0]]
 				if !tc.rendered {
-					wantKey = "tok"
+					want = slices.Clone(want)
+					for i, k := range want {
+						if k == "token" {
+							want[i] = "tok"
+						}
+					}
 				}
-				if dig(tokenVol, "secret", "items", 0, "key") != wantKey {
-					t.Errorf("%s token volume reads key %v, want %s", name, dig(tokenVol, "secret", "items", 0, "key"), wantKey)
+				var keys []string
+				for _, it := range list(dig(tokenVol, "secret", "items")) {
+					keys = append(keys, str(dig(it, "key")))
+				}
+				if !slices.Equal(keys, want) {
+					t.Errorf("%s token volume reads keys %v, want %v", name, keys, want)
 				}
 				for _, c := range append(list(dig(spec, "initContainers")), list(dig(spec, "containers"))...) {
 					sc := dig(c, "securityContext")
@@ -484,7 +540,7 @@ func TestHelmWorkersHook(t *testing.T) {
 			for _, e := range list(dig(c, "env")) {
 				env[str(dig(e, "name"))] = dig(e, "value")
 			}
-			if env["CARTCTL_SERVER"] != "http://rel-cart-cp.ns.svc.cluster.local:6701" || env["CARTCTL_TOKEN_FILE"] != tokenMountPath(t, c)+"/token" {
+			if env["CARTCTL_SERVER"] != "http://rel-cart-cp.ns.svc.cluster.local:6701" || env["CARTCTL_TOKEN_FILE"] != tokenMountPath(t, c)+"/admin-token" {
 				t.Errorf("%v env %v: want the control-plane Service and the mounted token", dig(c, "name"), env)
 			}
 		}

@@ -12,6 +12,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/cartrouter/cart/config"
 )
 
 // repoRoot is the module root: this file lives in <root>/deploy.
@@ -92,4 +94,40 @@ func runErr(dir string, env []string, name string, args ...string) (string, erro
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	err := cmd.Run()
 	return buf.String(), err
+}
+
+// withSecretFiles replaces every secret file path in cfg by where(path):
+// deploy configs name files that exist only at run time (mounted Secrets),
+// and Validate reads them.
+func withSecretFiles(cfg *config.Config, where func(string) string) {
+	a := &cfg.Auth
+	for _, p := range []*string{&a.TokenFile, &a.AdminTokenFile, &cfg.Proxy.WorkerAPIKeyFile} {
+		if *p != "" {
+			*p = where(*p)
+		}
+	}
+	for i := range a.ClientKeys {
+		if a.ClientKeys[i].KeyFile != "" {
+			a.ClientKeys[i].KeyFile = where(a.ClientKeys[i].KeyFile)
+		}
+	}
+	for i := range cfg.Workers {
+		if cfg.Workers[i].APIKeyFile != "" {
+			cfg.Workers[i].APIKeyFile = where(cfg.Workers[i].APIKeyFile)
+		}
+	}
+}
+
+// fakeSecrets returns a where function for withSecretFiles that writes a
+// distinct secret per path under dir (distinct: Validate refuses one value
+// in two roles).
+func fakeSecrets(t *testing.T) func(string) string {
+	dir := t.TempDir()
+	return func(p string) string {
+		f := filepath.Join(dir, strings.ReplaceAll(strings.Trim(p, "/"), "/", "_"))
+		if err := os.WriteFile(f, []byte("secret-for-"+p), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
 }

@@ -76,7 +76,6 @@ func TestSystemdUnits(t *testing.T) {
 				"RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
 				"SystemCallFilter":        "@system-service",
 				"DynamicUser":             "yes",
-				"LoadCredential":          "token:/etc/cart/token",
 			}
 			for k, w := range want {
 				if got, ok := u.get("Service", k); !ok || got != w {
@@ -108,14 +107,38 @@ func TestSystemdUnits(t *testing.T) {
 			// The example config this unit starts with is valid for its role
 			// and agrees with the unit.
 			cfg, err := config.Load(path(t, "deploy", "systemd", tc.config))
-			if err == nil {
-				err = cfg.Validate(tc.role)
-			}
 			if err != nil {
 				t.Fatalf("%s: %v", tc.config, err)
 			}
-			if want := "/run/credentials/" + tc.file + "/token"; cfg.Auth.TokenFile != want {
-				t.Errorf("%s auth.token_file %q, want the credential path %q", tc.config, cfg.Auth.TokenFile, want)
+			// Each role loads the credentials it uses, and nothing else.
+			creds := map[config.Role][]string{
+				config.RoleAllInOne:     {"client-key"},
+				config.RoleControlPlane: {"token", "admin-token"},
+				config.RoleDataPlane:    {"token", "client-key"},
+			}[tc.role]
+			var wantLoad []string
+			for _, c := range creds {
+				wantLoad = append(wantLoad, c+":/etc/cart/"+c)
+			}
+			if got := u["Service"]["LoadCredential"]; !slices.Equal(got, wantLoad) {
+				t.Errorf("LoadCredential=%v, want %v", got, wantLoad)
+			}
+			cred := func(name string) string {
+				if !slices.Contains(creds, name) {
+					return ""
+				}
+				return "/run/credentials/" + tc.file + "/" + name
+			}
+			var keyFile string
+			if len(cfg.Auth.ClientKeys) > 0 {
+				keyFile = cfg.Auth.ClientKeys[0].KeyFile
+			}
+			if cfg.Auth.TokenFile != cred("token") || cfg.Auth.AdminTokenFile != cred("admin-token") || keyFile != cred("client-key") || len(cfg.Auth.ClientKeys) > 1 {
+				t.Errorf("%s auth %+v, want the credential paths of %v", tc.config, cfg.Auth, creds)
+			}
+			withSecretFiles(cfg, fakeSecrets(t))
+			if err := cfg.Validate(tc.role); err != nil {
+				t.Fatalf("%s: %v", tc.config, err)
 			}
 			if cfg.Server.MinOpenFiles > 65535 {
 				t.Errorf("%s min_open_files %d exceeds LimitNOFILE", tc.config, cfg.Server.MinOpenFiles)

@@ -77,3 +77,25 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("version output %q", out)
 	}
 }
+
+// A secret file that is missing or empty fails --config-check for every
+// role, with the file and key named, instead of starting without auth.
+func TestConfigCheckRefusesMissingSecretFiles(t *testing.T) {
+	empty := writeFile(t, "empty", "\n")
+	for _, tc := range []struct {
+		args []string
+		body string
+		want string
+	}{
+		{nil, "workers: [{url: http://127.0.0.1:8001}]\nauth: {token_file: /nonexistent/cart-token}\n", "auth.token_file"},
+		{[]string{"dataplane"}, "dataplane: {control_plane: [http://127.0.0.1:6701]}\nauth: {token_file: /nonexistent/cart-token}\n", "auth.token_file"},
+		{[]string{"controlplane"}, "controlplane: {node_id: n1, data_dir: /tmp/x}\nauth: {admin_token_file: /nonexistent/admin}\n", "auth.admin_token_file"},
+		{nil, "workers: [{url: http://127.0.0.1:8001}]\nauth: {client_keys: [{name: a, key_file: " + empty + "}]}\n", "auth.client_keys[0].key_file"},
+	} {
+		cfg := writeFile(t, "c.yaml", tc.body)
+		_, stderr, err := runCart(t, append(tc.args, "-c", cfg, "--config-check")...)
+		if err == nil || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v %q: err %v, stderr %q; want %s reported", tc.args, tc.body, err, stderr, tc.want)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -127,6 +128,12 @@ type session struct {
 func (a *app) withSession(cmd *cobra.Command, fn func(ctx context.Context, s *session) error) error {
 	st, err := a.settings(cmd.Flags())
 	if err != nil {
+		return err
+	}
+	for _, w := range st.warnings {
+		fmt.Fprintf(a.stderr, "cartctl: warning: %s\n", w)
+	}
+	if err := checkCleartext(st); err != nil {
 		return err
 	}
 	cp, err := dial(st)

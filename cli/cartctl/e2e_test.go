@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -575,4 +576,58 @@ func TestE2ERouteBody(t *testing.T) {
 	// A body that is not a valid request is a usage error.
 	cartctl(t, env, `{"messages":"nope"}`, "route", "--body", "-").must(t, exitUsage)
 	cartctl(t, env, body, "route", "--body", "-", "--text", "x").must(t, exitUsage)
+}
+
+// TestE2ETokenSafety: a token never crosses a network in the clear unless
+// --insecure says so, and secrets readable by other local users are
+// flagged.
+func TestE2ETokenSafety(t *testing.T) {
+	f := &fakeCP{token: "s3cret"}
+	srv := serve(t, f)
+	remote := "http://cart-cp.invalid:6701"
+	r := cartctl(t, nil, "", "--server", remote, "--token", "s3cret", "workers", "list").must(t, exitUsage)
+	if !strings.Contains(r.stderr, "refusing to send the token over plain http to "+remote) {
+		t.Errorf("stderr %q", r.stderr)
+	}
+	// Also when the remote server is only a fallback in the list.
+	cartctl(t, nil, "", "--server", srv+","+remote, "--token", "s3cret", "workers", "list").must(t, exitUsage)
+	// --insecure lets it through (it then fails to resolve the host).
+	r = cartctl(t, nil, "", "--server", remote, "--token", "s3cret", "--insecure", "--timeout", "2s", "workers", "list")
+	if r.code == exitUsage || strings.Contains(r.stderr, "refusing") {
+		t.Errorf("--insecure still refused: %d %q", r.code, r.stderr)
+	}
+	// So does CARTCTL_INSECURE=true (what an in-cluster Job sets); a typo in
+	// it is a usage error, not a silent "false".
+	r = cartctl(t, map[string]string{"CARTCTL_INSECURE": "true"}, "", "--server", remote, "--token", "s3cret", "--timeout", "2s", "workers", "list")
+	if r.code == exitUsage || strings.Contains(r.stderr, "refusing") {
+		t.Errorf("CARTCTL_INSECURE=true still refused: %d %q", r.code, r.stderr)
+	}
+	cartctl(t, map[string]string{"CARTCTL_INSECURE": "yes please"}, "", "--server", remote, "--token", "s3cret", "workers", "list").must(t, exitUsage)
+	// No token, nothing to protect.
+	r = cartctl(t, nil, "", "--server", remote, "--timeout", "2s", "workers", "list")
+	if r.code == exitUsage {
+		t.Errorf("refused without a token: %q", r.stderr)
+	}
+
+	dir := t.TempDir()
+	tokenFile := writeFile(t, dir, "token", "s3cret\n")
+	r = cartctl(t, nil, "", "--server", srv, "--token-file", tokenFile, "workers", "list").must(t, exitOK)
+	if strings.Contains(r.stderr, "warning") {
+		t.Errorf("a 0600 token file was warned about: %q", r.stderr)
+	}
+	if err := os.Chmod(tokenFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = cartctl(t, nil, "", "--server", srv, "--token-file", tokenFile, "workers", "list").must(t, exitOK)
+	if !strings.Contains(r.stderr, "warning: token file "+tokenFile+" is readable by group or others (mode 0644)") {
+		t.Errorf("stderr %q", r.stderr)
+	}
+	cfg := writeFile(t, dir, "cartctl.yaml", "server: "+srv+"\ntoken: s3cret\n")
+	if err := os.Chmod(cfg, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	r = cartctl(t, map[string]string{"CARTCTL_CONFIG": cfg}, "", "workers", "list").must(t, exitOK)
+	if !strings.Contains(r.stderr, "warning: config file "+cfg+" holds a token") {
+		t.Errorf("stderr %q", r.stderr)
+	}
 }

@@ -107,14 +107,18 @@ func (a *app) newRoot() *cobra.Command {
 Settings come from, highest precedence first: flags, environment variables
 (CARTCTL_SERVER, CARTCTL_TOKEN, CARTCTL_TOKEN_FILE, CARTCTL_TLS_CA,
 CARTCTL_TLS_CERT, CARTCTL_TLS_KEY, CARTCTL_TLS_SERVER_NAME, CARTCTL_TIMEOUT,
-CARTCTL_OUTPUT), the config file, then defaults. The config file is
+CARTCTL_OUTPUT, CARTCTL_INSECURE), the config file, then defaults. The config file is
 --config, else $CARTCTL_CONFIG, else $XDG_CONFIG_HOME/cartctl/config.yaml
 (normally $HOME/.config/cartctl/config.yaml) when it exists. It is YAML with
 the keys server, token, token_file, tls_ca, tls_cert, tls_key,
-tls_server_name, timeout and output; unknown keys are an error.
+tls_server_name, timeout, output and insecure; unknown keys are an error.
 
 --server may list several control-plane URLs separated by commas; they are
 tried in order while a server is unreachable or unavailable.
+
+A token is never sent over plain http:// to a host other than loopback
+unless --insecure is given; a token file, or a config file holding a token,
+that other local users can read is warned about.
 
 ` + exitCodesHelp,
 		Version:       buildinfo.String("cartctl"),

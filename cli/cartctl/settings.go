@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,9 +34,10 @@ const (
 	keyTLSServerName = "tls_server_name"
 	keyTimeout       = "timeout"
 	keyOutput        = "output"
+	keyInsecure      = "insecure"
 )
 
-var settingKeys = []string{keyServer, keyToken, keyTokenFile, keyTLSCA, keyTLSCert, keyTLSKey, keyTLSServerName, keyTimeout, keyOutput}
+var settingKeys = []string{keyServer, keyToken, keyTokenFile, keyTLSCA, keyTLSCert, keyTLSKey, keyTLSServerName, keyTimeout, keyOutput, keyInsecure}
 
 const (
 	defaultServer  = "http://127.0.0.1:6701"
@@ -63,6 +66,7 @@ type globalFlags struct {
 	tlsServerName string
 	timeout       time.Duration
 	output        string
+	insecure      bool
 }
 
 func (g *globalFlags) register(root *cobra.Command) {
@@ -77,6 +81,7 @@ func (g *globalFlags) register(root *cobra.Command) {
 	f.StringVar(&g.tlsServerName, "tls-server-name", "", "server name to verify the control plane's certificate against")
 	f.DurationVar(&g.timeout, "timeout", defaultTimeout, "deadline for the whole command, across all servers tried")
 	f.StringVarP(&g.output, "output", "o", outputTable, "output format: table or json")
+	f.BoolVar(&g.insecure, "insecure", false, "allow sending the token over plain http:// to a host other than loopback, where anyone on the path can read it")
 }
 
 // settings are the resolved, validated global settings.
@@ -86,6 +91,10 @@ type settings struct {
 	tls     config.ClientTLS
 	timeout time.Duration
 	output  string
+	// insecure allows a token over plain http:// to a non-loopback host.
+	insecure bool
+	// warnings are printed to stderr by commands that use the settings.
+	warnings []string
 }
 
 // source is one layer of settings. A key absent from values is not set by
@@ -93,8 +102,9 @@ type settings struct {
 // value is set to empty (e.g. `--token ""` to drop a token from the config
 // file).
 type source struct {
-	name   string
-	values map[string]string
+	name     string
+	values   map[string]string
+	warnings []string
 }
 
 // settings resolves the global settings from a command's parsed flags
@@ -112,7 +122,12 @@ func (a *app) settings(flags *pflag.FlagSet) (*settings, error) {
 	if err != nil {
 		return nil, err
 	}
-	return finalize(values, origin)
+	s, err := finalize(values, origin)
+	if err != nil {
+		return nil, err
+	}
+	s.warnings = append(file.warnings, s.warnings...)
+	return s, nil
 }
 
 func flagSource(flags *pflag.FlagSet) source {
@@ -151,6 +166,7 @@ type fileSettings struct {
 	TLSServerName *string `yaml:"tls_server_name"`
 	Timeout       *string `yaml:"timeout"`
 	Output        *string `yaml:"output"`
+	Insecure      *string `yaml:"insecure"`
 }
 
 // fileSource loads the config file: --config, else $CARTCTL_CONFIG, else
@@ -184,10 +200,15 @@ func (a *app) fileSource(flags *pflag.FlagSet) (source, error) {
 	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
 		return s, usagef("config file %s: %v", path, err)
 	}
+	if fc.Token != nil && *fc.Token != "" {
+		if w := exposedSecret(path, "config file "+path+" holds a token"); w != "" {
+			s.warnings = append(s.warnings, w)
+		}
+	}
 	for k, v := range map[string]*string{
 		keyServer: fc.Server, keyToken: fc.Token, keyTokenFile: fc.TokenFile,
 		keyTLSCA: fc.TLSCA, keyTLSCert: fc.TLSCert, keyTLSKey: fc.TLSKey, keyTLSServerName: fc.TLSServerName,
-		keyTimeout: fc.Timeout, keyOutput: fc.Output,
+		keyTimeout: fc.Timeout, keyOutput: fc.Output, keyInsecure: fc.Insecure,
 	} {
 		if v != nil {
 			s.values[k] = *v
@@ -258,6 +279,11 @@ func finalize(values, origin map[string]string) (*settings, error) {
 		return nil, bad(keyTimeout, "timeout must be a positive duration such as 10s, not %q", values[keyTimeout])
 	}
 	s.timeout = d
+	if v := values[keyInsecure]; v != "" {
+		if s.insecure, err = strconv.ParseBool(v); err != nil {
+			return nil, bad(keyInsecure, "insecure must be true or false, not %q", v)
+		}
+	}
 
 	s.tls = config.ClientTLS{CAFile: values[keyTLSCA], CertFile: values[keyTLSCert], KeyFile: values[keyTLSKey], ServerName: values[keyTLSServerName]}
 	if (s.tls.CertFile == "") != (s.tls.KeyFile == "") {
@@ -295,6 +321,44 @@ func finalize(values, origin map[string]string) (*settings, error) {
 		if s.token == "" {
 			return nil, bad(keyTokenFile, "token file %s is empty", path)
 		}
+		if w := exposedSecret(path, "token file "+path); w != "" {
+			s.warnings = append(s.warnings, w)
+		}
 	}
 	return s, nil
+}
+
+// exposedSecret returns a warning when the file at path can be read by its
+// group or by everyone: any local user could then act as the operator.
+func exposedSecret(path, what string) string {
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm()&0o044 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s is readable by group or others (mode %04o); run chmod 600 %s", what, fi.Mode().Perm(), path)
+}
+
+// checkCleartext refuses to send a token over plain http:// to anything
+// but loopback, where it would cross a network in the clear, unless the
+// user says --insecure.
+func checkCleartext(s *settings) error {
+	if s.token == "" || s.insecure {
+		return nil
+	}
+	for _, raw := range s.servers {
+		u, err := url.Parse(raw)
+		if err != nil || u.Scheme != "http" || loopbackHost(u.Hostname()) {
+			continue
+		}
+		return usagef("refusing to send the token over plain http to %s: use https:// (see --tls-ca), or pass --insecure if the network path is trusted", raw)
+	}
+	return nil
+}
+
+func loopbackHost(h string) bool {
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }

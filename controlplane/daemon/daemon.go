@@ -72,6 +72,14 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	if err != nil {
 		return nil, err
 	}
+	// The leader probes workers; keyed workers (vLLM --api-key) need their
+	// key on probes or they are all marked down.
+	workerKeys, err := server.WorkerKeys(cfg)
+	if err != nil {
+		return nil, err
+	}
+	healthCfg := server.HealthConfig(cfg)
+	healthCfg.WorkerKey = workerKeys.Get
 	cp := cfg.ControlPlane
 	client, err := cpclient.New(cfg.DataPlane.ClientTLS)
 	if err != nil {
@@ -89,7 +97,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		PlacementMax:   cp.PlacementBatchMax,
 		LoadLease:      time.Duration(cp.LoadLeaseSecs * float64(time.Second)),
 		MaxTickets:     cp.MaxUnsettledTickets,
-		Health:         server.HealthConfig(cfg),
+		Health:         healthCfg,
 		Token:          token,
 		AdminToken:     adminToken,
 		Logger:         log,
@@ -159,7 +167,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	}
 	d.API = api
 	if !existing && !cp.Bootstrap && len(cp.Join) > 0 {
-		go d.join(ctx, client, firstNonEmpty(adminToken, token))
+		// Joining adds a Raft voter: an admin operation, never one the
+		// cluster token (which data planes hold) may perform.
+		go d.join(ctx, client, adminToken)
 	}
 	if cp.Bootstrap {
 		go d.seedWorkers(ctx)
@@ -181,13 +191,6 @@ func loopbackAddr(hostPort string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
-}
-
-func firstNonEmpty(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // join asks the cluster (any listed node; followers forward to the

@@ -1,13 +1,17 @@
 package service
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"connectrpc.com/grpcreflect"
@@ -51,12 +55,13 @@ func TestAuthTokens(t *testing.T) {
 		{"token/router/wrong", AuthOptions{Token: "data"}, false, withToken("datx"), connect.CodeUnauthenticated},
 		{"token/router/prefix", AuthOptions{Token: "data"}, false, withToken("dat"), connect.CodeUnauthenticated},
 		{"token/router/right", AuthOptions{Token: "data"}, false, withToken("data"), 0},
-		{"token/admin/none", AuthOptions{Token: "data"}, true, noToken, connect.CodeUnauthenticated},
-		{"token/admin/right", AuthOptions{Token: "data"}, true, withToken("data"), 0},
+		// No admin token: the test client is on loopback, an operator on
+		// the node itself (remote callers: TestAuthzCheck).
+		{"token/admin/loopback", AuthOptions{Token: "data"}, true, noToken, 0},
 		{"admin/admin/data", AuthOptions{Token: "data", AdminToken: "adm"}, true, withToken("data"), connect.CodeUnauthenticated},
 		{"admin/admin/none", AuthOptions{Token: "data", AdminToken: "adm"}, true, noToken, connect.CodeUnauthenticated},
 		{"admin/admin/right", AuthOptions{Token: "data", AdminToken: "adm"}, true, withToken("adm"), 0},
-		{"admin/router/admin", AuthOptions{Token: "data", AdminToken: "adm"}, false, withToken("adm"), connect.CodeUnauthenticated},
+		{"admin/router/admin", AuthOptions{Token: "data", AdminToken: "adm"}, false, withToken("adm"), 0},
 		{"admin/router/data", AuthOptions{Token: "data", AdminToken: "adm"}, false, withToken("data"), 0},
 		{"none/router/loopback", AuthOptions{}, false, noToken, 0},
 		{"none/admin/loopback", AuthOptions{}, true, noToken, 0},
@@ -110,6 +115,16 @@ func TestAuthzCheck(t *testing.T) {
 		{"admin token only, admin", AuthOptions{AdminToken: "a"}, adminProc, "10.1.2.3:5555", bearer("a"), 0},
 		{"admin token only, router remote", AuthOptions{AdminToken: "a"}, routeProc, "10.1.2.3:5555", nil, connect.CodePermissionDenied},
 		{"admin token only, router loopback", AuthOptions{AdminToken: "a"}, routeProc, "127.0.0.1:1", nil, 0},
+		{"cluster token is not admin, remote", AuthOptions{Token: "t"}, adminProc, "10.1.2.3:5555", bearer("t"), connect.CodePermissionDenied},
+		{"cluster token is not admin, even with allow remote", AuthOptions{Token: "t", AllowUnauthenticatedRemote: true}, adminProc, "10.1.2.3:5555", bearer("t"), connect.CodePermissionDenied},
+		{"cluster token is not the admin token", AuthOptions{Token: "t", AdminToken: "a"}, adminProc, "127.0.0.1:1", bearer("t"), connect.CodeUnauthenticated},
+		{"no admin token, admin from loopback", AuthOptions{Token: "t"}, adminProc, "[::1]:1", nil, 0},
+		{"admin token works on router", AuthOptions{Token: "t", AdminToken: "a"}, routeProc, "10.1.2.3:5555", bearer("a"), 0},
+		{"bearer scheme is case-insensitive", AuthOptions{Token: "t"}, routeProc, "10.1.2.3:5555", http.Header{"Authorization": {"bEaReR t"}}, 0},
+		{"health is open", AuthOptions{Token: "t"}, "/grpc.health.v1.Health/Check", "10.1.2.3:5555", nil, 0},
+		{"metrics are open", AuthOptions{Token: "t"}, "/metrics", "10.1.2.3:5555", nil, 0},
+		{"reflection needs the cluster token", AuthOptions{Token: "t"}, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "10.1.2.3:5555", nil, connect.CodeUnauthenticated},
+		{"unknown path needs the cluster token", AuthOptions{Token: "t"}, "/cart.v2.Future/Thing", "10.1.2.3:5555", nil, connect.CodeUnauthenticated},
 		{"admin prefix is exact", AuthOptions{Token: "t", AdminToken: "a"}, "/" + cartv1connect.AdminServiceName + "X/AddWorker", "10.1.2.3:5555", bearer("t"), 0},
 	}
 	for _, tc := range cases {
@@ -278,5 +293,48 @@ func TestMetrics(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("POST /metrics = %d", resp.StatusCode)
+	}
+}
+
+// TestAuthBeforeBody: a caller without the right token is refused from its
+// headers, while it is still sending the body: the node neither waits for
+// nor buffers a message it would have to decode.
+func TestAuthBeforeBody(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true, auth: AuthOptions{Token: "cluster", AdminToken: "admin"}})
+	host := strings.TrimPrefix(cp.url, "http://")
+	for _, tc := range []struct {
+		path, auth string
+		status     string
+	}{
+		{"/" + cartv1connect.AdminServiceName + "/AddWorker", "Bearer cluster", "401"},
+		{"/" + cartv1connect.RouterServiceName + "/Route", "", "401"},
+		{"/" + cartv1connect.RouterServiceName + "/Route", "Bearer wrong", "401"},
+	} {
+		conn, err := net.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// 4 MB announced, 12 bytes sent: a handler that reads first would
+		// wait for the rest until the deadline below.
+		req := "POST " + tc.path + " HTTP/1.1\r\nHost: " + host + "\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\n"
+		if tc.auth != "" {
+			req += "Authorization: " + tc.auth + "\r\n"
+		}
+		req += "\r\n{\"workers\":["
+		if _, err := io.WriteString(conn, req); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			conn.Close()
+			t.Fatalf("%s: no answer before the body was complete: %v", tc.path, err)
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		conn.Close()
+		if got := strconv.Itoa(resp.StatusCode); got != tc.status || !strings.Contains(string(b), "unauthenticated") {
+			t.Fatalf("%s with %q: %d %s", tc.path, tc.auth, resp.StatusCode, b)
+		}
 	}
 }

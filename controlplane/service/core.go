@@ -48,7 +48,8 @@ type Options struct {
 	// HealthClient probes workers; nil uses a default client.
 	HealthClient *http.Client
 	// Token and AdminToken are sent on RouterService and AdminService
-	// calls forwarded to the leader (AdminToken defaults to Token).
+	// calls forwarded to the leader. AdminToken has no fallback: the
+	// cluster token is not an admin credential (see AuthOptions).
 	Token      string
 	AdminToken string
 	Logger     *slog.Logger

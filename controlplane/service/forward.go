@@ -35,9 +35,6 @@ func newForwarder(c *http.Client, routerToken, adminToken string) *forwarder {
 	if c == nil {
 		c = http.DefaultClient
 	}
-	if adminToken == "" {
-		adminToken = routerToken
-	}
 	return &forwarder{client: c, routerToken: routerToken, adminToken: adminToken, router: map[string]cartv1connect.RouterServiceClient{}, admin: map[string]cartv1connect.AdminServiceClient{}}
 }
 

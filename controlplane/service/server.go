@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
 	"net"
@@ -15,16 +16,25 @@ import (
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
-// AuthOptions say who may call what.
+// AuthOptions say who may call what. There are two roles:
+//
+//   - cluster (Token): data planes and control-plane peers, on
+//     RouterService and gRPC reflection;
+//   - admin (AdminToken): AdminService (cartctl, joins, forwarded admin
+//     calls). The admin token also works wherever the cluster token does,
+//     since `cartctl route` dry-runs through RouterService.
+//
+// The cluster token never works as the admin token: data planes hold it,
+// and AdminService can replace the worker set (and so receive every
+// prompt) or add a Raft voter. With no admin token, AdminService serves
+// loopback callers only, i.e. an operator on the node itself.
 type AuthOptions struct {
-	// Token authorises RouterService (data planes) and, when AdminToken is
-	// empty, AdminService too.
-	Token string
-	// AdminToken, when set, is required for AdminService.
+	Token      string
 	AdminToken string
 	// AllowUnauthenticatedRemote lets callers from non-loopback addresses
-	// in when no token is configured. Without it, a node with no token
-	// serves only loopback callers: secure by default.
+	// in when no token is configured: RouterService when Token is empty,
+	// and AdminService too when both tokens are empty. Without it, a node
+	// serves unauthenticated callers on loopback only: secure by default.
 	AllowUnauthenticatedRemote bool
 }
 
@@ -40,7 +50,6 @@ const MaxMessageBytes = 4 << 20
 func (c *Core) Handler(auth AuthOptions) http.Handler {
 	mux := http.NewServeMux()
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(authInterceptor(auth)),
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		// Route answers are ~100 bytes: compressing them costs more CPU
 		// than it saves (measured: 18-29% of leader CPU per route).
@@ -49,11 +58,11 @@ func (c *Core) Handler(auth AuthOptions) http.Handler {
 	mux.Handle(cartv1connect.NewRouterServiceHandler(c.Router(), opts...))
 	mux.Handle(cartv1connect.NewAdminServiceHandler(c.Admin(), opts...))
 	reflector := grpcreflect.NewStaticReflector(cartv1connect.RouterServiceName, cartv1connect.AdminServiceName)
-	mux.Handle(grpcreflect.NewHandlerV1(reflector, connect.WithInterceptors(authInterceptor(auth))))
-	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector, connect.WithInterceptors(authInterceptor(auth))))
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.Handle(grpchealth.NewHandler(&healthChecker{c}))
 	mux.Handle("GET /metrics", c.metrics.handler())
-	return mux
+	return &authn{z: authz{auth}, next: mux, errw: connect.NewErrorWriter()}
 }
 
 // healthChecker reports SERVING when the node knows a leader (it can
@@ -72,29 +81,110 @@ func (h *healthChecker) Check(_ context.Context, req *grpchealth.CheckRequest) (
 	return &grpchealth.CheckResponse{Status: grpchealth.StatusServing}, nil
 }
 
-func authInterceptor(a AuthOptions) connect.Interceptor {
-	return &authz{a}
+// authn authenticates every call from its headers alone, before the body
+// is read or decoded: an unauthenticated caller cannot make the node buffer
+// or parse (up to MaxMessageBytes of) anything. A Connect interceptor would
+// run only after the handler had read the whole request message.
+type authn struct {
+	z    authz
+	next http.Handler
+	errw *connect.ErrorWriter
+}
+
+func (a *authn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := a.z.check(r.URL.Path, r.RemoteAddr, r.Header); err != nil {
+		if r.ProtoMajor < 2 {
+			// Close rather than drain an unread body the caller may never
+			// finish sending (HTTP/2 resets just the stream).
+			w.Header().Set("Connection", "close")
+		}
+		if a.errw.IsSupported(r) {
+			_ = a.errw.Write(w, r, err)
+			return
+		}
+		status := http.StatusUnauthorized
+		if connect.CodeOf(err) == connect.CodePermissionDenied {
+			status = http.StatusForbidden
+		}
+		http.Error(w, err.Error(), status)
+		return
+	}
+	a.next.ServeHTTP(w, r)
 }
 
 type authz struct{ a AuthOptions }
 
-func (z *authz) check(procedure, peer string, h http.Header) error {
-	want := z.a.Token
-	if strings.HasPrefix(procedure, "/"+cartv1connect.AdminServiceName+"/") && z.a.AdminToken != "" {
-		want = z.a.AdminToken
+type role int
+
+const (
+	roleOpen    role = iota // health checks and metrics: probes carry no credentials
+	roleCluster             // RouterService, reflection and anything unknown
+	roleAdmin               // AdminService
+)
+
+func roleOf(path string) role {
+	switch {
+	case path == "/metrics", strings.HasPrefix(path, "/grpc.health.v1.Health/"):
+		return roleOpen
+	case strings.HasPrefix(path, "/"+cartv1connect.AdminServiceName+"/"):
+		return roleAdmin
+	default:
+		// Deny by default: a path added later is authenticated until
+		// someone decides otherwise.
+		return roleCluster
 	}
-	if want == "" {
+}
+
+func (z *authz) check(path, peer string, h http.Header) error {
+	r := roleOf(path)
+	if r == roleOpen {
+		return nil
+	}
+	tok, hasTok := bearerToken(h)
+	if z.a.AdminToken != "" && hasTok && equalSecret(tok, z.a.AdminToken) {
+		return nil // the admin role may do everything
+	}
+	if r == roleAdmin {
+		switch {
+		case z.a.AdminToken != "":
+			return connect.NewError(connect.CodeUnauthenticated, errors.New("AdminService needs the admin token (auth.admin_token)"))
+		case isLoopback(peer):
+			return nil
+		case z.a.Token == "" && z.a.AllowUnauthenticatedRemote:
+			return nil
+		}
+		return connect.NewError(connect.CodePermissionDenied,
+			errors.New("no admin token is configured, so AdminService serves loopback callers only; set auth.admin_token (the cluster token is not an admin credential)"))
+	}
+	if z.a.Token == "" {
 		if z.a.AllowUnauthenticatedRemote || isLoopback(peer) {
 			return nil
 		}
 		return connect.NewError(connect.CodePermissionDenied,
-			errors.New("no auth token is configured, so this node serves loopback callers only; set auth.token (or auth.allow_unauthenticated_remote: true)"))
+			errors.New("no cluster token is configured, so this node serves loopback callers only; set auth.token (or auth.allow_unauthenticated_remote: true)"))
 	}
-	got, ok := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+	if !hasTok || !equalSecret(tok, z.a.Token) {
 		return connect.NewError(connect.CodeUnauthenticated, errors.New("missing or invalid bearer token"))
 	}
 	return nil
+}
+
+// bearerToken reads "Authorization: Bearer <token>"; the scheme is
+// case-insensitive (RFC 9110 §11.1).
+func bearerToken(h http.Header) (string, bool) {
+	scheme, tok, ok := strings.Cut(h.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+// equalSecret compares digests in constant time, so neither the content
+// nor the length of the secret leaks through timing.
+func equalSecret(got, want string) bool {
+	g, w := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
 }
 
 func isLoopback(addr string) bool {
@@ -104,26 +194,4 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
-}
-
-func (z *authz) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if err := z.check(req.Spec().Procedure, req.Peer().Addr, req.Header()); err != nil {
-			return nil, err
-		}
-		return next(ctx, req)
-	}
-}
-
-func (z *authz) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
-}
-
-func (z *authz) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		if err := z.check(conn.Spec().Procedure, conn.Peer().Addr, conn.RequestHeader()); err != nil {
-			return err
-		}
-		return next(ctx, conn)
-	}
 }

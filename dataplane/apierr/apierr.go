@@ -1,4 +1,5 @@
-// Package apierr renders errors in the OpenAI error shape, which every
+// Package apierr renders errors in the OpenAI error shape (and, for the
+// Anthropic Messages API, in Anthropic's), which every
 // OpenAI-compatible client (and the Anthropic SDK, loosely) knows how to show:
 //
 //	{"error": {"message": "...", "type": "...", "param": null, "code": "..."}}
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // Error is an API error with the HTTP status it maps to.
@@ -70,13 +72,99 @@ func (e *Error) JSON() []byte {
 // Write sends err to w. A non-*Error becomes a 500 server_error so that
 // internal details never decide the status code by accident.
 func Write(w http.ResponseWriter, err error) {
-	var e *Error
-	if !errors.As(err, &e) {
-		e = New(http.StatusInternalServerError, TypeServer, "internal_error", "%s", err.Error())
-	}
+	e := asError(err)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(e.JSON())
+}
+
+// Anthropic error types, by the HTTP status the Messages API uses them with.
+const (
+	AnthropicInvalidRequest = "invalid_request_error"
+	AnthropicAuthentication = "authentication_error"
+	AnthropicPermission     = "permission_error"
+	AnthropicNotFound       = "not_found_error"
+	AnthropicTooLarge       = "request_too_large"
+	AnthropicRateLimit      = "rate_limit_error"
+	AnthropicAPI            = "api_error"
+	AnthropicOverloaded     = "overloaded_error"
+)
+
+// AnthropicType maps a status to the error type the Anthropic API would
+// send with it, which is what Anthropic SDKs turn into their typed errors.
+func AnthropicType(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return AnthropicInvalidRequest
+	case http.StatusUnauthorized:
+		return AnthropicAuthentication
+	case http.StatusForbidden:
+		return AnthropicPermission
+	case http.StatusNotFound:
+		return AnthropicNotFound
+	case http.StatusRequestEntityTooLarge:
+		return AnthropicTooLarge
+	case http.StatusTooManyRequests:
+		return AnthropicRateLimit
+	case http.StatusServiceUnavailable, 529:
+		return AnthropicOverloaded
+	}
+	if status >= 500 {
+		return AnthropicAPI
+	}
+	return AnthropicInvalidRequest
+}
+
+type anthropicBody struct {
+	Type  string             `json:"type"`
+	Error anthropicBodyError `json:"error"`
+}
+
+type anthropicBodyError struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// AnthropicJSON returns the Anthropic-shaped body for e:
+//
+//	{"type": "error", "error": {"type": "...", "message": "..."}}
+func (e *Error) AnthropicJSON() []byte {
+	out, _ := json.Marshal(anthropicBody{Type: "error", Error: anthropicBodyError{Type: AnthropicType(e.Status), Message: e.Message}})
+	return out
+}
+
+// IsAnthropicPath reports whether path belongs to the Anthropic Messages
+// API, whose clients expect its error shape rather than OpenAI's.
+func IsAnthropicPath(path string) bool {
+	return path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/")
+}
+
+// WriteFor sends err in the error shape of the API r was addressed to:
+// Anthropic's for /v1/messages, OpenAI's everywhere else.
+func WriteFor(w http.ResponseWriter, r *http.Request, err error) {
+	if r != nil && IsAnthropicPath(r.URL.Path) {
+		WriteAnthropic(w, err)
+		return
+	}
+	Write(w, err)
+}
+
+// WriteAnthropic is Write in the Anthropic error shape.
+func WriteAnthropic(w http.ResponseWriter, err error) {
+	e := asError(err)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(e.AnthropicJSON())
+}
+
+func asError(err error) *Error {
+	var e *Error
+	if !errors.As(err, &e) {
+		e = New(http.StatusInternalServerError, TypeServer, "internal_error", "%s", err.Error())
+	}
+	return e
 }

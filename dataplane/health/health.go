@@ -21,6 +21,10 @@ type Config struct {
 	Timeout          time.Duration
 	FailureThreshold int
 	SuccessThreshold int
+	// WorkerKey returns the key a worker expects (vLLM --api-key), sent as
+	// a bearer token: such a worker answers 401 to an anonymous probe and
+	// would be marked down. nil or "" sends none.
+	WorkerKey func(worker string) string
 }
 
 // Verdict is called when a worker's health changes. Workers start healthy
@@ -186,6 +190,11 @@ func (c *Checker) probe(ctx context.Context, worker string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, worker+c.cfg.Endpoint, nil)
 	if err != nil {
 		return fmt.Errorf("build probe: %w", err)
+	}
+	if c.cfg.WorkerKey != nil {
+		if k := c.cfg.WorkerKey(worker); k != "" {
+			req.Header.Set("Authorization", "Bearer "+k)
+		}
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {

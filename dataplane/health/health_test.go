@@ -276,3 +276,39 @@ func TestDefaultClientIgnoresEnvironmentProxy(t *testing.T) {
 		t.Fatal("the default probe client uses a proxy function (HTTP_PROXY would apply)")
 	}
 }
+
+// A worker started with an API key (vLLM --api-key) answers 401 to an
+// anonymous probe; the probe must carry its key or the pool goes down.
+func TestCheckerSendsWorkerKey(t *testing.T) {
+	var wrong atomic.Int64
+	keyed := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer wk-1" {
+			wrong.Add(1)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(keyed.Close)
+	var v verdicts
+	cfg := Config{Endpoint: "/health", Interval: time.Hour, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1}
+	cfg.WorkerKey = func(w string) string {
+		if w == keyed.URL {
+			return "wk-1"
+		}
+		return ""
+	}
+	c := NewChecker(cfg, nil, v.record)
+	c.SetWorkers([]string{keyed.URL})
+	c.Round(context.Background())
+	if got := v.list(); len(got) != 0 || wrong.Load() != 0 {
+		t.Fatalf("verdicts %v, %d probes without the key", got, wrong.Load())
+	}
+	cfg.WorkerKey = nil
+	c = NewChecker(cfg, nil, v.record)
+	c.SetWorkers([]string{keyed.URL})
+	c.Round(context.Background())
+	if got := v.list(); len(got) != 1 || !strings.Contains(got[0], "status 401") {
+		t.Fatalf("without a key the keyed worker should fail its probe: %v", got)
+	}
+}

@@ -15,7 +15,7 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Requests          *prometheus.CounterVec   // endpoint, status, worker
+	Requests          *prometheus.CounterVec   // endpoint, status, worker, tenant
 	Decisions         *prometheus.CounterVec   // reason
 	MatchedRatio      prometheus.Histogram     //
 	DecisionLatency   prometheus.Histogram     // seconds
@@ -51,7 +51,7 @@ func New(idx IndexSource) *Metrics {
 	f := func(c prometheus.Collector) { r.MustRegister(c) }
 	latencyBuckets := []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1}
 	m := &Metrics{Registry: r}
-	m.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_requests_total", Help: "Requests served, by endpoint, final status class (1xx-5xx; 499 for clients that hung up) and worker."}, []string{"endpoint", "status", "worker"})
+	m.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_requests_total", Help: "Requests served, by endpoint, final status class (1xx-5xx; 499 for clients that hung up), worker and tenant (client key name, or anonymous)."}, []string{"endpoint", "status", "worker", "tenant"})
 	m.Decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_routing_decisions_total", Help: "Routing decisions by reason."}, []string{"reason"})
 	m.MatchedRatio = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cart_routing_matched_ratio", Help: "Fraction of the key text matched in the prefix index.", Buckets: prometheus.LinearBuckets(0, 0.1, 11)})
 	m.DecisionLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cart_routing_decision_seconds", Help: "Time to decide a route.", Buckets: latencyBuckets})

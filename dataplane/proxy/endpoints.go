@@ -46,7 +46,10 @@ type WorkerView struct {
 	ModelCapacityBlocks   int      `json:"model_capacity_blocks"`
 }
 
-func (p *Proxy) handleWorkers(w http.ResponseWriter, _ *http.Request) {
+func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
+	if !p.adminAllowed(w, r) {
+		return
+	}
 	ws := p.o.Router.Workers()
 	out := make([]WorkerView, len(ws))
 	for i, wk := range ws {
@@ -81,6 +84,9 @@ type modelsCache struct {
 }
 
 func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
+	if _, ok := p.authenticate(w, r, "models"); !ok {
+		return
+	}
 	body, ctype, source, err := p.models.get(p, r.Context())
 	if err != nil {
 		var ae *apierr.Error
@@ -163,6 +169,7 @@ func (p *Proxy) getModels(ctx context.Context, worker string, timeout time.Durat
 	if err != nil {
 		return nil, "", fmt.Errorf("models request: %w", err)
 	}
+	p.setWorkerAuth(req.Header, worker)
 	resp, err := p.upstream.RoundTrip(req)
 	if err != nil {
 		return nil, "", fmt.Errorf("models from %s: %w", worker, err)

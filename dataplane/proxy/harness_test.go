@@ -113,7 +113,9 @@ func newRig(t testing.TB, urls []string, opts ...rigOpt) *rig {
 	})
 	r.breaks = breaker.NewSet(breaker.Config{Enabled: true, FailureThreshold: 3, SuccessThreshold: 1, Timeout: time.Minute}, nil)
 	o.Router, o.Breakers, o.Metrics = r.router, r.breaks, r.metrics
-	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	r.proxy = proxy.New(o)
 	r.front = httptest.NewServer(r.proxy)
 	t.Cleanup(r.front.Close)

@@ -77,6 +77,18 @@ type Options struct {
 	// session affinity.
 	SessionKeys []string
 
+	// ClientKeys, when not empty, are required on every proxied path
+	// (Authorization: Bearer or x-api-key); the matching key's name is the
+	// tenant label. AdminToken guards /workers; empty restricts it to
+	// loopback callers. WorkerKeys are sent to workers instead of the
+	// client's credentials, which are never forwarded.
+	ClientKeys []ClientKey
+	AdminToken string
+	WorkerKeys WorkerKeys
+	// MetricsElsewhere: /metrics is served on its own listener, so the
+	// client listener answers 404 for it (rather than passing it through).
+	MetricsElsewhere bool
+
 	// Transport overrides the upstream transport (tests); nil builds one
 	// from the timeouts above.
 	Transport http.RoundTripper
@@ -102,6 +114,9 @@ type Proxy struct {
 	rng   *mrand.Rand
 
 	models modelsCache
+
+	auth       clientAuth
+	workerKeys workerKeys
 }
 
 // New builds a Proxy.
@@ -119,6 +134,8 @@ func New(o Options) *Proxy {
 		o.BodyReadTimeout = time.Minute
 	}
 	p := &Proxy{o: o, log: o.Logger, m: o.Metrics, rng: mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed))}
+	p.auth = newClientAuth(o.ClientKeys, o.AdminToken)
+	p.SetWorkerKeys(o.WorkerKeys)
 	for _, s := range o.RetryableStatuses {
 		if s >= 0 && s < len(p.retryable) {
 			p.retryable[s] = true
@@ -148,7 +165,11 @@ func New(o Options) *Proxy {
 	mux.HandleFunc("POST /v1/messages", p.routed(extract.Messages))
 	mux.HandleFunc("GET /health", p.handleHealth)
 	mux.HandleFunc("GET /workers", p.handleWorkers)
-	mux.Handle("GET /metrics", o.Metrics.Handler())
+	if o.MetricsElsewhere {
+		mux.HandleFunc("GET /metrics", http.NotFound)
+	} else {
+		mux.Handle("GET /metrics", o.Metrics.Handler())
+	}
 	mux.HandleFunc("GET /v1/models", p.handleModels)
 	mux.HandleFunc("/", p.passThrough)
 	p.mux = mux
@@ -193,19 +214,21 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 
 // call is one client request on its way through the proxy.
 type call struct {
-	id       string
-	endpoint string // metric label
-	model    string
-	body     []byte
-	hashes   []uint64
-	keyLen   int
-	session  string
-	routed   bool // prefix-routed (vs pass-through)
-	failed   []string
-	final    router.Decision
-	attempts int
-	start    time.Time
-	client   *http.ResponseController // the client's connection, for deadlines
+	id        string
+	endpoint  string // metric label
+	tenant    string // metric and log label: a configured client key name or AnonymousTenant
+	anthropic bool   // errors go out in the Anthropic shape
+	model     string
+	body      []byte
+	hashes    []uint64
+	keyLen    int
+	session   string
+	routed    bool // prefix-routed (vs pass-through)
+	failed    []string
+	final     router.Decision
+	attempts  int
+	start     time.Time
+	client    *http.ResponseController // the client's connection, for deadlines
 }
 
 type callKey struct{}
@@ -223,36 +246,44 @@ var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, 256); return &
 
 func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		c := &call{id: requestID(r), endpoint: ep.String(), routed: true, start: p.o.Now()}
-		body, err := p.readBody(w, r)
-		if err != nil {
-			p.fail(w, c, err)
+		tenant, ok := p.authenticate(w, r, ep.String())
+		if !ok {
 			return
 		}
-		req, err := extract.Extract(ep, body)
-		if err != nil {
-			p.fail(w, c, err)
-			return
-		}
-		if req.RemoteMediaURL != "" && p.o.RemoteMediaPolicy != 0 {
-			p.fail(w, c, apierr.New(p.o.RemoteMediaPolicy, apierr.TypeInvalidRequest, "remote_media_refused",
-				"remote media URLs are not accepted by this router (found %q); send the media inline as a data: URL or base64 block", truncate(req.RemoteMediaURL, 200)))
-			return
-		}
-		hp := hashPool.Get().(*[]uint64)
-		defer func() {
-			// Keep only ordinary buffers: a huge prompt's slice would stay
-			// pinned in the pool for good.
-			if cap(*hp) <= maxPooledHashes {
-				*hp = (*hp)[:0]
-				hashPool.Put(hp)
-			}
-		}()
-		*hp = index.Hash((*hp)[:0], req.Model, req.Key, p.o.BlockChars)
-		c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
-		c.session = p.sessionKey(r, req)
-		p.forward(w, r, c)
+		p.serveRouted(ep, w, r, tenant)
 	}
+}
+
+func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.Request, tenant string) {
+	c := &call{id: requestID(r), endpoint: ep.String(), tenant: tenant, anthropic: apierr.IsAnthropicPath(r.URL.Path), routed: true, start: p.o.Now()}
+	body, err := p.readBody(w, r)
+	if err != nil {
+		p.fail(w, c, err)
+		return
+	}
+	req, err := extract.Extract(ep, body)
+	if err != nil {
+		p.fail(w, c, err)
+		return
+	}
+	if req.RemoteMediaURL != "" && p.o.RemoteMediaPolicy != 0 {
+		p.fail(w, c, apierr.New(p.o.RemoteMediaPolicy, apierr.TypeInvalidRequest, "remote_media_refused",
+			"remote media URLs are not accepted by this router (found %q); send the media inline as a data: URL or base64 block", truncate(req.RemoteMediaURL, 200)))
+		return
+	}
+	hp := hashPool.Get().(*[]uint64)
+	defer func() {
+		// Keep only ordinary buffers: a huge prompt's slice would stay
+		// pinned in the pool for good.
+		if cap(*hp) <= maxPooledHashes {
+			*hp = (*hp)[:0]
+			hashPool.Put(hp)
+		}
+	}()
+	*hp = index.Hash((*hp)[:0], req.Model, req.Key, p.o.BlockChars)
+	c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
+	c.session = p.sessionKey(r, req)
+	p.forward(w, r, c)
 }
 
 // sessionKey returns the first session key present, in configured order.
@@ -275,14 +306,18 @@ func (p *Proxy) sessionKey(r *http.Request, req *extract.Request) string {
 }
 
 func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := p.authenticate(w, r, "other")
+	if !ok {
+		return
+	}
 	// ServeMux matches escaped paths, so /v1/chat%2Fcompletions lands here
 	// although the worker would decode it to a routed endpoint: route it
 	// as one, so extraction and the remote-media policy are never skipped.
 	if ep, ok := extract.EndpointForPath(r.URL.Path); ok && r.Method == http.MethodPost {
-		p.routed(ep)(w, r)
+		p.serveRouted(ep, w, r, tenant)
 		return
 	}
-	c := &call{id: requestID(r), endpoint: "other", start: p.o.Now()}
+	c := &call{id: requestID(r), endpoint: "other", tenant: tenant, anthropic: apierr.IsAnthropicPath(r.URL.Path), start: p.o.Now()}
 	body, err := p.readBody(w, r)
 	if err != nil {
 		p.fail(w, c, err)
@@ -367,9 +402,9 @@ func (p *Proxy) finish(r *http.Request, c *call, sw *statusWriter, aborted bool)
 		p.m.ClientDisconnects.Inc()
 	}
 	worker := c.final.Worker
-	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(status), worker).Inc()
+	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(status), worker, c.tenant).Inc()
 	if status == 499 || aborted {
-		p.log.Info("request ended early", "request_id", c.id, "endpoint", c.endpoint, "status", status, "worker", worker,
+		p.log.Info("request ended early", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", status, "worker", worker,
 			"duration_ms", p.o.Now().Sub(c.start).Milliseconds(), "client_gone", r.Context().Err() != nil)
 	}
 }
@@ -393,15 +428,22 @@ func (p *Proxy) fail(w http.ResponseWriter, c *call, err error) {
 	if !errors.As(err, &ae) {
 		ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_error", "%v", err)
 	}
-	apierr.Write(w, ae)
-	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(ae.Status), "").Inc()
-	p.log.Info("request refused", "request_id", c.id, "endpoint", c.endpoint, "status", ae.Status, "code", ae.Code, "error", ae.Message)
+	if c.anthropic {
+		apierr.WriteAnthropic(w, ae)
+	} else {
+		apierr.Write(w, ae)
+	}
+	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(ae.Status), "", c.tenant).Inc()
+	p.log.Info("request refused", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "code", ae.Code, "error", ae.Message)
 }
 
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetXForwarded()
 	pr.Out.Header.Del(HeaderRoutedPeer)
 	pr.Out.Header.Del("Upgrade") // see modifyResponse: no upgraded connections
+	for _, h := range clientCredentialHeaders {
+		pr.Out.Header.Del(h)
+	}
 	c := callFrom(pr.In.Context())
 	pr.Out.Header.Set(HeaderRequestID, c.id)
 }
@@ -440,9 +482,9 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	if ae.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}
-	apierr.Write(w, ae)
+	apierr.WriteFor(w, r, ae)
 	if c != nil {
-		p.log.Warn("request failed", "request_id", c.id, "endpoint", c.endpoint, "status", ae.Status, "attempts", c.attempts, "error", err.Error())
+		p.log.Warn("request failed", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "attempts", c.attempts, "error", err.Error())
 	}
 }
 
@@ -666,7 +708,7 @@ func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 		p.m.MatchedRatio.Observe(d.MatchedRatio)
 		p.m.DecisionLatency.Observe(d.Latency.Seconds())
 		p.log.Info("route",
-			"request_id", c.id, "endpoint", c.endpoint, "model", c.model, "reason", d.Reason,
+			"request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "model", c.model, "reason", d.Reason,
 			"matched_ratio", math.Round(d.MatchedRatio*1000)/1000, "matched_chars", d.MatchedChars,
 			"worker", d.Worker, "decision_us", d.Latency.Microseconds(), "attempt", c.attempts)
 	}
@@ -697,6 +739,11 @@ func (p *Proxy) dispatch(ctx context.Context, out *http.Request, c *call, d rout
 	req.URL.Path = singleJoin(target.Path, out.URL.Path)
 	req.URL.RawPath = ""
 	req.Host = ""
+	if p.workerKeys.get(d.Worker) != "" {
+		// Keys differ per worker, so this attempt needs its own headers.
+		req.Header = out.Header.Clone()
+		p.setWorkerAuth(req.Header, d.Worker)
+	}
 	req.ContentLength = int64(len(c.body))
 	req.Body = http.NoBody
 	if len(c.body) > 0 {

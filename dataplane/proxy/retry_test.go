@@ -36,7 +36,7 @@ func TestRetryableStatusRetriedOnAnotherReplica(t *testing.T) {
 	if v := counterValue(t, r, "cart_retries_total", ""); v != 1 {
 		t.Fatalf("cart_retries_total = %v, want 1", v)
 	}
-	if v := counterValue(t, r, "cart_requests_total", `status="2xx",worker="`+b.URL+`"`); v != 1 {
+	if v := counterValue(t, r, "cart_requests_total", `status="2xx",tenant="anonymous",worker="`+b.URL+`"`); v != 1 {
 		t.Fatalf("request not recorded as 2xx served by b: %v", v)
 	}
 	r.waitLoadZero()

@@ -75,7 +75,8 @@ type Router struct {
 	// abandoned (it has no ticket to name it by).
 	routeIDs atomic.Uint64
 
-	shadow *shadow // nil when disabled
+	shadow       *shadow      // nil when disabled
+	lastAuthWarn atomic.Int64 // unix nanos of the last rejected-token warning
 }
 
 type ticket struct {
@@ -218,7 +219,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			// the next deadline harder to meet); errors rotate.
 			r.rotate(target)
 		}
-		r.log.Debug("route via control plane failed; routing locally", "control_plane", target, "error", err.Error())
+		r.logRPCError("route via control plane failed; routing locally", target, err)
 	}
 	d, err := r.fallback(req)
 	if err != nil {
@@ -394,7 +395,7 @@ func (r *Router) syncLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		if err := r.SyncOnce(ctx); err != nil && ctx.Err() == nil {
-			r.log.Debug("sync with control plane failed", "error", err.Error())
+			r.logRPCError("sync with control plane failed", r.current(), err)
 		}
 		select {
 		case <-ctx.Done():
@@ -493,9 +494,31 @@ func (r *Router) flush(ctx context.Context) {
 	fctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if _, err := r.client(target).Complete(fctx, connect.NewRequest(&cartv1.CompleteRequest{DataplaneId: r.o.ID, Completions: batch})); err != nil {
-		r.log.Debug("report completions", "completions", len(batch), "error", err.Error())
+		r.logRPCError("report completions failed", target, err, "completions", len(batch))
 		if causeOf(err) != "timeout" {
 			r.rotate(target) // a dead node must not keep receiving every report
 		}
 	}
+}
+
+// authWarnEvery bounds the rejected-token warning to one line per period:
+// every request and every sync would otherwise log it.
+const authWarnEvery = 10 * time.Second
+
+// logRPCError logs a failed control-plane call. Transient failures are
+// debug noise (the data plane falls back and retries), but a rejected
+// cluster token is a misconfiguration that silently degrades routing to
+// local fallback for good, so it is a warning.
+func (r *Router) logRPCError(msg, target string, err error, attrs ...any) {
+	if causeOf(err) != "auth" {
+		r.log.Debug(msg, append([]any{"control_plane", target, "error", err.Error()}, attrs...)...)
+		return
+	}
+	now := time.Now().UnixNano()
+	last := r.lastAuthWarn.Load()
+	if last != 0 && now-last < int64(authWarnEvery) || !r.lastAuthWarn.CompareAndSwap(last, now) {
+		return
+	}
+	r.log.Warn("the control plane rejected this data plane's cluster token (auth.token / auth.token_file): routing locally until it is fixed",
+		append([]any{"control_plane", target, "during", msg, "error", err.Error()}, attrs...)...)
 }

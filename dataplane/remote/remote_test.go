@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -731,5 +732,69 @@ func TestOnHealthyAfterRecovery(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(got, []string{wA}) {
 		t.Fatalf("OnHealthy calls %v, want exactly one for %s", got, wA)
+	}
+}
+
+// recordingHandler keeps log records for assertions.
+type recordingHandler struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (h *recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.recs = append(h.recs, r)
+	return nil
+}
+func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *recordingHandler) WithGroup(string) slog.Handler      { return h }
+
+func (h *recordingHandler) count(level slog.Level, substr string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, r := range h.recs {
+		if r.Level == level && strings.Contains(r.Message, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRejectedClusterTokenWarns: a data plane whose token the control plane
+// rejects keeps serving by local fallback, so the misconfiguration must be
+// visible at WARN (once per period, not once per request), while ordinary
+// transient failures stay at DEBUG.
+func TestRejectedClusterTokenWarns(t *testing.T) {
+	cp := newFakeCP(t)
+	cp.set(func(f *fakeCP) {
+		f.routeErr = connect.NewError(connect.CodeUnauthenticated, errors.New("missing or invalid bearer token"))
+		f.syncErr = f.routeErr
+	})
+	rec := &recordingHandler{}
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, Token: "wrong", Logger: slog.New(rec),
+		BootWorkers: []router.WorkerStatus{{URL: wA, Healthy: true}}})
+	for i := 0; i < 5; i++ {
+		d, err := r.Route(context.Background(), &router.Request{ID: "r"})
+		if err != nil || d.Reason != "fallback_local" {
+			t.Fatalf("Route = %+v, %v; want a local fallback", d, err)
+		}
+		r.Done(d, router.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
+	}
+	_ = r.SyncOnce(context.Background())
+	if n := rec.count(slog.LevelWarn, "rejected this data plane's cluster token"); n != 1 {
+		t.Fatalf("%d rejected-token warnings for 5 routes and a sync, want exactly 1", n)
+	}
+
+	cp.set(func(f *fakeCP) {
+		f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("no leader"))
+	})
+	if _, err := r.Route(context.Background(), &router.Request{ID: "r2"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := rec.count(slog.LevelDebug, "route via control plane failed"); n != 1 {
+		t.Fatalf("an Unavailable answer should be logged at debug once, got %d", n)
 	}
 }

@@ -31,6 +31,8 @@ type AllInOne struct {
 	Metrics *metrics.Metrics
 	Proxy   *proxy.Proxy
 	HTTP    *http.Server
+	// MetricsHTTP serves /metrics on server.metrics_addr; nil when unset.
+	MetricsHTTP *http.Server
 }
 
 // WorkerSpecs converts configured workers for the engine.
@@ -103,7 +105,10 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
 		log.Warn("circuit breaker", "worker", t.Worker, "from", t.From.String(), "to", t.To.String())
 	})
-	a.Health = health.NewChecker(HealthConfig(cfg), nil, func(w string, healthy bool, reason string) {
+	hc := HealthConfig(cfg)
+	// Through the proxy, so that a reload's new worker keys reach probes too.
+	hc.WorkerKey = func(w string) string { return a.Proxy.WorkerKey(w) }
+	a.Health = health.NewChecker(hc, nil, func(w string, healthy bool, reason string) {
 		a.Router.SetHealthy(w, healthy)
 		a.Metrics.SetHealthy(w, healthy)
 		if healthy {
@@ -116,12 +121,17 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.Metrics.SetHealthy(w.URL, true)
 		a.Metrics.SetBreaker(w.URL, "closed")
 	}
-	a.Proxy = proxy.New(ProxyOptions(cfg, a.Router, a.Break, a.Metrics, log))
+	po := ProxyOptions(cfg, a.Router, a.Break, a.Metrics, log)
+	if err := applyAuth(&po, cfg); err != nil {
+		return nil, err
+	}
+	a.Proxy = proxy.New(po)
 	srv, err := HTTPServer(cfg, a.Proxy, log)
 	if err != nil {
 		return nil, err
 	}
 	a.HTTP = srv
+	a.MetricsHTTP = MetricsServer(cfg, a.Metrics, log)
 	return a, nil
 }
 
@@ -139,14 +149,24 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 	a.mu.Lock()
 	cfg := a.cfg
 	a.mu.Unlock()
+	if err := CheckExposure(cfg, ln.Addr(), a.log); err != nil {
+		_ = ln.Close()
+		return err
+	}
+	mln, err := listenMetrics(a.MetricsHTTP)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
+	go func() { defer wg.Done(); serveMetrics(ctx, a.MetricsHTTP, mln, a.log) }()
 	go func() { defer wg.Done(); a.Health.Run(ctx) }()
 	go func() { defer wg.Done(); a.Router.Run(ctx, secs(cfg.Cache.EvictionIntervalSecs)) }()
 	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers))
-	err := Serve(ctx, a.HTTP, ln, secs(cfg.Server.ShutdownGraceSecs))
+	err = Serve(ctx, a.HTTP, ln, secs(cfg.Server.ShutdownGraceSecs))
 	cancel()
 	wg.Wait()
 	return err
@@ -177,10 +197,16 @@ func (a *AllInOne) Reload() error {
 		a.Metrics.Reloads.WithLabelValues("rejected").Inc()
 		return fmt.Errorf("reload rejected: only workers may change at runtime, but these keys differ: %s (restart to apply them)", strings.Join(other, ", "))
 	}
+	wk, err := WorkerKeys(next)
+	if err != nil {
+		a.Metrics.Reloads.WithLabelValues("rejected").Inc()
+		return fmt.Errorf("reload rejected: %w", err)
+	}
 	before := make(map[string]bool, len(a.cfg.Workers))
 	for _, u := range workerURLs(a.cfg.Workers) {
 		before[u] = true
 	}
+	a.Proxy.SetWorkerKeys(wk)
 	removed := a.Router.SetWorkers(WorkerSpecs(next.Workers, next.Cache.BlockChars))
 	urls := workerURLs(next.Workers)
 	a.Health.SetWorkers(urls)

@@ -28,6 +28,8 @@ type DataPlane struct {
 	Metrics *metrics.Metrics
 	Proxy   *proxy.Proxy
 	HTTP    *http.Server
+	// MetricsHTTP serves /metrics on server.metrics_addr; nil when unset.
+	MetricsHTTP *http.Server
 }
 
 // DataPlaneID returns the configured id or hostname-pid.
@@ -77,24 +79,39 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*D
 		d.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
 		log.Warn("circuit breaker", "worker", t.Worker, "from", t.From.String(), "to", t.To.String())
 	})
-	d.Proxy = proxy.New(ProxyOptions(cfg, d.Router, d.Break, d.Metrics, log))
+	po := ProxyOptions(cfg, d.Router, d.Break, d.Metrics, log)
+	if err := applyAuth(&po, cfg); err != nil {
+		return nil, err
+	}
+	d.Proxy = proxy.New(po)
 	srv, err := HTTPServer(cfg, d.Proxy, log)
 	if err != nil {
 		return nil, err
 	}
 	d.HTTP = srv
+	d.MetricsHTTP = MetricsServer(cfg, d.Metrics, log)
 	return d, nil
 }
 
 // Run serves on ln until ctx ends, syncing with the control plane.
 func (d *DataPlane) Run(ctx context.Context, ln net.Listener) error {
+	if err := CheckExposure(d.cfg, ln.Addr(), d.log); err != nil {
+		_ = ln.Close()
+		return err
+	}
+	mln, err := listenMetrics(d.MetricsHTTP)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
+	go func() { defer wg.Done(); serveMetrics(ctx, d.MetricsHTTP, mln, d.log) }()
 	go func() { defer wg.Done(); d.Router.Run(ctx) }()
 	d.log.Info("cart data plane listening", "addr", ln.Addr().String(), "control_plane", d.cfg.DataPlane.ControlPlane)
-	err := Serve(ctx, d.HTTP, ln, secs(d.cfg.Server.ShutdownGraceSecs))
+	err = Serve(ctx, d.HTTP, ln, secs(d.cfg.Server.ShutdownGraceSecs))
 	cancel()
 	wg.Wait()
 	return err

@@ -2,6 +2,13 @@
 # make run: three cart-sim replicas and the all-in-one router in front.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# A random client key on first start, readable only by this user.
+key_file=tmp/cart-local-client-key
+if [ ! -s "$key_file" ]; then
+  mkdir -p tmp
+  (umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$key_file")
+fi
+key=$(cat "$key_file")
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
@@ -12,15 +19,17 @@ done
 bin/cart -c deploy/local/cart.yaml &
 pids+=($!)
 for _ in $(seq 50); do curl -fs http://127.0.0.1:6700/health >/dev/null 2>&1 && break; sleep 0.1; done
-cat <<'MSG'
+cat <<MSG
 
 CART is routing on http://127.0.0.1:6700 across three simulated replicas.
+Every proxied path needs the client key (in $key_file).
 Send the same long prompt twice and watch x-routed-peer stay put (cache_hit in the log):
 
-  curl -si http://127.0.0.1:6700/v1/chat/completions -H 'Content-Type: application/json' \
+  curl -si http://127.0.0.1:6700/v1/chat/completions -H 'Content-Type: application/json' \\
+    -H "Authorization: Bearer $key" \\
     -d '{"model":"sim","messages":[{"role":"system","content":"You are a helpful assistant that answers questions about the CART router in detail."},{"role":"user","content":"hello"}]}' | grep -iE 'x-routed-peer|cached_tokens'
 
-Also: curl -s http://127.0.0.1:6700/workers ; curl -s http://127.0.0.1:6700/metrics | grep cart_routing
+Also (no key needed from this machine): curl -s http://127.0.0.1:6700/workers ; curl -s http://127.0.0.1:6700/metrics | grep cart_routing
 Ctrl-C stops everything.
 MSG
 wait "${pids[@]}"

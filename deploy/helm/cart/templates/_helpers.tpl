@@ -52,9 +52,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (printf "%s-auth" (include "cart.fullname" .)) .Values.auth.existingSecret }}
 {{- end }}
 
-{{/* Where every pod mounts the token; the configs' auth.token_file. */}}
+{{/* Where pods mount their credentials (the configs' auth.*_file): each
+pod gets only the ones its role uses, see cart.tokenVolume. */}}
 {{- define "cart.tokenDir" -}}/var/run/secrets/cart{{- end }}
 {{- define "cart.tokenFile" -}}{{ include "cart.tokenDir" . }}/token{{- end }}
+{{- define "cart.adminTokenFile" -}}{{ include "cart.tokenDir" . }}/admin-token{{- end }}
+{{- define "cart.clientKeyFile" -}}{{ include "cart.tokenDir" . }}/client-key{{- end }}
 
 {{/* The control plane's in-cluster API URL: a ClusterIP Service over Ready
 (leader-aware) nodes, for cartctl and the init containers. */}}
@@ -96,7 +99,7 @@ new cluster, and changing it must not restart the control plane. */}}
 {{- define "cart.cpConfig" -}}
 {{- $root := .root }}
 {{- $fixed := include "cart.commonFixed" $root | fromYaml }}
-{{- $cp := dict "controlplane" (dict "api_addr" "0.0.0.0:6701" "raft_addr" "0.0.0.0:6702" "data_dir" "/var/lib/cart") }}
+{{- $cp := dict "controlplane" (dict "api_addr" "0.0.0.0:6701" "raft_addr" "0.0.0.0:6702" "data_dir" "/var/lib/cart") "auth" (dict "admin_token_file" (include "cart.adminTokenFile" $root)) }}
 {{- $cfg := mustMergeOverwrite (dict) (deepCopy $root.Values.config) (deepCopy $root.Values.controlPlane.config) $fixed $cp }}
 {{- if .workers }}
 {{- $cfg = mustMergeOverwrite $cfg (include "cart.workersConfig" $root | fromYaml) }}
@@ -134,7 +137,12 @@ others. */}}
 {{- range $i := until (int $root.Values.controlPlane.replicas) }}
 {{- $cps = append $cps (printf "http://%s:6701" (include "cart.cpPodHost" (dict "root" $root "i" $i))) }}
 {{- end }}
-{{- $dp := dict "server" (dict "host" "0.0.0.0" "port" 6700) "dataplane" (dict "control_plane" $cps) }}
+{{- /* Tenants added in dataPlane.config (key files you mount) keep their
+place; the chart's own key is appended, since lists are replaced on merge. */}}
+{{- $keys := list }}
+{{- with $root.Values.dataPlane.config.auth }}{{ with .client_keys }}{{ $keys = . }}{{ end }}{{ end }}
+{{- $keys = append $keys (dict "name" $root.Values.auth.clientKeyName "key_file" (include "cart.clientKeyFile" $root)) }}
+{{- $dp := dict "server" (dict "host" "0.0.0.0" "port" 6700) "dataplane" (dict "control_plane" $cps) "auth" (dict "client_keys" $keys) }}
 {{- $cfg := mustMergeOverwrite (dict) (deepCopy $root.Values.config) (deepCopy $root.Values.dataPlane.config) $fixed $dp }}
 {{- if .workers }}
 {{- $cfg = mustMergeOverwrite $cfg (include "cart.workersConfig" $root | fromYaml) }}
@@ -142,15 +150,21 @@ others. */}}
 {{- toYaml $cfg }}
 {{- end }}
 
-{{/* The token volume every cart pod mounts. */}}
+{{/* The credentials volume of a pod: (dict "root" $ "keys" (list ...)),
+keys among "token", "admin-token" and "client-key", so a pod holds only
+what its role uses (a data plane never the admin token). */}}
 {{- define "cart.tokenVolume" -}}
-- name: token
+{{- $a := .root.Values.auth }}
+{{- $src := dict "token" $a.secretKey "admin-token" $a.adminSecretKey "client-key" $a.clientKeySecretKey }}
+- name: {{ .name | default "token" }}
   secret:
-    secretName: {{ include "cart.authSecretName" . }}
+    secretName: {{ include "cart.authSecretName" .root }}
     defaultMode: 0440
     items:
-      - key: {{ .Values.auth.secretKey }}
-        path: token
+      {{- range .keys }}
+      - key: {{ index $src . }}
+        path: {{ . }}
+      {{- end }}
 {{- end }}
 
 {{- define "cart.tokenMount" -}}
@@ -164,5 +178,11 @@ others. */}}
 - name: CARTCTL_SERVER
   value: {{ include "cart.cpURL" . | quote }}
 - name: CARTCTL_TOKEN_FILE
-  value: {{ include "cart.tokenFile" . | quote }}
+  value: {{ include "cart.adminTokenFile" . | quote }}
+# The chart's control-plane API is plain HTTP on the pod network, and
+# cartctl refuses to send a token over plain http to anything but loopback
+# unless told: here it is told, since pod-to-pod is the deployment's trust
+# boundary (restrict it with NetworkPolicies).
+- name: CARTCTL_INSECURE
+  value: "true"
 {{- end }}

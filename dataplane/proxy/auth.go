@@ -1,0 +1,188 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+
+	"github.com/cartrouter/cart/dataplane/apierr"
+)
+
+// ClientKey is one tenant's API key.
+type ClientKey struct {
+	Name string // tenant label in logs and metrics
+	Key  string
+}
+
+// AnonymousTenant labels requests when no client keys are configured, and
+// refused requests (whose tenant is unknown by definition), so the tenant
+// label only ever takes configured names plus this one.
+const AnonymousTenant = "anonymous"
+
+// WWWAuthenticate is sent with every 401, as RFC 9110 requires.
+const WWWAuthenticate = `Bearer realm="cart"`
+
+type keyDigest struct {
+	name string
+	sum  [sha256.Size]byte
+}
+
+// clientAuth checks client credentials. Keys are compared as SHA-256
+// digests in constant time, against every configured key without an early
+// exit, so neither a key's length nor which tenant nearly matched leaks
+// through timing.
+type clientAuth struct {
+	keys  []keyDigest
+	admin *[sha256.Size]byte // nil: /workers answers loopback callers only
+}
+
+func newClientAuth(keys []ClientKey, admin string) clientAuth {
+	a := clientAuth{keys: make([]keyDigest, len(keys))}
+	for i, k := range keys {
+		a.keys[i] = keyDigest{name: k.Name, sum: sha256.Sum256([]byte(k.Key))}
+	}
+	if admin != "" {
+		sum := sha256.Sum256([]byte(admin))
+		a.admin = &sum
+	}
+	return a
+}
+
+// bearer returns the token of an "Authorization: Bearer" header; the scheme
+// is case-insensitive (RFC 9110 §11.1).
+func bearer(h http.Header) (string, bool) {
+	v := h.Get("Authorization")
+	scheme, tok, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+// tenant returns the tenant whose key r carries, in Authorization (what
+// OpenAI clients send) or x-api-key (what Anthropic clients send).
+func (a *clientAuth) tenant(r *http.Request) (string, bool) {
+	if len(a.keys) == 0 {
+		return AnonymousTenant, true
+	}
+	if tok, ok := bearer(r.Header); ok {
+		if name, ok := a.match(tok); ok {
+			return name, true
+		}
+	}
+	if tok := r.Header.Get("X-Api-Key"); tok != "" {
+		return a.match(tok)
+	}
+	return "", false
+}
+
+func (a *clientAuth) match(tok string) (string, bool) {
+	sum := sha256.Sum256([]byte(tok))
+	found := -1
+	for i := range a.keys {
+		if subtle.ConstantTimeCompare(sum[:], a.keys[i].sum[:]) == 1 {
+			found = i
+		}
+	}
+	if found < 0 {
+		return "", false
+	}
+	return a.keys[found].name, true
+}
+
+// authenticate admits r or answers 401 in the error shape of the API it
+// addressed. It returns the tenant for logs and metrics.
+func (p *Proxy) authenticate(w http.ResponseWriter, r *http.Request, endpoint string) (string, bool) {
+	if name, ok := p.auth.tenant(r); ok {
+		return name, true
+	}
+	w.Header().Set("WWW-Authenticate", WWWAuthenticate)
+	msg := "missing API key: send it as \"Authorization: Bearer <key>\" or \"x-api-key: <key>\""
+	if _, ok := bearer(r.Header); ok || r.Header.Get("X-Api-Key") != "" {
+		msg = "invalid API key"
+	}
+	c := &call{id: requestID(r), endpoint: endpoint, tenant: AnonymousTenant, anthropic: apierr.IsAnthropicPath(r.URL.Path)}
+	p.fail(w, c, apierr.New(http.StatusUnauthorized, apierr.TypeAuthentication, "invalid_api_key", "%s", msg))
+	return "", false
+}
+
+// adminAllowed guards /workers (it lists internal worker URLs): the admin
+// token, or a loopback caller when no admin token is configured. Client
+// keys never count.
+func (p *Proxy) adminAllowed(w http.ResponseWriter, r *http.Request) bool {
+	if p.auth.admin == nil {
+		if isLoopback(r.RemoteAddr) {
+			return true
+		}
+		apierr.Write(w, apierr.New(http.StatusForbidden, apierr.TypeAuthentication, "admin_loopback_only",
+			"no admin token is configured (auth.admin_token), so this endpoint answers loopback callers only"))
+		return false
+	}
+	if tok, ok := bearer(r.Header); ok {
+		sum := sha256.Sum256([]byte(tok))
+		if subtle.ConstantTimeCompare(sum[:], p.auth.admin[:]) == 1 {
+			return true
+		}
+	}
+	w.Header().Set("WWW-Authenticate", WWWAuthenticate)
+	apierr.Write(w, apierr.New(http.StatusUnauthorized, apierr.TypeAuthentication, "invalid_admin_token", "this endpoint needs the admin token (Authorization: Bearer <auth.admin_token>)"))
+	return false
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// WorkerKeys are the keys workers expect (vLLM --api-key), by worker URL,
+// with a default for workers not listed.
+type WorkerKeys struct {
+	PerWorker map[string]string
+	Default   string
+}
+
+// workerKeys is swapped whole on reload.
+type workerKeys struct{ v atomic.Pointer[WorkerKeys] }
+
+// Get returns the key for worker: its own, else the default.
+func (k WorkerKeys) Get(worker string) string {
+	if s, ok := k.PerWorker[worker]; ok {
+		return s
+	}
+	return k.Default
+}
+
+func (k *workerKeys) get(worker string) string {
+	if wk := k.v.Load(); wk != nil {
+		return wk.Get(worker)
+	}
+	return ""
+}
+
+// SetWorkerKeys replaces the worker keys (SIGHUP reload).
+func (p *Proxy) SetWorkerKeys(k WorkerKeys) { p.workerKeys.v.Store(&k) }
+
+// WorkerKey is the key currently sent to worker ("" for none), for health
+// probes, which must authenticate like requests do.
+func (p *Proxy) WorkerKey(worker string) string { return p.workerKeys.get(worker) }
+
+// clientCredentialHeaders are what clients authenticate to CART with; they
+// are never forwarded, since a worker has no business seeing a tenant's
+// key (and a worker that logs headers would leak it).
+var clientCredentialHeaders = []string{"Authorization", "X-Api-Key"}
+
+// setWorkerAuth gives an outgoing request the worker's own key, if any.
+// h must be a header map the caller owns.
+func (p *Proxy) setWorkerAuth(h http.Header, worker string) {
+	if k := p.workerKeys.get(worker); k != "" {
+		h.Set("Authorization", "Bearer "+k)
+	}
+}
