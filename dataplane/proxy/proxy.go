@@ -52,7 +52,15 @@ type Options struct {
 	MaxBodyBytes        int64
 	BodyReadTimeout     time.Duration // time allowed to receive the request body
 	AddRoutedPeerHeader bool
-	RemoteMediaPolicy   int // 0 allows remote media URLs; else the status to refuse with
+	RemoteMediaPolicy   int  // 0 allows remote media URLs; else the status to refuse with
+	AllowFileMediaURLs  bool // the policy lets file: media URLs through
+
+	// PassThroughPaths are the paths other than the routed ones that are
+	// forwarded ("/x" exactly, "/x/*" under /x/); nil forwards none.
+	// RetryablePassThroughPaths, in the same form, are the ones whose
+	// POSTs may be resent to another worker after one may have seen them.
+	PassThroughPaths          []string
+	RetryablePassThroughPaths []string
 
 	ConnectTimeout    time.Duration // TCP+TLS handshake to a worker
 	RequestTimeout    time.Duration // dispatch until the worker's response headers
@@ -99,6 +107,8 @@ type Proxy struct {
 	rng   *mrand.Rand
 
 	models modelsCache
+
+	passPaths, retryPaths pathSet
 }
 
 // New builds a Proxy.
@@ -139,6 +149,7 @@ func New(o Options) *Proxy {
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
 	p.models.ttl = o.ModelsCacheTTL
+	p.passPaths, p.retryPaths = newPathSet(o.PassThroughPaths), newPathSet(o.RetryablePassThroughPaths)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", p.routed(extract.ChatCompletions))
 	mux.HandleFunc("POST /v1/completions", p.routed(extract.Completions))
@@ -198,6 +209,7 @@ type call struct {
 	keyLen   int
 	session  string
 	routed   bool // prefix-routed (vs pass-through)
+	noResend bool // never resend once a worker may have seen it
 	failed   []string
 	final    router.Decision
 	attempts int
@@ -231,9 +243,8 @@ func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
 			p.fail(w, c, err)
 			return
 		}
-		if req.RemoteMediaURL != "" && p.o.RemoteMediaPolicy != 0 {
-			p.fail(w, c, apierr.New(p.o.RemoteMediaPolicy, apierr.TypeInvalidRequest, "remote_media_refused",
-				"remote media URLs are not accepted by this router (found %q); send the media inline as a data: URL or base64 block", truncate(req.RemoteMediaURL, 200)))
+		if err := p.mediaRefusal(extract.Media{Remote: req.RemoteMediaURL, File: req.FileMediaURL}); err != nil {
+			p.fail(w, c, err)
 			return
 		}
 		hp := hashPool.Get().(*[]uint64)
@@ -269,24 +280,6 @@ func (p *Proxy) sessionKey(r *http.Request, req *extract.Request) string {
 		}
 	}
 	return ""
-}
-
-func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
-	// ServeMux matches escaped paths, so /v1/chat%2Fcompletions lands here
-	// although the worker would decode it to a routed endpoint: route it
-	// as one, so extraction and the remote-media policy are never skipped.
-	if ep, ok := extract.EndpointForPath(r.URL.Path); ok && r.Method == http.MethodPost {
-		p.routed(ep)(w, r)
-		return
-	}
-	c := &call{id: requestID(r), endpoint: "other", start: p.o.Now()}
-	body, err := p.readBody(w, r)
-	if err != nil {
-		p.fail(w, c, err)
-		return
-	}
-	c.body = body
-	p.forward(w, r, c)
 }
 
 // readBody buffers the request body once, within the size limit; it is
@@ -498,7 +491,7 @@ func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
 			}
 			return nil, ctx.Err()
 		}
-		if !p.takeRetry(attempt) {
+		if !c.mayResend(err) || !p.takeRetry(attempt) {
 			if rs != nil {
 				// Out of retries: the worker's own answer is the most
 				// useful thing to give the client.
