@@ -107,8 +107,8 @@ type Request struct {
 	Model          string
 	Stream         bool
 	Key            []byte // key text T; empty when the prompt is empty
-	RemoteMediaURL string // first http(s) media URL found, "" if none
-	FileMediaURL   string // first file: media URL found, "" if none
+	RemoteMediaURL string // first URL under a media field whose scheme starts with "http", "" if none
+	FileMediaURL   string // first file: URL under a media field, "" if none
 	PromptCacheKey string // OpenAI prompt_cache_key
 	User           string // OpenAI user, or Anthropic metadata.user_id
 	IncludeUsage   bool   // stream_options.include_usage
