@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 
@@ -55,7 +56,8 @@ func ScanMedia(body []byte) (Media, error) {
 	default:
 		return Media{}, nil
 	}
-	w := walker{data: body}
+	w := newWalker(body)
+	defer w.release()
 	w.value(nil, modeScan, 0)
 	w.end()
 	if w.err != nil {
@@ -80,7 +82,8 @@ func hasForeignEncoding(b []byte) bool {
 // its request type. bad reports a body the walker could not parse; the
 // caller's decode then reports the syntax error.
 func scanRouted(e Endpoint, body []byte) (m Media, bad bool, err error) {
-	w := walker{data: body}
+	w := newWalker(body)
+	defer w.release()
 	w.value(rootLevels[e], modeScan, 0)
 	w.end()
 	return w.media, w.bad, w.err
@@ -139,6 +142,29 @@ type walker struct {
 }
 
 type keySpan struct{ exact, fold, end int }
+
+// walkers are pooled: every request is walked, and growing the key buffers
+// from nothing each time would cost several allocations per request.
+var walkers = sync.Pool{New: func() any { return new(walker) }}
+
+func newWalker(body []byte) *walker {
+	w := walkers.Get().(*walker)
+	w.data = body
+	return w
+}
+
+// maxPooledKeys bounds the key buffer kept for reuse: a hostile body's
+// huge buffer must not stay pinned in the pool.
+const maxPooledKeys = 64 << 10
+
+func (w *walker) release() {
+	keys, spans := w.keys[:0], w.spans[:0]
+	if cap(keys) > maxPooledKeys || cap(spans) > maxPooledKeys/16 {
+		keys, spans = nil, nil
+	}
+	*w = walker{keys: keys, spans: spans}
+	walkers.Put(w)
+}
 
 // maxDepth is encoding/json's nesting limit; deeper bodies are refused by
 // the decoder anyway, and the bound keeps the walker's recursion finite.
