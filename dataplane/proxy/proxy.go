@@ -58,7 +58,8 @@ type Options struct {
 	// PassThroughPaths are the paths other than the routed ones that are
 	// forwarded ("/x" exactly, "/x/*" under /x/); nil forwards none.
 	// RetryablePassThroughPaths, in the same form, are the ones whose
-	// POSTs may be resent to another worker after one may have seen them.
+	// non-GET requests may be resent to another worker after one may have
+	// seen them.
 	PassThroughPaths          []string
 	RetryablePassThroughPaths []string
 
