@@ -285,7 +285,7 @@ func (r *refResult) scan(n *refNode, m mode, top bool) {
 				cm = modeMedia
 			case slices.ContainsFunc(refMediaKeys, func(mk string) bool { return strings.EqualFold(mk, k) }):
 				cm = modeMedia
-			case slices.Contains([]string{"arguments", "parameters", "input_schema", "json_schema", "schema", "guided_json", "metadata", "citations"}, k),
+			case slices.Contains([]string{"arguments", "parameters", "input_schema", "json_schema", "schema", "guided_json", "structured_outputs", "metadata", "citations", "annotations"}, k),
 				k == "input" && !top:
 			default:
 				cm = modeScan

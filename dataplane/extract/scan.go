@@ -111,12 +111,13 @@ var mediaKeys = foldSet(
 
 // opaqueKeys hold JSON the engines never fetch from, where a field called
 // "url" or "image" is a client's own data: tool call arguments and inputs,
-// JSON schemas, metadata and citations. Matched exactly: a case variant is
+// JSON schemas (for tools and structured output), metadata, and the
+// citations and annotations of earlier web-search answers. Matched exactly: a case variant is
 // not the field the engine skips, so it stays scanned.
 func opaqueKey(key []byte, top bool) bool {
 	switch string(key) {
 	case "arguments", "parameters", "input_schema", "json_schema", "schema", "guided_json",
-		"metadata", "citations":
+		"structured_outputs", "metadata", "citations", "annotations":
 		return true
 	case "input":
 		// Top-level input is what /v1/responses, /v1/embeddings and the

@@ -151,6 +151,8 @@ func TestScanMediaPassThroughBodies(t *testing.T) {
 		{"plain text body", `hello http://a`, "", ""},
 		{"nothing remote", `{"input":"http://a/text","model":"m"}`, "", ""},
 		{"nested tool input is opaque", `{"messages":[{"role":"assistant","content":[{"type":"tool_use","input":{"url":"http://a/12"}}]}]}`, "", ""},
+		{"annotations of a web-search answer are opaque", `{"messages":[{"role":"assistant","content":"x","annotations":[{"type":"url_citation","url_citation":{"url":"https://a"}}]}]}`, "", ""},
+		{"structured output schema is opaque", `{"structured_outputs":{"json":{"properties":{"image":{"default":"http://a"}}}}}`, "", ""},
 		{"json schema is opaque", `{"response_format":{"type":"json_schema","json_schema":{"schema":{"properties":{"url":{"default":"http://a"}}}}}}`, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
