@@ -305,7 +305,10 @@ func (w *walker) object(lv *level, m mode, depth int) {
 	w.pos++ // '{'
 	mark, kmark := len(w.spans), len(w.keys)
 	defer func() { w.spans, w.keys = w.spans[:mark], w.keys[:kmark] }()
-	checked := m != modeOpaque
+	// Opaque JSON is not checked, unless this package decodes it (the
+	// Anthropic metadata object is opaque to the media scan, but its
+	// user_id is a session key).
+	checked := m != modeOpaque || lv != nil
 	var seen map[string]int
 	w.space()
 	if w.pos < len(w.data) && w.data[w.pos] == '}' {
@@ -375,7 +378,9 @@ func (w *walker) object(lv *level, m mode, depth int) {
 			if lv != nil {
 				clv = lv.children[string(key)]
 			}
-			cm = w.childMode(m, key, fold, depth == 1)
+			if m != modeOpaque {
+				cm = w.childMode(m, key, fold, depth == 1)
+			}
 		}
 		w.value(clv, cm, depth)
 		if w.stopped() {

@@ -43,6 +43,7 @@ func TestCaseVariantAndDuplicateKeysRefused(t *testing.T) {
 		{"anthropic source Type", `{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"http://a/x","Type":"base64","data":"AA","media_type":"image/png"}}]}]}`, "duplicate_key", "messages[0].content[0].source", Messages},
 		{"anthropic nested tool result", `{"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"a","Text":"b"}]}]}]}`, "duplicate_key", "messages[0].content[0].content[0]", Messages},
 		{"anthropic System", `{"system":"s","System":"t","messages":[{"role":"user","content":"x"}]}`, "duplicate_key", "", Messages},
+		{"anthropic metadata user_id twice", `{"messages":[{"role":"user","content":"x"}],"metadata":{"user_id":"a","User_Id":"b"}}`, "duplicate_key", "metadata", Messages},
 		{"completions Prompt", `{"Prompt":"x"}`, "invalid_key", "", Completions},
 		{"duplicate unknown top-level key", `{"messages":[{"role":"user","content":"x"}],"temperature":1,"temperature":0}`, "duplicate_key", "", ChatCompletions},
 		{"case pair in a tool definition", `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","Type":"x"}]}`, "duplicate_key", "tools[0]", ChatCompletions},
