@@ -16,6 +16,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -171,16 +172,25 @@ type Proxy struct {
 	// RemoteMediaURLPolicy is 0 to forward requests with remote media URLs,
 	// or the HTTP status used to refuse them (workers fetching arbitrary
 	// URLs is an SSRF vector some deployments must close).
-	RemoteMediaURLPolicy  int     `yaml:"remote_media_url_policy"`
-	ConnectTimeoutSecs    float64 `yaml:"connect_timeout_secs"`
-	RequestTimeoutSecs    float64 `yaml:"request_timeout_secs"`
-	StreamIdleTimeoutSecs float64 `yaml:"stream_idle_timeout_secs"`
-	MaxRetries            int     `yaml:"max_retries"`
-	InitialBackoffMs      int     `yaml:"initial_backoff_ms"`
-	MaxBackoffMs          int     `yaml:"max_backoff_ms"`
-	BackoffMultiplier     float64 `yaml:"backoff_multiplier"`
-	JitterFactor          float64 `yaml:"jitter_factor"`
-	RetryableStatuses     []int   `yaml:"retryable_statuses"`
+	RemoteMediaURLPolicy int `yaml:"remote_media_url_policy"`
+	// RemoteMediaAllowFile lets file: media URLs through the policy, for
+	// engines configured to read a local media directory (vLLM's
+	// --allowed-local-media-path).
+	RemoteMediaAllowFile bool `yaml:"remote_media_allow_file"`
+	// PassThroughPaths are the request paths, besides the routed ones and
+	// GET /v1/models, forwarded to a worker: exact paths, or "/prefix/*".
+	// Anything else gets 404, so that clients never reach an engine's
+	// admin endpoints.
+	PassThroughPaths      []string `yaml:"pass_through_paths"`
+	ConnectTimeoutSecs    float64  `yaml:"connect_timeout_secs"`
+	RequestTimeoutSecs    float64  `yaml:"request_timeout_secs"`
+	StreamIdleTimeoutSecs float64  `yaml:"stream_idle_timeout_secs"`
+	MaxRetries            int      `yaml:"max_retries"`
+	InitialBackoffMs      int      `yaml:"initial_backoff_ms"`
+	MaxBackoffMs          int      `yaml:"max_backoff_ms"`
+	BackoffMultiplier     float64  `yaml:"backoff_multiplier"`
+	JitterFactor          float64  `yaml:"jitter_factor"`
+	RetryableStatuses     []int    `yaml:"retryable_statuses"`
 	// RetryBudgetRatio and RetryBudgetMin bound retries to a fraction of
 	// recent traffic so a failing fleet is not hit by a retry storm.
 	RetryBudgetRatio float64 `yaml:"retry_budget_ratio"`
@@ -189,6 +199,20 @@ type Proxy struct {
 	// WorkerAPIKeyFile is the pool-wide worker key, for workers without
 	// their own api_key_file (including workers added through cartctl).
 	WorkerAPIKeyFile string `yaml:"worker_api_key_file"`
+}
+
+// DefaultPassThroughPaths are the inference APIs of vLLM and SGLang other
+// than the routed ones: embeddings, responses, tokenize/detokenize,
+// score/rerank, audio, pooling, classification, SGLang's /generate and
+// /encode, Anthropic's token counting. They are also the only pass-through paths whose POSTs CART
+// resends to another worker after a failure.
+var DefaultPassThroughPaths = []string{
+	"/v1/embeddings", "/v1/responses",
+	"/tokenize", "/detokenize",
+	"/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
+	"/v1/audio/transcriptions", "/v1/audio/translations",
+	"/pooling", "/classify",
+	"/generate", "/encode", "/v1/messages/count_tokens",
 }
 
 // CircuitBreaker configures per-worker passive failure detection.
@@ -349,6 +373,7 @@ func Default() *Config {
 			BackoffMultiplier:     2,
 			JitterFactor:          0.2,
 			RetryableStatuses:     []int{408, 429, 500, 502, 503, 504},
+			PassThroughPaths:      slices.Clone(DefaultPassThroughPaths),
 			RetryBudgetRatio:      0.2,
 			RetryBudgetMin:        3,
 			ModelsCacheSecs:       600,

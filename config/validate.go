@@ -5,6 +5,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"path"
 	"regexp"
 	"strconv"
 	"strings"
@@ -295,6 +296,35 @@ func (v *validator) proxy() {
 	if p.WorkerAPIKeyFile != "" {
 		v.secret("proxy.worker_api_key_file", "", p.WorkerAPIKeyFile)
 	}
+	seen := map[string]bool{}
+	for i, e := range p.PassThroughPaths {
+		key := fmt.Sprintf("proxy.pass_through_paths[%d]", i)
+		if err := passThroughPathError(e); err != "" {
+			v.add(key, "%s, got %q", err, e)
+		} else if seen[e] {
+			v.add(key, "%q is listed twice", e)
+		}
+		seen[e] = true
+	}
+}
+
+// passThroughPathError says what is wrong with an allowlist entry: it must
+// be an absolute, clean path, optionally ending in "/*".
+func passThroughPathError(e string) string {
+	base, prefix := strings.CutSuffix(e, "/*")
+	switch {
+	case !strings.HasPrefix(e, "/"):
+		return "must start with \"/\""
+	case strings.ContainsAny(e, "?#%\\ \t\r\n"):
+		return "must be a plain path (no query, fragment, escapes or spaces)"
+	case strings.Contains(base, "*"):
+		return "may hold '*' only as a final \"/*\""
+	case prefix && base == "":
+		return "" // "/*" forwards everything; an explicit choice
+	case path.Clean(base) != base:
+		return fmt.Sprintf("must be a clean path (%q)", path.Clean(base))
+	}
+	return ""
 }
 
 func (v *validator) circuitBreaker() {

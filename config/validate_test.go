@@ -47,6 +47,9 @@ func TestValidateRoles(t *testing.T) {
 			c.ControlPlane.AdvertiseAPIURL = "https://cp-1.internal:6701"
 		}},
 		{"remote media refused with 403", RoleAllInOne, func(c *Config) { c.Proxy.RemoteMediaURLPolicy = 403 }},
+		{"pass-through prefixes and none", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/v1/audio/*", "/x", "/"} }},
+		{"pass-through everything on purpose", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/*"} }},
+		{"no pass-through at all", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = nil }},
 		{"session enabled", RoleAllInOne, func(c *Config) { c.Session.Enabled = true }},
 		{"zero disables optional checks", RoleAllInOne, func(c *Config) {
 			c.Server.MinOpenFiles = 0
@@ -138,6 +141,14 @@ func TestValidateRules(t *testing.T) {
 		{"max body small", RoleAllInOne, func(c *Config) { c.Proxy.MaxBodyBytes = 1023 }, "proxy.max_body_bytes", "at least 1024"},
 		{"remote media policy 200", RoleAllInOne, func(c *Config) { c.Proxy.RemoteMediaURLPolicy = 200 }, "proxy.remote_media_url_policy", "between 400 and 599"},
 		{"remote media policy 600", RoleAllInOne, func(c *Config) { c.Proxy.RemoteMediaURLPolicy = 600 }, "proxy.remote_media_url_policy", "between 400 and 599"},
+		{"pass-through relative", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"v1/x"} }, "proxy.pass_through_paths[0]", `must start with "/"`},
+		{"pass-through dot segments", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/ok", "/v1/../sim/*"} }, "proxy.pass_through_paths[1]", `clean path ("/sim")`},
+		{"pass-through trailing slash", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/v1/x/"} }, "proxy.pass_through_paths[0]", "clean path"},
+		{"pass-through inner star", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/v1/*/x"} }, "proxy.pass_through_paths[0]", "only as a final"},
+		{"pass-through bare star suffix", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/v1*"} }, "proxy.pass_through_paths[0]", "only as a final"},
+		{"pass-through query", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/x?a=1"} }, "proxy.pass_through_paths[0]", "plain path"},
+		{"pass-through escape", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/x%2Fy"} }, "proxy.pass_through_paths[0]", "plain path"},
+		{"pass-through duplicate", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/x", "/x"} }, "proxy.pass_through_paths[1]", "listed twice"},
 		{"connect timeout zero", RoleAllInOne, func(c *Config) { c.Proxy.ConnectTimeoutSecs = 0 }, "proxy.connect_timeout_secs", "greater than 0"},
 		{"request timeout zero", RoleAllInOne, func(c *Config) { c.Proxy.RequestTimeoutSecs = 0 }, "proxy.request_timeout_secs", "greater than 0"},
 		{"stream idle negative", RoleAllInOne, func(c *Config) { c.Proxy.StreamIdleTimeoutSecs = -1 }, "proxy.stream_idle_timeout_secs", "at least 0"},

@@ -96,3 +96,22 @@ func BenchmarkAppendKeyChat(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkScanMedia is the walk every passed-through body gets while the
+// remote-media policy is on (and every routed body gets inside Extract).
+func BenchmarkScanMedia(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		body []byte
+	}{{"chat", chatBody(64 << 10)}, {"image1MB", imageBody(1 << 20)}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(bc.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := ScanMedia(bc.body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -397,21 +397,7 @@ func (b *builder) chatPart(pt *chatPart, elem json.RawMessage, p *path) error {
 		}
 		b.unknownPart(typ, elem)
 	}
-	if err != nil {
-		return err
-	}
-	// vLLM picks the media field by name, not by type, when a part carries
-	// a uuid, so a URL in any media field may be fetched: check them all.
-	for _, m := range [...]*mediaURL{pt.ImageURL, pt.AudioURL, pt.VideoURL} {
-		if m != nil {
-			b.checkURL(m.URL)
-		}
-	}
-	if f := pt.File; f != nil {
-		b.checkURL(f.FileData)
-		b.checkURL(f.FileURL)
-	}
-	return nil
+	return err
 }
 
 // textField appends a text-valued field as plain text (kind "") or as a
@@ -532,10 +518,6 @@ func (b *builder) file(pt *chatPart, p *path) error {
 	}
 	b.marker("file")
 	b.hashEnd()
-	// Gateways accept a URL in file_id too.
-	if b.remote == "" && isRemoteURL([]byte(f.FileID)) {
-		b.remote = f.FileID
-	}
 	return nil
 }
 

@@ -107,7 +107,8 @@ type Request struct {
 	Model          string
 	Stream         bool
 	Key            []byte // key text T; empty when the prompt is empty
-	RemoteMediaURL string // first http(s) media URL found, "" if none
+	RemoteMediaURL string // first URL under a media field whose scheme starts with "http", "" if none
+	FileMediaURL   string // first file: URL under a media field, "" if none
 	PromptCacheKey string // OpenAI prompt_cache_key
 	User           string // OpenAI user, or Anthropic metadata.user_id
 	IncludeUsage   bool   // stream_options.include_usage
@@ -134,11 +135,12 @@ func AppendKey(dst []byte, e Endpoint, body []byte) (*Request, error) {
 	if err := checkObject(body); err != nil {
 		return nil, err
 	}
+	media, bad, err := scanRouted(e, body)
+	if err != nil {
+		return nil, err
+	}
 	b := builder{key: dst, start: len(dst)}
-	var (
-		req *Request
-		err error
-	)
+	var req *Request
 	switch e {
 	case ChatCompletions:
 		req, err = b.chat(body)
@@ -153,8 +155,14 @@ func AppendKey(dst []byte, e Endpoint, body []byte) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
+	if bad {
+		// encoding/json accepted what the walker could not parse. That
+		// would be a bug in the walker, and the body's media unchecked:
+		// fail closed.
+		return nil, apierr.BadRequest(codeInvalidJSON, "", "The request body could not be parsed.")
+	}
 	req.Key = b.key
-	req.RemoteMediaURL = b.remote
+	req.RemoteMediaURL, req.FileMediaURL = media.Remote, media.File
 	return req, nil
 }
 

@@ -426,8 +426,9 @@ func TestRemoteMediaURL(t *testing.T) {
 		{"escaped slashes", ChatCompletions, chat(`{"type":"image_url","image_url":{"url":"https:\/\/a.example\/x.png"}}`), "https://a.example/x.png"},
 		{"leading space and tab in scheme", ChatCompletions, chat(`{"type":"image_url","image_url":{"url":" \u0001ht\ttps://a.example/"}}`), " \x01ht\ttps://a.example/"},
 		{"data url is not remote", ChatCompletions, chat(`{"type":"image_url","image_url":{"url":"data:image/png;base64,aHR0cDovLw=="}}`), ""},
-		{"other scheme", ChatCompletions, chat(`{"type":"image_url","image_url":{"url":"file:///etc/passwd"}}`), ""},
-		{"httpx scheme", ChatCompletions, chat(`{"type":"image_url","image_url":{"url":"httpx://a"}}`), ""},
+		{"file scheme is not remote", ChatCompletions, chat(`{"type":"image_url","image_url":{"url":"file:///etc/passwd"}}`), ""},
+		{"other scheme", ChatCompletions, chat(`{"type":"image_url","image_url":{"url":"s3://b/k"}}`), ""},
+		{"httpx scheme", ChatCompletions, chat(`{"type":"image_url","image_url":{"url":"httpx://a"}}`), "httpx://a"},
 		{"image_url string", ChatCompletions, chat(`{"type":"image_url","image_url":"https://a/b.png"}`), "https://a/b.png"},
 		{"input_image", ChatCompletions, chat(`{"type":"input_image","image_url":"https://a/b.png"}`), "https://a/b.png"},
 		{"audio_url", ChatCompletions, chat(`{"type":"audio_url","audio_url":{"url":"https://a/b.wav"}}`), "https://a/b.wav"},
@@ -743,26 +744,36 @@ func TestPathAt(t *testing.T) {
 	}
 }
 
-func TestIsRemoteURL(t *testing.T) {
+func TestURLScheme(t *testing.T) {
 	for _, tc := range []struct {
-		u    string
-		want bool
+		lit  string // JSON string content, escapes not decoded
+		want urlKind
 	}{
-		{"http://a", true},
-		{"https://a", true},
-		{"HtTpS://a", true},
-		{"https:a", true},
-		{"  \x1b@https://a", true},
-		{"h\nttp://a", true},
-		{"data:image/png;base64,AAAA", false},
-		{"ftp://a", false},
-		{"httpss://a", false},
-		{"http", false},
-		{"", false},
-		{"/relative/http://a", false},
+		{`http://a`, schemeHTTP},
+		{`https://a`, schemeHTTP},
+		{`HtTpS://a`, schemeHTTP},
+		{`https:a`, schemeHTTP},
+		{`  \u0000https://a`, schemeHTTP},
+		{`\u0020\u001fhttp://a`, schemeHTTP},
+		{`h\nttp://a`, schemeHTTP},
+		{`ht\ttp://a`, schemeHTTP},
+		{`\u0068ttp://a`, schemeHTTP},
+		{`httpss://a`, schemeHTTP}, // vLLM: scheme.startswith("http")
+		{`http+unix://a`, schemeHTTP},
+		{`file:///etc/passwd`, schemeFile},
+		{`FILE:/etc/passwd`, schemeFile},
+		{`files:/x`, schemeNone},
+		{`data:image/png;base64,AAAA`, schemeNone},
+		{`ftp://a`, schemeNone},
+		{`http`, schemeNone},
+		{``, schemeNone},
+		{`/relative/http://a`, schemeNone},
+		{`1http://a`, schemeNone},
+		{`\u00e9http://a`, schemeNone},
+		{`htt\p://a`, schemeNone},
 	} {
-		if got := isRemoteURL([]byte(tc.u)); got != tc.want {
-			t.Errorf("isRemoteURL(%q) = %v, want %v", tc.u, got, tc.want)
+		if got := urlScheme([]byte(tc.lit)); got != tc.want {
+			t.Errorf("urlScheme(%q) = %v, want %v", tc.lit, got, tc.want)
 		}
 	}
 }

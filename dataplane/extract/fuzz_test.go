@@ -2,8 +2,10 @@ package extract
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -20,6 +22,8 @@ var fuzzSeeds = map[Endpoint][]string{
 		`{"messages":[{"role":"assistant","function_call":{"name":"f","arguments":{"a":[1,2]}}},{"role":"user","content":[{"type":"x","image_url":5}]}]}`,
 		`{"messages":[{"role":5}]}`,
 		`{"messages":[]}`,
+		`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://a","URL":"data:x"}}]}],"Messages":[]}`,
+		`{"messages":[{"role":"user","content":[{"type":"x","uuid":"u","image_url":"http://a","audio_url":{"url":"file:/a"}}]}]}`,
 	},
 	Completions: {
 		`{"model":"m","prompt":"Once upon a time","max_tokens":16}`,
@@ -34,6 +38,7 @@ var fuzzSeeds = map[Endpoint][]string{
 		`{"system":"s","messages":[{"role":"user","content":[{"type":"document","source":{"type":"content","content":[{"type":"image","source":{"type":"url","url":"https://x"}}]}}]}],"metadata":{"user_id":"u"}}`,
 		`{"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"tool_result","content":"x"}]}]}]}`,
 		`{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file","file_id":"f"}},{"type":"redacted_thinking","data":"x"}]}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"http://a","Type":"base64"}}]}]}`,
 	},
 }
 
@@ -72,6 +77,11 @@ func FuzzExtract(f *testing.F) {
 		}
 		if string(r2.Key) != "prefix"+string(r.Key) || r2.RemoteMediaURL != r.RemoteMediaURL {
 			t.Fatalf("not deterministic: %q / %q", r.Key, r2.Key)
+		}
+		// The decode levels only add refusals: what the routed scan finds
+		// in media fields is what the pass-through scan finds.
+		if m, err := ScanMedia(body); err != nil || m.Remote != r.RemoteMediaURL || m.File != r.FileMediaURL {
+			t.Fatalf("ScanMedia %+v, %v; Extract found %q %q", m, err, r.RemoteMediaURL, r.FileMediaURL)
 		}
 	})
 }
@@ -112,4 +122,198 @@ func FuzzContentValue(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzScanMedia checks the walker against a reference built on
+// encoding/json's tokenizer: on any valid JSON both must agree on whether
+// an object repeats a key (up to case) and on the first remote and file:
+// media URLs. The walker must never panic or reject valid JSON.
+func FuzzScanMedia(f *testing.F) {
+	for _, s := range []string{
+		`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://a","URL":"data:x"}}]}]}`,
+		`{"Messages":[{"content":[{"type":"x","uuid":"u","image_url":"https://a"}]}]}`,
+		`{"input":[{"content":[{"type":"input_image","image_url":"\u0068ttp://a"}]}],"tools":[{"parameters":{"url":"http://x"}}]}`,
+		`{"text":"t","image_data":[" \t\nfile:/x","data:,",["HTTPs:y"]],"sampling_params":{"max_new_tokens":1}}`,
+		`[{"source":{"type":"text","data":"http://x","text":"http://y","Data":"http://z"}}]`,
+		`{"a\u0000":1,"A\u0000":2}`,
+		`{"ſ":1,"S":2,"K":3,"k":4}`,
+		`{"x":[1,-2.5e3,true,false,null,"\"\\"],"image":"ht\ttp://a\"b"}`,
+		`{"metadata":{"image":"http://a"},"source":{"metadata":{"u":"http://b"}}}`,
+		`{"messages":[{"content":[{"type":"tool_use","input":{"image_url":"http://a"}}]}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := ScanMedia(data)
+		if err != nil {
+			var ae *apierr.Error
+			if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || ae.Message == "" {
+				t.Fatalf("error %v (%T) is not a 400 *apierr.Error", err, err)
+			}
+		}
+		if !json.Valid(data) || (firstByte(data) != '{' && firstByte(data) != '[') {
+			return
+		}
+		ref, ok := refParse(data)
+		if !ok {
+			t.Skip("the reference could not parse it")
+		}
+		var r refResult
+		r.scan(ref, modeScan, true)
+		switch {
+		case r.dup:
+			var ae *apierr.Error
+			if !errors.As(err, &ae) || ae.Code != "duplicate_key" {
+				t.Fatalf("reference found a repeated key, ScanMedia: %v", err)
+			}
+		case err != nil:
+			t.Fatalf("valid JSON refused: %v", err)
+		case m != r.media:
+			t.Fatalf("ScanMedia %+v, reference %+v", m, r.media)
+		}
+	})
+}
+
+// refNode is a JSON value with object members in document order.
+type refNode struct {
+	kind  byte // '{', '[', '"', or 0 for any other scalar
+	str   string
+	keys  []string
+	elems []*refNode
+}
+
+func refParse(data []byte) (*refNode, bool) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	n, ok := refValue(dec)
+	if !ok {
+		return nil, false
+	}
+	if _, err := dec.Token(); err == nil {
+		return nil, false
+	}
+	return n, true
+}
+
+func refValue(dec *json.Decoder) (*refNode, bool) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, false
+	}
+	switch v := tok.(type) {
+	case json.Delim:
+		n := &refNode{kind: byte(v)}
+		for dec.More() {
+			if v == '{' {
+				k, err := dec.Token()
+				if err != nil {
+					return nil, false
+				}
+				n.keys = append(n.keys, k.(string))
+			}
+			e, ok := refValue(dec)
+			if !ok {
+				return nil, false
+			}
+			n.elems = append(n.elems, e)
+		}
+		_, err := dec.Token() // closing delimiter
+		return n, err == nil
+	case string:
+		return &refNode{kind: '"', str: v}, true
+	}
+	return &refNode{}, true
+}
+
+type refResult struct {
+	dup   bool
+	media Media
+}
+
+var refMediaKeys = []string{
+	"image_url", "image_urls", "input_image", "audio_url", "video_url",
+	"input_audio", "input_video", "input_file", "file", "files", "file_url", "file_data", "file_id",
+	"image", "images", "image_data", "audio", "audio_data", "video", "video_data", "videos",
+	"source", "url", "urls", "media", "media_url",
+}
+
+func (r *refResult) scan(n *refNode, m mode, top bool) {
+	switch n.kind {
+	case '"':
+		if m != modeMedia {
+			return
+		}
+		var dst *string
+		switch refScheme(n.str) {
+		case schemeHTTP:
+			dst = &r.media.Remote
+		case schemeFile:
+			dst = &r.media.File
+		default:
+			return
+		}
+		if *dst == "" {
+			*dst = n.str
+		}
+	case '[':
+		if m == modeExempt {
+			m = modeMedia
+		}
+		for _, e := range n.elems {
+			r.scan(e, m, false)
+		}
+	case '{':
+		if m == modeExempt {
+			m = modeMedia
+		}
+		if m != modeOpaque {
+			for i := range n.keys {
+				for j := range i {
+					if strings.EqualFold(n.keys[i], n.keys[j]) {
+						r.dup = true
+					}
+				}
+			}
+		}
+		for i, k := range n.keys {
+			cm := modeOpaque
+			switch {
+			case m == modeOpaque:
+			case m == modeMedia && (k == "text" || k == "data"):
+				cm = modeExempt
+			case m == modeMedia:
+				cm = modeMedia
+			case slices.ContainsFunc(refMediaKeys, func(mk string) bool { return strings.EqualFold(mk, k) }):
+				cm = modeMedia
+			case slices.Contains([]string{"arguments", "parameters", "input_schema", "json_schema", "schema", "guided_json", "structured_outputs", "metadata", "citations", "annotations"}, k),
+				k == "input" && !top:
+			default:
+				cm = modeScan
+			}
+			r.scan(n.elems[i], cm, false)
+		}
+	}
+}
+
+// refScheme is urlsplit's scheme rule on a decoded string.
+func refScheme(s string) urlKind {
+	s = strings.TrimLeftFunc(s, func(r rune) bool { return r <= ' ' })
+	s = strings.NewReplacer("\t", "", "\n", "", "\r", "").Replace(s)
+	i := strings.IndexByte(s, ':')
+	if i <= 0 {
+		return schemeNone
+	}
+	for j, c := range []byte(s[:i]) {
+		letter := 'a' <= c|0x20 && c|0x20 <= 'z'
+		if !letter && (j == 0 || !('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return schemeNone
+		}
+	}
+	switch scheme := strings.ToLower(s[:i]); {
+	case strings.HasPrefix(scheme, "http"):
+		return schemeHTTP
+	case scheme == "file":
+		return schemeFile
+	}
+	return schemeNone
 }

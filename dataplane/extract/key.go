@@ -34,7 +34,6 @@ func reserved(c byte) bool {
 type builder struct {
 	key     []byte
 	start   int       // len(key) before this request's key
-	remote  string    // first remote media URL
 	scratch []byte    // decoded string literals that are not appended to key
 	tag     []byte    // hash field framing
 	h       hash.Hash // created on first media item
@@ -241,75 +240,16 @@ func (b *builder) hashEnd() {
 // media appends a hashed media marker. The media is identified by uuid when
 // the client supplied one, because vLLM then keys its multimodal cache by
 // that uuid and not by the content; otherwise by the URL or data in lit.
-// Any URL is checked for being remote even when a uuid is present, because
-// the backend may still fetch it.
 func (b *builder) media(kind, uuid string, lit []byte) {
 	b.hashStart()
-	if lit != nil {
-		u := b.decode(lit)
-		b.noteURL(u, lit)
-		if uuid == "" {
-			b.hashField("data", u)
-		}
+	if lit != nil && uuid == "" {
+		b.hashField("data", b.decode(lit))
 	}
 	if uuid != "" {
 		b.hashString("uuid", uuid)
 	}
 	b.marker(kind)
 	b.hashEnd()
-}
-
-// noteURL records u, the decoded form of the string literal lit, as the
-// request's remote media URL if it is the first remote one.
-func (b *builder) noteURL(u, lit []byte) {
-	if b.remote != "" || !isRemoteURL(u) {
-		return
-	}
-	var s string
-	if json.Unmarshal(lit, &s) != nil {
-		s = string(u)
-	}
-	b.remote = s
-}
-
-// checkURL is noteURL for a literal that is not otherwise hashed.
-func (b *builder) checkURL(lit []byte) {
-	if b.remote == "" && firstByte(lit) == '"' {
-		b.noteURL(b.decode(lit), lit)
-	}
-}
-
-// isRemoteURL reports whether u (in escaped form) has an http or https
-// scheme. It parses the way URL parsers that fetch media do (WHATWG, and
-// Python's urlsplit used by vLLM): leading controls and spaces are dropped
-// and tabs and newlines are ignored, so " HTTPS://x" or "ht\ttps://x" cannot
-// slip past a policy that refuses remote media.
-func isRemoteURL(u []byte) bool {
-	i := 0
-	for i < len(u) && u[i] <= ' ' {
-		if u[i] == sepEscape {
-			i++ // an escaped control is two bytes
-		}
-		i++
-	}
-	var s [5]byte
-	n := 0
-	for ; i < len(u); i++ {
-		c := u[i]
-		switch {
-		case c == '\t' || c == '\n' || c == '\r':
-			continue
-		case c == ':':
-			return string(s[:n]) == "http" || string(s[:n]) == "https"
-		case n == len(s):
-			return false
-		case 'A' <= c && c <= 'Z':
-			c += 'a' - 'A'
-		}
-		s[n] = c
-		n++
-	}
-	return false
 }
 
 // canonicalHash appends the digest of a JSON value of a type this package

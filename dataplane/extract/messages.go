@@ -308,10 +308,8 @@ func (b *builder) source(kind string, s *anthSource, p *path, depth int) error {
 		if err := str(s.URL, "url"); err != nil {
 			return err
 		}
-		u := b.decode(s.URL)
-		b.noteURL(u, s.URL)
 		b.hashStart()
-		b.hashField("url", u)
+		b.hashField("url", b.decode(s.URL))
 	case "file":
 		if s.FileID == "" {
 			fp := sp.field("file_id")
@@ -337,7 +335,6 @@ func (b *builder) source(kind string, s *anthSource, p *path, depth int) error {
 	default:
 		// A source type this package does not know: identify it by every
 		// field it has in common with the known ones.
-		b.checkURL(s.URL)
 		b.hashStart()
 		b.hashString("type", s.Type)
 		b.hashString("media_type", s.MediaType)

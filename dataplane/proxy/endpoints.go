@@ -6,11 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"path"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cartrouter/cart/dataplane/apierr"
+	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/router"
 )
 
@@ -183,4 +187,128 @@ func (p *Proxy) getModels(ctx context.Context, worker string, timeout time.Durat
 		return nil, "", fmt.Errorf("models from %s: status %d", worker, resp.StatusCode)
 	}
 	return body, resp.Header.Get("Content-Type"), nil
+}
+
+// passThrough forwards requests for paths CART does not route by prefix,
+// but only those on the allowlist (Options.PassThroughPaths): the engines
+// behind CART also serve admin endpoints (SGLang's /flush_cache and
+// /update_weights_from_disk, vLLM's /reset_prefix_cache and
+// /v1/load_lora_adapter, cart-sim's /sim/fault) that no client of the
+// pool may reach.
+func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := p.authenticate(w, r, "other")
+	if !ok {
+		return
+	}
+	// ServeMux matches escaped paths, so /v1/chat%2Fcompletions lands here
+	// although the worker would decode it to a routed endpoint: route it
+	// as one, so extraction and the remote-media policy are never skipped.
+	if ep, ok := extract.EndpointForPath(r.URL.Path); ok && r.Method == http.MethodPost {
+		p.serveRouted(ep, w, r, tenant)
+		return
+	}
+	c := &call{id: requestID(r), endpoint: "other", tenant: tenant, anthropic: apierr.IsAnthropicPath(r.URL.Path), start: p.o.Now()}
+	if !p.passPaths.allows(r.URL.Path) {
+		p.fail(w, c, apierr.New(http.StatusNotFound, apierr.TypeInvalidRequest, "unknown_url",
+			"Unknown request URL: %s %s. This router forwards only the paths listed in proxy.pass_through_paths.", r.Method, truncate(r.URL.Path, 200)))
+		return
+	}
+	body, err := p.readBody(w, r)
+	if err != nil {
+		p.fail(w, c, err)
+		return
+	}
+	if p.o.RemoteMediaPolicy != 0 {
+		// The engines parse these bodies too (messages in /v1/embeddings
+		// and /tokenize, input_image in /v1/responses, image_data in
+		// SGLang's /generate): the policy applies to every one of them.
+		m, err := extract.ScanMedia(body)
+		if err == nil {
+			err = p.mediaRefusal(m)
+		}
+		if err != nil {
+			p.fail(w, c, err)
+			return
+		}
+	}
+	c.body = body
+	c.noResend = !p.resendable(r)
+	p.forward(w, r, c)
+}
+
+// mediaRefusal applies proxy.remote_media_url_policy to what a body's media
+// fields hold.
+func (p *Proxy) mediaRefusal(m extract.Media) error {
+	if p.o.RemoteMediaPolicy == 0 {
+		return nil
+	}
+	u := m.Remote
+	if u == "" && !p.o.AllowFileMediaURLs {
+		u = m.File
+	}
+	if u == "" {
+		return nil
+	}
+	return apierr.New(p.o.RemoteMediaPolicy, apierr.TypeInvalidRequest, "remote_media_refused",
+		"remote media URLs are not accepted by this router (found %q); send the media inline as a data: URL or base64 block", truncate(u, 200))
+}
+
+// resendable reports whether a pass-through request may be sent again to
+// another worker after one may have received it: inference calls and
+// reads, yes; anything else (an operator-allowed path with side effects)
+// must not run twice.
+func (p *Proxy) resendable(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return true
+	}
+	return p.retryPaths.allows(r.URL.Path)
+}
+
+// mayResend reports whether the attempt that failed with err may be
+// repeated on another worker. A request that never left (the connection
+// was refused or could not be set up) always may.
+func (c *call) mayResend(err error) bool {
+	if !c.noResend {
+		return true
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// pathSet matches request paths against allowlist entries: exact paths, and
+// "/prefix/*" for every path under /prefix/.
+type pathSet struct {
+	exact    map[string]bool
+	prefixes []string
+}
+
+func newPathSet(entries []string) pathSet {
+	s := pathSet{exact: map[string]bool{}}
+	for _, e := range entries {
+		if pre, ok := strings.CutSuffix(e, "/*"); ok {
+			s.prefixes = append(s.prefixes, pre+"/")
+			continue
+		}
+		s.exact[e] = true
+	}
+	return s
+}
+
+// allows reports whether p is on the list. Only clean paths match: a
+// worker that resolved "/v1/embeddings/../../sim/fault" itself would be
+// reached through an allowed prefix otherwise.
+func (s pathSet) allows(p string) bool {
+	if p == "" || path.Clean(p) != p {
+		return false
+	}
+	if s.exact[p] {
+		return true
+	}
+	for _, pre := range s.prefixes {
+		if strings.HasPrefix(p, pre) {
+			return true
+		}
+	}
+	return false
 }

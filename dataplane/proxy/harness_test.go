@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/metrics"
@@ -87,6 +88,9 @@ func defaultOptions() proxy.Options {
 		RetryBudgetRatio:  0.2,
 		RetryBudgetMin:    3,
 		ModelsCacheTTL:    10 * time.Minute,
+
+		PassThroughPaths:          config.DefaultPassThroughPaths,
+		RetryablePassThroughPaths: config.DefaultPassThroughPaths,
 	}
 }
 

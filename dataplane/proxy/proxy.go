@@ -55,7 +55,16 @@ type Options struct {
 	MaxBodyBytes        int64
 	BodyReadTimeout     time.Duration // time allowed to receive the request body
 	AddRoutedPeerHeader bool
-	RemoteMediaPolicy   int // 0 allows remote media URLs; else the status to refuse with
+	RemoteMediaPolicy   int  // 0 allows remote media URLs; else the status to refuse with
+	AllowFileMediaURLs  bool // the policy lets file: media URLs through
+
+	// PassThroughPaths are the paths other than the routed ones that are
+	// forwarded ("/x" exactly, "/x/*" under /x/); nil forwards none.
+	// RetryablePassThroughPaths, in the same form, are the ones whose
+	// non-GET requests may be resent to another worker after one may have
+	// seen them.
+	PassThroughPaths          []string
+	RetryablePassThroughPaths []string
 
 	ConnectTimeout    time.Duration // TCP+TLS handshake to a worker
 	RequestTimeout    time.Duration // dispatch until the worker's response headers
@@ -115,8 +124,9 @@ type Proxy struct {
 
 	models modelsCache
 
-	auth       clientAuth
-	workerKeys workerKeys
+	auth                  clientAuth
+	workerKeys            workerKeys
+	passPaths, retryPaths pathSet
 }
 
 // New builds a Proxy.
@@ -159,6 +169,7 @@ func New(o Options) *Proxy {
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
 	p.models.ttl = o.ModelsCacheTTL
+	p.passPaths, p.retryPaths = newPathSet(o.PassThroughPaths), newPathSet(o.RetryablePassThroughPaths)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", p.routed(extract.ChatCompletions))
 	mux.HandleFunc("POST /v1/completions", p.routed(extract.Completions))
@@ -224,6 +235,7 @@ type call struct {
 	keyLen    int
 	session   string
 	routed    bool // prefix-routed (vs pass-through)
+	noResend  bool // never resend once a worker may have seen it
 	failed    []string
 	final     router.Decision
 	attempts  int
@@ -266,9 +278,8 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 		p.fail(w, c, err)
 		return
 	}
-	if req.RemoteMediaURL != "" && p.o.RemoteMediaPolicy != 0 {
-		p.fail(w, c, apierr.New(p.o.RemoteMediaPolicy, apierr.TypeInvalidRequest, "remote_media_refused",
-			"remote media URLs are not accepted by this router (found %q); send the media inline as a data: URL or base64 block", truncate(req.RemoteMediaURL, 200)))
+	if err := p.mediaRefusal(extract.Media{Remote: req.RemoteMediaURL, File: req.FileMediaURL}); err != nil {
+		p.fail(w, c, err)
 		return
 	}
 	hp := hashPool.Get().(*[]uint64)
@@ -303,28 +314,6 @@ func (p *Proxy) sessionKey(r *http.Request, req *extract.Request) string {
 		}
 	}
 	return ""
-}
-
-func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := p.authenticate(w, r, "other")
-	if !ok {
-		return
-	}
-	// ServeMux matches escaped paths, so /v1/chat%2Fcompletions lands here
-	// although the worker would decode it to a routed endpoint: route it
-	// as one, so extraction and the remote-media policy are never skipped.
-	if ep, ok := extract.EndpointForPath(r.URL.Path); ok && r.Method == http.MethodPost {
-		p.serveRouted(ep, w, r, tenant)
-		return
-	}
-	c := &call{id: requestID(r), endpoint: "other", tenant: tenant, anthropic: apierr.IsAnthropicPath(r.URL.Path), start: p.o.Now()}
-	body, err := p.readBody(w, r)
-	if err != nil {
-		p.fail(w, c, err)
-		return
-	}
-	c.body = body
-	p.forward(w, r, c)
 }
 
 // readBody buffers the request body once, within the size limit; it is
@@ -552,7 +541,7 @@ func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
 			return nil, ctx.Err()
 		}
 		unsent = rs == nil && neverSent(err)
-		if !p.takeRetry(attempt, unsent) {
+		if !c.mayResend(err) || !p.takeRetry(attempt, unsent) {
 			if rs != nil {
 				// Out of retries: the worker's own answer is the most
 				// useful thing to give the client.

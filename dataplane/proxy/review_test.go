@@ -21,7 +21,9 @@ func TestUpgradeResponseDoesNotLeakLoad(t *testing.T) {
 		w.Header().Set("Upgrade", "websocket")
 		w.WriteHeader(http.StatusSwitchingProtocols)
 	})
-	r := newRig(t, []string{a.URL})
+	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+		o.PassThroughPaths = []string{"/v1/realtime"}
+	})
 	for range 3 {
 		req, _ := http.NewRequest(http.MethodGet, r.front.URL+"/v1/realtime", nil)
 		req.Header.Set("Connection", "Upgrade")
@@ -34,6 +36,9 @@ func TestUpgradeResponseDoesNotLeakLoad(t *testing.T) {
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			t.Fatal("upgrade was proxied")
 		}
+	}
+	if a.hits.Load() != 3 {
+		t.Fatalf("the replica saw %d upgrade requests, want 3", a.hits.Load())
 	}
 	r.waitLoadZero()
 }
