@@ -15,6 +15,7 @@ import (
 type job struct {
 	requestID    string // the client's X-Request-Id, if any
 	model        string
+	adapter      string // the LoRA adapter the model name selects, if any
 	prompt       []byte
 	promptTokens int
 	hashes       []uint64 // chained hashes of the prompt's full blocks
@@ -28,18 +29,24 @@ type job struct {
 	cachedTokens int // set by admit
 }
 
-// newJob prepares the engine's view of a rendered prompt.
-func (s *Server) newJob(r *http.Request, model string, prompt []byte) *job {
+// newJob prepares the engine's view of a rendered prompt, or answers vLLM's
+// 404 when the replica does not serve the model.
+func (s *Server) newJob(r *http.Request, model string, prompt []byte) (*job, *apiError) {
+	adapter, ok := s.models.resolve(model)
+	if !ok {
+		return nil, modelNotFound(model)
+	}
 	if model == "" {
 		model = s.cfg.Model
 	}
 	return &job{
 		requestID:    r.Header.Get("X-Request-Id"),
 		model:        model,
+		adapter:      adapter,
 		prompt:       prompt,
 		promptTokens: tokenCount(prompt),
-		hashes:       blockHashes(prompt, s.cfg.BlockTokens),
-	}
+		hashes:       blockHashes(prompt, s.cfg.BlockTokens, adapter),
+	}, nil
 }
 
 // textSeed derives the filler-text seed from the replica seed and the prompt,

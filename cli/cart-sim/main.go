@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,12 +44,15 @@ func newCommand(run serveFunc) *cobra.Command {
 	cfg := sim.DefaultConfig()
 	cfg.Name = "" // derived from the listen port unless given
 	var listen string
+	var loras []string
 
 	cmd := &cobra.Command{
 		Use:   "cart-sim",
 		Short: "Simulated LLM inference replica with a prefix (KV) cache",
-		Long: `cart-sim serves /v1/chat/completions, /v1/completions, /v1/messages and
-/v1/models like a vLLM/SGLang replica, without a model: it approximates
+		Long: `cart-sim serves /v1/chat/completions, /v1/completions, /v1/messages,
+/v1/responses (with store and previous_response_id), /v1/models and vLLM's
+/v1/load_lora_adapter and /v1/unload_lora_adapter like a vLLM/SGLang replica,
+without a model: it approximates
 tokens as 4 bytes, keeps an LRU prefix cache of 16-token blocks, queues
 prefills and paces decode, and reports cache hits in usage and in the
 X-Sim-Cached-Tokens / X-Sim-Prompt-Tokens headers.
@@ -64,6 +68,17 @@ POST /sim/reset.`,
 			if cfg.Name == "" {
 				cfg.Name = nameFromListen(listen)
 			}
+			if len(cfg.Models) > 0 {
+				if cmd.Flags().Changed("model") && cfg.Model != cfg.Models[0] {
+					return fmt.Errorf("--model %q conflicts with --models: the first of --models is the default model", cfg.Model)
+				}
+				cfg.Model = cfg.Models[0]
+			}
+			mods, err := parseLoRAModules(loras)
+			if err != nil {
+				return err
+			}
+			cfg.LoRAModules = mods
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -74,7 +89,11 @@ POST /sim/reset.`,
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8001", "address to listen on (host:port)")
 	f.StringVar(&cfg.Name, "name", "", "replica name sent in X-Sim-Replica (default sim-PORT)")
-	f.StringVar(&cfg.Model, "model", cfg.Model, "model id served by /v1/models and used when a request names none")
+	f.StringVar(&cfg.Model, "model", cfg.Model, "model id listed by /v1/models and used when a request names none; without --models any model name is accepted")
+	f.StringSliceVar(&cfg.Models, "models", nil, "comma-separated model names served (aliases of one engine sharing one cache; the first is the default); other names get vLLM's 404")
+	f.StringArrayVar(&loras, "lora-modules", nil, "LoRA adapter NAME=PATH loaded at start (repeatable); more via POST /v1/load_lora_adapter")
+	f.BoolVar(&cfg.NoCacheDetails, "no-cache-details", false, "omit cached tokens from usage like vLLM without --enable-prompt-tokens-details: no prompt_tokens_details, no cache_* in /v1/messages")
+	f.IntVar(&cfg.StoredResponses, "stored-responses", sim.DefaultStoredResponses, "Responses API responses kept for previous_response_id (least recently used dropped first)")
 	f.IntVar(&cfg.CacheTokens, "cache-tokens", cfg.CacheTokens, "prefix cache capacity in tokens, 0 for unbounded")
 	f.IntVar(&cfg.BlockTokens, "block-tokens", cfg.BlockTokens, "prefix cache block size in tokens")
 	f.Float64Var(&cfg.PrefillUsPerToken, "prefill-us-per-token", cfg.PrefillUsPerToken, "prefill time per uncached prompt token, in microseconds")
@@ -85,6 +104,19 @@ POST /sim/reset.`,
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed for the generated filler text")
 	f.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "multiplier for every simulated delay (0 = never sleep)")
 	return cmd
+}
+
+// parseLoRAModules reads NAME=PATH pairs, vLLM's --lora-modules syntax.
+func parseLoRAModules(specs []string) ([]sim.LoRAModule, error) {
+	var out []sim.LoRAModule
+	for _, spec := range specs {
+		name, path, ok := strings.Cut(spec, "=")
+		if !ok || name == "" || path == "" {
+			return nil, fmt.Errorf("--lora-modules %q: want NAME=PATH", spec)
+		}
+		out = append(out, sim.LoRAModule{Name: name, Path: path})
+	}
+	return out, nil
 }
 
 // nameFromListen names a replica after its port, so that three local

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,9 @@ func TestFlagsMapToConfig(t *testing.T) {
 		"--listen", "127.0.0.1:18001", "--name", "a", "--cache-tokens", "4096",
 		"--block-tokens", "32", "--prefill-us-per-token", "20", "--decode-ms-per-token", "2.5",
 		"--decode-slowdown", "0.1", "--max-concurrency", "4", "--model", "m",
-		"--output-tokens", "64", "--seed", "7", "--time-scale", "0.5")
+		"--output-tokens", "64", "--seed", "7", "--time-scale", "0.5",
+		"--models", "m,m-alias", "--lora-modules", "sql=/adapters/sql", "--lora-modules", "chat=/adapters/chat",
+		"--no-cache-details", "--stored-responses", "5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,8 +52,11 @@ func TestFlagsMapToConfig(t *testing.T) {
 		Name: "a", Model: "m", CacheTokens: 4096, BlockTokens: 32,
 		PrefillUsPerToken: 20, DecodeMsPerToken: 2.5, DecodeSlowdown: 0.1,
 		MaxConcurrency: 4, OutputTokens: 64, Seed: 7, TimeScale: 0.5,
+		Models:         []string{"m", "m-alias"},
+		LoRAModules:    []sim.LoRAModule{{Name: "sql", Path: "/adapters/sql"}, {Name: "chat", Path: "/adapters/chat"}},
+		NoCacheDetails: true, StoredResponses: 5,
 	}
-	if listen != "127.0.0.1:18001" || cfg != want {
+	if listen != "127.0.0.1:18001" || !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("got %s %+v\nwant %+v", listen, cfg, want)
 	}
 }
@@ -62,7 +68,7 @@ func TestDefaults(t *testing.T) {
 	}
 	want := sim.DefaultConfig()
 	want.Name = "sim-8001"
-	if listen != "127.0.0.1:8001" || cfg != want {
+	if listen != "127.0.0.1:8001" || !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("got %s %+v\nwant %+v", listen, cfg, want)
 	}
 }
@@ -73,6 +79,11 @@ func TestInvalidFlagsAreRejected(t *testing.T) {
 		{"--cache-tokens", "4"},
 		{"--output-tokens", "5000"},
 		{"--time-scale", "-2"},
+		{"--models", "a,a"},
+		{"--model", "x", "--models", "a,b"},
+		{"--lora-modules", "nopath"},
+		{"--lora-modules", "a=/p", "--models", "a"},
+		{"--stored-responses", "-1"},
 		{"unexpected-arg"},
 	} {
 		if _, _, err := parse(t, args...); err == nil {
