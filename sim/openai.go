@@ -33,9 +33,9 @@ type completionRequest struct {
 }
 
 type usage struct {
-	PromptTokens        int           `json:"prompt_tokens"`
-	CompletionTokens    int           `json:"completion_tokens"`
-	TotalTokens         int           `json:"total_tokens"`
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
 	// PromptTokensDetails is nil under Config.NoCacheDetails.
 	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
 }
