@@ -52,7 +52,7 @@ type Publisher struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the replay loop has returned
 
-	mu     sync.Mutex
+	mu   sync.Mutex
 	next int64 // sequence number of the next batch
 	// ring holds the last cfg.Buffer batches; once full, the oldest is at
 	// index head and is overwritten next.
