@@ -8,7 +8,7 @@ import (
 
 func TestPrefixCacheMatchStopsAtFirstMiss(t *testing.T) {
 	c := newPrefixCache(0)
-	c.insert([]uint64{1, 2, 3})
+	c.insert([]uint64{1, 2, 3}, nil)
 	if got := c.match([]uint64{1, 2, 9, 3}); got != 2 {
 		t.Fatalf("match = %d, want 2", got)
 	}
@@ -22,10 +22,10 @@ func TestPrefixCacheMatchStopsAtFirstMiss(t *testing.T) {
 
 func TestPrefixCacheEvictsLeastRecentlyUsed(t *testing.T) {
 	c := newPrefixCache(4)
-	c.insert([]uint64{1, 2})
-	c.insert([]uint64{3, 4})
+	c.insert([]uint64{1, 2}, nil)
+	c.insert([]uint64{3, 4}, nil)
 	c.match([]uint64{1, 2}) // refresh the older prompt
-	c.insert([]uint64{5, 6})
+	c.insert([]uint64{5, 6}, nil)
 	if got := c.match([]uint64{3, 4}); got != 0 {
 		t.Errorf("least recently used prompt still matches %d blocks", got)
 	}
@@ -44,13 +44,13 @@ func TestPrefixCacheEvictsSuffixBeforePrefix(t *testing.T) {
 	// A prompt longer than the cache keeps its leading blocks, which are the
 	// only ones a later request could match.
 	c := newPrefixCache(3)
-	c.insert([]uint64{1, 2, 3, 4, 5})
+	c.insert([]uint64{1, 2, 3, 4, 5}, nil)
 	if got := c.match([]uint64{1, 2, 3, 4, 5}); got != 3 {
 		t.Fatalf("match = %d, want the 3 leading blocks", got)
 	}
 	// Under pressure from another prompt, the first prompt loses its tail
 	// first.
-	c.insert([]uint64{7})
+	c.insert([]uint64{7}, nil)
 	if got := c.match([]uint64{1, 2, 3}); got != 2 {
 		t.Fatalf("after one eviction match = %d, want 2", got)
 	}

@@ -90,6 +90,10 @@ type Config struct {
 	// they are wall-clock values chosen by the test that injects them.
 	TimeScale float64
 
+	// KVEvents, when set, receives the prefix cache's changes as vLLM KV
+	// events (BlockStored, BlockRemoved, AllBlocksCleared on Reset).
+	KVEvents KVEventSink
+
 	// Logger receives fault changes and aborted connections; nil discards.
 	Logger *slog.Logger
 }

@@ -100,6 +100,20 @@
 // reports cached_tokens, as vLLM's does. The X-Sim-Prompt-Tokens and
 // X-Sim-Cached-Tokens headers always tell the truth.
 //
+// # KV events
+//
+// With Config.KVEvents set (cart-sim's --kv-events-endpoint), every change
+// of the prefix cache is published as vLLM's KV events, one batch per
+// change (see package kvevents for the wire format): a prompt's insertion
+// sends one BlockStored per run of newly cached blocks (block_hashes the
+// 64-bit chained hashes above, parent_block_hash the block before the run,
+// token_ids each token's 4 bytes read little-endian, so a token-id prompt
+// sends its own ids, block_size, lora_name the adapter, medium "GPU"),
+// followed by one BlockRemoved with the blocks it evicted; Reset sends
+// AllBlocksCleared. A consumer applying the events in order holds exactly
+// the blocks the cache holds. Lookups send nothing: vLLM's events report
+// content, not use.
+//
 // # Timing
 //
 // Prefill holds one of MaxConcurrency slots for

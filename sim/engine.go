@@ -106,7 +106,7 @@ func (s *Server) admit(ctx context.Context, j *job) (func(), error) {
 	uncached := j.promptTokens - j.cachedTokens
 	err = sleepCtx(ctx, s.scaled(float64(uncached)*s.cfg.PrefillUsPerToken, time.Microsecond))
 	if err == nil {
-		s.cache.insert(j.hashes)
+		s.cache.insert(j.hashes, s.cacheChanged(j))
 		s.promptTokens.Add(int64(j.promptTokens))
 		s.cachedTokens.Add(int64(j.cachedTokens))
 		if s.hooks.prefillEnd != nil {

@@ -178,10 +178,11 @@ func (s *Server) Stats() Stats {
 }
 
 // Reset empties the prefix cache and zeroes the counters, so one replica can
-// serve several test cases or benchmark runs. In-flight requests and the
-// fault are left alone.
+// serve several test cases or benchmark runs. In-flight requests, the fault,
+// loaded adapters and stored responses are left alone. With a KV event sink,
+// it publishes AllBlocksCleared.
 func (s *Server) Reset() {
-	s.cache.reset()
+	s.cache.reset(s.cacheCleared())
 	s.requests.Store(0)
 	s.promptTokens.Store(0)
 	s.cachedTokens.Store(0)
