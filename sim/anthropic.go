@@ -20,17 +20,25 @@ type messagesRequest struct {
 type anthropicUsage struct {
 	// InputTokens excludes cached tokens, as in Anthropic's API, where the
 	// prompt size is input + cache read + cache creation tokens.
-	InputTokens              int `json:"input_tokens"`
-	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
-	OutputTokens             int `json:"output_tokens"`
+	// Under Config.NoCacheDetails the cache fields are left out and
+	// InputTokens is the whole prompt, which is what vLLM's /v1/messages
+	// always answers.
+	InputTokens              int  `json:"input_tokens"`
+	CacheCreationInputTokens *int `json:"cache_creation_input_tokens,omitempty"`
+	CacheReadInputTokens     *int `json:"cache_read_input_tokens,omitempty"`
+	OutputTokens             int  `json:"output_tokens"`
 }
 
-func anthropicUsageOf(j *job, output int) anthropicUsage {
+func (s *Server) anthropicUsageOf(j *job, output int) anthropicUsage {
+	if s.cfg.NoCacheDetails {
+		return anthropicUsage{InputTokens: j.promptTokens, OutputTokens: output}
+	}
+	zero, cached := 0, j.cachedTokens
 	return anthropicUsage{
-		InputTokens:          j.promptTokens - j.cachedTokens,
-		CacheReadInputTokens: j.cachedTokens,
-		OutputTokens:         output,
+		InputTokens:              j.promptTokens - j.cachedTokens,
+		CacheCreationInputTokens: &zero,
+		CacheReadInputTokens:     &cached,
+		OutputTokens:             output,
 	}
 }
 
@@ -121,7 +129,11 @@ func (s *Server) serveMessages(ctx context.Context, w http.ResponseWriter, r *ht
 		badRequest(err.Error(), "messages").write(w, styleAnthropic)
 		return nil
 	}
-	j := s.newJob(r, req.Model, prompt)
+	j, aerr := s.newJob(r, req.Model, prompt)
+	if aerr != nil {
+		aerr.write(w, styleAnthropic)
+		return nil
+	}
 	j.stream = req.Stream
 	// Anthropic requires max_tokens; accepting its absence keeps hand-written
 	// curl tests short and costs nothing.
@@ -150,7 +162,7 @@ func (s *Server) serveMessages(ctx context.Context, w http.ResponseWriter, r *ht
 			ID: id, Type: "message", Role: "assistant", Model: j.model,
 			Content:    []anthropicText{{Type: "text", Text: out}},
 			StopReason: &stop,
-			Usage:      anthropicUsageOf(j, j.maxTokens),
+			Usage:      s.anthropicUsageOf(j, j.maxTokens),
 		})
 		return nil
 	}
@@ -164,7 +176,7 @@ func (s *Server) serveMessages(ctx context.Context, w http.ResponseWriter, r *ht
 		Message: anthropicResponse{
 			ID: id, Type: "message", Role: "assistant", Model: j.model,
 			Content: []anthropicText{},
-			Usage:   anthropicUsageOf(j, 0),
+			Usage:   s.anthropicUsageOf(j, 0),
 		},
 	}); err != nil {
 		return err
@@ -192,7 +204,7 @@ func (s *Server) serveMessages(ctx context.Context, w http.ResponseWriter, r *ht
 	if err := sw.event("message_delta", anthropicMessageDelta{
 		Type:  "message_delta",
 		Delta: anthropicStop{StopReason: stop},
-		Usage: anthropicUsageOf(j, j.maxTokens),
+		Usage: s.anthropicUsageOf(j, j.maxTokens),
 	}); err != nil {
 		return err
 	}

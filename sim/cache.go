@@ -2,6 +2,7 @@ package sim
 
 import (
 	"container/list"
+	"slices"
 	"sync"
 )
 
@@ -36,10 +37,16 @@ func (c *prefixCache) match(hashes []uint64) int {
 }
 
 // insert adds all hashes (refreshing those already present) and evicts the
-// least recently used blocks beyond capacity.
-func (c *prefixCache) insert(hashes []uint64) {
+// least recently used blocks beyond capacity. If changed is not nil it is
+// called, still under the cache's lock so that successive calls report
+// changes in the order they happened, with the indexes of hashes that were
+// not cached before (ascending) and the hashes evicted, when either is
+// non-empty. A block may be both, when the prompt alone exceeds capacity.
+func (c *prefixCache) insert(hashes []uint64, changed func(added []int, evicted []uint64)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	var added []int
+	var evicted []uint64
 	// Add in reverse so that, like touchLocked, block 0 ends up the most
 	// recently used. If the prompt alone exceeds capacity, eviction then
 	// drops its own tail and keeps the prefix that can still be matched.
@@ -49,8 +56,13 @@ func (c *prefixCache) insert(hashes []uint64) {
 			c.lru.MoveToFront(e)
 		} else {
 			c.blocks[h] = c.lru.PushFront(h)
+			added = append(added, i)
 		}
-		c.evictLocked()
+		evicted = c.evictLocked(evicted)
+	}
+	if changed != nil && (len(added) > 0 || len(evicted) > 0) {
+		slices.Reverse(added)
+		changed(added, evicted)
 	}
 }
 
@@ -64,12 +76,17 @@ func (c *prefixCache) touchLocked(hashes []uint64) {
 	}
 }
 
-func (c *prefixCache) evictLocked() {
+// evictLocked drops blocks beyond capacity, appending their hashes to
+// evicted.
+func (c *prefixCache) evictLocked(evicted []uint64) []uint64 {
 	for c.capacity > 0 && c.lru.Len() > c.capacity {
 		oldest := c.lru.Back()
 		c.lru.Remove(oldest)
-		delete(c.blocks, oldest.Value.(uint64))
+		h := oldest.Value.(uint64)
+		delete(c.blocks, h)
+		evicted = append(evicted, h)
 	}
+	return evicted
 }
 
 // len returns the number of cached blocks.
@@ -79,10 +96,13 @@ func (c *prefixCache) len() int {
 	return c.lru.Len()
 }
 
-// reset empties the cache.
-func (c *prefixCache) reset() {
+// reset empties the cache, calling cleared (if not nil) under its lock.
+func (c *prefixCache) reset(cleared func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	clear(c.blocks)
 	c.lru.Init()
+	if cleared != nil {
+		cleared()
+	}
 }

@@ -8,7 +8,7 @@ import (
 
 func TestPrefixCacheMatchStopsAtFirstMiss(t *testing.T) {
 	c := newPrefixCache(0)
-	c.insert([]uint64{1, 2, 3})
+	c.insert([]uint64{1, 2, 3}, nil)
 	if got := c.match([]uint64{1, 2, 9, 3}); got != 2 {
 		t.Fatalf("match = %d, want 2", got)
 	}
@@ -22,10 +22,10 @@ func TestPrefixCacheMatchStopsAtFirstMiss(t *testing.T) {
 
 func TestPrefixCacheEvictsLeastRecentlyUsed(t *testing.T) {
 	c := newPrefixCache(4)
-	c.insert([]uint64{1, 2})
-	c.insert([]uint64{3, 4})
+	c.insert([]uint64{1, 2}, nil)
+	c.insert([]uint64{3, 4}, nil)
 	c.match([]uint64{1, 2}) // refresh the older prompt
-	c.insert([]uint64{5, 6})
+	c.insert([]uint64{5, 6}, nil)
 	if got := c.match([]uint64{3, 4}); got != 0 {
 		t.Errorf("least recently used prompt still matches %d blocks", got)
 	}
@@ -44,13 +44,13 @@ func TestPrefixCacheEvictsSuffixBeforePrefix(t *testing.T) {
 	// A prompt longer than the cache keeps its leading blocks, which are the
 	// only ones a later request could match.
 	c := newPrefixCache(3)
-	c.insert([]uint64{1, 2, 3, 4, 5})
+	c.insert([]uint64{1, 2, 3, 4, 5}, nil)
 	if got := c.match([]uint64{1, 2, 3, 4, 5}); got != 3 {
 		t.Fatalf("match = %d, want the 3 leading blocks", got)
 	}
 	// Under pressure from another prompt, the first prompt loses its tail
 	// first.
-	c.insert([]uint64{7})
+	c.insert([]uint64{7}, nil)
 	if got := c.match([]uint64{1, 2, 3}); got != 2 {
 		t.Fatalf("after one eviction match = %d, want 2", got)
 	}
@@ -59,20 +59,20 @@ func TestPrefixCacheEvictsSuffixBeforePrefix(t *testing.T) {
 func TestBlockHashesAreChained(t *testing.T) {
 	a := []byte(strings.Repeat("a", 64) + strings.Repeat("b", 64) + "tail")
 	b := []byte(strings.Repeat("x", 64) + strings.Repeat("b", 64) + "tail")
-	ha, hb := blockHashes(a, 16), blockHashes(b, 16)
+	ha, hb := blockHashes(a, 16, ""), blockHashes(b, 16, "")
 	if len(ha) != 2 || len(hb) != 2 {
 		t.Fatalf("got %d and %d full blocks, want 2", len(ha), len(hb))
 	}
 	if ha[1] == hb[1] {
 		t.Fatal("identical second blocks after different first blocks hash equal; hashes are not chained")
 	}
-	if again := blockHashes(a[:130], 16); again[0] != ha[0] || again[1] != ha[1] {
+	if again := blockHashes(a[:130], 16, ""); again[0] != ha[0] || again[1] != ha[1] {
 		t.Fatal("hashes of a shared prefix differ")
 	}
-	if got := blockHashes([]byte(strings.Repeat("z", 63)), 16); len(got) != 1 {
+	if got := blockHashes([]byte(strings.Repeat("z", 63)), 16, ""); len(got) != 1 {
 		t.Fatalf("63 bytes = 16 tokens should be one full block, got %d", len(got))
 	}
-	if got := blockHashes([]byte("short"), 16); got != nil {
+	if got := blockHashes([]byte("short"), 16, ""); got != nil {
 		t.Fatalf("a prompt shorter than a block has %d blocks", len(got))
 	}
 }

@@ -18,6 +18,9 @@ const (
 	DefaultDecodeSlowdown    = 0.05
 	DefaultMaxConcurrency    = 1
 	DefaultOutputTokens      = 16
+	// DefaultStoredResponses bounds the Responses API store when
+	// Config.StoredResponses is 0.
+	DefaultStoredResponses = 10_000
 
 	// MaxOutputTokens caps every request's output length so a trace with an
 	// absurd max_tokens cannot keep a replica busy for minutes.
@@ -35,8 +38,28 @@ type Config struct {
 	// Name identifies the replica in the X-Sim-Replica response header.
 	Name string
 	// Model is the model id listed by /v1/models and used in responses when a
-	// request names none.
+	// request names none. With Models empty, the replica accepts any model
+	// name, which keeps tests that do not care about models short.
 	Model string
+	// Models, when given, are the base model names the replica serves (all
+	// aliases of one engine, like vLLM's --served-model-name, so they share
+	// one prefix cache); the first is the default and Model must be empty or
+	// equal to it. A request for any other name that is not a loaded LoRA
+	// adapter gets vLLM's 404.
+	Models []string
+	// LoRAModules are adapters loaded at start, like vLLM's --lora-modules;
+	// more can be loaded and unloaded at run time over HTTP.
+	LoRAModules []LoRAModule
+
+	// NoCacheDetails omits cached-token counts from usage, as vLLM does
+	// without --enable-prompt-tokens-details: chat and completions usage has
+	// no prompt_tokens_details, and messages usage no cache_* fields (vLLM's
+	// /v1/messages never reports them). The X-Sim-* headers still do.
+	NoCacheDetails bool
+	// StoredResponses bounds how many Responses API responses are kept for
+	// previous_response_id and GET /v1/responses/{id}, least recently used
+	// first out; 0 means DefaultStoredResponses.
+	StoredResponses int
 
 	// CacheTokens is the prefix cache capacity in tokens (rounded down to
 	// whole blocks); 0 means unbounded.
@@ -67,6 +90,10 @@ type Config struct {
 	// they are wall-clock values chosen by the test that injects them.
 	TimeScale float64
 
+	// KVEvents, when set, receives the prefix cache's changes as vLLM KV
+	// events (BlockStored, BlockRemoved, AllBlocksCleared on Reset).
+	KVEvents KVEventSink
+
 	// Logger receives fault changes and aborted connections; nil discards.
 	Logger *slog.Logger
 }
@@ -84,6 +111,7 @@ func DefaultConfig() Config {
 		DecodeSlowdown:    DefaultDecodeSlowdown,
 		MaxConcurrency:    DefaultMaxConcurrency,
 		OutputTokens:      DefaultOutputTokens,
+		StoredResponses:   DefaultStoredResponses,
 		TimeScale:         1,
 	}
 }
@@ -92,6 +120,9 @@ func DefaultConfig() Config {
 func (c Config) withDefaults() Config {
 	if c.Name == "" {
 		c.Name = DefaultName
+	}
+	if c.Model == "" && len(c.Models) > 0 {
+		c.Model = c.Models[0]
 	}
 	if c.Model == "" {
 		c.Model = DefaultModel
@@ -104,6 +135,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.OutputTokens == 0 {
 		c.OutputTokens = DefaultOutputTokens
+	}
+	if c.StoredResponses == 0 {
+		c.StoredResponses = DefaultStoredResponses
 	}
 	return c
 }
@@ -126,6 +160,10 @@ func (c Config) Validate() error {
 	if c.MaxConcurrency < 1 {
 		errs = append(errs, fmt.Errorf("max concurrency must be positive, got %d", c.MaxConcurrency))
 	}
+	if c.StoredResponses < 0 {
+		errs = append(errs, fmt.Errorf("stored responses must be 0 (default) or positive, got %d", c.StoredResponses))
+	}
+	errs = append(errs, validateModels(c)...)
 	if c.OutputTokens < 1 || c.OutputTokens > MaxOutputTokens {
 		errs = append(errs, fmt.Errorf("output tokens must be in 1..%d, got %d", MaxOutputTokens, c.OutputTokens))
 	}
@@ -143,4 +181,37 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// LoRAModule is a LoRA adapter served under Name; Path is only reported (as
+// the adapter's "root" in /v1/models), since no weights are ever read.
+type LoRAModule struct {
+	Name string
+	Path string
+}
+
+func validateModels(c Config) []error {
+	var errs []error
+	seen := make(map[string]bool)
+	for _, m := range c.Models {
+		if m == "" {
+			errs = append(errs, errors.New("model names must not be empty"))
+		} else if seen[m] {
+			errs = append(errs, fmt.Errorf("model %q listed twice", m))
+		}
+		seen[m] = true
+	}
+	if len(c.Models) > 0 && c.Model != c.Models[0] {
+		errs = append(errs, fmt.Errorf("model %q must be the first of models %q", c.Model, c.Models))
+	}
+	for _, l := range c.LoRAModules {
+		switch {
+		case l.Name == "" || l.Path == "":
+			errs = append(errs, fmt.Errorf("LoRA module %q=%q needs both a name and a path", l.Name, l.Path))
+		case seen[l.Name] || l.Name == c.Model:
+			errs = append(errs, fmt.Errorf("LoRA module name %q is already a model name", l.Name))
+		}
+		seen[l.Name] = true
+	}
+	return errs
 }

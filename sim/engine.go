@@ -15,6 +15,7 @@ import (
 type job struct {
 	requestID    string // the client's X-Request-Id, if any
 	model        string
+	adapter      string // the LoRA adapter the model name selects, if any
 	prompt       []byte
 	promptTokens int
 	hashes       []uint64 // chained hashes of the prompt's full blocks
@@ -28,18 +29,24 @@ type job struct {
 	cachedTokens int // set by admit
 }
 
-// newJob prepares the engine's view of a rendered prompt.
-func (s *Server) newJob(r *http.Request, model string, prompt []byte) *job {
+// newJob prepares the engine's view of a rendered prompt, or answers vLLM's
+// 404 when the replica does not serve the model.
+func (s *Server) newJob(r *http.Request, model string, prompt []byte) (*job, *apiError) {
+	adapter, ok := s.models.resolve(model)
+	if !ok {
+		return nil, modelNotFound(model)
+	}
 	if model == "" {
 		model = s.cfg.Model
 	}
 	return &job{
 		requestID:    r.Header.Get("X-Request-Id"),
 		model:        model,
+		adapter:      adapter,
 		prompt:       prompt,
 		promptTokens: tokenCount(prompt),
-		hashes:       blockHashes(prompt, s.cfg.BlockTokens),
-	}
+		hashes:       blockHashes(prompt, s.cfg.BlockTokens, adapter),
+	}, nil
 }
 
 // textSeed derives the filler-text seed from the replica seed and the prompt,
@@ -99,7 +106,7 @@ func (s *Server) admit(ctx context.Context, j *job) (func(), error) {
 	uncached := j.promptTokens - j.cachedTokens
 	err = sleepCtx(ctx, s.scaled(float64(uncached)*s.cfg.PrefillUsPerToken, time.Microsecond))
 	if err == nil {
-		s.cache.insert(j.hashes)
+		s.cache.insert(j.hashes, s.cacheChanged(j))
 		s.promptTokens.Add(int64(j.promptTokens))
 		s.cachedTokens.Add(int64(j.cachedTokens))
 		if s.hooks.prefillEnd != nil {

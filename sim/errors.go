@@ -19,6 +19,17 @@ type apiError struct {
 	status  int
 	message string
 	param   string // OpenAI only: offending request field
+	// typ overrides the OpenAI "type" derived from status, and code, when
+	// non-zero, is sent as the numeric "code": vLLM's own errors carry both
+	// (e.g. "NotFoundError" with code 404), and clients match on them.
+	typ  string
+	code int
+}
+
+// notFound is a 404 in vLLM's shape: its error type and the status as a
+// numeric code.
+func notFound(message, typ, param string) *apiError {
+	return &apiError{status: http.StatusNotFound, message: message, param: param, typ: typ, code: http.StatusNotFound}
 }
 
 // badRequest is a 400 about param ("" when no single field is to blame).
@@ -87,10 +98,17 @@ func (e *apiError) write(w http.ResponseWriter, style apiStyle) {
 		if e.status >= 500 {
 			code = strconv.Itoa(e.status)
 		}
+		if e.code != 0 {
+			code = e.code
+		}
+		typ := e.typ
+		if typ == "" {
+			typ = openAIErrorType(e.status)
+		}
 		body = map[string]any{
 			"error": map[string]any{
 				"message": e.message,
-				"type":    openAIErrorType(e.status),
+				"type":    typ,
 				"param":   param,
 				"code":    code,
 			},

@@ -53,7 +53,13 @@ func (s *Server) serveMatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tokens := tokenCount(prompt)
-	blocks := s.cache.peek(blockHashes(prompt, s.cfg.BlockTokens))
+	// An unknown model cannot be served, so nothing of it is cached; a
+	// probe answers 0 rather than an error so oracles stay simple.
+	adapter, ok := s.models.resolve(req.Model)
+	blocks := 0
+	if ok {
+		blocks = s.cache.peek(blockHashes(prompt, s.cfg.BlockTokens, adapter))
+	}
 	writeJSON(w, http.StatusOK, MatchReport{
 		PromptTokens: tokens,
 		CachedTokens: min(blocks*s.cfg.BlockTokens, tokens),

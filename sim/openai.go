@@ -33,23 +33,27 @@ type completionRequest struct {
 }
 
 type usage struct {
-	PromptTokens        int           `json:"prompt_tokens"`
-	CompletionTokens    int           `json:"completion_tokens"`
-	TotalTokens         int           `json:"total_tokens"`
-	PromptTokensDetails promptDetails `json:"prompt_tokens_details"`
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+	// PromptTokensDetails is nil under Config.NoCacheDetails.
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
 }
 
 type promptDetails struct {
 	CachedTokens int `json:"cached_tokens"`
 }
 
-func usageOf(j *job, completion int) *usage {
-	return &usage{
-		PromptTokens:        j.promptTokens,
-		CompletionTokens:    completion,
-		TotalTokens:         j.promptTokens + completion,
-		PromptTokensDetails: promptDetails{CachedTokens: j.cachedTokens},
+func (s *Server) usageOf(j *job, completion int) *usage {
+	u := &usage{
+		PromptTokens:     j.promptTokens,
+		CompletionTokens: completion,
+		TotalTokens:      j.promptTokens + completion,
 	}
+	if !s.cfg.NoCacheDetails {
+		u.PromptTokensDetails = &promptDetails{CachedTokens: j.cachedTokens}
+	}
+	return u
 }
 
 type chatCompletion struct {
@@ -143,7 +147,11 @@ func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.R
 		badRequest(err.Error(), "messages").write(w, styleOpenAI)
 		return nil
 	}
-	j := s.newJob(r, req.Model, prompt)
+	j, aerr := s.newJob(r, req.Model, prompt)
+	if aerr != nil {
+		aerr.write(w, styleOpenAI)
+		return nil
+	}
 	j.stream = req.Stream
 	j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	// max_completion_tokens supersedes the deprecated max_tokens.
@@ -174,7 +182,7 @@ func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.R
 				Logprobs:     jsonNull,
 				FinishReason: finishReason(j),
 			}},
-			Usage: usageOf(j, j.maxTokens),
+			Usage: s.usageOf(j, j.maxTokens),
 		})
 		return nil
 	}
@@ -210,7 +218,7 @@ func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.R
 	if j.includeUsage {
 		final := chatChunk{
 			ID: id, Object: "chat.completion.chunk", Created: created, Model: j.model,
-			Choices: []chatChunkChoice{}, Usage: usageOf(j, j.maxTokens),
+			Choices: []chatChunkChoice{}, Usage: s.usageOf(j, j.maxTokens),
 		}
 		if err := sw.event("", final); err != nil {
 			return err
@@ -232,7 +240,11 @@ func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r 
 		badRequest(err.Error(), "prompt").write(w, styleOpenAI)
 		return nil
 	}
-	j := s.newJob(r, req.Model, prompt)
+	j, aerr := s.newJob(r, req.Model, prompt)
+	if aerr != nil {
+		aerr.write(w, styleOpenAI)
+		return nil
+	}
 	j.stream = req.Stream
 	j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	if aerr := s.outputBudget(j, namedLimit{"max_tokens", req.MaxTokens}); aerr != nil {
@@ -259,7 +271,7 @@ func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r 
 		writeJSON(w, http.StatusOK, textCompletion{
 			ID: id, Object: "text_completion", Created: created, Model: j.model,
 			Choices: []textChoice{{Text: out, Logprobs: jsonNull, FinishReason: &reason}},
-			Usage:   usageOf(j, j.maxTokens),
+			Usage:   s.usageOf(j, j.maxTokens),
 		})
 		return nil
 	}
@@ -288,7 +300,7 @@ func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r 
 	if j.includeUsage {
 		final := textCompletion{
 			ID: id, Object: "text_completion", Created: created, Model: j.model,
-			Choices: []textChoice{}, Usage: usageOf(j, j.maxTokens),
+			Choices: []textChoice{}, Usage: s.usageOf(j, j.maxTokens),
 		}
 		if err := sw.event("", final); err != nil {
 			return err

@@ -24,7 +24,11 @@ func tokenCount(prompt []byte) int {
 //
 // "Full" is judged in tokens, like the cached-token count it feeds, so the
 // last full block may be a few bytes short when the final token is partial.
-func blockHashes(prompt []byte, blockTokens int) []uint64 {
+//
+// A non-empty adapter (LoRA name) seeds the chain, as vLLM puts the adapter
+// into every block's hash: KV computed under one adapter is never reused
+// under another or under the base model.
+func blockHashes(prompt []byte, blockTokens int, adapter string) []uint64 {
 	n := tokenCount(prompt) / blockTokens
 	if n == 0 {
 		return nil
@@ -33,6 +37,10 @@ func blockHashes(prompt []byte, blockTokens int) []uint64 {
 	out := make([]uint64, n)
 	h := fnv.New64a()
 	var prev [8]byte
+	if adapter != "" {
+		_, _ = h.Write([]byte("lora:" + adapter))
+		binary.LittleEndian.PutUint64(prev[:], h.Sum64())
+	}
 	for i := range n {
 		end := min((i+1)*blockBytes, len(prompt))
 		h.Reset()

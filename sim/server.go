@@ -27,6 +27,8 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	cache   *prefixCache
+	models  *models
+	stored  *responseStore
 	slots   *semaphore.Weighted // prefill slots, granted in FIFO order
 	metrics *metrics
 	handler http.Handler
@@ -77,6 +79,8 @@ func New(cfg Config) *Server {
 		cfg:     cfg,
 		log:     logger.With("replica", cfg.Name),
 		cache:   newPrefixCache(cfg.CacheTokens / cfg.BlockTokens),
+		models:  newModels(cfg),
+		stored:  newResponseStore(cfg.StoredResponses),
 		slots:   semaphore.NewWeighted(int64(cfg.MaxConcurrency)),
 		fault:   Fault{Mode: FaultNone},
 		started: time.Now(),
@@ -146,7 +150,7 @@ func (s *Server) state() (Fault, context.Context, bool) {
 // Stats is a snapshot of a replica's counters, also served at GET /sim/stats.
 type Stats struct {
 	// Requests counts inference requests received (chat, completions,
-	// messages), including those that failed or were faulted.
+	// messages, responses), including those that failed or were faulted.
 	Requests int64 `json:"requests"`
 	// PromptTokens and CachedTokens sum over requests whose prefill
 	// completed.
@@ -174,10 +178,11 @@ func (s *Server) Stats() Stats {
 }
 
 // Reset empties the prefix cache and zeroes the counters, so one replica can
-// serve several test cases or benchmark runs. In-flight requests and the
-// fault are left alone.
+// serve several test cases or benchmark runs. In-flight requests, the fault,
+// loaded adapters and stored responses are left alone. With a KV event sink,
+// it publishes AllBlocksCleared.
 func (s *Server) Reset() {
-	s.cache.reset()
+	s.cache.reset(s.cacheCleared())
 	s.requests.Store(0)
 	s.promptTokens.Store(0)
 	s.cachedTokens.Store(0)
@@ -191,6 +196,9 @@ const (
 	pathCompletions = "/v1/completions"
 	pathMessages    = "/v1/messages"
 	pathModels      = "/v1/models"
+	pathResponses   = "/v1/responses"
+	pathLoadLoRA    = "/v1/load_lora_adapter"
+	pathUnloadLoRA  = "/v1/unload_lora_adapter"
 )
 
 func (s *Server) routes() http.Handler {
@@ -199,6 +207,11 @@ func (s *Server) routes() http.Handler {
 	mux.Handle(pathCompletions, s.api(pathCompletions, http.MethodPost, styleOpenAI, true, s.serveCompletions))
 	mux.Handle(pathMessages, s.api(pathMessages, http.MethodPost, styleAnthropic, true, s.serveMessages))
 	mux.Handle(pathModels, s.api(pathModels, http.MethodGet, styleOpenAI, false, s.serveModels))
+	mux.Handle(pathResponses, s.api(pathResponses, http.MethodPost, styleOpenAI, true, s.serveResponses))
+	// One metrics label for every id keeps the requests metric bounded.
+	mux.Handle(pathResponses+"/", s.api(pathResponses+"/{id}", http.MethodGet, styleOpenAI, false, s.serveGetResponse))
+	mux.Handle(pathLoadLoRA, s.api(pathLoadLoRA, http.MethodPost, styleOpenAI, false, s.serveLoadLoRA))
+	mux.Handle(pathUnloadLoRA, s.api(pathUnloadLoRA, http.MethodPost, styleOpenAI, false, s.serveUnloadLoRA))
 	mux.HandleFunc("/health", s.serveHealth)
 	mux.Handle("/metrics", s.diesWhenDown(onlyMethods(s.metrics.handler, http.MethodGet)))
 	mux.HandleFunc("/sim/stats", s.serveStats)
@@ -404,19 +417,6 @@ func readJSON(ctx context.Context, w http.ResponseWriter, r *http.Request, v any
 
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	return io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-}
-
-func (s *Server) serveModels(_ context.Context, w http.ResponseWriter, _ *http.Request) error {
-	writeJSON(w, http.StatusOK, map[string]any{
-		"object": "list",
-		"data": []map[string]any{{
-			"id":       s.cfg.Model,
-			"object":   "model",
-			"created":  s.started.Unix(),
-			"owned_by": "cart-sim",
-		}},
-	})
-	return nil
 }
 
 func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {

@@ -13,12 +13,14 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/cartrouter/cart/cli/internal/buildinfo"
+	"github.com/cartrouter/cart/kvevents"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -37,21 +39,29 @@ func main() {
 
 // serveFunc runs a replica until ctx ends; a parameter so tests can check
 // flag handling without opening sockets.
-type serveFunc func(ctx context.Context, listen string, cfg sim.Config, logOut io.Writer) error
+type serveFunc func(ctx context.Context, listen string, kv kvevents.PublisherConfig, cfg sim.Config, logOut io.Writer) error
 
 func newCommand(run serveFunc) *cobra.Command {
 	cfg := sim.DefaultConfig()
 	cfg.Name = "" // derived from the listen port unless given
 	var listen string
+	var loras []string
+	var kv kvevents.PublisherConfig
+	var kvEncoding string
 
 	cmd := &cobra.Command{
 		Use:   "cart-sim",
 		Short: "Simulated LLM inference replica with a prefix (KV) cache",
-		Long: `cart-sim serves /v1/chat/completions, /v1/completions, /v1/messages and
-/v1/models like a vLLM/SGLang replica, without a model: it approximates
+		Long: `cart-sim serves /v1/chat/completions, /v1/completions, /v1/messages,
+/v1/responses (with store and previous_response_id), /v1/models and vLLM's
+/v1/load_lora_adapter and /v1/unload_lora_adapter like a vLLM/SGLang replica,
+without a model: it approximates
 tokens as 4 bytes, keeps an LRU prefix cache of 16-token blocks, queues
 prefills and paces decode, and reports cache hits in usage and in the
 X-Sim-Cached-Tokens / X-Sim-Prompt-Tokens headers.
+
+With --kv-events-endpoint it publishes its cache's changes as vLLM's KV events
+(BlockStored, BlockRemoved, AllBlocksCleared on /sim/reset) over ZMQ.
 
 Control and observation: GET /health, GET /metrics, GET /sim/stats,
 GET|POST /sim/fault {"mode":"none|down|slow|error","status":503,"delay_ms":2000},
@@ -64,17 +74,38 @@ POST /sim/reset.`,
 			if cfg.Name == "" {
 				cfg.Name = nameFromListen(listen)
 			}
+			if len(cfg.Models) > 0 {
+				if cmd.Flags().Changed("model") && cfg.Model != cfg.Models[0] {
+					return fmt.Errorf("--model %q conflicts with --models: the first of --models is the default model", cfg.Model)
+				}
+				cfg.Model = cfg.Models[0]
+			}
+			mods, err := parseLoRAModules(loras)
+			if err != nil {
+				return err
+			}
+			cfg.LoRAModules = mods
+			if kv.Encoding, err = kvevents.ParseEncoding(kvEncoding); err != nil {
+				return err
+			}
+			if kv.Endpoint == "" && (kv.ReplayEndpoint != "" || kv.Topic != "" || kv.Connect) {
+				return errors.New("--kv-events-replay-endpoint, --kv-events-topic and --kv-events-connect need --kv-events-endpoint")
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			return run(cmd.Context(), listen, cfg, cmd.ErrOrStderr())
+			return run(cmd.Context(), listen, kv, cfg, cmd.ErrOrStderr())
 		},
 	}
 
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8001", "address to listen on (host:port)")
 	f.StringVar(&cfg.Name, "name", "", "replica name sent in X-Sim-Replica (default sim-PORT)")
-	f.StringVar(&cfg.Model, "model", cfg.Model, "model id served by /v1/models and used when a request names none")
+	f.StringVar(&cfg.Model, "model", cfg.Model, "model id listed by /v1/models and used when a request names none; without --models any model name is accepted")
+	f.StringSliceVar(&cfg.Models, "models", nil, "comma-separated model names served (aliases of one engine sharing one cache; the first is the default); other names get vLLM's 404")
+	f.StringArrayVar(&loras, "lora-modules", nil, "LoRA adapter NAME=PATH loaded at start (repeatable); more via POST /v1/load_lora_adapter")
+	f.BoolVar(&cfg.NoCacheDetails, "no-cache-details", false, "omit cached tokens from usage like vLLM without --enable-prompt-tokens-details: no prompt_tokens_details, no cache_* in /v1/messages")
+	f.IntVar(&cfg.StoredResponses, "stored-responses", sim.DefaultStoredResponses, "Responses API responses kept for previous_response_id (least recently used dropped first)")
 	f.IntVar(&cfg.CacheTokens, "cache-tokens", cfg.CacheTokens, "prefix cache capacity in tokens, 0 for unbounded")
 	f.IntVar(&cfg.BlockTokens, "block-tokens", cfg.BlockTokens, "prefix cache block size in tokens")
 	f.Float64Var(&cfg.PrefillUsPerToken, "prefill-us-per-token", cfg.PrefillUsPerToken, "prefill time per uncached prompt token, in microseconds")
@@ -84,7 +115,25 @@ POST /sim/reset.`,
 	f.IntVar(&cfg.OutputTokens, "output-tokens", cfg.OutputTokens, "output tokens when a request sets no max_tokens")
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed for the generated filler text")
 	f.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "multiplier for every simulated delay (0 = never sleep)")
+	f.StringVar(&kv.Endpoint, "kv-events-endpoint", "", "publish KV-cache events as vLLM does on a ZMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 (off when empty)")
+	f.BoolVar(&kv.Connect, "kv-events-connect", false, "connect the PUB socket to --kv-events-endpoint instead of binding it (for a consumer that binds)")
+	f.StringVar(&kv.ReplayEndpoint, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER here that replays buffered event batches from a requested sequence number")
+	f.StringVar(&kv.Topic, "kv-events-topic", "", "topic frame of every KV event message")
+	f.StringVar(&kvEncoding, "kv-events-encoding", "map", "KV event layout: map (events are maps tagged by \"type\", current vLLM) or array (older vLLM)")
 	return cmd
+}
+
+// parseLoRAModules reads NAME=PATH pairs, vLLM's --lora-modules syntax.
+func parseLoRAModules(specs []string) ([]sim.LoRAModule, error) {
+	var out []sim.LoRAModule
+	for _, spec := range specs {
+		name, path, ok := strings.Cut(spec, "=")
+		if !ok || name == "" || path == "" {
+			return nil, fmt.Errorf("--lora-modules %q: want NAME=PATH", spec)
+		}
+		out = append(out, sim.LoRAModule{Name: name, Path: path})
+	}
+	return out, nil
 }
 
 // nameFromListen names a replica after its port, so that three local
@@ -96,20 +145,35 @@ func nameFromListen(listen string) string {
 	return sim.DefaultName
 }
 
-// serve listens on listen and serves a replica until ctx ends.
-func serve(ctx context.Context, listen string, cfg sim.Config, logOut io.Writer) error {
+// serve listens on listen, opens the KV event publisher when kv names an
+// endpoint, and serves a replica until ctx ends.
+func serve(ctx context.Context, listen string, kv kvevents.PublisherConfig, cfg sim.Config, logOut io.Writer) error {
+	var pub *kvevents.Publisher
+	if kv.Endpoint != "" {
+		kv.Logger = slog.New(slog.NewTextHandler(logOut, nil))
+		var err error
+		if pub, err = kvevents.NewPublisher(kv); err != nil {
+			return err
+		}
+		defer pub.Close()
+	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
 	}
-	return serveListener(ctx, ln, cfg, logOut)
+	return serveListener(ctx, ln, pub, cfg, logOut)
 }
 
 // serveListener serves a replica on ln until ctx ends, then stops it: the
 // replica is closed first so long generations do not hold up the shutdown.
-func serveListener(ctx context.Context, ln net.Listener, cfg sim.Config, logOut io.Writer) error {
+// A non-nil pub receives the replica's KV events; the caller closes it.
+func serveListener(ctx context.Context, ln net.Listener, pub *kvevents.Publisher, cfg sim.Config, logOut io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(logOut, nil))
 	cfg.Logger = logger
+	if pub != nil {
+		cfg.KVEvents = pub
+		logger.Info("publishing KV events", "pub", pub.Addr(), "replay", pub.ReplayAddr())
+	}
 	replica := sim.New(cfg)
 	srv := &http.Server{
 		Handler:           replica.Handler(),

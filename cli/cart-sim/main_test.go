@@ -6,34 +6,44 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/cartrouter/cart/kvevents"
 	"github.com/cartrouter/cart/sim"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	// zmq4 v0.17.0 never stops a closed PUB socket's idle writer goroutine.
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
 }
 
 // parse runs the command with a stand-in serve func and returns what it
 // would have served.
 func parse(t *testing.T, args ...string) (string, sim.Config, error) {
 	t.Helper()
+	listen, _, cfg, err := parseAll(t, args...)
+	return listen, cfg, err
+}
+
+func parseAll(t *testing.T, args ...string) (string, kvevents.PublisherConfig, sim.Config, error) {
+	t.Helper()
 	var gotListen string
+	var gotKV kvevents.PublisherConfig
 	var gotCfg sim.Config
-	cmd := newCommand(func(_ context.Context, listen string, cfg sim.Config, _ io.Writer) error {
-		gotListen, gotCfg = listen, cfg
+	cmd := newCommand(func(_ context.Context, listen string, kv kvevents.PublisherConfig, cfg sim.Config, _ io.Writer) error {
+		gotListen, gotKV, gotCfg = listen, kv, cfg
 		return nil
 	})
 	cmd.SetArgs(args)
 	cmd.SetOut(io.Discard)
 	cmd.SetErr(io.Discard)
 	err := cmd.ExecuteContext(context.Background())
-	return gotListen, gotCfg, err
+	return gotListen, gotKV, gotCfg, err
 }
 
 func TestFlagsMapToConfig(t *testing.T) {
@@ -41,7 +51,9 @@ func TestFlagsMapToConfig(t *testing.T) {
 		"--listen", "127.0.0.1:18001", "--name", "a", "--cache-tokens", "4096",
 		"--block-tokens", "32", "--prefill-us-per-token", "20", "--decode-ms-per-token", "2.5",
 		"--decode-slowdown", "0.1", "--max-concurrency", "4", "--model", "m",
-		"--output-tokens", "64", "--seed", "7", "--time-scale", "0.5")
+		"--output-tokens", "64", "--seed", "7", "--time-scale", "0.5",
+		"--models", "m,m-alias", "--lora-modules", "sql=/adapters/sql", "--lora-modules", "chat=/adapters/chat",
+		"--no-cache-details", "--stored-responses", "5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,8 +61,11 @@ func TestFlagsMapToConfig(t *testing.T) {
 		Name: "a", Model: "m", CacheTokens: 4096, BlockTokens: 32,
 		PrefillUsPerToken: 20, DecodeMsPerToken: 2.5, DecodeSlowdown: 0.1,
 		MaxConcurrency: 4, OutputTokens: 64, Seed: 7, TimeScale: 0.5,
+		Models:         []string{"m", "m-alias"},
+		LoRAModules:    []sim.LoRAModule{{Name: "sql", Path: "/adapters/sql"}, {Name: "chat", Path: "/adapters/chat"}},
+		NoCacheDetails: true, StoredResponses: 5,
 	}
-	if listen != "127.0.0.1:18001" || cfg != want {
+	if listen != "127.0.0.1:18001" || !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("got %s %+v\nwant %+v", listen, cfg, want)
 	}
 }
@@ -62,7 +77,7 @@ func TestDefaults(t *testing.T) {
 	}
 	want := sim.DefaultConfig()
 	want.Name = "sim-8001"
-	if listen != "127.0.0.1:8001" || cfg != want {
+	if listen != "127.0.0.1:8001" || !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("got %s %+v\nwant %+v", listen, cfg, want)
 	}
 }
@@ -73,6 +88,14 @@ func TestInvalidFlagsAreRejected(t *testing.T) {
 		{"--cache-tokens", "4"},
 		{"--output-tokens", "5000"},
 		{"--time-scale", "-2"},
+		{"--models", "a,a"},
+		{"--model", "x", "--models", "a,b"},
+		{"--lora-modules", "nopath"},
+		{"--lora-modules", "a=/p", "--models", "a"},
+		{"--stored-responses", "-1"},
+		{"--kv-events-encoding", "json", "--kv-events-endpoint", "tcp://127.0.0.1:1"},
+		{"--kv-events-topic", "t"},
+		{"--kv-events-replay-endpoint", "tcp://127.0.0.1:2"},
 		{"unexpected-arg"},
 	} {
 		if _, _, err := parse(t, args...); err == nil {
@@ -93,7 +116,7 @@ func TestServeListenerServesAndStops(t *testing.T) {
 	cfg.TimeScale = 0
 	var logs strings.Builder
 	done := make(chan error, 1)
-	go func() { done <- serveListener(ctx, ln, cfg, &logs) }()
+	go func() { done <- serveListener(ctx, ln, nil, cfg, &logs) }()
 
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
@@ -131,5 +154,20 @@ func TestNameFromListen(t *testing.T) {
 		if got := nameFromListen(listen); got != want {
 			t.Errorf("nameFromListen(%q) = %q, want %q", listen, got, want)
 		}
+	}
+}
+
+func TestKVEventFlags(t *testing.T) {
+	_, kv, cfg, err := parseAll(t, "--kv-events-endpoint", "tcp://127.0.0.1:5557", "--kv-events-replay-endpoint", "tcp://127.0.0.1:5558",
+		"--kv-events-topic", "kv@sim@m", "--kv-events-encoding", "array", "--kv-events-connect")
+	want := kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:5557", ReplayEndpoint: "tcp://127.0.0.1:5558", Topic: "kv@sim@m", Encoding: kvevents.EncodingArray, Connect: true}
+	if err != nil || !reflect.DeepEqual(kv, want) || cfg.KVEvents != nil {
+		t.Fatalf("got %+v %v", kv, err)
+	}
+	if _, kv, _, err := parseAll(t); err != nil || kv.Endpoint != "" || kv.Encoding != kvevents.EncodingMap {
+		t.Fatalf("default %+v %v", kv, err)
+	}
+	if err := serve(context.Background(), "127.0.0.1:0", kvevents.PublisherConfig{Endpoint: "bogus://x"}, sim.Config{}, io.Discard); err == nil {
+		t.Fatal("a bad KV events endpoint was accepted")
 	}
 }
