@@ -177,6 +177,17 @@ type Proxy struct {
 	RetryBudgetRatio float64 `yaml:"retry_budget_ratio"`
 	RetryBudgetMin   int     `yaml:"retry_budget_min"`
 	ModelsCacheSecs  float64 `yaml:"models_cache_secs"`
+
+	// MaxInflightBodyBytes bounds the request body bytes held by all
+	// requests at once, so concurrent large or stalled uploads cannot
+	// exhaust memory; over it, requests are refused with 503.
+	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
+	// BodyReadTimeoutSecs bounds the time to receive one request body.
+	BodyReadTimeoutSecs float64 `yaml:"body_read_timeout_secs"`
+	// MaxMessages bounds the array items (messages, content parts, tool
+	// calls, prompts) of one routed request, which decode into far more
+	// memory than their bytes.
+	MaxMessages int `yaml:"max_messages"`
 }
 
 // CircuitBreaker configures per-worker passive failure detection.
@@ -193,6 +204,10 @@ type Session struct {
 	// Keys are tried in order; the first one present in a request wins.
 	Keys    []string `yaml:"keys"`
 	TTLSecs float64  `yaml:"ttl_secs"`
+
+	// MaxSessions bounds the session table; the least recently used
+	// session is forgotten to make room.
+	MaxSessions int `yaml:"max_sessions"`
 }
 
 // Log configures the process logger.
@@ -243,6 +258,10 @@ type ControlPlane struct {
 	ElectionTimeoutMs    int `yaml:"election_timeout_ms"`
 	LeaderLeaseTimeoutMs int `yaml:"leader_lease_timeout_ms"`
 	RaftTLS              TLS `yaml:"raft_tls"`
+
+	// APIBodyReadTimeoutSecs bounds the time to receive one API request
+	// body, so stalled uploads cannot pin memory.
+	APIBodyReadTimeoutSecs float64 `yaml:"api_body_read_timeout_secs"`
 }
 
 // DataPlane configures a stateless proxy node that asks the control plane
@@ -302,6 +321,10 @@ func Default() *Config {
 			RetryBudgetRatio:      0.2,
 			RetryBudgetMin:        3,
 			ModelsCacheSecs:       600,
+
+			MaxInflightBodyBytes: 256 << 20,
+			BodyReadTimeoutSecs:  30,
+			MaxMessages:          10000,
 		},
 		CircuitBreaker: CircuitBreaker{
 			Enabled:          true,
@@ -312,6 +335,8 @@ func Default() *Config {
 		Session: Session{
 			Keys:    []string{"header:X-Session-Id", "prompt_cache_key", "user"},
 			TTLSecs: 1800,
+
+			MaxSessions: 100000,
 		},
 		Log: Log{Level: "info", Format: "json"},
 		ControlPlane: ControlPlane{
@@ -325,6 +350,8 @@ func Default() *Config {
 			HeartbeatTimeoutMs:   500,
 			ElectionTimeoutMs:    500,
 			LeaderLeaseTimeoutMs: 500,
+
+			APIBodyReadTimeoutSecs: 10,
 		},
 		DataPlane: DataPlane{
 			RouteTimeoutMs:       20,

@@ -286,6 +286,11 @@ func (v *validator) proxy() {
 	v.fraction("proxy.retry_budget_ratio", p.RetryBudgetRatio)
 	v.intAtLeast("proxy.retry_budget_min", int64(p.RetryBudgetMin), 0)
 	v.floatAtLeast("proxy.models_cache_secs", p.ModelsCacheSecs, 0)
+	if p.MaxInflightBodyBytes < p.MaxBodyBytes {
+		v.add("proxy.max_inflight_body_bytes", "must be at least proxy.max_body_bytes (%d), or a largest-size request could never be accepted; got %d", p.MaxBodyBytes, p.MaxInflightBodyBytes)
+	}
+	v.positive("proxy.body_read_timeout_secs", p.BodyReadTimeoutSecs)
+	v.intAtLeast("proxy.max_messages", int64(p.MaxMessages), 1)
 }
 
 func (v *validator) circuitBreaker() {
@@ -322,6 +327,7 @@ func (v *validator) session() {
 		seen[norm] = true
 	}
 	v.positive("session.ttl_secs", s.TTLSecs)
+	v.intAtLeast("session.max_sessions", int64(s.MaxSessions), 1)
 }
 
 // isHeaderName reports whether s is an RFC 9110 token.
@@ -393,6 +399,7 @@ func (v *validator) controlPlane(role Role) {
 	v.intAtLeast("controlplane.placement_batch_ms", int64(cp.PlacementBatchMs), 1)
 	v.intAtLeast("controlplane.placement_batch_max", int64(cp.PlacementBatchMax), 1)
 	v.positive("controlplane.load_lease_secs", cp.LoadLeaseSecs)
+	v.positive("controlplane.api_body_read_timeout_secs", cp.APIBodyReadTimeoutSecs)
 	v.intRange("controlplane.heartbeat_timeout_ms", int64(cp.HeartbeatTimeoutMs), 50, 60000)
 	v.intRange("controlplane.election_timeout_ms", int64(cp.ElectionTimeoutMs), 50, 60000)
 	v.intRange("controlplane.leader_lease_timeout_ms", int64(cp.LeaderLeaseTimeoutMs), 25, 60000)
