@@ -7,7 +7,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -54,6 +53,12 @@ type Options struct {
 	AddRoutedPeerHeader bool
 	RemoteMediaPolicy   int // 0 allows remote media URLs; else the status to refuse with
 
+	// MaxInflightBodyBytes bounds the body bytes held by all requests
+	// together (0 = no bound); MaxItems the array items of one routed
+	// request (0 = no bound). See budget.go and items.go.
+	MaxInflightBodyBytes int64
+	MaxItems             int
+
 	ConnectTimeout    time.Duration // TCP+TLS handshake to a worker
 	RequestTimeout    time.Duration // dispatch until the worker's response headers
 	StreamIdleTimeout time.Duration // longest silence between response chunks; 0 = none
@@ -99,6 +104,8 @@ type Proxy struct {
 	rng   *mrand.Rand
 
 	models modelsCache
+
+	budget *bodyBudget // nil: no bound
 }
 
 // New builds a Proxy.
@@ -139,6 +146,9 @@ func New(o Options) *Proxy {
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
 	p.models.ttl = o.ModelsCacheTTL
+	if o.MaxInflightBodyBytes > 0 {
+		p.budget = &bodyBudget{limit: o.MaxInflightBodyBytes}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", p.routed(extract.ChatCompletions))
 	mux.HandleFunc("POST /v1/completions", p.routed(extract.Completions))
@@ -203,6 +213,7 @@ type call struct {
 	attempts int
 	start    time.Time
 	client   *http.ResponseController // the client's connection, for deadlines
+	hold     bodyHold                 // body bytes reserved in the budget
 }
 
 type callKey struct{}
@@ -221,8 +232,13 @@ var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, 256); return &
 func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		c := &call{id: requestID(r), endpoint: ep.String(), routed: true, start: p.o.Now()}
-		body, err := p.readBody(w, r)
+		defer c.hold.free()
+		body, err := p.readBody(w, r, c)
 		if err != nil {
+			p.fail(w, c, err)
+			return
+		}
+		if err := checkItems(body, p.o.MaxItems); err != nil {
 			p.fail(w, c, err)
 			return
 		}
@@ -280,55 +296,14 @@ func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &call{id: requestID(r), endpoint: "other", start: p.o.Now()}
-	body, err := p.readBody(w, r)
+	defer c.hold.free()
+	body, err := p.readBody(w, r, c)
 	if err != nil {
 		p.fail(w, c, err)
 		return
 	}
 	c.body = body
 	p.forward(w, r, c)
-}
-
-// readBody buffers the request body once, within the size limit; it is
-// needed for the key anyway and replayed on retries.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (_ []byte, err error) {
-	defer func() {
-		if err != nil && r.ProtoMajor < 2 {
-			// Close the connection after the error: otherwise net/http
-			// drains the unread body before sending the answer, waiting
-			// (without a deadline) for bytes a slow or lying client may
-			// never send, and the refusal never goes out.
-			w.Header().Set("Connection", "close")
-		}
-	}()
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	if r.ContentLength > p.o.MaxBodyBytes {
-		return nil, tooLarge(p.o.MaxBodyBytes)
-	}
-	// A socket deadline is wall-clock time, whatever clock Options.Now is.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(p.o.BodyReadTimeout))
-	rd := http.MaxBytesReader(w, r.Body, p.o.MaxBodyBytes)
-	n := r.ContentLength
-	if n < 0 || n > p.o.MaxBodyBytes {
-		n = 0
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, n+bytes.MinRead))
-	_, err = buf.ReadFrom(rd)
-	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, tooLarge(p.o.MaxBodyBytes)
-		}
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return nil, apierr.New(http.StatusRequestTimeout, apierr.TypeInvalidRequest, "body_timeout", "request body not received within %s", p.o.BodyReadTimeout)
-		}
-		return nil, apierr.BadRequest("body_read_error", "", "could not read request body: %v", err)
-	}
-	return buf.Bytes(), nil
 }
 
 func tooLarge(limit int64) error {
@@ -686,6 +661,10 @@ func (p *Proxy) dispatch(ctx context.Context, out *http.Request, c *call, d rout
 // usage, and closing it settles the decision exactly once.
 func (p *Proxy) deliver(c *call, d router.Decision, resp *http.Response, rejected bool) *http.Response {
 	c.final = d
+	// No retry can follow: the body is no longer needed, and a long
+	// stream must not keep its prompt's bytes counted against new uploads.
+	c.body = nil
+	c.hold.free()
 	inner := resp.Body.(*releaseOnce)
 	tb := &trackedBody{rc: inner, idle: p.o.StreamIdleTimeout, cancel: func() {
 		inner.cancel()
