@@ -71,6 +71,9 @@ type Policy struct {
 	// HotFraction enables hot-prefix spreading: a prefix seen in at least
 	// this fraction of recent requests does not count as a match.
 	HotFraction float64
+	// MaxSessions bounds the session table, least recently used first
+	// out (0 = unbounded).
+	MaxSessions int
 }
 
 // WorkerSpec is what the engine needs to know about a worker.
@@ -139,7 +142,7 @@ type Engine struct {
 	nextID   index.WorkerID
 	match    index.Match // scratch, reused: the route path must not allocate
 	usable   []*worker   // scratch
-	sessions map[string]session
+	sessions sessionTable
 	hot      hotTracker
 	evicted  []uint64 // scratch for the capacity model
 	// Underflows counts releases of a worker with no load: a caller bug

@@ -9,6 +9,7 @@ package proxy
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -268,8 +269,20 @@ func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
 	}
 }
 
-// sessionKey returns the first session key present, in configured order.
+// sessionKey returns the first session key present, in configured order,
+// as a fixed-size hash: the value is the client's choice and may be
+// megabytes long, and it travels to the control plane and sits in the
+// session table for the whole TTL, where only its identity matters.
 func (p *Proxy) sessionKey(r *http.Request, req *extract.Request) string {
+	v := p.rawSessionKey(r, req)
+	if v == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(sum[:16])
+}
+
+func (p *Proxy) rawSessionKey(r *http.Request, req *extract.Request) string {
 	for _, k := range p.o.SessionKeys {
 		var v string
 		switch {
