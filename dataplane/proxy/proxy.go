@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/breaker"
@@ -262,7 +263,13 @@ func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
 				hashPool.Put(hp)
 			}
 		}()
-		*hp = index.Hash((*hp)[:0], req.Model, req.Key, p.o.BlockChars)
+		// The router looks at most MaxRouteBlocks deep: hashing (and, in a
+		// data plane, sending) the rest of a long prompt would be wasted.
+		key := req.Key
+		if lim := engine.MaxRouteBlocks * p.o.BlockChars; len(key) > lim {
+			key = key[:lim]
+		}
+		*hp = index.Hash((*hp)[:0], req.Model, key, p.o.BlockChars)
 		c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
 		c.session = p.sessionKey(r, req)
 		p.forward(w, r, c)
