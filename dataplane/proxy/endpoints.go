@@ -83,9 +83,11 @@ type modelsCache struct {
 func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
 	body, ctype, source, err := p.models.get(p, r.Context())
 	if err != nil {
-		var ae *apierr.Error
-		if !errors.As(err, &ae) {
-			ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_unreachable", "could not list models: %v", err)
+		p.log.Warn("could not list models", "error", err.Error())
+		ae := upstreamError(err)
+		var own *apierr.Error
+		if !errors.As(err, &own) {
+			ae.Message = "could not list models: " + ae.Message
 		}
 		apierr.Write(w, ae)
 		return

@@ -25,6 +25,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
@@ -184,6 +185,16 @@ func NewTransport(connect, request time.Duration) *http.Transport {
 
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 && len(r.TransferEncoding) > 0 {
+		// A message with both Transfer-Encoding and Content-Length may be
+		// a smuggling attempt, and RFC 9112 section 6.3 wants the
+		// connection closed after it. net/http accepts it (chunked wins)
+		// and deletes Content-Length before the handler runs, so the two
+		// cannot be told apart here: every HTTP/1 request with a transfer
+		// coding closes its connection. Clients rarely send one (SDKs send
+		// Content-Length), so keep-alive is lost only for those requests.
+		w.Header().Set("Connection", "close")
+	}
 	p.mux.ServeHTTP(w, r)
 }
 
@@ -376,13 +387,10 @@ func statusLabel(s int) string {
 var statusText = [6]string{"0xx", "1xx", "2xx", "3xx", "4xx", "5xx"}
 
 func (p *Proxy) fail(w http.ResponseWriter, c *call, err error) {
-	var ae *apierr.Error
-	if !errors.As(err, &ae) {
-		ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_error", "%v", err)
-	}
+	ae := upstreamError(err)
 	apierr.Write(w, ae)
 	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(ae.Status), "").Inc()
-	p.log.Info("request refused", "request_id", c.id, "endpoint", c.endpoint, "status", ae.Status, "code", ae.Code, "error", ae.Message)
+	p.log.Info("request refused", "request_id", c.id, "endpoint", c.endpoint, "status", ae.Status, "code", ae.Code, "error", clip(err.Error()))
 }
 
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
@@ -414,16 +422,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		// The client left; nobody is listening for an error body.
 		return
 	}
-	var ae *apierr.Error
-	switch {
-	case errors.As(err, &ae):
-	case errors.Is(err, router.ErrUnavailable):
-		ae = apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_worker_available", "%v", err)
-	case isTimeout(err):
-		ae = apierr.New(http.StatusGatewayTimeout, apierr.TypeServer, "upstream_timeout", "worker did not answer in time: %v", err)
-	default:
-		ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_unreachable", "could not reach a worker: %v", err)
-	}
+	ae := upstreamError(err)
 	if ae.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}
@@ -431,6 +430,25 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	if c != nil {
 		p.log.Warn("request failed", "request_id", c.id, "endpoint", c.endpoint, "status", ae.Status, "attempts", c.attempts, "error", err.Error())
 	}
+}
+
+// upstreamError is what a client is told about a failure behind the proxy.
+// Transport errors name internal addresses ("dial tcp 10.0.3.7:8000:
+// connect: connection refused"), so the client gets the kind of failure
+// and the request id; the details go to the log.
+func upstreamError(err error) *apierr.Error {
+	var ae *apierr.Error
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.Is(err, router.ErrUnavailable):
+		// The router's own capacity messages ("every usable worker is at
+		// max_load"), which name no worker.
+		return apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_worker_available", "%v", err)
+	case isTimeout(err):
+		return apierr.New(http.StatusGatewayTimeout, apierr.TypeServer, "upstream_timeout", "upstream did not answer in time")
+	}
+	return apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_unreachable", "upstream unavailable")
 }
 
 func isTimeout(err error) bool {
@@ -606,7 +624,7 @@ func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 		p.m.MatchedRatio.Observe(d.MatchedRatio)
 		p.m.DecisionLatency.Observe(d.Latency.Seconds())
 		p.log.Info("route",
-			"request_id", c.id, "endpoint", c.endpoint, "model", c.model, "reason", d.Reason,
+			"request_id", c.id, "endpoint", c.endpoint, "model", clip(c.model), "reason", d.Reason,
 			"matched_ratio", math.Round(d.MatchedRatio*1000)/1000, "matched_chars", d.MatchedChars,
 			"worker", d.Worker, "decision_us", d.Latency.Microseconds(), "attempt", c.attempts)
 	}
@@ -759,6 +777,23 @@ func requestID(r *http.Request) string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// maxLoggedString bounds a client-chosen string in a log line: a 60 KB
+// model name must not become a 60 KB line (log volume, and ingestion
+// pipelines that drop or split long lines).
+const maxLoggedString = 256
+
+// clip shortens s for a log line, saying how much was cut.
+func clip(s string) string {
+	if len(s) <= maxLoggedString {
+		return s
+	}
+	n := maxLoggedString
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s...[%d bytes truncated]", s[:n], len(s)-n)
 }
 
 func truncate(s string, n int) string {

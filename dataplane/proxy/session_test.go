@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -137,6 +139,7 @@ func TestSessionKeyHashedBeforeRouting(t *testing.T) {
 	o.SessionKeys = []string{"user"}
 	o.Router, o.Breakers, o.Metrics = rec, r.breaks, r.metrics
 	o.MaxBodyBytes = 4 << 20
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	front := httptest.NewServer(proxy.New(o))
 	defer front.Close()
 	huge := strings.Repeat("u", 1<<20)
