@@ -51,22 +51,22 @@ with open(sys.argv[1], "w") as f:
     f.write(('{"role":"user","content":""},' * 1100000)[:-1])
     f.write(']}')
 EOF
-ls -l "$dir/big.json" | awk '{printf "body: %d bytes\n", $5}'
+echo "body: $(wc -c <"$dir/big.json") bytes"
 
 if [ "$phase" != stalled ]; then
-curls=()
-for _ in 1 2 3 4; do
-	curl -s -o /dev/null -w 'concurrent 30 MiB body: %{http_code} in %{time_total}s\n' -H 'Expect:' \
-		-H 'Content-Type: application/json' --data-binary @"$dir/big.json" http://127.0.0.1:18800/v1/chat/completions &
-	curls+=($!)
-done
-wait "${curls[@]}"
-echo "after 4 x 30 MiB: $(rss)"
+	curls=()
+	for _ in 1 2 3 4; do
+		curl -s -o /dev/null -w 'concurrent 30 MiB body: %{http_code} in %{time_total}s\n' -H 'Expect:' \
+			-H 'Content-Type: application/json' --data-binary @"$dir/big.json" http://127.0.0.1:18800/v1/chat/completions &
+		curls+=($!)
+	done
+	wait "${curls[@]}"
+	echo "after 4 x 30 MiB: $(rss)"
 fi
 [ "$phase" = bodies ] && exit 0
 
 # Ten uploads announcing 33 MB, sending 32 MB and stalling.
-for i in $(seq 10); do
+for _ in $(seq 10); do
 	(
 		exec 3<>/dev/tcp/127.0.0.1/18800
 		printf 'POST /v1/chat/completions HTTP/1.1\r\nHost: cart\r\nContent-Type: application/json\r\nContent-Length: 33000000\r\n\r\n' >&3
