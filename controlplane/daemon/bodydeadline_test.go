@@ -40,7 +40,10 @@ func TestAPIStalledBodyIsCutOff(t *testing.T) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprint(conn, "POST /cart.v1.RouterService/Route HTTP/1.1\r\nHost: cp\r\nContent-Type: application/proto\r\nContent-Length: 3000000\r\n\r\n\x0a\x01m")
+	// Most of a large body, then nothing: the node must not wait for (or
+	// try to drain) the rest.
+	fmt.Fprint(conn, "POST /cart.v1.RouterService/Route HTTP/1.1\r\nHost: cp\r\nContent-Type: application/proto\r\nContent-Length: 3000000\r\n\r\n\x0a\x01m\x12\xb8\x8d\xb7\x01")
+	go func() { _, _ = conn.Write(make([]byte, 2900000)) }()
 	start := time.Now()
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
@@ -49,5 +52,10 @@ func TestAPIStalledBodyIsCutOff(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusOK {
 		t.Fatalf("a truncated Route body was answered 200")
+	}
+	// And the connection is closed: the bytes that follow would be the
+	// rest of the body, not a next request.
+	if !resp.Close {
+		t.Fatal("the connection of a cut-off body stays open")
 	}
 }

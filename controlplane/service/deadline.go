@@ -20,7 +20,11 @@ func BodyReadDeadline(next http.Handler, d time.Duration) http.Handler {
 		if r.Body != nil && r.Body != http.NoBody {
 			rc := http.NewResponseController(w)
 			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+				b := &deadlineBody{ReadCloser: r.Body, rc: rc}
+				if r.ProtoMajor == 1 {
+					b.header = w.Header()
+				}
+				r.Body = b
 			}
 		}
 		next.ServeHTTP(w, r)
@@ -30,14 +34,24 @@ func BodyReadDeadline(next http.Handler, d time.Duration) http.Handler {
 type deadlineBody struct {
 	io.ReadCloser
 	rc     *http.ResponseController
+	header http.Header // HTTP/1 only: the answer's headers
 	lifted bool
 }
 
+// Read lifts the deadline at the end of the body, and only there: after a
+// timeout the expired deadline must stay, or a caller that drains the rest
+// of the body (connect does, to reuse the connection) would wait for the
+// stalled client without limit. An HTTP/1 connection whose body failed is
+// closed after the answer: what follows on it is the rest of that body,
+// not a next request.
 func (b *deadlineBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && !b.lifted {
+	switch {
+	case err == io.EOF && !b.lifted:
 		b.lifted = true
 		_ = b.rc.SetReadDeadline(time.Time{})
+	case err != nil && err != io.EOF && b.header != nil:
+		b.header.Set("Connection", "close")
 	}
 	return n, err
 }

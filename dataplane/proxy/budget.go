@@ -115,7 +115,13 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, c *call) (_ []b
 	// A socket deadline is wall-clock time, whatever clock Options.Now is.
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(p.o.BodyReadTimeout))
-	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	defer func() {
+		// Lifted only after a complete body: after a failure the expired
+		// deadline stays, so nothing can wait on that client again.
+		if err == nil {
+			_ = rc.SetReadDeadline(time.Time{})
+		}
+	}()
 	var buf []byte
 	if r.ContentLength > 0 {
 		// net/http ends the body after exactly ContentLength bytes.
