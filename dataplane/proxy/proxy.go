@@ -434,8 +434,8 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 
 // upstreamError is what a client is told about a failure behind the proxy.
 // Transport errors name internal addresses ("dial tcp 10.0.3.7:8000:
-// connect: connection refused"), so the client gets the kind of failure
-// and the request id; the details go to the log.
+// connect: connection refused"), so the client gets only the kind of
+// failure; the details go to the log under the request id.
 func upstreamError(err error) *apierr.Error {
 	var ae *apierr.Error
 	switch {
