@@ -199,6 +199,17 @@ type Proxy struct {
 	// WorkerAPIKeyFile is the pool-wide worker key, for workers without
 	// their own api_key_file (including workers added through cartctl).
 	WorkerAPIKeyFile string `yaml:"worker_api_key_file"`
+
+	// MaxInflightBodyBytes bounds the request body bytes held by all
+	// requests at once, so concurrent large or stalled uploads cannot
+	// exhaust memory; over it, requests are refused with 503.
+	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
+	// BodyReadTimeoutSecs bounds the time to receive one request body.
+	BodyReadTimeoutSecs float64 `yaml:"body_read_timeout_secs"`
+	// MaxMessages bounds the array items (messages, content parts, tool
+	// calls, prompts) of one routed request, which decode into far more
+	// memory than their bytes.
+	MaxMessages int `yaml:"max_messages"`
 }
 
 // DefaultPassThroughPaths are the inference APIs of vLLM and SGLang other
@@ -229,6 +240,10 @@ type Session struct {
 	// Keys are tried in order; the first one present in a request wins.
 	Keys    []string `yaml:"keys"`
 	TTLSecs float64  `yaml:"ttl_secs"`
+
+	// MaxSessions bounds the session table; the least recently used
+	// session is forgotten to make room.
+	MaxSessions int `yaml:"max_sessions"`
 }
 
 // Log configures the process logger.
@@ -317,6 +332,9 @@ type ControlPlane struct {
 	// MaxUnsettledTickets caps the decisions the leader remembers until a
 	// data plane settles them; past it the oldest is settled as undelivered.
 	MaxUnsettledTickets int `yaml:"max_unsettled_tickets"`
+	// APIBodyReadTimeoutSecs bounds the time to receive one API request
+	// body, so stalled uploads cannot pin memory.
+	APIBodyReadTimeoutSecs float64 `yaml:"api_body_read_timeout_secs"`
 }
 
 // DataPlane configures a stateless proxy node that asks the control plane
@@ -377,6 +395,10 @@ func Default() *Config {
 			RetryBudgetRatio:      0.2,
 			RetryBudgetMin:        3,
 			ModelsCacheSecs:       600,
+
+			MaxInflightBodyBytes: 256 << 20,
+			BodyReadTimeoutSecs:  30,
+			MaxMessages:          10000,
 		},
 		CircuitBreaker: CircuitBreaker{
 			Enabled:          true,
@@ -387,6 +409,8 @@ func Default() *Config {
 		Session: Session{
 			Keys:    []string{"header:X-Session-Id", "prompt_cache_key", "user"},
 			TTLSecs: 1800,
+
+			MaxSessions: 100000,
 		},
 		Log: Log{Level: "info", Format: "json"},
 		ControlPlane: ControlPlane{
@@ -401,6 +425,8 @@ func Default() *Config {
 			HeartbeatTimeoutMs:   500,
 			ElectionTimeoutMs:    500,
 			LeaderLeaseTimeoutMs: 500,
+
+			APIBodyReadTimeoutSecs: 10,
 		},
 		DataPlane: DataPlane{
 			RouteTimeoutMs:       20,

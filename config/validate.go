@@ -306,6 +306,11 @@ func (v *validator) proxy() {
 		}
 		seen[e] = true
 	}
+	if p.MaxInflightBodyBytes < p.MaxBodyBytes {
+		v.add("proxy.max_inflight_body_bytes", "must be at least proxy.max_body_bytes (%d), or a largest-size request could never be accepted; got %d", p.MaxBodyBytes, p.MaxInflightBodyBytes)
+	}
+	v.positive("proxy.body_read_timeout_secs", p.BodyReadTimeoutSecs)
+	v.intAtLeast("proxy.max_messages", int64(p.MaxMessages), 1)
 }
 
 // passThroughPathError says what is wrong with an allowlist entry: it must
@@ -361,6 +366,7 @@ func (v *validator) session() {
 		seen[norm] = true
 	}
 	v.positive("session.ttl_secs", s.TTLSecs)
+	v.intAtLeast("session.max_sessions", int64(s.MaxSessions), 1)
 }
 
 // isHeaderName reports whether s is an RFC 9110 token.
@@ -487,6 +493,7 @@ func (v *validator) controlPlane(role Role) {
 	v.intAtLeast("controlplane.placement_batch_max", int64(cp.PlacementBatchMax), 1)
 	v.positive("controlplane.load_lease_secs", cp.LoadLeaseSecs)
 	v.intRange("controlplane.max_unsettled_tickets", int64(cp.MaxUnsettledTickets), 1, 1<<24)
+	v.positive("controlplane.api_body_read_timeout_secs", cp.APIBodyReadTimeoutSecs)
 	v.intRange("controlplane.heartbeat_timeout_ms", int64(cp.HeartbeatTimeoutMs), 50, 60000)
 	v.intRange("controlplane.election_timeout_ms", int64(cp.ElectionTimeoutMs), 50, 60000)
 	v.intRange("controlplane.leader_lease_timeout_ms", int64(cp.LeaderLeaseTimeoutMs), 25, 60000)

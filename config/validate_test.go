@@ -160,6 +160,11 @@ func TestValidateRules(t *testing.T) {
 		{"jitter above 1", RoleAllInOne, func(c *Config) { c.Proxy.JitterFactor = 1.5 }, "proxy.jitter_factor", "between 0 and 1"},
 		{"retryable status 200", RoleAllInOne, func(c *Config) { c.Proxy.RetryableStatuses = []int{503, 200} }, "proxy.retryable_statuses[1]", "between 400 and 599"},
 		{"retry budget ratio above 1", RoleAllInOne, func(c *Config) { c.Proxy.RetryBudgetRatio = 2 }, "proxy.retry_budget_ratio", "between 0 and 1"},
+		{"inflight body budget below max body", RoleAllInOne, func(c *Config) { c.Proxy.MaxInflightBodyBytes = c.Proxy.MaxBodyBytes - 1 }, "proxy.max_inflight_body_bytes", "at least proxy.max_body_bytes"},
+		{"body read timeout zero", RoleAllInOne, func(c *Config) { c.Proxy.BodyReadTimeoutSecs = 0 }, "proxy.body_read_timeout_secs", "greater than 0"},
+		{"max messages zero", RoleAllInOne, func(c *Config) { c.Proxy.MaxMessages = 0 }, "proxy.max_messages", "at least 1"},
+		{"max sessions zero", RoleAllInOne, func(c *Config) { c.Session.MaxSessions = 0 }, "session.max_sessions", "at least 1"},
+		{"api body read timeout zero", RoleControlPlane, func(c *Config) { c.ControlPlane.APIBodyReadTimeoutSecs = 0 }, "controlplane.api_body_read_timeout_secs", "greater than 0"},
 		{"retry budget min negative", RoleAllInOne, func(c *Config) { c.Proxy.RetryBudgetMin = -1 }, "proxy.retry_budget_min", "at least 0"},
 		{"models cache negative", RoleAllInOne, func(c *Config) { c.Proxy.ModelsCacheSecs = -1 }, "proxy.models_cache_secs", "at least 0"},
 

@@ -148,7 +148,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 
 	h := d.Core.Handler(service.AuthOptions{Token: token, AdminToken: adminToken, AllowUnauthenticatedRemote: cfg.Auth.AllowUnauthenticatedRemote})
 	api := &http.Server{
-		Handler:           h,
+		Handler:           service.BodyReadDeadline(h, time.Duration(cp.APIBodyReadTimeoutSecs*float64(time.Second))),
 		ReadHeaderTimeout: time.Duration(cfg.Server.ReadHeaderTimeoutSecs * float64(time.Second)),
 		IdleTimeout:       time.Duration(cfg.Server.IdleTimeoutSecs * float64(time.Second)),
 		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,

@@ -271,52 +271,6 @@ func (e *Engine) placedAgo(hash uint64, w index.WorkerID, now int64) int64 {
 	return -1
 }
 
-// ---- sessions -------------------------------------------------------------
-
-type session struct {
-	w    index.WorkerID
-	last int64
-}
-
-// sessionWorker returns the usable worker of a live session, or nil.
-func (e *Engine) sessionWorker(key string, now int64) *worker {
-	if key == "" || e.pol.SessionTTL <= 0 {
-		return nil
-	}
-	s, ok := e.sessions[key]
-	if !ok || now-s.last > e.pol.SessionTTL {
-		return nil
-	}
-	w, ok := e.byID[s.w]
-	if !ok || !e.isUsable(w) {
-		return nil
-	}
-	return w
-}
-
-func (e *Engine) setSession(key string, w index.WorkerID, now int64) {
-	if e.sessions == nil {
-		e.sessions = map[string]session{}
-	}
-	e.sessions[key] = session{w: w, last: now}
-}
-
-// ExpireSessions forgets sessions idle longer than the session TTL and
-// returns how many it dropped.
-func (e *Engine) ExpireSessions(now int64) int {
-	n := 0
-	for k, s := range e.sessions {
-		if now-s.last > e.pol.SessionTTL {
-			delete(e.sessions, k)
-			n++
-		}
-	}
-	return n
-}
-
-// Sessions is the number of live sessions.
-func (e *Engine) Sessions() int { return len(e.sessions) }
-
 // ---- hot prefixes -------------------------------------------------------
 
 // hotTracker estimates how often prefixes of sampled depths (1, 2, 4, ...
@@ -395,7 +349,9 @@ func (e *Engine) MaintainStep(now int64, maxEntries, chunk int) (done bool) {
 		}
 	}
 	if e.pol.SessionTTL > 0 {
-		e.ExpireSessions(now)
+		if _, done := e.ExpireSessions(now, chunk); !done {
+			return false
+		}
 	}
 	return true
 }

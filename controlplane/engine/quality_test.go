@@ -149,7 +149,7 @@ func TestSessionAffinityWithLoadBound(t *testing.T) {
 	}
 	e.Release("b")
 	// Expiry.
-	if n := e.ExpireSessions(30 + 1001); n != 1 || e.Sessions() != 0 {
+	if n, done := e.ExpireSessions(30+1001, 10); n != 1 || !done || e.Sessions() != 0 {
 		t.Fatalf("expired %d, %d left", n, e.Sessions())
 	}
 	d, _ = e.Route(next, 2000)

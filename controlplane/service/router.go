@@ -2,8 +2,9 @@ package service
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -20,9 +21,10 @@ type RouterHandler struct{ c *Core }
 // Router returns the RouterService handler.
 func (c *Core) Router() *RouterHandler { return &RouterHandler{c} }
 
-// maxHashes bounds the work one Route can ask for (about 4 MB of prompt at
-// the default 64-character blocks).
-const maxHashes = 1 << 16
+// maxSessionKey is the longest session key kept as is. Data planes send a
+// 32-character hash; a longer key is hashed here, before the routing lock,
+// so that hashing it inside the engine costs nothing.
+const maxSessionKey = 64
 
 // Route implements RouterService.Route.
 func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.RouteRequest]) (*connect.Response[cartv1.RouteResponse], error) {
@@ -37,15 +39,26 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	start := time.Now()
 	m := req.Msg
 	hashes, keyLen := m.GetBlockHashes(), int(m.GetKeyLength())
-	if len(hashes) == 0 && m.GetText() != "" {
-		hashes = index.Hash(nil, m.GetModel(), []byte(m.GetText()), c.o.BlockChars)
-		keyLen = len(m.GetText())
-	}
-	if len(hashes) > maxHashes {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%d block hashes exceed the limit of %d", len(hashes), maxHashes))
+	if text := m.GetText(); len(hashes) == 0 && text != "" {
+		keyLen = len(text)
+		// Only the prefix the engine looks at is worth hashing.
+		if lim := engine.MaxRouteBlocks * c.o.BlockChars; len(text) > lim {
+			text = text[:lim]
+		}
+		hashes = index.Hash(nil, m.GetModel(), []byte(text), c.o.BlockChars)
 	}
 	if keyLen == 0 && len(hashes) > 0 {
 		keyLen = len(hashes) * c.o.BlockChars // length not given: assume full blocks
+	}
+	// A longer prompt is routed on its first MaxRouteBlocks blocks (the
+	// engine ignores the rest) rather than refused: prefix matching needs
+	// only the prefix, and refusing would send the data plane to its
+	// local fallback for every long prompt.
+	hashes = hashes[:min(len(hashes), engine.MaxRouteBlocks)]
+	session := m.GetSessionKey()
+	if len(session) > maxSessionKey {
+		sum := sha256.Sum256([]byte(session))
+		session = hex.EncodeToString(sum[:16])
 	}
 	now := c.o.Now()
 	c.mu.Lock()
@@ -53,7 +66,7 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		c.mu.Unlock()
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("leader is still catching up (barrier pending)"))
 	}
-	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: m.GetExcludeWorkers(), DryRun: m.GetDryRun(), Session: m.GetSessionKey()}, now.UnixNano())
+	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: m.GetExcludeWorkers(), DryRun: m.GetDryRun(), Session: session}, now.UnixNano())
 	var tk uint64
 	var placed []uint64
 	if err == nil && !m.GetDryRun() {

@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/engine"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -85,8 +86,17 @@ func TestRouteProtocols(t *testing.T) {
 				t.Fatalf("other model route = %v, want cache_miss", other)
 			}
 
-			_, err = rc.Route(ctx, connect.NewRequest(&cartv1.RouteRequest{BlockHashes: make([]uint64, maxHashes+1)}))
-			wantCode(t, err, connect.CodeInvalidArgument)
+			// A prompt longer than the engine looks is routed on its
+			// prefix, not refused.
+			long := hashes("m", text(testBlockChars*(engine.MaxRouteBlocks+500), 9))
+			lr := route(t, rc, &cartv1.RouteRequest{Model: "m", BlockHashes: long, DataplaneId: "dp1"})
+			if lr.GetTicket() == 0 {
+				t.Fatalf("long route = %v", lr)
+			}
+			prefix := route(t, rc, &cartv1.RouteRequest{Model: "m", BlockHashes: long[:engine.MaxRouteBlocks+7], DataplaneId: "dp1", DryRun: true})
+			if prefix.GetReason() != "cache_hit" || prefix.GetWorker() != lr.GetWorker() || prefix.GetMatchedChars() != uint32(testBlockChars*engine.MaxRouteBlocks) {
+				t.Fatalf("route sharing the long prompt's prefix = %v, want a hit on %s over %d chars", prefix, lr.GetWorker(), testBlockChars*engine.MaxRouteBlocks)
+			}
 		})
 	}
 }

@@ -11,8 +11,24 @@ import (
 	"time"
 )
 
-// bodyReader replays the buffered request body for one attempt.
-func newBodyReader(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
+// bodyReader replays the buffered request body for one attempt. Close
+// drops the reference, so once the transport has sent the body and the
+// proxy has chosen its final answer, the buffer can be collected even
+// while the response streams on.
+type bodyReader struct{ b []byte }
+
+func newBodyReader(b []byte) io.ReadCloser { return &bodyReader{b: b} }
+
+func (r *bodyReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+func (r *bodyReader) Close() error { r.b = nil; return nil }
 
 // releaseOnce closes an upstream body and runs its settlement exactly once,
 // whichever of ReverseProxy's paths (normal end, client abort, error) gets

@@ -93,9 +93,11 @@ func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
 	}
 	body, ctype, source, err := p.models.get(p, r.Context())
 	if err != nil {
-		var ae *apierr.Error
-		if !errors.As(err, &ae) {
-			ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_unreachable", "could not list models: %v", err)
+		p.log.Warn("could not list models", "error", err.Error())
+		ae := upstreamError(err)
+		var own *apierr.Error
+		if !errors.As(err, &own) {
+			ae.Message = "could not list models: " + ae.Message
 		}
 		apierr.Write(w, ae)
 		return
@@ -213,7 +215,8 @@ func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
 			"Unknown request URL: %s %s. This router forwards only the paths listed in proxy.pass_through_paths.", r.Method, truncate(r.URL.Path, 200)))
 		return
 	}
-	body, err := p.readBody(w, r)
+	defer c.hold.free()
+	body, err := p.readBody(w, r, c)
 	if err != nil {
 		p.fail(w, c, err)
 		return

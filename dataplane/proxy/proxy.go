@@ -7,9 +7,9 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
@@ -28,7 +28,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/breaker"
@@ -65,6 +67,12 @@ type Options struct {
 	// seen them.
 	PassThroughPaths          []string
 	RetryablePassThroughPaths []string
+
+	// MaxInflightBodyBytes bounds the body bytes held by all requests
+	// together (0 = no bound); MaxItems the array items of one routed
+	// request (0 = no bound). See budget.go and items.go.
+	MaxInflightBodyBytes int64
+	MaxItems             int
 
 	ConnectTimeout    time.Duration // TCP+TLS handshake to a worker
 	RequestTimeout    time.Duration // dispatch until the worker's response headers
@@ -127,6 +135,7 @@ type Proxy struct {
 	auth                  clientAuth
 	workerKeys            workerKeys
 	passPaths, retryPaths pathSet
+	budget                *bodyBudget // nil: no bound
 }
 
 // New builds a Proxy.
@@ -170,6 +179,9 @@ func New(o Options) *Proxy {
 	}
 	p.models.ttl = o.ModelsCacheTTL
 	p.passPaths, p.retryPaths = newPathSet(o.PassThroughPaths), newPathSet(o.RetryablePassThroughPaths)
+	if o.MaxInflightBodyBytes > 0 {
+		p.budget = &bodyBudget{limit: o.MaxInflightBodyBytes}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", p.routed(extract.ChatCompletions))
 	mux.HandleFunc("POST /v1/completions", p.routed(extract.Completions))
@@ -207,6 +219,16 @@ func NewTransport(connect, request time.Duration) *http.Transport {
 
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 && len(r.TransferEncoding) > 0 {
+		// A message with both Transfer-Encoding and Content-Length may be
+		// a smuggling attempt, and RFC 9112 section 6.3 wants the
+		// connection closed after it. net/http accepts it (chunked wins)
+		// and deletes Content-Length before the handler runs, so the two
+		// cannot be told apart here: every HTTP/1 request with a transfer
+		// coding closes its connection. Clients rarely send one (SDKs send
+		// Content-Length), so keep-alive is lost only for those requests.
+		w.Header().Set("Connection", "close")
+	}
 	p.mux.ServeHTTP(w, r)
 }
 
@@ -241,6 +263,7 @@ type call struct {
 	attempts  int
 	start     time.Time
 	client    *http.ResponseController // the client's connection, for deadlines
+	hold      bodyHold                 // body bytes reserved in the budget
 }
 
 type callKey struct{}
@@ -268,8 +291,13 @@ func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
 
 func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.Request, tenant string) {
 	c := &call{id: requestID(r), endpoint: ep.String(), tenant: tenant, anthropic: apierr.IsAnthropicPath(r.URL.Path), routed: true, start: p.o.Now()}
-	body, err := p.readBody(w, r)
+	defer c.hold.free()
+	body, err := p.readBody(w, r, c)
 	if err != nil {
+		p.fail(w, c, err)
+		return
+	}
+	if err := checkItems(body, p.o.MaxItems); err != nil {
 		p.fail(w, c, err)
 		return
 	}
@@ -291,14 +319,32 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 			hashPool.Put(hp)
 		}
 	}()
-	*hp = index.Hash((*hp)[:0], req.Model, req.Key, p.o.BlockChars)
+	// The router looks at most MaxRouteBlocks deep: hashing (and, in a
+	// data plane, sending) the rest of a long prompt would be wasted.
+	key := req.Key
+	if lim := engine.MaxRouteBlocks * p.o.BlockChars; len(key) > lim {
+		key = key[:lim]
+	}
+	*hp = index.Hash((*hp)[:0], req.Model, key, p.o.BlockChars)
 	c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
 	c.session = p.sessionKey(r, req)
 	p.forward(w, r, c)
 }
 
-// sessionKey returns the first session key present, in configured order.
+// sessionKey returns the first session key present, in configured order,
+// as a fixed-size hash: the value is the client's choice and may be
+// megabytes long, and it travels to the control plane and sits in the
+// session table for the whole TTL, where only its identity matters.
 func (p *Proxy) sessionKey(r *http.Request, req *extract.Request) string {
+	v := p.rawSessionKey(r, req)
+	if v == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(sum[:16])
+}
+
+func (p *Proxy) rawSessionKey(r *http.Request, req *extract.Request) string {
 	for _, k := range p.o.SessionKeys {
 		var v string
 		switch {
@@ -314,48 +360,6 @@ func (p *Proxy) sessionKey(r *http.Request, req *extract.Request) string {
 		}
 	}
 	return ""
-}
-
-// readBody buffers the request body once, within the size limit; it is
-// needed for the key anyway and replayed on retries.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (_ []byte, err error) {
-	defer func() {
-		if err != nil && r.ProtoMajor < 2 {
-			// Close the connection after the error: otherwise net/http
-			// drains the unread body before sending the answer, waiting
-			// (without a deadline) for bytes a slow or lying client may
-			// never send, and the refusal never goes out.
-			w.Header().Set("Connection", "close")
-		}
-	}()
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	if r.ContentLength > p.o.MaxBodyBytes {
-		return nil, tooLarge(p.o.MaxBodyBytes)
-	}
-	// A socket deadline is wall-clock time, whatever clock Options.Now is.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(p.o.BodyReadTimeout))
-	rd := http.MaxBytesReader(w, r.Body, p.o.MaxBodyBytes)
-	n := r.ContentLength
-	if n < 0 || n > p.o.MaxBodyBytes {
-		n = 0
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, n+bytes.MinRead))
-	_, err = buf.ReadFrom(rd)
-	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, tooLarge(p.o.MaxBodyBytes)
-		}
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return nil, apierr.New(http.StatusRequestTimeout, apierr.TypeInvalidRequest, "body_timeout", "request body not received within %s", p.o.BodyReadTimeout)
-		}
-		return nil, apierr.BadRequest("body_read_error", "", "could not read request body: %v", err)
-	}
-	return buf.Bytes(), nil
 }
 
 func tooLarge(limit int64) error {
@@ -413,17 +417,14 @@ func statusLabel(s int) string {
 var statusText = [6]string{"0xx", "1xx", "2xx", "3xx", "4xx", "5xx"}
 
 func (p *Proxy) fail(w http.ResponseWriter, c *call, err error) {
-	var ae *apierr.Error
-	if !errors.As(err, &ae) {
-		ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_error", "%v", err)
-	}
+	ae := upstreamError(err)
 	if c.anthropic {
 		apierr.WriteAnthropic(w, ae)
 	} else {
 		apierr.Write(w, ae)
 	}
 	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(ae.Status), "", c.tenant).Inc()
-	p.log.Info("request refused", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "code", ae.Code, "error", ae.Message)
+	p.log.Info("request refused", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "code", ae.Code, "error", clip(err.Error()))
 }
 
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
@@ -458,16 +459,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		// The client left; nobody is listening for an error body.
 		return
 	}
-	var ae *apierr.Error
-	switch {
-	case errors.As(err, &ae):
-	case errors.Is(err, router.ErrUnavailable):
-		ae = apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_worker_available", "%v", err)
-	case isTimeout(err):
-		ae = apierr.New(http.StatusGatewayTimeout, apierr.TypeServer, "upstream_timeout", "worker did not answer in time: %v", err)
-	default:
-		ae = apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_unreachable", "could not reach a worker: %v", err)
-	}
+	ae := upstreamError(err)
 	if ae.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}
@@ -475,6 +467,25 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	if c != nil {
 		p.log.Warn("request failed", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "attempts", c.attempts, "error", err.Error())
 	}
+}
+
+// upstreamError is what a client is told about a failure behind the proxy.
+// Transport errors name internal addresses ("dial tcp 10.0.3.7:8000:
+// connect: connection refused"), so the client gets only the kind of
+// failure; the details go to the log under the request id.
+func upstreamError(err error) *apierr.Error {
+	var ae *apierr.Error
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.Is(err, router.ErrUnavailable):
+		// The router's own capacity messages ("every usable worker is at
+		// max_load"), which name no worker.
+		return apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_worker_available", "%v", err)
+	case isTimeout(err):
+		return apierr.New(http.StatusGatewayTimeout, apierr.TypeServer, "upstream_timeout", "upstream did not answer in time")
+	}
+	return apierr.New(http.StatusBadGateway, apierr.TypeServer, "upstream_unreachable", "upstream unavailable")
 }
 
 func isTimeout(err error) bool {
@@ -697,7 +708,7 @@ func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 		p.m.MatchedRatio.Observe(d.MatchedRatio)
 		p.m.DecisionLatency.Observe(d.Latency.Seconds())
 		p.log.Info("route",
-			"request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "model", c.model, "reason", d.Reason,
+			"request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "model", clip(c.model), "reason", d.Reason,
 			"matched_ratio", math.Round(d.MatchedRatio*1000)/1000, "matched_chars", d.MatchedChars,
 			"worker", d.Worker, "decision_us", d.Latency.Microseconds(), "attempt", c.attempts)
 	}
@@ -777,6 +788,10 @@ func (p *Proxy) dispatch(ctx context.Context, out *http.Request, c *call, d rout
 // usage, and closing it settles the decision exactly once.
 func (p *Proxy) deliver(c *call, d router.Decision, resp *http.Response, rejected bool) *http.Response {
 	c.final = d
+	// No retry can follow: the body is no longer needed, and a long
+	// stream must not keep its prompt's bytes counted against new uploads.
+	c.body = nil
+	c.hold.free()
 	inner := resp.Body.(*releaseOnce)
 	tb := &trackedBody{rc: inner, idle: p.o.StreamIdleTimeout, cancel: func() {
 		inner.cancel()
@@ -851,6 +866,23 @@ func requestID(r *http.Request) string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// maxLoggedString bounds a client-chosen string in a log line: a 60 KB
+// model name must not become a 60 KB line (log volume, and ingestion
+// pipelines that drop or split long lines).
+const maxLoggedString = 256
+
+// clip shortens s for a log line, saying how much was cut.
+func clip(s string) string {
+	if len(s) <= maxLoggedString {
+		return s
+	}
+	n := maxLoggedString
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s...[%d bytes truncated]", s[:n], len(s)-n)
 }
 
 func truncate(s string, n int) string {

@@ -1,14 +1,21 @@
 package proxy_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/dataplane/router"
 )
 
 // Requests carrying the same session key stick to one replica even when
@@ -101,4 +108,59 @@ func TestWorkersShowPredictionAccuracy(t *testing.T) {
 	if w.ActualCachedTokens != 800 || w.PredictedCachedTokens != 500 || w.PredictionAccuracy == nil || *w.PredictionAccuracy != 1.6 {
 		t.Fatalf("accuracy view %+v", w)
 	}
+}
+
+// sessionRecorder records the session keys the proxy hands its router.
+type sessionRecorder struct {
+	router.Router
+	mu   sync.Mutex
+	keys []string
+}
+
+func (s *sessionRecorder) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
+	s.mu.Lock()
+	s.keys = append(s.keys, req.Session)
+	s.mu.Unlock()
+	return s.Router.Route(ctx, req)
+}
+
+// A client-chosen session key of any size reaches the router (and, in a
+// data plane, the control plane) as a fixed-size hash, and one key still
+// maps to one session.
+func TestSessionKeyHashedBeforeRouting(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	var rec *sessionRecorder
+	r := newRig(t, []string{a.URL, b.URL}, func(o *proxy.Options, p *engine.Policy, _ []engine.WorkerSpec) {
+		o.SessionKeys = []string{"user"}
+		p.SessionTTL = int64(time.Minute)
+	})
+	rec = &sessionRecorder{Router: r.router}
+	o := defaultOptions()
+	o.SessionKeys = []string{"user"}
+	o.Router, o.Breakers, o.Metrics = rec, r.breaks, r.metrics
+	o.MaxBodyBytes = 4 << 20
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	front := httptest.NewServer(proxy.New(o))
+	defer front.Close()
+	huge := strings.Repeat("u", 1<<20)
+	for i := range 3 {
+		body, _ := json.Marshal(map[string]any{"model": "m", "user": huge,
+			"messages": []map[string]string{{"role": "user", "content": fmt.Sprintf("prompt %d", i)}}})
+		resp, err := http.Post(front.URL+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, k := range rec.keys {
+		if len(k) != 32 || k != rec.keys[0] {
+			t.Fatalf("session keys sent to the router: %d bytes, first %d bytes; want one 32-byte hash", len(k), len(rec.keys[0]))
+		}
+	}
+	r.waitLoadZero()
 }

@@ -81,6 +81,7 @@ func EnginePolicy(cfg *config.Config) engine.Policy {
 	}
 	if cfg.Session.Enabled {
 		p.SessionTTL = int64(secs(cfg.Session.TTLSecs))
+		p.MaxSessions = cfg.Session.MaxSessions
 	}
 	return p
 }

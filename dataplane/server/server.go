@@ -56,6 +56,10 @@ func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metric
 		RetryBudgetMin:            p.RetryBudgetMin,
 		ModelsCacheTTL:            secs(p.ModelsCacheSecs),
 		SessionKeys:               sessionKeys(cfg),
+
+		BodyReadTimeout:      secs(p.BodyReadTimeoutSecs),
+		MaxInflightBodyBytes: p.MaxInflightBodyBytes,
+		MaxItems:             p.MaxMessages,
 	}
 }
 
