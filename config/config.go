@@ -243,6 +243,16 @@ type ControlPlane struct {
 	ElectionTimeoutMs    int `yaml:"election_timeout_ms"`
 	LeaderLeaseTimeoutMs int `yaml:"leader_lease_timeout_ms"`
 	RaftTLS              TLS `yaml:"raft_tls"`
+	// AllowUnauthenticatedRaft is the explicit opt-in to run a Raft port
+	// reachable beyond loopback with neither a cluster token (peer
+	// handshake) nor mutual TLS: anyone who reaches it could join.
+	AllowUnauthenticatedRaft bool `yaml:"allow_unauthenticated_raft"`
+	// RaftHandshakeTimeoutMs bounds the TLS and peer handshakes of one
+	// Raft connection; a silent connection is closed after it.
+	RaftHandshakeTimeoutMs int `yaml:"raft_handshake_timeout_ms"`
+	// RaftMaxConns caps inbound Raft connections (authenticating or
+	// authenticated); beyond it new ones are closed at once.
+	RaftMaxConns int `yaml:"raft_max_conns"`
 }
 
 // DataPlane configures a stateless proxy node that asks the control plane
@@ -325,6 +335,9 @@ func Default() *Config {
 			HeartbeatTimeoutMs:   500,
 			ElectionTimeoutMs:    500,
 			LeaderLeaseTimeoutMs: 500,
+
+			RaftHandshakeTimeoutMs: 5000,
+			RaftMaxConns:           256,
 		},
 		DataPlane: DataPlane{
 			RouteTimeoutMs:       20,

@@ -81,6 +81,16 @@ type Config struct {
 	ServerTLS *tls.Config
 	// ClientTLS is used when dialing peers (nil = plain TCP).
 	ClientTLS *tls.Config
+	// ClusterToken, when set, turns on the peer handshake: every Raft
+	// connection, in both directions, must prove knowledge of it before
+	// its first RPC. Every member needs the same token.
+	ClusterToken string
+	// HandshakeTimeout bounds the TLS and peer handshakes of one
+	// connection (default 5 s).
+	HandshakeTimeout time.Duration
+	// MaxInboundConns caps the inbound Raft connections held at once,
+	// authenticating or authenticated (default 256).
+	MaxInboundConns int
 
 	SnapshotThreshold uint64 // default DefaultSnapshotThreshold
 	TrailingLogs      uint64 // default DefaultTrailingLogs
@@ -202,7 +212,14 @@ func Start(cfg Config, st *state.State, onLeadership func(leader bool)) (*Node, 
 			_ = n.closeStores()
 			return nil, errors.New("raftnode: BindAddr is required without a test Transport")
 		}
-		stream, err := newStreamLayer(cfg.BindAddr, cfg.AdvertiseAddr, cfg.ServerTLS, cfg.ClientTLS)
+		opts := streamOptions{handshakeTimeout: cfg.HandshakeTimeout, maxInbound: cfg.MaxInboundConns, log: logger}
+		if cfg.ClusterToken != "" {
+			if opts.auth, err = newPeerAuth(cfg.ClusterToken, cfg.NodeID); err != nil {
+				_ = n.closeStores()
+				return nil, err
+			}
+		}
+		stream, err := newStreamLayer(cfg.BindAddr, cfg.AdvertiseAddr, cfg.ServerTLS, cfg.ClientTLS, opts)
 		if err != nil {
 			_ = n.closeStores()
 			return nil, err

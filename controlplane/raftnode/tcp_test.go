@@ -216,7 +216,7 @@ func TestTLSCluster(t *testing.T) {
 		"no client certificate": {RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
 		"foreign certificate":   {Certificates: []tls.Certificate{other.issue(t, "rogue")}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
 	} {
-		stream, err := newStreamLayer("127.0.0.1:0", "", nil, clientTLS)
+		stream, err := newStreamLayer("127.0.0.1:0", "", nil, clientTLS, streamOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,12 +255,12 @@ func TestTLSCluster(t *testing.T) {
 // The stream layer refuses advertise addresses peers could not dial.
 func TestStreamLayerRejectsWildcardAdvertise(t *testing.T) {
 	for _, adv := range []string{"0.0.0.0:7000", "[::]:7000", "host-without-port", "h:0"} {
-		if s, err := newStreamLayer("127.0.0.1:0", adv, nil, nil); err == nil {
+		if s, err := newStreamLayer("127.0.0.1:0", adv, nil, nil, streamOptions{}); err == nil {
 			_ = s.Close()
 			t.Errorf("advertise %q accepted", adv)
 		}
 	}
-	s, err := newStreamLayer("127.0.0.1:0", "raft1.example:7000", nil, nil)
+	s, err := newStreamLayer("127.0.0.1:0", "raft1.example:7000", nil, nil, streamOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
