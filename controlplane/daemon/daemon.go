@@ -250,7 +250,7 @@ func (d *Daemon) seedWorkers(ctx context.Context) {
 				cmd.Workers = append(cmd.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: w.CacheCapacityTokens})
 			}
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := d.Node.Apply(actx, &cartv1.RaftCommand{RequestId: "seed-workers", Body: &cartv1.RaftCommand_SetWorkers{SetWorkers: cmd}})
+			_, err := d.Node.Apply(actx, &cartv1.RaftCommand{RequestId: "seed-workers", Actor: "node " + d.cfg.ControlPlane.NodeID + " (workers from its config, first bootstrap)", Body: &cartv1.RaftCommand_SetWorkers{SetWorkers: cmd}})
 			cancel()
 			if err == nil {
 				d.log.Info("seeded the worker set from the config", "workers", len(d.cfg.Workers))

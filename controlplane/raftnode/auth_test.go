@@ -164,7 +164,7 @@ func authStream(t *testing.T, token string, opts streamOptions) *streamLayer {
 // first RPC: no vote, no term change, no forged entry appended.
 func TestTokenClusterRefusesRogues(t *testing.T) {
 	logBuf := &syncBuffer{}
-	log := slog.New(slog.NewTextHandler(logBuf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(logBuf, nil))
 	fatals := &fatalRecorder{}
 	type member struct {
 		id   string
@@ -206,7 +206,9 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 	waitFor(t, 10*time.Second, "a write committed by the authenticated cluster", func() bool {
 		for _, m := range members {
 			if m.node.IsLeader() && !applied {
-				_, err := m.node.Apply(ctx, upsertCmd("http://w1:8000", 1))
+				cmd := upsertCmd("http://w1:8000", 1)
+				cmd.Actor = "admin token from 192.0.2.7:4000"
+				_, err := m.node.Apply(ctx, cmd)
 				applied = err == nil
 			}
 		}
@@ -215,6 +217,21 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 		}
 		for _, m := range members {
 			if ws, _ := m.rep.st.Workers(); len(ws) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+
+	// Every node's audit log has the worker change with its actor, and the
+	// membership changes.
+	waitFor(t, 5*time.Second, "audit lines on every node", func() bool {
+		out := logBuf.String()
+		for _, m := range members {
+			if !strings.Contains(out, `msg="audit: worker added" node=`+m.id+` audit=true`) ||
+				!strings.Contains(out, `actor="admin token from 192.0.2.7:4000"`) ||
+				!strings.Contains(out, `msg="audit: raft membership changed" node=`+m.id+` audit=true`) ||
+				!strings.Contains(out, `msg="audit: raft leader changed" node=`+m.id+` audit=true`) {
 				return false
 			}
 		}

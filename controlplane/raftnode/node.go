@@ -157,6 +157,10 @@ type Node struct {
 
 	stopCh    chan struct{}
 	watchDone chan struct{}
+	// leaders feeds watchLeaders; leadersDone closes when it returns.
+	leaders     chan raft.Observation
+	observer    *raft.Observer
+	leadersDone chan struct{}
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -192,11 +196,14 @@ func Start(cfg Config, st *state.State, onLeadership func(leader bool)) (*Node, 
 		}
 	}
 	hlog := newHCLogAdapter(logger, "raft")
+	// Every node logs every change it applies, so the audit trail
+	// survives the loss of whichever node took the admin call.
+	st.SetAuditLog(logger)
 
 	n := &Node{
 		cfg:       cfg,
 		log:       logger,
-		fsm:       &fsm{st: st, fatal: cfg.Fatal},
+		fsm:       &fsm{st: st, fatal: cfg.Fatal, audit: logger},
 		notifyCh:  make(chan bool, 16),
 		stopCh:    make(chan struct{}),
 		watchDone: make(chan struct{}),
@@ -281,8 +288,40 @@ func Start(cfg Config, st *state.State, onLeadership func(leader bool)) (*Node, 
 		}
 	}
 
+	n.leaders = make(chan raft.Observation, 16)
+	n.leadersDone = make(chan struct{})
+	n.observer = raft.NewObserver(n.leaders, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	r.RegisterObserver(n.observer)
+	go n.watchLeaders()
 	go n.watchLeadership(onLeadership)
 	return n, nil
+}
+
+// watchLeaders writes every change of leader this node observes to the
+// audit log, so each node's log shows who led when, whatever caused it.
+func (n *Node) watchLeaders() {
+	defer close(n.leadersDone)
+	prev := "(none)"
+	for {
+		select {
+		case <-n.stopCh:
+			return
+		case o := <-n.leaders:
+			lo, _ := o.Data.(raft.LeaderObservation)
+			now := "(none)"
+			if lo.LeaderID != "" {
+				now = fmt.Sprintf("%s@%s", lo.LeaderID, lo.LeaderAddr)
+			}
+			if now == prev {
+				continue
+			}
+			n.log.Info("audit: raft leader changed", "audit", true, "term", n.raft.CurrentTerm(), "old", prev, "new", now)
+			prev = now
+		}
+	}
 }
 
 func setIf(dst *time.Duration, v time.Duration) {
@@ -775,8 +814,10 @@ func (n *Node) shutdown() error {
 	if err := n.raft.Shutdown().Error(); err != nil {
 		errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
 	}
+	n.raft.DeregisterObserver(n.observer)
 	close(n.stopCh)
 	<-n.watchDone
+	<-n.leadersDone
 	if err := n.closeStores(); err != nil {
 		errs = append(errs, err)
 	}
