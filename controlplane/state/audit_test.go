@@ -28,7 +28,9 @@ func TestAuditLog(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	spec := func(url string, maxLoad uint32) *cartv1.WorkerSpec { return &cartv1.WorkerSpec{Url: url, MaxLoad: maxLoad} }
+	spec := func(url string, maxLoad uint32) *cartv1.WorkerSpec {
+		return &cartv1.WorkerSpec{Url: url, MaxLoad: maxLoad}
+	}
 	upsert := func(w *cartv1.WorkerSpec) *cartv1.RaftCommand {
 		return &cartv1.RaftCommand{Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: w}}}
 	}
