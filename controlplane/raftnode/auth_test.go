@@ -197,10 +197,17 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 	n1 := start("n1", true)
 	waitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
 	members := []*member{n1, start("n2", false), start("n3", false)}
+	// A loaded machine can cost the leader its lease mid-change: retry on
+	// whoever leads (AddVoter is idempotent).
 	for _, m := range members[1:] {
-		if err := n1.node.AddVoter(ctx, m.id, m.node.Addr()); err != nil {
-			t.Fatalf("add voter %s: %v", m.id, err)
-		}
+		waitFor(t, 15*time.Second, "add voter "+m.id, func() bool {
+			for _, ld := range members {
+				if ld.node.IsLeader() && ld.node.AddVoter(ctx, m.id, m.node.Addr()) == nil {
+					return true
+				}
+			}
+			return false
+		})
 	}
 	var applied bool
 	waitFor(t, 10*time.Second, "a write committed by the authenticated cluster", func() bool {

@@ -164,11 +164,6 @@ func TestTLSCluster(t *testing.T) {
 	n1 := start("n1", ca, true)
 	waitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
 	members := []*member{n1, start("n2", ca, false), start("n3", ca, false)}
-	for _, m := range members[1:] {
-		if err := n1.node.AddVoter(ctx, m.id, m.node.Addr()); err != nil {
-			t.Fatalf("add voter %s: %v", m.id, err)
-		}
-	}
 	// onLeader runs op on the current leader, again if leadership moves.
 	onLeader := func(what string, op func(ld *member) error) {
 		t.Helper()
@@ -192,6 +187,11 @@ func TestTLSCluster(t *testing.T) {
 				t.Fatalf("%s on %s: %v", what, ld.id, err)
 			}
 		}
+	}
+	// A loaded machine can cost the leader its lease mid-change: retry on
+	// whoever leads (AddVoter is idempotent).
+	for _, m := range members[1:] {
+		onLeader("add voter "+m.id, func(ld *member) error { return ld.node.AddVoter(ctx, m.id, m.node.Addr()) })
 	}
 	onLeader("apply over TLS", func(ld *member) error {
 		_, err := ld.node.Apply(ctx, upsertCmd("http://w1:8000", 1))
