@@ -194,3 +194,82 @@ func pollUntil(t *testing.T, within time.Duration, what string, cond func() bool
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Three real nodes sharing a cluster token form a cluster through the
+// ordinary join path (handshake on every Raft connection), and every node
+// writes the same audited worker change with the actor who asked for it.
+func TestTokenClusterAuditsOnEveryNode(t *testing.T) {
+	const token = "three-node-cluster-token"
+	base := t.TempDir()
+	type node struct {
+		id, api, raft, cfg string
+		logs               *lockedBuf
+		cmd                *exec.Cmd
+	}
+	var nodes []*node
+	for i := 1; i <= 3; i++ {
+		n := &node{id: fmt.Sprintf("n%d", i), api: freePort(t), raft: freePort(t), logs: &lockedBuf{}}
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "server: {min_open_files: 0}\nlog: {level: info, format: text}\nauth: {token: %s}\n", token)
+		fmt.Fprintf(&sb, "controlplane:\n  node_id: %s\n  api_addr: %s\n  raft_addr: %s\n  data_dir: %s\n", n.id, n.api, n.raft, filepath.Join(base, n.id))
+		if i == 1 {
+			sb.WriteString("  bootstrap: true\nworkers:\n  - url: http://127.0.0.1:9\n")
+		} else {
+			fmt.Fprintf(&sb, "  join: [http://%s]\n", nodes[0].api)
+		}
+		n.cfg = filepath.Join(base, n.id+".yaml")
+		if err := os.WriteFile(n.cfg, []byte(sb.String()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, n)
+	}
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			if n.cmd != nil {
+				_ = n.cmd.Process.Signal(syscall.SIGKILL)
+				_ = n.cmd.Wait()
+			}
+			if t.Failed() {
+				t.Logf("--- %s log:\n%s", n.id, n.logs.String())
+			}
+		}
+	})
+	for _, n := range nodes {
+		n.cmd = exec.Command(cartBin, "controlplane", "-c", n.cfg)
+		n.cmd.Stdout, n.cmd.Stderr = n.logs, n.logs
+		if err := n.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bearer := connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set("Authorization", "Bearer "+token)
+			return next(ctx, req)
+		}
+	}))
+	adminOf := func(n *node) cartv1connect.AdminServiceClient {
+		return cartv1connect.NewAdminServiceClient(client, "http://"+n.api, connect.WithGRPC(), bearer)
+	}
+	pollUntil(t, 30*time.Second, "three voters and a leader", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		r, err := adminOf(nodes[0]).ClusterStatus(ctx, connect.NewRequest(&cartv1.ClusterStatusRequest{}))
+		return err == nil && len(r.Msg.GetMembers()) == 3 && r.Msg.GetLeaderUrl() != ""
+	})
+	pollUntil(t, 30*time.Second, "a worker added through a node", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err := adminOf(nodes[2]).AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: "http://127.0.0.1:10", MaxLoad: 3}}))
+		return err == nil
+	})
+	for _, n := range nodes {
+		pollUntil(t, 10*time.Second, n.id+"'s audit lines", func() bool {
+			out := n.logs.String()
+			return strings.Contains(out, `msg="audit: worker added"`) &&
+				strings.Contains(out, `actor="cluster token from 127.0.0.1:`) &&
+				strings.Contains(out, `worker=http://127.0.0.1:10 old=(none) new="http://127.0.0.1:10 max_load=3`) &&
+				strings.Contains(out, `msg="audit: worker set replaced"`) &&
+				strings.Contains(out, `msg="audit: raft membership changed"`)
+		})
+	}
+}
