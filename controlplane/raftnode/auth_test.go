@@ -349,9 +349,9 @@ func TestConnectionCap(t *testing.T) {
 	if s.inboundCount() != max {
 		t.Errorf("inbound = %d, want %d", s.inboundCount(), max)
 	}
-	if !strings.Contains(logBuf.String(), "inbound connection cap reached") {
-		t.Error("refusal at the cap not logged")
-	}
+	waitFor(t, 5*time.Second, "the refusal at the cap in the log", func() bool {
+		return strings.Contains(logBuf.String(), "inbound connection cap reached")
+	})
 	_ = held[0].Close()
 	held = held[1:]
 	waitFor(t, 5*time.Second, "a slot to free", func() bool { return s.inboundCount() == max-1 })

@@ -760,6 +760,14 @@ func (n *Node) Status() Status {
 		AppliedIndex: n.raft.AppliedIndex(),
 		LastLogIndex: n.raft.LastIndex(),
 	}
+	select {
+	case <-n.stopCh:
+		// raft can leave its state at "follower" when Shutdown races with
+		// a step-down (a leadership transfer just before it); a stopped
+		// node is stopped whatever raft last wrote.
+		s.State = "shutdown"
+	default:
+	}
 	// After shutdown the configuration is unavailable; the rest still
 	// describes the node's last view.
 	if servers, err := n.servers(); err == nil {
