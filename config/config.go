@@ -335,6 +335,16 @@ type ControlPlane struct {
 	// APIBodyReadTimeoutSecs bounds the time to receive one API request
 	// body, so stalled uploads cannot pin memory.
 	APIBodyReadTimeoutSecs float64 `yaml:"api_body_read_timeout_secs"`
+	// AllowUnauthenticatedRaft is the explicit opt-in to run a Raft port
+	// reachable beyond loopback with neither a cluster token (peer
+	// handshake) nor mutual TLS: anyone who reaches it could join.
+	AllowUnauthenticatedRaft bool `yaml:"allow_unauthenticated_raft"`
+	// RaftHandshakeTimeoutMs bounds the TLS and peer handshakes of one
+	// Raft connection; a silent connection is closed after it.
+	RaftHandshakeTimeoutMs int `yaml:"raft_handshake_timeout_ms"`
+	// RaftMaxConns caps inbound Raft connections (authenticating or
+	// authenticated); beyond it new ones are closed at once.
+	RaftMaxConns int `yaml:"raft_max_conns"`
 }
 
 // DataPlane configures a stateless proxy node that asks the control plane
@@ -427,6 +437,8 @@ func Default() *Config {
 			LeaderLeaseTimeoutMs: 500,
 
 			APIBodyReadTimeoutSecs: 10,
+			RaftHandshakeTimeoutMs: 5000,
+			RaftMaxConns:           256,
 		},
 		DataPlane: DataPlane{
 			RouteTimeoutMs:       20,

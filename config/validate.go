@@ -504,6 +504,39 @@ func (v *validator) controlPlane(role Role) {
 		v.add("controlplane.snapshot_threshold", "must be at least 1, got 0")
 	}
 	v.tls("controlplane.raft_tls", cp.RaftTLS)
+	v.intRange("controlplane.raft_handshake_timeout_ms", int64(cp.RaftHandshakeTimeoutMs), 100, 60000)
+	// Each peer holds a few pooled connections plus a pipeline: 16 leaves
+	// room for a five-node cluster; fewer would starve replication.
+	v.intRange("controlplane.raft_max_conns", int64(cp.RaftMaxConns), 16, 65536)
+	if role == RoleControlPlane && raftOK && !cp.AllowUnauthenticatedRaft && !v.c.RaftPeerAuthenticated() {
+		for _, a := range []string{cp.RaftAddr, cp.AdvertiseRaftAddr} {
+			if a != "" && !LoopbackHostPort(a) {
+				v.add("controlplane.raft_addr", "%q is reachable beyond loopback but Raft peers are not authenticated: anyone who reaches it could join the cluster and rewrite the worker set; set auth.token or auth.token_file (peer handshake), or controlplane.raft_tls with client_ca_file (mutual TLS), or controlplane.allow_unauthenticated_raft: true on a network you trust", a)
+				break
+			}
+		}
+	}
+}
+
+// RaftPeerAuthenticated reports whether Raft peers must authenticate: a
+// cluster token (the peer handshake) or mutual TLS on the Raft transport.
+func (c *Config) RaftPeerAuthenticated() bool {
+	t := c.ControlPlane.RaftTLS
+	return c.Auth.Token != "" || c.Auth.TokenFile != "" || (t.CertFile != "" && t.ClientCAFile != "")
+}
+
+// LoopbackHostPort reports whether host:port names a loopback address
+// ("localhost" or a loopback IP). A wildcard or any other name is not.
+func LoopbackHostPort(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // unspecifiedHost reports whether a host:port binds to all interfaces

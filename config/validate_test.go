@@ -28,6 +28,11 @@ func TestValidBaseIsValid(t *testing.T) {
 }
 
 func TestValidateRoles(t *testing.T) {
+	// Validate reads secret files, so the token file must exist.
+	tokenFile := filepath.Join(t.TempDir(), "cart_token")
+	if err := os.WriteFile(tokenFile, []byte("cluster-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name   string
 		role   Role
@@ -41,11 +46,26 @@ func TestValidateRoles(t *testing.T) {
 		{"control plane bootstrap", RoleControlPlane, func(c *Config) { c.ControlPlane.Bootstrap = true }},
 		{"control plane join", RoleControlPlane, func(c *Config) { c.ControlPlane.Join = []string{"http://cp-2.internal:6701"} }},
 		{"bind all interfaces with advertise", RoleControlPlane, func(c *Config) {
+			c.Auth.Token = "cluster"
 			c.ControlPlane.RaftAddr = "0.0.0.0:6702"
 			c.ControlPlane.AdvertiseRaftAddr = "cp-1.internal:6702"
 			c.ControlPlane.APIAddr = ":6701"
 			c.ControlPlane.AdvertiseAPIURL = "https://cp-1.internal:6701"
 		}},
+		{"remote raft with a cluster token file", RoleControlPlane, func(c *Config) {
+			c.Auth.TokenFile = tokenFile
+			c.ControlPlane.RaftAddr = "10.0.0.5:6702"
+		}},
+		{"remote raft with mutual TLS", RoleControlPlane, func(c *Config) {
+			c.ControlPlane.RaftAddr = "10.0.0.5:6702"
+			c.ControlPlane.RaftTLS = TLS{CertFile: "c.pem", KeyFile: "k.pem", ClientCAFile: "ca.pem"}
+		}},
+		{"remote raft explicitly unauthenticated", RoleControlPlane, func(c *Config) {
+			c.ControlPlane.RaftAddr = "10.0.0.5:6702"
+			c.ControlPlane.AllowUnauthenticatedRaft = true
+		}},
+		{"loopback raft needs no peer authentication", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftAddr = "localhost:6702" }},
+		{"remote raft address matters only to the control plane", RoleAllInOne, func(c *Config) { c.ControlPlane.RaftAddr = "10.0.0.5:6702" }},
 		{"remote media refused with 403", RoleAllInOne, func(c *Config) { c.Proxy.RemoteMediaURLPolicy = 403 }},
 		{"pass-through prefixes and none", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/v1/audio/*", "/x", "/"} }},
 		{"pass-through everything on purpose", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/*"} }},
@@ -221,7 +241,7 @@ func TestValidateRules(t *testing.T) {
 		{"raft addr bad port", RoleAllInOne, func(c *Config) { c.ControlPlane.RaftAddr = "127.0.0.1:0" }, "controlplane.raft_addr", "between 1 and 65535"},
 		{"advertise raft addr invalid", RoleAllInOne, func(c *Config) { c.ControlPlane.AdvertiseRaftAddr = "cp-1" }, "controlplane.advertise_raft_addr", "must be host:port"},
 		{"advertise raft addr unspecified", RoleAllInOne, func(c *Config) { c.ControlPlane.AdvertiseRaftAddr = "0.0.0.0:6702" }, "controlplane.advertise_raft_addr", "peers can dial"},
-		{"raft bound to all interfaces", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftAddr = "0.0.0.0:6702" }, "controlplane.advertise_raft_addr", "is required when raft_addr"},
+		{"raft bound to all interfaces", RoleControlPlane, func(c *Config) { c.Auth.Token, c.ControlPlane.RaftAddr = "t", "0.0.0.0:6702" }, "controlplane.advertise_raft_addr", "is required when raft_addr"},
 		{"api bound to all interfaces", RoleControlPlane, func(c *Config) { c.ControlPlane.APIAddr = "[::]:6701" }, "controlplane.advertise_api_url", "is required when api_addr"},
 		{"advertise api url invalid", RoleAllInOne, func(c *Config) { c.ControlPlane.AdvertiseAPIURL = "cp-1:6701" }, "controlplane.advertise_api_url", "http:// or https://"},
 		{"bootstrap and join", RoleControlPlane, func(c *Config) {
@@ -235,6 +255,16 @@ func TestValidateRules(t *testing.T) {
 		{"unsettled tickets zero", RoleControlPlane, func(c *Config) { c.ControlPlane.MaxUnsettledTickets = 0 }, "controlplane.max_unsettled_tickets", "between 1 and"},
 		{"snapshot threshold zero", RoleAllInOne, func(c *Config) { c.ControlPlane.SnapshotThreshold = 0 }, "controlplane.snapshot_threshold", "at least 1"},
 		{"raft tls cert without key", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftTLS.CertFile = "c.pem" }, "controlplane.raft_tls.cert_file", "key_file is not"},
+		{"remote raft without peer authentication", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftAddr = "10.0.0.5:6702" },
+			"controlplane.raft_addr", "Raft peers are not authenticated"},
+		{"advertised raft address remote without peer authentication", RoleControlPlane, func(c *Config) { c.ControlPlane.AdvertiseRaftAddr = "cp-1.internal:6702" },
+			"controlplane.raft_addr", `"cp-1.internal:6702" is reachable beyond loopback`},
+		{"server TLS alone is not peer authentication", RoleControlPlane, func(c *Config) {
+			c.ControlPlane.RaftAddr = "10.0.0.5:6702"
+			c.ControlPlane.RaftTLS = TLS{CertFile: "c.pem", KeyFile: "k.pem"}
+		}, "controlplane.raft_addr", "Raft peers are not authenticated"},
+		{"raft handshake timeout small", RoleAllInOne, func(c *Config) { c.ControlPlane.RaftHandshakeTimeoutMs = 99 }, "controlplane.raft_handshake_timeout_ms", "between 100 and 60000"},
+		{"raft max conns small", RoleAllInOne, func(c *Config) { c.ControlPlane.RaftMaxConns = 15 }, "controlplane.raft_max_conns", "between 16 and 65536"},
 		{"raft tls client ca without cert", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftTLS.ClientCAFile = "ca.pem" }, "controlplane.raft_tls.client_ca_file", "requires cert_file"},
 
 		// data plane

@@ -586,3 +586,72 @@ func TestHelmWorkerChangesDoNotRestart(t *testing.T) {
 		t.Errorf("a config change left a checksum unchanged %v -> %v: pods would keep the old config", base, got)
 	}
 }
+
+// The control plane's NetworkPolicy lets only control-plane pods reach
+// Raft, and only the release's own pods, admin namespaces and the
+// configured peers reach the API.
+func TestHelmNetworkPolicy(t *testing.T) {
+	m := mustTemplate(t, withWorkers...)
+	np := m.get(t, "NetworkPolicy", "rel-cart-cp")
+	cpSel := obj{"app.kubernetes.io/name": "cart", "app.kubernetes.io/instance": "rel", "app.kubernetes.io/component": "controlplane"}
+	if got := dig(np, "spec", "podSelector", "matchLabels"); fmt.Sprint(got) != fmt.Sprint(cpSel) {
+		t.Errorf("policy selects %v, want the control-plane pods %v", got, cpSel)
+	}
+	if got := toStrings(dig(np, "spec", "policyTypes")); !slices.Equal(got, []string{"Ingress"}) {
+		t.Errorf("policyTypes %v", got)
+	}
+	// The pods must actually carry the labels the policy selects.
+	sts := m.get(t, "StatefulSet", "rel-cart-cp")
+	for k, v := range cpSel {
+		if dig(sts, "spec", "template", "metadata", "labels", k) != v {
+			t.Errorf("control-plane pods lack label %s=%v", k, v)
+		}
+	}
+	rules := list(dig(np, "spec", "ingress"))
+	byPort := map[int][]any{}
+	for _, r := range rules {
+		ports := list(dig(r, "ports"))
+		if len(ports) != 1 {
+			t.Fatalf("rule with ports %v: want exactly one port per rule", ports)
+		}
+		p, _ := dig(ports[0], "port").(int)
+		byPort[p] = list(dig(r, "from"))
+	}
+	if len(byPort) != 2 {
+		t.Fatalf("ingress rules for ports %v, want 6701 and 6702 only", byPort)
+	}
+	raftFrom := byPort[6702]
+	if len(raftFrom) != 1 || fmt.Sprint(dig(raftFrom[0], "podSelector", "matchLabels")) != fmt.Sprint(cpSel) || dig(raftFrom[0], "namespaceSelector") != nil {
+		t.Errorf("Raft port open to %v; want the control-plane pods only", raftFrom)
+	}
+	var components []string
+	var nsLabels []string
+	for _, f := range byPort[6701] {
+		if c := str(dig(f, "podSelector", "matchLabels", "app.kubernetes.io/component")); c != "" {
+			if dig(f, "podSelector", "matchLabels", "app.kubernetes.io/instance") != "rel" {
+				t.Errorf("API peer %v not limited to this release", f)
+			}
+			components = append(components, c)
+		}
+		if l := dig(f, "namespaceSelector", "matchLabels"); l != nil {
+			nsLabels = append(nsLabels, fmt.Sprint(l))
+		}
+	}
+	if !slices.Equal(components, []string{"controlplane", "dataplane", "workers-job"}) {
+		t.Errorf("API open to components %v", components)
+	}
+	if !slices.Equal(nsLabels, []string{"map[cart.cartrouter.io/admin:true]", "map[kubernetes.io/metadata.name:monitoring]"}) {
+		t.Errorf("API open to namespaces %v", nsLabels)
+	}
+
+	// Configurable: another admin label, no extra peers; or no policy.
+	m = mustTemplate(t, "--set", "networkPolicy.adminNamespaceLabels.team=ops", "--set", "networkPolicy.adminNamespaceLabels.cart\\.cartrouter\\.io/admin=null", "--set", "networkPolicy.apiFrom=null")
+	np = m.get(t, "NetworkPolicy", "rel-cart-cp")
+	from := list(dig(np, "spec", "ingress", 1, "from"))
+	if len(from) != 4 || fmt.Sprint(dig(from[3], "namespaceSelector", "matchLabels")) != "map[team:ops]" {
+		t.Errorf("API peers with a custom admin label: %v", from)
+	}
+	if nps := mustTemplate(t, "--set", "networkPolicy.enabled=false").all("NetworkPolicy"); len(nps) != 0 {
+		t.Errorf("NetworkPolicy rendered while disabled: %v", nps)
+	}
+}

@@ -107,8 +107,16 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	if err != nil {
 		return nil, err
 	}
-	if (srvTLS == nil || srvTLS.ClientCAs == nil) && !loopbackAddr(cp.RaftAddr) {
-		log.Warn("the Raft port is reachable beyond loopback without mutual TLS: anyone who reaches it can act as a peer; set controlplane.raft_tls (cert_file, key_file, client_ca_file) or restrict the network",
+	if err := checkRaftAuth(cp, token, srvTLS); err != nil {
+		return nil, err
+	}
+	switch {
+	case token != "":
+		log.Info("raft peers authenticate with a handshake keyed by the cluster token", "raft_tls", srvTLS != nil, "mutual_tls", srvTLS != nil && srvTLS.ClientCAs != nil)
+	case srvTLS != nil && srvTLS.ClientCAs != nil:
+		log.Info("raft peers authenticate with mutual TLS")
+	default:
+		log.Warn("raft peers are not authenticated: anyone who reaches the Raft port can act as a peer; set auth.token or controlplane.raft_tls with client_ca_file",
 			"raft_addr", cp.RaftAddr)
 	}
 	if err := os.MkdirAll(cp.DataDir, 0o700); err != nil {
@@ -126,6 +134,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		Bootstrap:         cp.Bootstrap,
 		ServerTLS:         srvTLS,
 		ClientTLS:         cliTLS,
+		ClusterToken:      token,
+		HandshakeTimeout:  time.Duration(cp.RaftHandshakeTimeoutMs) * time.Millisecond,
+		MaxInboundConns:   cp.RaftMaxConns,
 		SnapshotThreshold: cp.SnapshotThreshold,
 		TrailingLogs:      cp.TrailingLogs,
 		Logger:            log,
@@ -181,16 +192,19 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	return d, nil
 }
 
-func loopbackAddr(hostPort string) bool {
-	host, _, err := net.SplitHostPort(hostPort)
-	if err != nil {
-		return false
+// checkRaftAuth refuses a Raft port reachable beyond loopback with no peer
+// authentication. Config validation says the same; this guards callers
+// that build a Config in code, and sees the token actually read.
+func checkRaftAuth(cp config.ControlPlane, token string, srvTLS *tls.Config) error {
+	if token != "" || (srvTLS != nil && srvTLS.ClientCAs != nil) || cp.AllowUnauthenticatedRaft {
+		return nil
 	}
-	if host == "localhost" {
-		return true
+	for _, a := range []string{cp.RaftAddr, cp.AdvertiseRaftAddr} {
+		if a != "" && !config.LoopbackHostPort(a) {
+			return fmt.Errorf("controlplane.raft_addr: %q is reachable beyond loopback but Raft peers are not authenticated; set auth.token (peer handshake) or controlplane.raft_tls with client_ca_file, or controlplane.allow_unauthenticated_raft: true", a)
+		}
 	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return nil
 }
 
 // join asks the cluster (any listed node; followers forward to the
@@ -240,7 +254,7 @@ func (d *Daemon) seedWorkers(ctx context.Context) {
 				cmd.Workers = append(cmd.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: w.CacheCapacityTokens})
 			}
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := d.Node.Apply(actx, &cartv1.RaftCommand{RequestId: "seed-workers", Body: &cartv1.RaftCommand_SetWorkers{SetWorkers: cmd}})
+			_, err := d.Node.Apply(actx, &cartv1.RaftCommand{RequestId: "seed-workers", Actor: "node " + d.cfg.ControlPlane.NodeID + " (workers from its config, first bootstrap)", Body: &cartv1.RaftCommand_SetWorkers{SetWorkers: cmd}})
 			cancel()
 			if err == nil {
 				d.log.Info("seeded the worker set from the config", "workers", len(d.cfg.Workers))

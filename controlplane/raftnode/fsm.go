@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 
 	"github.com/hashicorp/raft"
@@ -26,9 +28,42 @@ type fsm struct {
 	// from the peers, so the adapter stops applying instead.
 	halted   atomic.Bool
 	restores atomic.Uint64 // snapshots installed, for tests and metrics
+
+	// audit gets one line per committed membership change; lastConfig
+	// is the previous configuration seen, for old -> new ("" = not seen
+	// since start: restored from a snapshot or from before this process).
+	audit      *slog.Logger
+	lastConfig string
 }
 
-var _ raft.FSM = (*fsm)(nil)
+var (
+	_ raft.FSM                = (*fsm)(nil)
+	_ raft.ConfigurationStore = (*fsm)(nil)
+)
+
+// StoreConfiguration runs on raft's FSM goroutine for every committed
+// configuration entry, on every node: the one place where all members see
+// a voter join or leave, whoever asked for it.
+func (f *fsm) StoreConfiguration(index uint64, c raft.Configuration) {
+	now := configString(c)
+	old := f.lastConfig
+	f.lastConfig = now
+	if f.audit == nil || old == now {
+		return
+	}
+	if old == "" {
+		old = "(unknown)"
+	}
+	f.audit.Info("audit: raft membership changed", "audit", true, "index", index, "old", old, "new", now)
+}
+
+func configString(c raft.Configuration) string {
+	parts := make([]string, len(c.Servers))
+	for i, s := range c.Servers {
+		parts[i] = fmt.Sprintf("%s@%s(%s)", s.ID, s.Address, suffrage(s.Suffrage))
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
 
 // Apply runs on raft's FSM goroutine, one entry at a time. The returned
 // value is what the proposer's ApplyFuture.Response yields: a state.Result,

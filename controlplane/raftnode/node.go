@@ -88,6 +88,16 @@ type Config struct {
 	ServerTLS *tls.Config
 	// ClientTLS is used when dialing peers (nil = plain TCP).
 	ClientTLS *tls.Config
+	// ClusterToken, when set, turns on the peer handshake: every Raft
+	// connection, in both directions, must prove knowledge of it before
+	// its first RPC. Every member needs the same token.
+	ClusterToken string
+	// HandshakeTimeout bounds the TLS and peer handshakes of one
+	// connection (default 5 s).
+	HandshakeTimeout time.Duration
+	// MaxInboundConns caps the inbound Raft connections held at once,
+	// authenticating or authenticated (default 256).
+	MaxInboundConns int
 
 	SnapshotThreshold uint64 // default DefaultSnapshotThreshold
 	TrailingLogs      uint64 // default DefaultTrailingLogs
@@ -154,6 +164,10 @@ type Node struct {
 
 	stopCh    chan struct{}
 	watchDone chan struct{}
+	// leaders feeds watchLeaders; leadersDone closes when it returns.
+	leaders     chan raft.Observation
+	observer    *raft.Observer
+	leadersDone chan struct{}
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -189,11 +203,14 @@ func Start(cfg Config, st *state.State, onLeadership func(leader bool)) (*Node, 
 		}
 	}
 	hlog := newHCLogAdapter(logger, "raft")
+	// Every node logs every change it applies, so the audit trail
+	// survives the loss of whichever node took the admin call.
+	st.SetAuditLog(logger)
 
 	n := &Node{
 		cfg:       cfg,
 		log:       logger,
-		fsm:       &fsm{st: st, fatal: cfg.Fatal},
+		fsm:       &fsm{st: st, fatal: cfg.Fatal, audit: logger},
 		notifyCh:  make(chan bool, 16),
 		stopCh:    make(chan struct{}),
 		watchDone: make(chan struct{}),
@@ -209,7 +226,14 @@ func Start(cfg Config, st *state.State, onLeadership func(leader bool)) (*Node, 
 			_ = n.closeStores()
 			return nil, errors.New("raftnode: BindAddr is required without a test Transport")
 		}
-		stream, err := newStreamLayer(cfg.BindAddr, cfg.AdvertiseAddr, cfg.ServerTLS, cfg.ClientTLS)
+		opts := streamOptions{handshakeTimeout: cfg.HandshakeTimeout, maxInbound: cfg.MaxInboundConns, log: logger}
+		if cfg.ClusterToken != "" {
+			if opts.auth, err = newPeerAuth(cfg.ClusterToken, cfg.NodeID); err != nil {
+				_ = n.closeStores()
+				return nil, err
+			}
+		}
+		stream, err := newStreamLayer(cfg.BindAddr, cfg.AdvertiseAddr, cfg.ServerTLS, cfg.ClientTLS, opts)
 		if err != nil {
 			_ = n.closeStores()
 			return nil, err
@@ -271,8 +295,40 @@ func Start(cfg Config, st *state.State, onLeadership func(leader bool)) (*Node, 
 		}
 	}
 
+	n.leaders = make(chan raft.Observation, 16)
+	n.leadersDone = make(chan struct{})
+	n.observer = raft.NewObserver(n.leaders, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	r.RegisterObserver(n.observer)
+	go n.watchLeaders()
 	go n.watchLeadership(onLeadership)
 	return n, nil
+}
+
+// watchLeaders writes every change of leader this node observes to the
+// audit log, so each node's log shows who led when, whatever caused it.
+func (n *Node) watchLeaders() {
+	defer close(n.leadersDone)
+	prev := "(none)"
+	for {
+		select {
+		case <-n.stopCh:
+			return
+		case o := <-n.leaders:
+			lo, _ := o.Data.(raft.LeaderObservation)
+			now := "(none)"
+			if lo.LeaderID != "" {
+				now = fmt.Sprintf("%s@%s", lo.LeaderID, lo.LeaderAddr)
+			}
+			if now == prev {
+				continue
+			}
+			n.log.Info("audit: raft leader changed", "audit", true, "term", n.raft.CurrentTerm(), "old", prev, "new", now)
+			prev = now
+		}
+	}
 }
 
 func setIf(dst *time.Duration, v time.Duration) {
@@ -711,6 +767,14 @@ func (n *Node) Status() Status {
 		AppliedIndex: n.raft.AppliedIndex(),
 		LastLogIndex: n.raft.LastIndex(),
 	}
+	select {
+	case <-n.stopCh:
+		// raft can leave its state at "follower" when Shutdown races with
+		// a step-down (a leadership transfer just before it); a stopped
+		// node is stopped whatever raft last wrote.
+		s.State = "shutdown"
+	default:
+	}
 	// After shutdown the configuration is unavailable; the rest still
 	// describes the node's last view.
 	if servers, err := n.servers(); err == nil {
@@ -765,8 +829,10 @@ func (n *Node) shutdown() error {
 	if err := n.raft.Shutdown().Error(); err != nil {
 		errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
 	}
+	n.raft.DeregisterObserver(n.observer)
 	close(n.stopCh)
 	<-n.watchDone
+	<-n.leadersDone
 	if err := n.closeStores(); err != nil {
 		errs = append(errs, err)
 	}

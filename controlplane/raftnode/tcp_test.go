@@ -164,11 +164,6 @@ func TestTLSCluster(t *testing.T) {
 	n1 := start("n1", ca, true)
 	waitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
 	members := []*member{n1, start("n2", ca, false), start("n3", ca, false)}
-	for _, m := range members[1:] {
-		if err := n1.node.AddVoter(ctx, m.id, m.node.Addr()); err != nil {
-			t.Fatalf("add voter %s: %v", m.id, err)
-		}
-	}
 	// onLeader runs op on the current leader, again if leadership moves.
 	onLeader := func(what string, op func(ld *member) error) {
 		t.Helper()
@@ -193,6 +188,11 @@ func TestTLSCluster(t *testing.T) {
 			}
 		}
 	}
+	// A loaded machine can cost the leader its lease mid-change: retry on
+	// whoever leads (AddVoter is idempotent).
+	for _, m := range members[1:] {
+		onLeader("add voter "+m.id, func(ld *member) error { return ld.node.AddVoter(ctx, m.id, m.node.Addr()) })
+	}
 	onLeader("apply over TLS", func(ld *member) error {
 		_, err := ld.node.Apply(ctx, upsertCmd("http://w1:8000", 1))
 		return err
@@ -216,7 +216,7 @@ func TestTLSCluster(t *testing.T) {
 		"no client certificate": {RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
 		"foreign certificate":   {Certificates: []tls.Certificate{other.issue(t, "rogue")}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
 	} {
-		stream, err := newStreamLayer("127.0.0.1:0", "", nil, clientTLS)
+		stream, err := newStreamLayer("127.0.0.1:0", "", nil, clientTLS, streamOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,12 +255,12 @@ func TestTLSCluster(t *testing.T) {
 // The stream layer refuses advertise addresses peers could not dial.
 func TestStreamLayerRejectsWildcardAdvertise(t *testing.T) {
 	for _, adv := range []string{"0.0.0.0:7000", "[::]:7000", "host-without-port", "h:0"} {
-		if s, err := newStreamLayer("127.0.0.1:0", adv, nil, nil); err == nil {
+		if s, err := newStreamLayer("127.0.0.1:0", adv, nil, nil, streamOptions{}); err == nil {
 			_ = s.Close()
 			t.Errorf("advertise %q accepted", adv)
 		}
 	}
-	s, err := newStreamLayer("127.0.0.1:0", "raft1.example:7000", nil, nil)
+	s, err := newStreamLayer("127.0.0.1:0", "raft1.example:7000", nil, nil, streamOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

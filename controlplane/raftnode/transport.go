@@ -2,8 +2,10 @@ package raftnode
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strconv"
 	"sync"
@@ -14,8 +16,16 @@ import (
 )
 
 // streamLayer is raft's TCP stream layer, optionally with TLS on both
-// sides. raft's own TCPStreamLayer cannot do TLS, and the control plane's
-// log carries the worker set, so peers must authenticate each other.
+// sides and a peer handshake keyed by the cluster token. raft's own
+// TCPStreamLayer can do neither, and the control plane's log carries the
+// worker set, so peers must authenticate each other before the first RPC.
+//
+// Inbound connections are authenticated on their own goroutine, under a
+// deadline, before Accept hands them to raft: raft's transport gives every
+// accepted connection a 256 KiB read buffer and a goroutine with no
+// deadline, so an unauthenticated one must never get that far. The number
+// of inbound connections (authenticating or accepted) is capped; beyond it
+// a new one is closed at once.
 //
 // It also tracks its connections: raft's NetworkTransport closes only the
 // listener on Close, leaving pooled outbound connections and the goroutines
@@ -25,10 +35,25 @@ type streamLayer struct {
 	ln        net.Listener
 	advertise advertiseAddr
 	dialTLS   *tls.Config // nil: plain TCP
+	opts      streamOptions
+	failLog   *limitedLog
 
-	mu     sync.Mutex
-	closed bool
-	conns  map[*trackedConn]struct{}
+	accepted chan net.Conn
+	done     chan struct{}
+	wg       sync.WaitGroup // accept loop and handshakes in progress
+
+	mu      sync.Mutex
+	closed  bool
+	conns   map[*trackedConn]struct{}
+	inbound int
+}
+
+// streamOptions are the stream layer's security settings.
+type streamOptions struct {
+	auth             *peerAuth     // nil: no handshake
+	handshakeTimeout time.Duration // TLS and peer handshake, each direction
+	maxInbound       int
+	log              *slog.Logger
 }
 
 var _ raft.StreamLayer = (*streamLayer)(nil)
@@ -46,7 +71,16 @@ func (a advertiseAddr) String() string  { return string(a) }
 // ClientCAs but no ClientAuth is upgraded to require and verify client
 // certificates: setting a CA for clients and then not checking them is
 // never what a Raft peer wants.
-func newStreamLayer(bind, advertise string, serverTLS, clientTLS *tls.Config) (*streamLayer, error) {
+func newStreamLayer(bind, advertise string, serverTLS, clientTLS *tls.Config, opts streamOptions) (*streamLayer, error) {
+	if opts.handshakeTimeout <= 0 {
+		opts.handshakeTimeout = defaultHSTimeout
+	}
+	if opts.maxInbound <= 0 {
+		opts.maxInbound = defaultMaxConns
+	}
+	if opts.log == nil {
+		opts.log = slog.Default()
+	}
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, fmt.Errorf("raft transport: listen on %s: %w", bind, err)
@@ -66,7 +100,16 @@ func newStreamLayer(bind, advertise string, serverTLS, clientTLS *tls.Config) (*
 		}
 		ln = tls.NewListener(ln, cfg)
 	}
-	return &streamLayer{ln: ln, advertise: advertiseAddr(adv), dialTLS: clientTLS, conns: map[*trackedConn]struct{}{}}, nil
+	s := &streamLayer{
+		ln: ln, advertise: advertiseAddr(adv), dialTLS: clientTLS, opts: opts,
+		failLog:  newLimitedLog(opts.log.With("audit", true), failureLogBurst, failureLogPerSecs),
+		accepted: make(chan net.Conn),
+		done:     make(chan struct{}),
+		conns:    map[*trackedConn]struct{}{},
+	}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
 }
 
 // checkAdvertise rejects addresses peers could not dial back: a wildcard
@@ -91,30 +134,144 @@ func checkAdvertise(addr string) error {
 
 func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
+// Accept returns the next authenticated inbound connection.
 func (s *streamLayer) Accept() (net.Conn, error) {
-	conn, err := s.ln.Accept()
-	if err != nil {
-		return nil, err
+	select {
+	case c := <-s.accepted:
+		return c, nil
+	case <-s.done:
+		return nil, net.ErrClosed
 	}
-	return s.track(conn)
 }
 
-// Close stops accepting and closes every open connection.
+func (s *streamLayer) acceptLoop() {
+	defer s.wg.Done()
+	backoff := 5 * time.Millisecond
+	for {
+		conn, err := s.ln.Accept()
+		if err != nil {
+			if s.isClosed() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: wait, as net/http does,
+			// rather than spin or give up on the listener.
+			s.opts.log.Warn("raft transport: accept failed; retrying", "error", err.Error(), "backoff", backoff.String())
+			select {
+			case <-s.done:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		c, ok := s.admit(conn)
+		if !ok {
+			continue
+		}
+		s.wg.Add(1)
+		go s.authenticate(c)
+	}
+}
+
+// admit tracks an inbound connection, or closes it at once when the cap is
+// reached or the layer is closed.
+func (s *streamLayer) admit(conn net.Conn) (*trackedConn, bool) {
+	s.mu.Lock()
+	if s.closed || s.inbound >= s.opts.maxInbound {
+		closed := s.closed
+		s.mu.Unlock()
+		_ = conn.Close()
+		if !closed {
+			s.failLog.Warn("raft transport: connection refused: inbound connection cap reached",
+				"remote", conn.RemoteAddr().String(), "max_conns", s.opts.maxInbound)
+		}
+		return nil, false
+	}
+	c := &trackedConn{Conn: conn, s: s, inbound: true}
+	s.conns[c] = struct{}{}
+	s.inbound++
+	s.mu.Unlock()
+	return c, true
+}
+
+// authenticate runs the TLS handshake (if any) and the peer handshake (if
+// a cluster token is set) under one deadline, then hands the connection to
+// Accept.
+func (s *streamLayer) authenticate(c *trackedConn) {
+	defer s.wg.Done()
+	_ = c.SetDeadline(time.Now().Add(s.opts.handshakeTimeout))
+	peer, err := s.handshake(c, true)
+	if err != nil {
+		_ = c.Close()
+		if !c.dropped.Load() {
+			s.failLog.Warn("raft transport: inbound peer failed authentication; connection closed",
+				"remote", c.RemoteAddr().String(), "claimed_id", peer, "error", err.Error())
+		}
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+	select {
+	case s.accepted <- c:
+	case <-s.done:
+		_ = c.Close()
+	}
+}
+
+// handshake completes TLS and the peer handshake on c, returning the
+// peer's claimed node id ("" without a peer handshake).
+func (s *streamLayer) handshake(c *trackedConn, inbound bool) (string, error) {
+	if tc, ok := c.Conn.(*tls.Conn); ok {
+		if err := tc.Handshake(); err != nil {
+			return "", fmt.Errorf("%w: TLS: %v", errHandshake, err)
+		}
+	}
+	if s.opts.auth == nil {
+		return "", nil
+	}
+	if inbound {
+		return s.opts.auth.serverHandshake(c)
+	}
+	return s.opts.auth.clientHandshake(c)
+}
+
+func (s *streamLayer) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// Close stops accepting and closes every open connection, and waits for
+// the accept loop and handshakes in progress to end.
 func (s *streamLayer) Close() error {
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
 	s.closed = true
+	close(s.done)
 	conns := s.conns
 	s.conns = map[*trackedConn]struct{}{}
+	s.inbound = 0
 	s.mu.Unlock()
 	err := s.ln.Close()
 	for c := range conns {
 		c.dropped.Store(true)
 		_ = c.Conn.Close()
 	}
+	s.wg.Wait()
 	return err
 }
 
-func (s *streamLayer) track(conn net.Conn) (net.Conn, error) {
+// inboundCount is the number of inbound connections held (tests).
+func (s *streamLayer) inboundCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inbound
+}
+
+func (s *streamLayer) trackOutbound(conn net.Conn) (*trackedConn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -129,12 +286,19 @@ func (s *streamLayer) track(conn net.Conn) (net.Conn, error) {
 func (s *streamLayer) forget(c *trackedConn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, ok := s.conns[c]; !ok {
+		return
+	}
 	delete(s.conns, c)
+	if c.inbound {
+		s.inbound--
+	}
 }
 
 type trackedConn struct {
 	net.Conn
-	s *streamLayer
+	s       *streamLayer
+	inbound bool
 	// dropped marks a connection closed by Close. Its reads then end with
 	// io.EOF, which raft treats as a peer hanging up, instead of "use of
 	// closed network connection", which it logs as an error on every
@@ -155,11 +319,15 @@ func (c *trackedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// Dial connects to a peer. With TLS the handshake completes inside the
-// dial timeout, so a peer that accepts but never answers costs one timeout,
-// not a stuck replication goroutine.
+// Dial connects to a peer. The TLS and peer handshakes complete inside
+// the dial timeout (and the handshake timeout), so a peer that accepts but
+// never answers costs one timeout, not a stuck replication goroutine.
 func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	if timeout <= 0 || timeout > s.opts.handshakeTimeout {
+		timeout = s.opts.handshakeTimeout
+	}
 	d := &net.Dialer{Timeout: timeout}
+	deadline := time.Now().Add(timeout)
 	var (
 		conn net.Conn
 		err  error
@@ -172,5 +340,22 @@ func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 	if err != nil {
 		return nil, fmt.Errorf("dial raft peer %s: %w", addr, err)
 	}
-	return s.track(conn)
+	c, err := s.trackOutbound(conn)
+	if err != nil {
+		return nil, err
+	}
+	if s.opts.auth != nil {
+		_ = c.SetDeadline(deadline)
+		peer, err := s.handshake(c, false)
+		if err != nil {
+			_ = c.Close()
+			if errors.Is(err, errHandshake) {
+				s.failLog.Warn("raft transport: outbound peer failed authentication; connection closed",
+					"remote", string(addr), "claimed_id", peer, "error", err.Error())
+			}
+			return nil, fmt.Errorf("dial raft peer %s: %w", addr, err)
+		}
+		_ = c.SetDeadline(time.Time{})
+	}
+	return c, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"connectrpc.com/connect"
 
@@ -130,12 +131,13 @@ func (h *AdminHandler) ListWorkers(ctx context.Context, req *connect.Request[car
 // AlreadyExists (use UpdateWorker).
 func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv1.AddWorkerRequest]) (*connect.Response[cartv1.AddWorkerResponse], error) {
 	c := h.c
+	who := c.actor(req.Peer().Addr, req.Header())
 	if !c.node.IsLeader() {
 		url, err := c.leaderURL(req.Header())
 		if err != nil {
 			return nil, err
 		}
-		return forwardedWrite(c.fwd.adminTo(url).AddWorker(ctx, connect.NewRequest(req.Msg)))
+		return forwardedWrite(c.fwd.adminTo(url).AddWorker(withActor(ctx, who), connect.NewRequest(req.Msg)))
 	}
 	spec, err := toSpec(req.Msg.GetWorker())
 	if err != nil {
@@ -147,7 +149,7 @@ func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv
 		}
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("worker %s already exists with other settings; use update", spec.GetUrl()))
 	}
-	if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}}); err != nil {
+	if err := c.apply(ctx, &cartv1.RaftCommand{Actor: who, Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}}); err != nil {
 		return nil, err
 	}
 	w, _ := c.findWorker(spec.GetUrl())
@@ -157,12 +159,13 @@ func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv
 // UpdateWorker implements AdminService.UpdateWorker.
 func (h *AdminHandler) UpdateWorker(ctx context.Context, req *connect.Request[cartv1.UpdateWorkerRequest]) (*connect.Response[cartv1.UpdateWorkerResponse], error) {
 	c := h.c
+	who := c.actor(req.Peer().Addr, req.Header())
 	if !c.node.IsLeader() {
 		url, err := c.leaderURL(req.Header())
 		if err != nil {
 			return nil, err
 		}
-		return forwardedWrite(c.fwd.adminTo(url).UpdateWorker(ctx, connect.NewRequest(req.Msg)))
+		return forwardedWrite(c.fwd.adminTo(url).UpdateWorker(withActor(ctx, who), connect.NewRequest(req.Msg)))
 	}
 	spec, err := toSpec(req.Msg.GetWorker())
 	if err != nil {
@@ -171,7 +174,7 @@ func (h *AdminHandler) UpdateWorker(ctx context.Context, req *connect.Request[ca
 	if _, ok := c.findWorker(spec.GetUrl()); !ok {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("worker %s not found", spec.GetUrl()))
 	}
-	if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}}); err != nil {
+	if err := c.apply(ctx, &cartv1.RaftCommand{Actor: who, Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}}); err != nil {
 		return nil, err
 	}
 	w, _ := c.findWorker(spec.GetUrl())
@@ -182,12 +185,13 @@ func (h *AdminHandler) UpdateWorker(ctx context.Context, req *connect.Request[ca
 // the worker finish; no new ones are routed to it once the removal commits.
 func (h *AdminHandler) RemoveWorker(ctx context.Context, req *connect.Request[cartv1.RemoveWorkerRequest]) (*connect.Response[cartv1.RemoveWorkerResponse], error) {
 	c := h.c
+	who := c.actor(req.Peer().Addr, req.Header())
 	if !c.node.IsLeader() {
 		url, err := c.leaderURL(req.Header())
 		if err != nil {
 			return nil, err
 		}
-		return forwardedWrite(c.fwd.adminTo(url).RemoveWorker(ctx, connect.NewRequest(req.Msg)))
+		return forwardedWrite(c.fwd.adminTo(url).RemoveWorker(withActor(ctx, who), connect.NewRequest(req.Msg)))
 	}
 	u, err := config.NormalizeWorkerURL(req.Msg.GetUrl())
 	if err != nil {
@@ -196,7 +200,7 @@ func (h *AdminHandler) RemoveWorker(ctx context.Context, req *connect.Request[ca
 	if _, ok := c.findWorker(u); !ok {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("worker %s not found", u))
 	}
-	if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_RemoveWorker{RemoveWorker: &cartv1.RemoveWorkerCommand{Url: u}}}); err != nil {
+	if err := c.apply(ctx, &cartv1.RaftCommand{Actor: who, Body: &cartv1.RaftCommand_RemoveWorker{RemoveWorker: &cartv1.RemoveWorkerCommand{Url: u}}}); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&cartv1.RemoveWorkerResponse{}), nil
@@ -230,22 +234,26 @@ func (h *AdminHandler) ClusterStatus(_ context.Context, _ *connect.Request[cartv
 // AddVoter implements AdminService.AddVoter (a joining node calls it).
 func (h *AdminHandler) AddVoter(ctx context.Context, req *connect.Request[cartv1.AddVoterRequest]) (*connect.Response[cartv1.AddVoterResponse], error) {
 	c := h.c
+	who := c.actor(req.Peer().Addr, req.Header())
 	if !c.node.IsLeader() {
 		url, err := c.leaderURL(req.Header())
 		if err != nil {
 			return nil, err
 		}
-		return forwardedWrite(c.fwd.adminTo(url).AddVoter(ctx, connect.NewRequest(req.Msg)))
+		return forwardedWrite(c.fwd.adminTo(url).AddVoter(withActor(ctx, who), connect.NewRequest(req.Msg)))
 	}
 	m := req.Msg
 	if m.GetId() == "" || m.GetRaftAddress() == "" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("id and raft_address are required"))
 	}
+	old := c.membersString()
 	if err := c.node.AddVoter(ctx, m.GetId(), m.GetRaftAddress()); err != nil {
+		c.audit("audit: add voter failed", "actor", who, "member", m.GetId(), "raft_address", m.GetRaftAddress(), "error", err.Error())
 		return nil, c.writeError("add voter "+m.GetId(), err)
 	}
+	c.audit("audit: voter added", "actor", who, "member", m.GetId(), "raft_address", m.GetRaftAddress(), "old", old, "new", c.membersString())
 	if m.GetApiUrl() != "" {
-		if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: m.GetId(), ApiUrl: m.GetApiUrl()}}}); err != nil {
+		if err := c.apply(ctx, &cartv1.RaftCommand{Actor: who, Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: m.GetId(), ApiUrl: m.GetApiUrl()}}}); err != nil {
 			return nil, err
 		}
 	}
@@ -255,12 +263,13 @@ func (h *AdminHandler) AddVoter(ctx context.Context, req *connect.Request[cartv1
 // RemoveServer implements AdminService.RemoveServer.
 func (h *AdminHandler) RemoveServer(ctx context.Context, req *connect.Request[cartv1.RemoveServerRequest]) (*connect.Response[cartv1.RemoveServerResponse], error) {
 	c := h.c
+	who := c.actor(req.Peer().Addr, req.Header())
 	if !c.node.IsLeader() {
 		url, err := c.leaderURL(req.Header())
 		if err != nil {
 			return nil, err
 		}
-		return forwardedWrite(c.fwd.adminTo(url).RemoveServer(ctx, connect.NewRequest(req.Msg)))
+		return forwardedWrite(c.fwd.adminTo(url).RemoveServer(withActor(ctx, who), connect.NewRequest(req.Msg)))
 	}
 	id := req.Msg.GetId()
 	found := false
@@ -270,10 +279,13 @@ func (h *AdminHandler) RemoveServer(ctx context.Context, req *connect.Request[ca
 	if !found {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node %s is not a cluster member", id))
 	}
+	old := c.membersString()
 	if err := c.node.RemoveServer(ctx, id); err != nil {
+		c.audit("audit: remove server failed", "actor", who, "member", id, "error", err.Error())
 		return nil, c.writeError("remove server "+id, err)
 	}
-	if err := c.apply(ctx, &cartv1.RaftCommand{Body: &cartv1.RaftCommand_RemoveMember{RemoveMember: &cartv1.RemoveMemberCommand{NodeId: id}}}); err != nil && id != c.o.NodeID {
+	c.audit("audit: server removed", "actor", who, "member", id, "old", old, "new", c.membersString())
+	if err := c.apply(ctx, &cartv1.RaftCommand{Actor: who, Body: &cartv1.RaftCommand_RemoveMember{RemoveMember: &cartv1.RemoveMemberCommand{NodeId: id}}}); err != nil && id != c.o.NodeID {
 		return nil, err
 	}
 	return connect.NewResponse(&cartv1.RemoveServerResponse{}), nil
@@ -282,16 +294,30 @@ func (h *AdminHandler) RemoveServer(ctx context.Context, req *connect.Request[ca
 // TransferLeadership implements AdminService.TransferLeadership.
 func (h *AdminHandler) TransferLeadership(ctx context.Context, req *connect.Request[cartv1.TransferLeadershipRequest]) (*connect.Response[cartv1.TransferLeadershipResponse], error) {
 	c := h.c
+	who := c.actor(req.Peer().Addr, req.Header())
 	if !c.node.IsLeader() {
 		url, err := c.leaderURL(req.Header())
 		if err != nil {
 			return nil, err
 		}
-		return c.fwd.adminTo(url).TransferLeadership(ctx, connect.NewRequest(req.Msg))
+		return c.fwd.adminTo(url).TransferLeadership(withActor(ctx, who), connect.NewRequest(req.Msg))
 	}
+	old, _ := c.node.Leader()
 	id, err := c.node.TransferLeadership(ctx, req.Msg.GetId())
 	if err != nil {
+		c.audit("audit: leadership transfer failed", "actor", who, "requested", req.Msg.GetId(), "error", err.Error())
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("transfer leadership: %w", err))
 	}
+	c.audit("audit: leadership transferred", "actor", who, "requested", req.Msg.GetId(), "old", old, "new", id)
 	return connect.NewResponse(&cartv1.TransferLeadershipResponse{LeaderId: id}), nil
+}
+
+// membersString renders the Raft configuration for the audit log.
+func (c *Core) membersString() string {
+	ms := c.node.Status().Members
+	parts := make([]string, len(ms))
+	for i, m := range ms {
+		parts[i] = fmt.Sprintf("%s@%s(%s)", m.ID, m.Addr, m.Suffrage)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
 }

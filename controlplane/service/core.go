@@ -201,7 +201,7 @@ func (c *Core) runLeader(ctx context.Context) {
 // ensureMember publishes this node's API URL in the replicated directory
 // so followers can point clients at it.
 func (c *Core) ensureMember(ctx context.Context) {
-	cmd := &cartv1.RaftCommand{Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: c.o.NodeID, ApiUrl: c.o.APIURL}}}
+	cmd := &cartv1.RaftCommand{Actor: "node " + c.o.NodeID + " (publishing its own API URL as leader)", Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: c.o.NodeID, ApiUrl: c.o.APIURL}}}
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
 		if c.o.APIURL == "" || c.st.Members()[c.o.NodeID] == c.o.APIURL {
 			return

@@ -42,6 +42,9 @@ func (f *forwarder) headers(token string) connect.ClientOption {
 	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			req.Header().Set(HeaderForwarded, "1")
+			if a := actorFrom(ctx); a != "" {
+				req.Header().Set(HeaderActor, a)
+			}
 			if token != "" {
 				req.Header().Set("Authorization", "Bearer "+token)
 			}

@@ -11,9 +11,12 @@ package state
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/protobuf/proto"
 
@@ -41,7 +44,15 @@ type State struct {
 	applied        uint64
 
 	own OwnBatches
+
+	// audit, when set, receives one INFO line per worker-set or node
+	// directory change, on every node that applies it.
+	audit atomic.Pointer[slog.Logger]
 }
+
+// SetAuditLog makes every applied worker-set and node-directory change
+// log who asked (the command's actor), what, and old -> new.
+func (s *State) SetAuditLog(l *slog.Logger) { s.audit.Store(l) }
 
 // OwnBatches is the leader's ledger of the index changes it made at
 // decision time, ahead of the log (see controlplane/service). The state
@@ -133,16 +144,37 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		return Result{}, nil
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	res, ev := s.applyLocked(index, &cmd)
+	s.mu.Unlock()
+	if al := s.audit.Load(); ev != nil && al != nil {
+		// Logged outside the engine lock: routing must not wait on log I/O.
+		al.Info(ev.msg, append([]any{"audit", true, "index", index, "actor", cmd.GetActor(), "request_id", cmd.GetRequestId()}, ev.args...)...)
+	}
+	return res, nil
+}
+
+// auditEvent describes one applied change for the audit log.
+type auditEvent struct {
+	msg  string
+	args []any
+}
+
+func (s *State) applyLocked(index uint64, cmd *cartv1.RaftCommand) (Result, *auditEvent) {
 	s.applied = index
+	var ev *auditEvent
 	switch b := cmd.GetBody().(type) {
 	case *cartv1.RaftCommand_UpsertWorker:
-		s.upsert(b.UpsertWorker.GetWorker())
+		ev = s.upsert(b.UpsertWorker.GetWorker())
 	case *cartv1.RaftCommand_RemoveWorker:
+		old, ok := s.workerString(b.RemoveWorker.GetUrl())
 		if !s.remove(b.RemoveWorker.GetUrl()) {
 			return Result{WorkersVersion: s.workersVersion, Err: fmt.Errorf("worker %q not found", b.RemoveWorker.GetUrl())}, nil
 		}
+		if ok {
+			ev = &auditEvent{"audit: worker removed", []any{"worker", b.RemoveWorker.GetUrl(), "old", old, "new", "(none)"}}
+		}
 	case *cartv1.RaftCommand_SetWorkers:
+		old := s.workerSetString()
 		s.specs = s.specs[:0]
 		clear(s.capacity)
 		for _, w := range b.SetWorkers.GetWorkers() {
@@ -150,6 +182,7 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 			s.capacity[w.GetUrl()] = w.GetCacheCapacityTokens()
 		}
 		s.commitWorkers()
+		ev = &auditEvent{"audit: worker set replaced", []any{"old", old, "new", s.workerSetString()}}
 	case *cartv1.RaftCommand_UnplaceBatch:
 		idx := s.eng.Index()
 		for _, p := range b.UnplaceBatch.GetPlacements() {
@@ -159,11 +192,45 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 			}
 		}
 	case *cartv1.RaftCommand_SetMember:
-		s.members[b.SetMember.GetNodeId()] = b.SetMember.GetApiUrl()
+		id, url := b.SetMember.GetNodeId(), b.SetMember.GetApiUrl()
+		old, had := s.members[id]
+		s.members[id] = url
+		if !had || old != url {
+			ev = &auditEvent{"audit: member API URL set", []any{"member", id, "old", orNone(old), "new", url}}
+		}
 	case *cartv1.RaftCommand_RemoveMember:
-		delete(s.members, b.RemoveMember.GetNodeId())
+		id := b.RemoveMember.GetNodeId()
+		if old, had := s.members[id]; had {
+			delete(s.members, id)
+			ev = &auditEvent{"audit: member removed from the node directory", []any{"member", id, "old", old, "new", "(none)"}}
+		}
 	}
-	return Result{WorkersVersion: s.workersVersion}, nil
+	return Result{WorkersVersion: s.workersVersion}, ev
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
+// workerString renders one worker's replicated settings for the audit log.
+func (s *State) workerString(url string) (string, bool) {
+	i := slices.IndexFunc(s.specs, func(w engine.WorkerSpec) bool { return w.URL == url })
+	if i < 0 {
+		return "(none)", false
+	}
+	w := s.specs[i]
+	return fmt.Sprintf("%s max_load=%d load_penalty=%d cache_capacity_tokens=%d", w.URL, w.MaxLoad, w.LoadPenalty, s.capacity[w.URL]), true
+}
+
+func (s *State) workerSetString() string {
+	parts := make([]string, len(s.specs))
+	for i, w := range s.specs {
+		parts[i], _ = s.workerString(w.URL)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
 }
 
 // applyPlacements inserts (or withdraws) placements in chunks, releasing
@@ -206,24 +273,36 @@ func (s *State) specFrom(w *cartv1.WorkerSpec) engine.WorkerSpec {
 	return spec
 }
 
-func (s *State) upsert(w *cartv1.WorkerSpec) {
+func (s *State) upsert(w *cartv1.WorkerSpec) *auditEvent {
 	if w.GetUrl() == "" {
-		return // malformed proposal; the admin API validates before proposing
+		return nil // malformed proposal; the admin API validates before proposing
 	}
 	spec := s.specFrom(w)
+	old, existed := s.workerString(spec.URL)
+	oldCapacity := s.capacity[spec.URL]
 	s.capacity[spec.URL] = w.GetCacheCapacityTokens()
+	changed := func(msg string) *auditEvent {
+		now, _ := s.workerString(spec.URL)
+		return &auditEvent{msg, []any{"worker", spec.URL, "old", old, "new", now}}
+	}
 	for i := range s.specs {
 		if s.specs[i].URL == spec.URL {
 			if s.specs[i] == spec {
-				return // idempotent re-apply: no version bump
+				// Idempotent re-apply: no version bump. Only the modelled
+				// capacity in tokens may differ (same blocks).
+				if existed && oldCapacity != w.GetCacheCapacityTokens() {
+					return changed("audit: worker updated")
+				}
+				return nil
 			}
 			s.specs[i] = spec
 			s.commitWorkers()
-			return
+			return changed("audit: worker updated")
 		}
 	}
 	s.specs = append(s.specs, spec)
 	s.commitWorkers()
+	return changed("audit: worker added")
 }
 
 func (s *State) remove(url string) bool {

@@ -34,6 +34,10 @@ type RaftCommand struct {
 	Ignorable bool `protobuf:"varint,2,opt,name=ignorable,proto3" json:"ignorable,omitempty"`
 	// Caller's id for the write, for logs and de-duplication.
 	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Who asked for the change (credential role, remote address, forwarding
+	// node), so that every node's audit log names the same actor. Informative
+	// only: it is never used to authorise anything.
+	Actor string `protobuf:"bytes,4,opt,name=actor,proto3" json:"actor,omitempty"`
 	// Types that are valid to be assigned to Body:
 	//
 	//	*RaftCommand_UpsertWorker
@@ -95,6 +99,13 @@ func (x *RaftCommand) GetIgnorable() bool {
 func (x *RaftCommand) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RaftCommand) GetActor() string {
+	if x != nil {
+		return x.Actor
 	}
 	return ""
 }
@@ -838,12 +849,13 @@ var File_cart_v1_raft_proto protoreflect.FileDescriptor
 
 const file_cart_v1_raft_proto_rawDesc = "" +
 	"\n" +
-	"\x12cart/v1/raft.proto\x12\acart.v1\"\xba\x04\n" +
+	"\x12cart/v1/raft.proto\x12\acart.v1\"\xd0\x04\n" +
 	"\vRaftCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1c\n" +
 	"\tignorable\x18\x02 \x01(\bR\tignorable\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\x12C\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05actor\x18\x04 \x01(\tR\x05actor\x12C\n" +
 	"\rupsert_worker\x18\n" +
 	" \x01(\v2\x1c.cart.v1.UpsertWorkerCommandH\x00R\fupsertWorker\x12C\n" +
 	"\rremove_worker\x18\v \x01(\v2\x1c.cart.v1.RemoveWorkerCommandH\x00R\fremoveWorker\x12=\n" +
