@@ -43,6 +43,9 @@ type Daemon struct {
 	eng  *engine.Engine
 	// watcher is DNS discovery, run by whichever node leads.
 	watcher *discovery.Watcher
+	// seeded is closed once a bootstrapping node decided about the static
+	// seed (nil on other nodes).
+	seeded chan struct{}
 }
 
 // raftTLS builds the Raft transport's server and client TLS from one
@@ -81,13 +84,27 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, log: log, mu: &sync.Mutex{}}
+	if cp.Bootstrap {
+		d.seeded = make(chan struct{})
+	}
 	idx := index.New(index.Options{MaxEntries: cfg.Cache.MaxTreeSize, Headroom: cfg.Cache.MaxTreeSize / 8, InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0})
 	d.eng = engine.New(server.EnginePolicy(cfg), idx, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	d.St = state.New(d.mu, d.eng)
 	var leaderLoops []func(context.Context)
 	if cfg.Discovery.DNS.Enabled() {
 		// d.watcher is set below, before Raft can make this node leader.
-		leaderLoops = append(leaderLoops, func(ctx context.Context) { d.watcher.Run(ctx) })
+		leaderLoops = append(leaderLoops, func(ctx context.Context) {
+			// The seed only lands on a cluster with no worker history, so
+			// discovery must not write the first worker change.
+			if d.seeded != nil {
+				select {
+				case <-d.seeded:
+				case <-ctx.Done():
+					return
+				}
+			}
+			d.watcher.Run(ctx)
+		})
 	}
 	d.Core = service.New(service.Options{
 		NodeID:         cp.NodeID,
@@ -243,6 +260,7 @@ func (d *Daemon) join(ctx context.Context, client *http.Client, token string) {
 // seedWorkers gives a freshly bootstrapped cluster the workers from the
 // config, once: a cluster that already has a worker history keeps it.
 func (d *Daemon) seedWorkers(ctx context.Context) {
+	defer close(d.seeded)
 	if len(d.cfg.Workers) == 0 {
 		return
 	}
