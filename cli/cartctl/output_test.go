@@ -57,7 +57,8 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   dns
       "actual_cached_tokens": "0",
       "cache_misses": "0",
       "model_capacity_blocks": 0,
-      "source": ""
+      "source": "",
+      "draining": false
     },
     {
       "url": "http://10.0.0.6:8000",
@@ -70,7 +71,8 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   dns
       "actual_cached_tokens": "0",
       "cache_misses": "0",
       "model_capacity_blocks": 0,
-      "source": "dns"
+      "source": "dns",
+      "draining": false
     }
   ],
   "workers_version": "12"

@@ -733,3 +733,18 @@ func TestOnHealthyAfterRecovery(t *testing.T) {
 		t.Fatalf("OnHealthy calls %v, want exactly one for %s", got, wA)
 	}
 }
+
+// A worker the leader reports draining (it left DNS) gets no new requests
+// from local fallback either, even when it is the least loaded.
+func TestFallbackSkipsDrainingWorkers(t *testing.T) {
+	r := newTestRouter(t, Options{BootWorkers: []router.WorkerStatus{
+		{URL: wA, Healthy: true, Draining: true},
+		{URL: wB, Healthy: true, LoadPenalty: 5},
+	}})
+	for i := range 5 {
+		d, err := r.Route(context.Background(), &router.Request{})
+		if err != nil || d.Worker != wB {
+			t.Fatalf("pick %d = %+v, %v; want %s (A draining)", i, d, err, wB)
+		}
+	}
+}

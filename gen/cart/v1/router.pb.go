@@ -703,7 +703,10 @@ type Worker struct {
 	ModelCapacityBlocks uint32 `protobuf:"varint,10,opt,name=model_capacity_blocks,json=modelCapacityBlocks,proto3" json:"model_capacity_blocks,omitempty"`
 	// Where the worker came from: "static" (config), "admin" (cartctl) or
 	// "dns" (discovery). Discovery only ever removes its own workers.
-	Source        string `protobuf:"bytes,11,opt,name=source,proto3" json:"source,omitempty"`
+	Source string `protobuf:"bytes,11,opt,name=source,proto3" json:"source,omitempty"`
+	// Left its discovery source: takes no new requests (data planes skip it
+	// in local fallback too) while in-flight ones finish.
+	Draining      bool `protobuf:"varint,12,opt,name=draining,proto3" json:"draining,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -815,6 +818,13 @@ func (x *Worker) GetSource() string {
 	return ""
 }
 
+func (x *Worker) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
 var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
@@ -878,7 +888,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"blockChars\x12\x1b\n" +
 	"\tleader_id\x18\x04 \x01(\tR\bleaderId\x12\x1d\n" +
 	"\n" +
-	"leader_url\x18\x05 \x01(\tR\tleaderUrl\"\x93\x03\n" +
+	"leader_url\x18\x05 \x01(\tR\tleaderUrl\"\xaf\x03\n" +
 	"\x06Worker\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
 	"\bmax_load\x18\x02 \x01(\rR\amaxLoad\x12!\n" +
@@ -891,7 +901,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\fcache_misses\x18\t \x01(\x04R\vcacheMisses\x122\n" +
 	"\x15model_capacity_blocks\x18\n" +
 	" \x01(\rR\x13modelCapacityBlocks\x12\x16\n" +
-	"\x06source\x18\v \x01(\tR\x06source2\xc3\x01\n" +
+	"\x06source\x18\v \x01(\tR\x06source\x12\x1a\n" +
+	"\bdraining\x18\f \x01(\bR\bdraining2\xc3\x01\n" +
 	"\rRouterService\x128\n" +
 	"\x05Route\x12\x15.cart.v1.RouteRequest\x1a\x16.cart.v1.RouteResponse\"\x00\x12A\n" +
 	"\bComplete\x12\x18.cart.v1.CompleteRequest\x1a\x19.cart.v1.CompleteResponse\"\x00\x125\n" +
