@@ -74,7 +74,7 @@ func writeWorkersTable(w io.Writer, resp *cartv1.ListWorkersResponse) error {
 	fmt.Fprintln(tw, "URL\tHEALTHY\tLOAD\tMAX_LOAD\tPENALTY\tCAPACITY\tSOURCE")
 	for _, wk := range resp.GetWorkers() {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", wk.GetUrl(), yesNo(wk.GetHealthy()), wk.GetLoad(),
-			maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()), sourceText(wk.GetSource()))
+			maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()), sourceText(wk))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -86,11 +86,16 @@ func writeWorkersTable(w io.Writer, resp *cartv1.ListWorkersResponse) error {
 	return err
 }
 
-// sourceText names where a worker came from; control planes older than
-// sources send none, and their workers were all static or admin-added.
-func sourceText(s string) string {
+// sourceText names where a worker came from, and says when it is draining
+// (it left its discovery source). Control planes older than sources send
+// none, and their workers were all static or admin-added.
+func sourceText(wk *cartv1.Worker) string {
+	s := wk.GetSource()
 	if s == "" {
-		return "static"
+		s = "static"
+	}
+	if wk.GetDraining() {
+		s += " (draining)"
 	}
 	return s
 }

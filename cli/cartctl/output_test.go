@@ -12,7 +12,7 @@ import (
 var sampleWorkers = &cartv1.ListWorkersResponse{
 	Workers: []*cartv1.Worker{
 		{Url: "http://10.0.0.5:8000", MaxLoad: 32, LoadPenalty: 2, CacheCapacityTokens: 1000000, Healthy: true, Load: 7},
-		{Url: "http://10.0.0.6:8000", Source: "dns"},
+		{Url: "http://10.0.0.6:8000", Source: "dns", Draining: true},
 	},
 	WorkersVersion: 12,
 }
@@ -40,7 +40,7 @@ func TestOutputGolden(t *testing.T) {
 	}{
 		{"workers table", func(b *bytes.Buffer) error { return writeWorkersTable(b, sampleWorkers) }, `URL                   HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY  SOURCE
 http://10.0.0.5:8000  yes      7     32         2        1000000   static
-http://10.0.0.6:8000  no       0     unlimited  0        default   dns
+http://10.0.0.6:8000  no       0     unlimited  0        default   dns (draining)
 
 2 worker(s), workers version 12; CAPACITY is in tokens
 `},
@@ -72,7 +72,7 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   dns
       "cache_misses": "0",
       "model_capacity_blocks": 0,
       "source": "dns",
-      "draining": false
+      "draining": true
     }
   ],
   "workers_version": "12"
