@@ -46,6 +46,9 @@ func NewDNSResolver(o DNSOptions) (*DNSResolver, error) {
 	if o.Name == "" {
 		return nil, errors.New("dns discovery: name is empty")
 	}
+	if _, ok := dns.IsDomainName(o.Name); !ok || strings.ContainsAny(o.Name, " \t") {
+		return nil, fmt.Errorf("dns discovery: %q is not a valid DNS name", o.Name)
+	}
 	if !o.SRV && (o.Port < 1 || o.Port > 65535) {
 		return nil, fmt.Errorf("dns discovery: port %d out of range", o.Port)
 	}

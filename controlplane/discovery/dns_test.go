@@ -92,4 +92,7 @@ func TestNewDNSResolverRejectsBadOptions(t *testing.T) {
 	if _, err := NewDNSResolver(DNSOptions{Name: "x", Server: "127.0.0.1:53"}); err == nil {
 		t.Error("A mode without a port accepted")
 	}
+	if _, err := NewDNSResolver(DNSOptions{Name: "a..b", Port: 80, Server: "127.0.0.1:53"}); err == nil {
+		t.Error("invalid name accepted")
+	}
 }
