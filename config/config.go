@@ -64,6 +64,7 @@ type Config struct {
 	Auth           Auth           `yaml:"auth"`
 	ControlPlane   ControlPlane   `yaml:"controlplane"`
 	DataPlane      DataPlane      `yaml:"dataplane"`
+	Discovery      Discovery      `yaml:"discovery"`
 
 	// origins maps dotted keys to the file and line that last set them, so
 	// validation errors can point at the offending file in a layered setup.
@@ -233,6 +234,43 @@ type CircuitBreaker struct {
 	SuccessThreshold int     `yaml:"success_threshold"`
 	TimeoutSecs      float64 `yaml:"timeout_secs"`
 }
+
+// Discovery configures worker sources beside the static list: the
+// all-in-one router and the control-plane leader run them.
+type Discovery struct {
+	// DrainTimeoutSecs bounds how long a worker that left its source keeps
+	// its in-flight requests before it is removed anyway.
+	DrainTimeoutSecs float64      `yaml:"drain_timeout_secs"`
+	DNS              DiscoveryDNS `yaml:"dns"`
+}
+
+// DiscoveryDNS discovers workers from A/AAAA records (with Port) or SRV
+// records of Name.
+type DiscoveryDNS struct {
+	// Name is the DNS name to resolve; "" disables DNS discovery.
+	Name string `yaml:"name"`
+	// RecordType is "A" (A and AAAA records, port from Port) or "SRV".
+	RecordType string `yaml:"record_type"`
+	Port       int    `yaml:"port"`
+	Scheme     string `yaml:"scheme"`
+	// Resolver is host:port of the DNS server; "" = first nameserver of
+	// /etc/resolv.conf.
+	Resolver        string  `yaml:"resolver"`
+	TimeoutSecs     float64 `yaml:"timeout_secs"`
+	MinIntervalSecs float64 `yaml:"min_interval_secs"`
+	MaxIntervalSecs float64 `yaml:"max_interval_secs"`
+	// AddAfter and RemoveAfter are the damping: consecutive resolutions an
+	// endpoint must be present (absent) in before it is added (drained).
+	AddAfter    int `yaml:"add_after"`
+	RemoveAfter int `yaml:"remove_after"`
+	// Defaults for discovered workers.
+	MaxLoad             int   `yaml:"max_load"`
+	LoadPenalty         int   `yaml:"load_penalty"`
+	CacheCapacityTokens int64 `yaml:"cache_capacity_tokens"`
+}
+
+// Enabled reports whether DNS discovery runs.
+func (d DiscoveryDNS) Enabled() bool { return d.Name != "" }
 
 // Session configures sticky routing by a client-supplied session key.
 type Session struct {
@@ -444,6 +482,18 @@ func Default() *Config {
 			RouteTimeoutMs:       20,
 			ReportIntervalMs:     10,
 			WorkerSyncIntervalMs: 500,
+		},
+		Discovery: Discovery{
+			DrainTimeoutSecs: 60,
+			DNS: DiscoveryDNS{
+				RecordType:      "A",
+				Scheme:          "http",
+				TimeoutSecs:     2,
+				MinIntervalSecs: 1,
+				MaxIntervalSecs: 30,
+				AddAfter:        1,
+				RemoveAfter:     3,
+			},
 		},
 	}
 }

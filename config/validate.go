@@ -98,6 +98,7 @@ func (c *Config) Validate(role Role) error {
 	v.auth()
 	v.controlPlane(role)
 	v.dataPlane(role)
+	v.discovery(role)
 	if role < RoleAllInOne || role > RoleDataPlane {
 		v.add("", "unknown role %v", role)
 	}
@@ -219,8 +220,8 @@ func (v *validator) server() {
 }
 
 func (v *validator) workers(role Role) {
-	if len(v.c.Workers) == 0 && role == RoleAllInOne {
-		v.add("workers", "at least one worker is required: the all-in-one router has nowhere to send requests; add workers[].url")
+	if len(v.c.Workers) == 0 && role == RoleAllInOne && !v.c.Discovery.DNS.Enabled() {
+		v.add("workers", "at least one worker is required: the all-in-one router has nowhere to send requests; add workers[].url or discovery.dns.name")
 	}
 	seen := make(map[string]int)
 	for i, w := range v.c.Workers {
@@ -569,4 +570,45 @@ func (v *validator) dataPlane(role Role) {
 	v.intRange("dataplane.report_interval_ms", int64(dp.ReportIntervalMs), 1, 10000)
 	v.intAtLeast("dataplane.worker_sync_interval_ms", int64(dp.WorkerSyncIntervalMs), 50)
 	v.keyPair("dataplane.tls", dp.ClientTLS.CertFile, dp.ClientTLS.KeyFile)
+}
+
+func (v *validator) discovery(role Role) {
+	d := v.c.Discovery
+	v.positive("discovery.drain_timeout_secs", d.DrainTimeoutSecs)
+	n := d.DNS
+	if !n.Enabled() {
+		return
+	}
+	if role == RoleDataPlane {
+		v.add("discovery.dns.name", "a data plane does not discover workers: set discovery on the control plane (its leader runs it)")
+	}
+	switch n.RecordType {
+	case "A":
+		v.intRange("discovery.dns.port", int64(n.Port), 1, 65535)
+	case "SRV":
+		if n.Port != 0 {
+			v.add("discovery.dns.port", "must be 0 with record_type SRV (the port comes from each SRV record), got %d", n.Port)
+		}
+	default:
+		v.add("discovery.dns.record_type", "must be A (A and AAAA records) or SRV, got %q", n.RecordType)
+	}
+	if n.Scheme != "http" && n.Scheme != "https" {
+		v.add("discovery.dns.scheme", "must be http or https, got %q", n.Scheme)
+	}
+	if n.Resolver != "" {
+		if _, port, err := net.SplitHostPort(n.Resolver); err != nil || port == "" {
+			v.add("discovery.dns.resolver", "must be host:port (e.g. 127.0.0.1:53), got %q", n.Resolver)
+		}
+	}
+	v.positive("discovery.dns.timeout_secs", n.TimeoutSecs)
+	v.positive("discovery.dns.min_interval_secs", n.MinIntervalSecs)
+	v.positive("discovery.dns.max_interval_secs", n.MaxIntervalSecs)
+	if n.MaxIntervalSecs < n.MinIntervalSecs {
+		v.add("discovery.dns.max_interval_secs", "must be at least min_interval_secs (%v), got %v", n.MinIntervalSecs, n.MaxIntervalSecs)
+	}
+	v.intRange("discovery.dns.add_after", int64(n.AddAfter), 1, 1000)
+	v.intRange("discovery.dns.remove_after", int64(n.RemoveAfter), 1, 1000)
+	v.intAtLeast("discovery.dns.max_load", int64(n.MaxLoad), 0)
+	v.intAtLeast("discovery.dns.load_penalty", int64(n.LoadPenalty), 0)
+	v.intAtLeast("discovery.dns.cache_capacity_tokens", n.CacheCapacityTokens, 0)
 }

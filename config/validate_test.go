@@ -113,6 +113,18 @@ func TestValidateRules(t *testing.T) {
 		{"tls key without cert", RoleAllInOne, func(c *Config) { c.Server.TLS.KeyFile = "k.pem" }, "server.tls.key_file", "server.tls.cert_file is not"},
 		{"tls client ca without cert", RoleAllInOne, func(c *Config) { c.Server.TLS.ClientCAFile = "ca.pem" }, "server.tls.client_ca_file", "requires cert_file"},
 
+		// discovery
+		{"dns port missing", RoleAllInOne, func(c *Config) { c.Discovery.DNS.Name = "sim" }, "discovery.dns.port", "between 1 and 65535, got 0"},
+		{"dns srv with port", RoleAllInOne, func(c *Config) { c.Discovery.DNS = dnsOK(); c.Discovery.DNS.RecordType = "SRV" }, "discovery.dns.port", "must be 0 with record_type SRV"},
+		{"dns record type", RoleAllInOne, func(c *Config) { c.Discovery.DNS = dnsOK(); c.Discovery.DNS.RecordType = "CNAME" }, "discovery.dns.record_type", "A (A and AAAA records) or SRV"},
+		{"dns scheme", RoleAllInOne, func(c *Config) { c.Discovery.DNS = dnsOK(); c.Discovery.DNS.Scheme = "ftp" }, "discovery.dns.scheme", "http or https"},
+		{"dns resolver without port", RoleAllInOne, func(c *Config) { c.Discovery.DNS = dnsOK(); c.Discovery.DNS.Resolver = "127.0.0.1" }, "discovery.dns.resolver", "host:port"},
+		{"dns interval bounds", RoleAllInOne, func(c *Config) { c.Discovery.DNS = dnsOK(); c.Discovery.DNS.MaxIntervalSecs = 0.5 }, "discovery.dns.max_interval_secs", "at least min_interval_secs"},
+		{"dns remove_after zero", RoleAllInOne, func(c *Config) { c.Discovery.DNS = dnsOK(); c.Discovery.DNS.RemoveAfter = 0 }, "discovery.dns.remove_after", "between 1 and 1000"},
+		{"dns add_after zero", RoleAllInOne, func(c *Config) { c.Discovery.DNS = dnsOK(); c.Discovery.DNS.AddAfter = 0 }, "discovery.dns.add_after", "between 1 and 1000"},
+		{"dns on a data plane", RoleDataPlane, func(c *Config) { c.Discovery.DNS = dnsOK() }, "discovery.dns.name", "a data plane does not discover workers"},
+		{"drain timeout zero", RoleAllInOne, func(c *Config) { c.Discovery.DrainTimeoutSecs = 0 }, "discovery.drain_timeout_secs", "greater than 0"},
+
 		// workers
 		{"no workers all-in-one", RoleAllInOne, func(c *Config) { c.Workers = nil }, "workers",
 			"at least one worker is required: the all-in-one router has nowhere to send requests; add workers[].url"},
@@ -426,5 +438,24 @@ func TestSecretFilesAreRead(t *testing.T) {
 	per, def, err := c.WorkerKeys()
 	if err != nil || def != "pool-key" || per["http://127.0.0.1:8001"] != "k3y" || per["http://127.0.0.1:8002"] != "pool-key" {
 		t.Fatalf("WorkerKeys() = %v, %q, %v", per, def, err)
+	}
+}
+
+func dnsOK() DiscoveryDNS {
+	d := Default().Discovery.DNS
+	d.Name, d.Port = "sim", 8000
+	return d
+}
+
+func TestDiscoveryAllowsNoStaticWorkers(t *testing.T) {
+	c := validBase()
+	c.Workers = nil
+	c.Discovery.DNS = dnsOK()
+	if err := c.Validate(RoleAllInOne); err != nil {
+		t.Fatalf("all-in-one with DNS discovery and no static workers: %v", err)
+	}
+	c.Discovery.DNS.Name = ""
+	if err := c.Validate(RoleAllInOne); err == nil {
+		t.Fatal("all-in-one with neither workers nor discovery validated")
 	}
 }

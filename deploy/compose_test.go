@@ -38,6 +38,10 @@ type composeService struct {
 		Source string `yaml:"source"`
 		Target string `yaml:"target"`
 	} `yaml:"secrets"`
+	Hostname string `yaml:"hostname"`
+	Deploy   struct {
+		Replicas int `yaml:"replicas"`
+	} `yaml:"deploy"`
 }
 
 const composeDir = "deploy/compose"
@@ -264,6 +268,22 @@ func TestComposeCartConfigs(t *testing.T) {
 		}
 		for _, w := range cfg.Workers {
 			hostIs("worker", w.URL, "sim-")
+		}
+		if d := cfg.Discovery.DNS; d.Enabled() {
+			// Discovery must name a scalable service (no fixed hostname)
+			// listening on the configured port, through docker's DNS.
+			pool, ok := c.Services[d.Name]
+			switch {
+			case !ok:
+				t.Errorf("%s: discovery.dns.name %q is not a compose service", name, d.Name)
+			case pool.Hostname != "" || pool.Deploy.Replicas < 1:
+				t.Errorf("%s: discovery.dns.name %q should be a scalable service (no hostname, deploy.replicas set)", name, d.Name)
+			case !slices.Contains(pool.Command, fmt.Sprintf("0.0.0.0:%d", d.Port)):
+				t.Errorf("%s: discovery.dns.port %d is not where %s listens: %v", name, d.Port, d.Name, pool.Command)
+			}
+			if d.RecordType != "A" || d.Resolver != "127.0.0.11:53" {
+				t.Errorf("%s: discovery.dns record_type %q resolver %q, want A records from docker's embedded DNS 127.0.0.11:53", name, d.RecordType, d.Resolver)
+			}
 		}
 		switch role {
 		case config.RoleControlPlane:

@@ -71,10 +71,10 @@ func capacityText(n int64) string {
 
 func writeWorkersTable(w io.Writer, resp *cartv1.ListWorkersResponse) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "URL\tHEALTHY\tLOAD\tMAX_LOAD\tPENALTY\tCAPACITY")
+	fmt.Fprintln(tw, "URL\tHEALTHY\tLOAD\tMAX_LOAD\tPENALTY\tCAPACITY\tSOURCE")
 	for _, wk := range resp.GetWorkers() {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\n", wk.GetUrl(), yesNo(wk.GetHealthy()), wk.GetLoad(),
-			maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", wk.GetUrl(), yesNo(wk.GetHealthy()), wk.GetLoad(),
+			maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()), sourceText(wk))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -84,6 +84,20 @@ func writeWorkersTable(w io.Writer, resp *cartv1.ListWorkersResponse) error {
 	_, err := fmt.Fprintf(w, "\n%d worker(s), workers version %d; CAPACITY is in tokens\n",
 		len(resp.GetWorkers()), resp.GetWorkersVersion())
 	return err
+}
+
+// sourceText names where a worker came from, and says when it is draining
+// (it left its discovery source). Control planes older than sources send
+// none, and their workers were all static or admin-added.
+func sourceText(wk *cartv1.Worker) string {
+	s := wk.GetSource()
+	if s == "" {
+		s = "static"
+	}
+	if wk.GetDraining() {
+		s += " (draining)"
+	}
+	return s
 }
 
 // workerSummary is the one-line confirmation after add and update.

@@ -12,7 +12,7 @@ import (
 var sampleWorkers = &cartv1.ListWorkersResponse{
 	Workers: []*cartv1.Worker{
 		{Url: "http://10.0.0.5:8000", MaxLoad: 32, LoadPenalty: 2, CacheCapacityTokens: 1000000, Healthy: true, Load: 7},
-		{Url: "http://10.0.0.6:8000"},
+		{Url: "http://10.0.0.6:8000", Source: "dns", Draining: true},
 	},
 	WorkersVersion: 12,
 }
@@ -38,9 +38,9 @@ func TestOutputGolden(t *testing.T) {
 		write func(*bytes.Buffer) error
 		want  string
 	}{
-		{"workers table", func(b *bytes.Buffer) error { return writeWorkersTable(b, sampleWorkers) }, `URL                   HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY
-http://10.0.0.5:8000  yes      7     32         2        1000000
-http://10.0.0.6:8000  no       0     unlimited  0        default
+		{"workers table", func(b *bytes.Buffer) error { return writeWorkersTable(b, sampleWorkers) }, `URL                   HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY  SOURCE
+http://10.0.0.5:8000  yes      7     32         2        1000000   static
+http://10.0.0.6:8000  no       0     unlimited  0        default   dns (draining)
 
 2 worker(s), workers version 12; CAPACITY is in tokens
 `},
@@ -56,7 +56,9 @@ http://10.0.0.6:8000  no       0     unlimited  0        default
       "predicted_cached_tokens": "0",
       "actual_cached_tokens": "0",
       "cache_misses": "0",
-      "model_capacity_blocks": 0
+      "model_capacity_blocks": 0,
+      "source": "",
+      "draining": false
     },
     {
       "url": "http://10.0.0.6:8000",
@@ -68,7 +70,9 @@ http://10.0.0.6:8000  no       0     unlimited  0        default
       "predicted_cached_tokens": "0",
       "actual_cached_tokens": "0",
       "cache_misses": "0",
-      "model_capacity_blocks": 0
+      "model_capacity_blocks": 0,
+      "source": "dns",
+      "draining": true
     }
   ],
   "workers_version": "12"

@@ -88,6 +88,12 @@ func (p *cpProc) stop(sig syscall.Signal) {
 
 func startCluster(t *testing.T, workers []string) []*cpProc {
 	t.Helper()
+	return startClusterWith(t, workers, "")
+}
+
+// startClusterWith starts three nodes whose configs end with extra YAML.
+func startClusterWith(t *testing.T, workers []string, extra string) []*cpProc {
+	t.Helper()
 	base := t.TempDir()
 	var procs []*cpProc
 	for i := 1; i <= 3; i++ {
@@ -106,6 +112,7 @@ func startCluster(t *testing.T, workers []string) []*cpProc {
 		} else {
 			fmt.Fprintf(&sb, "  join: [%s]\n", procs[0].url())
 		}
+		sb.WriteString(extra)
 		p.cfg = filepath.Join(base, p.id+".yaml")
 		if err := os.WriteFile(p.cfg, []byte(sb.String()), 0o600); err != nil {
 			t.Fatal(err)

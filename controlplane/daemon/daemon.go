@@ -20,6 +20,7 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/raftnode"
@@ -40,6 +41,11 @@ type Daemon struct {
 	API  *http.Server
 	mu   *sync.Mutex
 	eng  *engine.Engine
+	// watcher is DNS discovery, run by whichever node leads.
+	watcher *discovery.Watcher
+	// seeded is closed once a bootstrapping node decided about the static
+	// seed (nil on other nodes).
+	seeded chan struct{}
 }
 
 // raftTLS builds the Raft transport's server and client TLS from one
@@ -86,9 +92,28 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, log: log, mu: &sync.Mutex{}}
+	if cp.Bootstrap {
+		d.seeded = make(chan struct{})
+	}
 	idx := index.New(index.Options{MaxEntries: cfg.Cache.MaxTreeSize, Headroom: cfg.Cache.MaxTreeSize / 8, InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0})
 	d.eng = engine.New(server.EnginePolicy(cfg), idx, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	d.St = state.New(d.mu, d.eng)
+	var leaderLoops []func(context.Context)
+	if cfg.Discovery.DNS.Enabled() {
+		// d.watcher is set below, before Raft can make this node leader.
+		leaderLoops = append(leaderLoops, func(ctx context.Context) {
+			// The seed only lands on a cluster with no worker history, so
+			// discovery must not write the first worker change.
+			if d.seeded != nil {
+				select {
+				case <-d.seeded:
+				case <-ctx.Done():
+					return
+				}
+			}
+			d.watcher.Run(ctx)
+		})
+	}
 	d.Core = service.New(service.Options{
 		NodeID:         cp.NodeID,
 		APIURL:         cp.EffectiveAdvertiseAPIURL(),
@@ -102,7 +127,18 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		AdminToken:     adminToken,
 		Logger:         log,
 		ForwardClient:  client,
+		LeaderLoops:    leaderLoops,
 	}, d.mu, d.eng, d.St)
+	if cfg.Discovery.DNS.Enabled() {
+		res, err := server.DNSResolver(cfg)
+		if err != nil {
+			return nil, err
+		}
+		d.watcher = discovery.NewWatcher(discovery.WatchOptions{
+			Source: state.SourceDNS, Resolver: res, Sink: cpSink{d}, Rules: server.DiscoveryRules(cfg),
+			Metrics: discovery.NewMetrics(d.Core.Registry()), Logger: log,
+		})
+	}
 	srvTLS, cliTLS, err := raftTLS(cp.RaftTLS)
 	if err != nil {
 		return nil, err
@@ -241,6 +277,7 @@ func (d *Daemon) join(ctx context.Context, client *http.Client, token string) {
 // seedWorkers gives a freshly bootstrapped cluster the workers from the
 // config, once: a cluster that already has a worker history keeps it.
 func (d *Daemon) seedWorkers(ctx context.Context) {
+	defer close(d.seeded)
 	if len(d.cfg.Workers) == 0 {
 		return
 	}
@@ -251,7 +288,7 @@ func (d *Daemon) seedWorkers(ctx context.Context) {
 			}
 			cmd := &cartv1.SetWorkersCommand{}
 			for _, w := range d.cfg.Workers {
-				cmd.Workers = append(cmd.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: w.CacheCapacityTokens})
+				cmd.Workers = append(cmd.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: w.CacheCapacityTokens, Source: state.SourceStatic})
 			}
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := d.Node.Apply(actx, &cartv1.RaftCommand{RequestId: "seed-workers", Actor: "node " + d.cfg.ControlPlane.NodeID + " (workers from its config, first bootstrap)", Body: &cartv1.RaftCommand_SetWorkers{SetWorkers: cmd}})
@@ -314,4 +351,54 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		err = nil
 	}
 	return err
+}
+
+// cpSink applies DNS discovery to the replicated worker set: every change
+// is an idempotent Raft command (upsert, remove by URL) whose worker carries
+// source "dns", so a new leader's watcher continues from the replicated
+// set. Draining is leader soft state on the leader's engine.
+type cpSink struct{ d *Daemon }
+
+func (s cpSink) Pool() map[string]string {
+	ws, _ := s.d.St.Workers()
+	out := make(map[string]string, len(ws))
+	for _, w := range ws {
+		out[w.URL] = w.Source
+	}
+	return out
+}
+
+func (s cpSink) Add(ctx context.Context, url string) error {
+	n := s.d.cfg.Discovery.DNS
+	spec := &cartv1.WorkerSpec{Url: url, MaxLoad: uint32(n.MaxLoad), LoadPenalty: uint32(n.LoadPenalty),
+		CacheCapacityTokens: n.CacheCapacityTokens, Source: state.SourceDNS}
+	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-dns-add " + url,
+		Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}})
+}
+
+func (s cpSink) Remove(ctx context.Context, url string) error {
+	if src, ok := s.Pool()[url]; !ok || src != state.SourceDNS {
+		return nil // gone already, or not ours
+	}
+	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-dns-remove " + url,
+		Body: &cartv1.RaftCommand_RemoveWorker{RemoveWorker: &cartv1.RemoveWorkerCommand{Url: url}}})
+}
+
+func (s cpSink) apply(ctx context.Context, cmd *cartv1.RaftCommand) error {
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := s.d.Node.Apply(actx, cmd)
+	return err
+}
+
+func (s cpSink) SetDraining(url string, on bool) {
+	s.d.mu.Lock()
+	s.d.eng.SetDraining(url, on)
+	s.d.mu.Unlock()
+}
+
+func (s cpSink) Load(url string) int {
+	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	return s.d.eng.Load(url)
 }

@@ -83,15 +83,21 @@ type WorkerSpec struct {
 	LoadPenalty int
 	// CapacityBlocks overrides Policy.CapacityBlocks (0 = use it).
 	CapacityBlocks int
+	// Source says where the worker came from ("static", "admin", "dns");
+	// discovery only ever removes workers of its own source.
+	Source string
 }
 
 type worker struct {
 	id      index.WorkerID
 	spec    WorkerSpec
 	healthy bool
-	load    int // in-flight requests placed and not yet released
-	model   *blockLRU
-	acc     Accuracy
+	// draining keeps the worker out of new decisions while its in-flight
+	// requests finish (it left its discovery source).
+	draining bool
+	load     int // in-flight requests placed and not yet released
+	model    *blockLRU
+	acc      Accuracy
 }
 
 // Request is one routing question.
@@ -226,11 +232,21 @@ func (e *Engine) SetHealthy(url string, healthy bool) {
 	}
 }
 
+// SetDraining takes a worker out of new decisions (or puts it back) without
+// removing it, so requests in flight to it finish and release their load.
+// Unknown URLs are ignored.
+func (e *Engine) SetDraining(url string, draining bool) {
+	if w, ok := e.byURL[url]; ok {
+		w.draining = draining
+	}
+}
+
 // WorkerState is a read-only view of one worker.
 type WorkerState struct {
 	WorkerSpec
-	Healthy bool
-	Load    int
+	Healthy  bool
+	Draining bool
+	Load     int
 	// Accuracy compares the index's predictions with reported usage.
 	Accuracy Accuracy
 }
@@ -239,7 +255,7 @@ type WorkerState struct {
 func (e *Engine) Workers() []WorkerState {
 	out := make([]WorkerState, len(e.workers))
 	for i, w := range e.workers {
-		out[i] = WorkerState{WorkerSpec: w.spec, Healthy: w.healthy, Load: w.load, Accuracy: w.accuracy()}
+		out[i] = WorkerState{WorkerSpec: w.spec, Healthy: w.healthy, Draining: w.draining, Load: w.load, Accuracy: w.accuracy()}
 	}
 	return out
 }
@@ -365,7 +381,9 @@ func (e *Engine) collectUsable(exclude []string) error {
 	}
 	healthy, notExcluded := 0, 0
 	for _, w := range e.workers {
-		if !w.healthy {
+		// A draining worker is on its way out: for new requests it counts
+		// as gone.
+		if !w.healthy || w.draining {
 			continue
 		}
 		healthy++

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/raftnode"
+	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -93,7 +94,7 @@ func toSpec(w *cartv1.Worker) (*cartv1.WorkerSpec, error) {
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("worker url: %w", err))
 	}
-	return &cartv1.WorkerSpec{Url: u, MaxLoad: w.GetMaxLoad(), LoadPenalty: w.GetLoadPenalty(), CacheCapacityTokens: w.GetCacheCapacityTokens()}, nil
+	return &cartv1.WorkerSpec{Url: u, MaxLoad: w.GetMaxLoad(), LoadPenalty: w.GetLoadPenalty(), CacheCapacityTokens: w.GetCacheCapacityTokens(), Source: state.SourceAdmin}, nil
 }
 
 func (c *Core) findWorker(url string) (*cartv1.Worker, bool) {
@@ -171,9 +172,13 @@ func (h *AdminHandler) UpdateWorker(ctx context.Context, req *connect.Request[ca
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := c.findWorker(spec.GetUrl()); !ok {
+	cur, ok := c.findWorker(spec.GetUrl())
+	if !ok {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("worker %s not found", spec.GetUrl()))
 	}
+	// Tuning a worker does not change where it came from: a discovered
+	// worker stays under its source's control.
+	spec.Source = cur.GetSource()
 	if err := c.apply(ctx, &cartv1.RaftCommand{Actor: who, Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}}); err != nil {
 		return nil, err
 	}

@@ -56,6 +56,9 @@ type Options struct {
 	Now        func() time.Time
 	// ForwardClient carries calls forwarded to the leader (h2c or TLS).
 	ForwardClient *http.Client
+	// LeaderLoops run while this node leads, stopped on losing leadership
+	// (worker discovery: one watcher per cluster).
+	LeaderLoops []func(ctx context.Context)
 }
 
 // Core is one control-plane node's service state.
@@ -187,10 +190,13 @@ func (c *Core) Close() {
 
 func (c *Core) runLeader(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(3 + len(c.o.LeaderLoops))
 	go func() { defer wg.Done(); c.batch.run(ctx) }()
 	go func() { defer wg.Done(); c.sweep(ctx) }()
 	go func() { defer wg.Done(); c.probe(ctx) }()
+	for _, loop := range c.o.LeaderLoops {
+		go func() { defer wg.Done(); loop(ctx) }()
+	}
 	c.ensureMember(ctx)
 	wg.Wait()
 	// A decision that raced the step-down may have queued a placement

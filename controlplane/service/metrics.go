@@ -68,6 +68,10 @@ func newCPMetrics(c *Core) *cpMetrics {
 	return m
 }
 
+// Registry is where the node's /metrics come from, for components built
+// beside the Core (discovery).
+func (c *Core) Registry() prometheus.Registerer { return c.metrics.reg }
+
 func (m *cpMetrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }

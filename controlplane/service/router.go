@@ -269,7 +269,7 @@ func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 			Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty),
 			CacheCapacityTokens: w.CacheCapacityTokens, Healthy: l.Healthy, Load: uint32(l.Load),
 			PredictedCachedTokens: l.Accuracy.PredictedTokens, ActualCachedTokens: l.Accuracy.ActualTokens,
-			CacheMisses: l.Accuracy.Misses, ModelCapacityBlocks: uint32(l.Accuracy.ModelCapacity),
+			CacheMisses: l.Accuracy.Misses, ModelCapacityBlocks: uint32(l.Accuracy.ModelCapacity), Source: w.Source, Draining: l.Draining,
 		})
 	}
 	return out, nil

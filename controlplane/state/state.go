@@ -265,7 +265,7 @@ func (s *State) committed(p *cartv1.Placement) {
 }
 
 func (s *State) specFrom(w *cartv1.WorkerSpec) engine.WorkerSpec {
-	spec := engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty())}
+	spec := engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Source: SourceOf(w.GetSource())}
 	if t, bc := w.GetCacheCapacityTokens(), s.eng.Policy().BlockChars; t > 0 && bc > 0 {
 		// Tokens are taken as 4 characters until the index is token-aware.
 		spec.CapacityBlocks = int(max(1, t*4/int64(bc)))
@@ -319,6 +319,23 @@ func (s *State) remove(url string) bool {
 func (s *State) commitWorkers() {
 	s.eng.SetWorkers(slices.Clone(s.specs))
 	s.workersVersion++
+}
+
+// Worker sources. Entries written before sources existed carry none and
+// read as static (they came from the config seed or cartctl, which the log
+// did not tell apart).
+const (
+	SourceStatic = "static"
+	SourceAdmin  = "admin"
+	SourceDNS    = "dns"
+)
+
+// SourceOf maps a replicated source to its name, empty reading as static.
+func SourceOf(s string) string {
+	if s == "" {
+		return SourceStatic
+	}
+	return s
 }
 
 // Worker is a replicated worker spec with its modelled cache capacity.

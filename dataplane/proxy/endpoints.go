@@ -48,6 +48,10 @@ type WorkerView struct {
 	PredictionAccuracy    *float64 `json:"prediction_accuracy"` // actual/predicted; null before any report
 	CacheMisses           uint64   `json:"cache_misses"`
 	ModelCapacityBlocks   int      `json:"model_capacity_blocks"`
+	// Source is where the worker came from: static, admin or dns.
+	Source string `json:"source"`
+	// Draining: left its discovery source; no new requests, in-flight finish.
+	Draining bool `json:"draining"`
 }
 
 func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
@@ -60,7 +64,7 @@ func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
 		out[i] = WorkerView{URL: wk.URL, Load: wk.Load, MaxLoad: wk.MaxLoad, LoadPenalty: wk.LoadPenalty,
 			Healthy: wk.Healthy, BreakerState: p.o.Breakers.StateAt(wk.URL, p.o.Now()).String(),
 			PredictedCachedTokens: wk.PredictedCachedTokens, ActualCachedTokens: wk.ActualCachedTokens,
-			CacheMisses: wk.CacheMisses, ModelCapacityBlocks: wk.ModelCapacityBlocks}
+			CacheMisses: wk.CacheMisses, ModelCapacityBlocks: wk.ModelCapacityBlocks, Source: wk.Source, Draining: wk.Draining}
 		if wk.PredictedCachedTokens > 0 {
 			acc := float64(wk.ActualCachedTokens) / float64(wk.PredictedCachedTokens)
 			out[i].PredictionAccuracy = &acc

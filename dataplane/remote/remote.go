@@ -274,7 +274,7 @@ func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 	var usable []usableWorker
 	for _, w := range r.workers {
 		known++
-		if !w.Healthy || contains(req.Exclude, w.URL) {
+		if !w.Healthy || w.Draining || contains(req.Exclude, w.URL) {
 			continue
 		}
 		load := r.local[w.URL]
@@ -431,7 +431,7 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	}
 	ws := make([]router.WorkerStatus, len(m.GetWorkers()))
 	for i, w := range m.GetWorkers() {
-		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy(),
+		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy(), Source: w.GetSource(), Draining: w.GetDraining(),
 			PredictedCachedTokens: w.GetPredictedCachedTokens(), ActualCachedTokens: w.GetActualCachedTokens(),
 			CacheMisses: w.GetCacheMisses(), ModelCapacityBlocks: int(w.GetModelCapacityBlocks())}
 	}

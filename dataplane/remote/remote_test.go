@@ -798,3 +798,18 @@ func TestRejectedClusterTokenWarns(t *testing.T) {
 		t.Fatalf("an Unavailable answer should be logged at debug once, got %d", n)
 	}
 }
+
+// A worker the leader reports draining (it left DNS) gets no new requests
+// from local fallback either, even when it is the least loaded.
+func TestFallbackSkipsDrainingWorkers(t *testing.T) {
+	r := newTestRouter(t, Options{BootWorkers: []router.WorkerStatus{
+		{URL: wA, Healthy: true, Draining: true},
+		{URL: wB, Healthy: true, LoadPenalty: 5},
+	}})
+	for i := range 5 {
+		d, err := r.Route(context.Background(), &router.Request{})
+		if err != nil || d.Worker != wB {
+			t.Fatalf("pick %d = %+v, %v; want %s (A draining)", i, d, err, wB)
+		}
+	}
+}

@@ -111,7 +111,7 @@ func (l *Local) Workers() []WorkerStatus {
 	l.mu.Unlock()
 	out := make([]WorkerStatus, len(ws))
 	for i, w := range ws {
-		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load,
+		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load, Source: w.Source, Draining: w.Draining,
 			PredictedCachedTokens: w.Accuracy.PredictedTokens, ActualCachedTokens: w.Accuracy.ActualTokens,
 			CacheMisses: w.Accuracy.Misses, ModelCapacityBlocks: w.Accuracy.ModelCapacity}
 	}
@@ -130,6 +130,20 @@ func (l *Local) SetWorkers(specs []engine.WorkerSpec) (removed []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.eng.SetWorkers(specs)
+}
+
+// SetDraining takes a worker out of new decisions (or puts it back).
+func (l *Local) SetDraining(url string, draining bool) {
+	l.mu.Lock()
+	l.eng.SetDraining(url, draining)
+	l.mu.Unlock()
+}
+
+// Load is a worker's in-flight count.
+func (l *Local) Load(url string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.eng.Load(url)
 }
 
 // IndexStats reports the index counters plus the engine's underflow guard.

@@ -66,6 +66,10 @@ type WorkerStatus struct {
 	LoadPenalty int
 	Healthy     bool
 	Load        int
+	// Source is where the worker came from (static, admin, dns).
+	Source string
+	// Draining workers take no new requests while in-flight ones finish.
+	Draining bool
 	// Model accuracy: what the index predicted as cached vs what the
 	// worker reported, and the current modelled capacity.
 	PredictedCachedTokens uint64

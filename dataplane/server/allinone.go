@@ -6,11 +6,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/health"
 	"github.com/cartrouter/cart/dataplane/metrics"
@@ -33,6 +36,10 @@ type AllInOne struct {
 	HTTP    *http.Server
 	// MetricsHTTP serves /metrics on server.metrics_addr; nil when unset.
 	MetricsHTTP *http.Server
+	// discovered are the workers DNS discovery added (guarded by mu); a
+	// reload of the static list keeps them.
+	discovered map[string]engine.WorkerSpec
+	watcher    *discovery.Watcher
 }
 
 // WorkerSpecs converts configured workers for the engine.
@@ -40,7 +47,7 @@ func WorkerSpecs(ws []config.Worker, blockChars int) []engine.WorkerSpec {
 	out := make([]engine.WorkerSpec, len(ws))
 	for i, w := range ws {
 		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty,
-			CapacityBlocks: CapacityBlocks(w.CacheCapacityTokens, blockChars)}
+			CapacityBlocks: CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
 	}
 	return out
 }
@@ -89,7 +96,7 @@ func EnginePolicy(cfg *config.Config) engine.Policy {
 // NewAllInOne builds the all-in-one router from a validated config. paths
 // are kept for SIGHUP reloads.
 func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint64) (*AllInOne, error) {
-	a := &AllInOne{paths: paths, log: log, cfg: cfg}
+	a := &AllInOne{paths: paths, log: log, cfg: cfg, discovered: map[string]engine.WorkerSpec{}}
 	a.Router = router.NewLocal(router.LocalOptions{
 		Policy:      EnginePolicy(cfg),
 		MaxEntries:  cfg.Cache.MaxTreeSize,
@@ -133,8 +140,69 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	}
 	a.HTTP = srv
 	a.MetricsHTTP = MetricsServer(cfg, a.Metrics, log)
+	if cfg.Discovery.DNS.Enabled() {
+		res, err := DNSResolver(cfg)
+		if err != nil {
+			return nil, err
+		}
+		a.watcher = discovery.NewWatcher(discovery.WatchOptions{
+			Source: state.SourceDNS, Resolver: res, Sink: aioSink{a}, Rules: DiscoveryRules(cfg),
+			Metrics: discovery.NewMetrics(a.Metrics.Registry), Logger: log,
+		})
+	}
 	return a, nil
 }
+
+// DNSResolver builds the DNS discovery resolver from discovery.dns.*.
+func DNSResolver(cfg *config.Config) (*discovery.DNSResolver, error) {
+	d := cfg.Discovery.DNS
+	return discovery.NewDNSResolver(discovery.DNSOptions{Name: d.Name, SRV: d.RecordType == "SRV", Port: d.Port,
+		Scheme: d.Scheme, Server: d.Resolver, Timeout: secs(d.TimeoutSecs)})
+}
+
+// DiscoveryRules translates discovery.* into the reconciler's rules.
+func DiscoveryRules(cfg *config.Config) discovery.Options {
+	d := cfg.Discovery
+	return discovery.Options{AddAfter: d.DNS.AddAfter, RemoveAfter: d.DNS.RemoveAfter, DrainTimeout: secs(d.DrainTimeoutSecs),
+		MinInterval: secs(d.DNS.MinIntervalSecs), MaxInterval: secs(d.DNS.MaxIntervalSecs)}
+}
+
+// aioSink applies DNS discovery to the embedded engine.
+type aioSink struct{ a *AllInOne }
+
+func (s aioSink) Pool() map[string]string {
+	ws := s.a.Router.Workers()
+	out := make(map[string]string, len(ws))
+	for _, w := range ws {
+		out[w.URL] = w.Source
+	}
+	return out
+}
+
+func (s aioSink) Add(_ context.Context, url string) error {
+	a := s.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d := a.cfg.Discovery.DNS
+	a.discovered[url] = engine.WorkerSpec{URL: url, MaxLoad: d.MaxLoad, LoadPenalty: d.LoadPenalty,
+		CapacityBlocks: CapacityBlocks(d.CacheCapacityTokens, a.cfg.Cache.BlockChars), Source: state.SourceDNS}
+	a.applyWorkersLocked(a.cfg)
+	return nil
+}
+
+func (s aioSink) Remove(_ context.Context, url string) error {
+	a := s.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.discovered[url]; ok {
+		delete(a.discovered, url)
+		a.applyWorkersLocked(a.cfg)
+	}
+	return nil
+}
+
+func (s aioSink) SetDraining(url string, on bool) { s.a.Router.SetDraining(url, on) }
+func (s aioSink) Load(url string) int             { return s.a.Router.Load(url) }
 
 // HealthConfig translates health.*.
 func HealthConfig(cfg *config.Config) health.Config {
@@ -166,6 +234,10 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 	go func() { defer wg.Done(); serveMetrics(ctx, a.MetricsHTTP, mln, a.log) }()
 	go func() { defer wg.Done(); a.Health.Run(ctx) }()
 	go func() { defer wg.Done(); a.Router.Run(ctx, secs(cfg.Cache.EvictionIntervalSecs)) }()
+	if a.watcher != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.watcher.Run(ctx) }()
+	}
 	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers))
 	err = Serve(ctx, a.HTTP, ln, secs(cfg.Server.ShutdownGraceSecs))
 	cancel()
@@ -203,13 +275,39 @@ func (a *AllInOne) Reload() error {
 		a.Metrics.Reloads.WithLabelValues("rejected").Inc()
 		return fmt.Errorf("reload rejected: %w", err)
 	}
-	before := make(map[string]bool, len(a.cfg.Workers))
-	for _, u := range workerURLs(a.cfg.Workers) {
-		before[u] = true
-	}
 	a.Proxy.SetWorkerKeys(wk)
-	removed := a.Router.SetWorkers(WorkerSpecs(next.Workers, next.Cache.BlockChars))
-	urls := workerURLs(next.Workers)
+	removed := a.applyWorkersLocked(next)
+	a.cfg = next
+	a.Metrics.Reloads.WithLabelValues("accepted").Inc()
+	a.log.Info("config reloaded", "workers", len(next.Workers), "removed", removed)
+	return nil
+}
+
+// applyWorkersLocked makes the engine's set the static workers of cfg plus
+// the discovered ones (a static worker wins a URL both name), keeping kept
+// workers' cache entries, load and breakers. Callers hold a.mu.
+func (a *AllInOne) applyWorkersLocked(cfg *config.Config) (removed []string) {
+	before := make(map[string]bool)
+	for _, w := range a.Router.Workers() {
+		before[w.URL] = true
+	}
+	specs := WorkerSpecs(cfg.Workers, cfg.Cache.BlockChars)
+	static := make(map[string]bool, len(specs))
+	for _, s := range specs {
+		static[s.URL] = true
+	}
+	for _, s := range a.discovered {
+		if !static[s.URL] {
+			specs = append(specs, s)
+		}
+	}
+	// Map order must not reorder the workers between applies.
+	slices.SortStableFunc(specs[len(cfg.Workers):], func(x, y engine.WorkerSpec) int { return strings.Compare(x.URL, y.URL) })
+	removed = a.Router.SetWorkers(specs)
+	urls := make([]string, len(specs))
+	for i, s := range specs {
+		urls[i] = s.URL
+	}
 	a.Health.SetWorkers(urls)
 	keep := make(map[string]bool, len(urls))
 	for _, u := range urls {
@@ -225,8 +323,5 @@ func (a *AllInOne) Reload() error {
 		a.Metrics.Healthy.DeleteLabelValues(w)
 		a.Metrics.BreakerState.DeletePartialMatch(map[string]string{"worker": w})
 	}
-	a.cfg = next
-	a.Metrics.Reloads.WithLabelValues("accepted").Inc()
-	a.log.Info("config reloaded", "workers", len(next.Workers), "removed", removed)
-	return nil
+	return removed
 }

@@ -234,8 +234,11 @@ type WorkerSpec struct {
 	MaxLoad             uint32                 `protobuf:"varint,2,opt,name=max_load,json=maxLoad,proto3" json:"max_load,omitempty"`
 	LoadPenalty         uint32                 `protobuf:"varint,3,opt,name=load_penalty,json=loadPenalty,proto3" json:"load_penalty,omitempty"`
 	CacheCapacityTokens int64                  `protobuf:"varint,4,opt,name=cache_capacity_tokens,json=cacheCapacityTokens,proto3" json:"cache_capacity_tokens,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Where the worker came from: "static", "admin" or "dns"; empty in
+	// entries written before sources existed (read as "static").
+	Source        string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -294,6 +297,13 @@ func (x *WorkerSpec) GetCacheCapacityTokens() int64 {
 		return x.CacheCapacityTokens
 	}
 	return 0
+}
+
+func (x *WorkerSpec) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
 }
 
 type UpsertWorkerCommand struct {
@@ -867,13 +877,14 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\n" +
 	"set_member\x18\x0f \x01(\v2\x19.cart.v1.SetMemberCommandH\x00R\tsetMember\x12C\n" +
 	"\rremove_member\x18\x10 \x01(\v2\x1c.cart.v1.RemoveMemberCommandH\x00R\fremoveMemberB\x06\n" +
-	"\x04body\"\x90\x01\n" +
+	"\x04body\"\xa8\x01\n" +
 	"\n" +
 	"WorkerSpec\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
 	"\bmax_load\x18\x02 \x01(\rR\amaxLoad\x12!\n" +
 	"\fload_penalty\x18\x03 \x01(\rR\vloadPenalty\x122\n" +
-	"\x15cache_capacity_tokens\x18\x04 \x01(\x03R\x13cacheCapacityTokens\"B\n" +
+	"\x15cache_capacity_tokens\x18\x04 \x01(\x03R\x13cacheCapacityTokens\x12\x16\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\"B\n" +
 	"\x13UpsertWorkerCommand\x12+\n" +
 	"\x06worker\x18\x01 \x01(\v2\x13.cart.v1.WorkerSpecR\x06worker\"'\n" +
 	"\x13RemoveWorkerCommand\x12\x10\n" +

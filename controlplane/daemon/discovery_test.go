@@ -1,0 +1,111 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/controlplane/discovery/dnstest"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+func srvRecords(urls ...string) []string {
+	out := []string{"r.pool. 1 IN A 127.0.0.1"}
+	for _, u := range urls {
+		out = append(out, fmt.Sprintf("_w._tcp.pool. 1 IN SRV 0 0 %s r.pool.", u[strings.LastIndex(u, ":")+1:]))
+	}
+	return out
+}
+
+// workerSources lists the workers (URL -> source) as the cluster sees them,
+// or nil while it cannot answer (an election).
+func workerSources(url string) map[string]string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	r, err := admin(url).ListWorkers(ctx, connect.NewRequest(&cartv1.ListWorkersRequest{}))
+	if err != nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, w := range r.Msg.GetWorkers() {
+		out[w.GetUrl()] = w.GetSource()
+	}
+	return out
+}
+
+func waitSources(t *testing.T, procs []*cpProc, what string, want map[string]string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	var got map[string]string
+	for time.Now().Before(deadline) {
+		for _, p := range procs {
+			if p.cmd == nil {
+				continue
+			}
+			if got = workerSources(p.url()); fmt.Sprint(got) == fmt.Sprint(want) {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: workers %v, want %v", what, got, want)
+}
+
+// The leader discovers workers through DNS as replicated upserts tagged
+// "dns" beside the static seed; after the leader is killed, the new
+// leader's watcher continues from the replicated set and removes a worker
+// that left DNS, never touching the static one.
+func TestLeaderRunsDNSDiscovery(t *testing.T) {
+	static, d1, d2 := replica(t, "s"), replica(t, "d1"), replica(t, "d2")
+	ns := dnstest.Start(t)
+	ns.Set(t, srvRecords(d1, d2)...)
+	procs := startClusterWith(t, []string{static}, fmt.Sprintf(`discovery:
+  drain_timeout_secs: 5
+  dns: {name: _w._tcp.pool, record_type: SRV, resolver: "%s", min_interval_secs: 0.05, max_interval_secs: 0.1, remove_after: 2, max_load: 9}
+`, ns.Addr))
+	leader := waitLeader(t, procs, 10*time.Second)
+	waitSources(t, procs, "discovered", map[string]string{static: "static", d1: "dns", d2: "dns"})
+
+	leader.stop(syscall.SIGKILL)
+	waitLeader(t, procs, 10*time.Second)
+	ns.Set(t, srvRecords(d2)...)
+	waitSources(t, procs, "d1 removed by the new leader", map[string]string{static: "static", d2: "dns"})
+
+	// Empty answers change nothing: wait until the leader counted more of
+	// them than remove_after, then the set must be intact.
+	ns.Set(t)
+	deadline := time.Now().Add(15 * time.Second)
+	for discoveryErrors(waitLeader(t, procs, 10*time.Second).url()) < 4 {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader never counted the empty answers")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	waitSources(t, procs, "after empty answers", map[string]string{static: "static", d2: "dns"})
+}
+
+// discoveryErrors reads cart_discovery_errors_total{source="dns"} from a
+// node's /metrics (0 when absent or unreachable).
+func discoveryErrors(base string) float64 {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, `cart_discovery_errors_total{source="dns"} `); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}

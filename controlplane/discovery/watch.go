@@ -1,0 +1,194 @@
+package discovery
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Sink is the worker set a watcher changes. Implementations must be
+// idempotent: a change may be applied again after an error or by a new
+// control-plane leader.
+type Sink interface {
+	// Pool maps every worker URL in the set to its source.
+	Pool() map[string]string
+	// Add puts a discovered worker in the set (source = the watcher's).
+	Add(ctx context.Context, url string) error
+	// Remove takes a discovered worker out of the set.
+	Remove(ctx context.Context, url string) error
+	// SetDraining keeps a worker out of new decisions, or puts it back.
+	SetDraining(url string, draining bool)
+	// Load is the worker's in-flight request count.
+	Load(url string) int
+}
+
+// Metrics are the discovery metrics; create them once per process (a
+// control-plane node starts a watcher on every leadership it gains).
+type Metrics struct {
+	Errors  *prometheus.CounterVec
+	Stale   *prometheus.GaugeVec
+	Changes *prometheus.CounterVec
+}
+
+// NewMetrics registers the discovery metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_discovery_errors_total",
+			Help: "Discovery answers that were errors or empty; the last good worker set was kept."}, []string{"source"}),
+		Stale: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cart_discovery_stale",
+			Help: "1 while the last discovery answer was unusable and the worker set is the last good one."}, []string{"source"}),
+		Changes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_discovery_changes_total",
+			Help: "Worker-set changes made by discovery, by change (add, drain, undrain, remove)."}, []string{"source", "change"}),
+	}
+	reg.MustRegister(m.Errors, m.Stale, m.Changes)
+	return m
+}
+
+// WatchOptions configure a Watcher.
+type WatchOptions struct {
+	// Source names the workers this watcher owns ("dns").
+	Source   string
+	Resolver Resolver
+	Sink     Sink
+	Rules    Options
+	Metrics  *Metrics
+	Logger   *slog.Logger
+	// SettleEvery is how often draining workers are checked for removal
+	// (default 200 ms).
+	SettleEvery time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Watcher runs one source until its context ends.
+type Watcher struct {
+	o WatchOptions
+}
+
+// NewWatcher builds a watcher; Run starts it.
+func NewWatcher(o WatchOptions) *Watcher {
+	if o.SettleEvery <= 0 {
+		o.SettleEvery = 200 * time.Millisecond
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return &Watcher{o: o}
+}
+
+// Run resolves, reconciles and applies until ctx ends. It starts from the
+// source's workers already in the pool, so a new control-plane leader
+// continues from the replicated set. On exit it undrains what it drained:
+// draining is the running watcher's soft state, and the next watcher (a new
+// leader) recounts absences from scratch.
+func (w *Watcher) Run(ctx context.Context) {
+	o := w.o
+	var known []string
+	for u, src := range o.Sink.Pool() {
+		if src == o.Source {
+			known = append(known, u)
+		}
+	}
+	r := NewReconciler(o.Rules, known)
+	defer func() {
+		for _, u := range r.Draining() {
+			o.Sink.SetDraining(u, false)
+		}
+	}()
+	stale := o.Metrics.Stale.WithLabelValues(o.Source)
+	errs := o.Metrics.Errors.WithLabelValues(o.Source)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	settle := time.NewTicker(o.SettleEvery)
+	defer settle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-settle.C:
+			w.settle(ctx, r)
+		case <-timer.C:
+			a := o.Resolver.Resolve(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			ch := r.Observe(a, o.Now())
+			if ch.Stale {
+				errs.Inc()
+				stale.Set(1)
+				msg := "empty answer"
+				if a.Err != nil {
+					msg = a.Err.Error()
+				}
+				o.Logger.Warn("discovery: unusable answer; keeping the last good worker set", "source", o.Source,
+					"error", msg, "workers", len(r.Active()), "retry_in", ch.Next.String())
+			} else {
+				stale.Set(0)
+			}
+			pool := o.Sink.Pool()
+			for _, u := range ch.Drain {
+				if src, ok := pool[u]; ok && src != o.Source {
+					r.Removed(u) // configured by another source: never ours to drain
+					continue
+				}
+				o.Sink.SetDraining(u, true)
+				o.Metrics.Changes.WithLabelValues(o.Source, "drain").Inc()
+				o.Logger.Info("discovery: worker left its source; draining", "source", o.Source, "worker", u)
+			}
+			for _, u := range ch.Undrain {
+				o.Sink.SetDraining(u, false)
+				o.Metrics.Changes.WithLabelValues(o.Source, "undrain").Inc()
+				o.Logger.Info("discovery: draining worker came back", "source", o.Source, "worker", u)
+			}
+			w.ensure(ctx, r)
+			w.settle(ctx, r)
+			timer.Reset(ch.Next)
+		}
+	}
+}
+
+// ensure adds every active member the pool lacks. Comparing with the pool
+// (not only applying the last answer's additions) retries failed adds.
+func (w *Watcher) ensure(ctx context.Context, r *Reconciler) {
+	o := w.o
+	pool := o.Sink.Pool()
+	for _, u := range r.Active() {
+		src, ok := pool[u]
+		if ok {
+			if src != o.Source {
+				o.Logger.Debug("discovery: endpoint already configured by another source; left alone", "source", o.Source, "worker", u, "owner", src)
+			}
+			continue
+		}
+		if err := o.Sink.Add(ctx, u); err != nil {
+			o.Logger.Warn("discovery: add worker failed; retrying on the next answer", "source", o.Source, "worker", u, "error", err.Error())
+			continue
+		}
+		o.Metrics.Changes.WithLabelValues(o.Source, "add").Inc()
+		o.Logger.Info("discovery: worker added", "source", o.Source, "worker", u)
+	}
+}
+
+// settle removes draining members that are idle or past the drain timeout.
+func (w *Watcher) settle(ctx context.Context, r *Reconciler) {
+	o := w.o
+	for _, u := range r.Due(o.Now(), o.Sink.Load) {
+		if src, ok := o.Sink.Pool()[u]; ok && src != o.Source {
+			r.Removed(u) // someone else owns it now: not ours to remove
+			continue
+		}
+		load := o.Sink.Load(u)
+		if err := o.Sink.Remove(ctx, u); err != nil {
+			o.Logger.Warn("discovery: remove worker failed; retrying", "source", o.Source, "worker", u, "error", err.Error())
+			continue
+		}
+		r.Removed(u)
+		o.Metrics.Changes.WithLabelValues(o.Source, "remove").Inc()
+		o.Logger.Info("discovery: drained worker removed", "source", o.Source, "worker", u, "in_flight_left", load)
+	}
+}
