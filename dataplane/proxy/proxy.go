@@ -81,6 +81,11 @@ type Options struct {
 
 	ModelsCacheTTL time.Duration
 
+	// Extract changes how key text is derived (ignored system prefixes).
+	// Its zero value ignores nothing; the config default ignores Claude
+	// Code's billing header.
+	Extract extract.Options
+
 	// SessionKeys, in order, name where a request's session key comes
 	// from: "header:<Name>", "prompt_cache_key" or "user". Empty disables
 	// session affinity.
@@ -273,7 +278,7 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 		p.fail(w, c, err)
 		return
 	}
-	req, err := extract.Extract(ep, body)
+	req, err := extract.ExtractOptions(ep, body, p.o.Extract)
 	if err != nil {
 		p.fail(w, c, err)
 		return
@@ -291,7 +296,7 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 			hashPool.Put(hp)
 		}
 	}()
-	*hp = index.Hash((*hp)[:0], req.Model, req.Key, p.o.BlockChars)
+	*hp = index.HashSalted((*hp)[:0], req.Model, req.CacheSalt, req.Key, p.o.BlockChars)
 	c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
 	c.session = p.sessionKey(r, req)
 	p.forward(w, r, c)
