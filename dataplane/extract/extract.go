@@ -50,6 +50,11 @@
 // out. Fields that do not change what the model sees (image detail,
 // cache_control, signatures) are left out.
 //
+// System blocks whose text starts with one of Options.IgnoreSystemPrefixes
+// (Claude Code's per-request billing header by default) add nothing to T,
+// and a system prompt or message made only of them adds no record, so T is
+// what it would be had the client not sent them.
+//
 // A string content and a single text part give the same T, and Anthropic
 // text conversations give the same T as the equivalent chat completions
 // request, because vLLM renders both through the same chat template.
