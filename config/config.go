@@ -60,6 +60,7 @@ type Config struct {
 	Proxy          Proxy          `yaml:"proxy"`
 	CircuitBreaker CircuitBreaker `yaml:"circuit_breaker"`
 	Session        Session        `yaml:"session"`
+	Extract        Extract        `yaml:"extract"`
 	Log            Log            `yaml:"log"`
 	Auth           Auth           `yaml:"auth"`
 	ControlPlane   ControlPlane   `yaml:"controlplane"`
@@ -284,6 +285,15 @@ type Session struct {
 	MaxSessions int `yaml:"max_sessions"`
 }
 
+// Extract configures how the prompt key is derived from request bodies.
+type Extract struct {
+	// IgnoreSystemPrefixes: a system block (Anthropic system string or text
+	// block, chat system/developer message content or text part) whose
+	// text starts with one of these is left out of the key, the way engines
+	// drop volatile blocks before templating.
+	IgnoreSystemPrefixes []string `yaml:"ignore_system_prefixes"`
+}
+
 // Log configures the process logger.
 type Log struct {
 	Level  string `yaml:"level"`
@@ -459,6 +469,11 @@ func Default() *Config {
 			TTLSecs: 1800,
 
 			MaxSessions: 100000,
+		},
+		Extract: Extract{
+			// Claude Code's first system block holds a per-request hash;
+			// vLLM drops it before templating.
+			IgnoreSystemPrefixes: []string{"x-anthropic-billing-header"},
 		},
 		Log: Log{Level: "info", Format: "json"},
 		ControlPlane: ControlPlane{

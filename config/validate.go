@@ -94,6 +94,7 @@ func (c *Config) Validate(role Role) error {
 	v.proxy()
 	v.circuitBreaker()
 	v.session()
+	v.extract()
 	v.log()
 	v.auth()
 	v.controlPlane(role)
@@ -368,6 +369,21 @@ func (v *validator) session() {
 	}
 	v.positive("session.ttl_secs", s.TTLSecs)
 	v.intAtLeast("session.max_sessions", int64(s.MaxSessions), 1)
+}
+
+func (v *validator) extract() {
+	seen := make(map[string]bool)
+	for i, p := range v.c.Extract.IgnoreSystemPrefixes {
+		key := fmt.Sprintf("extract.ignore_system_prefixes[%d]", i)
+		switch {
+		case p == "":
+			// Every text starts with "": it would drop every system prompt.
+			v.add(key, "must not be empty")
+		case seen[p]:
+			v.add(key, "%q is listed twice", p)
+		}
+		seen[p] = true
+	}
 }
 
 // isHeaderName reports whether s is an RFC 9110 token.

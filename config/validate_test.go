@@ -211,6 +211,8 @@ func TestValidateRules(t *testing.T) {
 		{"session header with space", RoleAllInOne, func(c *Config) { c.Session.Keys = []string{"header:X Session"} }, "session.keys[0]", "valid HTTP header name"},
 		{"session key twice", RoleAllInOne, func(c *Config) { c.Session.Keys = []string{"header:X-Sid", "header:x-sid"} }, "session.keys[1]", "listed twice"},
 		{"session enabled without keys", RoleAllInOne, func(c *Config) { c.Session.Enabled, c.Session.Keys = true, nil }, "session.keys", "at least one key"},
+		{"ignore prefix empty", RoleAllInOne, func(c *Config) { c.Extract.IgnoreSystemPrefixes = []string{"x", ""} }, "extract.ignore_system_prefixes[1]", "must not be empty"},
+		{"ignore prefix twice", RoleAllInOne, func(c *Config) { c.Extract.IgnoreSystemPrefixes = []string{"x", "x"} }, "extract.ignore_system_prefixes[1]", "listed twice"},
 		{"session ttl zero", RoleAllInOne, func(c *Config) { c.Session.TTLSecs = 0 }, "session.ttl_secs", "greater than 0"},
 
 		// log

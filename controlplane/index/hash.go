@@ -15,8 +15,32 @@ func Hash(dst []uint64, model string, text []byte, blockChars int) []uint64 {
 	if blockChars <= 0 {
 		panic("index: blockChars must be positive")
 	}
+	return hashChain(dst, xxhash.Sum64String(model), text, blockChars)
+}
+
+// HashSalted is Hash for a request carrying vLLM's cache_salt: the chain is
+// seeded with model + "\x00" + salt, so requests with different salts never
+// share a prefix (the engine isolates their caches) and requests with the
+// same salt do. An empty salt gives exactly Hash's chain, so requests
+// without one keep the hashes they always had.
+func HashSalted(dst []uint64, model, salt string, text []byte, blockChars int) []uint64 {
+	if salt == "" {
+		return Hash(dst, model, text, blockChars)
+	}
+	if blockChars <= 0 {
+		panic("index: blockChars must be positive")
+	}
+	// Streaming the seed's parts equals hashing their concatenation,
+	// without building it.
+	d := xxhash.New()
+	_, _ = d.WriteString(model)
+	_, _ = d.WriteString("\x00")
+	_, _ = d.WriteString(salt)
+	return hashChain(dst, d.Sum64(), text, blockChars)
+}
+
+func hashChain(dst []uint64, seed uint64, text []byte, blockChars int) []uint64 {
 	var d xxhash.Digest
-	seed := xxhash.Sum64String(model)
 	for off := 0; off < len(text); off += blockChars {
 		end := min(off+blockChars, len(text))
 		d.ResetWithSeed(seed)

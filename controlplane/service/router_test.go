@@ -705,3 +705,38 @@ func TestConcurrentRouteCompleteSync(t *testing.T) {
 		}
 	}
 }
+
+// A completion whose usage had no cache fields (cached_tokens -1) is
+// unknown: the leader's accuracy counters ignore it, and count the next
+// completion that does report them.
+func TestCompleteWithUnknownCacheIsNotScored(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true})
+	cp.addWorkers(t, w1)
+	rc := cp.router()
+	accuracy := func() (predicted, actual uint64) {
+		t.Helper()
+		list, err := cp.admin().ListWorkers(context.Background(), connect.NewRequest(&cartv1.ListWorkersRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := list.Msg.GetWorkers()[0]
+		return w.GetPredictedCachedTokens(), w.GetActualCachedTokens()
+	}
+	req := &cartv1.RouteRequest{Model: "m", Text: text(40, 7), DataplaneId: "dp1"}
+	settle := func(cached int32) {
+		t.Helper()
+		d := route(t, rc, req)
+		if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: true, PromptTokens: 100, CachedTokens: cached}); n != 1 {
+			t.Fatalf("settled %d", n)
+		}
+	}
+	settle(-1) // placed
+	settle(-1) // predicted a hit, nothing known
+	if p, a := accuracy(); p != 0 || a != 0 {
+		t.Fatalf("unknown usage scored: predicted %d actual %d", p, a)
+	}
+	settle(90)
+	if p, a := accuracy(); p == 0 || a != 90 {
+		t.Fatalf("known usage not scored: predicted %d actual %d", p, a)
+	}
+}

@@ -16,6 +16,7 @@ type chatRequest struct {
 	StreamOptions  *streamOptions `json:"stream_options"`
 	User           string         `json:"user"`
 	PromptCacheKey string         `json:"prompt_cache_key"`
+	CacheSalt      string         `json:"cache_salt"`
 	Messages       []chatMessage  `json:"messages"`
 }
 
@@ -116,6 +117,7 @@ func (b *builder) chat(body []byte) (*Request, error) {
 		Stream:         req.Stream,
 		User:           req.User,
 		PromptCacheKey: req.PromptCacheKey,
+		CacheSalt:      req.CacheSalt,
 	}
 	if req.StreamOptions != nil {
 		out.IncludeUsage = req.StreamOptions.IncludeUsage
@@ -134,9 +136,13 @@ func checkMessages(n int, absent bool, p *path) error {
 }
 
 func (b *builder) chatMessage(m *chatMessage, p *path) error {
+	start := len(b.key)
 	if err := b.role(m.Role, p); err != nil {
 		return err
 	}
+	b.sysMsg = len(b.ignore) > 0 && b.systemRole(m.Role)
+	b.dropped = 0
+	defer func() { b.sysMsg = false }()
 	if m.Name != "" {
 		b.marker("name")
 		b.key = appendEscaped(b.key, m.Name)
@@ -146,9 +152,14 @@ func (b *builder) chatMessage(m *chatMessage, p *path) error {
 		b.key = appendEscaped(b.key, m.ToolCallID)
 	}
 	cp := p.field("content")
+	contentStart := len(b.key)
 	switch firstByte(m.Content) {
 	case '"':
-		b.text(m.Content)
+		if b.sysMsg && b.ignored(m.Content) {
+			b.dropped++
+		} else {
+			b.text(m.Content)
+		}
 	case '[':
 		if err := b.chatParts(m.Content, &cp); err != nil {
 			return err
@@ -179,8 +190,20 @@ func (b *builder) chatMessage(m *chatMessage, p *path) error {
 			return err
 		}
 	}
+	if b.dropped > 0 && len(b.key) == contentStart {
+		// Nothing but ignored blocks: the message leaves no record, as if
+		// the client had not sent it.
+		b.key = b.key[:start]
+		return nil
+	}
 	b.key = append(b.key, sepRecord)
 	return nil
+}
+
+// systemRole reports the roles whose messages IgnoreSystemPrefixes apply to.
+func (b *builder) systemRole(role json.RawMessage) bool {
+	r := b.decode(role)
+	return string(r) == "system" || string(r) == "developer"
 }
 
 // role starts a message record with its role, which must be a string.
@@ -271,7 +294,11 @@ func (b *builder) chatPartsLoose(raw json.RawMessage, p *path) error {
 		switch firstByte(elem) {
 		case '"':
 			// vLLM takes bare strings as text parts.
-			b.text(elem)
+			if b.sysMsg && b.ignored(elem) {
+				b.dropped++
+			} else {
+				b.text(elem)
+			}
 			continue
 		case '{':
 		default:
@@ -374,6 +401,10 @@ func (b *builder) chatPart(pt *chatPart, elem json.RawMessage, p *path) error {
 	var err error
 	switch typ {
 	case "text", "input_text", "output_text":
+		if b.sysMsg && b.ignored(pt.Text) {
+			b.dropped++
+			return nil
+		}
 		err = b.textField(pt.Text, p, "text", "")
 	case "refusal":
 		err = b.textField(pt.Refusal, p, "refusal", "refusal")

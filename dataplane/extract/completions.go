@@ -14,6 +14,7 @@ type completionRequest struct {
 	StreamOptions  *streamOptions  `json:"stream_options"`
 	User           string          `json:"user"`
 	PromptCacheKey string          `json:"prompt_cache_key"`
+	CacheSalt      string          `json:"cache_salt"`
 	Prompt         json.RawMessage `json:"prompt"`
 	PromptEmbeds   json.RawMessage `json:"prompt_embeds"`
 }
@@ -55,6 +56,7 @@ func (b *builder) completions(body []byte) (*Request, error) {
 		Stream:         req.Stream,
 		User:           req.User,
 		PromptCacheKey: req.PromptCacheKey,
+		CacheSalt:      req.CacheSalt,
 	}
 	if req.StreamOptions != nil {
 		out.IncludeUsage = req.StreamOptions.IncludeUsage

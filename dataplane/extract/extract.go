@@ -50,6 +50,11 @@
 // out. Fields that do not change what the model sees (image detail,
 // cache_control, signatures) are left out.
 //
+// System blocks whose text starts with one of Options.IgnoreSystemPrefixes
+// (Claude Code's per-request billing header by default) add nothing to T,
+// and a system prompt or message made only of them adds no record, so T is
+// what it would be had the client not sent them.
+//
 // A string content and a single text part give the same T, and Anthropic
 // text conversations give the same T as the equivalent chat completions
 // request, because vLLM renders both through the same chat template.
@@ -110,14 +115,38 @@ type Request struct {
 	RemoteMediaURL string // first URL under a media field whose scheme starts with "http", "" if none
 	FileMediaURL   string // first file: URL under a media field, "" if none
 	PromptCacheKey string // OpenAI prompt_cache_key
+	CacheSalt      string // vLLM cache_salt: the engine shares no cache across salts
 	User           string // OpenAI user, or Anthropic metadata.user_id
 	IncludeUsage   bool   // stream_options.include_usage
 }
 
-// Extract parses body for endpoint e. Problems with the body are reported
-// as *apierr.Error with status 400 and Param naming the offending field.
+// Options change how the key text is derived.
+type Options struct {
+	// IgnoreSystemPrefixes leave out of the key every system block (an
+	// Anthropic system string or text block; a chat system or developer
+	// message's string content or text part) whose text starts with one of
+	// them. A system message left with nothing leaves no record at all.
+	// They are for volatile blocks the engine drops before templating, such
+	// as Claude Code's per-request billing header: kept in the key, they
+	// would make every request look like a new prompt.
+	IgnoreSystemPrefixes []string
+}
+
+// DefaultIgnoreSystemPrefixes is what Extract and AppendKey leave out:
+// Claude Code's first system block, "x-anthropic-billing-header: ...;
+// cch=<per-request hash>;", which vLLM drops before templating.
+var DefaultIgnoreSystemPrefixes = []string{"x-anthropic-billing-header"}
+
+// Extract parses body for endpoint e with DefaultIgnoreSystemPrefixes.
+// Problems with the body are reported as *apierr.Error with status 400 and
+// Param naming the offending field.
 func Extract(e Endpoint, body []byte) (*Request, error) {
 	return AppendKey(nil, e, body)
+}
+
+// ExtractOptions is Extract with explicit options.
+func ExtractOptions(e Endpoint, body []byte, o Options) (*Request, error) {
+	return AppendKeyOptions(nil, e, body, o)
 }
 
 // maxPrealloc bounds the key buffer allocated up front. For text-only bodies
@@ -129,6 +158,11 @@ const maxPrealloc = 64 << 10
 // can reuse key buffers across requests. The returned Request's Key shares
 // dst's backing array when it has room.
 func AppendKey(dst []byte, e Endpoint, body []byte) (*Request, error) {
+	return AppendKeyOptions(dst, e, body, Options{IgnoreSystemPrefixes: DefaultIgnoreSystemPrefixes})
+}
+
+// AppendKeyOptions is AppendKey with explicit options.
+func AppendKeyOptions(dst []byte, e Endpoint, body []byte, o Options) (*Request, error) {
 	if cap(dst) == 0 {
 		dst = make([]byte, 0, min(len(body), maxPrealloc))
 	}
@@ -139,7 +173,7 @@ func AppendKey(dst []byte, e Endpoint, body []byte) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := builder{key: dst, start: len(dst)}
+	b := builder{key: dst, start: len(dst), ignore: o.IgnoreSystemPrefixes}
 	var req *Request
 	switch e {
 	case ChatCompletions:

@@ -24,6 +24,7 @@ var fuzzSeeds = map[Endpoint][]string{
 		`{"messages":[]}`,
 		`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://a","URL":"data:x"}}]}],"Messages":[]}`,
 		`{"messages":[{"role":"user","content":[{"type":"x","uuid":"u","image_url":"http://a","audio_url":{"url":"file:/a"}}]}]}`,
+		`{"cache_salt":"s","messages":[{"role":"developer","content":[{"type":"text","text":"x-anthropic-billing-header\u003a 1"},"x-anthropic-billing-header"]},{"role":"system","name":"n","content":"x-anthropic-billing-header"}]}`,
 	},
 	Completions: {
 		`{"model":"m","prompt":"Once upon a time","max_tokens":16}`,
@@ -39,6 +40,7 @@ var fuzzSeeds = map[Endpoint][]string{
 		`{"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"tool_result","content":"x"}]}]}]}`,
 		`{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file","file_id":"f"}},{"type":"redacted_thinking","data":"x"}]}]}`,
 		`{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"http://a","Type":"base64"}}]}]}`,
+		`{"cache_salt":"s","system":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"sys"}],"messages":[{"role":"user","content":"hi"}]}`,
 	},
 }
 
@@ -77,6 +79,15 @@ func FuzzExtract(f *testing.F) {
 		}
 		if string(r2.Key) != "prefix"+string(r.Key) || r2.RemoteMediaURL != r.RemoteMediaURL {
 			t.Fatalf("not deterministic: %q / %q", r.Key, r2.Key)
+		}
+		// Ignoring system blocks changes the key, never what is accepted,
+		// and never adds text.
+		r3, err := ExtractOptions(e, body, Options{})
+		if err != nil {
+			t.Fatalf("accepted with the default prefixes, refused without: %v", err)
+		}
+		if len(r3.Key) < len(r.Key) || r3.CacheSalt != r.CacheSalt {
+			t.Fatalf("ignoring prefixes lengthened the key: %q / %q", r.Key, r3.Key)
 		}
 		// The decode levels only add refusals: what the routed scan finds
 		// in media fields is what the pass-through scan finds.

@@ -39,6 +39,9 @@ type builder struct {
 	h       hash.Hash // created on first media item
 	sum     [32]byte  // digest output, kept here so Sum does not allocate
 	sorted  []string  // reused by canonicalHash
+	ignore  []string  // Options.IgnoreSystemPrefixes
+	sysMsg  bool      // in the content of a chat message IgnoreSystemPrefixes apply to
+	dropped int       // blocks of the current message left out
 }
 
 // appendEscaped appends content (bytes, or a Go string that a typed field
@@ -75,7 +78,11 @@ func appendLiteral(dst, lit []byte) []byte {
 	// The decoded text is never longer than the literal: growing once here
 	// keeps long texts from being copied at every step of append's growth.
 	dst = slices.Grow(dst, len(lit))
-	s := lit[1 : len(lit)-1]
+	return appendUnquoted(dst, lit[1:len(lit)-1])
+}
+
+// appendUnquoted is appendLiteral on the inside of a literal.
+func appendUnquoted(dst, s []byte) []byte {
 	for len(s) > 0 {
 		i := bytes.IndexByte(s, '\\')
 		if i < 0 {
@@ -101,6 +108,45 @@ func appendLiteral(dst, lit []byte) []byte {
 		s = s[n:]
 	}
 	return dst
+}
+
+// ignored reports whether the text of the string literal lit starts with
+// one of the ignored system prefixes.
+func (b *builder) ignored(lit []byte) bool {
+	if len(b.ignore) == 0 || len(lit) < 2 || lit[0] != '"' || lit[len(lit)-1] != '"' {
+		return false
+	}
+	for _, p := range b.ignore {
+		if p != "" && b.literalHasPrefix(lit[1:len(lit)-1], p) {
+			return true
+		}
+	}
+	return false
+}
+
+// literalHasPrefix compares the decoded text of the literal's inside s with
+// prefix, decoding no more of s than the comparison needs: a system prompt
+// may be long and full of escapes.
+func (b *builder) literalHasPrefix(s []byte, prefix string) bool {
+	want := prefix
+	for i := range len(prefix) {
+		if reserved(prefix[i]) {
+			// Decoded text is compared in escaped form.
+			want = string(appendEscaped(nil, prefix))
+			break
+		}
+	}
+	// A decoded byte takes at most 6 bytes of literal (\u0041), and the
+	// escape cut by the bound at most 12 more (a surrogate pair): the first
+	// len(want) decoded bytes of the cut literal are those of the whole.
+	if n := 6*len(want) + 12; len(s) > n {
+		s = s[:n]
+	}
+	if bytes.IndexByte(s, '\\') >= 0 {
+		b.scratch = appendUnquoted(b.scratch[:0], s)
+		s = b.scratch
+	}
+	return len(s) >= len(want) && string(s[:len(want)]) == want
 }
 
 // decodeEscape decodes the JSON escape sequence at the start of s, which

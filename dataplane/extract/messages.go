@@ -7,11 +7,12 @@ import (
 // Anthropic messages.
 
 type messagesRequest struct {
-	Model    string          `json:"model"`
-	Stream   bool            `json:"stream"`
-	System   json.RawMessage `json:"system"`
-	Messages []anthMessage   `json:"messages"`
-	Metadata *struct {
+	Model     string          `json:"model"`
+	CacheSalt string          `json:"cache_salt"`
+	Stream    bool            `json:"stream"`
+	System    json.RawMessage `json:"system"`
+	Messages  []anthMessage   `json:"messages"`
+	Metadata  *struct {
 		UserID string `json:"user_id"`
 	} `json:"metadata"`
 }
@@ -85,7 +86,7 @@ func (b *builder) messages(body []byte) (*Request, error) {
 		}
 		b.key = append(b.key, sepRecord)
 	}
-	out := &Request{Model: req.Model, Stream: req.Stream}
+	out := &Request{Model: req.Model, Stream: req.Stream, CacheSalt: req.CacheSalt}
 	if req.Metadata != nil {
 		out.User = req.Metadata.UserID
 	}
@@ -93,13 +94,19 @@ func (b *builder) messages(body []byte) (*Request, error) {
 }
 
 // system appends the top-level system prompt as a record of its own, laid
-// out like a chat completions system message.
+// out like a chat completions system message. Blocks starting with an
+// ignored prefix are left out, and a system prompt left with nothing gives
+// no record, as if it were absent.
 func (b *builder) system(raw json.RawMessage) error {
 	p := path{name: "system"}
+	start := len(b.key)
 	switch firstByte(raw) {
 	case 0, 'n':
 		return nil
 	case '"':
+		if b.ignored(raw) {
+			return nil
+		}
 		b.key = append(b.key, "system"...)
 		b.text(raw)
 	case '[':
@@ -108,6 +115,7 @@ func (b *builder) system(raw json.RawMessage) error {
 			return decodeError(err, raw, &p)
 		}
 		b.key = append(b.key, "system"...)
+		kept, dropped := 0, 0
 		for j := range blocks {
 			bp := p.index(j)
 			tp := bp.field("type")
@@ -124,7 +132,16 @@ func (b *builder) system(raw json.RawMessage) error {
 				}
 				return errType(&xp, "a string", blocks[j].Text)
 			}
+			if b.ignored(blocks[j].Text) {
+				dropped++
+				continue
+			}
+			kept++
 			b.text(blocks[j].Text)
+		}
+		if kept == 0 && dropped > 0 {
+			b.key = b.key[:start]
+			return nil
 		}
 	default:
 		return errType(&p, "a string or an array of text blocks", raw)

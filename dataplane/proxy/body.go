@@ -113,7 +113,11 @@ func (t *trackedBody) Close() error {
 
 type usage struct{ prompt, cached int }
 
-// usage reads token counts from the kept bytes; -1 when absent.
+// usage reads token counts from the kept bytes; -1 when absent. A report
+// without cache fields leaves cached at -1 (unknown), never 0: vLLM omits
+// prompt_tokens_details unless started with --enable-prompt-tokens-details,
+// and its /v1/messages usage never has cache_read_input_tokens, so reading
+// their absence as "nothing cached" would count every hit as a miss.
 func (t *trackedBody) usage() usage {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -122,27 +126,29 @@ func (t *trackedBody) usage() usage {
 	// usage.prompt_tokens_details.cached_tokens.
 	if v, ok := lastInt(t.tail, `"prompt_tokens":`); ok {
 		u.prompt = v
-		u.cached = 0 // a usage report without details means nothing cached
 		if c, ok := lastInt(t.tail, `"cached_tokens":`); ok {
 			u.cached = c
 		}
 		return u
 	}
-	// Anthropic: input_tokens excludes cache reads and writes.
+	// Anthropic: input_tokens excludes cache reads and writes. A stream
+	// reports usage in message_start (head) and message_delta (tail); a
+	// buffer holding the cache fields is preferred to one that does not.
+	found := false
 	for _, buf := range [][]byte{t.tail, t.head} {
 		in, ok := lastInt(buf, `"input_tokens":`)
 		if !ok {
 			continue
 		}
-		read, _ := lastInt(buf, `"cache_read_input_tokens":`)
 		created, _ := lastInt(buf, `"cache_creation_input_tokens":`)
-		if read < 0 {
-			read = 0
+		created = max(created, 0)
+		read, known := lastInt(buf, `"cache_read_input_tokens":`)
+		if known {
+			return usage{prompt: in + read + created, cached: read}
 		}
-		if created < 0 {
-			created = 0
+		if !found {
+			u, found = usage{prompt: in + created, cached: -1}, true
 		}
-		return usage{prompt: in + read + created, cached: read}
 	}
 	return u
 }

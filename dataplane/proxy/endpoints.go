@@ -45,7 +45,7 @@ type WorkerView struct {
 	// cached prompt tokens it predicted vs what the worker reported.
 	PredictedCachedTokens uint64   `json:"predicted_cached_tokens"`
 	ActualCachedTokens    uint64   `json:"actual_cached_tokens"`
-	PredictionAccuracy    *float64 `json:"prediction_accuracy"` // actual/predicted; null before any report
+	PredictionAccuracy    *float64 `json:"prediction_accuracy"` // actual/predicted; null until a report with cache fields predicted a hit
 	CacheMisses           uint64   `json:"cache_misses"`
 	ModelCapacityBlocks   int      `json:"model_capacity_blocks"`
 	// Source is where the worker came from: static, admin or dns.

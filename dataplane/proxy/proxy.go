@@ -89,6 +89,11 @@ type Options struct {
 
 	ModelsCacheTTL time.Duration
 
+	// Extract changes how key text is derived (ignored system prefixes).
+	// Its zero value ignores nothing; the config default ignores Claude
+	// Code's billing header.
+	Extract extract.Options
+
 	// SessionKeys, in order, name where a request's session key comes
 	// from: "header:<Name>", "prompt_cache_key" or "user". Empty disables
 	// session affinity.
@@ -301,7 +306,7 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 		p.fail(w, c, err)
 		return
 	}
-	req, err := extract.Extract(ep, body)
+	req, err := extract.ExtractOptions(ep, body, p.o.Extract)
 	if err != nil {
 		p.fail(w, c, err)
 		return
@@ -325,7 +330,7 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 	if lim := engine.MaxRouteBlocks * p.o.BlockChars; len(key) > lim {
 		key = key[:lim]
 	}
-	*hp = index.Hash((*hp)[:0], req.Model, key, p.o.BlockChars)
+	*hp = index.HashSalted((*hp)[:0], req.Model, req.CacheSalt, key, p.o.BlockChars)
 	c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
 	c.session = p.sessionKey(r, req)
 	p.forward(w, r, c)

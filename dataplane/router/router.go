@@ -54,7 +54,8 @@ type Outcome struct {
 	// so the index has no phantom holder.
 	Delivered bool
 	// PromptTokens and CachedTokens come from the worker's usage report
-	// when it sent one (-1 when unknown).
+	// when it sent one (-1 when unknown). CachedTokens is -1 too when the
+	// report has no cache fields: unknown, never "nothing cached".
 	PromptTokens int
 	CachedTokens int
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/breaker"
+	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -56,6 +57,7 @@ func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metric
 		RetryBudgetMin:            p.RetryBudgetMin,
 		ModelsCacheTTL:            secs(p.ModelsCacheSecs),
 		SessionKeys:               sessionKeys(cfg),
+		Extract:                   extract.Options{IgnoreSystemPrefixes: cfg.Extract.IgnoreSystemPrefixes},
 
 		BodyReadTimeout:      secs(p.BodyReadTimeoutSecs),
 		MaxInflightBodyBytes: p.MaxInflightBodyBytes,
