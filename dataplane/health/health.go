@@ -25,6 +25,13 @@ type Config struct {
 	// a bearer token: such a worker answers 401 to an anonymous probe and
 	// would be marked down. nil or "" sends none.
 	WorkerKey func(worker string) string
+	// Models, when set, is handed the body of each worker's 200 answer to
+	// GET ModelsEndpoint, fetched on every probe round after the health
+	// probe, so the models a worker serves (LoRA adapters loaded at
+	// runtime included) are known within one interval. A failed fetch
+	// calls nothing: the caller keeps the last list.
+	Models         func(worker string, body []byte)
+	ModelsEndpoint string
 }
 
 // Verdict is called when a worker's health changes. Workers start healthy
@@ -158,7 +165,11 @@ func (c *Checker) Round(ctx context.Context) {
 	}
 	results := make(chan result, len(ws))
 	for _, w := range ws {
-		go func() { results <- result{w, c.probe(ctx, w)} }()
+		go func() {
+			err := c.probe(ctx, w)
+			c.fetchModels(ctx, w)
+			results <- result{w, err}
+		}()
 	}
 	for range ws {
 		r := <-results
@@ -206,4 +217,40 @@ func (c *Checker) probe(ctx context.Context, worker string) error {
 		return fmt.Errorf("probe %s: status %d", worker, resp.StatusCode)
 	}
 	return nil
+}
+
+// maxModelsBody bounds a /v1/models answer (a pool with many adapters has
+// long lists, but not megabytes of them).
+const maxModelsBody = 8 << 20
+
+func (c *Checker) fetchModels(ctx context.Context, worker string) {
+	if c.cfg.Models == nil || c.cfg.ModelsEndpoint == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, worker+c.cfg.ModelsEndpoint, nil)
+	if err != nil {
+		return
+	}
+	if c.cfg.WorkerKey != nil {
+		if k := c.cfg.WorkerKey(worker); k != "" {
+			req.Header.Set("Authorization", "Bearer "+k)
+		}
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBody+1))
+	if err != nil || resp.StatusCode != http.StatusOK || len(body) > maxModelsBody || ctx.Err() != nil {
+		return
+	}
+	c.mu.Lock()
+	current := c.current[worker]
+	c.mu.Unlock()
+	if current {
+		c.cfg.Models(worker, body)
+	}
 }

@@ -91,6 +91,17 @@ func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
 	if _, ok := p.authenticate(w, r, "models"); !ok {
 		return
 	}
+	if p.o.Models.Known() {
+		// The pool's answer, from every healthy worker's list as the last
+		// probe saw it: no single replica's view, and no cache to go stale.
+		healthy := map[string]bool{}
+		for _, wk := range p.o.Router.Workers() {
+			healthy[wk.URL] = wk.Healthy
+		}
+		p.m.ModelsCache.WithLabelValues("pool").Inc()
+		serveModels(w, "application/json", p.o.Models.List(func(u string) bool { return healthy[u] }), "pool")
+		return
+	}
 	body, ctype, source, err := p.models.get(p, r.Context())
 	if err != nil {
 		var ae *apierr.Error

@@ -14,6 +14,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/health"
 	"github.com/cartrouter/cart/dataplane/metrics"
+	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
 )
@@ -29,6 +30,8 @@ type AllInOne struct {
 	Health  *health.Checker
 	Break   *breaker.Set
 	Metrics *metrics.Metrics
+	// Models is which models each worker serves (declared and probed).
+	Models *models.Registry
 	Proxy   *proxy.Proxy
 	HTTP    *http.Server
 	// MetricsHTTP serves /metrics on server.metrics_addr; nil when unset.
@@ -55,6 +58,30 @@ func CapacityBlocks(tokens int64, blockChars int) int {
 		return 0
 	}
 	return int(max(1, tokens*CharsPerToken/int64(blockChars)))
+}
+
+// ModelWorkers lists configured workers with their declared models.
+func ModelWorkers(ws []config.Worker) []models.Worker {
+	out := make([]models.Worker, len(ws))
+	for i, w := range ws {
+		out[i] = models.Worker{URL: w.URL, Declared: w.Models}
+	}
+	return out
+}
+
+// LearnModels is a health.Config.Models callback that records a worker's
+// /v1/models answer in reg; an unparsable answer keeps the last list.
+func LearnModels(reg *models.Registry, log *slog.Logger) func(worker string, body []byte) {
+	return func(worker string, body []byte) {
+		cards, err := models.Parse(body)
+		if err != nil {
+			log.Warn("worker model list ignored", "worker", worker, "error", err.Error())
+			return
+		}
+		if reg.SetLearned(worker, cards) {
+			log.Info("worker models changed", "worker", worker, "models", reg.IDs(worker))
+		}
+	}
 }
 
 func workerURLs(ws []config.Worker) []string {
@@ -105,7 +132,10 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
 		log.Warn("circuit breaker", "worker", t.Worker, "from", t.From.String(), "to", t.To.String())
 	})
+	a.Models = models.New()
+	a.Models.SetWorkers(ModelWorkers(cfg.Workers))
 	hc := HealthConfig(cfg)
+	hc.Models, hc.ModelsEndpoint = LearnModels(a.Models, log), "/v1/models"
 	// Through the proxy, so that a reload's new worker keys reach probes too.
 	hc.WorkerKey = func(w string) string { return a.Proxy.WorkerKey(w) }
 	a.Health = health.NewChecker(hc, nil, func(w string, healthy bool, reason string) {
@@ -122,6 +152,7 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.Metrics.SetBreaker(w.URL, "closed")
 	}
 	po := ProxyOptions(cfg, a.Router, a.Break, a.Metrics, log)
+	po.Models = a.Models
 	if err := applyAuth(&po, cfg); err != nil {
 		return nil, err
 	}
@@ -210,6 +241,7 @@ func (a *AllInOne) Reload() error {
 	removed := a.Router.SetWorkers(WorkerSpecs(next.Workers, next.Cache.BlockChars))
 	urls := workerURLs(next.Workers)
 	a.Health.SetWorkers(urls)
+	a.Models.SetWorkers(ModelWorkers(next.Workers))
 	keep := make(map[string]bool, len(urls))
 	for _, u := range urls {
 		keep[u] = true
