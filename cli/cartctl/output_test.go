@@ -56,7 +56,8 @@ http://10.0.0.6:8000  no       0     unlimited  0        default
       "predicted_cached_tokens": "0",
       "actual_cached_tokens": "0",
       "cache_misses": "0",
-      "model_capacity_blocks": 0
+      "model_capacity_blocks": 0,
+      "models": []
     },
     {
       "url": "http://10.0.0.6:8000",
@@ -68,7 +69,8 @@ http://10.0.0.6:8000  no       0     unlimited  0        default
       "predicted_cached_tokens": "0",
       "actual_cached_tokens": "0",
       "cache_misses": "0",
-      "model_capacity_blocks": 0
+      "model_capacity_blocks": 0,
+      "models": []
     }
   ],
   "workers_version": "12"

@@ -18,6 +18,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/health"
+	"github.com/cartrouter/cart/dataplane/models"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -76,6 +77,9 @@ type Core struct {
 	dps          map[string]*dataPlane
 	leading      bool
 
+	// models are the workers' model lists the leader's prober learned.
+	models *models.Registry
+
 	batch   *batcher
 	fwd     *forwarder
 	metrics *cpMetrics
@@ -115,7 +119,7 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 	if o.MaxTickets <= 0 {
 		o.MaxTickets = defaultMaxTickets
 	}
-	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, byRoute: map[routeKey]uint64{}, dps: map[string]*dataPlane{}}
+	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, byRoute: map[routeKey]uint64{}, dps: map[string]*dataPlane{}, models: models.New()}
 	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
 	c.ready = make(chan struct{})
 	// The batcher and the state's own-batch check exist before the Raft
@@ -255,7 +259,19 @@ func (c *Core) sweep(ctx context.Context) {
 // probe runs the pool's health checks on the leader only: one prober per
 // pool, not one per proxy; data planes learn the verdicts through Sync.
 func (c *Core) probe(ctx context.Context) {
-	chk := health.NewChecker(c.o.Health, c.o.HealthClient, func(w string, healthy bool, reason string) {
+	hc := c.o.Health
+	hc.ModelsEndpoint = "/v1/models"
+	hc.Models = func(w string, body []byte) {
+		cards, err := models.Parse(body)
+		if err != nil {
+			c.log.Warn("worker model list ignored", "worker", w, "error", err.Error())
+			return
+		}
+		if c.models.SetLearned(w, cards) {
+			c.log.Info("worker models changed", "worker", w, "models", c.models.IDs(w))
+		}
+	}
+	chk := health.NewChecker(hc, c.o.HealthClient, func(w string, healthy bool, reason string) {
 		c.mu.Lock()
 		c.eng.SetHealthy(w, healthy)
 		c.mu.Unlock()
@@ -266,10 +282,13 @@ func (c *Core) probe(ctx context.Context) {
 	for {
 		ws, _ := c.st.Workers()
 		urls := make([]string, len(ws))
+		mws := make([]models.Worker, len(ws))
 		for i, w := range ws {
 			urls[i] = w.URL
+			mws[i] = models.Worker{URL: w.URL}
 		}
 		chk.SetWorkers(urls)
+		c.models.SetWorkers(mws)
 		chk.Round(ctx)
 		select {
 		case <-ctx.Done():

@@ -66,6 +66,9 @@ type Worker struct {
 func (r *Registry) SetWorkers(ws []Worker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if slices.EqualFunc(r.workers, ws, func(u string, w Worker) bool { return u == w.URL && slices.Equal(r.declared[u], w.Declared) }) {
+		return // the periodic refresh of an unchanged set
+	}
 	keep := make(map[string]bool, len(ws))
 	r.workers = r.workers[:0]
 	r.declared = make(map[string][]string, len(ws))

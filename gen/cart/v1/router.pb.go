@@ -701,8 +701,12 @@ type Worker struct {
 	CacheMisses uint64 `protobuf:"varint,9,opt,name=cache_misses,json=cacheMisses,proto3" json:"cache_misses,omitempty"`
 	// Current modelled cache capacity in index blocks (0 = unbounded).
 	ModelCapacityBlocks uint32 `protobuf:"varint,10,opt,name=model_capacity_blocks,json=modelCapacityBlocks,proto3" json:"model_capacity_blocks,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Model ids the worker serves (base models and loaded LoRA adapters), as
+	// the leader's prober last read them from its /v1/models; empty when
+	// unknown. Data planes route a request only to workers serving its model.
+	Models        []string `protobuf:"bytes,11,rep,name=models,proto3" json:"models,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -805,6 +809,13 @@ func (x *Worker) GetModelCapacityBlocks() uint32 {
 	return 0
 }
 
+func (x *Worker) GetModels() []string {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
 var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
@@ -868,7 +879,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"blockChars\x12\x1b\n" +
 	"\tleader_id\x18\x04 \x01(\tR\bleaderId\x12\x1d\n" +
 	"\n" +
-	"leader_url\x18\x05 \x01(\tR\tleaderUrl\"\xfb\x02\n" +
+	"leader_url\x18\x05 \x01(\tR\tleaderUrl\"\x93\x03\n" +
 	"\x06Worker\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
 	"\bmax_load\x18\x02 \x01(\rR\amaxLoad\x12!\n" +
@@ -880,7 +891,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x14actual_cached_tokens\x18\b \x01(\x04R\x12actualCachedTokens\x12!\n" +
 	"\fcache_misses\x18\t \x01(\x04R\vcacheMisses\x122\n" +
 	"\x15model_capacity_blocks\x18\n" +
-	" \x01(\rR\x13modelCapacityBlocks2\xc3\x01\n" +
+	" \x01(\rR\x13modelCapacityBlocks\x12\x16\n" +
+	"\x06models\x18\v \x03(\tR\x06models2\xc3\x01\n" +
 	"\rRouterService\x128\n" +
 	"\x05Route\x12\x15.cart.v1.RouteRequest\x1a\x16.cart.v1.RouteResponse\"\x00\x12A\n" +
 	"\bComplete\x12\x18.cart.v1.CompleteRequest\x1a\x19.cart.v1.CompleteResponse\"\x00\x125\n" +
