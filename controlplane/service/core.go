@@ -46,6 +46,9 @@ type Options struct {
 	// MaxTickets caps unsettled decisions (0 = defaultMaxTickets).
 	MaxTickets int
 	Health     health.Config
+	// DeclaredModels are models workers serve whatever their /v1/models
+	// says (workers[].models), by worker URL.
+	DeclaredModels map[string][]string
 	// HealthClient probes workers; nil uses a default client.
 	HealthClient *http.Client
 	// Token and AdminToken are sent on RouterService and AdminService
@@ -285,7 +288,7 @@ func (c *Core) probe(ctx context.Context) {
 		mws := make([]models.Worker, len(ws))
 		for i, w := range ws {
 			urls[i] = w.URL
-			mws[i] = models.Worker{URL: w.URL}
+			mws[i] = models.Worker{URL: w.URL, Declared: c.o.DeclaredModels[w.URL]}
 		}
 		chk.SetWorkers(urls)
 		c.models.SetWorkers(mws)

@@ -103,3 +103,29 @@ func TestLeaderLearnsModelsAndDataPlaneFilters(t *testing.T) {
 	_, err := cp.router().Route(context.Background(), connect.NewRequest(&cartv1.RouteRequest{Model: "nope", Text: "x", DryRun: true}))
 	wantCode(t, err, connect.CodeNotFound)
 }
+
+// Models declared in the leader's config (workers[].models) count without
+// any usable /v1/models answer and reach data planes through Sync.
+func TestLeaderDeclaredModels(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) {
+		o.DeclaredModels = map[string][]string{w2: {"decl"}} // okTransport's "ok" is no model list
+	}})
+	cp.addWorkers(t, w1, w2)
+	waitFor(t, "the declared model in Sync", func() bool {
+		for _, w := range syncLoads(t, cp.router(), "dp1", nil).GetWorkers() {
+			if w.GetUrl() == w2 && slices.Equal(w.GetModels(), []string{"decl"}) {
+				return true
+			}
+		}
+		return false
+	})
+	for i := range 6 {
+		if resp := route(t, cp.router(), &cartv1.RouteRequest{Model: "decl", Text: text(100, i), DryRun: true}); resp.GetWorker() != w2 {
+			t.Fatalf("declared model routed to %s", resp.GetWorker())
+		}
+	}
+	_, err := cp.router().Route(context.Background(), connect.NewRequest(&cartv1.RouteRequest{Model: "other", Text: "x", DryRun: true}))
+	if connect.CodeOf(err) == connect.CodeNotFound {
+		t.Fatal("a model maybe served by a worker with an unknown list was refused")
+	}
+}
