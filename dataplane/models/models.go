@@ -46,6 +46,7 @@ type snapshot struct {
 	// still be served by a worker whose list is unknown.
 	knownWorkers []string
 	hasUnknown   bool
+	workers      []string          // in configured order, for List
 	cards        map[string][]Card // per worker, declared models synthesized
 }
 
@@ -121,7 +122,7 @@ func synthCard(id string) json.RawMessage {
 
 // rebuild recomputes the snapshot; r.mu is held.
 func (r *Registry) rebuild() {
-	s := &snapshot{exclude: map[string][]string{}, cards: map[string][]Card{}}
+	s := &snapshot{exclude: map[string][]string{}, cards: map[string][]Card{}, workers: slices.Clone(r.workers)}
 	serves := map[string]map[string]bool{} // model -> workers
 	for _, w := range r.workers {
 		var cards []Card
@@ -215,12 +216,9 @@ func (r *Registry) IDs(worker string) []string {
 // of each id wins.
 func (r *Registry) List(include func(worker string) bool) []byte {
 	s := r.snap.Load()
-	r.mu.Lock()
-	workers := slices.Clone(r.workers)
-	r.mu.Unlock()
 	seen := map[string]bool{}
 	data := []json.RawMessage{}
-	for _, w := range workers {
+	for _, w := range s.workers {
 		if include != nil && !include(w) {
 			continue
 		}
