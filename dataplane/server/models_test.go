@@ -4,13 +4,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/dataplane/server"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -183,5 +187,42 @@ func TestModelsUnionOfHealthyWorkers(t *testing.T) {
 	}
 	if got := modelIDs(t, base); !slices.Equal(got, []string{"cart-sim"}) {
 		t.Fatalf("/v1/models with r2 down = %v", got)
+	}
+}
+
+// A data plane whose control plane is unreachable filters by model in its
+// local fallback, from its boot workers' declared models.
+func TestDataPlaneFallbackFiltersByModel(t *testing.T) {
+	r1, r2 := newReplica(t, "r1"), newReplica(t, "r2")
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadURL := "http://" + dead.Addr().String()
+	_ = dead.Close()
+	cfg, err := config.Load(configFiles(t, workersYAML(r1.URL+";models: [lora]", r2.URL+";models: [base]")+
+		"dataplane:\n  control_plane: ["+deadURL+"]\n")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(config.RoleDataPlane); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: time.Second}
+	d, err := server.NewDataPlane(cfg, discardLogger(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(d.Proxy)
+	t.Cleanup(func() { front.Close(); client.CloseIdleConnections() })
+	for i := range 6 {
+		if code, peer, body := postRaw(t, front.URL+"/v1/chat/completions", chatModel("lora", fmt.Sprint("q", i))); code != http.StatusOK || peer != r1.URL {
+			t.Fatalf("lora via fallback: %d from %q: %s", code, peer, body)
+		}
+	}
+	code, _, body := postRaw(t, front.URL+"/v1/messages", `{"model":"nope","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
+	assertModelNotFound(t, code, body, true)
+	if got := modelIDs(t, front.URL); !slices.Equal(got, []string{"lora", "base"}) {
+		t.Fatalf("/v1/models = %v", got)
 	}
 }
