@@ -264,16 +264,7 @@ func (c *Core) sweep(ctx context.Context) {
 func (c *Core) probe(ctx context.Context) {
 	hc := c.o.Health
 	hc.ModelsEndpoint = "/v1/models"
-	hc.Models = func(w string, body []byte) {
-		cards, err := models.Parse(body)
-		if err != nil {
-			c.log.Warn("worker model list ignored", "worker", w, "error", err.Error())
-			return
-		}
-		if c.models.SetLearned(w, cards) {
-			c.log.Info("worker models changed", "worker", w, "models", c.models.IDs(w))
-		}
-	}
+	hc.Models = models.Learner(c.models, c.log)
 	chk := health.NewChecker(hc, c.o.HealthClient, func(w string, healthy bool, reason string) {
 		c.mu.Lock()
 		c.eng.SetHealthy(w, healthy)

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -261,4 +262,19 @@ func Parse(body []byte) ([]Card, error) {
 		out = append(out, Card{ID: c.ID, Raw: slices.Clone(raw)})
 	}
 	return out, nil
+}
+
+// Learner returns a health.Config.Models callback recording each worker's
+// /v1/models answer in r; an unparsable answer keeps the last list.
+func Learner(r *Registry, log *slog.Logger) func(worker string, body []byte) {
+	return func(worker string, body []byte) {
+		cards, err := Parse(body)
+		if err != nil {
+			log.Warn("worker model list ignored", "worker", worker, "error", err.Error())
+			return
+		}
+		if r.SetLearned(worker, cards) {
+			log.Info("worker models changed", "worker", worker, "models", r.IDs(worker))
+		}
+	}
 }

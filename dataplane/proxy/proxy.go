@@ -245,12 +245,13 @@ type call struct {
 	routed    bool // prefix-routed (vs pass-through)
 	noResend  bool // never resend once a worker may have seen it
 	failed    []string
-	// modelExclude are the workers that do not serve the request's model.
-	modelExclude []string
 	final     router.Decision
 	attempts  int
 	start     time.Time
 	client    *http.ResponseController // the client's connection, for deadlines
+
+	// modelExclude are the workers that do not serve the request's model.
+	modelExclude []string
 }
 
 type callKey struct{}

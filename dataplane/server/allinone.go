@@ -30,12 +30,13 @@ type AllInOne struct {
 	Health  *health.Checker
 	Break   *breaker.Set
 	Metrics *metrics.Metrics
-	// Models is which models each worker serves (declared and probed).
-	Models *models.Registry
 	Proxy   *proxy.Proxy
 	HTTP    *http.Server
 	// MetricsHTTP serves /metrics on server.metrics_addr; nil when unset.
 	MetricsHTTP *http.Server
+
+	// Models is which models each worker serves (declared and probed).
+	Models *models.Registry
 }
 
 // WorkerSpecs converts configured workers for the engine.
@@ -67,21 +68,6 @@ func ModelWorkers(ws []config.Worker) []models.Worker {
 		out[i] = models.Worker{URL: w.URL, Declared: w.Models}
 	}
 	return out
-}
-
-// LearnModels is a health.Config.Models callback that records a worker's
-// /v1/models answer in reg; an unparsable answer keeps the last list.
-func LearnModels(reg *models.Registry, log *slog.Logger) func(worker string, body []byte) {
-	return func(worker string, body []byte) {
-		cards, err := models.Parse(body)
-		if err != nil {
-			log.Warn("worker model list ignored", "worker", worker, "error", err.Error())
-			return
-		}
-		if reg.SetLearned(worker, cards) {
-			log.Info("worker models changed", "worker", worker, "models", reg.IDs(worker))
-		}
-	}
 }
 
 func workerURLs(ws []config.Worker) []string {
@@ -135,7 +121,7 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	a.Models = models.New()
 	a.Models.SetWorkers(ModelWorkers(cfg.Workers))
 	hc := HealthConfig(cfg)
-	hc.Models, hc.ModelsEndpoint = LearnModels(a.Models, log), "/v1/models"
+	hc.Models, hc.ModelsEndpoint = models.Learner(a.Models, log), "/v1/models"
 	// Through the proxy, so that a reload's new worker keys reach probes too.
 	hc.WorkerKey = func(w string) string { return a.Proxy.WorkerKey(w) }
 	a.Health = health.NewChecker(hc, nil, func(w string, healthy bool, reason string) {

@@ -27,13 +27,14 @@ type DataPlane struct {
 	Router  *remote.Router
 	Break   *breaker.Set
 	Metrics *metrics.Metrics
+	Proxy   *proxy.Proxy
+	HTTP    *http.Server
+	// MetricsHTTP serves /metrics on server.metrics_addr; nil when unset.
+	MetricsHTTP *http.Server
+
 	// Models is which models each worker serves, as the control plane
 	// reports them (the configured declarations until the first sync).
 	Models *models.Registry
-	Proxy  *proxy.Proxy
-	HTTP   *http.Server
-	// MetricsHTTP serves /metrics on server.metrics_addr; nil when unset.
-	MetricsHTTP *http.Server
 }
 
 // DataPlaneID returns the configured id or hostname-pid.
