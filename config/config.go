@@ -132,6 +132,10 @@ type Worker struct {
 	// sent as "Authorization: Bearer <key>" on requests and health probes.
 	// Empty falls back to proxy.worker_api_key_file.
 	APIKeyFile string `yaml:"api_key_file"`
+	// Models are model ids (base models, LoRA adapters) this worker always
+	// serves, in addition to those its /v1/models reports on each health
+	// probe. A request for a model is routed only to workers serving it.
+	Models []string `yaml:"models"`
 }
 
 // Cache tunes the cache-aware routing decision and the prefix index.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -86,7 +87,7 @@ func FuzzLoad(f *testing.F) {
 		again := *c2
 		again.Workers = append([]Worker(nil), c2.Workers...)
 		again.Normalize()
-		if !slices.Equal(again.Workers, c2.Workers) {
+		if !slices.EqualFunc(again.Workers, c2.Workers, func(a, b Worker) bool { return reflect.DeepEqual(a, b) }) {
 			t.Fatalf("Normalize is not idempotent: %v → %v", c2.Workers, again.Workers)
 		}
 	})

@@ -21,6 +21,11 @@ func (c *Config) Normalize() {
 		if u, err := NormalizeWorkerURL(c.Workers[i].URL); err == nil {
 			c.Workers[i].URL = u
 		}
+		if len(c.Workers[i].Models) == 0 {
+			// "models: []" and no key mean the same: keep one form so that
+			// comparisons (reload diffs) do not tell them apart.
+			c.Workers[i].Models = nil
+		}
 	}
 	normalizeURLs(c.ControlPlane.Join)
 	normalizeURLs(c.DataPlane.ControlPlane)
@@ -240,6 +245,16 @@ func (v *validator) workers(role Role) {
 		v.intAtLeast(key+".cache_capacity_tokens", w.CacheCapacityTokens, 0)
 		if w.APIKeyFile != "" {
 			v.secret(key+".api_key_file", "", w.APIKeyFile)
+		}
+		mseen := make(map[string]bool, len(w.Models))
+		for j, m := range w.Models {
+			switch {
+			case strings.TrimSpace(m) == "":
+				v.add(fmt.Sprintf("%s.models[%d]", key, j), "empty model id")
+			case mseen[m]:
+				v.add(fmt.Sprintf("%s.models[%d]", key, j), "duplicate model %q", m)
+			}
+			mseen[m] = true
 		}
 	}
 }

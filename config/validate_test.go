@@ -242,6 +242,8 @@ func TestValidateRules(t *testing.T) {
 		{"client key inline and file", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "k", KeyFile: "f"}} }, "auth.client_keys[0].key_file", "cannot be combined with key"},
 		{"client key file missing", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a", KeyFile: "/nonexistent/key"}} }, "auth.client_keys[0].key_file", "no such file"},
 		{"worker api key file missing", RoleAllInOne, func(c *Config) { c.Workers[0].APIKeyFile = "/nonexistent/worker-key" }, "workers[0].api_key_file", "no such file"},
+		{"worker model id empty", RoleAllInOne, func(c *Config) { c.Workers[0].Models = []string{"m", " "} }, "workers[0].models[1]", "empty model id"},
+		{"worker model id duplicate", RoleAllInOne, func(c *Config) { c.Workers[0].Models = []string{"m", "m"} }, "workers[0].models[1]", "duplicate model"},
 		{"pool worker api key file missing", RoleDataPlane, func(c *Config) { c.Proxy.WorkerAPIKeyFile = "/nonexistent/worker-key" }, "proxy.worker_api_key_file", "no such file"},
 		{"metrics addr invalid", RoleAllInOne, func(c *Config) { c.Server.MetricsAddr = "9090" }, "server.metrics_addr", "must be host:port"},
 		{"metrics addr same as client listener", RoleAllInOne, func(c *Config) { c.Server.MetricsAddr = "0.0.0.0:6700" }, "server.metrics_addr", "must differ from the client listener"},

@@ -543,15 +543,21 @@ func routerWorkers(base string) ([]string, error) {
 	defer resp.Body.Close()
 	var v struct {
 		Workers []struct {
-			URL string `json:"url"`
+			URL    string   `json:"url"`
+			Models []string `json:"models"`
 		} `json:"workers"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
 		return nil, err
 	}
-	out := make([]string, len(v.Workers))
-	for i, w := range v.Workers {
-		out[i] = w.URL
+	// A worker is in the pool for a model's requests once its model list
+	// is known (read from its /v1/models by the prober right after it is
+	// added); the replicas here all serve the requests' model.
+	out := make([]string, 0, len(v.Workers))
+	for _, w := range v.Workers {
+		if len(w.Models) > 0 {
+			out = append(out, w.URL)
+		}
 	}
 	return out, nil
 }

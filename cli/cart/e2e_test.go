@@ -45,6 +45,11 @@ func startWithSims(t *testing.T, sims []sim.Config, mutate func(*config.Config))
 	var reps []*httptest.Server
 	cfg := config.Default()
 	for _, sc := range sims {
+		if len(sc.Models) == 0 {
+			// CART routes a model only to replicas listing it in
+			// /v1/models; the names these tests send.
+			sc.Models = []string{"sim", "claude-sim"}
+		}
 		s := sim.New(sc)
 		ts := httptest.NewServer(s.Handler())
 		t.Cleanup(func() { ts.Close(); _ = s.Close() })

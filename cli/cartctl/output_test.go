@@ -58,7 +58,8 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   dns (draining
       "cache_misses": "0",
       "model_capacity_blocks": 0,
       "source": "",
-      "draining": false
+      "draining": false,
+      "models": []
     },
     {
       "url": "http://10.0.0.6:8000",
@@ -72,7 +73,8 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   dns (draining
       "cache_misses": "0",
       "model_capacity_blocks": 0,
       "source": "dns",
-      "draining": true
+      "draining": true,
+      "models": []
     }
   ],
   "workers_version": "12"

@@ -156,7 +156,7 @@ type routerAPI interface {
 func benchReplicas(tb testing.TB, n int) []string {
 	var urls []string
 	for i := range n {
-		s := sim.New(sim.Config{Name: fmt.Sprintf("w%d", i)})
+		s := sim.New(sim.Config{Name: fmt.Sprintf("w%d", i), Models: []string{benchModel}}) // the leader routes only listed models
 		ts := httptest.NewServer(s.Handler())
 		tb.Cleanup(func() { ts.Close(); _ = s.Close() })
 		urls = append(urls, ts.URL)

@@ -206,7 +206,9 @@ func workerURLs(t *testing.T, url string) []string {
 
 func replica(t *testing.T, name string) string {
 	t.Helper()
-	s := sim.New(sim.Config{Name: name})
+	// Serving "m", the model the tests route: the leader routes a model
+	// only to workers whose /v1/models lists it.
+	s := sim.New(sim.Config{Name: name, Models: []string{"m"}})
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(func() { ts.Close(); _ = s.Close() })
 	return ts.URL

@@ -71,6 +71,19 @@ func raftTLS(t config.TLS) (*tls.Config, *tls.Config, error) {
 	return srv, cli, nil
 }
 
+// declaredModels maps configured workers to their workers[].models; the
+// leader adds them to what it probes (for workers added later through
+// cartctl, probing alone says what they serve).
+func declaredModels(ws []config.Worker) map[string][]string {
+	out := map[string][]string{}
+	for _, w := range ws {
+		if len(w.Models) > 0 {
+			out[w.URL] = w.Models
+		}
+	}
+	return out
+}
+
 // Start brings the node up: Raft (bootstrapping or rejoining), the API
 // listener, and — for a joining node — the request to be added as a voter.
 func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, error) {
@@ -123,6 +136,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		LoadLease:      time.Duration(cp.LoadLeaseSecs * float64(time.Second)),
 		MaxTickets:     cp.MaxUnsettledTickets,
 		Health:         healthCfg,
+		DeclaredModels: declaredModels(cfg.Workers),
 		Token:          token,
 		AdminToken:     adminToken,
 		Logger:         log,

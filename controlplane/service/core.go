@@ -18,6 +18,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/health"
+	"github.com/cartrouter/cart/dataplane/models"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -45,6 +46,9 @@ type Options struct {
 	// MaxTickets caps unsettled decisions (0 = defaultMaxTickets).
 	MaxTickets int
 	Health     health.Config
+	// DeclaredModels are models workers serve whatever their /v1/models
+	// says (workers[].models), by worker URL.
+	DeclaredModels map[string][]string
 	// HealthClient probes workers; nil uses a default client.
 	HealthClient *http.Client
 	// Token and AdminToken are sent on RouterService and AdminService
@@ -78,6 +82,9 @@ type Core struct {
 	oldestTicket uint64              // no live ticket is numbered below this
 	dps          map[string]*dataPlane
 	leading      bool
+
+	// models are the workers' model lists the leader's prober learned.
+	models *models.Registry
 
 	batch   *batcher
 	fwd     *forwarder
@@ -118,7 +125,7 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 	if o.MaxTickets <= 0 {
 		o.MaxTickets = defaultMaxTickets
 	}
-	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, byRoute: map[routeKey]uint64{}, dps: map[string]*dataPlane{}}
+	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, byRoute: map[routeKey]uint64{}, dps: map[string]*dataPlane{}, models: models.New()}
 	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
 	c.ready = make(chan struct{})
 	// The batcher and the state's own-batch check exist before the Raft
@@ -261,7 +268,10 @@ func (c *Core) sweep(ctx context.Context) {
 // probe runs the pool's health checks on the leader only: one prober per
 // pool, not one per proxy; data planes learn the verdicts through Sync.
 func (c *Core) probe(ctx context.Context) {
-	chk := health.NewChecker(c.o.Health, c.o.HealthClient, func(w string, healthy bool, reason string) {
+	hc := c.o.Health
+	hc.ModelsEndpoint = "/v1/models"
+	hc.Models = models.Learner(c.models, c.log)
+	chk := health.NewChecker(hc, c.o.HealthClient, func(w string, healthy bool, reason string) {
 		c.mu.Lock()
 		c.eng.SetHealthy(w, healthy)
 		c.mu.Unlock()
@@ -272,10 +282,13 @@ func (c *Core) probe(ctx context.Context) {
 	for {
 		ws, _ := c.st.Workers()
 		urls := make([]string, len(ws))
+		mws := make([]models.Worker, len(ws))
 		for i, w := range ws {
 			urls[i] = w.URL
+			mws[i] = models.Worker{URL: w.URL, Declared: c.o.DeclaredModels[w.URL]}
 		}
 		chk.SetWorkers(urls)
+		c.models.SetWorkers(mws)
 		chk.Round(ctx)
 		select {
 		case <-ctx.Done():

@@ -60,13 +60,19 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		sum := sha256.Sum256([]byte(session))
 		session = hex.EncodeToString(sum[:16])
 	}
+	exclude := m.GetExcludeWorkers()
+	if ex, err := c.models.Exclude(m.GetModel()); err != nil {
+		return nil, connect.NewError(connect.CodeNotFound, err)
+	} else if len(ex) > 0 {
+		exclude = append(slices.Clip(exclude), ex...)
+	}
 	now := c.o.Now()
 	c.mu.Lock()
 	if !c.leading {
 		c.mu.Unlock()
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("leader is still catching up (barrier pending)"))
 	}
-	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: m.GetExcludeWorkers(), DryRun: m.GetDryRun(), Session: session}, now.UnixNano())
+	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, DryRun: m.GetDryRun(), Session: session}, now.UnixNano())
 	var tk uint64
 	var placed []uint64
 	if err == nil && !m.GetDryRun() {
@@ -270,6 +276,7 @@ func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 			CacheCapacityTokens: w.CacheCapacityTokens, Healthy: l.Healthy, Load: uint32(l.Load),
 			PredictedCachedTokens: l.Accuracy.PredictedTokens, ActualCachedTokens: l.Accuracy.ActualTokens,
 			CacheMisses: l.Accuracy.Misses, ModelCapacityBlocks: uint32(l.Accuracy.ModelCapacity), Source: w.Source, Draining: l.Draining,
+			Models: c.models.IDs(w.URL),
 		})
 	}
 	return out, nil

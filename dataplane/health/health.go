@@ -25,6 +25,13 @@ type Config struct {
 	// a bearer token: such a worker answers 401 to an anonymous probe and
 	// would be marked down. nil or "" sends none.
 	WorkerKey func(worker string) string
+	// Models, when set, is handed the body of each worker's 200 answer to
+	// GET ModelsEndpoint, fetched on every probe round after the health
+	// probe, so the models a worker serves (LoRA adapters loaded at
+	// runtime included) are known within one interval. A failed fetch
+	// calls nothing: the caller keeps the last list.
+	Models         func(worker string, body []byte)
+	ModelsEndpoint string
 }
 
 // Verdict is called when a worker's health changes. Workers start healthy
@@ -103,6 +110,8 @@ type Checker struct {
 	workers []string
 	current map[string]bool // the set of workers, for results of removed ones
 	tracker *Tracker
+	fresh   []string      // added since the last round: their models are read at once
+	kick    chan struct{} // tells Run that fresh is not empty
 }
 
 // NewChecker returns a checker; call SetWorkers, then Run. A nil client
@@ -116,7 +125,7 @@ func NewChecker(cfg Config, client *http.Client, v Verdict) *Checker {
 		tr.Proxy = nil
 		client = &http.Client{Transport: tr}
 	}
-	return &Checker{cfg: cfg, client: client, verdict: v, tracker: NewTracker(cfg)}
+	return &Checker{cfg: cfg, client: client, verdict: v, tracker: NewTracker(cfg), kick: make(chan struct{}, 1)}
 }
 
 // SetWorkers replaces the probed set.
@@ -126,10 +135,47 @@ func (c *Checker) SetWorkers(urls []string) {
 		keep[u] = true
 	}
 	c.mu.Lock()
+	if c.current != nil && c.cfg.Models != nil {
+		// A worker added at runtime (cartctl, discovery, reload) serves
+		// nothing as far as model routing knows until its models are read:
+		// read them now rather than up to an interval later.
+		for _, u := range urls {
+			if !c.current[u] {
+				c.fresh = append(c.fresh, u)
+			}
+		}
+	}
 	c.workers = append([]string(nil), urls...)
 	c.current = keep
 	c.tracker.Retain(keep)
+	kick := len(c.fresh) > 0
 	c.mu.Unlock()
+	if kick {
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// readFresh reads the models of workers added since the last round.
+func (c *Checker) readFresh(ctx context.Context) {
+	c.mu.Lock()
+	fresh := c.fresh
+	c.fresh = nil
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range fresh {
+		c.mu.Lock()
+		still := c.current[w]
+		c.mu.Unlock()
+		if !still {
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); c.fetchModels(ctx, w) }()
+	}
+	wg.Wait()
 }
 
 // Run probes every worker each interval until ctx ends. Probes of one
@@ -139,10 +185,23 @@ func (c *Checker) Run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		c.Round(ctx)
+		if !c.untilTick(ctx, t.C) {
+			return
+		}
+	}
+}
+
+// untilTick waits for the next round, reading the models of workers added
+// meanwhile; false when ctx ends.
+func (c *Checker) untilTick(ctx context.Context, tick <-chan time.Time) bool {
+	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-t.C:
+			return false
+		case <-c.kick:
+			c.readFresh(ctx)
+		case <-tick:
+			return true
 		}
 	}
 }
@@ -151,6 +210,7 @@ func (c *Checker) Run(ctx context.Context) {
 func (c *Checker) Round(ctx context.Context) {
 	c.mu.Lock()
 	ws := append([]string(nil), c.workers...)
+	c.fresh = nil // this round reads every worker's models
 	c.mu.Unlock()
 	type result struct {
 		w   string
@@ -158,7 +218,11 @@ func (c *Checker) Round(ctx context.Context) {
 	}
 	results := make(chan result, len(ws))
 	for _, w := range ws {
-		go func() { results <- result{w, c.probe(ctx, w)} }()
+		go func() {
+			err := c.probe(ctx, w)
+			c.fetchModels(ctx, w)
+			results <- result{w, err}
+		}()
 	}
 	for range ws {
 		r := <-results
@@ -206,4 +270,40 @@ func (c *Checker) probe(ctx context.Context, worker string) error {
 		return fmt.Errorf("probe %s: status %d", worker, resp.StatusCode)
 	}
 	return nil
+}
+
+// maxModelsBody bounds a /v1/models answer (a pool with many adapters has
+// long lists, but not megabytes of them).
+const maxModelsBody = 8 << 20
+
+func (c *Checker) fetchModels(ctx context.Context, worker string) {
+	if c.cfg.Models == nil || c.cfg.ModelsEndpoint == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, worker+c.cfg.ModelsEndpoint, nil)
+	if err != nil {
+		return
+	}
+	if c.cfg.WorkerKey != nil {
+		if k := c.cfg.WorkerKey(worker); k != "" {
+			req.Header.Set("Authorization", "Bearer "+k)
+		}
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBody+1))
+	if err != nil || resp.StatusCode != http.StatusOK || len(body) > maxModelsBody || ctx.Err() != nil {
+		return
+	}
+	c.mu.Lock()
+	current := c.current[worker]
+	c.mu.Unlock()
+	if current {
+		c.cfg.Models(worker, body)
+	}
 }

@@ -36,7 +36,7 @@ type Metrics struct {
 	CachedFraction    *prometheus.HistogramVec // kind=predicted|actual
 	ClientDisconnects prometheus.Counter       //
 	Fallbacks         *prometheus.CounterVec   // cause
-	ModelsCache       *prometheus.CounterVec   // result=hit|miss|stale
+	ModelsCache       *prometheus.CounterVec   // result=hit|miss|stale, or pool: the union of the workers' lists
 	Reloads           *prometheus.CounterVec   // result=accepted|rejected
 }
 

@@ -52,6 +52,10 @@ type WorkerView struct {
 	Source string `json:"source"`
 	// Draining: left its discovery source; no new requests, in-flight finish.
 	Draining bool `json:"draining"`
+	// Models the worker serves (declared and probed); empty while unknown,
+	// and a worker whose list is unknown gets no request for a model some
+	// other worker is known to serve.
+	Models []string `json:"models"`
 }
 
 func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
@@ -64,7 +68,11 @@ func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
 		out[i] = WorkerView{URL: wk.URL, Load: wk.Load, MaxLoad: wk.MaxLoad, LoadPenalty: wk.LoadPenalty,
 			Healthy: wk.Healthy, BreakerState: p.o.Breakers.StateAt(wk.URL, p.o.Now()).String(),
 			PredictedCachedTokens: wk.PredictedCachedTokens, ActualCachedTokens: wk.ActualCachedTokens,
-			CacheMisses: wk.CacheMisses, ModelCapacityBlocks: wk.ModelCapacityBlocks, Source: wk.Source, Draining: wk.Draining}
+			CacheMisses: wk.CacheMisses, ModelCapacityBlocks: wk.ModelCapacityBlocks, Source: wk.Source, Draining: wk.Draining,
+			Models: p.o.Models.IDs(wk.URL)}
+		if out[i].Models == nil {
+			out[i].Models = []string{}
+		}
 		if wk.PredictedCachedTokens > 0 {
 			acc := float64(wk.ActualCachedTokens) / float64(wk.PredictedCachedTokens)
 			out[i].PredictionAccuracy = &acc
@@ -93,6 +101,17 @@ type modelsCache struct {
 
 func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
 	if _, ok := p.authenticate(w, r, "models"); !ok {
+		return
+	}
+	if p.o.Models.Known() {
+		// The pool's answer, from every healthy worker's list as the last
+		// probe saw it: no single replica's view, and no cache to go stale.
+		healthy := map[string]bool{}
+		for _, wk := range p.o.Router.Workers() {
+			healthy[wk.URL] = wk.Healthy
+		}
+		p.m.ModelsCache.WithLabelValues("pool").Inc()
+		serveModels(w, "application/json", p.o.Models.List(func(u string) bool { return healthy[u] }), "pool")
 		return
 	}
 	body, ctype, source, err := p.models.get(p, r.Context())

@@ -1,12 +1,16 @@
 package proxy_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 )
 
@@ -108,4 +112,30 @@ func TestModelsWithoutCacheOrReplicaFailsClearly(t *testing.T) {
 			t.Fatal("an unhealthy replica was asked for models")
 		}
 	})
+}
+
+// The breaker trial stays within the model filter: with the only replica
+// serving the model behind an open breaker, the trial goes to it, never to
+// a replica that does not serve the model.
+func TestBreakerTrialKeepsModelFilter(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	reg := models.New()
+	reg.SetWorkers([]models.Worker{{URL: a.URL, Declared: []string{"m"}}, {URL: b.URL, Declared: []string{"other"}}})
+	a.set(answer503("a"))
+	r := newWiredRig(t, []string{a.URL, b.URL}, defaultWiring(), func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.Models = reg })
+	for i := 0; r.workerViews()[a.URL].BreakerState != "open"; i++ {
+		if i == 10 {
+			t.Fatal("a's breaker did not open")
+		}
+		readAll(t, r.post("/v1/chat/completions", chatBody("s", fmt.Sprint("q", i), false)))
+	}
+	a.set(nil)
+	resp := r.post("/v1/chat/completions", chatBody("s", "after recovery", false))
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "hi from a") {
+		t.Fatalf("trial: %d %s", resp.StatusCode, body)
+	}
+	if n := b.hits.Load(); n != 0 {
+		t.Fatalf("the replica without the model got %d requests", n)
+	}
+	r.waitLoadZero()
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/metrics"
+	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
 )
 
@@ -88,6 +89,13 @@ type Options struct {
 	RetryBudgetMin    int
 
 	ModelsCacheTTL time.Duration
+	// Models, when set, is which models each worker serves: a request is
+	// routed only among the workers serving its model (404
+	// model_not_found when none does), and /v1/models answers the union of
+	// the healthy workers' lists. While no worker's list is known, neither
+	// happens (requests route as if unfiltered; /v1/models is fetched from
+	// one worker and cached for ModelsCacheTTL).
+	Models *models.Registry
 
 	// Extract changes how key text is derived (ignored system prefixes).
 	// Its zero value ignores nothing; the config default ignores Claude
@@ -269,6 +277,9 @@ type call struct {
 	start     time.Time
 	client    *http.ResponseController // the client's connection, for deadlines
 	hold      bodyHold                 // body bytes reserved in the budget
+
+	// modelExclude are the workers that do not serve the request's model.
+	modelExclude []string
 }
 
 type callKey struct{}
@@ -315,6 +326,13 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 		p.fail(w, c, err)
 		return
 	}
+	ex, err := p.o.Models.Exclude(req.Model)
+	if err != nil {
+		p.fail(w, c, apierr.New(http.StatusNotFound, apierr.TypeInvalidRequest, "model_not_found",
+			"The model `%s` does not exist: no worker of this pool serves it.", truncate(req.Model, 256)))
+		return
+	}
+	c.modelExclude = ex
 	hp := hashPool.Get().(*[]uint64)
 	defer func() {
 		// Keep only ordinary buffers: a huge prompt's slice would stay
@@ -689,17 +707,21 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // request goes through, because refusing every client is worse than
 // probing a replica that may have recovered.
 func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
-	exclude := c.failed
+	base := c.failed
+	if len(c.modelExclude) > 0 {
+		base = append(append(make([]string, 0, len(c.failed)+len(c.modelExclude)), c.failed...), c.modelExclude...)
+	}
+	exclude := base
 	if blocked := p.o.Breakers.Blocked(p.o.Now()); len(blocked) > 0 {
-		exclude = append(append(make([]string, 0, len(c.failed)+len(blocked)), c.failed...), blocked...)
+		exclude = append(append(make([]string, 0, len(base)+len(blocked)), base...), blocked...)
 	}
 	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude}
 	if c.routed {
 		req.Endpoint, req.Hashes, req.KeyLen, req.Session = c.endpoint, c.hashes, c.keyLen, c.session
 	}
 	d, err := p.o.Router.Route(ctx, req)
-	if err != nil && len(exclude) > len(c.failed) && errors.Is(err, router.ErrUnavailable) {
-		req.Exclude = c.failed
+	if err != nil && len(exclude) > len(base) && errors.Is(err, router.ErrUnavailable) {
+		req.Exclude = base
 		d, err = p.o.Router.Route(ctx, req)
 		if err == nil {
 			p.log.Warn("every usable worker has an open circuit breaker; sending a trial request anyway", "request_id", c.id, "worker", d.Worker)

@@ -18,6 +18,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/dataplane/apierr"
+	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -47,6 +49,9 @@ type Options struct {
 	// again after reporting it unhealthy (it may reset a circuit breaker).
 	OnHealthy func(url string)
 	Seed      uint64
+	// Models, when set, receives each worker's model list from every
+	// sync (the leader's prober learns them), for the proxy's model filter.
+	Models *models.Registry
 	// Shadow keeps fallback decisions cache-aware (see shadow.go).
 	Shadow ShadowOptions
 }
@@ -184,7 +189,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			RouteId: routeID,
 		}))
 		cancel()
-		if err != nil && routeID != 0 && connect.CodeOf(err) != connect.CodeResourceExhausted {
+		if err != nil && routeID != 0 && connect.CodeOf(err) != connect.CodeResourceExhausted && connect.CodeOf(err) != connect.CodeNotFound {
 			// The leader may have decided (and placed) before the answer
 			// was lost or came too late; this data plane will never use
 			// it, so say so rather than leave it for the leader to age out.
@@ -211,6 +216,12 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		if connect.CodeOf(err) == connect.CodeResourceExhausted {
 			// The control plane answered: no worker can take this.
 			return router.Decision{}, &unavailable{err}
+		}
+		if connect.CodeOf(err) == connect.CodeNotFound {
+			// The leader knows better than this data plane's last sync (an
+			// adapter was just unloaded): no worker serves the model.
+			return router.Decision{}, apierr.New(http.StatusNotFound, apierr.TypeInvalidRequest, "model_not_found",
+				"The model `%s` does not exist: no worker of this pool serves it.", req.Model)
 		}
 		cause = causeOf(err)
 		if cause != "timeout" {
@@ -448,6 +459,16 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		}
 	}
 	r.workers, r.version, r.synced = ws, m.GetWorkersVersion(), true
+	if r.o.Models != nil {
+		mws := make([]models.Worker, len(ws))
+		for i, w := range ws {
+			mws[i] = models.Worker{URL: w.URL}
+		}
+		r.o.Models.SetWorkers(mws)
+		for _, w := range m.GetWorkers() {
+			r.o.Models.SetLearnedIDs(w.GetUrl(), w.GetModels())
+		}
+	}
 	r.fallbacks -= min(r.fallbacks, req.GetFallbacks())
 	if m.GetLeaderUrl() != "" {
 		r.leaderURL = m.GetLeaderUrl()

@@ -65,7 +65,7 @@ func messagesBody(system []string, salt string) string {
 	for i, s := range system {
 		blocks[i] = map[string]string{"type": "text", "text": s}
 	}
-	m := map[string]any{"model": "m", "max_tokens": 2, "system": blocks,
+	m := map[string]any{"model": "cart-sim", "max_tokens": 2, "system": blocks,
 		"messages": []map[string]string{{"role": "user", "content": "What next?"}}}
 	if salt != "" {
 		m["cache_salt"] = salt
@@ -112,7 +112,7 @@ func TestCustomIgnorePrefixKeepsRoute(t *testing.T) {
 	base := simPool(t, 3, "extract:\n  ignore_system_prefixes: [\"Current time:\"]\n")
 	prompt := longText("Long shared instructions", 6000)
 	body := func(i int) string {
-		b, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 2, "messages": []map[string]string{
+		b, _ := json.Marshal(map[string]any{"model": "cart-sim", "max_tokens": 2, "messages": []map[string]string{
 			{"role": "system", "content": fmt.Sprintf("Current time: 10:%02d:%02d", i, i*7%60)},
 			{"role": "system", "content": prompt},
 			{"role": "user", "content": "q"},
@@ -147,7 +147,7 @@ func TestCacheSaltSeparatesCaches(t *testing.T) {
 	// The same holds on the OpenAI endpoints.
 	for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
 		body := func(salt string) string {
-			m := map[string]any{"model": "m", "max_tokens": 2, "cache_salt": salt}
+			m := map[string]any{"model": "cart-sim", "max_tokens": 2, "cache_salt": salt}
 			if path == "/v1/completions" {
 				m["prompt"] = "completions " + prompt
 			} else {

@@ -17,6 +17,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/health"
 	"github.com/cartrouter/cart/dataplane/metrics"
+	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
 )
@@ -40,6 +41,9 @@ type AllInOne struct {
 	// reload of the static list keeps them.
 	discovered map[string]engine.WorkerSpec
 	watcher    *discovery.Watcher
+
+	// Models is which models each worker serves (declared and probed).
+	Models *models.Registry
 }
 
 // WorkerSpecs converts configured workers for the engine.
@@ -62,6 +66,15 @@ func CapacityBlocks(tokens int64, blockChars int) int {
 		return 0
 	}
 	return int(max(1, tokens*CharsPerToken/int64(blockChars)))
+}
+
+// ModelWorkers lists configured workers with their declared models.
+func ModelWorkers(ws []config.Worker) []models.Worker {
+	out := make([]models.Worker, len(ws))
+	for i, w := range ws {
+		out[i] = models.Worker{URL: w.URL, Declared: w.Models}
+	}
+	return out
 }
 
 func workerURLs(ws []config.Worker) []string {
@@ -113,7 +126,10 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
 		log.Warn("circuit breaker", "worker", t.Worker, "from", t.From.String(), "to", t.To.String())
 	})
+	a.Models = models.New()
+	a.Models.SetWorkers(ModelWorkers(cfg.Workers))
 	hc := HealthConfig(cfg)
+	hc.Models, hc.ModelsEndpoint = models.Learner(a.Models, log), "/v1/models"
 	// Through the proxy, so that a reload's new worker keys reach probes too.
 	hc.WorkerKey = func(w string) string { return a.Proxy.WorkerKey(w) }
 	a.Health = health.NewChecker(hc, nil, func(w string, healthy bool, reason string) {
@@ -130,6 +146,7 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.Metrics.SetBreaker(w.URL, "closed")
 	}
 	po := ProxyOptions(cfg, a.Router, a.Break, a.Metrics, log)
+	po.Models = a.Models
 	if err := applyAuth(&po, cfg); err != nil {
 		return nil, err
 	}
@@ -309,6 +326,12 @@ func (a *AllInOne) applyWorkersLocked(cfg *config.Config) (removed []string) {
 		urls[i] = s.URL
 	}
 	a.Health.SetWorkers(urls)
+	// Discovered workers declare no models: what they serve is probed.
+	mw := ModelWorkers(cfg.Workers)
+	for _, s := range specs[len(cfg.Workers):] {
+		mw = append(mw, models.Worker{URL: s.URL})
+	}
+	a.Models.SetWorkers(mw)
 	keep := make(map[string]bool, len(urls))
 	for _, u := range urls {
 		keep[u] = true

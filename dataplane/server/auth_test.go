@@ -104,12 +104,13 @@ func TestAllInOneClientAndWorkerKeysFromConfig(t *testing.T) {
 	}
 	a.Health.Round(context.Background())
 	for _, r := range w.requests() {
-		if r != "/v1/chat/completions auth=Bearer worker-secret-1 x-api-key=" && r != "/health auth=Bearer worker-secret-1 x-api-key=" {
+		if r != "/v1/chat/completions auth=Bearer worker-secret-1 x-api-key=" && r != "/health auth=Bearer worker-secret-1 x-api-key=" &&
+			r != "/v1/models auth=Bearer worker-secret-1 x-api-key=" {
 			t.Fatalf("worker saw %q", r)
 		}
 	}
-	if got := w.requests(); len(got) != 2 {
-		t.Fatalf("worker requests: %v, want the chat and one probe", got)
+	if got := w.requests(); len(got) != 3 {
+		t.Fatalf("worker requests: %v, want the chat, one probe and one model list", got)
 	}
 
 	// Rotate the worker key: new file, SIGHUP.
@@ -125,8 +126,8 @@ func TestAllInOneClientAndWorkerKeysFromConfig(t *testing.T) {
 	}
 	a.Health.Round(context.Background())
 	got := w.requests()
-	if last := got[len(got)-1]; last != "/health auth=Bearer worker-secret-2 x-api-key=" {
-		t.Fatalf("probe after rotation: %q", last)
+	if last := got[len(got)-2:]; last[0] != "/health auth=Bearer worker-secret-2 x-api-key=" || last[1] != "/v1/models auth=Bearer worker-secret-2 x-api-key=" {
+		t.Fatalf("probes after rotation: %q", last)
 	}
 }
 

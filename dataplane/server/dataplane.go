@@ -12,6 +12,7 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/metrics"
+	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/remote"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -30,6 +31,10 @@ type DataPlane struct {
 	HTTP    *http.Server
 	// MetricsHTTP serves /metrics on server.metrics_addr; nil when unset.
 	MetricsHTTP *http.Server
+
+	// Models is which models each worker serves, as the control plane
+	// reports them (the configured declarations until the first sync).
+	Models *models.Registry
 }
 
 // DataPlaneID returns the configured id or hostname-pid.
@@ -56,7 +61,10 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*D
 	for i, w := range cfg.Workers {
 		boot[i] = router.WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: true}
 	}
+	d.Models = models.New()
+	d.Models.SetWorkers(ModelWorkers(cfg.Workers))
 	d.Router = remote.New(remote.Options{
+		Models:        d.Models,
 		ID:            DataPlaneID(cfg),
 		ControlPlanes: cfg.DataPlane.ControlPlane,
 		RouteTimeout:  millis(cfg.DataPlane.RouteTimeoutMs),
@@ -80,6 +88,7 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*D
 		log.Warn("circuit breaker", "worker", t.Worker, "from", t.From.String(), "to", t.To.String())
 	})
 	po := ProxyOptions(cfg, d.Router, d.Break, d.Metrics, log)
+	po.Models = d.Models
 	if err := applyAuth(&po, cfg); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -67,10 +68,15 @@ func TestDNSDiscoveryEndToEnd(t *testing.T) {
 	a := newAllInOne(t, paths)
 	base := runAllInOne(t, a)
 
+	// A discovered replica takes requests once a probe round has read
+	// its /v1/models (x, probed at start, is known to serve the model);
+	// health rounds are the test's to drive here.
+	probe := func() { a.Health.Round(context.Background()) }
 	waitFor(t, "a and b discovered", func() bool {
 		ws := workers(t, base)
 		return ws[ra.URL].Source == "dns" && ws[rb.URL].Source == "dns" && ws[x.URL].Source == "static"
 	})
+	probe()
 
 	// b holds every request it gets until the test lets go.
 	rb.mu.Lock()
@@ -125,7 +131,7 @@ func TestDNSDiscoveryEndToEnd(t *testing.T) {
 
 	// c joins.
 	ns.Set(t, srvRecords(ra, rb, rc)...)
-	waitFor(t, "traffic on c", func() bool { return rc.chats.Load() >= 3 })
+	waitFor(t, "traffic on c", func() bool { probe(); return rc.chats.Load() >= 3 })
 
 	// b leaves DNS: it drains, keeping its held request.
 	ns.Set(t, srvRecords(ra, rc)...)

@@ -169,7 +169,7 @@ func newReplica(t *testing.T, name string) *replica {
 			return
 		case "/v1/models":
 			w.Header().Set("Content-Type", "application/json")
-			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"cart-sim","object":"model"}]}`)
 			return
 		}
 		_, _ = io.Copy(io.Discard, r.Body)

@@ -27,7 +27,7 @@ Send the same long prompt twice and watch x-routed-peer stay put (cache_hit in t
 
   curl -si http://127.0.0.1:6700/v1/chat/completions -H 'Content-Type: application/json' \\
     -H "Authorization: Bearer $key" \\
-    -d '{"model":"sim","messages":[{"role":"system","content":"You are a helpful assistant that answers questions about the CART router in detail."},{"role":"user","content":"hello"}]}' | grep -iE 'x-routed-peer|cached_tokens'
+    -d '{"model":"cart-sim","messages":[{"role":"system","content":"You are a helpful assistant that answers questions about the CART router in detail."},{"role":"user","content":"hello"}]}' | grep -iE 'x-routed-peer|cached_tokens'
 
 Also (no key needed from this machine): curl -s http://127.0.0.1:6700/workers ; curl -s http://127.0.0.1:6700/metrics | grep cart_routing
 Ctrl-C stops everything.

@@ -706,7 +706,11 @@ type Worker struct {
 	Source string `protobuf:"bytes,11,opt,name=source,proto3" json:"source,omitempty"`
 	// Left its discovery source: takes no new requests (data planes skip it
 	// in local fallback too) while in-flight ones finish.
-	Draining      bool `protobuf:"varint,12,opt,name=draining,proto3" json:"draining,omitempty"`
+	Draining bool `protobuf:"varint,12,opt,name=draining,proto3" json:"draining,omitempty"`
+	// Model ids the worker serves (base models and loaded LoRA adapters), as
+	// the leader's prober last read them from its /v1/models; empty when
+	// unknown. Data planes route a request only to workers serving its model.
+	Models        []string `protobuf:"bytes,13,rep,name=models,proto3" json:"models,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -825,6 +829,13 @@ func (x *Worker) GetDraining() bool {
 	return false
 }
 
+func (x *Worker) GetModels() []string {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
 var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
@@ -888,7 +899,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"blockChars\x12\x1b\n" +
 	"\tleader_id\x18\x04 \x01(\tR\bleaderId\x12\x1d\n" +
 	"\n" +
-	"leader_url\x18\x05 \x01(\tR\tleaderUrl\"\xaf\x03\n" +
+	"leader_url\x18\x05 \x01(\tR\tleaderUrl\"\xc7\x03\n" +
 	"\x06Worker\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
 	"\bmax_load\x18\x02 \x01(\rR\amaxLoad\x12!\n" +
@@ -902,7 +913,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x15model_capacity_blocks\x18\n" +
 	" \x01(\rR\x13modelCapacityBlocks\x12\x16\n" +
 	"\x06source\x18\v \x01(\tR\x06source\x12\x1a\n" +
-	"\bdraining\x18\f \x01(\bR\bdraining2\xc3\x01\n" +
+	"\bdraining\x18\f \x01(\bR\bdraining\x12\x16\n" +
+	"\x06models\x18\r \x03(\tR\x06models2\xc3\x01\n" +
 	"\rRouterService\x128\n" +
 	"\x05Route\x12\x15.cart.v1.RouteRequest\x1a\x16.cart.v1.RouteResponse\"\x00\x12A\n" +
 	"\bComplete\x12\x18.cart.v1.CompleteRequest\x1a\x19.cart.v1.CompleteResponse\"\x00\x125\n" +

@@ -45,6 +45,8 @@ const (
 type RouterServiceClient interface {
 	// Route decides which worker serves a request. The leader decides from
 	// its in-memory state and answers at once; followers forward to it.
+	// NOT_FOUND: the request names a model that no worker serves, as the
+	// leader's prober last saw the workers' /v1/models.
 	Route(context.Context, *connect.Request[v1.RouteRequest]) (*connect.Response[v1.RouteResponse], error)
 	// Complete settles decisions: releases their load and, for requests the
 	// worker never saw, withdraws their placement. Data planes batch these.
@@ -114,6 +116,8 @@ func (c *routerServiceClient) Sync(ctx context.Context, req *connect.Request[v1.
 type RouterServiceHandler interface {
 	// Route decides which worker serves a request. The leader decides from
 	// its in-memory state and answers at once; followers forward to it.
+	// NOT_FOUND: the request names a model that no worker serves, as the
+	// leader's prober last saw the workers' /v1/models.
 	Route(context.Context, *connect.Request[v1.RouteRequest]) (*connect.Response[v1.RouteResponse], error)
 	// Complete settles decisions: releases their load and, for requests the
 	// worker never saw, withdraws their placement. Data planes batch these.
