@@ -73,6 +73,7 @@ const (
 	ChatCompletions Endpoint = iota + 1 // POST /v1/chat/completions
 	Completions                         // POST /v1/completions
 	Messages                            // POST /v1/messages (Anthropic)
+	Responses                           // POST /v1/responses (OpenAI Responses API)
 )
 
 // EndpointForPath maps a request path to its endpoint. Only exact paths
@@ -85,6 +86,8 @@ func EndpointForPath(path string) (Endpoint, bool) {
 		return Completions, true
 	case "/v1/messages":
 		return Messages, true
+	case "/v1/responses":
+		return Responses, true
 	}
 	return 0, false
 }
@@ -98,6 +101,8 @@ func (e Endpoint) String() string {
 		return "completions"
 	case Messages:
 		return "messages"
+	case Responses:
+		return "responses"
 	}
 	return "unknown"
 }
@@ -112,6 +117,9 @@ type Request struct {
 	PromptCacheKey string // OpenAI prompt_cache_key
 	User           string // OpenAI user, or Anthropic metadata.user_id
 	IncludeUsage   bool   // stream_options.include_usage
+	// PreviousResponseID is the Responses API's previous_response_id:
+	// the request continues a response stored on one replica only.
+	PreviousResponseID string
 }
 
 // Extract parses body for endpoint e. Problems with the body are reported
@@ -148,6 +156,8 @@ func AppendKey(dst []byte, e Endpoint, body []byte) (*Request, error) {
 		req, err = b.completions(body)
 	case Messages:
 		req, err = b.messages(body)
+	case Responses:
+		req, err = b.responses(body)
 	default:
 		// A caller bug, not a client mistake: never blame the client for it.
 		return nil, apierr.New(http.StatusInternalServerError, apierr.TypeServer, "internal_error", "extract: unknown endpoint %d", int(e))
