@@ -94,6 +94,7 @@ func (c *Config) Validate(role Role) error {
 	v.proxy()
 	v.circuitBreaker()
 	v.session()
+	v.responses()
 	v.log()
 	v.auth()
 	v.controlPlane(role)
@@ -361,6 +362,12 @@ func (v *validator) session() {
 		seen[norm] = true
 	}
 	v.positive("session.ttl_secs", s.TTLSecs)
+}
+
+func (v *validator) responses() {
+	r := v.c.Responses
+	v.positive("responses.affinity_ttl_secs", r.AffinityTTLSecs)
+	v.intAtLeast("responses.max_entries", int64(r.MaxEntries), 1)
 }
 
 // isHeaderName reports whether s is an RFC 9110 token.

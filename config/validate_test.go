@@ -175,6 +175,8 @@ func TestValidateRules(t *testing.T) {
 		{"session key twice", RoleAllInOne, func(c *Config) { c.Session.Keys = []string{"header:X-Sid", "header:x-sid"} }, "session.keys[1]", "listed twice"},
 		{"session enabled without keys", RoleAllInOne, func(c *Config) { c.Session.Enabled, c.Session.Keys = true, nil }, "session.keys", "at least one key"},
 		{"session ttl zero", RoleAllInOne, func(c *Config) { c.Session.TTLSecs = 0 }, "session.ttl_secs", "greater than 0"},
+		{"responses affinity ttl zero", RoleAllInOne, func(c *Config) { c.Responses.AffinityTTLSecs = 0 }, "responses.affinity_ttl_secs", "greater than 0"},
+		{"responses max entries zero", RoleAllInOne, func(c *Config) { c.Responses.MaxEntries = 0 }, "responses.max_entries", "at least 1"},
 
 		// log
 		{"log level", RoleAllInOne, func(c *Config) { c.Log.Level = "warning" }, "log.level", `debug, info, warn, error, got "warning"`},

@@ -81,6 +81,12 @@ type Options struct {
 
 	ModelsCacheTTL time.Duration
 
+	// ResponseAffinityTTL and ResponseAffinityMax bound the table of
+	// Responses API ids -> the worker that produced them (responses.*);
+	// zero picks the defaults.
+	ResponseAffinityTTL time.Duration
+	ResponseAffinityMax int
+
 	// SessionKeys, in order, name where a request's session key comes
 	// from: "header:<Name>", "prompt_cache_key" or "user". Empty disables
 	// session affinity.
@@ -122,7 +128,8 @@ type Proxy struct {
 	rngMu sync.Mutex
 	rng   *mrand.Rand
 
-	models modelsCache
+	models   modelsCache
+	affinity *responseAffinity
 
 	auth                  clientAuth
 	workerKeys            workerKeys
@@ -169,11 +176,17 @@ func New(o Options) *Proxy {
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
 	p.models.ttl = o.ModelsCacheTTL
+	p.affinity = newResponseAffinity(o.ResponseAffinityTTL, o.ResponseAffinityMax)
 	p.passPaths, p.retryPaths = newPathSet(o.PassThroughPaths), newPathSet(o.RetryablePassThroughPaths)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", p.routed(extract.ChatCompletions))
 	mux.HandleFunc("POST /v1/completions", p.routed(extract.Completions))
 	mux.HandleFunc("POST /v1/messages", p.routed(extract.Messages))
+	mux.HandleFunc("POST /v1/responses", p.routed(extract.Responses))
+	mux.HandleFunc("GET /v1/responses/{id}", p.storedResponse)
+	mux.HandleFunc("DELETE /v1/responses/{id}", p.storedResponse)
+	mux.HandleFunc("GET /v1/responses/{id}/input_items", p.storedResponse)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", p.storedResponse)
 	mux.HandleFunc("GET /health", p.handleHealth)
 	mux.HandleFunc("GET /workers", p.handleWorkers)
 	if o.MetricsElsewhere {
@@ -241,6 +254,10 @@ type call struct {
 	attempts  int
 	start     time.Time
 	client    *http.ResponseController // the client's connection, for deadlines
+	// pin is the only worker this call may go to (the one storing the
+	// response it refers to), "" when unpinned.
+	pin             string
+	learnResponseID bool // a Responses API answer: remember its id's worker
 }
 
 type callKey struct{}
@@ -281,6 +298,12 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 	if err := p.mediaRefusal(extract.Media{Remote: req.RemoteMediaURL, File: req.FileMediaURL}); err != nil {
 		p.fail(w, c, err)
 		return
+	}
+	if ep == extract.Responses {
+		if err := p.prepareResponses(c, req); err != nil {
+			p.fail(w, c, err)
+			return
+		}
 	}
 	hp := hashPool.Get().(*[]uint64)
 	defer func() {
@@ -530,7 +553,7 @@ func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
 		drop()
 		resp, err := p.dispatch(ctx, out, c, d)
 		if err == nil {
-			return resp, nil
+			return p.sniffResponseID(c, resp), nil
 		}
 		var rs *retryableStatus
 		errors.As(err, &rs)
@@ -673,23 +696,33 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // request goes through, because refusing every client is worse than
 // probing a replica that may have recovered.
 func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
-	exclude := c.failed
+	base := c.failed
+	if c.pin != "" {
+		base = p.pinExclude(c)
+	}
+	exclude := base
 	if blocked := p.o.Breakers.Blocked(p.o.Now()); len(blocked) > 0 {
-		exclude = append(append(make([]string, 0, len(c.failed)+len(blocked)), c.failed...), blocked...)
+		exclude = append(append(make([]string, 0, len(base)+len(blocked)), base...), blocked...)
 	}
 	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude}
 	if c.routed {
 		req.Endpoint, req.Hashes, req.KeyLen, req.Session = c.endpoint, c.hashes, c.keyLen, c.session
 	}
 	d, err := p.o.Router.Route(ctx, req)
-	if err != nil && len(exclude) > len(c.failed) && errors.Is(err, router.ErrUnavailable) {
-		req.Exclude = c.failed
+	if err != nil && len(exclude) > len(base) && errors.Is(err, router.ErrUnavailable) {
+		req.Exclude = base
 		d, err = p.o.Router.Route(ctx, req)
 		if err == nil {
 			p.log.Warn("every usable worker has an open circuit breaker; sending a trial request anyway", "request_id", c.id, "worker", d.Worker)
 		}
 	}
 	if err != nil {
+		if c.pin != "" && errors.Is(err, router.ErrUnavailable) {
+			// A stored response lives on that replica only: another one
+			// would not find it, so the client waits for this one.
+			return d, apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "response_replica_unavailable",
+				"the replica storing this response (%s) cannot take the request now (unhealthy or at max load); retry later", c.pin)
+		}
 		return d, err
 	}
 	if c.routed {
