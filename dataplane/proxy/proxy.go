@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/breaker"
@@ -129,7 +130,7 @@ type Proxy struct {
 	rng   *mrand.Rand
 
 	models   modelsCache
-	affinity *responseAffinity
+	affinity *affinity.Table[string]
 
 	auth                  clientAuth
 	workerKeys            workerKeys
@@ -176,7 +177,7 @@ func New(o Options) *Proxy {
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
 	p.models.ttl = o.ModelsCacheTTL
-	p.affinity = newResponseAffinity(o.ResponseAffinityTTL, o.ResponseAffinityMax)
+	p.affinity = affinity.New[string](o.ResponseAffinityTTL, o.ResponseAffinityMax)
 	p.passPaths, p.retryPaths = newPathSet(o.PassThroughPaths), newPathSet(o.RetryablePassThroughPaths)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", p.routed(extract.ChatCompletions))
@@ -258,6 +259,9 @@ type call struct {
 	// response it refers to), "" when unpinned.
 	pin             string
 	learnResponseID bool // a Responses API answer: remember its id's worker
+	// responseID is the stored response the call names, responseParam the
+	// field it came from ("" for /v1/responses/{id}).
+	responseID, responseParam string
 }
 
 type callKey struct{}
@@ -705,6 +709,9 @@ func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 		exclude = append(append(make([]string, 0, len(base)+len(blocked)), base...), blocked...)
 	}
 	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude}
+	if c.pin == "" {
+		req.ResponseID = c.responseID
+	}
 	if c.routed {
 		req.Endpoint, req.Hashes, req.KeyLen, req.Session = c.endpoint, c.hashes, c.keyLen, c.session
 	}
@@ -716,6 +723,9 @@ func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 			p.log.Warn("every usable worker has an open circuit breaker; sending a trial request anyway", "request_id", c.id, "worker", d.Worker)
 		}
 	}
+	if errors.Is(err, router.ErrResponseGone) {
+		return d, responseGone(c.responseID, c.responseParam)
+	}
 	if err != nil {
 		if c.pin != "" && errors.Is(err, router.ErrUnavailable) {
 			// A stored response lives on that replica only: another one
@@ -725,6 +735,7 @@ func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 		}
 		return d, err
 	}
+	p.pinFromRouter(c, d)
 	if c.routed {
 		p.m.Decisions.WithLabelValues(d.Reason).Inc()
 		p.m.MatchedRatio.Observe(d.MatchedRatio)

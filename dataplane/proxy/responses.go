@@ -2,14 +2,13 @@ package proxy
 
 import (
 	"bytes"
-	"container/list"
+	"context"
 	"io"
 	"net/http"
-	"sync"
-	"time"
 
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/extract"
+	"github.com/cartrouter/cart/dataplane/router"
 )
 
 // The Responses API stores each response in the memory of the replica that
@@ -19,10 +18,7 @@ import (
 // produced each response id from the answers themselves and pins those
 // requests there, ahead of the prefix rule and of load balancing.
 
-// Defaults for Options left zero (tests build Options by hand).
 const (
-	defaultResponseAffinityTTL = time.Hour
-	defaultResponseAffinityMax = 100000
 	// maxResponseIDLen bounds the ids remembered: vLLM's are 37 bytes.
 	maxResponseIDLen = 256
 	// responseIDSniff is how far into an answer the id is looked for: it is
@@ -31,91 +27,13 @@ const (
 	responseIDSniff = 8 << 10
 )
 
-// responseAffinity remembers response id -> worker, bounded (least
-// recently used first out) and expiring ttl after an id was last produced
-// or used.
-type responseAffinity struct {
-	ttl time.Duration
-	max int
-
-	mu  sync.Mutex
-	lru list.List // of *affinityEntry, most recently used at the front
-	ids map[string]*list.Element
-}
-
-type affinityEntry struct {
-	id, worker string
-	expires    time.Time
-}
-
-func newResponseAffinity(ttl time.Duration, max int) *responseAffinity {
-	if ttl <= 0 {
-		ttl = defaultResponseAffinityTTL
-	}
-	if max <= 0 {
-		max = defaultResponseAffinityMax
-	}
-	return &responseAffinity{ttl: ttl, max: max, ids: map[string]*list.Element{}}
-}
-
-func (a *responseAffinity) learn(id, worker string, now time.Time) {
-	if id == "" || len(id) > maxResponseIDLen {
-		return
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if el, ok := a.ids[id]; ok {
-		e := el.Value.(*affinityEntry)
-		e.worker, e.expires = worker, now.Add(a.ttl)
-		a.lru.MoveToFront(el)
-		return
-	}
-	a.ids[id] = a.lru.PushFront(&affinityEntry{id: id, worker: worker, expires: now.Add(a.ttl)})
-	for a.lru.Len() > a.max {
-		a.remove(a.lru.Back())
-	}
-	// Expired entries at the cold end go too, so an idle table shrinks.
-	for el := a.lru.Back(); el != nil && !now.Before(el.Value.(*affinityEntry).expires); el = a.lru.Back() {
-		a.remove(el)
-	}
-}
-
-// lookup returns the worker that produced id, refreshing the entry.
-func (a *responseAffinity) lookup(id string, now time.Time) (string, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	el, ok := a.ids[id]
-	if !ok {
-		return "", false
-	}
-	e := el.Value.(*affinityEntry)
-	if !now.Before(e.expires) {
-		a.remove(el)
-		return "", false
-	}
-	e.expires = now.Add(a.ttl)
-	a.lru.MoveToFront(el)
-	return e.worker, true
-}
-
-func (a *responseAffinity) remove(el *list.Element) {
-	delete(a.ids, el.Value.(*affinityEntry).id)
-	a.lru.Remove(el)
-}
-
-func (a *responseAffinity) len() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.lru.Len()
-}
-
 // pinResponse returns the worker holding response id, "" when this router
 // never saw it produced (it is then routed normally: the id may predate a
 // restart, and the replica that made it can still answer). A worker that
 // left the pool took the response with it: the client is told so rather
 // than sent to a replica that never saw it.
 func (p *Proxy) pinResponse(id, param string) (string, error) {
-	worker, ok := p.affinity.lookup(id, p.o.Now())
+	worker, ok := p.affinity.Lookup(id, p.o.Now())
 	if !ok {
 		return "", nil
 	}
@@ -124,11 +42,15 @@ func (p *Proxy) pinResponse(id, param string) (string, error) {
 			return worker, nil
 		}
 	}
+	return "", responseGone(id, param)
+}
+
+func responseGone(id, param string) error {
 	what := "response " + truncate(id, maxResponseIDLen)
 	if param != "" {
 		what = param + " " + truncate(id, maxResponseIDLen)
 	}
-	return "", &apierr.Error{Status: http.StatusNotFound, Type: apierr.TypeInvalidRequest, Code: "previous_response_not_found", Param: param,
+	return &apierr.Error{Status: http.StatusNotFound, Type: apierr.TypeInvalidRequest, Code: "previous_response_not_found", Param: param,
 		Message: what + " was produced by a replica that is no longer in the pool; start the conversation again with its full input"}
 }
 
@@ -155,6 +77,7 @@ func (p *Proxy) prepareResponses(c *call, req *extract.Request) error {
 	}
 	w, err := p.pinResponse(req.PreviousResponseID, "previous_response_id")
 	c.pin = w
+	c.responseID, c.responseParam = req.PreviousResponseID, "previous_response_id"
 	return err
 }
 
@@ -175,7 +98,8 @@ func (p *Proxy) storedResponse(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err == nil {
-		c.pin, err = p.pinResponse(r.PathValue("id"), "")
+		c.responseID = r.PathValue("id")
+		c.pin, err = p.pinResponse(c.responseID, "")
 	}
 	if err != nil {
 		p.fail(w, c, err)
@@ -193,8 +117,24 @@ func (p *Proxy) sniffResponseID(c *call, resp *http.Response) *http.Response {
 		return resp
 	}
 	worker := c.final.Worker
-	resp.Body = &responseIDSniffer{ReadCloser: resp.Body, learn: func(id string) { p.affinity.learn(id, worker, p.o.Now()) }}
+	resp.Body = &responseIDSniffer{ReadCloser: resp.Body, learn: func(id string) {
+		p.affinity.Learn(id, worker, p.o.Now())
+		if l, ok := p.o.Router.(router.ResponseLearner); ok {
+			// Waited for: a client may send the follow-up to another
+			// data plane as soon as it holds the id.
+			l.LearnResponse(context.WithoutCancel(resp.Request.Context()), id, worker)
+		}
+	}}
 	return resp
+}
+
+// pinFromRouter adopts the pin a shared-affinity router found for the
+// call's response id, so that retries stay on that worker too.
+func (p *Proxy) pinFromRouter(c *call, d router.Decision) {
+	if d.Pinned && c.pin == "" && c.responseID != "" {
+		c.pin = d.Worker
+		p.affinity.Learn(c.responseID, d.Worker, p.o.Now())
+	}
 }
 
 // responseIDSniffer passes a body through unbuffered, keeping a copy of its
