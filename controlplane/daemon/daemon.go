@@ -102,6 +102,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		AdminToken:     adminToken,
 		Logger:         log,
 		ForwardClient:  client,
+
+		ResponseAffinityTTL: cfg.Responses.AffinityTTL(),
+		ResponseAffinityMax: cfg.Responses.MaxEntries,
 	}, d.mu, d.eng, d.St)
 	srvTLS, cliTLS, err := raftTLS(cp.RaftTLS)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
@@ -56,6 +57,10 @@ type Options struct {
 	Now        func() time.Time
 	// ForwardClient carries calls forwarded to the leader (h2c or TLS).
 	ForwardClient *http.Client
+	// ResponseAffinityTTL and ResponseAffinityMax bound the leader's table
+	// of Responses API response -> worker (responses.*; 0 = defaults).
+	ResponseAffinityTTL time.Duration
+	ResponseAffinityMax int
 }
 
 // Core is one control-plane node's service state.
@@ -75,6 +80,10 @@ type Core struct {
 	oldestTicket uint64              // no live ticket is numbered below this
 	dps          map[string]*dataPlane
 	leading      bool
+
+	// responses is leader soft state with its own lock (see DESIGN.md,
+	// "Responses API"): which worker produced each stored response.
+	responses *affinity.Table[uint64]
 
 	batch   *batcher
 	fwd     *forwarder
@@ -117,6 +126,7 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 	}
 	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, byRoute: map[routeKey]uint64{}, dps: map[string]*dataPlane{}}
 	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
+	c.responses = affinity.New[uint64](o.ResponseAffinityTTL, o.ResponseAffinityMax)
 	c.ready = make(chan struct{})
 	// The batcher and the state's own-batch check exist before the Raft
 	// node starts applying entries; SetNode only supplies the node.
