@@ -127,6 +127,12 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, byRoute: map[routeKey]uint64{}, dps: map[string]*dataPlane{}}
 	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
 	c.responses = affinity.New[uint64](o.ResponseAffinityTTL, o.ResponseAffinityMax)
+	st.SetResponseOrigins(func(origins []*cartv1.ResponseOrigin) {
+		now := c.o.Now()
+		for _, o := range origins {
+			c.responses.Learn(o.GetIdHash(), o.GetWorker(), now)
+		}
+	})
 	c.ready = make(chan struct{})
 	// The batcher and the state's own-batch check exist before the Raft
 	// node starts applying entries; SetNode only supplies the node.

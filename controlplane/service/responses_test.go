@@ -58,3 +58,44 @@ func TestLeaderResponsePinning(t *testing.T) {
 		t.Fatalf("response on a removed worker: %v, want NOT_FOUND", err)
 	}
 }
+
+// A response origin the leader learned is replicated with the placement
+// batches: a node that applies the log and becomes leader pins the
+// conversation as its predecessor did.
+func TestResponseOriginsSurviveLeaderChange(t *testing.T) {
+	old := newTestCP(t, cpConfig{id: "n1", leader: true})
+	old.addWorkers(t, w1, w2)
+	ctx := context.Background()
+	h := affinity.HashID("resp_kept")
+	if _, err := old.router().Complete(ctx, connect.NewRequest(&cartv1.CompleteRequest{DataplaneId: "dp1",
+		ResponseOrigins: []*cartv1.ResponseOrigin{{IdHash: h, Worker: w2}}})); err != nil {
+		t.Fatal(err)
+	}
+	var entry *cartv1.RaftCommand
+	waitFor(t, "the origin is replicated", func() bool {
+		for _, c := range old.node.commands() {
+			for _, o := range c.GetPlaceBatch().GetResponseOrigins() {
+				if o.GetIdHash() == h && o.GetWorker() == w2 {
+					entry = c
+					return true
+				}
+			}
+		}
+		return false
+	})
+
+	next := newTestCP(t, cpConfig{id: "n2"})
+	next.addWorkers(t, w1, w2)
+	if _, err := next.node.Apply(ctx, entry); err != nil {
+		t.Fatal(err)
+	}
+	next.node.setLeader(true, "n2")
+	next.core.OnLeadership(true)
+	waitFor(t, "n2 leads", func() bool { return next.st.Members()["n2"] == next.url })
+	for range 3 {
+		r, err := next.router().Route(ctx, connect.NewRequest(&cartv1.RouteRequest{Model: "m", Text: text(64, 9), DataplaneId: "dp1", ResponseIdHash: h}))
+		if err != nil || r.Msg.GetWorker() != w2 || !r.Msg.GetPinned() {
+			t.Fatalf("route on the new leader: %v, %v; want pinned to w2", r, err)
+		}
+	}
+}

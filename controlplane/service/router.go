@@ -165,12 +165,14 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 	now := c.o.Now()
 	var settled uint32
 	dpID := req.Msg.GetDataplaneId()
+	c.mu.Lock()
 	for _, o := range req.Msg.GetResponseOrigins() {
 		if o.GetIdHash() != 0 && o.GetWorker() != "" {
 			c.responses.Learn(o.GetIdHash(), o.GetWorker(), now)
+			// Replicated with the placements, so a new leader keeps it.
+			c.batch.Origin(&cartv1.ResponseOrigin{IdHash: o.GetIdHash(), Worker: o.GetWorker()})
 		}
 	}
-	c.mu.Lock()
 	c.dataPlane(dpID, now)
 	for _, comp := range req.Msg.GetCompletions() {
 		if comp.GetAbandoned() {
