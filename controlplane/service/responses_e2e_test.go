@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/remote"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -150,5 +152,26 @@ func TestResponsesChainAcrossDataPlanes(t *testing.T) {
 		if got := replicaOf(raw); got != owner || prev == "" {
 			t.Fatalf("turn %d via data plane %d went to %s (id %q), want %s", turn, dp, got, prev, owner)
 		}
+	}
+
+	// The replica leaves the pool: data plane 0, which never saw the last
+	// answer, learns from the leader that the response is gone.
+	var ownerURL string
+	for i, u := range urls {
+		if owner == fmt.Sprint("r", i) {
+			ownerURL = u
+		}
+	}
+	cmd := &cartv1.RaftCommand{Body: &cartv1.RaftCommand_RemoveWorker{RemoveWorker: &cartv1.RemoveWorkerCommand{Url: ownerURL}}}
+	if _, err := cp.node.Apply(ctx, cmd); err != nil {
+		t.Fatal(err)
+	}
+	_, err = clients[0].Responses.New(ctx, responses.ResponseNewParams{
+		Model: "sim", PreviousResponseID: openai.String(prev),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("one more")},
+	})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Code != "previous_response_not_found" {
+		t.Fatalf("continuation of a response on a removed replica: %v", err)
 	}
 }
