@@ -344,3 +344,57 @@ func TestResponseAffinityExpires(t *testing.T) {
 		t.Fatalf("expired id still pinned: %d from %s", resp.StatusCode, resp.Header.Get("X-Replica"))
 	}
 }
+
+// The id sniffer does not hold the stream back: the client reads the
+// response.created event while the replica is still generating, and a
+// continuation sent right then is already pinned.
+func TestResponsesStreamUnbuffered(t *testing.T) {
+	pool := newResponsesPool(t, 2)
+	r := newRig(t, pool.urls())
+	gate := make(chan struct{})
+	for _, b := range pool.backends {
+		prev := b.handler
+		b.set(func(w http.ResponseWriter, req *http.Request) {
+			if req.URL.Path != "/v1/responses" || strings.Contains(req.Header.Get("X-Test"), "follow") {
+				prev(w, req)
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("X-Replica", b.name)
+			fmt.Fprintf(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_%s_live\",\"status\":\"in_progress\"}}\n\n", b.name)
+			w.(http.Flusher).Flush()
+			select {
+			case <-gate:
+			case <-req.Context().Done():
+			}
+			fmt.Fprint(w, "event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n")
+		})
+	}
+	resp := r.post("/v1/responses", respBody("hello", "", true))
+	defer resp.Body.Close()
+	owner := resp.Header.Get("X-Replica")
+	buf := make([]byte, 4096)
+	var got []byte
+	for !strings.Contains(string(got), "\n\n") {
+		n, err := resp.Body.Read(buf)
+		if err != nil {
+			t.Fatalf("stream ended before its first event: %v (%q)", err, got)
+		}
+		got = append(got, buf[:n]...)
+	}
+	id := "resp_" + owner + "_live"
+	if !strings.Contains(string(got), id) {
+		t.Fatalf("first event %q", got)
+	}
+	// The first response is still streaming; its id is already known.
+	for range 3 {
+		follow := r.post("/v1/responses", respBody(longText("other", 2000), id, false), "X-Test", "follow")
+		body := readAll(t, follow)
+		if follow.StatusCode != http.StatusOK || follow.Header.Get("X-Replica") != owner {
+			t.Fatalf("continuation during the stream: %d from %s (%s), want 200 from %s", follow.StatusCode, follow.Header.Get("X-Replica"), body, owner)
+		}
+	}
+	close(gate)
+	readAll(t, resp)
+}
