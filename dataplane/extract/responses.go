@@ -117,6 +117,42 @@ func (b *builder) responses(body []byte) (*Request, error) {
 }
 
 func (b *builder) responsesItems(raw json.RawMessage, p *path) error {
+	// One decode of the whole list in the usual case; element by element
+	// (for the exact error) when it fails, and split as well only when an
+	// item of an unknown type needs its JSON hashed.
+	var items []responsesItem
+	if json.Unmarshal(raw, &items) != nil {
+		return b.responsesItemsLoose(raw, p)
+	}
+	var elems []json.RawMessage
+	for i := range items {
+		if t := items[i].Type; t != nil && !knownItemType(*t) {
+			elems = splitArray(raw)
+			break
+		}
+	}
+	for i := range items {
+		var elem json.RawMessage
+		if i < len(elems) {
+			elem = elems[i]
+		}
+		ep := p.index(i)
+		if err := b.responsesItem(&items[i], elem, &ep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func knownItemType(t string) bool {
+	switch t {
+	case "message", "function_call", "custom_tool_call", "function_call_output", "custom_tool_call_output", "reasoning":
+		return true
+	}
+	return false
+}
+
+func (b *builder) responsesItemsLoose(raw json.RawMessage, p *path) error {
 	for i, elem := range splitArray(raw) {
 		ep := p.index(i)
 		if firstByte(elem) != '{' {
@@ -223,6 +259,31 @@ func (b *builder) responsesContent(raw json.RawMessage, p *path) error {
 }
 
 func (b *builder) responsesParts(raw json.RawMessage, p *path) error {
+	var parts []responsesPart
+	if json.Unmarshal(raw, &parts) != nil {
+		return b.responsesPartsLoose(raw, p)
+	}
+	var elems []json.RawMessage
+	for j := range parts {
+		if t := parts[j].Type; t != nil && !knownChatType(*t) && *t != "input_file" && *t != "reasoning_text" && *t != "summary_text" {
+			elems = splitArray(raw)
+			break
+		}
+	}
+	for j := range parts {
+		var elem json.RawMessage
+		if j < len(elems) {
+			elem = elems[j]
+		}
+		pp := p.index(j)
+		if err := b.responsesPart(&parts[j], elem, &pp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *builder) responsesPartsLoose(raw json.RawMessage, p *path) error {
 	for j, elem := range splitArray(raw) {
 		pp := p.index(j)
 		if firstByte(elem) != '{' {
@@ -232,47 +293,50 @@ func (b *builder) responsesParts(raw json.RawMessage, p *path) error {
 		if err := json.Unmarshal(elem, &rp); err != nil {
 			return decodeError(err, elem, &pp)
 		}
-		typ := ""
-		if rp.Type != nil {
-			typ = *rp.Type
-		}
-		switch typ {
-		case "input_file":
-			if err := b.inputFile(&rp, &pp); err != nil {
-				return err
-			}
-			continue
-		case "reasoning_text", "summary_text":
-			if err := b.textField(rp.Text, &pp, "text", "think"); err != nil {
-				return err
-			}
-			continue
-		}
-		if rp.Type != nil && !knownChatType(typ) {
-			b.unknownPart(typ, elem)
-			continue
-		}
-		part := chatPart{partFields: rp.partFields}
-		var err error
-		for _, f := range [...]struct {
-			name string
-			raw  json.RawMessage
-			dst  **mediaURL
-		}{
-			{"image_url", rp.ImageURL, &part.ImageURL},
-			{"audio_url", rp.AudioURL, &part.AudioURL},
-			{"video_url", rp.VideoURL, &part.VideoURL},
-		} {
-			fp := pp.field(f.name)
-			if *f.dst, err = looseMedia(f.raw, &fp); err != nil {
-				return err
-			}
-		}
-		if err := b.chatPart(&part, elem, &pp); err != nil {
+		if err := b.responsesPart(&rp, elem, &pp); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// responsesPart appends one content part; elem is its JSON, needed only
+// for types this package does not know.
+func (b *builder) responsesPart(rp *responsesPart, elem json.RawMessage, pp *path) error {
+	typ := ""
+	if rp.Type != nil {
+		typ = *rp.Type
+	}
+	switch typ {
+	case "input_file":
+		return b.inputFile(rp, pp)
+	case "reasoning_text", "summary_text":
+		return b.textField(rp.Text, pp, "text", "think")
+	}
+	if rp.Type != nil && !knownChatType(typ) {
+		if elem == nil {
+			elem, _ = json.Marshal(rp) // cannot happen: split when such a part is present
+		}
+		b.unknownPart(typ, elem)
+		return nil
+	}
+	part := chatPart{partFields: rp.partFields}
+	var err error
+	for _, f := range [...]struct {
+		name string
+		raw  json.RawMessage
+		dst  **mediaURL
+	}{
+		{"image_url", rp.ImageURL, &part.ImageURL},
+		{"audio_url", rp.AudioURL, &part.AudioURL},
+		{"video_url", rp.VideoURL, &part.VideoURL},
+	} {
+		fp := pp.field(f.name)
+		if *f.dst, err = looseMedia(f.raw, &fp); err != nil {
+			return err
+		}
+	}
+	return b.chatPart(&part, elem, pp)
 }
 
 // inputFile appends a Responses input_file part, whose fields are those of
