@@ -61,6 +61,7 @@ type Config struct {
 	CircuitBreaker CircuitBreaker `yaml:"circuit_breaker"`
 	Session        Session        `yaml:"session"`
 	Extract        Extract        `yaml:"extract"`
+	Responses      Responses      `yaml:"responses"`
 	Log            Log            `yaml:"log"`
 	Auth           Auth           `yaml:"auth"`
 	ControlPlane   ControlPlane   `yaml:"controlplane"`
@@ -219,12 +220,12 @@ type Proxy struct {
 }
 
 // DefaultPassThroughPaths are the inference APIs of vLLM and SGLang other
-// than the routed ones: embeddings, responses, tokenize/detokenize,
+// than the routed ones: embeddings, tokenize/detokenize,
 // score/rerank, audio, pooling, classification, SGLang's /generate and
 // /encode, Anthropic's token counting. They are also the only pass-through paths whose POSTs CART
 // resends to another worker after a failure.
 var DefaultPassThroughPaths = []string{
-	"/v1/embeddings", "/v1/responses",
+	"/v1/embeddings",
 	"/tokenize", "/detokenize",
 	"/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
 	"/v1/audio/transcriptions", "/v1/audio/translations",
@@ -297,6 +298,20 @@ type Extract struct {
 	// drop volatile blocks before templating.
 	IgnoreSystemPrefixes []string `yaml:"ignore_system_prefixes"`
 }
+
+// Responses configures the Responses API's response affinity: which
+// replica produced each response id, so that previous_response_id and
+// GET/DELETE /v1/responses/{id} reach the one replica storing it.
+type Responses struct {
+	// AffinityTTLSecs is how long an id is remembered after it was last
+	// produced or used.
+	AffinityTTLSecs float64 `yaml:"affinity_ttl_secs"`
+	// MaxEntries bounds the table; the least recently used id goes first.
+	MaxEntries int `yaml:"max_entries"`
+}
+
+// AffinityTTL is how long a response id stays pinned to its replica.
+func (r Responses) AffinityTTL() time.Duration { return seconds(r.AffinityTTLSecs) }
 
 // Log configures the process logger.
 type Log struct {
@@ -479,7 +494,8 @@ func Default() *Config {
 			// vLLM drops it before templating.
 			IgnoreSystemPrefixes: []string{"x-anthropic-billing-header"},
 		},
-		Log: Log{Level: "info", Format: "json"},
+		Responses: Responses{AffinityTTLSecs: 3600, MaxEntries: 100000},
+		Log:       Log{Level: "info", Format: "json"},
 		ControlPlane: ControlPlane{
 			APIAddr:              "127.0.0.1:6701",
 			RaftAddr:             "127.0.0.1:6702",

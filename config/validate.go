@@ -100,6 +100,7 @@ func (c *Config) Validate(role Role) error {
 	v.circuitBreaker()
 	v.session()
 	v.extract()
+	v.responses()
 	v.log()
 	v.auth()
 	v.controlPlane(role)
@@ -399,6 +400,12 @@ func (v *validator) extract() {
 		}
 		seen[p] = true
 	}
+}
+
+func (v *validator) responses() {
+	r := v.c.Responses
+	v.positive("responses.affinity_ttl_secs", r.AffinityTTLSecs)
+	v.intAtLeast("responses.max_entries", int64(r.MaxEntries), 1)
 }
 
 // isHeaderName reports whether s is an RFC 9110 token.

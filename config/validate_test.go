@@ -214,6 +214,8 @@ func TestValidateRules(t *testing.T) {
 		{"ignore prefix empty", RoleAllInOne, func(c *Config) { c.Extract.IgnoreSystemPrefixes = []string{"x", ""} }, "extract.ignore_system_prefixes[1]", "must not be empty"},
 		{"ignore prefix twice", RoleAllInOne, func(c *Config) { c.Extract.IgnoreSystemPrefixes = []string{"x", "x"} }, "extract.ignore_system_prefixes[1]", "listed twice"},
 		{"session ttl zero", RoleAllInOne, func(c *Config) { c.Session.TTLSecs = 0 }, "session.ttl_secs", "greater than 0"},
+		{"responses affinity ttl zero", RoleAllInOne, func(c *Config) { c.Responses.AffinityTTLSecs = 0 }, "responses.affinity_ttl_secs", "greater than 0"},
+		{"responses max entries zero", RoleAllInOne, func(c *Config) { c.Responses.MaxEntries = 0 }, "responses.max_entries", "at least 1"},
 
 		// log
 		{"log level", RoleAllInOne, func(c *Config) { c.Log.Level = "warning" }, "log.level", `debug, info, warn, error, got "warning"`},

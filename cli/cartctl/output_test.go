@@ -150,6 +150,7 @@ http://w2, was chosen.
   "chosen_chars": 128,
   "ticket": "0",
   "leader_id": "n1",
+  "pinned": false,
   "explanation": "because"
 }
 `},

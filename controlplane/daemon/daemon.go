@@ -142,6 +142,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		Logger:         log,
 		ForwardClient:  client,
 		LeaderLoops:    leaderLoops,
+
+		ResponseAffinityTTL: cfg.Responses.AffinityTTL(),
+		ResponseAffinityMax: cfg.Responses.MaxEntries,
 	}, d.mu, d.eng, d.St)
 	if cfg.Discovery.DNS.Enabled() {
 		res, err := server.DNSResolver(cfg)

@@ -40,8 +40,9 @@ type batcher struct {
 	lock *sync.Mutex
 	eng  *engine.Engine
 
-	window   []pendingOp // decided, not yet proposed
-	inflight *ownBatch   // proposed, fate not known yet (one at a time)
+	window   []pendingOp              // decided, not yet proposed
+	origins  []*cartv1.ResponseOrigin // learned, not yet proposed (never undone)
+	inflight *ownBatch                // proposed, fate not known yet (one at a time)
 	batches  uint64
 	seq      uint64 // numbers pending ops, for fences
 	// fence holds, for (worker, hash) pairs a committed entry of another
@@ -141,6 +142,18 @@ func (b *batcher) Unplace(worker string, hashes []uint64, at time.Time) {
 	b.add(false, worker, hashes, at)
 }
 
+// Origin queues a Responses API origin for replication; the engine lock
+// must be held.
+func (b *batcher) Origin(o *cartv1.ResponseOrigin) {
+	b.origins = append(b.origins, o)
+	if len(b.origins) >= b.max {
+		select {
+		case b.full <- struct{}{}:
+		default:
+		}
+	}
+}
+
 func (b *batcher) add(place bool, worker string, hashes []uint64, at time.Time) {
 	wid, _ := b.eng.WorkerIDOf(worker)
 	b.seq++
@@ -173,9 +186,9 @@ func (b *batcher) run(ctx context.Context) {
 // is in flight.
 func (b *batcher) flush(ctx context.Context) {
 	b.lock.Lock()
-	ops := b.window
-	b.window = nil
-	if len(ops) == 0 {
+	ops, origins := b.window, b.origins
+	b.window, b.origins = nil, nil
+	if len(ops) == 0 && len(origins) == 0 {
 		b.lock.Unlock()
 		return
 	}
@@ -197,7 +210,7 @@ func (b *batcher) flush(ctx context.Context) {
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	cmd := &cartv1.RaftCommand{Ignorable: true, RequestId: batch.id, Body: &cartv1.RaftCommand_PlaceBatch{
-		PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place, Withdrawals: unplace}}}
+		PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place, Withdrawals: unplace, ResponseOrigins: origins}}}
 	_, err := b.node.Apply(actx, cmd)
 
 	b.lock.Lock()
@@ -229,7 +242,7 @@ func (b *batcher) discard() {
 	b.lock.Lock()
 	defer b.lock.Unlock()
 	window := b.window
-	b.window = nil
+	b.window, b.origins = nil, nil
 	b.undo(window)
 	b.clearFences()
 }

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
@@ -63,6 +64,10 @@ type Options struct {
 	// LeaderLoops run while this node leads, stopped on losing leadership
 	// (worker discovery: one watcher per cluster).
 	LeaderLoops []func(ctx context.Context)
+	// ResponseAffinityTTL and ResponseAffinityMax bound the leader's table
+	// of Responses API response -> worker (responses.*; 0 = defaults).
+	ResponseAffinityTTL time.Duration
+	ResponseAffinityMax int
 }
 
 // Core is one control-plane node's service state.
@@ -85,6 +90,9 @@ type Core struct {
 
 	// models are the workers' model lists the leader's prober learned.
 	models *models.Registry
+	// responses is leader soft state with its own lock (see DESIGN.md,
+	// "Responses API"): which worker produced each stored response.
+	responses *affinity.Table[uint64]
 
 	batch   *batcher
 	fwd     *forwarder
@@ -127,6 +135,13 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 	}
 	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, byRoute: map[routeKey]uint64{}, dps: map[string]*dataPlane{}, models: models.New()}
 	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
+	c.responses = affinity.New[uint64](o.ResponseAffinityTTL, o.ResponseAffinityMax)
+	st.SetResponseOrigins(func(origins []*cartv1.ResponseOrigin) {
+		now := c.o.Now()
+		for _, o := range origins {
+			c.responses.Learn(o.GetIdHash(), o.GetWorker(), now)
+		}
+	})
 	c.ready = make(chan struct{})
 	// The batcher and the state's own-batch check exist before the Raft
 	// node starts applying entries; SetNode only supplies the node.

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -72,6 +73,11 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		c.mu.Unlock()
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("leader is still catching up (barrier pending)"))
 	}
+	exclude, pinned, gone := c.pinResponse(m.GetResponseIdHash(), exclude, now)
+	if gone != "" {
+		c.mu.Unlock()
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("the worker that produced this response (%s) is no longer in the pool", gone))
+	}
 	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, DryRun: m.GetDryRun(), Session: session}, now.UnixNano())
 	var tk uint64
 	var placed []uint64
@@ -115,7 +121,32 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		ChosenChars:    uint32(d.ChosenChars),
 		Ticket:         tk,
 		LeaderId:       id,
+		Pinned:         pinned,
 	}), nil
+}
+
+// pinResponse resolves a request for a stored response: when this leader
+// learned which worker produced it, every other worker is excluded (the
+// response lives on that one only; load and prefix do not matter). gone
+// names that worker when it has left the pool. c.mu must be held.
+func (c *Core) pinResponse(hash uint64, exclude []string, now time.Time) (_ []string, pinned bool, gone string) {
+	if hash == 0 {
+		return exclude, false, ""
+	}
+	w, ok := c.responses.Lookup(hash, now)
+	if !ok {
+		return exclude, false, "" // never seen (or forgotten): routed like any request
+	}
+	if _, known := c.eng.WorkerIDOf(w); !known {
+		return nil, false, w
+	}
+	out := slices.Clone(exclude)
+	for _, ws := range c.eng.Workers() {
+		if ws.URL != w {
+			out = append(out, ws.URL)
+		}
+	}
+	return out, true, ""
 }
 
 // capacityError maps "nobody can take this" to ResourceExhausted, which
@@ -155,6 +186,13 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 	var settled uint32
 	dpID := req.Msg.GetDataplaneId()
 	c.mu.Lock()
+	for _, o := range req.Msg.GetResponseOrigins() {
+		if o.GetIdHash() != 0 && o.GetWorker() != "" {
+			c.responses.Learn(o.GetIdHash(), o.GetWorker(), now)
+			// Replicated with the placements, so a new leader keeps it.
+			c.batch.Origin(&cartv1.ResponseOrigin{IdHash: o.GetIdHash(), Worker: o.GetWorker()})
+		}
+	}
 	c.dataPlane(dpID, now)
 	for _, comp := range req.Msg.GetCompletions() {
 		if comp.GetAbandoned() {

@@ -48,6 +48,8 @@ type State struct {
 	// audit, when set, receives one INFO line per worker-set or node
 	// directory change, on every node that applies it.
 	audit atomic.Pointer[slog.Logger]
+	// origins receives replicated Responses API origins (nil: dropped).
+	origins func([]*cartv1.ResponseOrigin)
 }
 
 // SetAuditLog makes every applied worker-set and node-directory change
@@ -79,6 +81,11 @@ type OwnBatches interface {
 // SetOwnBatches installs the leader's ledger. Call it before the first
 // Apply.
 func (s *State) SetOwnBatches(o OwnBatches) { s.own = o }
+
+// SetResponseOrigins installs what receives the response origins of place
+// batches this node did not propose itself. Call it before the first
+// Apply.
+func (s *State) SetResponseOrigins(f func([]*cartv1.ResponseOrigin)) { s.origins = f }
 
 // placementChunk bounds how many placements one lock hold applies, so
 // routing decisions interleave with a large batch instead of waiting for
@@ -137,6 +144,9 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		if !own {
 			s.applyPlacements(b.PlaceBatch.GetWithdrawals(), false)
 			s.applyPlacements(b.PlaceBatch.GetPlacements(), true)
+			if o := b.PlaceBatch.GetResponseOrigins(); len(o) > 0 && s.origins != nil {
+				s.origins(o)
+			}
 		}
 		s.mu.Lock()
 		s.applied = index

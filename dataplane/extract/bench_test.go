@@ -115,3 +115,17 @@ func BenchmarkScanMedia(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkExtractResponses is BenchmarkExtractChat's conversation sent to
+// the Responses API (instructions + message items).
+func BenchmarkExtractResponses(b *testing.B) {
+	var chat struct {
+		Messages []map[string]string `json:"messages"`
+	}
+	_ = json.Unmarshal(chatBody(10_000), &chat)
+	body, _ := json.Marshal(map[string]any{
+		"model": "meta-llama/Llama-3.1-8B-Instruct", "instructions": chat.Messages[0]["content"], "input": chat.Messages[1:],
+		"temperature": 0.7, "max_output_tokens": 512, "stream": true,
+	})
+	benchExtract(b, Responses, body)
+}

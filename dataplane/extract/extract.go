@@ -78,6 +78,7 @@ const (
 	ChatCompletions Endpoint = iota + 1 // POST /v1/chat/completions
 	Completions                         // POST /v1/completions
 	Messages                            // POST /v1/messages (Anthropic)
+	Responses                           // POST /v1/responses (OpenAI Responses API)
 )
 
 // EndpointForPath maps a request path to its endpoint. Only exact paths
@@ -90,6 +91,8 @@ func EndpointForPath(path string) (Endpoint, bool) {
 		return Completions, true
 	case "/v1/messages":
 		return Messages, true
+	case "/v1/responses":
+		return Responses, true
 	}
 	return 0, false
 }
@@ -103,6 +106,8 @@ func (e Endpoint) String() string {
 		return "completions"
 	case Messages:
 		return "messages"
+	case Responses:
+		return "responses"
 	}
 	return "unknown"
 }
@@ -118,6 +123,9 @@ type Request struct {
 	CacheSalt      string // vLLM cache_salt: the engine shares no cache across salts
 	User           string // OpenAI user, or Anthropic metadata.user_id
 	IncludeUsage   bool   // stream_options.include_usage
+	// PreviousResponseID is the Responses API's previous_response_id:
+	// the request continues a response stored on one replica only.
+	PreviousResponseID string
 }
 
 // Options change how the key text is derived.
@@ -182,6 +190,8 @@ func AppendKeyOptions(dst []byte, e Endpoint, body []byte, o Options) (*Request,
 		req, err = b.completions(body)
 	case Messages:
 		req, err = b.messages(body)
+	case Responses:
+		req, err = b.responses(body)
 	default:
 		// A caller bug, not a client mistake: never blame the client for it.
 		return nil, apierr.New(http.StatusInternalServerError, apierr.TypeServer, "internal_error", "extract: unknown endpoint %d", int(e))

@@ -13,7 +13,7 @@ import (
 )
 
 // fuzzSeeds are realistic bodies per endpoint; FuzzExtract picks the
-// endpoint from the first input byte so that one target covers all three.
+// endpoint from the first input byte so that one target covers all four.
 var fuzzSeeds = map[Endpoint][]string{
 	ChatCompletions: {
 		`{"model":"m","messages":[` + strings.Join(conversation, ",") + `],"stream":true,"stream_options":{"include_usage":true}}`,
@@ -42,6 +42,13 @@ var fuzzSeeds = map[Endpoint][]string{
 		`{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"http://a","Type":"base64"}}]}]}`,
 		`{"cache_salt":"s","system":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"sys"}],"messages":[{"role":"user","content":"hi"}]}`,
 	},
+	Responses: {
+		`{"model":"m","instructions":"be terse","input":"hi","stream":true,"previous_response_id":"resp_1"}`,
+		`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"https://x/a.png"},{"type":"input_file","file_url":"file:///a"}]}]}`,
+		`{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_image","image_url":"data:x"}]}]}`,
+		`{"input":[{"type":"reasoning","summary":[{"type":"summary_text","text":"t"}],"content":[{"type":"reasoning_text","text":"r"}],"encrypted_content":"e"},{"type":"web_search_call","action":{"url":"http://a"}}]}`,
+		`{"input":[{"type":"message","content":"x"}],"Input":"y"}`,
+	},
 }
 
 func FuzzExtract(f *testing.F) {
@@ -54,7 +61,7 @@ func FuzzExtract(f *testing.F) {
 		if len(data) == 0 {
 			return
 		}
-		e := Endpoint(data[0]%3 + 1)
+		e := Endpoint(data[0]%4 + 1)
 		body := data[1:]
 		orig := bytes.Clone(body)
 		r, err := Extract(e, body)
@@ -110,18 +117,20 @@ func FuzzContentValue(f *testing.F) {
 		`[{"type":"document","source":{"type":"content","content":"x"}}]`,
 		`[{"type":"tool_use","id":"1","name":"n","input":{"a":[1,{"b":null}]}}]`,
 	} {
-		for e := ChatCompletions; e <= Messages; e++ {
+		for e := ChatCompletions; e <= Responses; e++ {
 			f.Add(byte(e-1), v)
 		}
 	}
 	f.Fuzz(func(t *testing.T, sel byte, v string) {
-		e := Endpoint(sel%3 + 1)
+		e := Endpoint(sel%4 + 1)
 		var body string
 		switch e {
 		case Completions:
 			body = `{"prompt":` + v + `}`
 		case Messages:
 			body = `{"system":` + v + `,"messages":[{"role":"user","content":` + v + `}]}`
+		case Responses:
+			body = `{"instructions":` + v + `,"input":[{"role":"user","content":` + v + `},{"type":"function_call_output","call_id":"c","output":` + v + `},{"type":"reasoning","content":` + v + `,"summary":[]}]}`
 		default:
 			body = `{"messages":[{"role":"user","content":` + v + `},{"role":"assistant","tool_calls":[{"id":"1","function":{"name":"f","arguments":` + v + `}}]}]}`
 		}

@@ -573,11 +573,13 @@ type level struct {
 // rawChildren names the levels of json.RawMessage fields that this package
 // decodes later, by hand.
 var rawChildren = map[reflect.Type]map[string]reflect.Type{
-	reflect.TypeFor[chatMessage]():     {"content": reflect.TypeFor[chatPart]()},
-	reflect.TypeFor[messagesRequest](): {"system": reflect.TypeFor[systemBlock]()},
-	reflect.TypeFor[anthMessage]():     {"content": reflect.TypeFor[anthBlock]()},
-	reflect.TypeFor[anthBlock]():       {"content": reflect.TypeFor[anthBlock]()},
-	reflect.TypeFor[anthSource]():      {"content": reflect.TypeFor[anthBlock]()},
+	reflect.TypeFor[chatMessage]():      {"content": reflect.TypeFor[chatPart]()},
+	reflect.TypeFor[messagesRequest]():  {"system": reflect.TypeFor[systemBlock]()},
+	reflect.TypeFor[anthMessage]():      {"content": reflect.TypeFor[anthBlock]()},
+	reflect.TypeFor[anthBlock]():        {"content": reflect.TypeFor[anthBlock]()},
+	reflect.TypeFor[anthSource]():       {"content": reflect.TypeFor[anthBlock]()},
+	reflect.TypeFor[responsesRequest](): {"input": reflect.TypeFor[responsesItem](), "instructions": reflect.TypeFor[responsesItem]()},
+	reflect.TypeFor[responsesItem]():    {"content": reflect.TypeFor[responsesPart](), "output": reflect.TypeFor[responsesPart]()},
 }
 
 // rootLevels are derived from the request types themselves, so that the
@@ -588,6 +590,7 @@ var rootLevels = func() map[Endpoint]*level {
 		ChatCompletions: levelFor(reflect.TypeFor[chatRequest](), cache),
 		Completions:     levelFor(reflect.TypeFor[completionRequest](), cache),
 		Messages:        levelFor(reflect.TypeFor[messagesRequest](), cache),
+		Responses:       levelFor(reflect.TypeFor[responsesRequest](), cache),
 	}
 }()
 

@@ -30,6 +30,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/dataplane/apierr"
@@ -102,6 +103,12 @@ type Options struct {
 	// Code's billing header.
 	Extract extract.Options
 
+	// ResponseAffinityTTL and ResponseAffinityMax bound the table of
+	// Responses API ids -> the worker that produced them (responses.*);
+	// zero picks the defaults.
+	ResponseAffinityTTL time.Duration
+	ResponseAffinityMax int
+
 	// SessionKeys, in order, name where a request's session key comes
 	// from: "header:<Name>", "prompt_cache_key" or "user". Empty disables
 	// session affinity.
@@ -143,7 +150,8 @@ type Proxy struct {
 	rngMu sync.Mutex
 	rng   *mrand.Rand
 
-	models modelsCache
+	models   modelsCache
+	affinity *affinity.Table[string]
 
 	auth                  clientAuth
 	workerKeys            workerKeys
@@ -191,6 +199,7 @@ func New(o Options) *Proxy {
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
 	p.models.ttl = o.ModelsCacheTTL
+	p.affinity = affinity.New[string](o.ResponseAffinityTTL, o.ResponseAffinityMax)
 	p.passPaths, p.retryPaths = newPathSet(o.PassThroughPaths), newPathSet(o.RetryablePassThroughPaths)
 	if o.MaxInflightBodyBytes > 0 {
 		p.budget = &bodyBudget{limit: o.MaxInflightBodyBytes}
@@ -199,6 +208,11 @@ func New(o Options) *Proxy {
 	mux.HandleFunc("POST /v1/chat/completions", p.routed(extract.ChatCompletions))
 	mux.HandleFunc("POST /v1/completions", p.routed(extract.Completions))
 	mux.HandleFunc("POST /v1/messages", p.routed(extract.Messages))
+	mux.HandleFunc("POST /v1/responses", p.routed(extract.Responses))
+	mux.HandleFunc("GET /v1/responses/{id}", p.storedResponse)
+	mux.HandleFunc("DELETE /v1/responses/{id}", p.storedResponse)
+	mux.HandleFunc("GET /v1/responses/{id}/input_items", p.storedResponse)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", p.storedResponse)
 	mux.HandleFunc("GET /health", p.handleHealth)
 	mux.HandleFunc("GET /workers", p.handleWorkers)
 	if o.MetricsElsewhere {
@@ -280,6 +294,13 @@ type call struct {
 
 	// modelExclude are the workers that do not serve the request's model.
 	modelExclude []string
+	// pin is the only worker this call may go to (the one storing the
+	// response it refers to), "" when unpinned.
+	pin             string
+	learnResponseID bool // a Responses API answer: remember its id's worker
+	// responseID is the stored response the call names, responseParam the
+	// field it came from ("" for /v1/responses/{id}).
+	responseID, responseParam string
 }
 
 type callKey struct{}
@@ -333,6 +354,12 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 		return
 	}
 	c.modelExclude = ex
+	if ep == extract.Responses {
+		if err := p.prepareResponses(c, req); err != nil {
+			p.fail(w, c, err)
+			return
+		}
+	}
 	hp := hashPool.Get().(*[]uint64)
 	defer func() {
 		// Keep only ordinary buffers: a huge prompt's slice would stay
@@ -564,7 +591,7 @@ func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
 		drop()
 		resp, err := p.dispatch(ctx, out, c, d)
 		if err == nil {
-			return resp, nil
+			return p.sniffResponseID(c, resp), nil
 		}
 		var rs *retryableStatus
 		errors.As(err, &rs)
@@ -708,7 +735,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // probing a replica that may have recovered.
 func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 	base := c.failed
-	if len(c.modelExclude) > 0 {
+	if c.pin != "" {
+		base = p.pinExclude(c)
+	} else if len(c.modelExclude) > 0 {
 		base = append(append(make([]string, 0, len(c.failed)+len(c.modelExclude)), c.failed...), c.modelExclude...)
 	}
 	exclude := base
@@ -716,6 +745,9 @@ func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 		exclude = append(append(make([]string, 0, len(base)+len(blocked)), base...), blocked...)
 	}
 	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude}
+	if c.pin == "" {
+		req.ResponseID = c.responseID
+	}
 	if c.routed {
 		req.Endpoint, req.Hashes, req.KeyLen, req.Session = c.endpoint, c.hashes, c.keyLen, c.session
 	}
@@ -727,9 +759,19 @@ func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 			p.log.Warn("every usable worker has an open circuit breaker; sending a trial request anyway", "request_id", c.id, "worker", d.Worker)
 		}
 	}
+	if errors.Is(err, router.ErrResponseGone) {
+		return d, responseGone(c.responseID, c.responseParam)
+	}
 	if err != nil {
+		if c.pin != "" && errors.Is(err, router.ErrUnavailable) {
+			// A stored response lives on that replica only: another one
+			// would not find it, so the client waits for this one.
+			return d, apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "response_replica_unavailable",
+				"the replica storing this response (%s) cannot take the request now (unhealthy or at max load); retry later", c.pin)
+		}
 		return d, err
 	}
+	p.pinFromRouter(c, d)
 	if c.routed {
 		p.m.Decisions.WithLabelValues(d.Reason).Inc()
 		p.m.MatchedRatio.Observe(d.MatchedRatio)

@@ -18,6 +18,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -186,7 +187,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		resp, err := r.client(target).Route(rctx, connect.NewRequest(&cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: req.Hashes, KeyLength: uint32(req.KeyLen),
 			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
-			RouteId: routeID,
+			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID),
 		}))
 		cancel()
 		if err != nil && routeID != 0 && connect.CodeOf(err) != connect.CodeResourceExhausted && connect.CodeOf(err) != connect.CodeNotFound {
@@ -207,8 +208,12 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				Worker: m.GetWorker(), Reason: m.GetReason(), MatchedChars: int(m.GetMatchedChars()),
 				MatchedRatio: m.GetMatchedRatio(), Candidate: m.GetCandidate(), ChosenChars: int(m.GetChosenChars()),
 				Latency: time.Since(start), FromLeader: m.GetFromLeader(),
-				Ticket: &ticket{id: m.GetTicket(), worker: m.GetWorker()},
+				Ticket: &ticket{id: m.GetTicket(), worker: m.GetWorker()}, Pinned: m.GetPinned(),
 			}, nil
+		}
+		if req.ResponseID != "" && connect.CodeOf(err) == connect.CodeNotFound {
+			// The leader knows the response, and that its worker is gone.
+			return router.Decision{}, fmt.Errorf("%w: %v", router.ErrResponseGone, err)
 		}
 		if ctx.Err() != nil {
 			return router.Decision{}, ctx.Err() // the client left; nothing to route
@@ -333,6 +338,38 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+func responseHash(id string) uint64 {
+	if id == "" {
+		return 0
+	}
+	return affinity.HashID(id)
+}
+
+// LearnResponse implements router.ResponseLearner: it tells the leader at
+// once, not with the next completion batch, because the client holds the
+// id as soon as this returns and may continue the conversation through
+// another data plane. A failure is logged and otherwise ignored: this data
+// plane's own table still pins the id, and another data plane routes an
+// id it cannot resolve by prefix.
+func (r *Router) LearnResponse(ctx context.Context, id, worker string) {
+	target := r.current()
+	if target == "" {
+		return
+	}
+	timeout := r.o.RouteTimeout
+	if timeout <= 0 {
+		timeout = time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	_, err := r.client(target).Complete(ctx, connect.NewRequest(&cartv1.CompleteRequest{
+		DataplaneId: r.o.ID, ResponseOrigins: []*cartv1.ResponseOrigin{{IdHash: affinity.HashID(id), Worker: worker}},
+	}))
+	if err != nil {
+		r.logRPCError("report response origin failed", target, err)
+	}
 }
 
 // abandon queues the report of a Route call whose answer will never be used.

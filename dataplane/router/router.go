@@ -26,6 +26,11 @@ type Request struct {
 	DryRun  bool
 	// Session is the request's session key ("" = none).
 	Session string
+	// ResponseID names the stored Responses API response the request
+	// continues or reads ("" = none). A router that shares response
+	// affinity between data planes pins the request to the worker that
+	// produced it (Decision.Pinned), or fails with ErrResponseGone.
+	ResponseID string
 }
 
 // Decision is where a request goes and why. The Ticket must be handed back
@@ -45,6 +50,9 @@ type Decision struct {
 	FromLeader bool
 	// Ticket carries what Done needs to release the decision.
 	Ticket any
+	// Pinned: Worker holds the stored response named by
+	// Request.ResponseID, and only it can serve the request.
+	Pinned bool
 }
 
 // Outcome reports what happened to a routed request.
@@ -88,6 +96,18 @@ type Router interface {
 	Done(d Decision, o Outcome)
 	// Workers lists the current worker set.
 	Workers() []WorkerStatus
+}
+
+// ErrResponseGone: the worker that produced Request.ResponseID has left
+// the pool, and the stored response with it.
+var ErrResponseGone = errors.New("the replica that produced this response is no longer in the pool")
+
+// ResponseLearner is implemented by routers that share response affinity:
+// LearnResponse tells the others which worker produced a response, and
+// returns once they can route by it (or it gave up: the data plane's own
+// table still has it).
+type ResponseLearner interface {
+	LearnResponse(ctx context.Context, id, worker string)
 }
 
 // ErrUnavailable wraps the "no worker can take this" conditions so the

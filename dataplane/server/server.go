@@ -57,6 +57,8 @@ func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metric
 		RetryBudgetMin:            p.RetryBudgetMin,
 		ModelsCacheTTL:            secs(p.ModelsCacheSecs),
 		SessionKeys:               sessionKeys(cfg),
+		ResponseAffinityTTL:       cfg.Responses.AffinityTTL(),
+		ResponseAffinityMax:       cfg.Responses.MaxEntries,
 		Extract:                   extract.Options{IgnoreSystemPrefixes: cfg.Extract.IgnoreSystemPrefixes},
 
 		BodyReadTimeout:      secs(p.BodyReadTimeoutSecs),

@@ -506,9 +506,13 @@ type PlaceBatchCommand struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Placements []*Placement           `protobuf:"bytes,1,rep,name=placements,proto3" json:"placements,omitempty"`
 	// Placements withdrawn because their request never reached the worker.
-	Withdrawals   []*Placement `protobuf:"bytes,2,rep,name=withdrawals,proto3" json:"withdrawals,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Withdrawals []*Placement `protobuf:"bytes,2,rep,name=withdrawals,proto3" json:"withdrawals,omitempty"`
+	// Responses API responses the leader learned of in this window
+	// (best effort: a window that fails to commit is not retried), so that
+	// a new leader still pins their continuations.
+	ResponseOrigins []*ResponseOrigin `protobuf:"bytes,3,rep,name=response_origins,json=responseOrigins,proto3" json:"response_origins,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *PlaceBatchCommand) Reset() {
@@ -551,6 +555,13 @@ func (x *PlaceBatchCommand) GetPlacements() []*Placement {
 func (x *PlaceBatchCommand) GetWithdrawals() []*Placement {
 	if x != nil {
 		return x.Withdrawals
+	}
+	return nil
+}
+
+func (x *PlaceBatchCommand) GetResponseOrigins() []*ResponseOrigin {
+	if x != nil {
+		return x.ResponseOrigins
 	}
 	return nil
 }
@@ -859,7 +870,7 @@ var File_cart_v1_raft_proto protoreflect.FileDescriptor
 
 const file_cart_v1_raft_proto_rawDesc = "" +
 	"\n" +
-	"\x12cart/v1/raft.proto\x12\acart.v1\"\xd0\x04\n" +
+	"\x12cart/v1/raft.proto\x12\acart.v1\x1a\x14cart/v1/router.proto\"\xd0\x04\n" +
 	"\vRaftCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1c\n" +
 	"\tignorable\x18\x02 \x01(\bR\tignorable\x12\x1d\n" +
@@ -894,12 +905,13 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\tPlacement\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12!\n" +
 	"\fblock_hashes\x18\x02 \x03(\x06R\vblockHashes\x12\"\n" +
-	"\rat_unix_nanos\x18\x03 \x01(\x03R\vatUnixNanos\"}\n" +
+	"\rat_unix_nanos\x18\x03 \x01(\x03R\vatUnixNanos\"\xc1\x01\n" +
 	"\x11PlaceBatchCommand\x122\n" +
 	"\n" +
 	"placements\x18\x01 \x03(\v2\x12.cart.v1.PlacementR\n" +
 	"placements\x124\n" +
-	"\vwithdrawals\x18\x02 \x03(\v2\x12.cart.v1.PlacementR\vwithdrawals\"I\n" +
+	"\vwithdrawals\x18\x02 \x03(\v2\x12.cart.v1.PlacementR\vwithdrawals\x12B\n" +
+	"\x10response_origins\x18\x03 \x03(\v2\x17.cart.v1.ResponseOriginR\x0fresponseOrigins\"I\n" +
 	"\x13UnplaceBatchCommand\x122\n" +
 	"\n" +
 	"placements\x18\x01 \x03(\v2\x12.cart.v1.PlacementR\n" +
@@ -952,6 +964,7 @@ var file_cart_v1_raft_proto_goTypes = []any{
 	(*SnapshotHeader)(nil),      // 10: cart.v1.SnapshotHeader
 	(*IndexRecord)(nil),         // 11: cart.v1.IndexRecord
 	nil,                         // 12: cart.v1.SnapshotHeader.MembersEntry
+	(*ResponseOrigin)(nil),      // 13: cart.v1.ResponseOrigin
 }
 var file_cart_v1_raft_proto_depIdxs = []int32{
 	2,  // 0: cart.v1.RaftCommand.upsert_worker:type_name -> cart.v1.UpsertWorkerCommand
@@ -965,14 +978,15 @@ var file_cart_v1_raft_proto_depIdxs = []int32{
 	1,  // 8: cart.v1.SetWorkersCommand.workers:type_name -> cart.v1.WorkerSpec
 	5,  // 9: cart.v1.PlaceBatchCommand.placements:type_name -> cart.v1.Placement
 	5,  // 10: cart.v1.PlaceBatchCommand.withdrawals:type_name -> cart.v1.Placement
-	5,  // 11: cart.v1.UnplaceBatchCommand.placements:type_name -> cart.v1.Placement
-	1,  // 12: cart.v1.SnapshotHeader.workers:type_name -> cart.v1.WorkerSpec
-	12, // 13: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	13, // 11: cart.v1.PlaceBatchCommand.response_origins:type_name -> cart.v1.ResponseOrigin
+	5,  // 12: cart.v1.UnplaceBatchCommand.placements:type_name -> cart.v1.Placement
+	1,  // 13: cart.v1.SnapshotHeader.workers:type_name -> cart.v1.WorkerSpec
+	12, // 14: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_raft_proto_init() }
@@ -980,6 +994,7 @@ func file_cart_v1_raft_proto_init() {
 	if File_cart_v1_raft_proto != nil {
 		return
 	}
+	file_cart_v1_router_proto_init()
 	file_cart_v1_raft_proto_msgTypes[0].OneofWrappers = []any{
 		(*RaftCommand_UpsertWorker)(nil),
 		(*RaftCommand_RemoveWorker)(nil),

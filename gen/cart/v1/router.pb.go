@@ -50,9 +50,15 @@ type RouteRequest struct {
 	// (route_timeout_ms) and routes elsewhere reports the call abandoned in
 	// Complete under this id, so the leader undoes the decision it may have
 	// made: it has no ticket to name it by.
-	RouteId       uint64 `protobuf:"varint,11,opt,name=route_id,json=routeId,proto3" json:"route_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RouteId uint64 `protobuf:"varint,11,opt,name=route_id,json=routeId,proto3" json:"route_id,omitempty"`
+	// The request continues or reads a stored Responses API response
+	// (previous_response_id, GET /v1/responses/{id}): FNV-1a 64 of its id,
+	// 0 = none. When the leader knows which worker produced it, that worker
+	// is the only candidate (pinned is set in the answer); when that worker
+	// left the pool the call fails with NOT_FOUND.
+	ResponseIdHash uint64 `protobuf:"fixed64,12,opt,name=response_id_hash,json=responseIdHash,proto3" json:"response_id_hash,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RouteRequest) Reset() {
@@ -162,6 +168,13 @@ func (x *RouteRequest) GetRouteId() uint64 {
 	return 0
 }
 
+func (x *RouteRequest) GetResponseIdHash() uint64 {
+	if x != nil {
+		return x.ResponseIdHash
+	}
+	return 0
+}
+
 type RouteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// URL of the chosen worker.
@@ -183,7 +196,10 @@ type RouteResponse struct {
 	// Identifies the decision in Complete; 0 for dry runs.
 	Ticket uint64 `protobuf:"varint,9,opt,name=ticket,proto3" json:"ticket,omitempty"`
 	// Node id of the leader that decided.
-	LeaderId      string `protobuf:"bytes,10,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	LeaderId string `protobuf:"bytes,10,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// The worker was chosen because it holds the stored response named by
+	// response_id_hash, not by prefix or load.
+	Pinned        bool `protobuf:"varint,11,opt,name=pinned,proto3" json:"pinned,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -288,6 +304,13 @@ func (x *RouteResponse) GetLeaderId() string {
 	return ""
 }
 
+func (x *RouteResponse) GetPinned() bool {
+	if x != nil {
+		return x.Pinned
+	}
+	return false
+}
+
 type Completion struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Ticket from RouteResponse.
@@ -390,11 +413,14 @@ func (x *Completion) GetRouteId() uint64 {
 }
 
 type CompleteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DataplaneId   string                 `protobuf:"bytes,1,opt,name=dataplane_id,json=dataplaneId,proto3" json:"dataplane_id,omitempty"`
-	Completions   []*Completion          `protobuf:"bytes,2,rep,name=completions,proto3" json:"completions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	DataplaneId string                 `protobuf:"bytes,1,opt,name=dataplane_id,json=dataplaneId,proto3" json:"dataplane_id,omitempty"`
+	Completions []*Completion          `protobuf:"bytes,2,rep,name=completions,proto3" json:"completions,omitempty"`
+	// Responses API responses this data plane saw produced: the leader
+	// pins later requests naming them to their worker.
+	ResponseOrigins []*ResponseOrigin `protobuf:"bytes,3,rep,name=response_origins,json=responseOrigins,proto3" json:"response_origins,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CompleteRequest) Reset() {
@@ -441,6 +467,67 @@ func (x *CompleteRequest) GetCompletions() []*Completion {
 	return nil
 }
 
+func (x *CompleteRequest) GetResponseOrigins() []*ResponseOrigin {
+	if x != nil {
+		return x.ResponseOrigins
+	}
+	return nil
+}
+
+// ResponseOrigin says which worker produced a stored response.
+type ResponseOrigin struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// FNV-1a 64 of the response id.
+	IdHash        uint64 `protobuf:"fixed64,1,opt,name=id_hash,json=idHash,proto3" json:"id_hash,omitempty"`
+	Worker        string `protobuf:"bytes,2,opt,name=worker,proto3" json:"worker,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResponseOrigin) Reset() {
+	*x = ResponseOrigin{}
+	mi := &file_cart_v1_router_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResponseOrigin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResponseOrigin) ProtoMessage() {}
+
+func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResponseOrigin.ProtoReflect.Descriptor instead.
+func (*ResponseOrigin) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ResponseOrigin) GetIdHash() uint64 {
+	if x != nil {
+		return x.IdHash
+	}
+	return 0
+}
+
+func (x *ResponseOrigin) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
+}
+
 type CompleteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// How many completions matched a live ticket on the leader.
@@ -451,7 +538,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[4]
+	mi := &file_cart_v1_router_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +550,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[4]
+	mi := &file_cart_v1_router_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +563,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{4}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CompleteResponse) GetSettled() uint32 {
@@ -497,7 +584,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_cart_v1_router_proto_msgTypes[5]
+	mi := &file_cart_v1_router_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -509,7 +596,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[5]
+	mi := &file_cart_v1_router_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -522,7 +609,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{5}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WorkerLoad) GetWorker() string {
@@ -551,7 +638,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[6]
+	mi := &file_cart_v1_router_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +650,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[6]
+	mi := &file_cart_v1_router_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +663,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{6}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SyncRequest) GetDataplaneId() string {
@@ -616,7 +703,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[7]
+	mi := &file_cart_v1_router_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +715,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[7]
+	mi := &file_cart_v1_router_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +728,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{7}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SyncResponse) GetWorkers() []*Worker {
@@ -717,7 +804,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_cart_v1_router_proto_msgTypes[8]
+	mi := &file_cart_v1_router_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +816,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[8]
+	mi := &file_cart_v1_router_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +829,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{8}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Worker) GetUrl() string {
@@ -840,7 +927,7 @@ var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x14cart/v1/router.proto\x12\acart.v1\"\xd6\x02\n" +
+	"\x14cart/v1/router.proto\x12\acart.v1\"\x80\x03\n" +
 	"\fRouteRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
@@ -856,7 +943,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\n" +
 	" \x01(\tR\trequestId\x12\x19\n" +
-	"\broute_id\x18\v \x01(\x04R\arouteId\"\xc9\x02\n" +
+	"\broute_id\x18\v \x01(\x04R\arouteId\x12(\n" +
+	"\x10response_id_hash\x18\f \x01(\x06R\x0eresponseIdHash\"\xe1\x02\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -869,7 +957,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\fchosen_chars\x18\b \x01(\rR\vchosenChars\x12\x16\n" +
 	"\x06ticket\x18\t \x01(\x04R\x06ticket\x12\x1b\n" +
 	"\tleader_id\x18\n" +
-	" \x01(\tR\bleaderId\"\xdd\x01\n" +
+	" \x01(\tR\bleaderId\x12\x16\n" +
+	"\x06pinned\x18\v \x01(\bR\x06pinned\"\xdd\x01\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +
@@ -878,10 +967,14 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x04 \x01(\x05R\fpromptTokens\x12#\n" +
 	"\rcached_tokens\x18\x05 \x01(\x05R\fcachedTokens\x12\x1c\n" +
 	"\tabandoned\x18\x06 \x01(\bR\tabandoned\x12\x19\n" +
-	"\broute_id\x18\a \x01(\x04R\arouteId\"k\n" +
+	"\broute_id\x18\a \x01(\x04R\arouteId\"\xaf\x01\n" +
 	"\x0fCompleteRequest\x12!\n" +
 	"\fdataplane_id\x18\x01 \x01(\tR\vdataplaneId\x125\n" +
-	"\vcompletions\x18\x02 \x03(\v2\x13.cart.v1.CompletionR\vcompletions\",\n" +
+	"\vcompletions\x18\x02 \x03(\v2\x13.cart.v1.CompletionR\vcompletions\x12B\n" +
+	"\x10response_origins\x18\x03 \x03(\v2\x17.cart.v1.ResponseOriginR\x0fresponseOrigins\"A\n" +
+	"\x0eResponseOrigin\x12\x17\n" +
+	"\aid_hash\x18\x01 \x01(\x06R\x06idHash\x12\x16\n" +
+	"\x06worker\x18\x02 \x01(\tR\x06worker\",\n" +
 	"\x10CompleteResponse\x12\x18\n" +
 	"\asettled\x18\x01 \x01(\rR\asettled\"A\n" +
 	"\n" +
@@ -932,33 +1025,35 @@ func file_cart_v1_router_proto_rawDescGZIP() []byte {
 	return file_cart_v1_router_proto_rawDescData
 }
 
-var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_cart_v1_router_proto_goTypes = []any{
 	(*RouteRequest)(nil),     // 0: cart.v1.RouteRequest
 	(*RouteResponse)(nil),    // 1: cart.v1.RouteResponse
 	(*Completion)(nil),       // 2: cart.v1.Completion
 	(*CompleteRequest)(nil),  // 3: cart.v1.CompleteRequest
-	(*CompleteResponse)(nil), // 4: cart.v1.CompleteResponse
-	(*WorkerLoad)(nil),       // 5: cart.v1.WorkerLoad
-	(*SyncRequest)(nil),      // 6: cart.v1.SyncRequest
-	(*SyncResponse)(nil),     // 7: cart.v1.SyncResponse
-	(*Worker)(nil),           // 8: cart.v1.Worker
+	(*ResponseOrigin)(nil),   // 4: cart.v1.ResponseOrigin
+	(*CompleteResponse)(nil), // 5: cart.v1.CompleteResponse
+	(*WorkerLoad)(nil),       // 6: cart.v1.WorkerLoad
+	(*SyncRequest)(nil),      // 7: cart.v1.SyncRequest
+	(*SyncResponse)(nil),     // 8: cart.v1.SyncResponse
+	(*Worker)(nil),           // 9: cart.v1.Worker
 }
 var file_cart_v1_router_proto_depIdxs = []int32{
 	2, // 0: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
-	5, // 1: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	8, // 2: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	0, // 3: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	3, // 4: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	6, // 5: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
-	1, // 6: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	4, // 7: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	7, // 8: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 1: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
+	6, // 2: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
+	9, // 3: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	0, // 4: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
+	3, // 5: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	7, // 6: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	1, // 7: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	5, // 8: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	8, // 9: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_router_proto_init() }
@@ -972,7 +1067,7 @@ func file_cart_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_router_proto_rawDesc), len(file_cart_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

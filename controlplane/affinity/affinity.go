@@ -1,0 +1,112 @@
+// Package affinity remembers which worker produced each stored Responses
+// API response, so that requests naming it (previous_response_id, GET
+// /v1/responses/{id}) reach the one replica that keeps it in memory. Data
+// planes key their table by response id, the control-plane leader by the
+// id's hash (HashID), which is what data planes send it.
+package affinity
+
+import (
+	"container/list"
+	"hash/fnv"
+	"sync"
+	"time"
+)
+
+// Defaults for a zero TTL or size.
+const (
+	DefaultTTL        = time.Hour
+	DefaultMaxEntries = 100000
+)
+
+// Table maps keys to workers, bounded (the least recently used entry goes
+// first) and expiring ttl after an entry was last learned or looked up. It
+// is safe for concurrent use.
+type Table[K comparable] struct {
+	ttl time.Duration
+	max int
+
+	mu  sync.Mutex
+	lru list.List // of *entry[K], most recently used at the front
+	m   map[K]*list.Element
+}
+
+type entry[K comparable] struct {
+	key     K
+	worker  string
+	expires time.Time
+}
+
+// New builds a table; ttl <= 0 and max <= 0 pick the defaults.
+func New[K comparable](ttl time.Duration, max int) *Table[K] {
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	if max <= 0 {
+		max = DefaultMaxEntries
+	}
+	return &Table[K]{ttl: ttl, max: max, m: map[K]*list.Element{}}
+}
+
+// Learn records that worker produced k.
+func (t *Table[K]) Learn(k K, worker string, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if el, ok := t.m[k]; ok {
+		e := el.Value.(*entry[K])
+		e.worker, e.expires = worker, now.Add(t.ttl)
+		t.lru.MoveToFront(el)
+		return
+	}
+	t.m[k] = t.lru.PushFront(&entry[K]{key: k, worker: worker, expires: now.Add(t.ttl)})
+	for t.lru.Len() > t.max {
+		t.remove(t.lru.Back())
+	}
+	// Expired entries at the cold end go too, so an idle table shrinks.
+	for el := t.lru.Back(); el != nil && !now.Before(el.Value.(*entry[K]).expires); el = t.lru.Back() {
+		t.remove(el)
+	}
+}
+
+// Lookup returns the worker that produced k and refreshes the entry: a
+// conversation in use stays remembered.
+func (t *Table[K]) Lookup(k K, now time.Time) (string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	el, ok := t.m[k]
+	if !ok {
+		return "", false
+	}
+	e := el.Value.(*entry[K])
+	if !now.Before(e.expires) {
+		t.remove(el)
+		return "", false
+	}
+	e.expires = now.Add(t.ttl)
+	t.lru.MoveToFront(el)
+	return e.worker, true
+}
+
+// Len is the number of entries, expired ones not yet dropped included.
+func (t *Table[K]) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lru.Len()
+}
+
+func (t *Table[K]) remove(el *list.Element) {
+	delete(t.m, el.Value.(*entry[K]).key)
+	t.lru.Remove(el)
+}
+
+// HashID is the 64-bit hash of a response id that data planes send the
+// control plane (FNV-1a): ids are random, so collisions are as unlikely as
+// between any two 64-bit values, and a table of hashes has a fixed entry
+// size whatever ids a client makes up.
+func HashID(id string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(id))
+	if s := h.Sum64(); s != 0 {
+		return s
+	}
+	return 1 // 0 means "no response" on the wire
+}

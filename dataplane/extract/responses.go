@@ -1,0 +1,370 @@
+package extract
+
+import (
+	"encoding/json"
+)
+
+// OpenAI Responses API (POST /v1/responses), as vLLM serves it.
+//
+// The key renders instructions as a system record and every input item as
+// one self-terminated record, in the chat completions notation:
+//
+//	T        = ["system" item RS]  record*        (instructions)
+//	message  = role item* RS                       (parts as in chat)
+//	fn_call  = "assistant" US NUL "tool_call:" call_id GS name GS arguments RS
+//	fn_out   = "tool" US NUL "call_id:" call_id (item | parts) RS
+//	reason   = "reasoning" (US NUL "think:" text)* [US NUL "redacted_think:" hash] RS
+//	other    = "item" US NUL "part:" type ":" hash RS
+//
+// A string input is one user message, so it gives the same T as a chat
+// request with that user message. Item ids and statuses are left out: a
+// client that replays a conversation in full (store: false) sends the
+// earlier answer's output items back, and the replayed request must have
+// the earlier request's T as its prefix whatever bookkeeping the items
+// carry. previous_response_id is not part of the key: such a request is
+// pinned to the replica holding that response, not routed by prefix.
+
+type responsesRequest struct {
+	Model              string          `json:"model"`
+	Stream             bool            `json:"stream"`
+	User               string          `json:"user"`
+	PromptCacheKey     string          `json:"prompt_cache_key"`
+	Instructions       json.RawMessage `json:"instructions"`
+	Input              json.RawMessage `json:"input"`
+	PreviousResponseID json.RawMessage `json:"previous_response_id"`
+}
+
+// responsesItem is one element of a list input. Content and Output hold
+// a string or an array of parts.
+type responsesItem struct {
+	Type             *string         `json:"type"`
+	Role             json.RawMessage `json:"role"`
+	Content          json.RawMessage `json:"content"`
+	CallID           string          `json:"call_id"`
+	Name             string          `json:"name"`
+	Arguments        json.RawMessage `json:"arguments"`
+	Input            json.RawMessage `json:"input"`
+	Output           json.RawMessage `json:"output"`
+	Summary          []reasoningText `json:"summary"`
+	EncryptedContent json.RawMessage `json:"encrypted_content"`
+}
+
+type reasoningText struct {
+	Text json.RawMessage `json:"text"`
+}
+
+// responsesPart is a content part: the chat part shapes (image_url as a
+// plain string, as input_image sends it) plus input_file's flat fields.
+type responsesPart struct {
+	chatPartLoose
+	FileData json.RawMessage `json:"file_data"`
+	FileURL  json.RawMessage `json:"file_url"`
+	Filename string          `json:"filename"`
+}
+
+func (b *builder) responses(body []byte) (*Request, error) {
+	var req responsesRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, decodeError(err, body, nil)
+	}
+	switch firstByte(req.PreviousResponseID) {
+	case 0, 'n', '"':
+	default:
+		p := path{name: "previous_response_id"}
+		return nil, errType(&p, "a string", req.PreviousResponseID)
+	}
+	ip := path{name: "instructions"}
+	switch firstByte(req.Instructions) {
+	case 0, 'n':
+	case '"':
+		b.key = append(b.key, "system"...)
+		b.text(req.Instructions)
+		b.key = append(b.key, sepRecord)
+	case '[':
+		// Response objects echo instructions as a list of input items.
+		if err := b.responsesItems(req.Instructions, &ip); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, errType(&ip, "a string", req.Instructions)
+	}
+	in := path{name: "input"}
+	switch firstByte(req.Input) {
+	case 0, 'n':
+		// Input may be left out when previous_response_id or a stored
+		// prompt supplies the conversation.
+	case '"':
+		b.key = append(b.key, "user"...)
+		b.text(req.Input)
+		b.key = append(b.key, sepRecord)
+	case '[':
+		if err := b.responsesItems(req.Input, &in); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, errType(&in, "a string or an array of input items", req.Input)
+	}
+	out := &Request{
+		Model:          req.Model,
+		Stream:         req.Stream,
+		User:           req.User,
+		PromptCacheKey: req.PromptCacheKey,
+	}
+	if firstByte(req.PreviousResponseID) == '"' {
+		out.PreviousResponseID = string(b.decode(req.PreviousResponseID))
+	}
+	return out, nil
+}
+
+func (b *builder) responsesItems(raw json.RawMessage, p *path) error {
+	// One decode of the whole list in the usual case; element by element
+	// (for the exact error) when it fails, and split as well only when an
+	// item of an unknown type needs its JSON hashed.
+	var items []responsesItem
+	if json.Unmarshal(raw, &items) != nil {
+		return b.responsesItemsLoose(raw, p)
+	}
+	var elems []json.RawMessage
+	for i := range items {
+		if t := items[i].Type; t != nil && !knownItemType(*t) {
+			elems = splitArray(raw)
+			break
+		}
+	}
+	for i := range items {
+		var elem json.RawMessage
+		if i < len(elems) {
+			elem = elems[i]
+		}
+		ep := p.index(i)
+		if err := b.responsesItem(&items[i], elem, &ep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func knownItemType(t string) bool {
+	switch t {
+	case "message", "function_call", "custom_tool_call", "function_call_output", "custom_tool_call_output", "reasoning":
+		return true
+	}
+	return false
+}
+
+func (b *builder) responsesItemsLoose(raw json.RawMessage, p *path) error {
+	for i, elem := range splitArray(raw) {
+		ep := p.index(i)
+		if firstByte(elem) != '{' {
+			return errType(&ep, "an object", elem)
+		}
+		var it responsesItem
+		if err := json.Unmarshal(elem, &it); err != nil {
+			return decodeError(err, elem, &ep)
+		}
+		if err := b.responsesItem(&it, elem, &ep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *builder) responsesItem(it *responsesItem, elem json.RawMessage, p *path) error {
+	typ := "message" // the "easy" input message has no type
+	if it.Type != nil {
+		typ = *it.Type
+	}
+	switch typ {
+	case "message":
+		if err := b.role(it.Role, p); err != nil {
+			return err
+		}
+		cp := p.field("content")
+		if err := b.responsesContent(it.Content, &cp); err != nil {
+			return err
+		}
+	case "function_call", "custom_tool_call":
+		b.key = append(b.key, "assistant"...)
+		b.marker("tool_call")
+		b.key = appendEscaped(b.key, it.CallID)
+		b.field()
+		b.key = appendEscaped(b.key, it.Name)
+		b.field()
+		args, name := it.Arguments, "arguments"
+		if typ == "custom_tool_call" {
+			args, name = it.Input, "input"
+		}
+		ap := p.field(name)
+		if err := b.arguments(args, &ap); err != nil {
+			return err
+		}
+	case "function_call_output", "custom_tool_call_output":
+		b.key = append(b.key, "tool"...)
+		b.marker("call_id")
+		b.key = appendEscaped(b.key, it.CallID)
+		op := p.field("output")
+		if err := b.responsesContent(it.Output, &op); err != nil {
+			return err
+		}
+	case "reasoning":
+		b.key = append(b.key, "reasoning"...)
+		sp := p.field("summary")
+		for j := range it.Summary {
+			tp := sp.index(j)
+			if err := b.textField(it.Summary[j].Text, &tp, "text", "think"); err != nil {
+				return err
+			}
+		}
+		// Reasoning content parts are text parts of their own types.
+		if firstByte(it.Content) == '[' {
+			cp := p.field("content")
+			if err := b.responsesParts(it.Content, &cp); err != nil {
+				return err
+			}
+		}
+		switch firstByte(it.EncryptedContent) {
+		case 0, 'n':
+		case '"':
+			b.hashStart()
+			b.hashField("data", b.decode(it.EncryptedContent))
+			b.marker("redacted_think")
+			b.hashEnd()
+		default:
+			ep := p.field("encrypted_content")
+			return errType(&ep, "a string", it.EncryptedContent)
+		}
+	default:
+		// Built-in tool calls, item references, MCP items...: what they
+		// hold differs from one call to the next, so they are hashed.
+		b.key = append(b.key, "item"...)
+		b.unknownPart(typ, elem)
+	}
+	b.key = append(b.key, sepRecord)
+	return nil
+}
+
+// responsesContent appends a message's content or a tool output: a string
+// or an array of parts.
+func (b *builder) responsesContent(raw json.RawMessage, p *path) error {
+	switch firstByte(raw) {
+	case '"':
+		b.text(raw)
+		return nil
+	case '[':
+		return b.responsesParts(raw, p)
+	case 0, 'n':
+		return errMissing(p)
+	}
+	return errType(p, "a string or an array of content parts", raw)
+}
+
+func (b *builder) responsesParts(raw json.RawMessage, p *path) error {
+	var parts []responsesPart
+	if json.Unmarshal(raw, &parts) != nil {
+		return b.responsesPartsLoose(raw, p)
+	}
+	var elems []json.RawMessage
+	for j := range parts {
+		if t := parts[j].Type; t != nil && !knownChatType(*t) && *t != "input_file" && *t != "reasoning_text" && *t != "summary_text" {
+			elems = splitArray(raw)
+			break
+		}
+	}
+	for j := range parts {
+		var elem json.RawMessage
+		if j < len(elems) {
+			elem = elems[j]
+		}
+		pp := p.index(j)
+		if err := b.responsesPart(&parts[j], elem, &pp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *builder) responsesPartsLoose(raw json.RawMessage, p *path) error {
+	for j, elem := range splitArray(raw) {
+		pp := p.index(j)
+		if firstByte(elem) != '{' {
+			return errType(&pp, "an object", elem)
+		}
+		var rp responsesPart
+		if err := json.Unmarshal(elem, &rp); err != nil {
+			return decodeError(err, elem, &pp)
+		}
+		if err := b.responsesPart(&rp, elem, &pp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// responsesPart appends one content part; elem is its JSON, needed only
+// for types this package does not know.
+func (b *builder) responsesPart(rp *responsesPart, elem json.RawMessage, pp *path) error {
+	typ := ""
+	if rp.Type != nil {
+		typ = *rp.Type
+	}
+	switch typ {
+	case "input_file":
+		return b.inputFile(rp, pp)
+	case "reasoning_text", "summary_text":
+		return b.textField(rp.Text, pp, "text", "think")
+	}
+	if rp.Type != nil && !knownChatType(typ) {
+		if elem == nil {
+			elem, _ = json.Marshal(rp) // cannot happen: split when such a part is present
+		}
+		b.unknownPart(typ, elem)
+		return nil
+	}
+	part := chatPart{partFields: rp.partFields}
+	var err error
+	for _, f := range [...]struct {
+		name string
+		raw  json.RawMessage
+		dst  **mediaURL
+	}{
+		{"image_url", rp.ImageURL, &part.ImageURL},
+		{"audio_url", rp.AudioURL, &part.AudioURL},
+		{"video_url", rp.VideoURL, &part.VideoURL},
+	} {
+		fp := pp.field(f.name)
+		if *f.dst, err = looseMedia(f.raw, &fp); err != nil {
+			return err
+		}
+	}
+	return b.chatPart(&part, elem, pp)
+}
+
+// inputFile appends a Responses input_file part, whose fields are those of
+// a chat file part laid flat, with the same digest.
+func (b *builder) inputFile(rp *responsesPart, p *path) error {
+	for _, v := range [...]struct {
+		name string
+		raw  json.RawMessage
+	}{{"file_data", rp.FileData}, {"file_url", rp.FileURL}} {
+		if !isNull(v.raw) && firstByte(v.raw) != '"' {
+			vp := p.field(v.name)
+			return errType(&vp, "a string", v.raw)
+		}
+	}
+	if isNull(rp.FileData) && isNull(rp.FileURL) && rp.FileID == "" {
+		dp := p.field("file_data")
+		return errMissing(&dp)
+	}
+	b.hashStart()
+	b.hashString("file_id", rp.FileID)
+	b.hashString("filename", rp.Filename)
+	if !isNull(rp.FileData) {
+		b.hashField("file_data", b.decode(rp.FileData))
+	}
+	if !isNull(rp.FileURL) {
+		b.hashField("file_url", b.decode(rp.FileURL))
+	}
+	b.marker("file")
+	b.hashEnd()
+	return nil
+}

@@ -1,0 +1,197 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+
+	"github.com/cartrouter/cart/dataplane/apierr"
+	"github.com/cartrouter/cart/dataplane/extract"
+	"github.com/cartrouter/cart/dataplane/router"
+)
+
+// The Responses API stores each response in the memory of the replica that
+// produced it (vLLM, and cart-sim like it), so a request continuing it
+// (previous_response_id) and the calls on a stored response (GET, DELETE,
+// cancel) work on that replica only. The proxy learns which replica
+// produced each response id from the answers themselves and pins those
+// requests there, ahead of the prefix rule and of load balancing.
+
+const (
+	// maxResponseIDLen bounds the ids remembered: vLLM's are 37 bytes.
+	maxResponseIDLen = 256
+	// responseIDSniff is how far into an answer the id is looked for: it is
+	// the first field of a Response object and of the response.created
+	// event, so a few hundred bytes in practice.
+	responseIDSniff = 8 << 10
+)
+
+// pinResponse returns the worker holding response id, "" when this router
+// never saw it produced (it is then routed normally: the id may predate a
+// restart, and the replica that made it can still answer). A worker that
+// left the pool took the response with it: the client is told so rather
+// than sent to a replica that never saw it.
+func (p *Proxy) pinResponse(id, param string) (string, error) {
+	worker, ok := p.affinity.Lookup(id, p.o.Now())
+	if !ok {
+		return "", nil
+	}
+	for _, ws := range p.o.Router.Workers() {
+		if ws.URL == worker {
+			return worker, nil
+		}
+	}
+	return "", responseGone(id, param)
+}
+
+func responseGone(id, param string) error {
+	what := "response " + truncate(id, maxResponseIDLen)
+	if param != "" {
+		what = param + " " + truncate(id, maxResponseIDLen)
+	}
+	return &apierr.Error{Status: http.StatusNotFound, Type: apierr.TypeInvalidRequest, Code: "previous_response_not_found", Param: param,
+		Message: what + " was produced by a replica that is no longer in the pool; start the conversation again with its full input"}
+}
+
+// pinExclude returns the workers a request pinned to c.pin must not go to:
+// every other one, read afresh for each attempt so that a worker added
+// meanwhile is not a way around the pin.
+func (p *Proxy) pinExclude(c *call) []string {
+	ws := p.o.Router.Workers()
+	out := make([]string, 0, len(ws)+len(c.failed))
+	for _, w := range ws {
+		if w.URL != c.pin {
+			out = append(out, w.URL)
+		}
+	}
+	return append(out, c.failed...)
+}
+
+// prepareResponses pins a request continuing a stored response and marks
+// the call so that the id of the response it produces is learned.
+func (p *Proxy) prepareResponses(c *call, req *extract.Request) error {
+	c.learnResponseID = true
+	if req.PreviousResponseID == "" {
+		return nil
+	}
+	w, err := p.pinResponse(req.PreviousResponseID, "previous_response_id")
+	c.pin = w
+	c.responseID, c.responseParam = req.PreviousResponseID, "previous_response_id"
+	return err
+}
+
+// storedResponse serves GET and DELETE /v1/responses/{id}, its
+// input_items and POST /v1/responses/{id}/cancel on the replica that
+// produced the response.
+func (p *Proxy) storedResponse(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := p.authenticate(w, r, extract.Responses.String())
+	if !ok {
+		return
+	}
+	c := &call{id: requestID(r), endpoint: extract.Responses.String(), tenant: tenant, start: p.o.Now()}
+	defer c.hold.free()
+	body, err := p.readBody(w, r, c)
+	if err == nil && len(body) > 0 && p.o.RemoteMediaPolicy != 0 {
+		var m extract.Media
+		if m, err = extract.ScanMedia(body); err == nil {
+			err = p.mediaRefusal(m)
+		}
+	}
+	if err == nil {
+		c.responseID = r.PathValue("id")
+		c.pin, err = p.pinResponse(c.responseID, "")
+	}
+	if err != nil {
+		p.fail(w, c, err)
+		return
+	}
+	c.body = body
+	c.noResend = !p.resendable(r)
+	p.forward(w, r, c)
+}
+
+// sniffResponseID makes a successful Responses answer teach the affinity
+// table its id on the way to the client.
+func (p *Proxy) sniffResponseID(c *call, resp *http.Response) *http.Response {
+	if !c.learnResponseID || resp.StatusCode/100 != 2 {
+		return resp
+	}
+	worker := c.final.Worker
+	resp.Body = &responseIDSniffer{ReadCloser: resp.Body, learn: func(id string) {
+		p.affinity.Learn(id, worker, p.o.Now())
+		if l, ok := p.o.Router.(router.ResponseLearner); ok {
+			// Waited for: a client may send the follow-up to another
+			// data plane as soon as it holds the id.
+			l.LearnResponse(context.WithoutCancel(resp.Request.Context()), id, worker)
+		}
+	}}
+	return resp
+}
+
+// pinFromRouter adopts the pin a shared-affinity router found for the
+// call's response id, so that retries stay on that worker too.
+func (p *Proxy) pinFromRouter(c *call, d router.Decision) {
+	if d.Pinned && c.pin == "" && c.responseID != "" {
+		c.pin = d.Worker
+		p.affinity.Learn(c.responseID, d.Worker, p.o.Now())
+	}
+}
+
+// responseIDSniffer passes a body through unbuffered, keeping a copy of its
+// first bytes until the response id shows up. The id is learned before the
+// bytes carrying it are handed on, so no client can hold an id that the
+// table does not know yet.
+type responseIDSniffer struct {
+	io.ReadCloser
+	learn func(string)
+	head  []byte
+	done  bool
+}
+
+func (s *responseIDSniffer) Read(b []byte) (int, error) {
+	n, err := s.ReadCloser.Read(b)
+	if n > 0 && !s.done {
+		s.head = append(s.head, b[:min(n, responseIDSniff-len(s.head))]...)
+		if id, ok := findResponseID(s.head); ok {
+			s.learn(id)
+			s.done, s.head = true, nil
+		} else if len(s.head) >= responseIDSniff {
+			s.done, s.head = true, nil
+		}
+	}
+	return n, err
+}
+
+var idKey = []byte(`"id"`)
+
+// findResponseID finds the first "id" member whose value starts with
+// "resp_": the Response object's own id (nested output items have msg_,
+// rs_, fc_... ids). A quote inside a JSON string is escaped, so text the
+// model generated cannot forge the member. The id must be complete.
+func findResponseID(b []byte) (string, bool) {
+	for {
+		i := bytes.Index(b, idKey)
+		if i < 0 {
+			return "", false
+		}
+		b = b[i+len(idKey):]
+		v := bytes.TrimLeft(b, " \t\r\n")
+		if len(v) == 0 || v[0] != ':' {
+			continue
+		}
+		v = bytes.TrimLeft(v[1:], " \t\r\n")
+		if len(v) == 0 || v[0] != '"' || !bytes.HasPrefix(v[1:], []byte("resp_")) {
+			continue
+		}
+		end := bytes.IndexByte(v[1:], '"')
+		if end < 0 {
+			return "", false // not all here yet
+		}
+		id := v[1 : 1+end]
+		if bytes.IndexByte(id, '\\') >= 0 || len(id) > maxResponseIDLen {
+			continue
+		}
+		return string(id), true
+	}
+}
