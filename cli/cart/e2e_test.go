@@ -105,7 +105,7 @@ func TestOpenAISDKThroughCART(t *testing.T) {
 			t.Fatalf("response %+v", resp)
 		}
 		if i > 0 && resp.Usage.PromptTokensDetails.CachedTokens == 0 {
-			t.Fatalf("request %d: the shared system prompt was not cached (routed to %s)", i, raw.Header.Get("X-Routed-Peer"))
+			t.Fatalf("request %d: the shared system prompt was not cached (routed to %s after %v)", i, raw.Header.Get("X-Routed-Peer"), peers)
 		}
 		peers = append(peers, raw.Header.Get("X-Routed-Peer"))
 	}

@@ -230,6 +230,8 @@ func (b *batcher) flush(ctx context.Context) {
 	// placements) and, proposed alone, would leave the log out of step.
 	window := b.window
 	b.window = nil
+	// Response origins are facts, not decisions: propose them again.
+	b.origins = append(origins, b.origins...)
 	undone := b.undo(window) + b.undo(ops)
 	b.clearFences()
 	b.log.Warn("placements not replicated; withdrawn from this node's index", "placements", len(place), "withdrawals", len(unplace),

@@ -54,7 +54,7 @@ func TestLeaderResponsePinning(t *testing.T) {
 	if _, err := cp.node.Apply(ctx, cmd); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := route(h, onW1); connect.CodeOf(err) != connect.CodeNotFound {
+	if _, err := route(h, onW1); connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("response on a removed worker: %v, want NOT_FOUND", err)
 	}
 }

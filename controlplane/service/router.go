@@ -76,7 +76,9 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	exclude, pinned, gone := c.pinResponse(m.GetResponseIdHash(), exclude, now)
 	if gone != "" {
 		c.mu.Unlock()
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("the worker that produced this response (%s) is no longer in the pool", gone))
+		// Not NotFound, which says "model not served": the data plane must
+		// tell the two apart to answer the client the right error.
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("the worker that produced this response (%s) is no longer in the pool", gone))
 	}
 	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, DryRun: m.GetDryRun(), Session: session}, now.UnixNano())
 	var tk uint64

@@ -125,6 +125,7 @@ func synthCard(id string) json.RawMessage {
 func (r *Registry) rebuild() {
 	s := &snapshot{exclude: map[string][]string{}, cards: map[string][]Card{}, workers: slices.Clone(r.workers)}
 	serves := map[string]map[string]bool{} // model -> workers
+	adapters := map[string]bool{}          // ids some worker lists as a LoRA adapter
 	for _, w := range r.workers {
 		var cards []Card
 		seen := map[string]bool{}
@@ -147,6 +148,11 @@ func (r *Registry) rebuild() {
 		s.known = true
 		s.knownWorkers = append(s.knownWorkers, w)
 		s.cards[w] = cards
+		for _, c := range cards {
+			if isAdapter(c) {
+				adapters[c.ID] = true
+			}
+		}
 		for id := range seen {
 			if serves[id] == nil {
 				serves[id] = map[string]bool{}
@@ -155,18 +161,35 @@ func (r *Registry) rebuild() {
 		}
 	}
 	for id, ws := range serves {
-		// Workers with an unknown list are excluded too: the model is known
-		// to be served elsewhere, and preferring a worker known to have an
-		// adapter loaded beats guessing.
+		// A LoRA adapter lives where it was loaded: a worker with an
+		// unknown list is excluded too, since one known to have it beats a
+		// guess. A base model is what a worker is started with, so a worker
+		// whose list is not read yet (just added, or mid first probe
+		// round) most likely serves it like its peers: excluding it would
+		// pile every request on the first workers probed and break their
+		// prefix affinity for that moment.
+		strict := adapters[id]
 		var ex []string
 		for _, w := range r.workers {
-			if !ws[w] {
+			if !ws[w] && (strict || s.cards[w] != nil) {
 				ex = append(ex, w)
 			}
 		}
 		s.exclude[id] = ex
 	}
 	r.snap.Store(s)
+}
+
+// isAdapter reports whether a card describes a LoRA adapter: vLLM lists
+// one with its base model as parent.
+func isAdapter(c Card) bool {
+	var v struct {
+		Parent *string `json:"parent"`
+	}
+	if len(c.Raw) == 0 || json.Unmarshal(c.Raw, &v) != nil || v.Parent == nil {
+		return false
+	}
+	return *v.Parent != "" && *v.Parent != c.ID
 }
 
 // ErrNotServed is returned for a model no worker of the pool serves.

@@ -28,7 +28,7 @@ func TestExcludeRules(t *testing.T) {
 		}
 	}
 	check("", nil, false)
-	check("d", []string{"a", "b"}, false)
+	check("d", nil, false)           // a base model: a and b, not read yet, likely serve it too
 	check("x", []string{"c"}, false) // maybe served by a worker whose list is unknown
 	r.SetLearned("a", cards(t, `{"data":[{"id":"base"},{"id":"lora"}]}`))
 	r.SetLearned("b", cards(t, `{"data":[{"id":"base"}]}`))
@@ -45,6 +45,27 @@ func TestExcludeRules(t *testing.T) {
 	}
 	check("base", nil, false)
 	check("lora", nil, true)
+}
+
+// An adapter goes only where it is known to be loaded; a base model also to
+// workers whose list is not read yet (just added, or mid first round), so
+// they are not all excluded until the first probe round completes.
+func TestAdapterStrictBaseLenient(t *testing.T) {
+	r := New()
+	r.SetWorkers([]Worker{{URL: "a"}, {URL: "b"}, {URL: "new"}})
+	r.SetLearned("a", cards(t, `{"data":[{"id":"base","parent":null},{"id":"sql-lora","root":"/adapters/sql","parent":"base"}]}`))
+	r.SetLearned("b", cards(t, `{"data":[{"id":"base","parent":null},{"id":"other"}]}`))
+	for model, want := range map[string][]string{
+		"base":     nil,          // new is unknown: not excluded
+		"sql-lora": {"b", "new"}, // an adapter: only where it is loaded
+		"other":    {"a"},        // a base model of b: a is known not to serve it
+		"x":        {"a", "b"},   // listed nowhere: maybe on the unknown worker
+	} {
+		got, err := r.Exclude(model)
+		if err != nil || !slices.Equal(got, want) {
+			t.Fatalf("Exclude(%q) = %v, %v; want %v", model, got, err, want)
+		}
+	}
 }
 
 func TestNothingKnownFiltersNothing(t *testing.T) {

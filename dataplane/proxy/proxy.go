@@ -772,6 +772,14 @@ func (p *Proxy) decide(ctx context.Context, c *call) (router.Decision, error) {
 		return d, err
 	}
 	p.pinFromRouter(c, d)
+	if c.pin != "" && d.Worker != c.pin {
+		// A router that knows a worker this data plane has not synced yet
+		// may pick it despite the exclusions: the response lives on the pin
+		// only, and any other replica would answer 404.
+		p.o.Router.Done(d, router.Outcome{Delivered: false, PromptTokens: -1, CachedTokens: -1})
+		return router.Decision{}, apierr.New(http.StatusServiceUnavailable, apierr.TypeServer, "response_replica_unavailable",
+			"the replica holding %s cannot take requests right now; retry later", truncate(c.responseID, maxResponseIDLen))
+	}
 	if c.routed {
 		p.m.Decisions.WithLabelValues(d.Reason).Inc()
 		p.m.MatchedRatio.Observe(d.MatchedRatio)

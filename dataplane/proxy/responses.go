@@ -33,6 +33,11 @@ const (
 // left the pool took the response with it: the client is told so rather
 // than sent to a replica that never saw it.
 func (p *Proxy) pinResponse(id, param string) (string, error) {
+	if len(id) > maxResponseIDLen {
+		// Longer than any engine's ids (and than any learned from an
+		// answer): never pinned, nor remembered below.
+		return "", nil
+	}
 	worker, ok := p.affinity.Lookup(id, p.o.Now())
 	if !ok {
 		return "", nil
@@ -132,7 +137,7 @@ func (p *Proxy) sniffResponseID(c *call, resp *http.Response) *http.Response {
 // pinFromRouter adopts the pin a shared-affinity router found for the
 // call's response id, so that retries stay on that worker too.
 func (p *Proxy) pinFromRouter(c *call, d router.Decision) {
-	if d.Pinned && c.pin == "" && c.responseID != "" {
+	if d.Pinned && c.pin == "" && c.responseID != "" && len(c.responseID) <= maxResponseIDLen {
 		c.pin = d.Worker
 		p.affinity.Learn(c.responseID, d.Worker, p.o.Now())
 	}

@@ -190,7 +190,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID),
 		}))
 		cancel()
-		if err != nil && routeID != 0 && connect.CodeOf(err) != connect.CodeResourceExhausted && connect.CodeOf(err) != connect.CodeNotFound {
+		if err != nil && routeID != 0 && connect.CodeOf(err) != connect.CodeResourceExhausted && connect.CodeOf(err) != connect.CodeNotFound && connect.CodeOf(err) != connect.CodeFailedPrecondition {
 			// The leader may have decided (and placed) before the answer
 			// was lost or came too late; this data plane will never use
 			// it, so say so rather than leave it for the leader to age out.
@@ -211,7 +211,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				Ticket: &ticket{id: m.GetTicket(), worker: m.GetWorker()}, Pinned: m.GetPinned(),
 			}, nil
 		}
-		if req.ResponseID != "" && connect.CodeOf(err) == connect.CodeNotFound {
+		if req.ResponseID != "" && connect.CodeOf(err) == connect.CodeFailedPrecondition {
 			// The leader knows the response, and that its worker is gone.
 			return router.Decision{}, fmt.Errorf("%w: %v", router.ErrResponseGone, err)
 		}

@@ -320,18 +320,20 @@ func (a *AllInOne) applyWorkersLocked(cfg *config.Config) (removed []string) {
 	}
 	// Map order must not reorder the workers between applies.
 	slices.SortStableFunc(specs[len(cfg.Workers):], func(x, y engine.WorkerSpec) int { return strings.Compare(x.URL, y.URL) })
-	removed = a.Router.SetWorkers(specs)
-	urls := make([]string, len(specs))
-	for i, s := range specs {
-		urls[i] = s.URL
-	}
-	a.Health.SetWorkers(urls)
+	// The model registry first: a worker must never be routable (or its
+	// models read) before the registry knows it.
 	// Discovered workers declare no models: what they serve is probed.
 	mw := ModelWorkers(cfg.Workers)
 	for _, s := range specs[len(cfg.Workers):] {
 		mw = append(mw, models.Worker{URL: s.URL})
 	}
 	a.Models.SetWorkers(mw)
+	removed = a.Router.SetWorkers(specs)
+	urls := make([]string, len(specs))
+	for i, s := range specs {
+		urls[i] = s.URL
+	}
+	a.Health.SetWorkers(urls)
 	keep := make(map[string]bool, len(urls))
 	for _, u := range urls {
 		keep[u] = true
