@@ -257,6 +257,11 @@ func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// Engines refuse a model they do not serve on these APIs too.
+	if err := p.filterModel(c, passThroughModel(r, body)); err != nil {
+		p.fail(w, c, err)
+		return
+	}
 	c.body = body
 	c.noResend = !p.resendable(r)
 	p.forward(w, r, c)

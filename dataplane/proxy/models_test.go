@@ -139,3 +139,29 @@ func TestBreakerTrialKeepsModelFilter(t *testing.T) {
 	}
 	r.waitLoadZero()
 }
+
+// Pass-through APIs name a model too (embeddings, rerank, ...): they go
+// only to workers serving it, and a model nobody serves is a clear 404.
+func TestPassThroughFollowsModels(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	reg := models.New()
+	reg.SetWorkers([]models.Worker{{URL: a.URL, Declared: []string{"embed"}}, {URL: b.URL, Declared: []string{"m"}}})
+	r := newWiredRig(t, []string{a.URL, b.URL}, defaultWiring(), func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+		o.Models = reg
+		o.PassThroughPaths = []string{"/v1/embeddings"}
+	})
+	for i := range 8 {
+		resp := r.post("/v1/embeddings", fmt.Sprintf(`{"model":"embed","input":"text %d"}`, i))
+		if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("embeddings %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if n := b.hits.Load(); n != 0 {
+		t.Fatalf("the replica without the embedding model got %d of 8 requests", n)
+	}
+	resp := r.post("/v1/embeddings", `{"model":"nobody-serves-this","input":"x"}`)
+	if body := readAll(t, resp); resp.StatusCode != http.StatusNotFound || !strings.Contains(body, "model_not_found") {
+		t.Fatalf("unknown model: %d %s", resp.StatusCode, body)
+	}
+	r.waitLoadZero()
+}

@@ -13,6 +13,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -347,13 +348,10 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 		p.fail(w, c, err)
 		return
 	}
-	ex, err := p.o.Models.Exclude(req.Model)
-	if err != nil {
-		p.fail(w, c, apierr.New(http.StatusNotFound, apierr.TypeInvalidRequest, "model_not_found",
-			"The model `%s` does not exist: no worker of this pool serves it.", truncate(req.Model, 256)))
+	if err := p.filterModel(c, req.Model); err != nil {
+		p.fail(w, c, err)
 		return
 	}
-	c.modelExclude = ex
 	if ep == extract.Responses {
 		if err := p.prepareResponses(c, req); err != nil {
 			p.fail(w, c, err)
@@ -410,6 +408,34 @@ func (p *Proxy) rawSessionKey(r *http.Request, req *extract.Request) string {
 		}
 	}
 	return ""
+}
+
+// filterModel keeps the call away from workers that do not serve model,
+// or refuses it when no worker does.
+func (p *Proxy) filterModel(c *call, model string) error {
+	ex, err := p.o.Models.Exclude(model)
+	if err != nil {
+		return apierr.New(http.StatusNotFound, apierr.TypeInvalidRequest, "model_not_found",
+			"The model `%s` does not exist: no worker of this pool serves it.", truncate(model, 256))
+	}
+	c.modelExclude = ex
+	return nil
+}
+
+// passThroughModel is the top-level "model" of a JSON pass-through body
+// (embeddings, rerank, score, tokenize...), "" when there is none. It is
+// for routing only: the remote-media walk, not this, guards policy.
+func passThroughModel(r *http.Request, body []byte) string {
+	if len(body) == 0 || !strings.Contains(r.Header.Get("Content-Type"), "json") {
+		return ""
+	}
+	var v struct {
+		Model string `json:"model"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	return v.Model
 }
 
 func tooLarge(limit int64) error {
