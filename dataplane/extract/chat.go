@@ -259,26 +259,34 @@ func (b *builder) arguments(raw json.RawMessage, p *path) error {
 
 // chatParts appends a content array.
 func (b *builder) chatParts(raw json.RawMessage, p *path) error {
-	var parts []chatPart
-	if json.Unmarshal(raw, &parts) != nil {
-		return b.chatPartsLoose(raw, p)
+	return eachTyped(raw, p, func(pt *chatPart) *string { return pt.Type }, knownChatType, b.chatPart, b.chatPartsLoose)
+}
+
+// eachTyped decodes a JSON array of typed objects in one pass and hands
+// each to one, with its index path. Objects of an unknown type are hashed
+// from their JSON, which the typed decode does not keep, so the array is
+// split as well only when such an object is present. When the one-pass
+// decode fails, loose takes over element by element (for the exact error).
+func eachTyped[T any](raw json.RawMessage, p *path, typeOf func(*T) *string, known func(string) bool,
+	one func(*T, json.RawMessage, *path) error, loose func(json.RawMessage, *path) error) error {
+	var xs []T
+	if json.Unmarshal(raw, &xs) != nil {
+		return loose(raw, p)
 	}
-	// Unknown part types are hashed from their JSON, which the typed decode
-	// did not keep; split the array only when such a part is present.
 	var elems []json.RawMessage
-	for j := range parts {
-		if t := parts[j].Type; t != nil && !knownChatType(*t) {
+	for i := range xs {
+		if t := typeOf(&xs[i]); t != nil && !known(*t) {
 			elems = splitArray(raw)
 			break
 		}
 	}
-	for j := range parts {
+	for i := range xs {
 		var elem json.RawMessage
-		if j < len(elems) {
-			elem = elems[j]
+		if i < len(elems) {
+			elem = elems[i]
 		}
-		pp := p.index(j)
-		if err := b.chatPart(&parts[j], elem, &pp); err != nil {
+		ip := p.index(i)
+		if err := one(&xs[i], elem, &ip); err != nil {
 			return err
 		}
 	}
@@ -524,28 +532,35 @@ func (b *builder) file(pt *chatPart, p *path) error {
 	if f == nil {
 		return errMissing(&fp)
 	}
+	return b.fileDigest(f.FileID, f.Filename, f.FileData, f.FileURL, &fp)
+}
+
+// fileDigest appends a file part (chat's "file" object, or a Responses
+// input_file laid flat: the same digest either way). p is where its
+// fields sit.
+func (b *builder) fileDigest(id, name string, data, url json.RawMessage, p *path) error {
 	for _, v := range [...]struct {
 		name string
 		raw  json.RawMessage
-	}{{"file_data", f.FileData}, {"file_url", f.FileURL}} {
+	}{{"file_data", data}, {"file_url", url}} {
 		if !isNull(v.raw) && firstByte(v.raw) != '"' {
-			vp := fp.field(v.name)
+			vp := p.field(v.name)
 			return errType(&vp, "a string", v.raw)
 		}
 	}
-	if isNull(f.FileData) && isNull(f.FileURL) && f.FileID == "" {
-		dp := fp.field("file_data")
+	if isNull(data) && isNull(url) && id == "" {
+		dp := p.field("file_data")
 		return errMissing(&dp)
 	}
 	b.hashStart()
-	b.hashString("file_id", f.FileID)
+	b.hashString("file_id", id)
 	// OpenAI shows the model the file name along with the file.
-	b.hashString("filename", f.Filename)
-	if !isNull(f.FileData) {
-		b.hashField("file_data", b.decode(f.FileData))
+	b.hashString("filename", name)
+	if !isNull(data) {
+		b.hashField("file_data", b.decode(data))
 	}
-	if !isNull(f.FileURL) {
-		b.hashField("file_url", b.decode(f.FileURL))
+	if !isNull(url) {
+		b.hashField("file_url", b.decode(url))
 	}
 	b.marker("file")
 	b.hashEnd()

@@ -117,31 +117,7 @@ func (b *builder) responses(body []byte) (*Request, error) {
 }
 
 func (b *builder) responsesItems(raw json.RawMessage, p *path) error {
-	// One decode of the whole list in the usual case; element by element
-	// (for the exact error) when it fails, and split as well only when an
-	// item of an unknown type needs its JSON hashed.
-	var items []responsesItem
-	if json.Unmarshal(raw, &items) != nil {
-		return b.responsesItemsLoose(raw, p)
-	}
-	var elems []json.RawMessage
-	for i := range items {
-		if t := items[i].Type; t != nil && !knownItemType(*t) {
-			elems = splitArray(raw)
-			break
-		}
-	}
-	for i := range items {
-		var elem json.RawMessage
-		if i < len(elems) {
-			elem = elems[i]
-		}
-		ep := p.index(i)
-		if err := b.responsesItem(&items[i], elem, &ep); err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachTyped(raw, p, func(it *responsesItem) *string { return it.Type }, knownItemType, b.responsesItem, b.responsesItemsLoose)
 }
 
 func knownItemType(t string) bool {
@@ -342,29 +318,5 @@ func (b *builder) responsesPart(rp *responsesPart, elem json.RawMessage, pp *pat
 // inputFile appends a Responses input_file part, whose fields are those of
 // a chat file part laid flat, with the same digest.
 func (b *builder) inputFile(rp *responsesPart, p *path) error {
-	for _, v := range [...]struct {
-		name string
-		raw  json.RawMessage
-	}{{"file_data", rp.FileData}, {"file_url", rp.FileURL}} {
-		if !isNull(v.raw) && firstByte(v.raw) != '"' {
-			vp := p.field(v.name)
-			return errType(&vp, "a string", v.raw)
-		}
-	}
-	if isNull(rp.FileData) && isNull(rp.FileURL) && rp.FileID == "" {
-		dp := p.field("file_data")
-		return errMissing(&dp)
-	}
-	b.hashStart()
-	b.hashString("file_id", rp.FileID)
-	b.hashString("filename", rp.Filename)
-	if !isNull(rp.FileData) {
-		b.hashField("file_data", b.decode(rp.FileData))
-	}
-	if !isNull(rp.FileURL) {
-		b.hashField("file_url", b.decode(rp.FileURL))
-	}
-	b.marker("file")
-	b.hashEnd()
-	return nil
+	return b.fileDigest(rp.FileID, rp.Filename, rp.FileData, rp.FileURL, p)
 }
