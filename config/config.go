@@ -425,6 +425,10 @@ type DataPlane struct {
 	ReportIntervalMs     int       `yaml:"report_interval_ms"`
 	WorkerSyncIntervalMs int       `yaml:"worker_sync_interval_ms"`
 	ClientTLS            ClientTLS `yaml:"tls"`
+	// RouteBreakerFailures consecutive Route timeouts/unavailable answers
+	// stop Route calls for RouteBreakerCooloffMs (0 disables the breaker).
+	RouteBreakerFailures  int `yaml:"route_breaker_failures"`
+	RouteBreakerCooloffMs int `yaml:"route_breaker_cooloff_ms"`
 }
 
 // Default returns a new Config with every default filled in. Each call
@@ -514,9 +518,11 @@ func Default() *Config {
 			RaftMaxConns:           256,
 		},
 		DataPlane: DataPlane{
-			RouteTimeoutMs:       20,
-			ReportIntervalMs:     10,
-			WorkerSyncIntervalMs: 500,
+			RouteTimeoutMs:        20,
+			ReportIntervalMs:      10,
+			WorkerSyncIntervalMs:  500,
+			RouteBreakerFailures:  5,
+			RouteBreakerCooloffMs: 1000,
 		},
 		Discovery: Discovery{
 			DrainTimeoutSecs: 60,
@@ -692,6 +698,10 @@ func (cp ControlPlane) PlacementBatch() time.Duration { return millis(cp.Placeme
 
 // LoadLease is how long a data plane's load report counts before it lapses.
 func (cp ControlPlane) LoadLease() time.Duration { return seconds(cp.LoadLeaseSecs) }
+
+// RouteBreakerCooloff is how long the data plane stops asking a control
+// plane that keeps timing out, and the interval between its probes.
+func (dp DataPlane) RouteBreakerCooloff() time.Duration { return millis(dp.RouteBreakerCooloffMs) }
 
 // RouteTimeout bounds a routing query to the control plane.
 func (dp DataPlane) RouteTimeout() time.Duration { return millis(dp.RouteTimeoutMs) }

@@ -417,3 +417,17 @@ func TestLoadExcessiveAliasing(t *testing.T) {
 		t.Fatal("Load did not stop expanding aliases")
 	}
 }
+
+// An explicit 0 disables the control-plane breaker; unset keeps the default.
+func TestRouteBreakerZeroDisables(t *testing.T) {
+	if c := mustLoad(t, "dataplane:\n  route_timeout_ms: 20\n"); c.DataPlane.RouteBreakerFailures != 5 || c.DataPlane.RouteBreakerCooloffMs != 1000 {
+		t.Fatalf("defaults: %d failures, %d ms", c.DataPlane.RouteBreakerFailures, c.DataPlane.RouteBreakerCooloffMs)
+	}
+	c := mustLoad(t, "workers:\n  - url: http://w1:8000\ndataplane:\n  route_breaker_failures: 0\n")
+	if c.DataPlane.RouteBreakerFailures != 0 {
+		t.Fatalf("route_breaker_failures: 0 loaded as %d", c.DataPlane.RouteBreakerFailures)
+	}
+	if err := c.Validate(RoleAllInOne); err != nil {
+		t.Fatalf("0 (disabled) refused: %v", err)
+	}
+}

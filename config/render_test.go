@@ -251,6 +251,7 @@ func TestDurations(t *testing.T) {
 		{"route timeout", c.DataPlane.RouteTimeout(), 20 * time.Millisecond},
 		{"report interval", c.DataPlane.ReportInterval(), 10 * time.Millisecond},
 		{"worker sync", c.DataPlane.WorkerSyncInterval(), 500 * time.Millisecond},
+		{"route breaker cooloff", c.DataPlane.RouteBreakerCooloff(), time.Second},
 		{"fractional seconds", Health{IntervalSecs: 0.25}.Interval(), 250 * time.Millisecond},
 		{"huge seconds saturate", Cache{TTLSecs: 1e300}.TTL(), time.Duration(math.MaxInt64)},
 		{"huge millis saturate", Proxy{MaxBackoffMs: math.MaxInt}.MaxBackoff(), time.Duration(math.MaxInt64)},

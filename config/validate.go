@@ -607,6 +607,8 @@ func (v *validator) dataPlane(role Role) {
 	v.intAtLeast("dataplane.route_timeout_ms", int64(dp.RouteTimeoutMs), 1)
 	v.intRange("dataplane.report_interval_ms", int64(dp.ReportIntervalMs), 1, 10000)
 	v.intAtLeast("dataplane.worker_sync_interval_ms", int64(dp.WorkerSyncIntervalMs), 50)
+	v.intRange("dataplane.route_breaker_failures", int64(dp.RouteBreakerFailures), 0, 1000)
+	v.intRange("dataplane.route_breaker_cooloff_ms", int64(dp.RouteBreakerCooloffMs), 1, 600000)
 	v.keyPair("dataplane.tls", dp.ClientTLS.CertFile, dp.ClientTLS.KeyFile)
 }
 

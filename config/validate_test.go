@@ -291,6 +291,8 @@ func TestValidateRules(t *testing.T) {
 		{"data plane id charset", RoleDataPlane, func(c *Config) { c.DataPlane.ID = "dp/1" }, "dataplane.id", "may only contain"},
 		{"route timeout zero", RoleDataPlane, func(c *Config) { c.DataPlane.RouteTimeoutMs = 0 }, "dataplane.route_timeout_ms", "at least 1"},
 		{"report interval small", RoleDataPlane, func(c *Config) { c.DataPlane.ReportIntervalMs = 0 }, "dataplane.report_interval_ms", "between 1 and 10000"},
+		{"route breaker failures negative", RoleDataPlane, func(c *Config) { c.DataPlane.RouteBreakerFailures = -1 }, "dataplane.route_breaker_failures", "between 0 and 1000"},
+		{"route breaker cooloff zero", RoleDataPlane, func(c *Config) { c.DataPlane.RouteBreakerCooloffMs = 0 }, "dataplane.route_breaker_cooloff_ms", "between 1 and 600000"},
 		{"worker sync interval small", RoleDataPlane, func(c *Config) { c.DataPlane.WorkerSyncIntervalMs = 49 }, "dataplane.worker_sync_interval_ms", "at least 50"},
 		{"client tls key without cert", RoleDataPlane, func(c *Config) { c.DataPlane.ClientTLS.KeyFile = "k.pem" }, "dataplane.tls.key_file", "dataplane.tls.cert_file is not"},
 

@@ -55,6 +55,12 @@ type Options struct {
 	Models *models.Registry
 	// Shadow keeps fallback decisions cache-aware (see shadow.go).
 	Shadow ShadowOptions
+	// RouteBreakerFailures and RouteBreakerCooloff configure the
+	// control-plane breaker (see cpbreaker.go); 0 failures disables it.
+	RouteBreakerFailures int
+	RouteBreakerCooloff  time.Duration
+	// Now is the breaker's clock (tests inject one); nil means time.Now.
+	Now func() time.Time
 }
 
 // Router implements router.Router against the control plane.
@@ -82,6 +88,7 @@ type Router struct {
 	routeIDs atomic.Uint64
 
 	shadow       *shadow      // nil when disabled
+	cpb          *cpBreaker   // nil when disabled
 	lastAuthWarn atomic.Int64 // unix nanos of the last rejected-token warning
 }
 
@@ -110,6 +117,7 @@ func New(o Options) *Router {
 		clients:  map[string]cartv1connect.RouterServiceClient{},
 		flushNow: make(chan struct{}, 1),
 		shadow:   newShadow(o.Shadow),
+		cpb:      newCPBreaker(o.RouteBreakerFailures, o.RouteBreakerCooloff, o.Now),
 	}
 	// A random start keeps a restarted data plane (same id) from naming
 	// its calls like its predecessor's still-unsettled ones.
@@ -176,8 +184,16 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	start := time.Now()
 	target := r.current()
 	var cause string
+	allowed, probe := true, false
+	if target != "" {
+		allowed, probe = r.cpb.allow()
+	}
 	if target == "" {
 		cause = "no_control_plane"
+	} else if !allowed {
+		// The control plane keeps failing to answer in time: waiting out
+		// the route timeout again would only add it to this request.
+		cause = CauseCPBreaker
 	} else {
 		var routeID uint64
 		if !req.DryRun {
@@ -190,6 +206,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID),
 		}))
 		cancel()
+		r.cpb.done(probe, cpOutcome(ctx, err))
 		if err != nil && routeID != 0 && connect.CodeOf(err) != connect.CodeResourceExhausted && connect.CodeOf(err) != connect.CodeNotFound && connect.CodeOf(err) != connect.CodeFailedPrecondition {
 			// The leader may have decided (and placed) before the answer
 			// was lost or came too late; this data plane will never use
@@ -249,6 +266,25 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		r.o.OnFallback(cause)
 	}
 	return d, nil
+}
+
+// cpOutcome classifies a Route call for the control-plane breaker.
+func cpOutcome(ctx context.Context, err error) int {
+	switch {
+	case err == nil:
+		return cpAnswered
+	case ctx.Err() != nil:
+		return cpUnknown // the client left: says nothing of the control plane
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeResourceExhausted, connect.CodeNotFound, connect.CodeFailedPrecondition:
+		return cpAnswered
+	}
+	switch causeOf(err) {
+	case "timeout", "unavailable":
+		return cpFailed
+	}
+	return cpUnknown
 }
 
 func causeOf(err error) string {

@@ -124,6 +124,21 @@ func (w *workload) landed(g int, worker string) (repeat, hit bool) {
 
 type faultResult struct {
 	requests, fallbacks, repeats, hits int
+	latencies                          []time.Duration // of each fault-phase Route call
+}
+
+// latency returns the mean and 99th percentile of the Route calls.
+func (r faultResult) latency() (mean, p99 time.Duration) {
+	if len(r.latencies) == 0 {
+		return 0, 0
+	}
+	l := slices.Clone(r.latencies)
+	slices.Sort(l)
+	var sum time.Duration
+	for _, d := range l {
+		sum += d
+	}
+	return sum / time.Duration(len(l)), l[(len(l)*99)/100]
 }
 
 func (r faultResult) String() string {
@@ -137,6 +152,12 @@ func (r faultResult) String() string {
 // that fell back, and the share of repeated-prefix requests landing on a
 // worker that had the prefix.
 func runFault(t *testing.T, mode string, shadowOn bool) faultResult {
+	return runFaultWith(t, mode, shadowOn, 0)
+}
+
+// runFaultWith is runFault with the control-plane breaker opening after
+// breakerFailures consecutive failures (0: no breaker).
+func runFaultWith(t *testing.T, mode string, shadowOn bool, breakerFailures int) faultResult {
 	t.Helper()
 	workers := []string{wA, wB, wC, wD}
 	var syncWorkers []*cartv1.Worker
@@ -169,7 +190,8 @@ func runFault(t *testing.T, mode string, shadowOn bool) faultResult {
 	// A generous timeout while warming up, so that a loaded machine does
 	// not turn warm-up decisions into fallbacks; the fault phase uses the
 	// production default of 20 ms.
-	opts := Options{ControlPlanes: []string{cp.url}, RouteTimeout: 5 * time.Second, BlockChars: shadowBlockChars}
+	opts := Options{ControlPlanes: []string{cp.url}, RouteTimeout: 5 * time.Second, BlockChars: shadowBlockChars,
+		RouteBreakerFailures: breakerFailures, RouteBreakerCooloff: time.Second}
 	if shadowOn {
 		opts.Shadow = testShadow
 	}
@@ -198,7 +220,9 @@ func runFault(t *testing.T, mode string, shadowOn bool) faultResult {
 				for i := c; i < n; i += clients {
 					dp := dps[i%len(dps)]
 					g, key := wl.next()
+					start := time.Now()
 					d, err := dp.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(key), KeyLen: len(key)})
+					took := time.Since(start)
 					if err != nil {
 						t.Error(err)
 						return
@@ -206,6 +230,7 @@ func runFault(t *testing.T, mode string, shadowOn bool) faultResult {
 					repeat, hit := wl.landed(g, d.Worker)
 					mu.Lock()
 					res.requests++
+					res.latencies = append(res.latencies, took)
 					if d.Reason == ReasonFallbackLocal {
 						res.fallbacks++
 					}

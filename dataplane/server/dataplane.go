@@ -81,6 +81,8 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*D
 		OnHealthy: func(url string) { d.Break.HealthRecovered(url) },
 		Shadow: remote.ShadowOptions{Entries: remote.DefaultShadowEntries, Threshold: cfg.Cache.Threshold, MatchAbsChars: cfg.Cache.MatchAbsThreshold,
 			BalanceAbs: cfg.Cache.BalanceAbsThreshold, BalanceRel: cfg.Cache.BalanceRelThreshold},
+		RouteBreakerFailures: cfg.DataPlane.RouteBreakerFailures,
+		RouteBreakerCooloff:  cfg.DataPlane.RouteBreakerCooloff(),
 	})
 	d.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {
 		d.Metrics.SetBreaker(t.Worker, t.To.String())

@@ -1,0 +1,192 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/dataplane/router"
+)
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+const breakerTimeout = 100 * time.Millisecond
+
+func breakerRouter(t *testing.T, cp *fakeCP, failures int, clock *fakeClock, fb *fallbacks) *Router {
+	t.Helper()
+	return newTestRouter(t, Options{ControlPlanes: []string{cp.url}, RouteTimeout: breakerTimeout,
+		BootWorkers:          []router.WorkerStatus{{URL: wA, Healthy: true}, {URL: wB, Healthy: true}},
+		RouteBreakerFailures: failures, RouteBreakerCooloff: time.Second, Now: clock.now, OnFallback: fb.on})
+}
+
+func routeOnce(t *testing.T, r *Router) router.Decision {
+	t.Helper()
+	d, err := r.Route(context.Background(), &router.Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Done(d, router.Outcome{Delivered: true})
+	return d
+}
+
+func lastCause(fb *fallbacks) string {
+	l := fb.list()
+	if len(l) == 0 {
+		return ""
+	}
+	return l[len(l)-1]
+}
+
+// A stalled control plane costs the route timeout only until the breaker
+// opens; then decisions are local at once, one probe goes per cool-off,
+// and the first answer closes the breaker.
+func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
+	cp := newFakeCP(t)
+	cp.set(func(f *fakeCP) { f.routeDelay = time.Minute }) // stalls until the caller gives up
+	clock, fb := newFakeClock(), &fallbacks{}
+	r := breakerRouter(t, cp, 3, clock, fb)
+
+	for i := range 3 {
+		if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != "timeout" {
+			t.Fatalf("call %d: %+v, cause %q; want a timeout fallback", i, d, lastCause(fb))
+		}
+	}
+	waitFor(t, "3 Route calls at the control plane", func() bool { return cp.routeCount() == 3 })
+
+	for i := range 5 {
+		start := time.Now()
+		d := routeOnce(t, r)
+		if took := time.Since(start); took >= breakerTimeout {
+			t.Fatalf("open breaker: call %d took %v, the route timeout is %v", i, took, breakerTimeout)
+		}
+		if d.Reason != ReasonFallbackLocal || lastCause(fb) != CauseCPBreaker {
+			t.Fatalf("open breaker: call %d: %+v, cause %q", i, d, lastCause(fb))
+		}
+	}
+	if n := cp.routeCount(); n != 3 {
+		t.Fatalf("open breaker still called the control plane: %d calls, want 3", n)
+	}
+
+	// After the cool-off one probe goes; it stalls too, so the breaker
+	// stays open for another cool-off.
+	clock.advance(time.Second)
+	if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != "timeout" {
+		t.Fatalf("probe: %+v, cause %q; want a timeout fallback", d, lastCause(fb))
+	}
+	waitFor(t, "the probe at the control plane", func() bool { return cp.routeCount() == 4 })
+	clock.advance(999 * time.Millisecond)
+	if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != CauseCPBreaker {
+		t.Fatalf("after a failed probe: %+v, cause %q; want the breaker", d, lastCause(fb))
+	}
+
+	// The control plane recovers: the next probe gets its answer, and
+	// the breaker closes.
+	cp.set(func(f *fakeCP) { f.routeDelay = 0 })
+	clock.advance(time.Millisecond)
+	for i := range 3 {
+		if d := routeOnce(t, r); d.Reason != "cache_miss" || d.Worker != wA {
+			t.Fatalf("after recovery: call %d: %+v, want the control plane's answer", i, d)
+		}
+	}
+	if n := cp.routeCount(); n != 7 {
+		t.Fatalf("control plane saw %d calls, want 7", n)
+	}
+}
+
+// Refused connections open it like timeouts do.
+func TestCPBreakerOpensOnUnavailable(t *testing.T) {
+	fb := &fallbacks{}
+	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t)}, BootWorkers: []router.WorkerStatus{{URL: wA, Healthy: true}},
+		RouteBreakerFailures: 2, RouteBreakerCooloff: time.Second, Now: newFakeClock().now, OnFallback: fb.on})
+	for range 4 {
+		routeOnce(t, r)
+	}
+	if got, want := fb.list(), []string{"unavailable", "unavailable", CauseCPBreaker, CauseCPBreaker}; !slices.Equal(got, want) {
+		t.Fatalf("fallback causes %v, want %v", got, want)
+	}
+}
+
+// A control plane that answers with an error answered: it does not open
+// the breaker, and it resets the count of consecutive failures.
+func TestCPBreakerIgnoresAnswers(t *testing.T) {
+	cp := newFakeCP(t)
+	clock, fb := newFakeClock(), &fallbacks{}
+	r := breakerRouter(t, cp, 3, clock, fb)
+	exhausted := connect.NewError(connect.CodeResourceExhausted, errors.New("no worker can take it"))
+	cp.set(func(f *fakeCP) { f.routeErr = exhausted })
+	for i := range 6 {
+		if _, err := r.Route(context.Background(), &router.Request{Model: "m"}); !errors.Is(err, router.ErrUnavailable) {
+			t.Fatalf("call %d: %v, want the control plane's ResourceExhausted", i, err)
+		}
+	}
+	// Two timeouts, an answer, two timeouts: never three in a row.
+	for _, stall := range []bool{true, true, false, true, true} {
+		cp.set(func(f *fakeCP) {
+			f.routeErr = nil
+			if stall {
+				f.routeDelay = time.Minute
+			} else {
+				f.routeDelay = 0
+			}
+		})
+		routeOnce(t, r)
+	}
+	waitFor(t, "all 11 Route calls at the control plane", func() bool { return cp.routeCount() == 11 })
+	if slices.Contains(fb.list(), CauseCPBreaker) {
+		t.Fatalf("breaker opened: causes %v", fb.list())
+	}
+}
+
+// 0 failures disables it: every call goes to the control plane.
+func TestCPBreakerDisabled(t *testing.T) {
+	cp := newFakeCP(t)
+	cp.set(func(f *fakeCP) { f.routeDelay = time.Minute })
+	fb := &fallbacks{}
+	r := breakerRouter(t, cp, 0, newFakeClock(), fb)
+	for range 6 { // more than the default of 5, should 0 be mistaken for unset
+		routeOnce(t, r)
+	}
+	waitFor(t, "6 Route calls at the control plane", func() bool { return cp.routeCount() == 6 })
+	if slices.Contains(fb.list(), CauseCPBreaker) {
+		t.Fatalf("disabled breaker opened: causes %v", fb.list())
+	}
+}
+
+// With a slowed leader, the breaker removes the route timeout from almost
+// every request while keeping the fallback's cache awareness.
+func TestCPBreakerCutsSlowLeaderLatency(t *testing.T) {
+	before := runFaultWith(t, "slow", true, 0)
+	after := runFaultWith(t, "slow", true, 5)
+	bm, bp := before.latency()
+	am, ap := after.latency()
+	t.Logf("slow control plane, Route latency: without breaker mean %v p99 %v (%v); with breaker mean %v p99 %v (%v)",
+		bm.Round(time.Microsecond), bp.Round(time.Microsecond), before, am.Round(time.Microsecond), ap.Round(time.Microsecond), after)
+	if am*4 > bm {
+		t.Fatalf("breaker did not cut the mean added latency: %v without, %v with", bm, am)
+	}
+	if after.hits*100 < after.repeats*65 {
+		t.Fatalf("breaker lost cache awareness: %v", after)
+	}
+}
