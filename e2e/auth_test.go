@@ -16,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -53,7 +54,7 @@ auth:
 			t.Logf("--- %s log (tail):\n%s", n.name, n.log.tail(4000))
 		}
 	})
-	waitFor(t, 20*time.Second, "cart to serve /health", func() (bool, string) {
+	testkit.WaitForMsg(t, 20*time.Second, "cart to serve /health", func() (bool, string) {
 		code, err := getStatus(n.url() + "/health")
 		return err == nil && code == http.StatusOK, fmt.Sprint(code, err)
 	})

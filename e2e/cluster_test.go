@@ -17,6 +17,7 @@ import (
 	"time"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // TestCluster brings up the distributed deployment with real processes —
@@ -61,7 +62,7 @@ func (e *env) waitStableLeader(t *testing.T, within, hold time.Duration) {
 	t.Helper()
 	var last string
 	var since time.Time
-	waitFor(t, within, "a stable leader", func() (bool, string) {
+	testkit.WaitForMsg(t, within, "a stable leader", func() (bool, string) {
 		cur := ""
 		for _, c := range e.cps {
 			if !c.alive() {
@@ -375,7 +376,7 @@ func testLeaderKill(t *testing.T, e *env) {
 		}
 		return n
 	}
-	waitFor(t, 30*time.Second, "load before the kill", func() (bool, string) {
+	testkit.WaitForMsg(t, 30*time.Second, "load before the kill", func() (bool, string) {
 		n := count(func(result) bool { return true })
 		return n >= beforeN, fmt.Sprint(n, " requests")
 	})
@@ -389,7 +390,7 @@ func testLeaderKill(t *testing.T, e *env) {
 		// Bring the node back for the following subtests, and let any
 		// election its return provokes happen here, not in the next step.
 		old.start(t)
-		waitFor(t, 20*time.Second, old.id+" rejoined", func() (bool, string) {
+		testkit.WaitForMsg(t, 20*time.Second, old.id+" rejoined", func() (bool, string) {
 			st, err := e.status(old)
 			if err != nil {
 				return false, err.Error()
@@ -417,7 +418,7 @@ func testLeaderKill(t *testing.T, e *env) {
 	}
 	// Failover is complete when the new leader hears from every data
 	// plane: from then on they route through it, not locally.
-	waitFor(t, 15*time.Second, "data planes reporting to the new leader", func() (bool, string) {
+	testkit.WaitForMsg(t, 15*time.Second, "data planes reporting to the new leader", func() (bool, string) {
 		st, err := e.status(leader)
 		if err != nil {
 			return false, err.Error()
@@ -426,7 +427,7 @@ func testLeaderKill(t *testing.T, e *env) {
 	})
 	settledAt := time.Now()
 	fbSettled := e.fallbackSum(t, dps)
-	waitFor(t, 30*time.Second, "load after failover", func() (bool, string) {
+	testkit.WaitForMsg(t, 30*time.Second, "load after failover", func() (bool, string) {
 		n := count(func(r result) bool { return r.start.After(settledAt) })
 		return n >= afterN, fmt.Sprint(n, " requests")
 	})
@@ -503,7 +504,7 @@ func testDataPlaneKill(t *testing.T, e *env) {
 		t.Fatal("streams did not all start within 10 s")
 	}
 	leader := e.waitLeader(t, 5*time.Second)
-	waitFor(t, 3*time.Second, "the leader counting every open stream", func() (bool, string) {
+	testkit.WaitForMsg(t, 3*time.Second, "the leader counting every open stream", func() (bool, string) {
 		n := sumLoad(e.listWorkers(t))
 		return n == 2*perDP, fmt.Sprint("load ", n)
 	})
@@ -562,7 +563,7 @@ func testDataPlaneKill(t *testing.T, e *env) {
 	}
 	// With the survivor's streams settled, nothing of the dead one's share
 	// may be left.
-	waitFor(t, 5*time.Second, "the leader's load view to be empty", func() (bool, string) {
+	testkit.WaitForMsg(t, 5*time.Second, "the leader's load view to be empty", func() (bool, string) {
 		n := sumLoad(e.listWorkers(t))
 		return n == 0, fmt.Sprint("load ", n)
 	})

@@ -27,6 +27,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -360,7 +361,7 @@ func (e *env) startControlPlane(t *testing.T) {
 	e.waitLeader(t, 15*time.Second)
 	e.cps[1].start(t)
 	e.cps[2].start(t)
-	waitFor(t, 20*time.Second, "three voters with a leader", func() (bool, string) {
+	testkit.WaitForMsg(t, 20*time.Second, "three voters with a leader", func() (bool, string) {
 		st, err := e.status(e.cps[0])
 		if err != nil {
 			return false, err.Error()
@@ -465,7 +466,7 @@ defaults
 	e.hp.start(t)
 	for _, name := range frontendNames {
 		base := e.fe[name]
-		waitFor(t, 15*time.Second, "HAProxy frontend "+name, func() (bool, string) {
+		testkit.WaitForMsg(t, 15*time.Second, "HAProxy frontend "+name, func() (bool, string) {
 			code, err := getStatus(base + "/health")
 			if err != nil {
 				return false, err.Error()
@@ -480,7 +481,7 @@ defaults
 // its /workers to equal want.
 func (e *env) waitReady(t *testing.T, n *httpNode, want []string) {
 	t.Helper()
-	waitFor(t, 20*time.Second, n.id+" ready", func() (bool, string) {
+	testkit.WaitForMsg(t, 20*time.Second, n.id+" ready", func() (bool, string) {
 		if !n.alive() {
 			t.Fatalf("%s exited:\n%s", n.id, n.log.tail(4000))
 		}
@@ -503,24 +504,6 @@ func (e *env) waitReady(t *testing.T, n *httpNode, want []string) {
 }
 
 // ---------------------------------------------------------------- polling
-
-// waitFor polls cond every 20 ms until it holds or within passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var last string
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		last = detail
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s (last: %s)", within, what, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 var plain = &http.Client{Timeout: 5 * time.Second}
 
@@ -639,7 +622,7 @@ func (e *env) leaderNow() *cpNode {
 func (e *env) waitLeader(t *testing.T, within time.Duration) *cpNode {
 	t.Helper()
 	var l *cpNode
-	waitFor(t, within, "a control-plane leader", func() (bool, string) {
+	testkit.WaitForMsg(t, within, "a control-plane leader", func() (bool, string) {
 		l = e.leaderNow()
 		return l != nil, "no node reports leader"
 	})
@@ -702,7 +685,7 @@ func (e *env) setWorkers(t *testing.T, want []string) {
 		if !d.alive() {
 			continue
 		}
-		waitFor(t, 10*time.Second, d.id+" worker set", func() (bool, string) {
+		testkit.WaitForMsg(t, 10*time.Second, d.id+" worker set", func() (bool, string) {
 			got, err := routerWorkers(d.url())
 			if err != nil {
 				return false, err.Error()

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/goleak"
 )
@@ -78,17 +79,6 @@ func (s *subscriber) next(t *testing.T) Message {
 	return Message{}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func cleared() []Event { return []Event{{Kind: AllBlocksCleared}} }
 
 func TestPublisherSendsFramesInSequence(t *testing.T) {
@@ -96,7 +86,7 @@ func TestPublisherSendsFramesInSequence(t *testing.T) {
 		t.Run(enc.String(), func(t *testing.T) {
 			p := newPublisher(t, PublisherConfig{Topic: "kv@sim@m", Encoding: enc, DPRank: 1})
 			sub := subscribe(t, "tcp://"+p.Addr().String(), "kv@")
-			waitFor(t, "the subscription", func() bool { return p.Subscribed("kv@sim@m") })
+			testkit.WaitFor(t, 10*time.Second, "the subscription", func() bool { return p.Subscribed("kv@sim@m") })
 
 			stored := Event{Kind: BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: MediumGPU}
 			p.Publish([]Event{stored})

@@ -4,6 +4,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func TestPrefixCacheMatchStopsAtFirstMiss(t *testing.T) {
@@ -221,7 +224,7 @@ func TestQueuedRequestReusesPredecessorsBlocks(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	eventually(t, "A to be admitted", func() bool { return s.Stats().Running == 1 })
+	testkit.WaitFor(t, 10*time.Second, "A to be admitted", func() bool { return s.Stats().Running == 1 })
 	var b chatResult
 	wg.Go(func() {
 		var err error
@@ -229,7 +232,7 @@ func TestQueuedRequestReusesPredecessorsBlocks(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	eventually(t, "B to queue", func() bool { return s.Stats().Queued == 1 })
+	testkit.WaitFor(t, 10*time.Second, "B to queue", func() bool { return s.Stats().Queued == 1 })
 	close(release)
 	wg.Wait()
 

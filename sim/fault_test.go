@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func TestFaultDownClosesConnections(t *testing.T) {
@@ -71,7 +73,7 @@ func TestFaultDownCutsStreamsInFlight(t *testing.T) {
 	if err == nil || err == io.EOF {
 		t.Fatalf("stream ended with %v, want a transport error", err)
 	}
-	eventually(t, "the aborted request to stop running", func() bool { return s.Stats().Running == 0 })
+	testkit.WaitFor(t, 10*time.Second, "the aborted request to stop running", func() bool { return s.Stats().Running == 0 })
 }
 
 func TestFaultErrorAnswersStatus(t *testing.T) {

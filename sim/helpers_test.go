@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 )
@@ -251,19 +250,5 @@ func (r *sseReader) readAll() ([]sseEvent, error) {
 			return out, err
 		}
 		out = append(out, ev)
-	}
-}
-
-// eventually polls cond until it holds or a generous deadline passes. The
-// deadline only bounds a broken test; passing tests return as soon as the
-// condition is observed.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // eventLog records prefill start/end events across concurrent requests.
@@ -60,7 +63,7 @@ func runTwoPrefills(t *testing.T, maxConcurrency int) []string {
 	send("A")
 	<-aStarted
 	send("B")
-	eventually(t, "B to be queued or prefilling", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "B to be queued or prefilling", func() bool {
 		st := s.Stats()
 		return st.Queued == 1 || slices.Contains(log.snapshot(), "start B")
 	})
@@ -100,7 +103,7 @@ func TestSerialQueueDelaysLaterRequestByEarlierPrefill(t *testing.T) {
 		}
 		done <- "long"
 	})
-	eventually(t, "the long request to be admitted", func() bool { return s.Stats().Running == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the long request to be admitted", func() bool { return s.Stats().Running == 1 })
 	wg.Go(func() {
 		if _, err := tryComplete(ts, pathCompletions, short); err != nil {
 			t.Error(err)
@@ -135,15 +138,15 @@ func TestCancellationReleasesSlotAndRunning(t *testing.T) {
 	}
 
 	cancelA, errA := start("A")
-	eventually(t, "A to hold the prefill slot", func() bool { return s.Stats().Running == 1 })
+	testkit.WaitFor(t, 10*time.Second, "A to hold the prefill slot", func() bool { return s.Stats().Running == 1 })
 	cancelB, errB := start("B")
-	eventually(t, "B to queue", func() bool { return s.Stats().Queued == 1 })
+	testkit.WaitFor(t, 10*time.Second, "B to queue", func() bool { return s.Stats().Queued == 1 })
 
 	cancelB()
 	if err := <-errB; !errors.Is(err, context.Canceled) {
 		t.Fatalf("B: %v, want context.Canceled", err)
 	}
-	eventually(t, "B to leave the queue", func() bool { return s.Stats().Queued == 0 })
+	testkit.WaitFor(t, 10*time.Second, "B to leave the queue", func() bool { return s.Stats().Queued == 0 })
 	if got := s.Stats().Running; got != 1 {
 		t.Fatalf("running = %d after cancelling the queued request, want 1", got)
 	}
@@ -152,13 +155,13 @@ func TestCancellationReleasesSlotAndRunning(t *testing.T) {
 	if err := <-errA; !errors.Is(err, context.Canceled) {
 		t.Fatalf("A: %v, want context.Canceled", err)
 	}
-	eventually(t, "A to release the slot", func() bool { return s.Stats().Running == 0 })
+	testkit.WaitFor(t, 10*time.Second, "A to release the slot", func() bool { return s.Stats().Running == 0 })
 
 	// The slot is free again: a one-token prompt prefills in 100 ms.
 	if r := complete(t, ts, pathCompletions, tokenPrompt([]int{7})); r.Usage.PromptTokens != 1 {
 		t.Fatalf("prompt tokens = %d, want 1", r.Usage.PromptTokens)
 	}
-	eventually(t, "cancelled requests to be counted", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "cancelled requests to be counted", func() bool {
 		_, body, err := get(t, ts, "/metrics")
 		return err == nil && strings.Contains(string(body), `sim_requests_total{endpoint="/v1/completions",status="499"} 2`)
 	})
@@ -189,7 +192,7 @@ func TestCancelledStreamStopsDecoding(t *testing.T) {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	// eventually gives up long before the minute-long token could finish,
 	// so passing means the sleep itself was interrupted.
-	eventually(t, "the decode to stop", func() bool { return s.Stats().Running == 0 })
+	testkit.WaitFor(t, 10*time.Second, "the decode to stop", func() bool { return s.Stats().Running == 0 })
 }
 
 // smallBufferListener shrinks each accepted connection's send buffer so that
@@ -223,10 +226,10 @@ func TestCloseUnblocksWritesToStalledClient(t *testing.T) {
 	}
 	// ~800 KB of events cannot fit in a few KB of socket buffers, so the
 	// handler ends up blocked in a write.
-	eventually(t, "the stream to start", func() bool { return s.Stats().CompletionTokens > 0 })
+	testkit.WaitFor(t, 10*time.Second, "the stream to start", func() bool { return s.Stats().CompletionTokens > 0 })
 
 	_ = s.Close()
-	eventually(t, "the blocked handler to give up", func() bool { return s.Stats().Running == 0 })
+	testkit.WaitFor(t, 10*time.Second, "the blocked handler to give up", func() bool { return s.Stats().Running == 0 })
 	if got := s.Stats().CompletionTokens; got >= 4096 {
 		t.Fatalf("all %d tokens were written; the client never blocked the stream", got)
 	}

@@ -22,6 +22,7 @@ import (
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 type lockedBuf struct {
@@ -137,7 +138,7 @@ func TestRaftListenerBoundsIdleConnections(t *testing.T) {
 		r, err := ac.ClusterStatus(ctx, connect.NewRequest(&cartv1.ClusterStatusRequest{}))
 		return err == nil && r.Msg.GetState() == "leader"
 	}
-	pollUntil(t, 15*time.Second, "the node to lead", leader)
+	testkit.WaitFor(t, 15*time.Second, "the node to lead", leader)
 	pid := cmd.Process.Pid
 	rss0, fd0 := procRSSAndFDs(t, pid)
 
@@ -163,10 +164,10 @@ func TestRaftListenerBoundsIdleConnections(t *testing.T) {
 			closed.Add(1)
 		}()
 	}
-	pollUntil(t, 10*time.Second, "the connections beyond the cap to be closed", func() bool { return closed.Load() >= int64(n-maxConns) })
+	testkit.WaitFor(t, 10*time.Second, "the connections beyond the cap to be closed", func() bool { return closed.Load() >= int64(n-maxConns) })
 	rss1, fd1 := procRSSAndFDs(t, pid)
-	pollUntil(t, 10*time.Second, "every idle connection to be closed at the handshake deadline", func() bool { return closed.Load() == int64(n) })
-	pollUntil(t, 5*time.Second, "the node's descriptors to be released", func() bool { _, fd := procRSSAndFDs(t, pid); return fd <= fd0+4 })
+	testkit.WaitFor(t, 10*time.Second, "every idle connection to be closed at the handshake deadline", func() bool { return closed.Load() == int64(n) })
+	testkit.WaitFor(t, 5*time.Second, "the node's descriptors to be released", func() bool { _, fd := procRSSAndFDs(t, pid); return fd <= fd0+4 })
 	rss2, fd2 := procRSSAndFDs(t, pid)
 	t.Logf("%d idle connections: before RSS %d kB, %d fds; with them open RSS %d kB, %d fds; after the handshake deadline RSS %d kB, %d fds",
 		n, rss0, fd0, rss1, fd1, rss2, fd2)
@@ -181,17 +182,6 @@ func TestRaftListenerBoundsIdleConnections(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "inbound connection cap reached") {
 		t.Error("refusals at the cap not logged")
-	}
-}
-
-func pollUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -250,20 +240,20 @@ func TestTokenClusterAuditsOnEveryNode(t *testing.T) {
 	adminOf := func(n *node) cartv1connect.AdminServiceClient {
 		return cartv1connect.NewAdminServiceClient(client, "http://"+n.api, connect.WithGRPC(), bearer)
 	}
-	pollUntil(t, 30*time.Second, "three voters and a leader", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "three voters and a leader", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		r, err := adminOf(nodes[0]).ClusterStatus(ctx, connect.NewRequest(&cartv1.ClusterStatusRequest{}))
 		return err == nil && len(r.Msg.GetMembers()) == 3 && r.Msg.GetLeaderUrl() != ""
 	})
-	pollUntil(t, 30*time.Second, "a worker added through a node", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "a worker added through a node", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		_, err := adminOf(nodes[2]).AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: "http://127.0.0.1:10", MaxLoad: 3}}))
 		return err == nil
 	})
 	for _, n := range nodes {
-		pollUntil(t, 10*time.Second, n.id+"'s audit lines", func() bool {
+		testkit.WaitFor(t, 10*time.Second, n.id+"'s audit lines", func() bool {
 			out := n.logs.String()
 			return strings.Contains(out, `msg="audit: worker added"`) &&
 				strings.Contains(out, `actor="cluster token from 127.0.0.1:`) &&

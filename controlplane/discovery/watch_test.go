@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
@@ -76,17 +77,6 @@ func (f *fakeSink) get(u string) (string, bool, bool) {
 	return src, ok, f.draining[u]
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // The watcher retries a failed add, never drains or removes a worker of
 // another source with the same URL, starts from the pool's own workers,
 // and undrains what it drained when it stops (a leader stepping down).
@@ -107,21 +97,21 @@ func TestWatcher(t *testing.T) {
 	go func() { defer close(done); w.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	waitUntil(t, "new added after a failed first try", func() bool { src, ok, _ := sink.get("http://new:1"); return ok && src == "dns" })
-	waitUntil(t, "gone draining", func() bool { _, _, d := sink.get("http://gone:1"); return d })
+	testkit.WaitFor(t, 10*time.Second, "new added after a failed first try", func() bool { src, ok, _ := sink.get("http://new:1"); return ok && src == "dns" })
+	testkit.WaitFor(t, 10*time.Second, "gone draining", func() bool { _, _, d := sink.get("http://gone:1"); return d })
 	if _, ok, _ := sink.get("http://gone:1"); !ok {
 		t.Fatal("gone removed while a request is in flight")
 	}
 	// static leaves DNS: it is not discovery's to drain.
 	res.set(Answer{Endpoints: []string{"http://old:1", "http://new:1"}})
 	n := res.count()
-	waitUntil(t, "several answers without static", func() bool { return res.count() > n+5 })
+	testkit.WaitFor(t, 10*time.Second, "several answers without static", func() bool { return res.count() > n+5 })
 	if src, ok, d := sink.get("http://static:1"); !ok || src != "static" || d {
 		t.Fatalf("static worker touched: present=%v source=%q draining=%v", ok, src, d)
 	}
 	// An error keeps everything and says so.
 	res.set(Answer{Err: errors.New("timeout")})
-	waitUntil(t, "stale", func() bool { return gauge(m.Stale.WithLabelValues("dns")) == 1 })
+	testkit.WaitFor(t, 10*time.Second, "stale", func() bool { return gauge(m.Stale.WithLabelValues("dns")) == 1 })
 	if _, ok, _ := sink.get("http://new:1"); !ok {
 		t.Fatal("an error removed a worker")
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 const testToken = "cluster-token-for-tests"
@@ -195,12 +196,12 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	n1 := start("n1", true)
-	waitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
+	testkit.WaitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
 	members := []*member{n1, start("n2", false), start("n3", false)}
 	// A loaded machine can cost the leader its lease mid-change: retry on
 	// whoever leads (AddVoter is idempotent).
 	for _, m := range members[1:] {
-		waitFor(t, 15*time.Second, "add voter "+m.id, func() bool {
+		testkit.WaitFor(t, 15*time.Second, "add voter "+m.id, func() bool {
 			for _, ld := range members {
 				if ld.node.IsLeader() && ld.node.AddVoter(ctx, m.id, m.node.Addr()) == nil {
 					return true
@@ -210,7 +211,7 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 		})
 	}
 	var applied bool
-	waitFor(t, 10*time.Second, "a write committed by the authenticated cluster", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "a write committed by the authenticated cluster", func() bool {
 		for _, m := range members {
 			if m.node.IsLeader() && !applied {
 				cmd := upsertCmd("http://w1:8000", 1)
@@ -232,7 +233,7 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 
 	// Every node's audit log has the worker change with its actor, and the
 	// membership changes.
-	waitFor(t, 5*time.Second, "audit lines on every node", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "audit lines on every node", func() bool {
 		out := logBuf.String()
 		for _, m := range members {
 			if !strings.Contains(out, `msg="audit: worker added" node=`+m.id+` audit=true`) ||
@@ -286,7 +287,7 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 		}
 	}
 	// Each refusal is in the audit log with the rogue's address.
-	waitFor(t, 5*time.Second, "audit lines for the refused connections", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "audit lines for the refused connections", func() bool {
 		out := logBuf.String()
 		return strings.Contains(out, "inbound peer failed authentication") && strings.Contains(out, "audit=true") &&
 			strings.Contains(out, "remote=127.0.0.1:") && strings.Contains(out, `claimed_id=probe`)
@@ -312,7 +313,7 @@ func TestHandshakeDeadlineClosesSilentConnection(t *testing.T) {
 	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		t.Fatalf("silent connection still open after %v", time.Since(start))
 	}
-	waitFor(t, 5*time.Second, "the closed connection to leave the count", func() bool { return s.inboundCount() == 0 })
+	testkit.WaitFor(t, 5*time.Second, "the closed connection to leave the count", func() bool { return s.inboundCount() == 0 })
 }
 
 // Beyond the cap, new connections are closed at once; freeing a slot
@@ -336,7 +337,7 @@ func TestConnectionCap(t *testing.T) {
 		}
 		held = append(held, c)
 	}
-	waitFor(t, 5*time.Second, "the cap to fill", func() bool { return s.inboundCount() == max })
+	testkit.WaitFor(t, 5*time.Second, "the cap to fill", func() bool { return s.inboundCount() == max })
 	extra, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -349,12 +350,12 @@ func TestConnectionCap(t *testing.T) {
 	if s.inboundCount() != max {
 		t.Errorf("inbound = %d, want %d", s.inboundCount(), max)
 	}
-	waitFor(t, 5*time.Second, "the refusal at the cap in the log", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the refusal at the cap in the log", func() bool {
 		return strings.Contains(logBuf.String(), "inbound connection cap reached")
 	})
 	_ = held[0].Close()
 	held = held[1:]
-	waitFor(t, 5*time.Second, "a slot to free", func() bool { return s.inboundCount() == max-1 })
+	testkit.WaitFor(t, 5*time.Second, "a slot to free", func() bool { return s.inboundCount() == max-1 })
 
 	peer := authStream(t, testToken, streamOptions{log: log})
 	done := make(chan error, 1)

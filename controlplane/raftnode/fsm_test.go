@@ -14,6 +14,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func encode(t *testing.T, cmd *cartv1.RaftCommand) []byte {
@@ -117,7 +118,7 @@ func TestNodeCallsFatalOnUnknownEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Shutdown()
-	waitFor(t, 5*time.Second, "leader", n.IsLeader)
+	testkit.WaitFor(t, 5*time.Second, "leader", n.IsLeader)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := n.Apply(ctx, &cartv1.RaftCommand{Ignorable: true}); err != nil {

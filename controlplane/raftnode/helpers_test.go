@@ -20,6 +20,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -169,13 +170,13 @@ func newCluster(t *testing.T, n int, o clusterOpts) *cluster {
 	}
 	t.Cleanup(c.shutdown)
 	first := c.nodes[0]
-	waitFor(t, 5*time.Second, "bootstrap leader", first.node.IsLeader)
+	testkit.WaitFor(t, 5*time.Second, "bootstrap leader", first.node.IsLeader)
 	for _, tn := range c.nodes[1:] {
 		if err := first.node.AddVoter(context.Background(), tn.id, string(tn.addr)); err != nil {
 			t.Fatalf("add voter %s: %v", tn.id, err)
 		}
 	}
-	waitFor(t, 5*time.Second, "all nodes see the full configuration", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "all nodes see the full configuration", func() bool {
 		for _, tn := range c.nodes {
 			if len(tn.node.Status().Members) != n {
 				return false
@@ -209,7 +210,7 @@ func (c *cluster) leader(among ...*testNode) *testNode {
 		among = c.nodes
 	}
 	var found *testNode
-	waitFor(c.t, 5*time.Second, "a ready leader", func() bool {
+	testkit.WaitFor(c.t, 5*time.Second, "a ready leader", func() bool {
 		for _, tn := range among {
 			if tn.node.IsLeader() {
 				found = tn
@@ -289,14 +290,14 @@ func (c *cluster) converge(timeout time.Duration) dump {
 	c.t.Helper()
 	var last []dump
 	var applied []uint64
-	ok := poll(timeout, func() bool {
+	testkit.WaitForMsg(c.t, timeout, "the nodes to converge", func() (bool, string) {
 		last, applied = last[:0], applied[:0]
 		for _, tn := range c.nodes {
 			applied = append(applied, tn.node.Raft().AppliedIndex())
 		}
 		for _, a := range applied[1:] {
 			if a != applied[0] {
-				return false
+				return false, fmt.Sprintf("applied %v, states %v", applied, last)
 			}
 		}
 		for _, tn := range c.nodes {
@@ -304,35 +305,12 @@ func (c *cluster) converge(timeout time.Duration) dump {
 		}
 		for _, d := range last[1:] {
 			if !d.equal(last[0]) {
-				return false
+				return false, fmt.Sprintf("applied %v, states %v", applied, last)
 			}
 		}
-		return true
+		return true, ""
 	})
-	if !ok {
-		c.t.Fatalf("nodes did not converge: applied %v, states %v", applied, last)
-	}
 	return last[0]
-}
-
-func poll(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if !poll(timeout, cond) {
-		t.Fatalf("timed out after %v waiting for %s", timeout, what)
-	}
 }
 
 // Command builders.

@@ -22,6 +22,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // tcpTimeouts leave real sockets, TLS handshakes and fsyncs some room on a
@@ -44,7 +45,7 @@ func TestDiskRestart(t *testing.T) {
 		t.Fatalf("start: %v", err)
 	}
 	defer n.Shutdown()
-	waitFor(t, 5*time.Second, "bootstrap leader", n.IsLeader)
+	testkit.WaitFor(t, 5*time.Second, "bootstrap leader", n.IsLeader)
 	addr := n.Addr()
 	if !strings.HasPrefix(addr, "127.0.0.1:") || strings.HasSuffix(addr, ":0") {
 		t.Fatalf("advertised address %q: want the bound 127.0.0.1 port", addr)
@@ -97,7 +98,7 @@ func TestDiskRestart(t *testing.T) {
 		t.Fatalf("restart: %v", err)
 	}
 	defer n2.Shutdown()
-	waitFor(t, 5*time.Second, "leadership after restart", n2.IsLeader)
+	testkit.WaitFor(t, 5*time.Second, "leadership after restart", n2.IsLeader)
 	if got := rep2.dump(); !got.equal(before) {
 		t.Fatalf("state after restart differs:\n got  %s\n want %s", got, before)
 	}
@@ -162,7 +163,7 @@ func TestTLSCluster(t *testing.T) {
 	defer cancel()
 
 	n1 := start("n1", ca, true)
-	waitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
+	testkit.WaitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
 	members := []*member{n1, start("n2", ca, false), start("n3", ca, false)}
 	// onLeader runs op on the current leader, again if leadership moves.
 	onLeader := func(what string, op func(ld *member) error) {
@@ -170,7 +171,7 @@ func TestTLSCluster(t *testing.T) {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			var ld *member
-			waitFor(t, 5*time.Second, "a leader", func() bool {
+			testkit.WaitFor(t, 5*time.Second, "a leader", func() bool {
 				for _, m := range members {
 					if m.node.IsLeader() {
 						ld = m
@@ -197,7 +198,7 @@ func TestTLSCluster(t *testing.T) {
 		_, err := ld.node.Apply(ctx, upsertCmd("http://w1:8000", 1))
 		return err
 	})
-	waitFor(t, 5*time.Second, "replication to every member", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "replication to every member", func() bool {
 		for _, m := range members {
 			if ws, _ := m.rep.st.Workers(); len(ws) != 1 {
 				return false

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cartrouter/cart/dataplane/remote"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // A real data-plane router against a leader that is sometimes too slow for
@@ -80,7 +81,7 @@ func TestTimedOutRoutesLeaveNoTickets(t *testing.T) {
 	if timeouts.Load() == 0 {
 		t.Fatal("no Route timed out: the test did not exercise abandoned decisions")
 	}
-	waitFor(t, "every ticket settled and no load left", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "every ticket settled and no load left", func() bool {
 		l := cp.loads(t)
 		return cp.unsettled() == 0 && l[w1] == 0 && l[w2] == 0
 	})

@@ -26,6 +26,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/health"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -278,7 +279,7 @@ func newTestCP(t testing.TB, cfg cpConfig) *testCP {
 	})
 	if cfg.leader {
 		cp.core.OnLeadership(true)
-		waitFor(t, "leader publishes its API URL", func() bool { return st.Members()[cfg.id] == cp.url })
+		testkit.WaitFor(t, 5*time.Second, "leader publishes its API URL", func() bool { return st.Members()[cfg.id] == cp.url })
 	} else {
 		cp.node.setLeader(false, "")
 	}
@@ -362,17 +363,6 @@ func syncLoads(t testing.TB, c cartv1connect.RouterServiceClient, dp string, loa
 		t.Fatalf("Sync: %v", err)
 	}
 	return resp.Msg
-}
-
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func wantCode(t testing.TB, err error, code connect.Code) *connect.Error {

@@ -19,6 +19,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/remote"
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -65,7 +66,7 @@ func TestLeaderLearnsModelsAndDataPlaneFilters(t *testing.T) {
 		}
 	}
 	post(urls[2]+"/v1/load_lora_adapter", `{"lora_name":"lora","lora_path":"/a"}`)
-	waitFor(t, "the data plane to learn the adapter", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the data plane to learn the adapter", func() bool {
 		if err := dp.SyncOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +96,7 @@ func TestLeaderLearnsModelsAndDataPlaneFilters(t *testing.T) {
 	post(urls[2]+"/v1/unload_lora_adapter", `{"lora_name":"lora"}`)
 	// The data plane has not synced since; the leader's refusal reaches
 	// the client as a 404 anyway.
-	waitFor(t, "the leader to refuse the unloaded adapter", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the leader to refuse the unloaded adapter", func() bool {
 		_, err := dp.Route(context.Background(), &router.Request{Model: "lora", DryRun: true})
 		var ae *apierr.Error
 		return errors.As(err, &ae) && ae.Status == http.StatusNotFound && ae.Code == "model_not_found"
@@ -111,7 +112,7 @@ func TestLeaderDeclaredModels(t *testing.T) {
 		o.DeclaredModels = map[string][]string{w2: {"decl"}} // okTransport's "ok" is no model list
 	}})
 	cp.addWorkers(t, w1, w2)
-	waitFor(t, "the declared model in Sync", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the declared model in Sync", func() bool {
 		for _, w := range syncLoads(t, cp.router(), "dp1", nil).GetWorkers() {
 			if w.GetUrl() == w2 && slices.Equal(w.GetModels(), []string{"decl"}) {
 				return true

@@ -23,6 +23,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/health"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // raftCP is one control-plane node over a real Raft node on raft's
@@ -85,7 +86,7 @@ func newRaftCluster(t *testing.T, n int) *raftCluster {
 	}
 	t.Cleanup(c.shutdown)
 	first := c.nodes[0]
-	waitFor(t, "bootstrap leader", first.node.IsLeader)
+	testkit.WaitFor(t, 5*time.Second, "bootstrap leader", first.node.IsLeader)
 	for _, x := range c.nodes[1:] {
 		if err := first.node.AddVoter(context.Background(), x.id, string(x.addr)); err != nil {
 			t.Fatalf("add voter %s: %v", x.id, err)
@@ -113,7 +114,7 @@ func (c *raftCluster) leader(among ...*raftCP) *raftCP {
 		among = c.nodes
 	}
 	var found *raftCP
-	waitFor(c.t, "a ready leader", func() bool {
+	testkit.WaitFor(c.t, 5*time.Second, "a ready leader", func() bool {
 		for _, x := range among {
 			x.mu.Lock()
 			leading := x.core.leading
@@ -277,7 +278,7 @@ func TestDeposedLeaderWithdrawsUncommittedPlacements(t *testing.T) {
 	}
 	// An undelivered request's withdrawal must be undone as well when it
 	// does not commit: the others still hold that placement.
-	waitFor(t, "first placements replicated", func() bool { return len(c.nodes[2].entries()) > 0 })
+	testkit.WaitFor(t, 5*time.Second, "first placements replicated", func() bool { return len(c.nodes[2].entries()) > 0 })
 	c.converged()
 
 	c.isolate(ld)

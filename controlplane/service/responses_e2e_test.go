@@ -21,6 +21,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/remote"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -54,7 +55,7 @@ func TestResponsesChainAcrossDataPlanes(t *testing.T) {
 			SyncInterval: 50 * time.Millisecond, FlushInterval: 5 * time.Millisecond, HTTPClient: rpc,
 			BlockChars: testBlockChars, Logger: quiet,
 		})
-		waitFor(t, "data plane sees three healthy workers", func() bool {
+		testkit.WaitFor(t, 5*time.Second, "data plane sees three healthy workers", func() bool {
 			if dp.SyncOnce(context.Background()) != nil {
 				return false
 			}

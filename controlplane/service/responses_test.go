@@ -3,11 +3,13 @@ package service
 import (
 	"context"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // The leader pins a Route naming a response a data plane reported to the
@@ -72,7 +74,7 @@ func TestResponseOriginsSurviveLeaderChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	var entry *cartv1.RaftCommand
-	waitFor(t, "the origin is replicated", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the origin is replicated", func() bool {
 		for _, c := range old.node.commands() {
 			for _, o := range c.GetPlaceBatch().GetResponseOrigins() {
 				if o.GetIdHash() == h && o.GetWorker() == w2 {
@@ -91,7 +93,7 @@ func TestResponseOriginsSurviveLeaderChange(t *testing.T) {
 	}
 	next.node.setLeader(true, "n2")
 	next.core.OnLeadership(true)
-	waitFor(t, "n2 leads", func() bool { return next.st.Members()["n2"] == next.url })
+	testkit.WaitFor(t, 5*time.Second, "n2 leads", func() bool { return next.st.Members()["n2"] == next.url })
 	for range 3 {
 		r, err := next.router().Route(ctx, connect.NewRequest(&cartv1.RouteRequest{Model: "m", Text: text(64, 9), DataplaneId: "dp1", ResponseIdHash: h}))
 		if err != nil || r.Msg.GetWorker() != w2 || !r.Msg.GetPinned() {

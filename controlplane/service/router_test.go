@@ -13,6 +13,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/engine"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 const (
@@ -256,7 +257,7 @@ func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
 		t.Fatalf("first route = %v", d)
 	}
 	// The placement is replicated in a batch.
-	waitFor(t, "PlaceBatch with the placement", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "PlaceBatch with the placement", func() bool {
 		for _, b := range cp.node.placeBatches() {
 			for _, p := range b.GetPlacements() {
 				if p.GetWorker() == d.GetWorker() && slices.Equal(p.GetBlockHashes(), hs) {
@@ -276,7 +277,7 @@ func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
 	if probe.GetReason() == "cache_hit" {
 		t.Fatalf("withdrawn placement still routes by cache: %v", probe)
 	}
-	waitFor(t, "UnplaceBatch withdrawing the placement", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "UnplaceBatch withdrawing the placement", func() bool {
 		for _, b := range cp.node.unplaceBatches() {
 			for _, p := range b.GetPlacements() {
 				if p.GetWorker() == d.GetWorker() && slices.Equal(p.GetBlockHashes(), hs) {
@@ -500,7 +501,7 @@ func TestLoadLeaseExpiry(t *testing.T) {
 		}
 		return st.Msg
 	}
-	waitFor(t, "gone's load leaves the view, alive's stays", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "gone's load leaves the view, alive's stays", func() bool {
 		l := cp.loads(t)
 		return l[w1] == 1 && l[w2] == 0 && status().GetDataplanes() == 1
 	})
@@ -556,7 +557,7 @@ func TestPlacementBatching(t *testing.T) {
 		}
 		return k
 	}
-	waitFor(t, "all placements replicated", func() bool { return total() >= n })
+	testkit.WaitFor(t, 5*time.Second, "all placements replicated", func() bool { return total() >= n })
 	batches := cp.node.placeBatches()
 	if limit := int(elapsed/interval) + 3; len(batches) > limit || len(batches) >= n/2 {
 		t.Fatalf("%d routes in %v made %d PlaceBatch commands (want at most %d)", n, elapsed, len(batches), limit)
@@ -594,7 +595,7 @@ func TestPlacementMaxFlushesEarly(t *testing.T) {
 	for i := range 25 {
 		route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(32, 2000+i), DataplaneId: "dp1"})
 	}
-	waitFor(t, "full batches flushed before the interval", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "full batches flushed before the interval", func() bool {
 		k := 0
 		for _, b := range cp.node.placeBatches() {
 			k += len(b.GetPlacements())
@@ -624,7 +625,7 @@ func TestLeaderChangeResetsSoftState(t *testing.T) {
 	txt := text(64, 10)
 	a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
 	syncLoads(t, rc, "dp2", map[string]uint32{w1: 2, w2: 2})
-	waitFor(t, "placement replicated", func() bool { return len(cp.node.placeBatches()) > 0 })
+	testkit.WaitFor(t, 5*time.Second, "placement replicated", func() bool { return len(cp.node.placeBatches()) > 0 })
 	status := func() *cartv1.ClusterStatusResponse {
 		st, err := cp.admin().ClusterStatus(context.Background(), connect.NewRequest(&cartv1.ClusterStatusRequest{}))
 		if err != nil {

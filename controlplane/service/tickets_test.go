@@ -12,6 +12,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func (cp *testCP) unsettled() int {
@@ -67,7 +68,7 @@ func TestAbandonedRouteIsSettled(t *testing.T) {
 	// Followers end up without the placement: either it never left the
 	// batcher, or its withdrawal follows it.
 	last := hashes("m", txt)[len(hashes("m", txt))-1]
-	waitFor(t, "replicated placements and withdrawals balance", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "replicated placements and withdrawals balance", func() bool {
 		placed, withdrawn := 0, 0
 		for _, b := range cp.node.placeBatches() {
 			for _, p := range b.GetPlacements() {
@@ -136,7 +137,7 @@ func TestTicketLifetimeFollowsLease(t *testing.T) {
 	}()
 	defer func() { cancel(); wg.Wait() }()
 
-	waitFor(t, "the unused ticket is settled after the lease", func() bool { return cp.unsettled() == 1 })
+	testkit.WaitFor(t, 5*time.Second, "the unused ticket is settled after the lease", func() bool { return cp.unsettled() == 1 })
 	if cp.holds("m", quietTxt, w1) {
 		t.Fatal("the unused decision's placement was not withdrawn")
 	}
@@ -148,7 +149,7 @@ func TestTicketLifetimeFollowsLease(t *testing.T) {
 	}
 	// The live one outlasts the lease and settles normally.
 	start := time.Now()
-	waitFor(t, "two leases pass", func() bool { return time.Since(start) > 2*lease })
+	testkit.WaitFor(t, 5*time.Second, "two leases pass", func() bool { return time.Since(start) > 2*lease })
 	if n := complete(t, rc, "busy", &cartv1.Completion{Ticket: busy.GetTicket(), Worker: w1, Delivered: true}); n != 1 {
 		t.Fatalf("the in-flight ticket settled %d after the lease, want 1", n)
 	}

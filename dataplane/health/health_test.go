@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func TestTrackerExactThresholds(t *testing.T) {
@@ -193,7 +195,7 @@ func TestCheckerCancelledRoundJudgesNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Round(ctx) }()
-	waitFor(t, func() bool { return a.probes.Load() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "a.probes.Load() == 1", func() bool { return a.probes.Load() == 1 })
 	cancel()
 	<-done
 	if got := v.list(); len(got) != 0 {
@@ -215,7 +217,7 @@ func TestCheckerIgnoresWorkerRemovedDuringProbe(t *testing.T) {
 	c.SetWorkers([]string{a.URL})
 	done := make(chan struct{})
 	go func() { defer close(done); c.Round(context.Background()) }()
-	waitFor(t, func() bool { return a.probes.Load() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "a.probes.Load() == 1", func() bool { return a.probes.Load() == 1 })
 	c.SetWorkers(nil)
 	release()
 	<-done
@@ -239,7 +241,7 @@ func TestCheckerRunProbesEachIntervalUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx) }()
-	waitFor(t, func() bool { return len(v.list()) == 1 })
+	testkit.WaitFor(t, 10*time.Second, "len(v.list()) == 1", func() bool { return len(v.list()) == 1 })
 	cancel()
 	select {
 	case <-done:
@@ -249,18 +251,6 @@ func TestCheckerRunProbesEachIntervalUntilCancelled(t *testing.T) {
 	if n := a.probes.Load(); n < 3 {
 		t.Fatalf("unhealthy after %d probes, want at least 3", n)
 	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	t.Fatal("condition not reached in 10s")
 }
 
 // Probes bypass environment proxies (HTTP_PROXY...), as inference traffic

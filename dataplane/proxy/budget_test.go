@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // stalledPost opens a connection, announces a body of size bytes and sends
@@ -55,7 +56,7 @@ func TestBodyBudgetBoundsBytesInFlight(t *testing.T) {
 	}))
 	big := chatBody(longText("s", 38<<10), "q", false)
 	stalled := stalledPost(t, r.front.URL, big)
-	waitFor(t, func() bool { n, _ := r.proxy.InflightBodyBytes(); return n == int64(len(big)) })
+	testkit.WaitFor(t, 5*time.Second, "in-flight body bytes == int64(len(big))", func() bool { n, _ := r.proxy.InflightBodyBytes(); return n == int64(len(big)) })
 
 	// Declared length over what is left: refused without reading.
 	conn := stalledPost(t, r.front.URL, chatBody(longText("t", 30<<10), "q", false))
@@ -88,7 +89,7 @@ func TestBodyBudgetBoundsBytesInFlight(t *testing.T) {
 	if resp, body := readResponse(t, stalled); resp.StatusCode != http.StatusOK {
 		t.Fatalf("the stalled request, once complete: %d %s", resp.StatusCode, body)
 	}
-	waitFor(t, func() bool { n, _ := r.proxy.InflightBodyBytes(); return n == 0 })
+	testkit.WaitFor(t, 5*time.Second, "in-flight body bytes == 0", func() bool { n, _ := r.proxy.InflightBodyBytes(); return n == 0 })
 	if _, peak := r.proxy.InflightBodyBytes(); peak > limit || peak < int64(len(big)) {
 		t.Fatalf("peak reservation %d, want between %d and the limit %d", peak, len(big), limit)
 	}
@@ -118,7 +119,7 @@ func TestBodyBudgetReleasedWhenAnswerStarts(t *testing.T) {
 	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { n, _ := r.proxy.InflightBodyBytes(); return n == 0 })
+	testkit.WaitFor(t, 5*time.Second, "in-flight body bytes == 0", func() bool { n, _ := r.proxy.InflightBodyBytes(); return n == 0 })
 	close(release)
 	readAll(t, resp)
 	r.waitLoadZero()

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // A replica answering 503 again and again opens its breaker; /workers and
@@ -142,7 +144,7 @@ func TestClientDisconnectIsNotABreakerFailure(t *testing.T) {
 			}
 			errc <- err
 		}()
-		waitFor(t, func() bool { return a.hits.Load() == int64(i+1) })
+		testkit.WaitFor(t, 5*time.Second, "a.hits.Load() == int64(i+1)", func() bool { return a.hits.Load() == int64(i+1) })
 		cancel()
 		if err := <-errc; err == nil {
 			t.Fatal("the cancelled request succeeded")
@@ -154,7 +156,7 @@ func TestClientDisconnectIsNotABreakerFailure(t *testing.T) {
 		}
 		r.waitLoadZero()
 	}
-	waitFor(t, func() bool { return counterValue(t, r, "cart_client_disconnects_total", "") == 4 })
+	testkit.WaitFor(t, 5*time.Second, "cart_client_disconnects_total == 4", func() bool { return counterValue(t, r, "cart_client_disconnects_total", "") == 4 })
 	if got := r.breaks.State(a.URL).String(); got != "closed" {
 		t.Fatalf("breaker %s after 4 client hang-ups (threshold 3)", got)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -78,7 +79,7 @@ func TestOverloadMovesAffinity(t *testing.T) {
 			readAll(t, resp)
 		}()
 	}
-	waitFor(t, func() bool { return hold.hits.Load() >= 4 })
+	testkit.WaitFor(t, 5*time.Second, "hold.hits.Load() >= 4", func() bool { return hold.hits.Load() >= 4 })
 	// Holder has load 3, the other 0: 3-0 > 2 and 3 > 0*1.5 → overloaded.
 	resp = r.post("/v1/chat/completions", chatBody(system, "overflow", false))
 	got := resp.Header.Get("X-Routed-Peer")
@@ -104,7 +105,7 @@ func TestMaxLoadAnswers503(t *testing.T) {
 		defer close(done)
 		readAll(t, r.post("/v1/chat/completions", chatBody("s", "one", false)))
 	}()
-	waitFor(t, func() bool { return a.hits.Load() == 1 })
+	testkit.WaitFor(t, 5*time.Second, "a.hits.Load() == 1", func() bool { return a.hits.Load() == 1 })
 	resp := r.post("/v1/chat/completions", chatBody("s", "two", false))
 	body := readAll(t, resp)
 	close(release)
@@ -233,10 +234,10 @@ func TestClientDisconnectMidStreamReleasesLoad(t *testing.T) {
 	cancel() // the client hangs up mid-stream
 	resp.Body.Close()
 	r.waitLoadZero()
-	waitFor(t, func() bool { return counterValue(t, r, "cart_client_disconnects_total", "") == 1 })
+	testkit.WaitFor(t, 5*time.Second, "cart_client_disconnects_total == 1", func() bool { return counterValue(t, r, "cart_client_disconnects_total", "") == 1 })
 	// Hang-ups have their own class: filed under 4xx they would hide
 	// among malformed requests, or pass for them.
-	waitFor(t, func() bool { return counterValue(t, r, "cart_requests_total", `status="499"`) == 1 })
+	testkit.WaitFor(t, 5*time.Second, "cart_requests_total{status=499} == 1", func() bool { return counterValue(t, r, "cart_requests_total", `status="499"`) == 1 })
 	if v := counterValue(t, r, "cart_requests_total", `status="4xx"`); v != 0 {
 		t.Fatalf("client disconnect also counted as 4xx: %v", v)
 	}
@@ -353,16 +354,4 @@ func assertOpenAIError(t *testing.T, body, contains string) {
 	if contains != "" && !strings.Contains(strings.ToLower(e.Error.Message), strings.ToLower(contains)) {
 		t.Fatalf("error message %q does not mention %q", e.Error.Message, contains)
 	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	t.Fatal("condition not reached in 5s")
 }

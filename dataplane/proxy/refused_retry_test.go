@@ -14,6 +14,7 @@ import (
 
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // killable is a replica on a fixed loopback address that can be killed
@@ -116,7 +117,7 @@ func TestRefusedConnectionsRetriedOutsideBudget(t *testing.T) {
 	// A short breaker timeout sends traffic back to the restarted replica
 	// quickly, so every kill catches requests on their way to it.
 	w.breaker = breaker.Config{Enabled: true, FailureThreshold: 3, SuccessThreshold: 1, Timeout: 20 * time.Millisecond}
-	failures := &failureLog{}
+	failures := testkit.NewLogRecorder()
 	r := newWiredRig(t, urls, w, withOptions(func(o *proxy.Options) {
 		o.Logger = slog.New(failures)
 		// A connection the kernel accepted into the listen backlog just
@@ -182,7 +183,12 @@ func TestRefusedConnectionsRetriedOutsideBudget(t *testing.T) {
 	if notSent == 0 {
 		t.Fatal("no attempt was refused: the kills did not catch any request")
 	}
-	refused, written := failures.classify()
+	// The proxy logs a failure after writing its answer, so the last 502s
+	// may reach the clients before their log lines exist.
+	testkit.Poll(5*time.Second, func() (bool, string) {
+		return len(failures.Values("request failed", "error")) >= statuses[http.StatusBadGateway], ""
+	})
+	refused, written := classify(failures)
 	if len(refused) > 0 {
 		t.Fatalf("%d requests failed on a refused connection while two replicas were up (statuses %v): %q", len(refused), statuses, refused)
 	}
@@ -201,37 +207,11 @@ func TestRefusedConnectionsRetriedOutsideBudget(t *testing.T) {
 	assertNoDoubleRelease(t, r)
 }
 
-// failureLog keeps the error of every request the proxy gave up on.
-type failureLog struct {
-	mu   sync.Mutex
-	errs []string
-}
-
-func (f *failureLog) Enabled(context.Context, slog.Level) bool { return true }
-func (f *failureLog) Handle(_ context.Context, r slog.Record) error {
-	if r.Message != "request failed" {
-		return nil
-	}
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "error" {
-			f.mu.Lock()
-			f.errs = append(f.errs, a.Value.String())
-			f.mu.Unlock()
-		}
-		return true
-	})
-	return nil
-}
-func (f *failureLog) WithAttrs([]slog.Attr) slog.Handler { return f }
-func (f *failureLog) WithGroup(string) slog.Handler      { return f }
-
 // classify splits final failures into refused connections (never sent:
 // must not happen while replicas remain) and connections lost after the
 // request was written (reset or EOF from a backlog connection).
-func (f *failureLog) classify() (refused, written []string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, e := range f.errs {
+func classify(failures *testkit.LogRecorder) (refused, written []string) {
+	for _, e := range failures.Values("request failed", "error") {
 		switch {
 		case strings.Contains(e, "connection refused"):
 			refused = append(refused, e)

@@ -45,6 +45,8 @@ func newWiredRig(t *testing.T, urls []string, w wiring, opts ...rigOpt) *rig {
 	for i, u := range urls {
 		specs[i] = engine.WorkerSpec{URL: u}
 	}
+	// Before the options, so a test may give the proxy its own logger.
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, f := range opts {
 		f(&o, &pol, specs)
 	}
@@ -62,7 +64,6 @@ func newWiredRig(t *testing.T, urls []string, w wiring, opts ...rigOpt) *rig {
 		r.metrics.BreakerTrans.WithLabelValues(tr.Worker, tr.To.String()).Inc()
 	})
 	o.Router, o.Breakers, o.Metrics, o.Now = r.router, r.breaks, r.metrics, w.now
-	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	r.proxy = proxy.New(o)
 	r.front = httptest.NewServer(r.proxy)
 	t.Cleanup(r.front.Close)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // A worker answering 101 must not leave the decision unsettled.
@@ -95,7 +96,7 @@ func TestStalledClientReleasesLoad(t *testing.T) {
 	defer conn.Close()
 	body := chatBody("s", "stream forever", true)
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	waitFor(t, func() bool { return r.totalLoad() == 1 })
+	testkit.WaitFor(t, 5*time.Second, "r.totalLoad() == 1", func() bool { return r.totalLoad() == 1 })
 	// The client's receive buffer fills and the proxy's write blocks; the
 	// load must still come back.
 	deadline := time.Now().Add(10 * time.Second)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // A stream that goes silent for longer than the idle timeout is aborted:
@@ -55,7 +56,7 @@ func TestStreamStallIsAborted(t *testing.T) {
 		t.Fatal("the replica's request was not cancelled")
 	}
 	r.waitLoadZero()
-	waitFor(t, func() bool { return counterValue(t, r, "cart_worker_in_flight", "") == 0 })
+	testkit.WaitFor(t, 5*time.Second, "cart_worker_in_flight == 0", func() bool { return counterValue(t, r, "cart_worker_in_flight", "") == 0 })
 }
 
 // The idle timer measures silence, not the stream's length: a stream that

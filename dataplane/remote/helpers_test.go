@@ -228,17 +228,6 @@ func run(t testing.TB, r *Router) (stop func()) {
 	return stop
 }
 
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func loadOf(r *Router, url string) int {
 	for _, w := range r.Workers() {
 		if w.URL == url {

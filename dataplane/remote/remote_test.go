@@ -14,6 +14,7 @@ import (
 
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 var boot = []router.WorkerStatus{{URL: wA, Healthy: true}, {URL: wB, Healthy: true}}
@@ -71,7 +72,7 @@ func TestRouteViaControlPlane(t *testing.T) {
 	r.Done(router.Decision{Worker: wA, Ticket: "foreign"}, router.Outcome{})
 
 	run(t, r)
-	waitFor(t, "completion flushed", func() bool { _, all := cp.completions(); return len(all) >= 1 })
+	testkit.WaitFor(t, 5*time.Second, "completion flushed", func() bool { _, all := cp.completions(); return len(all) >= 1 })
 	cp.mu.Lock()
 	first := cp.completes[0]
 	cp.mu.Unlock()
@@ -117,7 +118,7 @@ func TestCompletionsAreBatched(t *testing.T) {
 	for i, d := range ds {
 		r.Done(d, router.Outcome{Delivered: i%2 == 0, PromptTokens: i, CachedTokens: -1})
 	}
-	waitFor(t, "all completions flushed", func() bool { _, all := cp.completions(); return len(all) == n })
+	testkit.WaitFor(t, 5*time.Second, "all completions flushed", func() bool { _, all := cp.completions(); return len(all) == n })
 	calls, all := cp.completions()
 	if calls > 3 {
 		t.Fatalf("%d completions took %d Complete calls", n, calls)
@@ -145,7 +146,7 @@ func TestCompletionsFlushWhenQueueFills(t *testing.T) {
 		}
 		r.Done(d, router.Outcome{Delivered: true})
 	}
-	waitFor(t, "early flush", func() bool { _, all := cp.completions(); return len(all) >= 256 })
+	testkit.WaitFor(t, 5*time.Second, "early flush", func() bool { _, all := cp.completions(); return len(all) >= 256 })
 }
 
 func TestCompletionsFlushedOnStop(t *testing.T) {
@@ -198,7 +199,7 @@ func TestFallbackOnTimeout(t *testing.T) {
 	if sent == 0 {
 		t.Fatal("Route was sent without a route id")
 	}
-	waitFor(t, "the abandoned call is reported", func() bool { _, all := cp.completions(); return len(all) > 0 })
+	testkit.WaitFor(t, 5*time.Second, "the abandoned call is reported", func() bool { _, all := cp.completions(); return len(all) > 0 })
 	if _, all := cp.completions(); len(all) != 1 || !all[0].GetAbandoned() || all[0].GetRouteId() != sent || all[0].GetTicket() != 0 {
 		t.Fatalf("completions = %v, want one abandoned report for route id %d", all, sent)
 	}
@@ -684,7 +685,7 @@ func TestBootWorkersUntilFirstSync(t *testing.T) {
 	}
 
 	stop := run(t, r) // Run syncs at once
-	waitFor(t, "first sync", r.Synced)
+	testkit.WaitFor(t, 5*time.Second, "first sync", r.Synced)
 	stop()
 	if got := r.Workers(); len(got) != 1 || got[0].URL != wA {
 		t.Fatalf("Workers after sync = %+v, want the control plane's set", got)
@@ -701,7 +702,7 @@ func TestRunSyncsPeriodically(t *testing.T) {
 	cp := newFakeCP(t)
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, SyncInterval: 20 * time.Millisecond})
 	run(t, r)
-	waitFor(t, "several syncs", func() bool { return len(cp.syncRequests()) >= 3 })
+	testkit.WaitFor(t, 5*time.Second, "several syncs", func() bool { return len(cp.syncRequests()) >= 3 })
 }
 
 // A worker the control plane reports healthy again is announced once, so
@@ -735,34 +736,6 @@ func TestOnHealthyAfterRecovery(t *testing.T) {
 	}
 }
 
-// recordingHandler keeps log records for assertions.
-type recordingHandler struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (h *recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.recs = append(h.recs, r)
-	return nil
-}
-func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *recordingHandler) WithGroup(string) slog.Handler      { return h }
-
-func (h *recordingHandler) count(level slog.Level, substr string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, r := range h.recs {
-		if r.Level == level && strings.Contains(r.Message, substr) {
-			n++
-		}
-	}
-	return n
-}
-
 // TestRejectedClusterTokenWarns: a data plane whose token the control plane
 // rejects keeps serving by local fallback, so the misconfiguration must be
 // visible at WARN (once per period, not once per request), while ordinary
@@ -773,7 +746,7 @@ func TestRejectedClusterTokenWarns(t *testing.T) {
 		f.routeErr = connect.NewError(connect.CodeUnauthenticated, errors.New("missing or invalid bearer token"))
 		f.syncErr = f.routeErr
 	})
-	rec := &recordingHandler{}
+	rec := testkit.NewLogRecorder()
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, Token: "wrong", Logger: slog.New(rec),
 		BootWorkers: []router.WorkerStatus{{URL: wA, Healthy: true}}})
 	for i := 0; i < 5; i++ {
@@ -784,7 +757,7 @@ func TestRejectedClusterTokenWarns(t *testing.T) {
 		r.Done(d, router.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
 	}
 	_ = r.SyncOnce(context.Background())
-	if n := rec.count(slog.LevelWarn, "rejected this data plane's cluster token"); n != 1 {
+	if n := rec.Count(slog.LevelWarn, "rejected this data plane's cluster token"); n != 1 {
 		t.Fatalf("%d rejected-token warnings for 5 routes and a sync, want exactly 1", n)
 	}
 
@@ -794,7 +767,7 @@ func TestRejectedClusterTokenWarns(t *testing.T) {
 	if _, err := r.Route(context.Background(), &router.Request{ID: "r2"}); err != nil {
 		t.Fatal(err)
 	}
-	if n := rec.count(slog.LevelDebug, "route via control plane failed"); n != 1 {
+	if n := rec.Count(slog.LevelDebug, "route via control plane failed"); n != 1 {
 		t.Fatalf("an Unavailable answer should be logged at debug once, got %d", n)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/server"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // keyedReplica demands its own key (vLLM --api-key) on every path, health
@@ -177,7 +178,7 @@ func TestRefusesRemoteBindWithoutClientKeys(t *testing.T) {
 				return
 			}
 			base := "http://" + ln.Addr().String()
-			waitFor(t, "the router to serve", func() bool {
+			testkit.WaitFor(t, 10*time.Second, "the router to serve", func() bool {
 				resp, err := http.Get(base + "/health")
 				if err != nil {
 					return false
@@ -215,7 +216,7 @@ func TestMetricsOnOwnListener(t *testing.T) {
 	a := newAllInOne(t, configFiles(t, workersYAML(w.URL)+"server: {metrics_addr: \""+metricsAddr+"\"}\n"))
 	base := runAllInOne(t, a)
 	var body string
-	waitFor(t, "the metrics listener", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the metrics listener", func() bool {
 		resp, err := http.Get("http://" + metricsAddr + "/metrics")
 		if err != nil {
 			return false

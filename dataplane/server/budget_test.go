@@ -11,6 +11,7 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/server"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // The proxy.* budgets reach the proxy from the configuration: the item
@@ -37,7 +38,7 @@ func TestBodyBudgetsFromConfig(t *testing.T) {
 		return conn
 	}
 	first := stall(2000)
-	waitFor(t, "the stalled body's reservation", func() bool { n, _ := a.Proxy.InflightBodyBytes(); return n == 2000 })
+	testkit.WaitFor(t, 10*time.Second, "the stalled body's reservation", func() bool { n, _ := a.Proxy.InflightBodyBytes(); return n == 2000 })
 	resp, err := http.ReadResponse(bufio.NewReader(stall(2500)), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +56,7 @@ func TestBodyBudgetsFromConfig(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestTimeout {
 		t.Fatalf("stalled body after body_read_timeout_secs: %d, want 408", resp.StatusCode)
 	}
-	waitFor(t, "the reservation's release", func() bool { n, _ := a.Proxy.InflightBodyBytes(); return n == 0 })
+	testkit.WaitFor(t, 10*time.Second, "the reservation's release", func() bool { n, _ := a.Proxy.InflightBodyBytes(); return n == 0 })
 }
 
 // session.max_sessions reaches the engine.

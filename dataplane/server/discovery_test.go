@@ -9,11 +9,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 
 	"github.com/cartrouter/cart/controlplane/discovery/dnstest"
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // srvRecords publishes replicas as SRV records of _w._tcp.pool (each with
@@ -72,7 +74,7 @@ func TestDNSDiscoveryEndToEnd(t *testing.T) {
 	// its /v1/models (x, probed at start, is known to serve the model);
 	// health rounds are the test's to drive here.
 	probe := func() { a.Health.Round(context.Background()) }
-	waitFor(t, "a and b discovered", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "a and b discovered", func() bool {
 		ws := workers(t, base)
 		return ws[ra.URL].Source == "dns" && ws[rb.URL].Source == "dns" && ws[x.URL].Source == "static"
 	})
@@ -127,15 +129,15 @@ func TestDNSDiscoveryEndToEnd(t *testing.T) {
 	}
 	t.Cleanup(func() { release(); stopTraffic() })
 
-	waitFor(t, "a request in flight on b", func() bool { return rb.chats.Load() >= 1 })
+	testkit.WaitFor(t, 10*time.Second, "a request in flight on b", func() bool { return rb.chats.Load() >= 1 })
 
 	// c joins.
 	ns.Set(t, srvRecords(ra, rb, rc)...)
-	waitFor(t, "traffic on c", func() bool { probe(); return rc.chats.Load() >= 3 })
+	testkit.WaitFor(t, 10*time.Second, "traffic on c", func() bool { probe(); return rc.chats.Load() >= 3 })
 
 	// b leaves DNS: it drains, keeping its held request.
 	ns.Set(t, srvRecords(ra, rc)...)
-	waitFor(t, "b draining", func() bool { return workers(t, base)[rb.URL].Draining })
+	testkit.WaitFor(t, 10*time.Second, "b draining", func() bool { return workers(t, base)[rb.URL].Draining })
 	for i := range 20 {
 		code, peer, _ := chat(t, base, chatBody(fmt.Sprintf("after drain %d", i), "hi", false, 1))
 		if code != http.StatusOK || peer == rb.URL {
@@ -146,12 +148,12 @@ func TestDNSDiscoveryEndToEnd(t *testing.T) {
 		t.Fatalf("b should stay while its request is in flight: %+v", w)
 	}
 	release()
-	waitFor(t, "b removed once idle", func() bool { _, ok := workers(t, base)[rb.URL]; return !ok })
-	waitFor(t, "b's held request answered", func() bool { return okByB.Load() >= 1 })
+	testkit.WaitFor(t, 10*time.Second, "b removed once idle", func() bool { _, ok := workers(t, base)[rb.URL]; return !ok })
+	testkit.WaitFor(t, 10*time.Second, "b's held request answered", func() bool { return okByB.Load() >= 1 })
 
 	// A broken resolver keeps the last good set.
 	ns.Fail(dns.RcodeServerFailure)
-	waitFor(t, "stale reported", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "stale reported", func() bool {
 		mfs := scrape(t, base)
 		st, _ := sample(mfs, "cart_discovery_stale", map[string]string{"source": "dns"})
 		n, _ := sample(mfs, "cart_discovery_errors_total", map[string]string{"source": "dns"})
@@ -160,7 +162,7 @@ func TestDNSDiscoveryEndToEnd(t *testing.T) {
 	// An empty answer too.
 	ns.Set(t)
 	before, _ := sample(scrape(t, base), "cart_discovery_errors_total", map[string]string{"source": "dns"})
-	waitFor(t, "empty answers counted", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "empty answers counted", func() bool {
 		n, _ := sample(scrape(t, base), "cart_discovery_errors_total", map[string]string{"source": "dns"})
 		return n >= before+3
 	})
@@ -169,7 +171,7 @@ func TestDNSDiscoveryEndToEnd(t *testing.T) {
 		t.Fatalf("the last good set was not kept: %+v", ws)
 	}
 	ns.Set(t, srvRecords(ra, rc)...)
-	waitFor(t, "fresh again", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "fresh again", func() bool {
 		st, _ := sample(scrape(t, base), "cart_discovery_stale", map[string]string{"source": "dns"})
 		return st == 0
 	})

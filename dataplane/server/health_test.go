@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 type healthBody struct {
@@ -64,7 +67,7 @@ func TestUnhealthyWorkerGetsNoTrafficAndEndpointsShowIt(t *testing.T) {
 	a.Health.Round(ctx)
 	expect("two good probes", true, 2, http.StatusOK)
 	n := 0
-	waitFor(t, "traffic to reach b again", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "traffic to reach b again", func() bool {
 		n++ // a new prompt each time: least loaded, ties broken at random
 		chat(t, base, chatBody(longText(fmt.Sprint("again", n), 300), "q", false, 1))
 		return rb.chats.Load() > 0

@@ -9,8 +9,10 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cartrouter/cart/dataplane/breaker"
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -92,7 +94,7 @@ cache:
 		r.Body.Close()
 	}
 
-	waitFor(t, "the hang-up, evictions and zero in-flight", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the hang-up, evictions and zero in-flight", func() bool {
 		mfs := scrape(t, base)
 		d, _ := sample(mfs, "cart_client_disconnects_total", nil)
 		e, _ := sample(mfs, "cart_index_evictions_total", nil)

@@ -15,6 +15,7 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/server"
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -86,9 +87,9 @@ func TestAdapterLoadedAtRuntimeGetsAllItsRequests(t *testing.T) {
 	a := newAllInOne(t, configFiles(t, workersYAML(urls...)+"health:\n  interval_secs: 0.05\n  timeout_secs: 0.05\n"))
 	base := runAllInOne(t, a)
 
-	waitFor(t, "the base model in /v1/models", func() bool { return slices.Equal(modelIDs(t, base), []string{"base"}) })
+	testkit.WaitFor(t, 10*time.Second, "the base model in /v1/models", func() bool { return slices.Equal(modelIDs(t, base), []string{"base"}) })
 	simPost(t, urls[1]+"/v1/load_lora_adapter", `{"lora_name":"sql-lora","lora_path":"/adapters/sql"}`)
-	waitFor(t, "the adapter in /v1/models", func() bool { return slices.Contains(modelIDs(t, base), "sql-lora") })
+	testkit.WaitFor(t, 10*time.Second, "the adapter in /v1/models", func() bool { return slices.Contains(modelIDs(t, base), "sql-lora") })
 
 	for i := range 12 {
 		code, peer, body := postRaw(t, base+"/v1/chat/completions", chatModel("sql-lora", fmt.Sprintf("question %d about tables", i)))
@@ -110,7 +111,7 @@ func TestAdapterLoadedAtRuntimeGetsAllItsRequests(t *testing.T) {
 	}
 
 	simPost(t, urls[1]+"/v1/unload_lora_adapter", `{"lora_name":"sql-lora"}`)
-	waitFor(t, "the adapter gone from /v1/models", func() bool { return !slices.Contains(modelIDs(t, base), "sql-lora") })
+	testkit.WaitFor(t, 10*time.Second, "the adapter gone from /v1/models", func() bool { return !slices.Contains(modelIDs(t, base), "sql-lora") })
 	code, _, body := postRaw(t, base+"/v1/chat/completions", chatModel("sql-lora", "question after unload"))
 	assertModelNotFound(t, code, body, false)
 }

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // Reload accepts a changed workers list: kept workers keep their index
@@ -51,7 +54,7 @@ func TestReloadWorkersKeepsWarmCacheAndDrainsRemoved(t *testing.T) {
 		code, peer, body := chat(t, base, chatBody(other, "slow", false, 1))
 		inflight <- result{code, peer, body}
 	}()
-	waitFor(t, "the request to reach z", func() bool { return z.chats.Load() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the request to reach z", func() bool { return z.chats.Load() == 1 })
 	entriesBefore, _ := sample(scrape(t, base), "cart_index_entries", nil)
 
 	// Reload 2: keep x, remove z, add y.
