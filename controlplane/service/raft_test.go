@@ -114,7 +114,7 @@ func (c *raftCluster) leader(among ...*raftCP) *raftCP {
 		among = c.nodes
 	}
 	var found *raftCP
-	testkit.WaitFor(c.t, 5*time.Second, "a ready leader", func() bool {
+	testkit.WaitFor(c.t, 15*time.Second, "a ready leader", func() bool {
 		for _, x := range among {
 			x.mu.Lock()
 			leading := x.core.leading

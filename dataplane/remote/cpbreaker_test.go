@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 type fakeClock struct {
@@ -73,7 +74,7 @@ func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
 			t.Fatalf("call %d: %+v, cause %q; want a timeout fallback", i, d, lastCause(fb))
 		}
 	}
-	waitFor(t, "3 Route calls at the control plane", func() bool { return cp.routeCount() == 3 })
+	testkit.WaitFor(t, 5*time.Second, "3 Route calls at the control plane", func() bool { return cp.routeCount() == 3 })
 
 	for i := range 5 {
 		start := time.Now()
@@ -95,7 +96,7 @@ func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
 	if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != "timeout" {
 		t.Fatalf("probe: %+v, cause %q; want a timeout fallback", d, lastCause(fb))
 	}
-	waitFor(t, "the probe at the control plane", func() bool { return cp.routeCount() == 4 })
+	testkit.WaitFor(t, 5*time.Second, "the probe at the control plane", func() bool { return cp.routeCount() == 4 })
 	clock.advance(999 * time.Millisecond)
 	if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != CauseCPBreaker {
 		t.Fatalf("after a failed probe: %+v, cause %q; want the breaker", d, lastCause(fb))
@@ -153,7 +154,7 @@ func TestCPBreakerIgnoresAnswers(t *testing.T) {
 		})
 		routeOnce(t, r)
 	}
-	waitFor(t, "all 11 Route calls at the control plane", func() bool { return cp.routeCount() == 11 })
+	testkit.WaitFor(t, 5*time.Second, "all 11 Route calls at the control plane", func() bool { return cp.routeCount() == 11 })
 	if slices.Contains(fb.list(), CauseCPBreaker) {
 		t.Fatalf("breaker opened: causes %v", fb.list())
 	}
@@ -168,7 +169,7 @@ func TestCPBreakerDisabled(t *testing.T) {
 	for range 6 { // more than the default of 5, should 0 be mistaken for unset
 		routeOnce(t, r)
 	}
-	waitFor(t, "6 Route calls at the control plane", func() bool { return cp.routeCount() == 6 })
+	testkit.WaitFor(t, 5*time.Second, "6 Route calls at the control plane", func() bool { return cp.routeCount() == 6 })
 	if slices.Contains(fb.list(), CauseCPBreaker) {
 		t.Fatalf("disabled breaker opened: causes %v", fb.list())
 	}
