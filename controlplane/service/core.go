@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -294,7 +295,15 @@ func (c *Core) probe(ctx context.Context) {
 	})
 	t := time.NewTicker(c.o.Health.Interval)
 	defer t.Stop()
-	for {
+	// The worker set changes between rounds (cartctl, discovery): a worker
+	// added is routable at once, but model routing treats it as serving
+	// nothing it is not yet known to serve, so its models are read as soon
+	// as it shows up rather than at the next round.
+	setTick := time.NewTicker(workerSetPoll)
+	defer setTick.Stop()
+	var applied []string
+	first := true
+	apply := func() {
 		ws, _ := c.st.Workers()
 		urls := make([]string, len(ws))
 		mws := make([]models.Worker, len(ws))
@@ -302,13 +311,34 @@ func (c *Core) probe(ctx context.Context) {
 			urls[i] = w.URL
 			mws[i] = models.Worker{URL: w.URL, Declared: c.o.DeclaredModels[w.URL]}
 		}
-		chk.SetWorkers(urls)
-		c.models.SetWorkers(mws)
-		chk.Round(ctx)
-		select {
-		case <-ctx.Done():
+		if !first && slices.Equal(urls, applied) {
 			return
-		case <-t.C:
+		}
+		first = false
+		// The registry first: a models answer for a worker it does not
+		// know yet would be dropped.
+		c.models.SetWorkers(mws)
+		chk.SetWorkers(urls)
+		applied = urls
+	}
+	for {
+		apply()
+		chk.Round(ctx)
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-setTick.C:
+				apply()
+				chk.ReadFresh(ctx)
+			case <-t.C:
+				break wait
+			}
 		}
 	}
 }
+
+// workerSetPoll is how often the leader's prober looks for workers added
+// since its last round.
+const workerSetPoll = 250 * time.Millisecond

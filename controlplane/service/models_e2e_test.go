@@ -130,3 +130,41 @@ func TestLeaderDeclaredModels(t *testing.T) {
 		t.Fatal("a model maybe served by a worker with an unknown list was refused")
 	}
 }
+
+// A worker added between probe rounds has its models read at once: until
+// then an adapter it holds would be routed as if nobody served it there.
+func TestLeaderReadsAddedWorkersModelsAtOnce(t *testing.T) {
+	var urls []string
+	for i, name := range []string{"a", "b"} {
+		sc := sim.Config{Name: name, Models: []string{"base"}}
+		if i == 1 {
+			sc.LoRAModules = []sim.LoRAModule{{Name: "lora", Path: "/adapters/lora"}}
+		}
+		s := sim.New(sc)
+		ts := httptest.NewServer(s.Handler())
+		t.Cleanup(func() { ts.Close(); _ = s.Close() })
+		urls = append(urls, ts.URL)
+	}
+	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) {
+		o.HealthClient = nil                                           // probe the sims for real
+		o.Health.Interval, o.Health.Timeout = time.Hour, 2*time.Second // no second round during the test
+	}})
+	cp.addWorkers(t, urls[0])
+	modelsOf := func(url string) []string {
+		list, err := cp.admin().ListWorkers(context.Background(), connect.NewRequest(&cartv1.ListWorkersRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range list.Msg.GetWorkers() {
+			if w.GetUrl() == url {
+				return w.GetModels()
+			}
+		}
+		return nil
+	}
+	testkit.WaitFor(t, 5*time.Second, "the first worker's models (first round)", func() bool { return len(modelsOf(urls[0])) > 0 })
+	cp.addWorkers(t, urls[1])
+	testkit.WaitFor(t, 5*time.Second, "the added worker's adapter, an hour before the next round", func() bool {
+		return slices.Contains(modelsOf(urls[1]), "lora")
+	})
+}

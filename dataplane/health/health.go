@@ -158,8 +158,9 @@ func (c *Checker) SetWorkers(urls []string) {
 	}
 }
 
-// readFresh reads the models of workers added since the last round.
-func (c *Checker) readFresh(ctx context.Context) {
+// ReadFresh reads the models of workers added since the last round (Run
+// does it by itself; a caller driving Round does it with this).
+func (c *Checker) ReadFresh(ctx context.Context) {
 	c.mu.Lock()
 	fresh := c.fresh
 	c.fresh = nil
@@ -199,7 +200,7 @@ func (c *Checker) untilTick(ctx context.Context, tick <-chan time.Time) bool {
 		case <-ctx.Done():
 			return false
 		case <-c.kick:
-			c.readFresh(ctx)
+			c.ReadFresh(ctx)
 		case <-tick:
 			return true
 		}
