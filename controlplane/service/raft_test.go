@@ -240,10 +240,13 @@ func TestWriteOnPartitionedLeaderIsUnknown(t *testing.T) {
 	}
 	c.heal()
 	c.converged()
+	// raft counts an entry applied when it hands it to the state machine,
+	// a moment before the state machine has applied it: poll the state.
 	for _, x := range c.nodes {
-		if ws, _ := x.st.Workers(); len(ws) != 2 {
-			t.Fatalf("%s workers after heal: %v", x.id, ws)
-		}
+		testkit.WaitForMsg(t, 5*time.Second, x.id+" has both workers after the heal", func() (bool, string) {
+			ws, _ := x.st.Workers()
+			return len(ws) == 2, fmt.Sprint(ws)
+		})
 	}
 }
 
