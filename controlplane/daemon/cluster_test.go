@@ -21,6 +21,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -233,9 +234,17 @@ func TestLeaderKillAndFullRestart(t *testing.T) {
 			break
 		}
 	}
-	if _, err := admin(follower.url()).AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w3, MaxLoad: 7}})); err != nil {
-		t.Fatalf("add worker via follower: %v", err)
-	}
+	// A follower forwards to the leader's API URL, which a new leader
+	// publishes through the log just after winning: until the follower has
+	// applied it, the answer is a definite "not done" (Unavailable), and
+	// the command is idempotent, so retrying is what a client does.
+	testkit.WaitForMsg(t, 10*time.Second, "add worker via follower", func() (bool, string) {
+		_, err := admin(follower.url()).AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w3, MaxLoad: 7}}))
+		if err != nil && connect.CodeOf(err) != connect.CodeUnavailable {
+			t.Fatalf("add worker via follower: %v", err)
+		}
+		return err == nil, fmt.Sprint(err)
+	})
 	if _, err := admin(leader.url()).RemoveWorker(ctx, connect.NewRequest(&cartv1.RemoveWorkerRequest{Url: w1})); err != nil {
 		t.Fatalf("remove worker: %v", err)
 	}
