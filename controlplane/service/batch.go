@@ -142,6 +142,9 @@ func (b *batcher) Unplace(worker string, hashes []uint64, at time.Time) {
 	b.add(false, worker, hashes, at)
 }
 
+// maxPendingOrigins bounds the origins waiting for a batch that commits.
+func maxPendingOrigins(batchMax int) int { return 8 * batchMax }
+
 // Origin queues a Responses API origin for replication; the engine lock
 // must be held.
 func (b *batcher) Origin(o *cartv1.ResponseOrigin) {
@@ -230,8 +233,13 @@ func (b *batcher) flush(ctx context.Context) {
 	// placements) and, proposed alone, would leave the log out of step.
 	window := b.window
 	b.window = nil
-	// Response origins are facts, not decisions: propose them again.
+	// Response origins are facts, not decisions: propose them again, but
+	// keep at most maxPendingOrigins (the newest) while commits keep
+	// failing; the leader's own table still pins the older ones.
 	b.origins = append(origins, b.origins...)
+	if n := len(b.origins) - maxPendingOrigins(b.max); n > 0 {
+		b.origins = b.origins[n:]
+	}
 	undone := b.undo(window) + b.undo(ops)
 	b.clearFences()
 	b.log.Warn("placements not replicated; withdrawn from this node's index", "placements", len(place), "withdrawals", len(unplace),

@@ -217,3 +217,43 @@ func TestSnapshotLeavesOutUncommittedChanges(t *testing.T) {
 		t.Fatalf("leader's withdrawal undone by the snapshot: %s", r)
 	}
 }
+
+// Response origins of a batch that fails to commit are proposed again (they
+// are facts, not decisions), but while commits keep failing the queue keeps
+// only the newest maxPendingOrigins.
+func TestFailedBatchKeepsBoundedOrigins(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	b := cp.core.batch
+	queue := func(n int, from uint64) {
+		cp.core.mu.Lock()
+		for i := range n {
+			b.Origin(&cartv1.ResponseOrigin{IdHash: from + uint64(i), Worker: w1})
+		}
+		cp.core.mu.Unlock()
+	}
+	cp.node.setApplyErr(raftnode.ErrNotLeader)
+	queue(3, 1)
+	b.flush(context.Background())
+	cp.core.mu.Lock()
+	if got := len(b.origins); got != 3 {
+		cp.core.mu.Unlock()
+		t.Fatalf("after a failed batch %d origins are queued, want the 3 again", got)
+	}
+	cp.core.mu.Unlock()
+	limit := maxPendingOrigins(b.max)
+	for i := range 4 {
+		queue(limit, uint64(1000+i*limit))
+		b.flush(context.Background())
+	}
+	cp.core.mu.Lock()
+	got, newest := len(b.origins), b.origins[len(b.origins)-1].GetIdHash()
+	cp.core.mu.Unlock()
+	if got != limit || newest != uint64(1000+4*limit-1) {
+		t.Fatalf("after repeated failures %d origins queued (newest %d), want the newest %d", got, newest, limit)
+	}
+	cp.node.setApplyErr(nil)
+	b.flush(context.Background())
+	if bs := cp.node.placeBatches(); len(bs) == 0 || len(bs[len(bs)-1].GetResponseOrigins()) != limit {
+		t.Fatalf("the committed batch does not carry the queued origins")
+	}
+}
