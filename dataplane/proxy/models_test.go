@@ -159,6 +159,16 @@ func TestPassThroughFollowsModels(t *testing.T) {
 	if n := b.hits.Load(); n != 0 {
 		t.Fatalf("the replica without the embedding model got %d of 8 requests", n)
 	}
+	// The model is read as the engine reads it: exact case, last duplicate.
+	for _, body := range []string{`{"model":"embed","MODEL":"m","input":"x"}`, `{"model":"m","model":"embed","input":"x"}`} {
+		resp := r.post("/v1/embeddings", body)
+		if got := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, got)
+		}
+	}
+	if n := b.hits.Load(); n != 0 {
+		t.Fatalf("a case variant or an earlier duplicate of \"model\" sent %d requests to the replica without the model", n)
+	}
 	resp := r.post("/v1/embeddings", `{"model":"nobody-serves-this","input":"x"}`)
 	if body := readAll(t, resp); resp.StatusCode != http.StatusNotFound || !strings.Contains(body, "model_not_found") {
 		t.Fatalf("unknown model: %d %s", resp.StatusCode, body)

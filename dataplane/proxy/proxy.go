@@ -423,19 +423,19 @@ func (p *Proxy) filterModel(c *call, model string) error {
 }
 
 // passThroughModel is the top-level "model" of a JSON pass-through body
-// (embeddings, rerank, score, tokenize...), "" when there is none. It is
-// for routing only: the remote-media walk, not this, guards policy.
+// (embeddings, rerank, score, tokenize...), "" when there is none. It reads
+// the key as the engines do: exact case (a struct tag would also match
+// "MODEL"), the last of duplicates winning (a map keeps the last).
 func passThroughModel(r *http.Request, body []byte) string {
 	if len(body) == 0 || !strings.Contains(r.Header.Get("Content-Type"), "json") {
 		return ""
 	}
-	var v struct {
-		Model string `json:"model"`
-	}
-	if json.Unmarshal(body, &v) != nil {
+	var top map[string]json.RawMessage
+	var model string
+	if json.Unmarshal(body, &top) != nil || json.Unmarshal(top["model"], &model) != nil {
 		return ""
 	}
-	return v.Model
+	return model
 }
 
 func tooLarge(limit int64) error {
