@@ -270,22 +270,7 @@ func (w *walker) array(lv *level, m mode, depth int) {
 	}
 	for {
 		w.value(lv, m, depth)
-		if w.stopped() {
-			return
-		}
-		w.space()
-		if w.pos >= len(w.data) {
-			w.bad = true
-			return
-		}
-		c := w.data[w.pos]
-		w.pos++
-		switch c {
-		case ',':
-		case ']':
-			return
-		default:
-			w.bad = true
+		if !w.next(']') {
 			return
 		}
 	}
@@ -383,22 +368,7 @@ func (w *walker) object(lv *level, m mode, depth int) {
 			}
 		}
 		w.value(clv, cm, depth)
-		if w.stopped() {
-			return
-		}
-		w.space()
-		if w.pos >= len(w.data) {
-			w.bad = true
-			return
-		}
-		c := w.data[w.pos]
-		w.pos++
-		switch c {
-		case ',':
-		case '}':
-			return
-		default:
-			w.bad = true
+		if !w.next('}') {
 			return
 		}
 	}
@@ -631,4 +601,28 @@ func levelFor(t reflect.Type, cache map[reflect.Type]*level) *level {
 	}
 	add(t)
 	return l
+}
+
+// next consumes what follows an array element or object member: true after
+// a ',' (another follows), false at close, when the walk has stopped, or on
+// anything else (then w.bad is set).
+func (w *walker) next(close byte) bool {
+	if w.stopped() {
+		return false
+	}
+	w.space()
+	if w.pos >= len(w.data) {
+		w.bad = true
+		return false
+	}
+	c := w.data[w.pos]
+	w.pos++
+	switch c {
+	case ',':
+		return true
+	case close:
+		return false
+	}
+	w.bad = true
+	return false
 }
