@@ -106,15 +106,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	if cp.Bootstrap {
 		d.seeded = make(chan struct{})
 	}
-	d.Dec = decider.New(decider.Options{
-		Policy:       server.EnginePolicy(cfg),
-		MaxEntries:   cfg.Cache.MaxTreeSize,
-		InlineEvict:  cfg.Cache.EvictionIntervalSecs <= 0,
-		DailyReset:   cfg.Cache.DailyCleanupHourUTC >= 0,
-		ResetHourUTC: cfg.Cache.DailyCleanupHourUTC,
-		LoadLease:    time.Duration(cp.LoadLeaseSecs * float64(time.Second)),
-		MaxTickets:   cp.MaxUnsettledTickets,
-	})
+	d.Dec = decider.New(deciderOptions(cfg))
 	d.St = state.New(d.Dec)
 	var leaderLoops []func(context.Context)
 	if cfg.Discovery.DNS.Enabled() {
@@ -244,6 +236,21 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	// Every node bounds its own index (followers apply placements too).
 	go d.Dec.Run(ctx, time.Duration(cfg.Cache.EvictionIntervalSecs*float64(time.Second)))
 	return d, nil
+}
+
+// deciderOptions translates the config into the node's routing core: the
+// same cache.* bounds and daily reset as the all-in-one mode, plus the
+// leader's lease and ticket cap.
+func deciderOptions(cfg *config.Config) decider.Options {
+	return decider.Options{
+		Policy:       server.EnginePolicy(cfg),
+		MaxEntries:   cfg.Cache.MaxTreeSize,
+		InlineEvict:  cfg.Cache.EvictionIntervalSecs <= 0,
+		DailyReset:   cfg.Cache.DailyCleanupHourUTC >= 0,
+		ResetHourUTC: cfg.Cache.DailyCleanupHourUTC,
+		LoadLease:    time.Duration(cfg.ControlPlane.LoadLeaseSecs * float64(time.Second)),
+		MaxTickets:   cfg.ControlPlane.MaxUnsettledTickets,
+	}
 }
 
 // checkRaftAuth refuses a Raft port reachable beyond loopback with no peer
