@@ -1,5 +1,5 @@
 // Package daemon runs one control-plane node: Raft on disk, the replicated
-// state over a routing engine, and the Connect API on one port.
+// state over the node's decider, and the Connect API on one port.
 package daemon
 
 import (
@@ -9,20 +9,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/discovery"
-	"github.com/cartrouter/cart/controlplane/engine"
-	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/service"
 	"github.com/cartrouter/cart/controlplane/state"
@@ -39,8 +36,9 @@ type Daemon struct {
 	Node *raftnode.Node
 	St   *state.State
 	API  *http.Server
-	mu   *sync.Mutex
-	eng  *engine.Engine
+	// Dec is the node's routing core: the engine, its lock, load, tickets
+	// and index maintenance, shared by the state machine and the service.
+	Dec *decider.Decider
 	// watcher is DNS discovery, run by whichever node leads.
 	watcher *discovery.Watcher
 	// seeded is closed once a bootstrapping node decided about the static
@@ -104,13 +102,12 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, mu: &sync.Mutex{}}
+	d := &Daemon{cfg: cfg, log: log}
 	if cp.Bootstrap {
 		d.seeded = make(chan struct{})
 	}
-	idx := index.New(index.Options{MaxEntries: cfg.Cache.MaxTreeSize, Headroom: cfg.Cache.MaxTreeSize / 8, InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0})
-	d.eng = engine.New(server.EnginePolicy(cfg), idx, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
-	d.St = state.New(d.mu, d.eng)
+	d.Dec = decider.New(deciderOptions(cfg))
+	d.St = state.New(d.Dec)
 	var leaderLoops []func(context.Context)
 	if cfg.Discovery.DNS.Enabled() {
 		// d.watcher is set below, before Raft can make this node leader.
@@ -133,8 +130,6 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		BlockChars:     cfg.Cache.BlockChars,
 		PlacementBatch: time.Duration(cp.PlacementBatchMs) * time.Millisecond,
 		PlacementMax:   cp.PlacementBatchMax,
-		LoadLease:      time.Duration(cp.LoadLeaseSecs * float64(time.Second)),
-		MaxTickets:     cp.MaxUnsettledTickets,
 		Health:         healthCfg,
 		DeclaredModels: declaredModels(cfg.Workers),
 		Token:          token,
@@ -145,7 +140,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 
 		ResponseAffinityTTL: cfg.Responses.AffinityTTL(),
 		ResponseAffinityMax: cfg.Responses.MaxEntries,
-	}, d.mu, d.eng, d.St)
+	}, d.Dec, d.St)
 	if cfg.Discovery.DNS.Enabled() {
 		res, err := server.DNSResolver(cfg)
 		if err != nil {
@@ -238,11 +233,24 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	if cp.Bootstrap {
 		go d.seedWorkers(ctx)
 	}
-	go d.Core.RunMaintenance(ctx, service.MaintenanceOptions{
-		Interval:   time.Duration(cfg.Cache.EvictionIntervalSecs * float64(time.Second)),
-		MaxEntries: cfg.Cache.MaxTreeSize,
-	})
+	// Every node bounds its own index (followers apply placements too).
+	go d.Dec.Run(ctx, time.Duration(cfg.Cache.EvictionIntervalSecs*float64(time.Second)))
 	return d, nil
+}
+
+// deciderOptions translates the config into the node's routing core: the
+// same cache.* bounds and daily reset as the all-in-one mode, plus the
+// leader's lease and ticket cap.
+func deciderOptions(cfg *config.Config) decider.Options {
+	return decider.Options{
+		Policy:       server.EnginePolicy(cfg),
+		MaxEntries:   cfg.Cache.MaxTreeSize,
+		InlineEvict:  cfg.Cache.EvictionIntervalSecs <= 0,
+		DailyReset:   cfg.Cache.DailyCleanupHourUTC >= 0,
+		ResetHourUTC: cfg.Cache.DailyCleanupHourUTC,
+		LoadLease:    time.Duration(cfg.ControlPlane.LoadLeaseSecs * float64(time.Second)),
+		MaxTickets:   cfg.ControlPlane.MaxUnsettledTickets,
+	}
 }
 
 // checkRaftAuth refuses a Raft port reachable beyond loopback with no peer
@@ -408,14 +416,6 @@ func (s cpSink) apply(ctx context.Context, cmd *cartv1.RaftCommand) error {
 	return err
 }
 
-func (s cpSink) SetDraining(url string, on bool) {
-	s.d.mu.Lock()
-	s.d.eng.SetDraining(url, on)
-	s.d.mu.Unlock()
-}
+func (s cpSink) SetDraining(url string, on bool) { s.d.Dec.SetDraining(url, on) }
 
-func (s cpSink) Load(url string) int {
-	s.d.mu.Lock()
-	defer s.d.mu.Unlock()
-	return s.d.eng.Load(url)
-}
+func (s cpSink) Load(url string) int { return s.d.Dec.Load(url) }

@@ -223,16 +223,10 @@ func (h *AdminHandler) ClusterStatus(_ context.Context, _ *connect.Request[cartv
 	for _, m := range st.Members {
 		out.Members = append(out.Members, &cartv1.Member{Id: m.ID, RaftAddress: m.Addr, ApiUrl: members[m.ID], Suffrage: m.Suffrage, Leader: m.ID == st.LeaderID})
 	}
-	c.mu.Lock()
-	for _, w := range c.eng.Workers() {
-		out.Workers++
-		if w.Healthy {
-			out.HealthyWorkers++
-		}
-	}
-	out.IndexEntries = uint64(c.eng.Index().Len())
-	out.Dataplanes = uint32(len(c.dps))
-	c.mu.Unlock()
+	ds := c.dec.Stats()
+	out.Workers, out.HealthyWorkers = uint32(ds.Workers), uint32(ds.HealthyWorkers)
+	out.IndexEntries = uint64(ds.IndexEntries)
+	out.Dataplanes = uint32(ds.DataPlanes)
 	return connect.NewResponse(out), nil
 }
 

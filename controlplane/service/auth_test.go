@@ -276,6 +276,11 @@ func TestMetrics(t *testing.T) {
 		"cart_cp_dataplanes 1",
 		"cart_cp_index_entries 4",
 		"cart_cp_route_seconds_count 2",
+		// The decider's lock holds, one per decision, beside the other
+		// control-plane metrics, in sub-millisecond buckets.
+		`cart_decider_lock_hold_seconds_count{op="route"} 2`,
+		`cart_decider_lock_hold_seconds_bucket{op="route",le="1e-05"}`,
+		`cart_cp_tickets_dropped_total{cause="cap"} 0`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)

@@ -10,13 +10,13 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/raft"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/raftnode"
@@ -32,8 +32,7 @@ type raftCP struct {
 	id    string
 	addr  raft.ServerAddress
 	trans *raft.InmemTransport
-	mu    *sync.Mutex
-	eng   *engine.Engine
+	dec   *decider.Decider
 	st    *state.State
 	core  *Core
 	node  *raftnode.Node
@@ -56,20 +55,18 @@ func newRaftCluster(t *testing.T, n int) *raftCluster {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for i := range n {
 		addr, trans := raft.NewInmemTransport("")
-		mu := &sync.Mutex{}
-		eng := engine.New(testPolicy, index.New(index.Options{MaxEntries: 1 << 20}), rand.New(rand.NewPCG(1, uint64(i))))
-		st := state.New(mu, eng)
-		x := &raftCP{id: fmt.Sprintf("n%d", i+1), addr: addr, trans: trans, mu: mu, eng: eng, st: st}
+		dec := decider.New(decider.Options{Policy: testPolicy, MaxEntries: 1 << 20, Rand: rand.New(rand.NewPCG(1, uint64(i))), LoadLease: time.Minute})
+		st := state.New(dec)
+		x := &raftCP{id: fmt.Sprintf("n%d", i+1), addr: addr, trans: trans, dec: dec, st: st}
 		x.core = New(Options{
 			NodeID:         x.id,
 			BlockChars:     testBlockChars,
 			PlacementBatch: 10 * time.Millisecond,
 			PlacementMax:   512,
-			LoadLease:      time.Minute,
 			Health:         health.Config{Endpoint: "/health", Interval: time.Second, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
 			HealthClient:   &http.Client{Transport: okTransport{}},
 			Logger:         log,
-		}, mu, eng, st)
+		}, dec, st)
 		c.nodes = append(c.nodes, x)
 	}
 	c.heal()
@@ -116,10 +113,7 @@ func (c *raftCluster) leader(among ...*raftCP) *raftCP {
 	var found *raftCP
 	testkit.WaitFor(c.t, 15*time.Second, "a ready leader", func() bool {
 		for _, x := range among {
-			x.mu.Lock()
-			leading := x.core.leading
-			x.mu.Unlock()
-			if leading && x.node.IsLeader() {
+			if x.dec.Leading() && x.node.IsLeader() {
 				found = x
 				return true
 			}
@@ -161,17 +155,17 @@ func (c *raftCluster) heal() {
 // order are each node's own).
 func (x *raftCP) entries() map[uint64]string {
 	out := map[uint64]string{}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	x.eng.Index().Walk(func(hash uint64, _ int64, holders []index.Holder) bool {
-		var hs []string
-		for _, h := range holders {
-			url, _ := x.eng.WorkerURL(uint32(h.Worker))
-			hs = append(hs, url)
-		}
-		slices.Sort(hs)
-		out[hash] = strings.Join(hs, ",")
-		return true
+	x.dec.Do(decider.OpRead, func(eng *engine.Engine) {
+		eng.Index().Walk(func(hash uint64, _ int64, holders []index.Holder) bool {
+			var hs []string
+			for _, h := range holders {
+				url, _ := eng.WorkerURL(uint32(h.Worker))
+				hs = append(hs, url)
+			}
+			slices.Sort(hs)
+			out[hash] = strings.Join(hs, ",")
+			return true
+		})
 	})
 	return out
 }

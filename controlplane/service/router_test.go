@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/testkit"
@@ -462,7 +463,7 @@ func TestCompleteAfterSyncDoesNotDoubleRelease(t *testing.T) {
 }
 
 func TestLoadLeaseExpiry(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.LoadLease = 500 * time.Millisecond }})
+	cp := newTestCP(t, cpConfig{leader: true, dec: func(o *decider.Options) { o.LoadLease = 500 * time.Millisecond }})
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	aliveSync := func(ctx context.Context) error {

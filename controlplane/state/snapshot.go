@@ -11,6 +11,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
@@ -33,9 +35,12 @@ type Snapshot struct {
 
 // Capture copies the state. It holds the lock for one pass over the index
 // (tens of milliseconds for a million entries); writing happens outside.
-func (s *State) Capture() *Snapshot {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (s *State) Capture() (snap *Snapshot) {
+	s.dec.Do(decider.OpSnapshotCapture, func(eng *engine.Engine) { snap = s.capture(eng) })
+	return snap
+}
+
+func (s *State) capture(eng *engine.Engine) *Snapshot {
 	h := &cartv1.SnapshotHeader{
 		Version:        SnapshotVersion,
 		WorkersVersion: s.workersVersion,
@@ -45,7 +50,7 @@ func (s *State) Capture() *Snapshot {
 	pos := make(map[index.WorkerID]uint32, len(s.specs))
 	for i, w := range s.specs {
 		h.Workers = append(h.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: s.capacity[w.URL], Source: w.Source})
-		if id, ok := s.eng.WorkerIDOf(w.URL); ok {
+		if id, ok := eng.WorkerIDOf(w.URL); ok {
 			pos[indexID(id)] = uint32(i)
 		}
 	}
@@ -54,10 +59,10 @@ func (s *State) Capture() *Snapshot {
 	// those are taken back out of the copy (and withdrawals not committed
 	// put back), or a restart or a follower installing it could keep
 	// placements that never commit.
-	fix := s.uncommitted(pos)
+	fix := s.uncommitted(eng, pos)
 	snap := &Snapshot{header: h}
-	snap.records = make([]*cartv1.IndexRecord, 0, s.eng.Index().Len())
-	s.eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
+	snap.records = make([]*cartv1.IndexRecord, 0, eng.Index().Len())
+	eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
 		r := &cartv1.IndexRecord{Hash: hash, UsedUnixNanos: used}
 		for _, hd := range holders {
 			p, ok := pos[hd.Worker]
@@ -111,14 +116,15 @@ func (cs holderChanges) apply(r *cartv1.IndexRecord) {
 	}
 }
 
-// uncommitted collects the ledger's changes by block hash. s.mu held.
-func (s *State) uncommitted(pos map[index.WorkerID]uint32) map[uint64]holderChanges {
+// uncommitted collects the ledger's changes by block hash. Inside the
+// decider's critical section.
+func (s *State) uncommitted(eng *engine.Engine, pos map[index.WorkerID]uint32) map[uint64]holderChanges {
 	if s.own == nil {
 		return nil
 	}
 	var fix map[uint64]holderChanges
-	s.own.Uncommitted(func(insert bool, worker string, hashes []uint64, at int64) {
-		id, ok := s.eng.WorkerIDOf(worker)
+	s.own.Uncommitted(eng, func(insert bool, worker string, hashes []uint64, at int64) {
+		id, ok := eng.WorkerIDOf(worker)
 		if !ok {
 			return
 		}
@@ -199,25 +205,29 @@ func (s *State) Restore(r io.Reader) error {
 	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
 		return errors.New("snapshot has trailing data")
 	}
+	s.dec.Do(decider.OpSnapshotRestore, func(eng *engine.Engine) { s.install(eng, &h, records) })
+	return nil
+}
 
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// install swaps a decoded snapshot in. Inside the decider's critical
+// section.
+func (s *State) install(eng *engine.Engine, h *cartv1.SnapshotHeader, records []*cartv1.IndexRecord) {
 	// Clear the index before replacing the workers: SetWorkers drops each
 	// removed worker's entries with a walk over the whole index, which on a
 	// full index costs a pass per removed worker, under the engine lock,
 	// for entries about to be discarded anyway.
-	idx := s.eng.Index()
+	idx := eng.Index()
 	idx.Clear()
 	s.specs = s.specs[:0]
 	s.capacity = map[string]int64{}
 	for _, w := range h.GetWorkers() {
-		s.specs = append(s.specs, s.specFrom(w))
+		s.specs = append(s.specs, s.specFrom(eng, w))
 		s.capacity[w.GetUrl()] = w.GetCacheCapacityTokens()
 	}
-	s.eng.SetWorkers(slices.Clone(s.specs))
+	eng.SetWorkers(slices.Clone(s.specs))
 	ids := make([]index.WorkerID, len(s.specs))
 	for i, w := range s.specs {
-		id, _ := s.eng.WorkerIDOf(w.URL)
+		id, _ := eng.WorkerIDOf(w.URL)
 		ids[i] = indexID(id)
 	}
 	holders := make([]index.Holder, 0, 8)
@@ -237,7 +247,6 @@ func (s *State) Restore(r io.Reader) error {
 	if s.members == nil {
 		s.members = map[string]string{}
 	}
-	return nil
 }
 
 func readRecord(br *bufio.Reader, m proto.Message) error {

@@ -92,11 +92,6 @@ type Router struct {
 	lastAuthWarn atomic.Int64 // unix nanos of the last rejected-token warning
 }
 
-type ticket struct {
-	id     uint64 // control-plane ticket; 0 for local fallbacks
-	worker string
-}
-
 // New builds the router. Call Run to start syncing.
 func New(o Options) *Router {
 	if o.Logger == nil {
@@ -225,7 +220,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				Worker: m.GetWorker(), Reason: m.GetReason(), MatchedChars: int(m.GetMatchedChars()),
 				MatchedRatio: m.GetMatchedRatio(), Candidate: m.GetCandidate(), ChosenChars: int(m.GetChosenChars()),
 				Latency: time.Since(start), FromLeader: m.GetFromLeader(),
-				Ticket: &ticket{id: m.GetTicket(), worker: m.GetWorker()}, Pinned: m.GetPinned(),
+				Ticket: router.Ticket{ID: m.GetTicket(), Worker: m.GetWorker()}, Pinned: m.GetPinned(),
 			}, nil
 		}
 		if req.ResponseID != "" && connect.CodeOf(err) == connect.CodeFailedPrecondition {
@@ -359,7 +354,7 @@ func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 		best, d.Candidate, d.MatchedChars, d.ChosenChars = c, c, chars, chars
 		d.MatchedRatio = float64(chars) / float64(req.KeyLen)
 	}
-	d.Worker, d.Ticket = best, &ticket{worker: best}
+	d.Worker, d.Ticket = best, router.Ticket{Worker: best} // no control-plane ticket
 	if !req.DryRun {
 		r.local[best]++
 		r.fallbacks++
@@ -417,21 +412,21 @@ func (r *Router) abandon(routeID uint64) {
 
 // Done implements router.Router.
 func (r *Router) Done(d router.Decision, o router.Outcome) {
-	t, ok := d.Ticket.(*ticket)
-	if !ok {
-		return
+	t := d.Ticket
+	if t.Worker == "" {
+		return // a zero decision: nothing was routed
 	}
 	r.mu.Lock()
-	if r.local[t.worker] > 0 {
-		r.local[t.worker]--
-		if r.local[t.worker] == 0 {
-			delete(r.local, t.worker)
+	if r.local[t.Worker] > 0 {
+		r.local[t.Worker]--
+		if r.local[t.Worker] == 0 {
+			delete(r.local, t.Worker)
 		}
 	}
 	n := 0
-	if t.id != 0 {
+	if t.ID != 0 {
 		r.pending = append(r.pending, &cartv1.Completion{
-			Ticket: t.id, Worker: t.worker, Delivered: o.Delivered,
+			Ticket: t.ID, Worker: t.Worker, Delivered: o.Delivered,
 			PromptTokens: int32(o.PromptTokens), CachedTokens: int32(o.CachedTokens),
 		})
 		n = len(r.pending)

@@ -121,6 +121,8 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		st, under := a.Router.IndexStats()
 		return st.Entries, st.Evicted, st.SkippedInserts, under
 	})
+	// The routing core's lock-hold histogram, as on a control-plane node.
+	a.Metrics.Registry.MustRegister(a.Router.Collectors()...)
 	a.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {
 		a.Metrics.SetBreaker(t.Worker, t.To.String())
 		a.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
