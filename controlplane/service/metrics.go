@@ -16,6 +16,8 @@ type cpMetrics struct {
 	routeTime prometheus.Histogram
 	// ticketsDropped counts decisions settled without a normal completion.
 	ticketsDropped *prometheus.CounterVec
+	// forwarded counts calls this node passed on to the leader.
+	forwarded *prometheus.CounterVec
 }
 
 func newCPMetrics(c *Core) *cpMetrics {
@@ -26,7 +28,9 @@ func newCPMetrics(c *Core) *cpMetrics {
 		Buckets: []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2}})
 	m.ticketsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_tickets_dropped_total",
 		Help: "Decisions the leader settled as undelivered without a normal completion: abandoned (the data plane gave up waiting for Route), stale (past the load lease and no longer in flight on its data plane), cap (controlplane.max_unsettled_tickets reached)."}, []string{"cause"})
-	m.reg.MustRegister(m.routes, m.routeTime, m.ticketsDropped)
+	m.forwarded = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_forwarded_total",
+		Help: "Calls this node forwarded to the leader because it is a follower, by procedure. Route calls here mean data planes are not yet calling the leader directly."}, []string{"procedure"})
+	m.reg.MustRegister(m.routes, m.routeTime, m.ticketsDropped, m.forwarded)
 	gauge := func(name, help string, f func() float64) {
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}

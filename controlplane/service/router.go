@@ -14,6 +14,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // RouterHandler implements cartv1connect.RouterServiceHandler.
@@ -30,12 +31,8 @@ const maxSessionKey = 64
 // Route implements RouterService.Route.
 func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.RouteRequest]) (*connect.Response[cartv1.RouteResponse], error) {
 	c := h.c
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return c.fwd.routerTo(url).Route(ctx, connect.NewRequest(req.Msg))
+	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Route); done {
+		return resp, err
 	}
 	start := time.Now()
 	m := req.Msg
@@ -123,6 +120,7 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		ChosenChars:    uint32(d.ChosenChars),
 		Ticket:         tk,
 		LeaderId:       id,
+		LeaderUrl:      c.o.APIURL, // this node's own, as published by ensureMember
 		Pinned:         pinned,
 	}), nil
 }
@@ -177,12 +175,8 @@ func (c *Core) dataPlane(id string, now time.Time) *dataPlane {
 // Complete implements RouterService.Complete.
 func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv1.CompleteRequest]) (*connect.Response[cartv1.CompleteResponse], error) {
 	c := h.c
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return c.fwd.routerTo(url).Complete(ctx, connect.NewRequest(req.Msg))
+	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Complete); done {
+		return resp, err
 	}
 	now := c.o.Now()
 	var settled uint32
@@ -228,12 +222,8 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 // and the answer carries the worker set with live health and load.
 func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.SyncRequest]) (*connect.Response[cartv1.SyncResponse], error) {
 	c := h.c
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return c.fwd.routerTo(url).Sync(ctx, connect.NewRequest(req.Msg))
+	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Sync); done {
+		return resp, err
 	}
 	now := c.o.Now()
 	reported := make(map[string]int, len(req.Msg.GetLoads()))
