@@ -50,7 +50,7 @@ type raftCluster struct {
 // the tests at a few seconds.
 var partitionTimeouts = raftnode.Timeouts{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 500 * time.Millisecond, Commit: 5 * time.Millisecond}
 
-func newRaftCluster(t *testing.T, n int) *raftCluster {
+func newRaftCluster(t *testing.T, n int, opts ...func(*Options)) *raftCluster {
 	t.Helper()
 	c := &raftCluster{t: t}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -60,7 +60,7 @@ func newRaftCluster(t *testing.T, n int) *raftCluster {
 		eng := engine.New(testPolicy, index.New(index.Options{MaxEntries: 1 << 20}), rand.New(rand.NewPCG(1, uint64(i))))
 		st := state.New(mu, eng)
 		x := &raftCP{id: fmt.Sprintf("n%d", i+1), addr: addr, trans: trans, mu: mu, eng: eng, st: st}
-		x.core = New(Options{
+		o := Options{
 			NodeID:         x.id,
 			BlockChars:     testBlockChars,
 			PlacementBatch: 10 * time.Millisecond,
@@ -69,7 +69,11 @@ func newRaftCluster(t *testing.T, n int) *raftCluster {
 			Health:         health.Config{Endpoint: "/health", Interval: time.Second, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
 			HealthClient:   &http.Client{Transport: okTransport{}},
 			Logger:         log,
-		}, mu, eng, st)
+		}
+		for _, f := range opts {
+			f(&o)
+		}
+		x.core = New(o, mu, eng, st)
 		c.nodes = append(c.nodes, x)
 	}
 	c.heal()

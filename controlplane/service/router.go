@@ -225,6 +225,7 @@ func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.Sy
 	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Sync); done {
 		return resp, err
 	}
+	c.handover.report(req.Msg, c.o.Now())
 	now := c.o.Now()
 	reported := make(map[string]int, len(req.Msg.GetLoads()))
 	for _, l := range req.Msg.GetLoads() {
