@@ -1,0 +1,327 @@
+package remote
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/controlplane/raftnode"
+	"github.com/cartrouter/cart/controlplane/service"
+	"github.com/cartrouter/cart/controlplane/state"
+	"github.com/cartrouter/cart/dataplane/health"
+	"github.com/cartrouter/cart/dataplane/router"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
+)
+
+// slowRoute delays Route answers while on: the leader's link or host is
+// slow, Raft is not (heartbeats do not go through it).
+type slowRoute struct {
+	next  http.Handler
+	on    atomic.Bool
+	delay time.Duration
+}
+
+func (s *slowRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.on.Load() && r.URL.Path == cartv1connect.RouterServiceRouteProcedure {
+		select {
+		case <-time.After(s.delay):
+		case <-r.Context().Done():
+			return
+		}
+	}
+	s.next.ServeHTTP(w, r)
+}
+
+type okProbes struct{}
+
+func (okProbes) RoundTrip(r *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader("{}")), Header: http.Header{}, Request: r}, nil
+}
+
+// cpNode is one real control-plane node: service over Raft on raft's
+// in-memory transport, served over h2c on 127.0.0.1.
+type cpNode struct {
+	id    string
+	url   string
+	addr  raft.ServerAddress
+	trans *raft.InmemTransport
+	core  *service.Core
+	node  *raftnode.Node
+	slow  *slowRoute
+	srv   *httptest.Server
+	fwd   *http.Client
+}
+
+// newCPCluster starts three control-plane nodes, the first bootstrapping,
+// with four workers and every member's API URL published (as joins do).
+func newCPCluster(t *testing.T, handover service.HandoverOptions) []*cpNode {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	timeouts := raftnode.Timeouts{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 500 * time.Millisecond, Commit: 5 * time.Millisecond}
+	var nodes []*cpNode
+	for i := range 3 {
+		x := &cpNode{id: fmt.Sprintf("n%d", i+1), fwd: h2cClient()}
+		x.addr, x.trans = raft.NewInmemTransport("")
+		mu := &sync.Mutex{}
+		eng := engine.New(engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 4, BalanceRelThreshold: 1.5, BlockChars: shadowBlockChars},
+			index.New(index.Options{MaxEntries: 1 << 16}), rand.New(rand.NewPCG(1, uint64(i))))
+		st := state.New(mu, eng)
+		x.slow = &slowRoute{delay: 200 * time.Millisecond}
+		x.srv = httptest.NewUnstartedServer(x.slow)
+		var p http.Protocols
+		p.SetHTTP1(true)
+		p.SetUnencryptedHTTP2(true)
+		x.srv.Config.Protocols = &p
+		x.url = "http://" + x.srv.Listener.Addr().String()
+		x.core = service.New(service.Options{
+			NodeID: x.id, APIURL: x.url, BlockChars: shadowBlockChars,
+			PlacementBatch: 10 * time.Millisecond, PlacementMax: 512, LoadLease: 5 * time.Second,
+			Health:       health.Config{Endpoint: "/health", Interval: time.Second, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
+			HealthClient: &http.Client{Transport: okProbes{}}, Logger: log, ForwardClient: x.fwd, SlowLeader: handover,
+		}, mu, eng, st)
+		x.slow.next = x.core.Handler(service.AuthOptions{})
+		x.srv.Start()
+		nodes = append(nodes, x)
+		for _, o := range nodes[:i] {
+			x.trans.Connect(o.addr, o.trans)
+			o.trans.Connect(x.addr, x.trans)
+		}
+		nd, err := raftnode.Start(raftnode.Config{NodeID: x.id, Bootstrap: i == 0, Transport: x.trans, Timeouts: &timeouts, Logger: log,
+			Fatal: func(err error) { t.Errorf("%s: fatal: %v", x.id, err) }}, st, x.core.OnLeadership)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x.node = nd
+		x.core.SetNode(nd)
+	}
+	t.Cleanup(func() {
+		for _, x := range nodes {
+			if err := x.node.Shutdown(); err != nil {
+				t.Errorf("shutdown %s: %v", x.id, err)
+			}
+			x.core.Close()
+			for _, o := range nodes {
+				o.trans.Disconnect(x.addr)
+			}
+			x.srv.Close()
+			x.fwd.CloseIdleConnections()
+		}
+	})
+	first := nodes[0]
+	testkit.WaitFor(t, 10*time.Second, "bootstrap leader", first.node.IsLeader)
+	ctx := context.Background()
+	for _, x := range nodes[1:] {
+		if _, err := first.core.Admin().AddVoter(ctx, connect.NewRequest(&cartv1.AddVoterRequest{Id: x.id, RaftAddress: string(x.addr), ApiUrl: x.url})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, w := range []string{wA, wB, wC, wD} {
+		if _, err := first.core.Admin().AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return nodes
+}
+
+func cpLeader(nodes []*cpNode) *cpNode {
+	for _, x := range nodes {
+		if x.node.IsLeader() {
+			return x
+		}
+	}
+	return nil
+}
+
+// slowLeaderResult is one fault phase with a slowed leader.
+type slowLeaderResult struct {
+	faultResult
+	handedOver time.Duration // from the fault to the first answer from another leader; 0 = never
+	after      faultResult   // the requests from then on
+}
+
+func (r slowLeaderResult) String() string {
+	if r.handedOver == 0 {
+		return r.faultResult.String()
+	}
+	return fmt.Sprintf("%v; answers from the new leader after %v, from then on %v", r.faultResult, r.handedOver.Round(10*time.Millisecond), r.after)
+}
+
+// runSlowLeader warms two data planes (shadow index and control-plane
+// breaker on, production defaults) through a three-node control plane,
+// then delays the leader's Route answers by 200 ms and measures the fault
+// phase, for phase or, when phase is 0, until the data planes get answers
+// from another leader again.
+func runSlowLeader(t *testing.T, handover service.HandoverOptions, phase time.Duration) slowLeaderResult {
+	return runSlowLeaderWith(t, handover, phase, 2, true)
+}
+
+// runSlowLeaderWith is runSlowLeader with n data planes, and with the
+// leader slowed or not (a baseline).
+func runSlowLeaderWith(t *testing.T, handover service.HandoverOptions, phase time.Duration, n int, slow bool) slowLeaderResult {
+	t.Helper()
+	nodes := newCPCluster(t, handover)
+	var urls []string
+	for _, x := range nodes {
+		urls = append(urls, x.url)
+	}
+	var dps []*Router
+	for i := range n {
+		dp := newTestRouter(t, Options{ID: fmt.Sprintf("dp%d", i), Seed: uint64(i), ControlPlanes: urls, RouteTimeout: 5 * time.Second,
+			SyncInterval: 500 * time.Millisecond, BlockChars: shadowBlockChars, Shadow: testShadow,
+			RouteBreakerFailures: 5, RouteBreakerCooloff: time.Second})
+		run(t, dp)
+		dps = append(dps, dp)
+	}
+	testkit.WaitFor(t, 10*time.Second, "data planes synced with four healthy workers", func() bool {
+		for _, dp := range dps {
+			if !dp.Synced() || len(dp.Workers()) != 4 || dp.current() != cpLeader(nodes).url {
+				return false
+			}
+		}
+		return true
+	})
+	wl := newWorkload(40)
+	var fromOther atomic.Int64 // unix nanos of the first answer from a leader other than the slowed one
+	var slowed atomic.Pointer[cpNode]
+	var after faultResult // requests routed once another leader answered
+	phaseFn := func(clients int, until func(n int) bool) faultResult {
+		var mu sync.Mutex
+		var res faultResult
+		var wg sync.WaitGroup
+		for c := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var open []router.Decision
+				var openDP []*Router
+				for i := c; ; i += clients {
+					mu.Lock()
+					stop := until(res.requests)
+					mu.Unlock()
+					if stop {
+						break
+					}
+					dp := dps[i%len(dps)]
+					g, key := wl.next()
+					d, err := dp.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(key), KeyLen: len(key)})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if s := slowed.Load(); s != nil && d.FromLeader && dp.current() != s.url {
+						fromOther.CompareAndSwap(0, time.Now().UnixNano())
+					}
+					repeat, hit := wl.landed(g, d.Worker)
+					handed := fromOther.Load() != 0
+					mu.Lock()
+					for _, r := range []*faultResult{&res, &after} {
+						if r == &after && !handed {
+							continue
+						}
+						r.requests++
+						if d.Reason == ReasonFallbackLocal {
+							r.fallbacks++
+						}
+						if repeat {
+							r.repeats++
+							if hit {
+								r.hits++
+							}
+						}
+					}
+					mu.Unlock()
+					open, openDP = append(open, d), append(openDP, dp)
+					if len(open) > 2 {
+						openDP[0].Done(open[0], router.Outcome{Delivered: true})
+						open, openDP = open[1:], openDP[1:]
+					}
+					// Paced: about 200 requests per second per client
+					// when decisions are local, so the phase measures
+					// time, not how fast a loaded machine spins.
+					time.Sleep(5 * time.Millisecond)
+				}
+				for i := range open {
+					openDP[i].Done(open[i], router.Outcome{Delivered: true})
+				}
+			}()
+		}
+		wg.Wait()
+		return res
+	}
+	warm := phaseFn(1, func(n int) bool { return n >= 200 })
+	if warm.fallbacks != 0 {
+		t.Fatalf("warm-up fell back: %v", warm)
+	}
+	for _, dp := range dps {
+		dp.mu.Lock()
+		dp.o.RouteTimeout = 20 * time.Millisecond
+		dp.mu.Unlock()
+	}
+	if slow {
+		ld := cpLeader(nodes)
+		ld.slow.on.Store(true)
+		slowed.Store(ld)
+	}
+	after = faultResult{}
+	start := time.Now()
+	var until func(int) bool
+	if phase > 0 {
+		until = func(int) bool { return time.Since(start) >= phase }
+	} else {
+		until = func(int) bool { return fromOther.Load() != 0 || time.Since(start) > 30*time.Second }
+	}
+	res := slowLeaderResult{faultResult: phaseFn(8, until)}
+	if at := fromOther.Load(); at != 0 {
+		res.handedOver, res.after = time.Unix(0, at).Sub(start), after
+	}
+	return res
+}
+
+// A leader slowed for its data planes (not for Raft) hands leadership
+// over, and the data planes follow: their Route calls get answers from
+// the new leader again.
+func TestSlowLeaderHandoverEndToEnd(t *testing.T) {
+	res := runSlowLeader(t, service.HandoverOptions{Enabled: true, Threshold: 15 * time.Millisecond, Window: time.Second, MinInterval: time.Second}, 0)
+	t.Logf("slowed leader, handover on (window 1 s): %v", res)
+	if res.handedOver == 0 {
+		t.Fatalf("no answer from another leader within 30 s: %v", res)
+	}
+}
+
+// The measurement of bench/results/2026-12-01-slowleader: fallback share
+// and hit ratio over a 10 s fault with the leader's Route answers delayed
+// 200 ms, handover off and on (its default threshold and window). Set
+// CART_BENCH_SLOWLEADER=1 to run it (about 30 s).
+func TestSlowLeaderHandoverBench(t *testing.T) {
+	if os.Getenv("CART_BENCH_SLOWLEADER") == "" {
+		t.Skip("set CART_BENCH_SLOWLEADER=1 to run the slow-leader measurement")
+	}
+	const phase = 10 * time.Second
+	// min_interval at its floor (the window) so that a leader elected at
+	// the harness's start may hand over; the default (60 s) only delays a
+	// handover in a leader's first minute.
+	on := service.HandoverOptions{Enabled: true, Threshold: 15 * time.Millisecond, Window: 3 * time.Second, MinInterval: 3 * time.Second}
+	for _, n := range []int{2, 4} {
+		base := runSlowLeaderWith(t, service.HandoverOptions{}, phase, n, false)
+		off := runSlowLeaderWith(t, service.HandoverOptions{}, phase, n, true)
+		with := runSlowLeaderWith(t, on, phase, n, true)
+		t.Logf("%d data planes, %v phase: no fault: %v | leader Route +200 ms, handover off: %v | handover on: %v", n, phase, base, off, with)
+	}
+}
