@@ -18,8 +18,9 @@ import (
 // stale leader view can never bounce a call around the cluster.
 const HeaderForwarded = "Cart-Forwarded"
 
-// HeaderLeaderURL carries the leader's API URL on errors from followers,
-// so clients can go straight to the leader next time.
+// HeaderLeaderURL carries the leader's API URL on "not leader" errors for
+// clients that predate the NotLeader error detail, which says the same
+// (and the leader's id) and is what clients should read.
 const HeaderLeaderURL = "Cart-Leader-Url"
 
 // forwarder keeps Connect clients to the current leader.
