@@ -189,9 +189,13 @@ func runSlowLeaderWith(t *testing.T, handover service.HandoverOptions, phase tim
 		run(t, dp)
 		dps = append(dps, dp)
 	}
+	var ld *cpNode
 	testkit.WaitFor(t, 10*time.Second, "data planes synced with four healthy workers", func() bool {
+		if ld = cpLeader(nodes); ld == nil {
+			return false
+		}
 		for _, dp := range dps {
-			if !dp.Synced() || len(dp.Workers()) != 4 || dp.current() != cpLeader(nodes).url {
+			if !dp.Synced() || len(dp.Workers()) != 4 || dp.current() != ld.url {
 				return false
 			}
 		}
@@ -275,7 +279,6 @@ func runSlowLeaderWith(t *testing.T, handover service.HandoverOptions, phase tim
 		dp.mu.Unlock()
 	}
 	if slow {
-		ld := cpLeader(nodes)
 		ld.slow.on.Store(true)
 		slowed.Store(ld)
 	}
@@ -323,5 +326,65 @@ func TestSlowLeaderHandoverBench(t *testing.T) {
 		off := runSlowLeaderWith(t, service.HandoverOptions{}, phase, n, true)
 		with := runSlowLeaderWith(t, on, phase, n, true)
 		t.Logf("%d data planes, %v phase: no fault: %v | leader Route +200 ms, handover off: %v | handover on: %v", n, phase, base, off, with)
+	}
+}
+
+// forwardedRoutes scrapes a node's count of Route calls it forwarded to
+// the leader.
+func (x *cpNode) forwardedRoutes(t *testing.T) string {
+	t.Helper()
+	resp, err := x.fwd.Get(x.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := fmt.Sprintf("cart_cp_forwarded_total{procedure=%q} ", cartv1connect.RouterServiceRouteProcedure)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			return v
+		}
+	}
+	return "0"
+}
+
+// After a leadership change the data plane's first Route goes to the old
+// leader, which forwards it; the answer names the new leader, and every
+// later Route goes there directly, long before the next sync.
+func TestDataPlaneFollowsNewLeaderAfterOneForward(t *testing.T) {
+	nodes := newCPCluster(t, service.HandoverOptions{})
+	var urls []string
+	for _, x := range nodes {
+		urls = append(urls, x.url)
+	}
+	dp := newTestRouter(t, Options{ControlPlanes: urls, BlockChars: shadowBlockChars}) // syncs only when told
+	old := cpLeader(nodes)
+	testkit.WaitFor(t, 10*time.Second, "the data plane learns the leader", func() bool {
+		_ = dp.SyncOnce(context.Background())
+		return dp.current() == old.url
+	})
+	if _, err := old.core.Admin().TransferLeadership(context.Background(), connect.NewRequest(&cartv1.TransferLeadershipRequest{})); err != nil {
+		t.Fatal(err)
+	}
+	var next *cpNode
+	testkit.WaitFor(t, 10*time.Second, "a new leader the old one knows of", func() bool {
+		next = cpLeader(nodes)
+		id, _ := old.node.Leader()
+		return next != nil && next != old && id == next.id
+	})
+	for i := range 5 {
+		d := routeOnce(t, dp)
+		if !d.FromLeader {
+			t.Fatalf("route %d after the change: %+v", i, d)
+		}
+	}
+	if got := old.forwardedRoutes(t); got != "1" {
+		t.Fatalf("the old leader forwarded %s Route calls, want 1", got)
+	}
+	if dp.current() != next.url {
+		t.Fatalf("data plane calls %s, want the new leader %s", dp.current(), next.url)
 	}
 }
