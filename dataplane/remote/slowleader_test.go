@@ -182,10 +182,11 @@ func runSlowLeaderWith(t *testing.T, handover service.HandoverOptions, phase tim
 		urls = append(urls, x.url)
 	}
 	var dps []*Router
+	var causes fallbacks
 	for i := range n {
 		dp := newTestRouter(t, Options{ID: fmt.Sprintf("dp%d", i), Seed: uint64(i), ControlPlanes: urls, RouteTimeout: 5 * time.Second,
 			SyncInterval: 500 * time.Millisecond, BlockChars: shadowBlockChars, Shadow: testShadow,
-			RouteBreakerFailures: 5, RouteBreakerCooloff: time.Second})
+			RouteBreakerFailures: 5, RouteBreakerCooloff: time.Second, OnFallback: causes.on})
 		run(t, dp)
 		dps = append(dps, dp)
 	}
@@ -205,74 +206,43 @@ func runSlowLeaderWith(t *testing.T, handover service.HandoverOptions, phase tim
 	var fromOther atomic.Int64 // unix nanos of the first answer from a leader other than the slowed one
 	var slowed atomic.Pointer[cpNode]
 	var after faultResult // requests routed once another leader answered
-	phaseFn := func(clients int, until func(n int) bool) faultResult {
+	phaseFn := func(clients int, stop func(i int) bool) faultResult {
 		var mu sync.Mutex
 		var res faultResult
-		var wg sync.WaitGroup
-		for c := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var open []router.Decision
-				var openDP []*Router
-				for i := c; ; i += clients {
-					mu.Lock()
-					stop := until(res.requests)
-					mu.Unlock()
-					if stop {
-						break
-					}
-					dp := dps[i%len(dps)]
-					g, key := wl.next()
-					d, err := dp.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(key), KeyLen: len(key)})
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if s := slowed.Load(); s != nil && d.FromLeader && dp.current() != s.url {
-						fromOther.CompareAndSwap(0, time.Now().UnixNano())
-					}
-					repeat, hit := wl.landed(g, d.Worker)
-					handed := fromOther.Load() != 0
-					mu.Lock()
-					for _, r := range []*faultResult{&res, &after} {
-						if r == &after && !handed {
-							continue
-						}
-						r.requests++
-						if d.Reason == ReasonFallbackLocal {
-							r.fallbacks++
-						}
-						if repeat {
-							r.repeats++
-							if hit {
-								r.hits++
-							}
-						}
-					}
-					mu.Unlock()
-					open, openDP = append(open, d), append(openDP, dp)
-					if len(open) > 2 {
-						openDP[0].Done(open[0], router.Outcome{Delivered: true})
-						open, openDP = open[1:], openDP[1:]
-					}
-					// Paced: about 200 requests per second per client
-					// when decisions are local, so the phase measures
-					// time, not how fast a loaded machine spins.
-					time.Sleep(5 * time.Millisecond)
-				}
-				for i := range open {
-					openDP[i].Done(open[i], router.Outcome{Delivered: true})
-				}
-			}()
-		}
-		wg.Wait()
+		// Paced: about 200 requests per second per client when decisions
+		// are local, so a phase measures time, not how fast a loaded
+		// machine spins.
+		drive(t, dps, wl, clients, 5*time.Millisecond, stop, func(dp *Router, d router.Decision, _ time.Duration, repeat, hit bool) {
+			if s := slowed.Load(); s != nil && d.FromLeader && dp.current() != s.url {
+				fromOther.CompareAndSwap(0, time.Now().UnixNano())
+			}
+			handed := fromOther.Load() != 0
+			mu.Lock()
+			defer mu.Unlock()
+			res.add(d, repeat, hit)
+			if handed {
+				after.add(d, repeat, hit)
+			}
+		})
 		return res
 	}
-	warm := phaseFn(1, func(n int) bool { return n >= 200 })
+	warm := phaseFn(1, func(i int) bool { return i >= 200 })
 	if warm.fallbacks != 0 {
-		t.Fatalf("warm-up fell back: %v", warm)
+		// A loaded machine can starve Raft into an election: the measured
+		// phase still starts from a leader every data plane calls.
+		t.Logf("warm-up fell back: %v (causes %v)", warm, causes.list())
 	}
+	testkit.WaitFor(t, 10*time.Second, "data planes calling the leader", func() bool {
+		if ld = cpLeader(nodes); ld == nil {
+			return false
+		}
+		for _, dp := range dps {
+			if dp.current() != ld.url {
+				return false
+			}
+		}
+		return true
+	})
 	for _, dp := range dps {
 		dp.mu.Lock()
 		dp.o.RouteTimeout = 20 * time.Millisecond
@@ -284,13 +254,11 @@ func runSlowLeaderWith(t *testing.T, handover service.HandoverOptions, phase tim
 	}
 	after = faultResult{}
 	start := time.Now()
-	var until func(int) bool
+	stop := func(int) bool { return fromOther.Load() != 0 || time.Since(start) > 30*time.Second }
 	if phase > 0 {
-		until = func(int) bool { return time.Since(start) >= phase }
-	} else {
-		until = func(int) bool { return fromOther.Load() != 0 || time.Since(start) > 30*time.Second }
+		stop = func(int) bool { return time.Since(start) >= phase }
 	}
-	res := slowLeaderResult{faultResult: phaseFn(8, until)}
+	res := slowLeaderResult{faultResult: phaseFn(8, stop)}
 	if at := fromOther.Load(); at != 0 {
 		res.handedOver, res.after = time.Unix(0, at).Sub(start), after
 	}
