@@ -412,7 +412,33 @@ type ControlPlane struct {
 	// RaftMaxConns caps inbound Raft connections (authenticating or
 	// authenticated); beyond it new ones are closed at once.
 	RaftMaxConns int `yaml:"raft_max_conns"`
+	// SlowLeaderHandover moves leadership away from a leader its data
+	// planes see as slow (see SlowLeaderHandover).
+	SlowLeaderHandover SlowLeaderHandover `yaml:"slow_leader_handover"`
 }
+
+// SlowLeaderHandover configures the leader's handover when most data
+// planes, in their Sync reports, see its Route answers as slow for a
+// sustained window while a follower is healthy.
+type SlowLeaderHandover struct {
+	Enabled bool `yaml:"enabled"`
+	// ThresholdMs: a data plane whose p90 Route latency over a sync
+	// interval reaches it (a call that timed out counts as the time it
+	// waited) sees the leader as slow; so does one whose control-plane
+	// breaker is open.
+	ThresholdMs int `yaml:"threshold_ms"`
+	// WindowSecs is how long a majority of reporting data planes must see
+	// the leader as slow before it hands over.
+	WindowSecs float64 `yaml:"window_secs"`
+	// MinIntervalSecs: a node hands over at most once per interval, and
+	// not in its first interval as leader.
+	MinIntervalSecs float64 `yaml:"min_interval_secs"`
+}
+
+// Threshold, Window and MinInterval convert the handover settings.
+func (h SlowLeaderHandover) Threshold() time.Duration   { return millis(h.ThresholdMs) }
+func (h SlowLeaderHandover) Window() time.Duration      { return seconds(h.WindowSecs) }
+func (h SlowLeaderHandover) MinInterval() time.Duration { return seconds(h.MinIntervalSecs) }
 
 // DataPlane configures a stateless proxy node that asks the control plane
 // where to route.
@@ -516,6 +542,7 @@ func Default() *Config {
 			APIBodyReadTimeoutSecs: 10,
 			RaftHandshakeTimeoutMs: 5000,
 			RaftMaxConns:           256,
+			SlowLeaderHandover:     SlowLeaderHandover{Enabled: false, ThresholdMs: 15, WindowSecs: 3, MinIntervalSecs: 60},
 		},
 		DataPlane: DataPlane{
 			RouteTimeoutMs:        20,

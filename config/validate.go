@@ -542,6 +542,16 @@ func (v *validator) controlPlane(role Role) {
 	if cp.SnapshotThreshold < 1 {
 		v.add("controlplane.snapshot_threshold", "must be at least 1, got 0")
 	}
+	h := cp.SlowLeaderHandover
+	v.intRange("controlplane.slow_leader_handover.threshold_ms", int64(h.ThresholdMs), 1, 60000)
+	if v.finite("controlplane.slow_leader_handover.window_secs", h.WindowSecs) && (h.WindowSecs < 1 || h.WindowSecs > 3600) {
+		// Below a second a window holds too few sync reports to tell a
+		// slow leader from one slow moment.
+		v.add("controlplane.slow_leader_handover.window_secs", "must be between 1 and 3600, got %v", h.WindowSecs)
+	}
+	if v.finite("controlplane.slow_leader_handover.min_interval_secs", h.MinIntervalSecs) && (h.MinIntervalSecs < h.WindowSecs || h.MinIntervalSecs > 86400) {
+		v.add("controlplane.slow_leader_handover.min_interval_secs", "must be between window_secs (%v) and 86400, got %v", h.WindowSecs, h.MinIntervalSecs)
+	}
 	v.tls("controlplane.raft_tls", cp.RaftTLS)
 	v.intRange("controlplane.raft_handshake_timeout_ms", int64(cp.RaftHandshakeTimeoutMs), 100, 60000)
 	// Each peer holds a few pooled connections plus a pipeline: 16 leaves

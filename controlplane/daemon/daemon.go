@@ -140,6 +140,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 
 		ResponseAffinityTTL: cfg.Responses.AffinityTTL(),
 		ResponseAffinityMax: cfg.Responses.MaxEntries,
+		SlowLeader: service.HandoverOptions{Enabled: cfg.ControlPlane.SlowLeaderHandover.Enabled, Threshold: cfg.ControlPlane.SlowLeaderHandover.Threshold(),
+			Window: cfg.ControlPlane.SlowLeaderHandover.Window(), MinInterval: cfg.ControlPlane.SlowLeaderHandover.MinInterval()},
 	}, d.Dec, d.St)
 	if cfg.Discovery.DNS.Enabled() {
 		res, err := server.DNSResolver(cfg)

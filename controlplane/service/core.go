@@ -63,6 +63,8 @@ type Options struct {
 	// of Responses API response -> worker (responses.*; 0 = defaults).
 	ResponseAffinityTTL time.Duration
 	ResponseAffinityMax int
+	// SlowLeader configures the slow-leader handover (handover.go).
+	SlowLeader HandoverOptions
 }
 
 // Core is one control-plane node's service state.
@@ -79,9 +81,10 @@ type Core struct {
 	// "Responses API"): which worker produced each stored response.
 	responses *affinity.Table[uint64]
 
-	batch   *batcher
-	fwd     *forwarder
-	metrics *cpMetrics
+	batch    *batcher
+	fwd      *forwarder
+	metrics  *cpMetrics
+	handover *handover // nil when the slow-leader handover is off
 
 	ready      chan struct{} // closed by SetNode; leadership waits for it
 	lifeMu     sync.Mutex    // serialises leadership transitions
@@ -114,6 +117,10 @@ func New(o Options, dec *decider.Decider, st *state.State) *Core {
 	c.st.SetOwnBatches(c.batch)
 	dec.SetLedger(c.batch)
 	c.metrics = newCPMetrics(c)
+	if o.SlowLeader.Enabled {
+		c.handover = newHandover(c, o.SlowLeader)
+		c.o.LeaderLoops = append(slices.Clip(c.o.LeaderLoops), c.handover.run)
+	}
 	return c
 }
 

@@ -16,6 +16,8 @@ type cpMetrics struct {
 	reg       *prometheus.Registry
 	routes    *prometheus.CounterVec
 	routeTime prometheus.Histogram
+	// forwarded counts calls this node passed on to the leader.
+	forwarded *prometheus.CounterVec
 }
 
 func newCPMetrics(c *Core) *cpMetrics {
@@ -24,7 +26,9 @@ func newCPMetrics(c *Core) *cpMetrics {
 	m.routes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_routes_total", Help: "Route decisions made by this node as leader, by reason."}, []string{"reason"})
 	m.routeTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cart_cp_route_seconds", Help: "Leader-side Route decision time.",
 		Buckets: []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2}})
-	m.reg.MustRegister(m.routes, m.routeTime)
+	m.forwarded = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_forwarded_total",
+		Help: "Calls this node forwarded to the leader because it is a follower, by procedure. Route calls here mean data planes are not yet calling the leader directly."}, []string{"procedure"})
+	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded)
 	// The decider counts drops; exported here under the control plane's name.
 	for _, cause := range decider.DropCauses {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_tickets_dropped_total",

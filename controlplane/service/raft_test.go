@@ -49,7 +49,7 @@ type raftCluster struct {
 // the tests at a few seconds.
 var partitionTimeouts = raftnode.Timeouts{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 500 * time.Millisecond, Commit: 5 * time.Millisecond}
 
-func newRaftCluster(t *testing.T, n int) *raftCluster {
+func newRaftCluster(t *testing.T, n int, opts ...func(*Options)) *raftCluster {
 	t.Helper()
 	c := &raftCluster{t: t}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -58,7 +58,7 @@ func newRaftCluster(t *testing.T, n int) *raftCluster {
 		dec := decider.New(decider.Options{Policy: testPolicy, MaxEntries: 1 << 20, Rand: rand.New(rand.NewPCG(1, uint64(i))), LoadLease: time.Minute})
 		st := state.New(dec)
 		x := &raftCP{id: fmt.Sprintf("n%d", i+1), addr: addr, trans: trans, dec: dec, st: st}
-		x.core = New(Options{
+		o := Options{
 			NodeID:         x.id,
 			BlockChars:     testBlockChars,
 			PlacementBatch: 10 * time.Millisecond,
@@ -66,7 +66,11 @@ func newRaftCluster(t *testing.T, n int) *raftCluster {
 			Health:         health.Config{Endpoint: "/health", Interval: time.Second, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
 			HealthClient:   &http.Client{Transport: okTransport{}},
 			Logger:         log,
-		}, dec, st)
+		}
+		for _, f := range opts {
+			f(&o)
+		}
+		x.core = New(o, dec, st)
 		c.nodes = append(c.nodes, x)
 	}
 	c.heal()

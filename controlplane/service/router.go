@@ -14,6 +14,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // RouterHandler implements cartv1connect.RouterServiceHandler.
@@ -30,12 +31,8 @@ const maxSessionKey = 64
 // Route implements RouterService.Route.
 func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.RouteRequest]) (*connect.Response[cartv1.RouteResponse], error) {
 	c := h.c
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return c.fwd.routerTo(url).Route(ctx, connect.NewRequest(req.Msg))
+	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Route); done {
+		return resp, err
 	}
 	start := time.Now()
 	m := req.Msg
@@ -90,6 +87,7 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		ChosenChars:    uint32(d.ChosenChars),
 		Ticket:         d.Ticket.ID,
 		LeaderId:       id,
+		LeaderUrl:      c.o.APIURL, // this node's own, as published by ensureMember
 		Pinned:         d.Pinned,
 	}), nil
 }
@@ -133,12 +131,8 @@ func routeError(ctx context.Context, err error) error {
 // Complete implements RouterService.Complete.
 func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv1.CompleteRequest]) (*connect.Response[cartv1.CompleteResponse], error) {
 	c := h.c
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return c.fwd.routerTo(url).Complete(ctx, connect.NewRequest(req.Msg))
+	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Complete); done {
+		return resp, err
 	}
 	now := c.o.Now()
 	dpID := req.Msg.GetDataplaneId()
@@ -167,13 +161,10 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 // and the answer carries the worker set with live health and load.
 func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.SyncRequest]) (*connect.Response[cartv1.SyncResponse], error) {
 	c := h.c
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return c.fwd.routerTo(url).Sync(ctx, connect.NewRequest(req.Msg))
+	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Sync); done {
+		return resp, err
 	}
+	c.handover.report(req.Msg, c.o.Now())
 	reported := make(map[string]int, len(req.Msg.GetLoads()))
 	for _, l := range req.Msg.GetLoads() {
 		reported[l.GetWorker()] = int(l.GetInFlight())

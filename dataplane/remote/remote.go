@@ -74,7 +74,13 @@ type Router struct {
 	local     map[string]int
 	target    int // index into targets of the node we talk to
 	targets   []string
-	leaderURL string // learned from Sync; preferred target
+	leaderURL string // learned from Sync and Route answers; preferred target
+	// lastLeader is the last leader URL learned (rotate does not clear
+	// it): a different one resets the control-plane breaker.
+	lastLeader string
+	// lat is this sync window's Route latency, reported in Sync for the
+	// leader's slow-leader handover.
+	lat       routeLatency
 	pending   []*cartv1.Completion
 	fallbacks uint64 // since the last successful sync
 	synced    bool
@@ -174,6 +180,40 @@ func (r *Router) rotate(failed string) {
 	}
 }
 
+// follow makes url, named by a control-plane answer as the leader, the
+// target of the next calls. A new leader gets a fresh control-plane
+// breaker: the breaker judged the old one, and keeping it open would send
+// requests to local fallback for up to a cool-off for nothing.
+func (r *Router) follow(url string) {
+	if url == "" {
+		return
+	}
+	r.mu.Lock()
+	changed := url != r.lastLeader
+	r.leaderURL, r.lastLeader = url, url
+	r.mu.Unlock()
+	if changed {
+		r.cpb.reset()
+	}
+}
+
+// notLeaderURL returns the leader URL named by a control-plane node's
+// NotLeader error detail, or "".
+func notLeaderURL(err error) string {
+	ce, ok := errors.AsType[*connect.Error](err)
+	if !ok || !connect.IsWireError(ce) {
+		return ""
+	}
+	for _, d := range ce.Details() {
+		if v, err := d.Value(); err == nil {
+			if nl, ok := v.(*cartv1.NotLeader); ok {
+				return nl.GetLeaderUrl()
+			}
+		}
+	}
+	return ""
+}
+
 // Route implements router.Router.
 func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
 	start := time.Now()
@@ -201,7 +241,11 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID),
 		}))
 		cancel()
-		r.cpb.done(probe, cpOutcome(ctx, err))
+		outcome := cpOutcome(ctx, err)
+		r.cpb.done(probe, outcome)
+		if outcome == cpAnswered || outcome == cpFailed && causeOf(err) == "timeout" {
+			r.lat.add(target, time.Since(start))
+		}
 		if err != nil && routeID != 0 && connect.CodeOf(err) != connect.CodeResourceExhausted && connect.CodeOf(err) != connect.CodeNotFound && connect.CodeOf(err) != connect.CodeFailedPrecondition {
 			// The leader may have decided (and placed) before the answer
 			// was lost or came too late; this data plane will never use
@@ -210,6 +254,9 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		}
 		if err == nil {
 			m := resp.Msg
+			// A follower forwarded this call: go to the leader directly
+			// from the next one on, not after the next sync.
+			r.follow(m.GetLeaderUrl())
 			if !req.DryRun {
 				r.mu.Lock()
 				r.local[m.GetWorker()]++
@@ -241,7 +288,9 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				"The model `%s` does not exist: no worker of this pool serves it.", req.Model)
 		}
 		cause = causeOf(err)
-		if cause != "timeout" {
+		if url := notLeaderURL(err); url != "" && url != target {
+			r.follow(url) // the node named the leader it could not reach for us
+		} else if cause != "timeout" {
 			// A slow answer is not a dead node: keep talking to the leader
 			// (rotating to a follower would add a forwarding hop and make
 			// the next deadline harder to meet); errors rotate.
@@ -492,7 +541,8 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		return errors.New("no control plane configured")
 	}
 	r.mu.Lock()
-	req := &cartv1.SyncRequest{DataplaneId: r.o.ID, Fallbacks: r.fallbacks}
+	req := &cartv1.SyncRequest{DataplaneId: r.o.ID, Fallbacks: r.fallbacks, RouteBreakerOpen: r.cpb.isOpen()}
+	req.RouteTarget, req.RouteCalls, req.RouteP90Micros = r.lat.take()
 	for w, n := range r.local {
 		req.Loads = append(req.Loads, &cartv1.WorkerLoad{Worker: w, InFlight: uint32(n)})
 	}
@@ -538,10 +588,8 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		}
 	}
 	r.fallbacks -= min(r.fallbacks, req.GetFallbacks())
-	if m.GetLeaderUrl() != "" {
-		r.leaderURL = m.GetLeaderUrl()
-	}
 	r.mu.Unlock()
+	r.follow(m.GetLeaderUrl())
 	if r.o.OnHealthy != nil {
 		for _, u := range recovered {
 			r.o.OnHealthy(u)
