@@ -215,7 +215,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...se
 	d.Node = node
 	d.Core.SetNode(node)
 
-	if d.Tracer, d.ownTracer, err = server.Tracer(cfg, config.RoleControlPlane, cp.NodeID, opts); err != nil {
+	if d.Tracer, d.ownTracer, err = server.Tracer(cfg, config.RoleControlPlane, cp.NodeID, opts, log); err != nil {
 		_ = node.Shutdown()
 		return nil, err
 	}

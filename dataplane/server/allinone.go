@@ -115,7 +115,7 @@ func EnginePolicy(cfg *config.Config) engine.Policy {
 // are kept for SIGHUP reloads.
 func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint64, opts ...Option) (_ *AllInOne, err error) {
 	a := &AllInOne{paths: paths, log: log, cfg: cfg, discovered: map[string]engine.WorkerSpec{}}
-	if a.Tracer, a.ownTracer, err = Tracer(cfg, config.RoleAllInOne, "", opts); err != nil {
+	if a.Tracer, a.ownTracer, err = Tracer(cfg, config.RoleAllInOne, "", opts, log); err != nil {
 		return nil, err
 	}
 	defer func() {

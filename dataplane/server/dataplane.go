@@ -61,7 +61,7 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client, opt
 		return nil, err
 	}
 	d := &DataPlane{cfg: cfg, log: log}
-	if d.Tracer, d.ownTracer, err = Tracer(cfg, config.RoleDataPlane, DataPlaneID(cfg), opts); err != nil {
+	if d.Tracer, d.ownTracer, err = Tracer(cfg, config.RoleDataPlane, DataPlaneID(cfg), opts, log); err != nil {
 		return nil, err
 	}
 	defer func() {

@@ -25,7 +25,7 @@ func WithTracer(t *tracing.Tracer) Option {
 // Tracer is the tracer a role traces with: the one passed WithTracer, else
 // the one tracing.* describes, which the role then owns (owned: its Run
 // shuts it down, flushing the last spans, after the listener has drained).
-func Tracer(cfg *config.Config, role config.Role, instanceID string, opts []Option) (t *tracing.Tracer, owned bool, err error) {
+func Tracer(cfg *config.Config, role config.Role, instanceID string, opts []Option, log *slog.Logger) (t *tracing.Tracer, owned bool, err error) {
 	var o buildOptions
 	for _, fn := range opts {
 		fn(&o)
@@ -34,6 +34,9 @@ func Tracer(cfg *config.Config, role config.Role, instanceID string, opts []Opti
 		return o.tracer, false, nil
 	}
 	t, err = tracing.New(cfg.Tracing, role, instanceID)
+	if t != nil {
+		tracing.LogErrors(log)
+	}
 	return t, t != nil, err
 }
 

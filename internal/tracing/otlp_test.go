@@ -3,6 +3,7 @@ package tracing_test
 import (
 	"encoding/pem"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -10,11 +11,13 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/internal/tracing"
 )
 
@@ -144,4 +147,23 @@ func TestServiceNamePerRole(t *testing.T) {
 	if got := tracing.ServiceName(config.Tracing{ServiceName: "x"}, config.RoleDataPlane); got != "x" {
 		t.Errorf("service_name not used: %q", got)
 	}
+}
+
+func TestExportErrorsLogged(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "collector broken", http.StatusBadRequest)
+	}))
+	defer srv.Close()
+	rec := testkit.NewLogRecorder()
+	tracing.LogErrors(slog.New(rec))
+	defer tracing.LogErrors(slog.New(slog.DiscardHandler))
+	tr, err := tracing.New(config.Tracing{OTLPEndpoint: srv.URL, SampleRatio: 1}, config.RoleAllInOne, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Handler(http.NotFoundHandler()).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+	_ = tr.Close()
+	testkit.WaitFor(t, 5*time.Second, "the failed export is logged", func() bool {
+		return rec.Count(slog.LevelWarn, "span export failed") > 0
+	})
 }

@@ -20,10 +20,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -161,6 +163,16 @@ func (t *Tracer) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	return t.tp.Shutdown(ctx)
+}
+
+// LogErrors sends the OpenTelemetry SDK's errors (failed exports, dropped
+// spans) to log as warnings, in the process's log format, instead of the
+// SDK's default plain-text line on stderr. The SDK has one error handler
+// per process, so the last call wins.
+func LogErrors(log *slog.Logger) {
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn("tracing: span export failed; spans are dropped while the collector is unreachable", "error", err.Error())
+	}))
 }
 
 // ShutdownTimeout is how long Close waits for the last export.
