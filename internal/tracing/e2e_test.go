@@ -10,12 +10,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -25,6 +27,8 @@ import (
 	"github.com/cartrouter/cart/controlplane/daemon"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/server"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/internal/tracing"
 )
@@ -272,6 +276,35 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// startControlPlane runs a one-node control plane (real Raft, temp data
+// dir) with replica as its worker until ctx ends; done reports Serve's end.
+func startControlPlane(ctx context.Context, t *testing.T, replica string, edit func(*config.Config), opts ...server.Option) (url string, done chan error) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.ControlPlane.NodeID, cfg.ControlPlane.DataDir, cfg.ControlPlane.Bootstrap = "n1", t.TempDir(), true
+	cfg.ControlPlane.APIAddr, cfg.ControlPlane.RaftAddr = freeAddr(t), freeAddr(t)
+	cfg.Workers = []config.Worker{{URL: replica}}
+	cfg.Health.IntervalSecs, cfg.Health.TimeoutSecs = 0.2, 0.2
+	cfg.Log.Level = "error"
+	edit(cfg)
+	cfg.Normalize()
+	if err := cfg.Validate(config.RoleControlPlane); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := daemon.Start(ctx, cfg, quiet(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", cfg.ControlPlane.APIAddr)
+	if err != nil {
+		_ = cp.Node.Shutdown()
+		t.Fatal(err)
+	}
+	done = make(chan error, 1)
+	go func() { done <- cp.Serve(ctx, ln) }()
+	return "http://" + cfg.ControlPlane.APIAddr, done
+}
+
 // One request through a data plane and a real control-plane node (Raft,
 // Connect API): the data plane's spans, the node's Route span and the
 // replica's traceparent all belong to the client's trace, linked parent to
@@ -288,31 +321,11 @@ func TestDistributedTrace(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cpCfg := config.Default()
-	cpCfg.ControlPlane.NodeID, cpCfg.ControlPlane.DataDir, cpCfg.ControlPlane.Bootstrap = "n1", t.TempDir(), true
-	cpCfg.ControlPlane.APIAddr, cpCfg.ControlPlane.RaftAddr = freeAddr(t), freeAddr(t)
-	cpCfg.Workers = []config.Worker{{URL: replica}}
-	cpCfg.Health.IntervalSecs, cpCfg.Health.TimeoutSecs = 0.2, 0.2
-	cpCfg.Log.Level = "error"
-	cpCfg.Normalize()
-	if err := cpCfg.Validate(config.RoleControlPlane); err != nil {
-		t.Fatal(err)
-	}
-	cp, err := daemon.Start(ctx, cpCfg, quiet(), server.WithTracer(cpTr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpLn, err := net.Listen("tcp", cpCfg.ControlPlane.APIAddr)
-	if err != nil {
-		_ = cp.Node.Shutdown()
-		t.Fatal(err)
-	}
-	cpDone := make(chan error, 1)
-	go func() { cpDone <- cp.Serve(ctx, cpLn) }()
+	cpURL, cpDone := startControlPlane(ctx, t, replica, func(*config.Config) {}, server.WithTracer(cpTr))
 
 	dpCfg := config.Default()
 	dpCfg.Server.Host, dpCfg.Server.MinOpenFiles = "127.0.0.1", 0
-	dpCfg.DataPlane.ControlPlane = []string{"http://" + cpCfg.ControlPlane.APIAddr}
+	dpCfg.DataPlane.ControlPlane = []string{cpURL}
 	// Generous: a fallback on a busy machine would leave the control
 	// plane out of the trace (the loop below would then try again).
 	dpCfg.DataPlane.RouteTimeoutMs = 5000
@@ -397,6 +410,112 @@ func TestDistributedTrace(t *testing.T) {
 		if n := s.Name(); n == "cart.v1.RouterService/Sync" || n == "cart.v1.RouterService/Complete" {
 			t.Errorf("background call traced: %s", n)
 			break
+		}
+	}
+}
+
+// A role built from a config with tracing.otlp_endpoint owns its tracer:
+// its spans reach the collector, the last ones flushed when Run returns.
+func TestRolesExportFromConfig(t *testing.T) {
+	pool := &replicaPool{}
+	replica := pool.start(t)
+	for _, role := range []config.Role{config.RoleAllInOne, config.RoleDataPlane} {
+		t.Run(role.String(), func(t *testing.T) {
+			col := &collector{}
+			cs := httptest.NewServer(col)
+			defer cs.Close()
+			cfg := allInOneConfig(t, replica)
+			cfg.Tracing.OTLPEndpoint = cs.URL
+			var run func(context.Context, net.Listener) error
+			switch role {
+			case config.RoleAllInOne:
+				a, err := server.NewAllInOne(cfg, nil, quiet(), 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				run = a.Run
+			case config.RoleDataPlane:
+				// No control plane answers: the data plane routes locally.
+				cfg.DataPlane.ControlPlane = []string{"http://" + freeAddr(t)}
+				if err := cfg.Validate(config.RoleDataPlane); err != nil {
+					t.Fatal(err)
+				}
+				client := cpclient.NewWithTLS(nil)
+				defer client.CloseIdleConnections()
+				d, err := server.NewDataPlane(cfg, quiet(), client)
+				if err != nil {
+					t.Fatal(err)
+				}
+				run = d.Run
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- run(ctx, ln) }()
+			_, parent := newTraceparent()
+			code, body := post(t, "http://"+ln.Addr().String(), parent)
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("run: %v", err)
+			}
+			if code != http.StatusOK {
+				t.Fatalf("status %d: %s", code, body)
+			}
+			svc := tracing.ServiceName(cfg.Tracing, role)
+			got := col.spans()
+			for _, want := range []string{tracing.SpanRequest, tracing.SpanRoute, tracing.SpanUpstream} {
+				if !slices.Contains(got, svc+"/"+want) {
+					t.Errorf("collector got %v, want %s/%s among them", got, svc, want)
+				}
+			}
+		})
+	}
+}
+
+// A control-plane node built from a config with tracing.otlp_endpoint
+// continues traced Route calls and flushes their spans when Serve returns.
+func TestControlPlaneExportsFromConfig(t *testing.T) {
+	pool := &replicaPool{}
+	replica := pool.start(t)
+	col := &collector{}
+	cs := httptest.NewServer(col)
+	defer cs.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	url, done := startControlPlane(ctx, t, replica, func(c *config.Config) { c.Tracing.OTLPEndpoint = cs.URL })
+	client := cpclient.NewWithTLS(nil)
+	defer client.CloseIdleConnections()
+	rc := cartv1connect.NewRouterServiceClient(client, url, connect.WithGRPC())
+	traceID, parent := newTraceparent()
+	testkit.WaitFor(t, 20*time.Second, "the leader answers a traced Route", func() bool {
+		req := connect.NewRequest(&cartv1.RouteRequest{Endpoint: "chat_completions", Model: "m", Text: "hello", DataplaneId: "test", DryRun: true})
+		req.Header().Set("Traceparent", parent)
+		resp, err := rc.Route(ctx, req)
+		return err == nil && resp.Msg.GetFromLeader()
+	})
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the control plane did not stop")
+	}
+	if got := col.spans(); !slices.Contains(got, "cart-controlplane/cart.v1.RouterService/Route") {
+		t.Errorf("collector got %v, want the node's Route span", got)
+	}
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	for _, r := range col.reqs {
+		for _, rs := range r.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				for _, s := range ss.GetSpans() {
+					if hex.EncodeToString(s.GetTraceId()) != traceID || hex.EncodeToString(s.GetParentSpanId()) != parent[36:52] {
+						t.Errorf("span %s: trace %x parent %x, want the caller's %s", s.GetName(), s.GetTraceId(), s.GetParentSpanId(), parent)
+					}
+				}
+			}
 		}
 	}
 }
