@@ -22,7 +22,8 @@ const (
 
 // Handler wraps the client-facing handler in the request span: the
 // caller's traceparent (if any) is its parent, and it ends when the
-// handler returns, after the last byte of a stream. Off: h itself.
+// handler returns, after the last byte of a stream. GET /health and
+// /metrics are not traced. Off: h itself.
 func (t *Tracer) Handler(h http.Handler) http.Handler {
 	if t == nil {
 		return h
@@ -36,6 +37,12 @@ type serverHandler struct {
 }
 
 func (s *serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
+		// Load balancer probes and scrapes every few seconds would bury
+		// the requests in traces of their own.
+		s.next.ServeHTTP(w, r)
+		return
+	}
 	ctx := s.t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	ctx, sp := s.t.tr.Start(ctx, SpanRequest, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
 		attribute.String("http.request.method", r.Method),

@@ -350,6 +350,21 @@ func TestRequestSpanStatus(t *testing.T) {
 	}
 }
 
+func TestProbesNotTraced(t *testing.T) {
+	tr, rec := recorded(t, 1)
+	served := 0
+	h := tr.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ }))
+	for _, path := range []string{"/health", "/metrics", "/v1/models"} {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, path, nil))
+	}
+	if served != 3 {
+		t.Fatalf("served %d of 3 requests", served)
+	}
+	if got := rec.Ended(); len(got) != 1 {
+		t.Errorf("%d spans, want 1 (/v1/models only; probes and scrapes are not traced)", len(got))
+	}
+}
+
 func TestAnnotate(t *testing.T) {
 	tr, rec := recorded(t, 1)
 	long := strings.Repeat("m", 1000)
