@@ -144,6 +144,10 @@ func (t *Tracer) RoundTrip(rt http.RoundTripper, req *http.Request, worker strin
 	if out.Header == nil {
 		out.Header = http.Header{}
 	}
+	// A tracestate the caller sent beside an unusable traceparent belongs
+	// to no trace CART continues: Inject writes it back only when the
+	// span context carries it.
+	out.Header.Del("Tracestate")
 	t.prop.Inject(ctx, propagation.HeaderCarrier(out.Header))
 	resp, err := rt.RoundTrip(out)
 	if err != nil {

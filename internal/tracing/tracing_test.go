@@ -427,6 +427,34 @@ func TestSampling(t *testing.T) {
 	}
 }
 
+// A malformed traceparent starts a new trace; the tracestate sent beside it
+// must not travel on as if it belonged to that trace.
+func TestMalformedTraceparentDropsTracestate(t *testing.T) {
+	tr, rec := recorded(t, 1)
+	up := &upstream{status: 200}
+	in := httptest.NewRequest(http.MethodPost, "/", nil)
+	in.Header.Set("Traceparent", "00-not-a-trace-01")
+	in.Header.Set("Tracestate", "vendor=abc")
+	tr.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		out := httptest.NewRequestWithContext(r.Context(), http.MethodPost, "http://w:1/", nil)
+		out.Header = r.Header
+		resp, err := tr.RoundTrip(up, out, "http://w:1", 1)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+	})).ServeHTTP(httptest.NewRecorder(), in)
+	req := spansNamed(rec, tracing.SpanRequest)[0]
+	if req.Parent().IsValid() {
+		t.Errorf("a malformed traceparent became a parent: %v", req.Parent())
+	}
+	if got := up.got.Header.Get("Tracestate"); got != "" {
+		t.Errorf("replica got tracestate %q from the discarded trace", got)
+	}
+	if got := up.got.Header.Get("Traceparent"); !strings.Contains(got, req.SpanContext().TraceID().String()) {
+		t.Errorf("replica traceparent %q is not CART's new trace", got)
+	}
+}
+
 type fakeRouter struct{ err error }
 
 func (f fakeRouter) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
