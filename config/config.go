@@ -67,6 +67,7 @@ type Config struct {
 	ControlPlane   ControlPlane   `yaml:"controlplane"`
 	DataPlane      DataPlane      `yaml:"dataplane"`
 	Discovery      Discovery      `yaml:"discovery"`
+	Tracing        Tracing        `yaml:"tracing"`
 
 	// origins maps dotted keys to the file and line that last set them, so
 	// validation errors can point at the offending file in a layered setup.
@@ -240,6 +241,25 @@ type CircuitBreaker struct {
 	SuccessThreshold int     `yaml:"success_threshold"`
 	TimeoutSecs      float64 `yaml:"timeout_secs"`
 }
+
+// Tracing configures OpenTelemetry traces, exported over OTLP/HTTP.
+type Tracing struct {
+	// OTLPEndpoint is the collector's OTLP/HTTP URL (http:// plaintext,
+	// https:// TLS); "" turns tracing off.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// SampleRatio is the fraction of new traces recorded; a request that
+	// carries a traceparent follows its caller's sampled flag instead.
+	SampleRatio float64 `yaml:"sample_ratio"`
+	// CAFile verifies an https endpoint's certificate (system roots when
+	// empty).
+	CAFile string `yaml:"ca_file"`
+	// ServiceName replaces the per-role service.name (cart-all-in-one,
+	// cart-dataplane, cart-controlplane) when set.
+	ServiceName string `yaml:"service_name"`
+}
+
+// Enabled reports whether spans are exported.
+func (t Tracing) Enabled() bool { return t.OTLPEndpoint != "" }
 
 // Discovery configures worker sources beside the static list: the
 // all-in-one router and the control-plane leader run them.
@@ -563,6 +583,7 @@ func Default() *Config {
 				RemoveAfter:     3,
 			},
 		},
+		Tracing: Tracing{SampleRatio: 1},
 	}
 }
 

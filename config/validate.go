@@ -106,6 +106,7 @@ func (c *Config) Validate(role Role) error {
 	v.controlPlane(role)
 	v.dataPlane(role)
 	v.discovery(role)
+	v.tracing()
 	if role < RoleAllInOne || role > RoleDataPlane {
 		v.add("", "unknown role %v", role)
 	}
@@ -661,4 +662,41 @@ func (v *validator) discovery(role Role) {
 	v.intAtLeast("discovery.dns.max_load", int64(n.MaxLoad), 0)
 	v.intAtLeast("discovery.dns.load_penalty", int64(n.LoadPenalty), 0)
 	v.intAtLeast("discovery.dns.cache_capacity_tokens", n.CacheCapacityTokens, 0)
+}
+
+func (v *validator) tracing() {
+	t := v.c.Tracing
+	v.fraction("tracing.sample_ratio", t.SampleRatio)
+	if !t.Enabled() {
+		if t.CAFile != "" {
+			v.add("tracing.ca_file", "is set but tracing.otlp_endpoint is not: tracing is off")
+		}
+		return
+	}
+	u, err := url.Parse(t.OTLPEndpoint)
+	switch {
+	case err != nil:
+		v.add("tracing.otlp_endpoint", "%q is not a valid URL: %v", t.OTLPEndpoint, err)
+		return
+	case u.Scheme != "http" && u.Scheme != "https":
+		v.add("tracing.otlp_endpoint", "%q must start with http:// or https:// (OTLP/HTTP, e.g. http://otel-collector:4318)", t.OTLPEndpoint)
+		return
+	case u.Opaque != "" || u.Hostname() == "":
+		v.add("tracing.otlp_endpoint", "%q has no host", t.OTLPEndpoint)
+		return
+	case u.User != nil:
+		v.add("tracing.otlp_endpoint", "%q must not contain credentials (they would be printed by --config-check); use OTEL_EXPORTER_OTLP_HEADERS", t.OTLPEndpoint)
+		return
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		v.add("tracing.otlp_endpoint", "%q must not have a query or fragment", t.OTLPEndpoint)
+		return
+	}
+	if port := u.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			v.add("tracing.otlp_endpoint", "%q has an invalid port", t.OTLPEndpoint)
+		}
+	}
+	if t.CAFile != "" && u.Scheme != "https" {
+		v.add("tracing.ca_file", "is set but tracing.otlp_endpoint %q is plaintext http://: use https:// or drop ca_file", t.OTLPEndpoint)
+	}
 }

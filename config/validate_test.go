@@ -300,6 +300,22 @@ func TestValidateRules(t *testing.T) {
 		{"worker sync interval small", RoleDataPlane, func(c *Config) { c.DataPlane.WorkerSyncIntervalMs = 49 }, "dataplane.worker_sync_interval_ms", "at least 50"},
 		{"client tls key without cert", RoleDataPlane, func(c *Config) { c.DataPlane.ClientTLS.KeyFile = "k.pem" }, "dataplane.tls.key_file", "dataplane.tls.cert_file is not"},
 
+		// tracing
+		{"trace ratio above one", RoleAllInOne, func(c *Config) { c.Tracing.SampleRatio = 1.5 }, "tracing.sample_ratio", "between 0 and 1, got 1.5"},
+		{"trace ratio negative", RoleDataPlane, func(c *Config) { c.Tracing.SampleRatio = -0.1 }, "tracing.sample_ratio", "between 0 and 1"},
+		{"trace ratio NaN", RoleControlPlane, func(c *Config) { c.Tracing.SampleRatio = math.NaN() }, "tracing.sample_ratio", "finite"},
+		{"otlp endpoint without scheme", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "collector:4318" }, "tracing.otlp_endpoint", "http:// or https://"},
+		{"otlp endpoint grpc scheme", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "grpc://collector:4317" }, "tracing.otlp_endpoint", "http:// or https://"},
+		{"otlp endpoint unparsable", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "http://a b:4318" }, "tracing.otlp_endpoint", "not a valid URL"},
+		{"otlp endpoint without host", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "http:///v1/traces" }, "tracing.otlp_endpoint", "has no host"},
+		{"otlp endpoint bad port", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "http://collector:0" }, "tracing.otlp_endpoint", "invalid port"},
+		{"otlp endpoint credentials", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "https://u:p@collector" }, "tracing.otlp_endpoint", "credentials"},
+		{"otlp endpoint query", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "http://collector:4318/?a=1" }, "tracing.otlp_endpoint", "query or fragment"},
+		{"trace ca with http", RoleAllInOne, func(c *Config) {
+			c.Tracing.OTLPEndpoint, c.Tracing.CAFile = "http://collector:4318", "ca.pem"
+		}, "tracing.ca_file", "plaintext"},
+		{"trace ca without endpoint", RoleAllInOne, func(c *Config) { c.Tracing.CAFile = "ca.pem" }, "tracing.ca_file", "tracing is off"},
+
 		{"unknown role", Role(7), func(c *Config) {}, "", "unknown role Role(7)"},
 	}
 	for _, tt := range tests {
@@ -457,6 +473,24 @@ func dnsOK() DiscoveryDNS {
 	d := Default().Discovery.DNS
 	d.Name, d.Port = "sim", 8000
 	return d
+}
+
+func TestTracingEndpointsAccepted(t *testing.T) {
+	for _, ep := range []string{"http://otel-collector:4318", "https://collector.example:443/v1/traces", "http://[::1]:4318/"} {
+		c := validBase()
+		c.Tracing.OTLPEndpoint, c.Tracing.SampleRatio = ep, 0
+		if err := c.Validate(RoleDataPlane); err != nil {
+			t.Errorf("endpoint %q, ratio 0: %v", ep, err)
+		}
+	}
+	c := validBase()
+	c.Tracing = Tracing{OTLPEndpoint: "https://collector:4318", CAFile: "ca.pem", SampleRatio: 1}
+	if err := c.Validate(RoleControlPlane); err != nil {
+		t.Errorf("https with ca_file: %v", err)
+	}
+	if Default().Tracing.Enabled() || Default().Tracing.SampleRatio != 1 {
+		t.Errorf("tracing defaults: %+v (want off, ratio 1)", Default().Tracing)
+	}
 }
 
 func TestDiscoveryAllowsNoStaticWorkers(t *testing.T) {

@@ -26,6 +26,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/server"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/tracing"
 )
 
 // Daemon is a running control-plane node.
@@ -44,6 +45,10 @@ type Daemon struct {
 	// seeded is closed once a bootstrapping node decided about the static
 	// seed (nil on other nodes).
 	seeded chan struct{}
+	// Tracer continues data planes' traces in RouterService calls (nil:
+	// off); ownTracer: Serve shuts it down.
+	Tracer    *tracing.Tracer
+	ownTracer bool
 }
 
 // raftTLS builds the Raft transport's server and client TLS from one
@@ -84,7 +89,7 @@ func declaredModels(ws []config.Worker) map[string][]string {
 
 // Start brings the node up: Raft (bootstrapping or rejoining), the API
 // listener, and — for a joining node — the request to be added as a voter.
-func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, error) {
+func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...server.Option) (*Daemon, error) {
 	token, adminToken, err := cfg.Tokens()
 	if err != nil {
 		return nil, err
@@ -207,7 +212,12 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	d.Node = node
 	d.Core.SetNode(node)
 
-	h := d.Core.Handler(service.AuthOptions{Token: token, AdminToken: adminToken, AllowUnauthenticatedRemote: cfg.Auth.AllowUnauthenticatedRemote})
+	if d.Tracer, d.ownTracer, err = server.Tracer(cfg, config.RoleControlPlane, cp.NodeID, opts, log); err != nil {
+		_ = node.Shutdown()
+		return nil, err
+	}
+	h := d.Core.HandlerWith(service.AuthOptions{Token: token, AdminToken: adminToken, AllowUnauthenticatedRemote: cfg.Auth.AllowUnauthenticatedRemote},
+		d.Tracer.Interceptors()...)
 	api := &http.Server{
 		Handler:           service.BodyReadDeadline(h, time.Duration(cp.APIBodyReadTimeoutSecs*float64(time.Second))),
 		ReadHeaderTimeout: time.Duration(cfg.Server.ReadHeaderTimeoutSecs * float64(time.Second)),
@@ -223,6 +233,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	if cfg.Server.TLS.Enabled() {
 		if api.TLSConfig, err = server.ServerTLS(cfg.Server.TLS); err != nil {
 			_ = node.Shutdown()
+			if d.ownTracer {
+				_ = d.Tracer.Close()
+			}
 			return nil, err
 		}
 	}
@@ -374,6 +387,11 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		err = serr
 	}
 	d.Core.Close()
+	if d.ownTracer {
+		if terr := d.Tracer.Close(); terr != nil {
+			d.log.Warn("tracing shutdown", "error", terr.Error())
+		}
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}

@@ -40,6 +40,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/tracing"
 )
 
 // Headers CART owns. Inbound copies are stripped so a client cannot spoof
@@ -126,6 +127,10 @@ type Options struct {
 	// MetricsElsewhere: /metrics is served on its own listener, so the
 	// client listener answers 404 for it (rather than passing it through).
 	MetricsElsewhere bool
+
+	// Tracer traces each upstream attempt and annotates the request span
+	// (internal/tracing); nil is tracing off.
+	Tracer *tracing.Tracer
 
 	// Transport overrides the upstream transport (tests); nil builds one
 	// from the timeouts above.
@@ -471,6 +476,7 @@ func (p *Proxy) finish(r *http.Request, c *call, sw *statusWriter, aborted bool)
 		p.m.ClientDisconnects.Inc()
 	}
 	worker := c.final.Worker
+	tracing.Annotate(r.Context(), c.endpoint, c.tenant, c.model, worker)
 	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(status), worker, c.tenant).Inc()
 	if status == 499 || aborted {
 		p.log.Info("request ended early", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", status, "worker", worker,
@@ -856,7 +862,7 @@ func (p *Proxy) dispatch(ctx context.Context, out *http.Request, c *call, d rout
 	p.m.InFlight.WithLabelValues(d.Worker).Inc()
 	p.o.Breakers.Begin(d.Worker)
 	sent := p.o.Now()
-	resp, err := p.upstream.RoundTrip(req)
+	resp, err := p.o.Tracer.RoundTrip(p.upstream, req, d.Worker, c.attempts)
 	if err != nil {
 		cancel()
 		p.m.InFlight.WithLabelValues(d.Worker).Dec()

@@ -61,6 +61,8 @@ type Options struct {
 	RouteBreakerCooloff  time.Duration
 	// Now is the breaker's clock (tests inject one); nil means time.Now.
 	Now func() time.Time
+	// Interceptors wrap every control-plane call (tracing); nil: none.
+	Interceptors []connect.Interceptor
 }
 
 // Router implements router.Router against the control plane.
@@ -148,6 +150,7 @@ func (r *Router) client(url string) cartv1connect.RouterServiceClient {
 				}
 			})))
 		}
+		opts = append(opts, connect.WithInterceptors(r.o.Interceptors...))
 		c = cartv1connect.NewRouterServiceClient(r.o.HTTPClient, url, opts...)
 		r.clients[url] = c
 	}

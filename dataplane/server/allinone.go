@@ -20,6 +20,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/tracing"
 )
 
 // AllInOne is the single-process router: the data-plane server with the
@@ -44,6 +45,10 @@ type AllInOne struct {
 
 	// Models is which models each worker serves (declared and probed).
 	Models *models.Registry
+
+	// Tracer traces requests (nil: off); ownTracer: Run shuts it down.
+	Tracer    *tracing.Tracer
+	ownTracer bool
 }
 
 // WorkerSpecs converts configured workers for the engine.
@@ -108,8 +113,16 @@ func EnginePolicy(cfg *config.Config) engine.Policy {
 
 // NewAllInOne builds the all-in-one router from a validated config. paths
 // are kept for SIGHUP reloads.
-func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint64) (*AllInOne, error) {
+func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint64, opts ...Option) (_ *AllInOne, err error) {
 	a := &AllInOne{paths: paths, log: log, cfg: cfg, discovered: map[string]engine.WorkerSpec{}}
+	if a.Tracer, a.ownTracer, err = Tracer(cfg, config.RoleAllInOne, "", opts, log); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil && a.ownTracer {
+			_ = a.Tracer.Close()
+		}
+	}()
 	a.Router = router.NewLocal(router.LocalOptions{
 		Policy:      EnginePolicy(cfg),
 		MaxEntries:  cfg.Cache.MaxTreeSize,
@@ -147,13 +160,13 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.Metrics.SetHealthy(w.URL, true)
 		a.Metrics.SetBreaker(w.URL, "closed")
 	}
-	po := ProxyOptions(cfg, a.Router, a.Break, a.Metrics, log)
-	po.Models = a.Models
+	po := ProxyOptions(cfg, a.Tracer.WrapRouter(a.Router), a.Break, a.Metrics, log)
+	po.Models, po.Tracer = a.Models, a.Tracer
 	if err := applyAuth(&po, cfg); err != nil {
 		return nil, err
 	}
 	a.Proxy = proxy.New(po)
-	srv, err := HTTPServer(cfg, a.Proxy, log)
+	srv, err := HTTPServer(cfg, a.Tracer.Handler(a.Proxy), log)
 	if err != nil {
 		return nil, err
 	}
@@ -233,6 +246,9 @@ func HealthConfig(cfg *config.Config) health.Config {
 // Run serves on ln until ctx ends, with health checks and index
 // maintenance running alongside.
 func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
+	if a.ownTracer {
+		defer closeTracer(a.Tracer, a.log)
+	}
 	// A SIGHUP reload may replace a.cfg at any time, even now.
 	a.mu.Lock()
 	cfg := a.cfg
