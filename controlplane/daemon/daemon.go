@@ -41,8 +41,9 @@ type Daemon struct {
 	API  *http.Server
 	mu   *sync.Mutex
 	eng  *engine.Engine
-	// watcher is DNS discovery, run by whichever node leads.
-	watcher *discovery.Watcher
+	// watchers are discovery (DNS, Kubernetes), run by whichever node
+	// leads.
+	watchers []*discovery.Watcher
 	// seeded is closed once a bootstrapping node decided about the static
 	// seed (nil on other nodes).
 	seeded chan struct{}
@@ -112,8 +113,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	d.eng = engine.New(server.EnginePolicy(cfg), idx, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	d.St = state.New(d.mu, d.eng)
 	var leaderLoops []func(context.Context)
-	if cfg.Discovery.DNS.Enabled() {
-		// d.watcher is set below, before Raft can make this node leader.
+	if cfg.Discovery.DNS.Enabled() || cfg.Discovery.Kubernetes.Enabled {
+		// d.watchers is set below, before Raft can make this node leader.
 		leaderLoops = append(leaderLoops, func(ctx context.Context) {
 			// The seed only lands on a cluster with no worker history, so
 			// discovery must not write the first worker change.
@@ -124,7 +125,14 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 					return
 				}
 			}
-			d.watcher.Run(ctx)
+			// Each watcher stops (Kubernetes informers included) when
+			// leadership ends; the loop returns once all have.
+			var wg sync.WaitGroup
+			for _, w := range d.watchers {
+				wg.Add(1)
+				go func() { defer wg.Done(); w.Run(ctx) }()
+			}
+			wg.Wait()
 		})
 	}
 	d.Core = service.New(service.Options{
@@ -146,15 +154,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		ResponseAffinityTTL: cfg.Responses.AffinityTTL(),
 		ResponseAffinityMax: cfg.Responses.MaxEntries,
 	}, d.mu, d.eng, d.St)
-	if cfg.Discovery.DNS.Enabled() {
-		res, err := server.DNSResolver(cfg)
-		if err != nil {
-			return nil, err
-		}
-		d.watcher = discovery.NewWatcher(discovery.WatchOptions{
-			Source: state.SourceDNS, Resolver: res, Sink: cpSink{d}, Rules: server.DiscoveryRules(cfg),
-			Metrics: discovery.NewMetrics(d.Core.Registry()), Logger: log,
-		})
+	if d.watchers, err = server.DiscoveryWatchers(cfg, log, discovery.NewMetrics(d.Core.Registry()),
+		func(source string) discovery.Sink { return cpSink{d, source} }); err != nil {
+		return nil, err
 	}
 	srvTLS, cliTLS, err := raftTLS(cp.RaftTLS)
 	if err != nil {
@@ -370,11 +372,15 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// cpSink applies DNS discovery to the replicated worker set: every change
-// is an idempotent Raft command (upsert, remove by URL) whose worker carries
-// source "dns", so a new leader's watcher continues from the replicated
-// set. Draining is leader soft state on the leader's engine.
-type cpSink struct{ d *Daemon }
+// cpSink applies one source's discovery to the replicated worker set:
+// every change is an idempotent Raft command (upsert, remove by URL) whose
+// worker carries the source ("dns", "kubernetes"), so a new leader's
+// watcher continues from the replicated set. Draining is leader soft state
+// on the leader's engine.
+type cpSink struct {
+	d      *Daemon
+	source string
+}
 
 func (s cpSink) Pool() map[string]string {
 	ws, _ := s.d.St.Workers()
@@ -386,18 +392,18 @@ func (s cpSink) Pool() map[string]string {
 }
 
 func (s cpSink) Add(ctx context.Context, url string) error {
-	n := s.d.cfg.Discovery.DNS
-	spec := &cartv1.WorkerSpec{Url: url, MaxLoad: uint32(n.MaxLoad), LoadPenalty: uint32(n.LoadPenalty),
-		CacheCapacityTokens: n.CacheCapacityTokens, Source: state.SourceDNS}
-	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-dns-add " + url,
+	maxLoad, penalty, capTokens := server.DiscoveredDefaults(s.d.cfg, s.source)
+	spec := &cartv1.WorkerSpec{Url: url, MaxLoad: uint32(maxLoad), LoadPenalty: uint32(penalty),
+		CacheCapacityTokens: capTokens, Source: s.source}
+	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-" + s.source + "-add " + url,
 		Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}})
 }
 
 func (s cpSink) Remove(ctx context.Context, url string) error {
-	if src, ok := s.Pool()[url]; !ok || src != state.SourceDNS {
+	if src, ok := s.Pool()[url]; !ok || src != s.source {
 		return nil // gone already, or not ours
 	}
-	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-dns-remove " + url,
+	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-" + s.source + "-remove " + url,
 		Body: &cartv1.RaftCommand_RemoveWorker{RemoveWorker: &cartv1.RemoveWorkerCommand{Url: url}}})
 }
 
