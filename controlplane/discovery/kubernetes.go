@@ -18,10 +18,11 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
-	coreinformers "k8s.io/client-go/informers/core/v1"
-	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/watch"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	discoveryv1client "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -47,8 +48,40 @@ type KubernetesOptions struct {
 	SyncTimeout time.Duration
 	// Client replaces the one built from Kubeconfig (tests: a fake
 	// clientset).
-	Client kubernetes.Interface
+	Client KubernetesClient
 	Logger *slog.Logger
+}
+
+// KubernetesClient is the part of a clientset discovery uses. Taking the
+// two typed clients instead of kubernetes.Interface keeps every other API
+// group out of the binary (tens of megabytes).
+type KubernetesClient interface {
+	DiscoveryV1() discoveryv1client.DiscoveryV1Interface
+	CoreV1() corev1client.CoreV1Interface
+}
+
+type typedClients struct {
+	d *discoveryv1client.DiscoveryV1Client
+	c *corev1client.CoreV1Client
+}
+
+func (t typedClients) DiscoveryV1() discoveryv1client.DiscoveryV1Interface { return t.d }
+func (t typedClients) CoreV1() corev1client.CoreV1Interface                { return t.c }
+
+func newClient(cfg *rest.Config) (KubernetesClient, error) {
+	h, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d, err := discoveryv1client.NewForConfigAndClient(cfg, h)
+	if err != nil {
+		return nil, err
+	}
+	c, err := corev1client.NewForConfigAndClient(cfg, h)
+	if err != nil {
+		return nil, err
+	}
+	return typedClients{d, c}, nil
 }
 
 // KubernetesSource watches the API server with a client-go informer and
@@ -118,7 +151,7 @@ func NewKubernetesSource(o KubernetesOptions) (*KubernetesSource, error) {
 			return nil, fmt.Errorf("kubernetes discovery: %w", err)
 		}
 		cfg.UserAgent = "cart-discovery"
-		if k.o.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+		if k.o.Client, err = newClient(cfg); err != nil {
 			return nil, fmt.Errorf("kubernetes discovery: %w", err)
 		}
 		if k.o.Namespace == "" {
@@ -207,17 +240,42 @@ func (k *KubernetesSource) poke() {
 // cannot be restarted) and returns the function that stops it and waits
 // for its goroutines.
 func (k *KubernetesSource) Start(ctx context.Context) (stop func()) {
-	var inf cache.SharedIndexInformer
+	var lw *cache.ListWatch
+	var example runtime.Object
+	ns := k.o.Namespace
 	if k.o.Service != "" {
 		// The label the EndpointSlice controller puts on a Service's slices.
 		sel := labels.Set{discoveryv1.LabelServiceName: k.o.Service}.String()
-		inf = discoveryinformers.NewFilteredEndpointSliceInformer(k.o.Client, k.o.Namespace, 0, cache.Indexers{},
-			func(lo *metav1.ListOptions) { lo.LabelSelector = sel })
+		c := k.o.Client.DiscoveryV1()
+		example = &discoveryv1.EndpointSlice{}
+		lw = &cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, lo metav1.ListOptions) (runtime.Object, error) {
+				lo.LabelSelector = sel
+				return c.EndpointSlices(ns).List(ctx, lo)
+			},
+			WatchFuncWithContext: func(ctx context.Context, lo metav1.ListOptions) (watch.Interface, error) {
+				lo.LabelSelector = sel
+				return c.EndpointSlices(ns).Watch(ctx, lo)
+			},
+		}
 	} else {
 		sel := k.selector.String()
-		inf = coreinformers.NewFilteredPodInformer(k.o.Client, k.o.Namespace, 0, cache.Indexers{},
-			func(lo *metav1.ListOptions) { lo.LabelSelector = sel })
+		c := k.o.Client.CoreV1()
+		example = &corev1.Pod{}
+		lw = &cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, lo metav1.ListOptions) (runtime.Object, error) {
+				lo.LabelSelector = sel
+				return c.Pods(ns).List(ctx, lo)
+			},
+			WatchFuncWithContext: func(ctx context.Context, lo metav1.ListOptions) (watch.Interface, error) {
+				lo.LabelSelector = sel
+				return c.Pods(ns).Watch(ctx, lo)
+			},
+		}
 	}
+	// The wrapper lets a fake clientset say it cannot stream lists, as
+	// client-go's generated informers do.
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, k.o.Client), example, 0, cache.Indexers{})
 	r := &informerRun{inf: inf, synced: make(chan struct{})}
 	// Before Run, as client-go requires. The reflector retries with
 	// back-off on its own; the error is kept to explain an answer that
