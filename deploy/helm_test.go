@@ -123,6 +123,8 @@ func TestHelmLint(t *testing.T) {
 	run(t, repoRoot(t), h, "lint", "--strict", "--kube-version", helmKubeVersion, chartDir)
 	run(t, repoRoot(t), h, append([]string{"lint", "--strict", "--kube-version", helmKubeVersion, chartDir,
 		"--set", "dataPlane.hpa.enabled=true", "--set", "auth.existingSecret=cart-token", "--set", "metrics.serviceMonitor.enabled=true"}, withWorkers...)...)
+	run(t, repoRoot(t), h, "lint", "--strict", "--kube-version", helmKubeVersion, chartDir,
+		"--set", "discovery.kubernetes.enabled=true", "--set", "discovery.kubernetes.selector=app=vllm", "--set", "discovery.kubernetes.namespace=gpu")
 }
 
 func TestHelmControlPlane(t *testing.T) {
