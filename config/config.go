@@ -266,8 +266,36 @@ func (t Tracing) Enabled() bool { return t.OTLPEndpoint != "" }
 type Discovery struct {
 	// DrainTimeoutSecs bounds how long a worker that left its source keeps
 	// its in-flight requests before it is removed anyway.
-	DrainTimeoutSecs float64      `yaml:"drain_timeout_secs"`
-	DNS              DiscoveryDNS `yaml:"dns"`
+	DrainTimeoutSecs float64             `yaml:"drain_timeout_secs"`
+	DNS              DiscoveryDNS        `yaml:"dns"`
+	Kubernetes       DiscoveryKubernetes `yaml:"kubernetes"`
+}
+
+// DiscoveryKubernetes discovers workers from the ready endpoints of a
+// Service's EndpointSlices, or from ready pods matching a label selector,
+// through a client-go watch.
+type DiscoveryKubernetes struct {
+	Enabled bool `yaml:"enabled"`
+	// Exactly one of Service and Selector.
+	Service  string `yaml:"service"`
+	Selector string `yaml:"selector"`
+	// Namespace; "" = the pod's own namespace in-cluster, the kubeconfig
+	// context's namespace, else "default".
+	Namespace string `yaml:"namespace"`
+	// Port is a port name or number (a string so that both read).
+	Port   string `yaml:"port"`
+	Scheme string `yaml:"scheme"`
+	// Kubeconfig is a kubeconfig file; "" = in-cluster config.
+	Kubeconfig      string  `yaml:"kubeconfig"`
+	SyncTimeoutSecs float64 `yaml:"sync_timeout_secs"`
+	MinIntervalSecs float64 `yaml:"min_interval_secs"`
+	MaxIntervalSecs float64 `yaml:"max_interval_secs"`
+	AddAfter        int     `yaml:"add_after"`
+	RemoveAfter     int     `yaml:"remove_after"`
+	// Defaults for discovered workers.
+	MaxLoad             int   `yaml:"max_load"`
+	LoadPenalty         int   `yaml:"load_penalty"`
+	CacheCapacityTokens int64 `yaml:"cache_capacity_tokens"`
 }
 
 // DiscoveryDNS discovers workers from A/AAAA records (with Port) or SRV
@@ -581,6 +609,14 @@ func Default() *Config {
 				MaxIntervalSecs: 30,
 				AddAfter:        1,
 				RemoveAfter:     3,
+			},
+			Kubernetes: DiscoveryKubernetes{
+				Scheme:          "http",
+				SyncTimeoutSecs: 10,
+				MinIntervalSecs: 1,
+				MaxIntervalSecs: 60,
+				AddAfter:        1,
+				RemoveAfter:     1,
 			},
 		},
 		Tracing: Tracing{SampleRatio: 1},

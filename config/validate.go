@@ -1,14 +1,19 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net"
 	"net/url"
+	"os"
 	"path"
 	"regexp"
 	"strconv"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Normalize puts URLs into their canonical form (trailing slashes trimmed)
@@ -228,8 +233,8 @@ func (v *validator) server() {
 }
 
 func (v *validator) workers(role Role) {
-	if len(v.c.Workers) == 0 && role == RoleAllInOne && !v.c.Discovery.DNS.Enabled() {
-		v.add("workers", "at least one worker is required: the all-in-one router has nowhere to send requests; add workers[].url or discovery.dns.name")
+	if len(v.c.Workers) == 0 && role == RoleAllInOne && !v.c.Discovery.DNS.Enabled() && !v.c.Discovery.Kubernetes.Enabled {
+		v.add("workers", "at least one worker is required: the all-in-one router has nowhere to send requests; add workers[].url, discovery.dns.name or discovery.kubernetes")
 	}
 	seen := make(map[string]int)
 	for i, w := range v.c.Workers {
@@ -626,6 +631,7 @@ func (v *validator) dataPlane(role Role) {
 func (v *validator) discovery(role Role) {
 	d := v.c.Discovery
 	v.positive("discovery.drain_timeout_secs", d.DrainTimeoutSecs)
+	v.discoveryKubernetes(role)
 	n := d.DNS
 	if !n.Enabled() {
 		return
@@ -699,4 +705,80 @@ func (v *validator) tracing() {
 	if t.CAFile != "" && u.Scheme != "https" {
 		v.add("tracing.ca_file", "is set but tracing.otlp_endpoint %q is plaintext http://: use https:// or drop ca_file", t.OTLPEndpoint)
 	}
+}
+
+func (v *validator) discoveryKubernetes(role Role) {
+	k := v.c.Discovery.Kubernetes
+	if !k.Enabled {
+		for _, kv := range [][2]string{{"service", k.Service}, {"selector", k.Selector}, {"namespace", k.Namespace}, {"port", k.Port}, {"kubeconfig", k.Kubeconfig}} {
+			if kv[1] != "" {
+				v.add("discovery.kubernetes."+kv[0], "is set but discovery.kubernetes.enabled is false: set enabled: true, or remove it")
+			}
+		}
+		return
+	}
+	if role == RoleDataPlane {
+		v.add("discovery.kubernetes.enabled", "a data plane does not discover workers: set discovery on the control plane (its leader runs it)")
+	}
+	switch {
+	case k.Service != "" && k.Selector != "":
+		v.add("discovery.kubernetes.selector", "service and selector are both set: watch one Service's EndpointSlices or pods by label, not both")
+	case k.Service == "" && k.Selector == "":
+		v.add("discovery.kubernetes.service", "set service (a Service's EndpointSlices) or selector (pods by label) when enabled")
+	case k.Service != "":
+		if errs := validation.IsDNS1035Label(k.Service); len(errs) > 0 {
+			v.add("discovery.kubernetes.service", "not a Service name: %s", strings.Join(errs, "; "))
+		}
+	default:
+		if sel, err := labels.Parse(k.Selector); err != nil {
+			v.add("discovery.kubernetes.selector", "not a label selector: %v", err)
+		} else if sel.Empty() {
+			v.add("discovery.kubernetes.selector", "%q selects every pod of the namespace; name a label (e.g. app=vllm)", k.Selector)
+		}
+	}
+	if k.Namespace != "" {
+		if errs := validation.IsDNS1123Label(k.Namespace); len(errs) > 0 {
+			v.add("discovery.kubernetes.namespace", "not a namespace name: %s", strings.Join(errs, "; "))
+		}
+	}
+	if err := checkPort(k.Port); err != nil {
+		v.add("discovery.kubernetes.port", "%v", err)
+	}
+	if k.Scheme != "http" && k.Scheme != "https" {
+		v.add("discovery.kubernetes.scheme", "must be http or https, got %q", k.Scheme)
+	}
+	if k.Kubeconfig != "" {
+		if _, err := os.Stat(k.Kubeconfig); err != nil {
+			v.add("discovery.kubernetes.kubeconfig", "%v", err)
+		}
+	}
+	v.positive("discovery.kubernetes.sync_timeout_secs", k.SyncTimeoutSecs)
+	v.positive("discovery.kubernetes.min_interval_secs", k.MinIntervalSecs)
+	v.positive("discovery.kubernetes.max_interval_secs", k.MaxIntervalSecs)
+	if k.MaxIntervalSecs < k.MinIntervalSecs {
+		v.add("discovery.kubernetes.max_interval_secs", "must be at least min_interval_secs (%v), got %v", k.MinIntervalSecs, k.MaxIntervalSecs)
+	}
+	v.intRange("discovery.kubernetes.add_after", int64(k.AddAfter), 1, 1000)
+	v.intRange("discovery.kubernetes.remove_after", int64(k.RemoveAfter), 1, 1000)
+	v.intAtLeast("discovery.kubernetes.max_load", int64(k.MaxLoad), 0)
+	v.intAtLeast("discovery.kubernetes.load_penalty", int64(k.LoadPenalty), 0)
+	v.intAtLeast("discovery.kubernetes.cache_capacity_tokens", k.CacheCapacityTokens, 0)
+}
+
+// checkPort accepts a port number (1..65535) or a port name as Services
+// and containers name them (IANA service name).
+func checkPort(p string) error {
+	if p == "" {
+		return errors.New("required: the port name (e.g. http) or number of the workers")
+	}
+	if p[0] >= '0' && p[0] <= '9' {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("a port number must be 1..65535, got %q", p)
+		}
+		return nil
+	}
+	if errs := validation.IsValidPortName(p); len(errs) > 0 {
+		return fmt.Errorf("not a port name or number: %s", strings.Join(errs, "; "))
+	}
+	return nil
 }

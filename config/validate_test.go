@@ -124,6 +124,25 @@ func TestValidateRules(t *testing.T) {
 		{"dns add_after zero", RoleAllInOne, func(c *Config) { c.Discovery.DNS = dnsOK(); c.Discovery.DNS.AddAfter = 0 }, "discovery.dns.add_after", "between 1 and 1000"},
 		{"dns on a data plane", RoleDataPlane, func(c *Config) { c.Discovery.DNS = dnsOK() }, "discovery.dns.name", "a data plane does not discover workers"},
 		{"drain timeout zero", RoleAllInOne, func(c *Config) { c.Discovery.DrainTimeoutSecs = 0 }, "discovery.drain_timeout_secs", "greater than 0"},
+		{"k8s service and selector", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Selector = "app=vllm" }, "discovery.kubernetes.selector", "both set"},
+		{"k8s neither service nor selector", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Service = "" }, "discovery.kubernetes.service", "set service"},
+		{"k8s set but disabled", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes.Service = "vllm" }, "discovery.kubernetes.service", "enabled is false"},
+		{"k8s bad service name", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Service = "vLLM_0" }, "discovery.kubernetes.service", "not a Service name"},
+		{"k8s bad selector", RoleAllInOne, func(c *Config) {
+			c.Discovery.Kubernetes = k8sOK()
+			c.Discovery.Kubernetes.Service, c.Discovery.Kubernetes.Selector = "", "app in ("
+		}, "discovery.kubernetes.selector", "not a label selector"},
+		{"k8s bad namespace", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Namespace = "Prod/A" }, "discovery.kubernetes.namespace", "not a namespace name"},
+		{"k8s port missing", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Port = "" }, "discovery.kubernetes.port", "required"},
+		{"k8s port number", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Port = "0" }, "discovery.kubernetes.port", "1..65535"},
+		{"k8s port name", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Port = "HTTP_port" }, "discovery.kubernetes.port", "not a port name"},
+		{"k8s kubeconfig missing", RoleAllInOne, func(c *Config) {
+			c.Discovery.Kubernetes = k8sOK()
+			c.Discovery.Kubernetes.Kubeconfig = "/nonexistent/kubeconfig"
+		}, "discovery.kubernetes.kubeconfig", "no such file"},
+		{"k8s interval bounds", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.MaxIntervalSecs = 0.5 }, "discovery.kubernetes.max_interval_secs", "at least min_interval_secs"},
+		{"k8s remove_after zero", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.RemoveAfter = 0 }, "discovery.kubernetes.remove_after", "between 1 and 1000"},
+		{"k8s on a data plane", RoleDataPlane, func(c *Config) { c.Discovery.Kubernetes = k8sOK() }, "discovery.kubernetes.enabled", "a data plane does not discover workers"},
 
 		// workers
 		{"no workers all-in-one", RoleAllInOne, func(c *Config) { c.Workers = nil }, "workers",
@@ -490,6 +509,37 @@ func TestTracingEndpointsAccepted(t *testing.T) {
 	}
 	if Default().Tracing.Enabled() || Default().Tracing.SampleRatio != 1 {
 		t.Errorf("tracing defaults: %+v (want off, ratio 1)", Default().Tracing)
+	}
+}
+
+func k8sOK() DiscoveryKubernetes {
+	d := Default().Discovery.Kubernetes
+	d.Enabled, d.Service, d.Port = true, "vllm", "http"
+	return d
+}
+
+func TestKubernetesDiscoveryConfig(t *testing.T) {
+	c := validBase()
+	c.Workers = nil
+	c.Discovery.Kubernetes = k8sOK()
+	if err := c.Validate(RoleAllInOne); err != nil {
+		t.Fatalf("all-in-one with Kubernetes discovery and no static workers: %v", err)
+	}
+	c.Discovery.Kubernetes.Service, c.Discovery.Kubernetes.Selector = "", "app=vllm,tier in (gpu)"
+	if err := c.Validate(RoleControlPlane); err != nil {
+		t.Fatalf("selector mode on a control plane: %v", err)
+	}
+	// A port written as a YAML number reads as the string.
+	path := filepath.Join(t.TempDir(), "k8s.yaml")
+	if err := os.WriteFile(path, []byte("discovery:\n  kubernetes:\n    enabled: true\n    service: vllm\n    port: 8000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Discovery.Kubernetes; got.Port != "8000" || got.Service != "vllm" || got.RemoveAfter != 1 {
+		t.Fatalf("loaded %+v", got)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -40,8 +41,9 @@ type Daemon struct {
 	// Dec is the node's routing core: the engine, its lock, load, tickets
 	// and index maintenance, shared by the state machine and the service.
 	Dec *decider.Decider
-	// watcher is DNS discovery, run by whichever node leads.
-	watcher *discovery.Watcher
+	// watchers are discovery (DNS, Kubernetes), run by whichever node
+	// leads.
+	watchers []*discovery.Watcher
 	// seeded is closed once a bootstrapping node decided about the static
 	// seed (nil on other nodes).
 	seeded chan struct{}
@@ -114,8 +116,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...se
 	d.Dec = decider.New(deciderOptions(cfg))
 	d.St = state.New(d.Dec)
 	var leaderLoops []func(context.Context)
-	if cfg.Discovery.DNS.Enabled() {
-		// d.watcher is set below, before Raft can make this node leader.
+	if cfg.Discovery.DNS.Enabled() || cfg.Discovery.Kubernetes.Enabled {
+		// d.watchers is set below, before Raft can make this node leader.
 		leaderLoops = append(leaderLoops, func(ctx context.Context) {
 			// The seed only lands on a cluster with no worker history, so
 			// discovery must not write the first worker change.
@@ -126,7 +128,14 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...se
 					return
 				}
 			}
-			d.watcher.Run(ctx)
+			// Each watcher stops (Kubernetes informers included) when
+			// leadership ends; the loop returns once all have.
+			var wg sync.WaitGroup
+			for _, w := range d.watchers {
+				wg.Add(1)
+				go func() { defer wg.Done(); w.Run(ctx) }()
+			}
+			wg.Wait()
 		})
 	}
 	d.Core = service.New(service.Options{
@@ -148,15 +157,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...se
 		SlowLeader: service.HandoverOptions{Enabled: cfg.ControlPlane.SlowLeaderHandover.Enabled, Threshold: cfg.ControlPlane.SlowLeaderHandover.Threshold(),
 			Window: cfg.ControlPlane.SlowLeaderHandover.Window(), MinInterval: cfg.ControlPlane.SlowLeaderHandover.MinInterval()},
 	}, d.Dec, d.St)
-	if cfg.Discovery.DNS.Enabled() {
-		res, err := server.DNSResolver(cfg)
-		if err != nil {
-			return nil, err
-		}
-		d.watcher = discovery.NewWatcher(discovery.WatchOptions{
-			Source: state.SourceDNS, Resolver: res, Sink: cpSink{d}, Rules: server.DiscoveryRules(cfg),
-			Metrics: discovery.NewMetrics(d.Core.Registry()), Logger: log,
-		})
+	if d.watchers, err = server.DiscoveryWatchers(cfg, log, discovery.NewMetrics(d.Core.Registry()),
+		func(source string) discovery.Sink { return cpSink{d, source} }); err != nil {
+		return nil, err
 	}
 	srvTLS, cliTLS, err := raftTLS(cp.RaftTLS)
 	if err != nil {
@@ -398,11 +401,15 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// cpSink applies DNS discovery to the replicated worker set: every change
-// is an idempotent Raft command (upsert, remove by URL) whose worker carries
-// source "dns", so a new leader's watcher continues from the replicated
-// set. Draining is leader soft state on the leader's engine.
-type cpSink struct{ d *Daemon }
+// cpSink applies one source's discovery to the replicated worker set:
+// every change is an idempotent Raft command (upsert, remove by URL) whose
+// worker carries the source ("dns", "kubernetes"), so a new leader's
+// watcher continues from the replicated set. Draining is leader soft state
+// on the leader's engine.
+type cpSink struct {
+	d      *Daemon
+	source string
+}
 
 func (s cpSink) Pool() map[string]string {
 	ws, _ := s.d.St.Workers()
@@ -414,18 +421,18 @@ func (s cpSink) Pool() map[string]string {
 }
 
 func (s cpSink) Add(ctx context.Context, url string) error {
-	n := s.d.cfg.Discovery.DNS
-	spec := &cartv1.WorkerSpec{Url: url, MaxLoad: uint32(n.MaxLoad), LoadPenalty: uint32(n.LoadPenalty),
-		CacheCapacityTokens: n.CacheCapacityTokens, Source: state.SourceDNS}
-	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-dns-add " + url,
+	maxLoad, penalty, capTokens := server.DiscoveredDefaults(s.d.cfg, s.source)
+	spec := &cartv1.WorkerSpec{Url: url, MaxLoad: uint32(maxLoad), LoadPenalty: uint32(penalty),
+		CacheCapacityTokens: capTokens, Source: s.source}
+	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-" + s.source + "-add " + url,
 		Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}})
 }
 
 func (s cpSink) Remove(ctx context.Context, url string) error {
-	if src, ok := s.Pool()[url]; !ok || src != state.SourceDNS {
+	if src, ok := s.Pool()[url]; !ok || src != s.source {
 		return nil // gone already, or not ours
 	}
-	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-dns-remove " + url,
+	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-" + s.source + "-remove " + url,
 		Body: &cartv1.RaftCommand_RemoveWorker{RemoveWorker: &cartv1.RemoveWorkerCommand{Url: url}}})
 }
 

@@ -338,6 +338,9 @@ const (
 	SourceStatic = "static"
 	SourceAdmin  = "admin"
 	SourceDNS    = "dns"
+	// SourceKubernetes: EndpointSlices or pods watched through the
+	// Kubernetes API.
+	SourceKubernetes = "kubernetes"
 )
 
 // SourceOf maps a replicated source to its name, empty reading as static.

@@ -72,7 +72,7 @@ type WorkerStatus struct {
 	LoadPenalty int
 	Healthy     bool
 	Load        int
-	// Source is where the worker came from (static, admin, dns).
+	// Source is where the worker came from (static, admin, dns, kubernetes).
 	Source string
 	// Draining workers take no new requests while in-flight ones finish.
 	Draining bool

@@ -38,10 +38,10 @@ type AllInOne struct {
 	HTTP    *http.Server
 	// MetricsHTTP serves /metrics on server.metrics_addr; nil when unset.
 	MetricsHTTP *http.Server
-	// discovered are the workers DNS discovery added (guarded by mu); a
-	// reload of the static list keeps them.
+	// discovered are the workers discovery (DNS, Kubernetes) added
+	// (guarded by mu); a reload of the static list keeps them.
 	discovered map[string]engine.WorkerSpec
-	watcher    *discovery.Watcher
+	watchers   []*discovery.Watcher
 
 	// Models is which models each worker serves (declared and probed).
 	Models *models.Registry
@@ -172,17 +172,55 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	}
 	a.HTTP = srv
 	a.MetricsHTTP = MetricsServer(cfg, a.Metrics, log)
+	if a.watchers, err = DiscoveryWatchers(cfg, log, discovery.NewMetrics(a.Metrics.Registry),
+		func(source string) discovery.Sink { return aioSink{a, source} }); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// DiscoveryWatchers builds a watcher for every enabled worker source (the
+// metrics are shared: they are labelled by source).
+func DiscoveryWatchers(cfg *config.Config, log *slog.Logger, m *discovery.Metrics, sink func(source string) discovery.Sink) ([]*discovery.Watcher, error) {
+	var out []*discovery.Watcher
 	if cfg.Discovery.DNS.Enabled() {
 		res, err := DNSResolver(cfg)
 		if err != nil {
 			return nil, err
 		}
-		a.watcher = discovery.NewWatcher(discovery.WatchOptions{
-			Source: state.SourceDNS, Resolver: res, Sink: aioSink{a}, Rules: DiscoveryRules(cfg),
-			Metrics: discovery.NewMetrics(a.Metrics.Registry), Logger: log,
-		})
+		out = append(out, discovery.NewWatcher(discovery.WatchOptions{
+			Source: state.SourceDNS, Resolver: res, Sink: sink(state.SourceDNS), Rules: DiscoveryRules(cfg),
+			Metrics: m, Logger: log,
+		}))
 	}
-	return a, nil
+	if cfg.Discovery.Kubernetes.Enabled {
+		k := cfg.Discovery.Kubernetes
+		src, err := discovery.NewKubernetesSource(discovery.KubernetesOptions{Service: k.Service, Selector: k.Selector,
+			Namespace: k.Namespace, Port: k.Port, Scheme: k.Scheme, Kubeconfig: k.Kubeconfig,
+			SyncTimeout: secs(k.SyncTimeoutSecs), Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		log.Info("kubernetes discovery configured", "watch", src.Describe())
+		out = append(out, discovery.NewWatcher(discovery.WatchOptions{
+			Source: state.SourceKubernetes, Resolver: src, Sink: sink(state.SourceKubernetes),
+			Rules: discovery.Options{AddAfter: k.AddAfter, RemoveAfter: k.RemoveAfter, DrainTimeout: secs(cfg.Discovery.DrainTimeoutSecs),
+				MinInterval: secs(k.MinIntervalSecs), MaxInterval: secs(k.MaxIntervalSecs)},
+			Metrics: m, Logger: log,
+		}))
+	}
+	return out, nil
+}
+
+// DiscoveredDefaults are the settings of a worker that source discovered:
+// max_load, load_penalty, cache_capacity_tokens.
+func DiscoveredDefaults(cfg *config.Config, source string) (maxLoad, loadPenalty int, capacityTokens int64) {
+	if source == state.SourceKubernetes {
+		k := cfg.Discovery.Kubernetes
+		return k.MaxLoad, k.LoadPenalty, k.CacheCapacityTokens
+	}
+	d := cfg.Discovery.DNS
+	return d.MaxLoad, d.LoadPenalty, d.CacheCapacityTokens
 }
 
 // DNSResolver builds the DNS discovery resolver from discovery.dns.*.
@@ -199,8 +237,11 @@ func DiscoveryRules(cfg *config.Config) discovery.Options {
 		MinInterval: secs(d.DNS.MinIntervalSecs), MaxInterval: secs(d.DNS.MaxIntervalSecs)}
 }
 
-// aioSink applies DNS discovery to the embedded engine.
-type aioSink struct{ a *AllInOne }
+// aioSink applies one source's discovery to the embedded engine.
+type aioSink struct {
+	a      *AllInOne
+	source string
+}
 
 func (s aioSink) Pool() map[string]string {
 	ws := s.a.Router.Workers()
@@ -215,9 +256,9 @@ func (s aioSink) Add(_ context.Context, url string) error {
 	a := s.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	d := a.cfg.Discovery.DNS
-	a.discovered[url] = engine.WorkerSpec{URL: url, MaxLoad: d.MaxLoad, LoadPenalty: d.LoadPenalty,
-		CapacityBlocks: CapacityBlocks(d.CacheCapacityTokens, a.cfg.Cache.BlockChars), Source: state.SourceDNS}
+	maxLoad, penalty, capTokens := DiscoveredDefaults(a.cfg, s.source)
+	a.discovered[url] = engine.WorkerSpec{URL: url, MaxLoad: maxLoad, LoadPenalty: penalty,
+		CapacityBlocks: CapacityBlocks(capTokens, a.cfg.Cache.BlockChars), Source: s.source}
 	a.applyWorkersLocked(a.cfg)
 	return nil
 }
@@ -226,7 +267,7 @@ func (s aioSink) Remove(_ context.Context, url string) error {
 	a := s.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if _, ok := a.discovered[url]; ok {
+	if w, ok := a.discovered[url]; ok && w.Source == s.source {
 		delete(a.discovered, url)
 		a.applyWorkersLocked(a.cfg)
 	}
@@ -269,9 +310,9 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 	go func() { defer wg.Done(); serveMetrics(ctx, a.MetricsHTTP, mln, a.log) }()
 	go func() { defer wg.Done(); a.Health.Run(ctx) }()
 	go func() { defer wg.Done(); a.Router.Run(ctx, secs(cfg.Cache.EvictionIntervalSecs)) }()
-	if a.watcher != nil {
+	for _, w := range a.watchers {
 		wg.Add(1)
-		go func() { defer wg.Done(); a.watcher.Run(ctx) }()
+		go func() { defer wg.Done(); w.Run(ctx) }()
 	}
 	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers))
 	err = Serve(ctx, a.HTTP, ln, secs(cfg.Server.ShutdownGraceSecs))
