@@ -16,10 +16,10 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/health"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/health"
-	"github.com/cartrouter/cart/dataplane/models"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 

@@ -34,11 +34,11 @@ import (
 	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
 )
 

@@ -13,11 +13,11 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/health"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/breaker"
-	"github.com/cartrouter/cart/dataplane/health"
 	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
 )

@@ -10,9 +10,9 @@ import (
 	"sync"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/remote"
 	"github.com/cartrouter/cart/dataplane/router"
