@@ -5,7 +5,6 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,20 +51,13 @@ func raftTLS(t config.TLS) (*tls.Config, *tls.Config, error) {
 	if !t.Enabled() {
 		return nil, nil, nil
 	}
-	srv, err := server.ServerTLS(t)
+	srv, err := t.ServerConfig()
 	if err != nil {
 		return nil, nil, fmt.Errorf("raft TLS: %w", err)
 	}
-	cli := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: srv.Certificates}
-	if t.ClientCAFile != "" {
-		pem, err := os.ReadFile(t.ClientCAFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("raft TLS CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(pem)
-		cli.RootCAs = pool
-	}
+	// The CA that verifies peers' client certificates verifies their
+	// server certificates too: one pool, loaded once.
+	cli := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: srv.Certificates, RootCAs: srv.ClientCAs}
 	return srv, cli, nil
 }
 
@@ -219,7 +211,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	protos.SetUnencryptedHTTP2(true)
 	api.Protocols = &protos
 	if cfg.Server.TLS.Enabled() {
-		if api.TLSConfig, err = server.ServerTLS(cfg.Server.TLS); err != nil {
+		if api.TLSConfig, err = cfg.Server.TLS.ServerConfig(); err != nil {
 			_ = node.Shutdown()
 			return nil, err
 		}
