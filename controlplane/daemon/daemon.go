@@ -19,10 +19,10 @@ import (
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/discovery"
+	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/service"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/server"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
@@ -83,12 +83,17 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	}
 	// The leader probes workers; keyed workers (vLLM --api-key) need their
 	// key on probes or they are all marked down.
-	workerKeys, err := server.WorkerKeys(cfg)
+	perWorker, poolKey, err := cfg.WorkerKeys()
 	if err != nil {
 		return nil, err
 	}
-	healthCfg := server.HealthConfig(cfg)
-	healthCfg.WorkerKey = workerKeys.Get
+	healthCfg := health.ConfigFrom(cfg.Health)
+	healthCfg.WorkerKey = func(w string) string {
+		if k, ok := perWorker[w]; ok {
+			return k
+		}
+		return poolKey // workers added through cartctl or discovery
+	}
 	cp := cfg.ControlPlane
 	client, err := cpclient.New(cfg.DataPlane.ClientTLS)
 	if err != nil {
@@ -134,12 +139,12 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		ResponseAffinityMax: cfg.Responses.MaxEntries,
 	}, d.Dec, d.St)
 	if cfg.Discovery.DNS.Enabled() {
-		res, err := server.DNSResolver(cfg)
+		res, err := discovery.DNSResolverFrom(cfg)
 		if err != nil {
 			return nil, err
 		}
 		d.watcher = discovery.NewWatcher(discovery.WatchOptions{
-			Source: state.SourceDNS, Resolver: res, Sink: cpSink{d}, Rules: server.DiscoveryRules(cfg),
+			Source: state.SourceDNS, Resolver: res, Sink: cpSink{d}, Rules: discovery.RulesFrom(cfg),
 			Metrics: discovery.NewMetrics(d.Core.Registry()), Logger: log,
 		})
 	}
@@ -235,7 +240,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 // leader's lease and ticket cap.
 func deciderOptions(cfg *config.Config) decider.Options {
 	return decider.Options{
-		Policy:       server.EnginePolicy(cfg),
+		Policy:       decider.PolicyFrom(cfg),
 		MaxEntries:   cfg.Cache.MaxTreeSize,
 		InlineEvict:  cfg.Cache.EvictionIntervalSecs <= 0,
 		DailyReset:   cfg.Cache.DailyCleanupHourUTC >= 0,

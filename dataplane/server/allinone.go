@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/health"
@@ -51,21 +52,9 @@ func WorkerSpecs(ws []config.Worker, blockChars int) []engine.WorkerSpec {
 	out := make([]engine.WorkerSpec, len(ws))
 	for i, w := range ws {
 		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty,
-			CapacityBlocks: CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
+			CapacityBlocks: decider.CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
 	}
 	return out
-}
-
-// CharsPerToken is how the index converts token capacities into
-// characters until it is token-aware.
-const CharsPerToken = 4
-
-// CapacityBlocks converts a cache capacity in tokens into index blocks.
-func CapacityBlocks(tokens int64, blockChars int) int {
-	if tokens <= 0 || blockChars <= 0 {
-		return 0
-	}
-	return int(max(1, tokens*CharsPerToken/int64(blockChars)))
 }
 
 // ModelWorkers lists configured workers with their declared models.
@@ -85,33 +74,12 @@ func workerURLs(ws []config.Worker) []string {
 	return out
 }
 
-// EnginePolicy translates cache.* and session.* into the engine's policy.
-func EnginePolicy(cfg *config.Config) engine.Policy {
-	c := cfg.Cache
-	p := engine.Policy{
-		Threshold:           c.Threshold,
-		MatchAbsThreshold:   c.MatchAbsThreshold,
-		BalanceAbsThreshold: c.BalanceAbsThreshold,
-		BalanceRelThreshold: c.BalanceRelThreshold,
-		BlockChars:          c.BlockChars,
-		CapacityBlocks:      CapacityBlocks(c.CapacityTokens, c.BlockChars),
-		TTL:                 int64(secs(c.TTLSecs)),
-		ClosedLoop:          c.ClosedLoop,
-		HotFraction:         c.HotPrefixFraction,
-	}
-	if cfg.Session.Enabled {
-		p.SessionTTL = int64(secs(cfg.Session.TTLSecs))
-		p.MaxSessions = cfg.Session.MaxSessions
-	}
-	return p
-}
-
 // NewAllInOne builds the all-in-one router from a validated config. paths
 // are kept for SIGHUP reloads.
 func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint64) (*AllInOne, error) {
 	a := &AllInOne{paths: paths, log: log, cfg: cfg, discovered: map[string]engine.WorkerSpec{}}
 	a.Router = router.NewLocal(router.LocalOptions{
-		Policy:      EnginePolicy(cfg),
+		Policy:      decider.PolicyFrom(cfg),
 		MaxEntries:  cfg.Cache.MaxTreeSize,
 		InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0,
 		CleanupHour: cfg.Cache.DailyCleanupHourUTC,
@@ -130,7 +98,7 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	})
 	a.Models = models.New()
 	a.Models.SetWorkers(ModelWorkers(cfg.Workers))
-	hc := HealthConfig(cfg)
+	hc := health.ConfigFrom(cfg.Health)
 	hc.Models, hc.ModelsEndpoint = models.Learner(a.Models, log), "/v1/models"
 	// Through the proxy, so that a reload's new worker keys reach probes too.
 	hc.WorkerKey = func(w string) string { return a.Proxy.WorkerKey(w) }
@@ -160,30 +128,16 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	a.HTTP = srv
 	a.MetricsHTTP = MetricsServer(cfg, a.Metrics, log)
 	if cfg.Discovery.DNS.Enabled() {
-		res, err := DNSResolver(cfg)
+		res, err := discovery.DNSResolverFrom(cfg)
 		if err != nil {
 			return nil, err
 		}
 		a.watcher = discovery.NewWatcher(discovery.WatchOptions{
-			Source: state.SourceDNS, Resolver: res, Sink: aioSink{a}, Rules: DiscoveryRules(cfg),
+			Source: state.SourceDNS, Resolver: res, Sink: aioSink{a}, Rules: discovery.RulesFrom(cfg),
 			Metrics: discovery.NewMetrics(a.Metrics.Registry), Logger: log,
 		})
 	}
 	return a, nil
-}
-
-// DNSResolver builds the DNS discovery resolver from discovery.dns.*.
-func DNSResolver(cfg *config.Config) (*discovery.DNSResolver, error) {
-	d := cfg.Discovery.DNS
-	return discovery.NewDNSResolver(discovery.DNSOptions{Name: d.Name, SRV: d.RecordType == "SRV", Port: d.Port,
-		Scheme: d.Scheme, Server: d.Resolver, Timeout: secs(d.TimeoutSecs)})
-}
-
-// DiscoveryRules translates discovery.* into the reconciler's rules.
-func DiscoveryRules(cfg *config.Config) discovery.Options {
-	d := cfg.Discovery
-	return discovery.Options{AddAfter: d.DNS.AddAfter, RemoveAfter: d.DNS.RemoveAfter, DrainTimeout: secs(d.DrainTimeoutSecs),
-		MinInterval: secs(d.DNS.MinIntervalSecs), MaxInterval: secs(d.DNS.MaxIntervalSecs)}
 }
 
 // aioSink applies DNS discovery to the embedded engine.
@@ -204,7 +158,7 @@ func (s aioSink) Add(_ context.Context, url string) error {
 	defer a.mu.Unlock()
 	d := a.cfg.Discovery.DNS
 	a.discovered[url] = engine.WorkerSpec{URL: url, MaxLoad: d.MaxLoad, LoadPenalty: d.LoadPenalty,
-		CapacityBlocks: CapacityBlocks(d.CacheCapacityTokens, a.cfg.Cache.BlockChars), Source: state.SourceDNS}
+		CapacityBlocks: decider.CapacityBlocks(d.CacheCapacityTokens, a.cfg.Cache.BlockChars), Source: state.SourceDNS}
 	a.applyWorkersLocked(a.cfg)
 	return nil
 }
@@ -222,13 +176,6 @@ func (s aioSink) Remove(_ context.Context, url string) error {
 
 func (s aioSink) SetDraining(url string, on bool) { s.a.Router.SetDraining(url, on) }
 func (s aioSink) Load(url string) int             { return s.a.Router.Load(url) }
-
-// HealthConfig translates health.*.
-func HealthConfig(cfg *config.Config) health.Config {
-	h := cfg.Health
-	return health.Config{Endpoint: h.Endpoint, Interval: secs(h.IntervalSecs), Timeout: secs(h.TimeoutSecs),
-		FailureThreshold: h.FailureThreshold, SuccessThreshold: h.SuccessThreshold}
-}
 
 // Run serves on ln until ctx ends, with health checks and index
 // maintenance running alongside.
