@@ -18,6 +18,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/dataplane/extract"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -56,7 +57,7 @@ func (f *fakeCP) notLeader() error {
 	}
 	e := connect.NewError(connect.CodeFailedPrecondition,
 		fmt.Errorf("not the leader (node is not the leader); the leader is %s at %s", f.leaderID, f.leaderURL))
-	e.Meta().Set(headerLeaderURL, f.leaderURL)
+	e.Meta().Set(cpclient.HeaderLeaderURL, f.leaderURL)
 	return e
 }
 
@@ -84,7 +85,7 @@ func (f *fakeCP) AddWorker(_ context.Context, req *connect.Request[cartv1.AddWor
 	}
 	if f.unknown {
 		e := connect.NewError(connect.CodeAborted, errors.New("write outcome unknown, retry the same command (it is idempotent): commit: leadership lost while committing log"))
-		e.Meta().Set(headerWriteOutcome, "unknown")
+		e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
 		return nil, e
 	}
 	f.mu.Lock()

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/controlplane/cpclient"
 )
 
 // Exit codes. They are documented in the root command's help and are an
@@ -85,10 +87,6 @@ func exitCode(err error) int {
 	return exitError
 }
 
-// headerWriteOutcome is the error metadata key (service.HeaderWriteOutcome)
-// the server sets to "unknown" with code Aborted.
-const headerWriteOutcome = "Cart-Write-Outcome"
-
 // unknownOutcome reports whether a server answered that a write's outcome
 // is unknown: code Aborted, which the control plane uses for nothing else.
 // Any attempt counts, not only the last: a write that may have landed on
@@ -103,7 +101,7 @@ func unknownOutcome(err error) bool {
 		return false
 	}
 	ce, ok := errors.AsType[*connect.Error](err)
-	return ok && connect.IsWireError(ce) && (ce.Code() == connect.CodeAborted || ce.Meta().Get(headerWriteOutcome) == "unknown")
+	return ok && connect.IsWireError(ce) && (ce.Code() == connect.CodeAborted || ce.Meta().Get(cpclient.HeaderWriteOutcome) == "unknown")
 }
 
 // noLeader reports whether a server answered that the cluster has no
@@ -149,11 +147,6 @@ func (e *rpcError) Error() string {
 	return fmt.Sprintf("no control-plane server could answer (%d tried): %s", len(e.attempts), strings.Join(parts, "; "))
 }
 
-// headerLeaderURL is the error metadata key naming the leader's API URL
-// (service.HeaderLeaderURL). It is repeated here so that cartctl does not
-// link in the control-plane server with Raft and its storage.
-const headerLeaderURL = "Cart-Leader-Url"
-
 // leaderIDPattern finds the leader's node id in the server's not-leader
 // message ("... the leader is n2 at http://..."); the id has no metadata
 // key of its own.
@@ -171,7 +164,7 @@ func describe(at attempt, timeout time.Duration) string {
 	case connect.CodeNotFound, connect.CodeAlreadyExists:
 		return msg
 	case connect.CodeFailedPrecondition:
-		leader := ce.Meta().Get(headerLeaderURL)
+		leader := ce.Meta().Get(cpclient.HeaderLeaderURL)
 		if leader == "" {
 			return fmt.Sprintf("%s: %s", at.server, msg)
 		}

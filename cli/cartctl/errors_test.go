@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/controlplane/cpclient"
 )
 
 func wireErr(code connect.Code, msg string) *connect.Error {
@@ -45,7 +47,7 @@ func TestExitCode(t *testing.T) {
 		{"outcome unknown", wireErr(connect.CodeAborted, "write outcome unknown, retry the same command"), exitUnknown},
 		{"outcome unknown by header", func() error {
 			e := wireErr(connect.CodeUnavailable, "x")
-			e.Meta().Set(headerWriteOutcome, "unknown")
+			e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
 			return e
 		}(), exitUnknown},
 		// cartctl itself never makes up an unknown outcome.
@@ -73,9 +75,9 @@ func TestExitCode(t *testing.T) {
 
 func TestDescribe(t *testing.T) {
 	notLeader := wireErr(connect.CodeFailedPrecondition, "not the leader (node is not the leader); the leader is n2 at http://10.0.0.2:6701")
-	notLeader.Meta().Set(headerLeaderURL, "http://10.0.0.2:6701")
+	notLeader.Meta().Set(cpclient.HeaderLeaderURL, "http://10.0.0.2:6701")
 	notLeaderNoID := wireErr(connect.CodeFailedPrecondition, "not the leader")
-	notLeaderNoID.Meta().Set(headerLeaderURL, "http://10.0.0.2:6701")
+	notLeaderNoID.Meta().Set(cpclient.HeaderLeaderURL, "http://10.0.0.2:6701")
 	refused := connect.NewError(connect.CodeUnavailable, errors.New("dial tcp 127.0.0.1:1: connect: connection refused"))
 
 	tests := []struct {

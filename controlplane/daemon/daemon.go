@@ -272,13 +272,9 @@ func (d *Daemon) join(ctx context.Context, client *http.Client, token string) {
 	req := &cartv1.AddVoterRequest{Id: cp.NodeID, RaftAddress: cp.EffectiveAdvertiseRaftAddr(), ApiUrl: cp.EffectiveAdvertiseAPIURL()}
 	for attempt := 0; ; attempt++ {
 		for _, u := range cp.Join {
-			c := cartv1connect.NewAdminServiceClient(client, u, connect.WithGRPC())
-			r := connect.NewRequest(req)
-			if token != "" {
-				r.Header().Set("Authorization", "Bearer "+token)
-			}
+			c := cartv1connect.NewAdminServiceClient(client, u, connect.WithGRPC(), connect.WithInterceptors(cpclient.Bearer(token)))
 			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := c.AddVoter(actx, r)
+			_, err := c.AddVoter(actx, connect.NewRequest(req))
 			cancel()
 			if err == nil {
 				d.log.Info("joined the cluster", "via", u)

@@ -10,16 +10,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
-
-// HeaderForwarded marks a call a follower forwarded to the leader, so a
-// stale leader view can never bounce a call around the cluster.
-const HeaderForwarded = "Cart-Forwarded"
-
-// HeaderLeaderURL carries the leader's API URL on errors from followers,
-// so clients can go straight to the leader next time.
-const HeaderLeaderURL = "Cart-Leader-Url"
 
 // forwarder keeps Connect clients to the current leader.
 type forwarder struct {
@@ -39,14 +32,11 @@ func newForwarder(c *http.Client, routerToken, adminToken string) *forwarder {
 }
 
 func (f *forwarder) headers(token string) connect.ClientOption {
-	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+	return connect.WithInterceptors(cpclient.Bearer(token), connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set(HeaderForwarded, "1")
+			req.Header().Set(cpclient.HeaderForwarded, "1")
 			if a := actorFrom(ctx); a != "" {
-				req.Header().Set(HeaderActor, a)
-			}
-			if token != "" {
-				req.Header().Set("Authorization", "Bearer "+token)
+				req.Header().Set(cpclient.HeaderActor, a)
 			}
 			return next(ctx, req)
 		}
@@ -82,7 +72,7 @@ var errNoLeader = errors.New("no leader: this node cannot reach a quorum (electi
 // leaderURL returns the leader's API URL, or an error to return to the
 // caller: forwarding loops and unknown leaders both end here.
 func (c *Core) leaderURL(h http.Header) (string, error) {
-	if h.Get(HeaderForwarded) != "" {
+	if h.Get(cpclient.HeaderForwarded) != "" {
 		return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s is not the leader either: %w", c.o.NodeID, errNoLeader))
 	}
 	id, _ := c.node.Leader()
@@ -109,6 +99,6 @@ func forwardedWrite[T any](resp *connect.Response[T], err error) (*connect.Respo
 		return nil, err
 	}
 	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): forwarding to the leader failed: %w", err))
-	e.Meta().Set(HeaderWriteOutcome, "unknown")
+	e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
 	return nil, e
 }

@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -86,7 +87,7 @@ func TestForwardedCallToFollowerDoesNotLoop(t *testing.T) {
 	ctx := context.Background()
 	rc := follower.router()
 	forwarded := func(req interface{ Header() http.Header }) {
-		req.Header().Set(HeaderForwarded, "1")
+		req.Header().Set(cpclient.HeaderForwarded, "1")
 	}
 	rreq := connect.NewRequest(&cartv1.RouteRequest{Text: "x"})
 	forwarded(rreq)
@@ -153,7 +154,7 @@ func TestFollowerWithoutLeader(t *testing.T) {
 
 func TestForwardCarriesToken(t *testing.T) {
 	auth := AuthOptions{Token: "s3cret"}
-	bearer := connect.WithInterceptors(bearerInterceptor("s3cret"))
+	bearer := connect.WithInterceptors(cpclient.Bearer("s3cret"))
 	t.Run("with token", func(t *testing.T) {
 		_, follower := newPair(t, auth, auth, "s3cret")
 		rc := follower.router(connect.WithGRPC(), bearer)

@@ -19,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -134,13 +135,7 @@ func (r *Router) client(url string) cartv1connect.RouterServiceClient {
 		// gzip for the small answers either (see service.CompressMinBytes).
 		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096)}
 		if r.o.Token != "" {
-			tok := "Bearer " + r.o.Token
-			opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-				return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-					req.Header().Set("Authorization", tok)
-					return next(ctx, req)
-				}
-			})))
+			opts = append(opts, connect.WithInterceptors(cpclient.Bearer(r.o.Token)))
 		}
 		c = cartv1connect.NewRouterServiceClient(r.o.HTTPClient, url, opts...)
 		r.clients[url] = c

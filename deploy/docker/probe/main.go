@@ -32,6 +32,7 @@ import (
 	"connectrpc.com/grpchealth"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
@@ -193,12 +194,8 @@ func checkGRPCHealth(ctx context.Context, client *http.Client, base, service str
 }
 
 func checkWorkers(ctx context.Context, client *http.Client, base, token string) (string, error) {
-	c := cartv1connect.NewAdminServiceClient(client, base)
-	req := connect.NewRequest(&cartv1.ListWorkersRequest{})
-	if token != "" {
-		req.Header().Set("Authorization", "Bearer "+token)
-	}
-	resp, err := c.ListWorkers(ctx, req)
+	c := cartv1connect.NewAdminServiceClient(client, base, connect.WithInterceptors(cpclient.Bearer(token)))
+	resp, err := c.ListWorkers(ctx, connect.NewRequest(&cartv1.ListWorkersRequest{}))
 	if err != nil {
 		return "", err
 	}
