@@ -222,7 +222,7 @@ func (c *Core) sweep(ctx context.Context) {
 // pool, not one per proxy; data planes learn the verdicts through Sync.
 func (c *Core) probe(ctx context.Context) {
 	hc := c.o.Health
-	hc.ModelsEndpoint = "/v1/models"
+	hc.ModelsEndpoint = models.Path
 	hc.Models = models.Learner(c.models, c.log)
 	chk := health.NewChecker(hc, c.o.HealthClient, func(w string, healthy bool, reason string) {
 		c.dec.SetHealthy(w, healthy)

@@ -99,7 +99,7 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	a.Models = models.New()
 	a.Models.SetWorkers(ModelWorkers(cfg.Workers))
 	hc := health.ConfigFrom(cfg.Health)
-	hc.Models, hc.ModelsEndpoint = models.Learner(a.Models, log), "/v1/models"
+	hc.Models, hc.ModelsEndpoint = models.Learner(a.Models, log), models.Path
 	// Through the proxy, so that a reload's new worker keys reach probes too.
 	hc.WorkerKey = func(w string) string { return a.Proxy.WorkerKey(w) }
 	a.Health = health.NewChecker(hc, nil, func(w string, healthy bool, reason string) {
