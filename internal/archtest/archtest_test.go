@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -44,11 +42,9 @@ func listPackages(t *testing.T) map[string]pkg {
 }
 
 func goList() (map[string]pkg, error) {
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := exec.LookPath(goBin); err != nil {
-		goBin = "go"
-	}
-	cmd := exec.Command(goBin, "list", "-e", "-json=ImportPath,Imports,Deps,TestImports,XTestImports", module+"/...")
+	// go test puts its own GOROOT/bin first on PATH, so this is the go
+	// command running the test.
+	cmd := exec.Command("go", "list", "-e", "-json=ImportPath,Imports,Deps,TestImports,XTestImports", module+"/...")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
