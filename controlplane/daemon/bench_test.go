@@ -56,7 +56,6 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/server"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/sim"
@@ -1240,7 +1239,7 @@ func BenchmarkPlaceBatchApply(b *testing.B) {
 		for _, role := range []string{"follower", "leader"} {
 			for _, k := range []int{50, 512} {
 				b.Run(fmt.Sprintf("%s/%s/k=%d", fill, role, k), func(b *testing.B) {
-					dec := decider.New(decider.Options{Policy: server.EnginePolicy(cfg), MaxEntries: cfg.Cache.MaxTreeSize,
+					dec := decider.New(decider.Options{Policy: decider.PolicyFrom(cfg), MaxEntries: cfg.Cache.MaxTreeSize,
 						InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0, Rand: rand.New(rand.NewPCG(1, 2))})
 					st := state.New(dec)
 					// The benchmark fills and pre-places untimed, inside the

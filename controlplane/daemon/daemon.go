@@ -5,7 +5,6 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,10 +20,10 @@ import (
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/discovery"
+	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/service"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/server"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/tracing"
@@ -59,20 +58,13 @@ func raftTLS(t config.TLS) (*tls.Config, *tls.Config, error) {
 	if !t.Enabled() {
 		return nil, nil, nil
 	}
-	srv, err := server.ServerTLS(t)
+	srv, err := t.ServerConfig()
 	if err != nil {
 		return nil, nil, fmt.Errorf("raft TLS: %w", err)
 	}
-	cli := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: srv.Certificates}
-	if t.ClientCAFile != "" {
-		pem, err := os.ReadFile(t.ClientCAFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("raft TLS CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(pem)
-		cli.RootCAs = pool
-	}
+	// The CA that verifies peers' client certificates verifies their
+	// server certificates too: one pool, loaded once.
+	cli := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: srv.Certificates, RootCAs: srv.ClientCAs}
 	return srv, cli, nil
 }
 
@@ -91,19 +83,24 @@ func declaredModels(ws []config.Worker) map[string][]string {
 
 // Start brings the node up: Raft (bootstrapping or rejoining), the API
 // listener, and — for a joining node — the request to be added as a voter.
-func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...server.Option) (*Daemon, error) {
+func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tracing.Option) (*Daemon, error) {
 	token, adminToken, err := cfg.Tokens()
 	if err != nil {
 		return nil, err
 	}
 	// The leader probes workers; keyed workers (vLLM --api-key) need their
 	// key on probes or they are all marked down.
-	workerKeys, err := server.WorkerKeys(cfg)
+	perWorker, poolKey, err := cfg.WorkerKeys()
 	if err != nil {
 		return nil, err
 	}
-	healthCfg := server.HealthConfig(cfg)
-	healthCfg.WorkerKey = workerKeys.Get
+	healthCfg := health.ConfigFrom(cfg.Health)
+	healthCfg.WorkerKey = func(w string) string {
+		if k, ok := perWorker[w]; ok {
+			return k
+		}
+		return poolKey // workers added through cartctl or discovery
+	}
 	cp := cfg.ControlPlane
 	client, err := cpclient.New(cfg.DataPlane.ClientTLS)
 	if err != nil {
@@ -157,7 +154,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...se
 		SlowLeader: service.HandoverOptions{Enabled: cfg.ControlPlane.SlowLeaderHandover.Enabled, Threshold: cfg.ControlPlane.SlowLeaderHandover.Threshold(),
 			Window: cfg.ControlPlane.SlowLeaderHandover.Window(), MinInterval: cfg.ControlPlane.SlowLeaderHandover.MinInterval()},
 	}, d.Dec, d.St)
-	if d.watchers, err = server.DiscoveryWatchers(cfg, log, discovery.NewMetrics(d.Core.Registry()),
+	if d.watchers, err = discovery.Watchers(cfg, log, discovery.NewMetrics(d.Core.Registry()),
 		func(source string) discovery.Sink { return cpSink{d, source} }); err != nil {
 		return nil, err
 	}
@@ -215,7 +212,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...se
 	d.Node = node
 	d.Core.SetNode(node)
 
-	if d.Tracer, d.ownTracer, err = server.Tracer(cfg, config.RoleControlPlane, cp.NodeID, opts, log); err != nil {
+	if d.Tracer, d.ownTracer, err = tracing.ForRole(cfg, config.RoleControlPlane, cp.NodeID, opts, log); err != nil {
 		_ = node.Shutdown()
 		return nil, err
 	}
@@ -234,7 +231,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...se
 	protos.SetUnencryptedHTTP2(true)
 	api.Protocols = &protos
 	if cfg.Server.TLS.Enabled() {
-		if api.TLSConfig, err = server.ServerTLS(cfg.Server.TLS); err != nil {
+		if api.TLSConfig, err = cfg.Server.TLS.ServerConfig(); err != nil {
 			_ = node.Shutdown()
 			if d.ownTracer {
 				_ = d.Tracer.Close()
@@ -261,7 +258,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...se
 // leader's lease and ticket cap.
 func deciderOptions(cfg *config.Config) decider.Options {
 	return decider.Options{
-		Policy:       server.EnginePolicy(cfg),
+		Policy:       decider.PolicyFrom(cfg),
 		MaxEntries:   cfg.Cache.MaxTreeSize,
 		InlineEvict:  cfg.Cache.EvictionIntervalSecs <= 0,
 		DailyReset:   cfg.Cache.DailyCleanupHourUTC >= 0,
@@ -293,13 +290,9 @@ func (d *Daemon) join(ctx context.Context, client *http.Client, token string) {
 	req := &cartv1.AddVoterRequest{Id: cp.NodeID, RaftAddress: cp.EffectiveAdvertiseRaftAddr(), ApiUrl: cp.EffectiveAdvertiseAPIURL()}
 	for attempt := 0; ; attempt++ {
 		for _, u := range cp.Join {
-			c := cartv1connect.NewAdminServiceClient(client, u, connect.WithGRPC())
-			r := connect.NewRequest(req)
-			if token != "" {
-				r.Header().Set("Authorization", "Bearer "+token)
-			}
+			c := cartv1connect.NewAdminServiceClient(client, u, connect.WithGRPC(), connect.WithInterceptors(cpclient.Bearer(token)))
 			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := c.AddVoter(actx, r)
+			_, err := c.AddVoter(actx, connect.NewRequest(req))
 			cancel()
 			if err == nil {
 				d.log.Info("joined the cluster", "via", u)
@@ -421,7 +414,7 @@ func (s cpSink) Pool() map[string]string {
 }
 
 func (s cpSink) Add(ctx context.Context, url string) error {
-	maxLoad, penalty, capTokens := server.DiscoveredDefaults(s.d.cfg, s.source)
+	maxLoad, penalty, capTokens := discovery.Defaults(s.d.cfg, s.source)
 	spec := &cartv1.WorkerSpec{Url: url, MaxLoad: uint32(maxLoad), LoadPenalty: uint32(penalty),
 		CacheCapacityTokens: capTokens, Source: s.source}
 	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-" + s.source + "-add " + url,

@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -49,12 +50,6 @@ func (c *Core) writeError(op string, err error) error {
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s: %w", op, err))
 }
 
-// HeaderWriteOutcome is set to "unknown" on a write's error when the
-// control plane cannot tell whether the write took effect (the code is
-// then Aborted). Commands are idempotent: the client repeats the call,
-// on any member, until it gets a definite answer.
-const HeaderWriteOutcome = "Cart-Write-Outcome"
-
 // outcomeUnknown builds the "may or may not have been applied" error.
 // Aborted is chosen because nothing else in CART (nor the Connect and gRPC
 // libraries on their own) produces it, so clients can rely on the code;
@@ -63,7 +58,7 @@ const HeaderWriteOutcome = "Cart-Write-Outcome"
 // known, as for "not the leader", so the retry can go straight there.
 func (c *Core) outcomeUnknown(cause error) error {
 	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): %w", cause))
-	e.Meta().Set(HeaderWriteOutcome, "unknown")
+	e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
 	if id, _ := c.node.Leader(); id != "" {
 		if url := c.st.Members()[id]; url != "" {
 			c.withLeader(e, id, url)

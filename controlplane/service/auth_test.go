@@ -16,21 +16,13 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpcreflect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
-func bearerInterceptor(token string) connect.Interceptor {
-	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("Authorization", "Bearer "+token)
-			return next(ctx, req)
-		}
-	})
-}
-
 func withToken(token string) connect.ClientOption {
-	return connect.WithClientOptions(connect.WithGRPC(), connect.WithInterceptors(bearerInterceptor(token)))
+	return connect.WithClientOptions(connect.WithGRPC(), connect.WithInterceptors(cpclient.Bearer(token)))
 }
 
 func TestAuthTokens(t *testing.T) {

@@ -16,10 +16,10 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/health"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/health"
-	"github.com/cartrouter/cart/dataplane/models"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -229,7 +229,7 @@ func (c *Core) sweep(ctx context.Context) {
 // pool, not one per proxy; data planes learn the verdicts through Sync.
 func (c *Core) probe(ctx context.Context) {
 	hc := c.o.Health
-	hc.ModelsEndpoint = "/v1/models"
+	hc.ModelsEndpoint = models.Path
 	hc.Models = models.Learner(c.models, c.log)
 	chk := health.NewChecker(hc, c.o.HealthClient, func(w string, healthy bool, reason string) {
 		c.dec.SetHealthy(w, healthy)

@@ -10,18 +10,10 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
-
-// HeaderForwarded marks a call a follower forwarded to the leader, so a
-// stale leader view can never bounce a call around the cluster.
-const HeaderForwarded = "Cart-Forwarded"
-
-// HeaderLeaderURL carries the leader's API URL on "not leader" errors for
-// clients that predate the NotLeader error detail, which says the same
-// (and the leader's id) and is what clients should read.
-const HeaderLeaderURL = "Cart-Leader-Url"
 
 // forwarder keeps Connect clients to the current leader.
 type forwarder struct {
@@ -41,14 +33,11 @@ func newForwarder(c *http.Client, routerToken, adminToken string) *forwarder {
 }
 
 func (f *forwarder) headers(token string) connect.ClientOption {
-	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+	return connect.WithInterceptors(cpclient.Bearer(token), connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set(HeaderForwarded, "1")
+			req.Header().Set(cpclient.HeaderForwarded, "1")
 			if a := actorFrom(ctx); a != "" {
-				req.Header().Set(HeaderActor, a)
-			}
-			if token != "" {
-				req.Header().Set("Authorization", "Bearer "+token)
+				req.Header().Set(cpclient.HeaderActor, a)
 			}
 			return next(ctx, req)
 		}
@@ -91,7 +80,7 @@ func (c *Core) leaderURL(h http.Header) (string, error) {
 		url = c.st.Members()[id]
 	}
 	switch {
-	case h.Get(HeaderForwarded) != "":
+	case h.Get(cpclient.HeaderForwarded) != "":
 		return "", c.withLeader(connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s is not the leader either: %w", c.o.NodeID, errNoLeader)), id, url)
 	case id == "":
 		return "", c.withLeader(connect.NewError(connect.CodeUnavailable, errNoLeader), "", "")
@@ -108,7 +97,7 @@ func (c *Core) withLeader(e *connect.Error, id, url string) *connect.Error {
 		e.AddDetail(d)
 	}
 	if url != "" {
-		e.Meta().Set(HeaderLeaderURL, url)
+		e.Meta().Set(cpclient.HeaderLeaderURL, url)
 	}
 	return e
 }
@@ -166,6 +155,6 @@ func forwardedWrite[T any](resp *connect.Response[T], err error) (*connect.Respo
 		return nil, err
 	}
 	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): forwarding to the leader failed: %w", err))
-	e.Meta().Set(HeaderWriteOutcome, "unknown")
+	e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
 	return nil, e
 }

@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -91,7 +92,7 @@ func TestForwardedCallToFollowerDoesNotLoop(t *testing.T) {
 	ctx := context.Background()
 	rc := follower.router()
 	forwarded := func(req interface{ Header() http.Header }) {
-		req.Header().Set(HeaderForwarded, "1")
+		req.Header().Set(cpclient.HeaderForwarded, "1")
 	}
 	rreq := connect.NewRequest(&cartv1.RouteRequest{Text: "x"})
 	forwarded(rreq)
@@ -158,7 +159,7 @@ func TestFollowerWithoutLeader(t *testing.T) {
 
 func TestForwardCarriesToken(t *testing.T) {
 	auth := AuthOptions{Token: "s3cret"}
-	bearer := connect.WithInterceptors(bearerInterceptor("s3cret"))
+	bearer := connect.WithInterceptors(cpclient.Bearer("s3cret"))
 	t.Run("with token", func(t *testing.T) {
 		_, follower := newPair(t, auth, auth, "s3cret")
 		rc := follower.router(connect.WithGRPC(), bearer)
@@ -201,7 +202,7 @@ func TestNotLeaderDetail(t *testing.T) {
 	route := func(forwarded bool) error {
 		req := connect.NewRequest(&cartv1.RouteRequest{Text: "x"})
 		if forwarded {
-			req.Header().Set(HeaderForwarded, "1")
+			req.Header().Set(cpclient.HeaderForwarded, "1")
 		}
 		_, err := follower.router().Route(ctx, req)
 		return err

@@ -21,10 +21,10 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/health"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"

@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/raftnode"
@@ -130,11 +131,11 @@ func TestWriteOutcomeUnknown(t *testing.T) {
 		cp.node.setLeader(true, leader)
 		cp.node.setApplyErr(errors.Join(raftnode.ErrNotLeader, raftnode.ErrOutcomeUnknown))
 		ce := wantCode(t, add(), connect.CodeAborted)
-		if ce.Meta().Get(HeaderWriteOutcome) != "unknown" {
+		if ce.Meta().Get(cpclient.HeaderWriteOutcome) != "unknown" {
 			t.Fatalf("leader %q: meta %v", leader, ce.Meta())
 		}
-		if want := map[string]string{"": "", "n2": "http://n2.test:7070"}[leader]; ce.Meta().Get(HeaderLeaderURL) != want {
-			t.Fatalf("leader %q: leader URL %q", leader, ce.Meta().Get(HeaderLeaderURL))
+		if want := map[string]string{"": "", "n2": "http://n2.test:7070"}[leader]; ce.Meta().Get(cpclient.HeaderLeaderURL) != want {
+			t.Fatalf("leader %q: leader URL %q", leader, ce.Meta().Get(cpclient.HeaderLeaderURL))
 		}
 	}
 	// Gave up waiting while still leading: unknown as well.
@@ -172,7 +173,7 @@ func TestForwardedWriteWithoutAnswer(t *testing.T) {
 	follower.setMember(t, "n2", dropper.URL)
 	follower.node.setLeader(false, "n2")
 	ce := wantCode(t, add(), connect.CodeAborted)
-	if ce.Meta().Get(HeaderWriteOutcome) != "unknown" || !strings.Contains(ce.Message(), "forwarding") {
+	if ce.Meta().Get(cpclient.HeaderWriteOutcome) != "unknown" || !strings.Contains(ce.Message(), "forwarding") {
 		t.Fatalf("lost forward: %v (meta %v)", ce, ce.Meta())
 	}
 	<-reached

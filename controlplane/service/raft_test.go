@@ -16,12 +16,13 @@ import (
 	"connectrpc.com/connect"
 	"github.com/hashicorp/raft"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/health"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/testkit"
 )
@@ -223,7 +224,7 @@ func TestWriteOnPartitionedLeaderIsUnknown(t *testing.T) {
 		t.Fatalf("the cut-off leader did not append the write (answer %v): too slow to act within one lease", err)
 	}
 	ce := wantCode(t, err, connect.CodeAborted)
-	if ce.Meta().Get(HeaderWriteOutcome) != "unknown" || !strings.Contains(ce.Message(), "outcome unknown") {
+	if ce.Meta().Get(cpclient.HeaderWriteOutcome) != "unknown" || !strings.Contains(ce.Message(), "outcome unknown") {
 		t.Fatalf("unknown outcome not marked: %v (meta %v)", ce, ce.Meta())
 	}
 	// A write it never appended is a definite "no".

@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/grpchealth"
 	"connectrpc.com/grpcreflect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
@@ -145,7 +146,7 @@ func (z *authz) check(path, peer string, h http.Header) error {
 	if r == roleOpen {
 		return nil
 	}
-	tok, hasTok := bearerToken(h)
+	tok, hasTok := cpclient.BearerToken(h)
 	if z.a.AdminToken != "" && hasTok && equalSecret(tok, z.a.AdminToken) {
 		return nil // the admin role may do everything
 	}
@@ -172,17 +173,6 @@ func (z *authz) check(path, peer string, h http.Header) error {
 		return connect.NewError(connect.CodeUnauthenticated, errors.New("missing or invalid bearer token"))
 	}
 	return nil
-}
-
-// bearerToken reads "Authorization: Bearer <token>"; the scheme is
-// case-insensitive (RFC 9110 §11.1).
-func bearerToken(h http.Header) (string, bool) {
-	scheme, tok, ok := strings.Cut(h.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	tok = strings.TrimSpace(tok)
-	return tok, tok != ""
 }
 
 // equalSecret compares digests in constant time, so neither the content

@@ -32,13 +32,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
-	"github.com/cartrouter/cart/controlplane/engine"
-	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
 	"github.com/cartrouter/cart/internal/tracing"
 )
@@ -372,13 +370,7 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 			hashPool.Put(hp)
 		}
 	}()
-	// The router looks at most MaxRouteBlocks deep: hashing (and, in a
-	// data plane, sending) the rest of a long prompt would be wasted.
-	key := req.Key
-	if lim := engine.MaxRouteBlocks * p.o.BlockChars; len(key) > lim {
-		key = key[:lim]
-	}
-	*hp = index.HashSalted((*hp)[:0], req.Model, req.CacheSalt, key, p.o.BlockChars)
+	*hp = router.Hash((*hp)[:0], req.Model, req.CacheSalt, req.Key, p.o.BlockChars)
 	c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
 	c.session = p.sessionKey(r, req)
 	p.forward(w, r, c)

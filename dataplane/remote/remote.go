@@ -19,8 +19,9 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
+	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/apierr"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -142,13 +143,7 @@ func (r *Router) client(url string) cartv1connect.RouterServiceClient {
 		// gzip for the small answers either (see service.CompressMinBytes).
 		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096)}
 		if r.o.Token != "" {
-			tok := "Bearer " + r.o.Token
-			opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-				return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-					req.Header().Set("Authorization", tok)
-					return next(ctx, req)
-				}
-			})))
+			opts = append(opts, connect.WithInterceptors(cpclient.Bearer(r.o.Token)))
 		}
 		opts = append(opts, connect.WithInterceptors(r.o.Interceptors...))
 		c = cartv1connect.NewRouterServiceClient(r.o.HTTPClient, url, opts...)

@@ -11,13 +11,14 @@ import (
 	"sync"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/health"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/breaker"
-	"github.com/cartrouter/cart/dataplane/health"
 	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
 	"github.com/cartrouter/cart/internal/tracing"
@@ -56,21 +57,9 @@ func WorkerSpecs(ws []config.Worker, blockChars int) []engine.WorkerSpec {
 	out := make([]engine.WorkerSpec, len(ws))
 	for i, w := range ws {
 		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty,
-			CapacityBlocks: CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
+			CapacityBlocks: decider.CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
 	}
 	return out
-}
-
-// CharsPerToken is how the index converts token capacities into
-// characters until it is token-aware.
-const CharsPerToken = 4
-
-// CapacityBlocks converts a cache capacity in tokens into index blocks.
-func CapacityBlocks(tokens int64, blockChars int) int {
-	if tokens <= 0 || blockChars <= 0 {
-		return 0
-	}
-	return int(max(1, tokens*CharsPerToken/int64(blockChars)))
 }
 
 // ModelWorkers lists configured workers with their declared models.
@@ -90,32 +79,11 @@ func workerURLs(ws []config.Worker) []string {
 	return out
 }
 
-// EnginePolicy translates cache.* and session.* into the engine's policy.
-func EnginePolicy(cfg *config.Config) engine.Policy {
-	c := cfg.Cache
-	p := engine.Policy{
-		Threshold:           c.Threshold,
-		MatchAbsThreshold:   c.MatchAbsThreshold,
-		BalanceAbsThreshold: c.BalanceAbsThreshold,
-		BalanceRelThreshold: c.BalanceRelThreshold,
-		BlockChars:          c.BlockChars,
-		CapacityBlocks:      CapacityBlocks(c.CapacityTokens, c.BlockChars),
-		TTL:                 int64(secs(c.TTLSecs)),
-		ClosedLoop:          c.ClosedLoop,
-		HotFraction:         c.HotPrefixFraction,
-	}
-	if cfg.Session.Enabled {
-		p.SessionTTL = int64(secs(cfg.Session.TTLSecs))
-		p.MaxSessions = cfg.Session.MaxSessions
-	}
-	return p
-}
-
 // NewAllInOne builds the all-in-one router from a validated config. paths
 // are kept for SIGHUP reloads.
 func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint64, opts ...Option) (_ *AllInOne, err error) {
 	a := &AllInOne{paths: paths, log: log, cfg: cfg, discovered: map[string]engine.WorkerSpec{}}
-	if a.Tracer, a.ownTracer, err = Tracer(cfg, config.RoleAllInOne, "", opts, log); err != nil {
+	if a.Tracer, a.ownTracer, err = tracing.ForRole(cfg, config.RoleAllInOne, "", opts, log); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -124,7 +92,7 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		}
 	}()
 	a.Router = router.NewLocal(router.LocalOptions{
-		Policy:      EnginePolicy(cfg),
+		Policy:      decider.PolicyFrom(cfg),
 		MaxEntries:  cfg.Cache.MaxTreeSize,
 		InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0,
 		CleanupHour: cfg.Cache.DailyCleanupHourUTC,
@@ -143,8 +111,8 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	})
 	a.Models = models.New()
 	a.Models.SetWorkers(ModelWorkers(cfg.Workers))
-	hc := HealthConfig(cfg)
-	hc.Models, hc.ModelsEndpoint = models.Learner(a.Models, log), "/v1/models"
+	hc := health.ConfigFrom(cfg.Health)
+	hc.Models, hc.ModelsEndpoint = models.Learner(a.Models, log), models.Path
 	// Through the proxy, so that a reload's new worker keys reach probes too.
 	hc.WorkerKey = func(w string) string { return a.Proxy.WorkerKey(w) }
 	a.Health = health.NewChecker(hc, nil, func(w string, healthy bool, reason string) {
@@ -160,7 +128,7 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.Metrics.SetHealthy(w.URL, true)
 		a.Metrics.SetBreaker(w.URL, "closed")
 	}
-	po := ProxyOptions(cfg, a.Tracer.WrapRouter(a.Router), a.Break, a.Metrics, log)
+	po := ProxyOptions(cfg, router.Traced(a.Tracer, a.Router), a.Break, a.Metrics, log)
 	po.Models, po.Tracer = a.Models, a.Tracer
 	if err := applyAuth(&po, cfg); err != nil {
 		return nil, err
@@ -172,69 +140,11 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	}
 	a.HTTP = srv
 	a.MetricsHTTP = MetricsServer(cfg, a.Metrics, log)
-	if a.watchers, err = DiscoveryWatchers(cfg, log, discovery.NewMetrics(a.Metrics.Registry),
+	if a.watchers, err = discovery.Watchers(cfg, log, discovery.NewMetrics(a.Metrics.Registry),
 		func(source string) discovery.Sink { return aioSink{a, source} }); err != nil {
 		return nil, err
 	}
 	return a, nil
-}
-
-// DiscoveryWatchers builds a watcher for every enabled worker source (the
-// metrics are shared: they are labelled by source).
-func DiscoveryWatchers(cfg *config.Config, log *slog.Logger, m *discovery.Metrics, sink func(source string) discovery.Sink) ([]*discovery.Watcher, error) {
-	var out []*discovery.Watcher
-	if cfg.Discovery.DNS.Enabled() {
-		res, err := DNSResolver(cfg)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, discovery.NewWatcher(discovery.WatchOptions{
-			Source: state.SourceDNS, Resolver: res, Sink: sink(state.SourceDNS), Rules: DiscoveryRules(cfg),
-			Metrics: m, Logger: log,
-		}))
-	}
-	if cfg.Discovery.Kubernetes.Enabled {
-		k := cfg.Discovery.Kubernetes
-		src, err := discovery.NewKubernetesSource(discovery.KubernetesOptions{Service: k.Service, Selector: k.Selector,
-			Namespace: k.Namespace, Port: k.Port, Scheme: k.Scheme, Kubeconfig: k.Kubeconfig,
-			SyncTimeout: secs(k.SyncTimeoutSecs), Logger: log})
-		if err != nil {
-			return nil, err
-		}
-		log.Info("kubernetes discovery configured", "watch", src.Describe())
-		out = append(out, discovery.NewWatcher(discovery.WatchOptions{
-			Source: state.SourceKubernetes, Resolver: src, Sink: sink(state.SourceKubernetes),
-			Rules: discovery.Options{AddAfter: k.AddAfter, RemoveAfter: k.RemoveAfter, DrainTimeout: secs(cfg.Discovery.DrainTimeoutSecs),
-				MinInterval: secs(k.MinIntervalSecs), MaxInterval: secs(k.MaxIntervalSecs)},
-			Metrics: m, Logger: log,
-		}))
-	}
-	return out, nil
-}
-
-// DiscoveredDefaults are the settings of a worker that source discovered:
-// max_load, load_penalty, cache_capacity_tokens.
-func DiscoveredDefaults(cfg *config.Config, source string) (maxLoad, loadPenalty int, capacityTokens int64) {
-	if source == state.SourceKubernetes {
-		k := cfg.Discovery.Kubernetes
-		return k.MaxLoad, k.LoadPenalty, k.CacheCapacityTokens
-	}
-	d := cfg.Discovery.DNS
-	return d.MaxLoad, d.LoadPenalty, d.CacheCapacityTokens
-}
-
-// DNSResolver builds the DNS discovery resolver from discovery.dns.*.
-func DNSResolver(cfg *config.Config) (*discovery.DNSResolver, error) {
-	d := cfg.Discovery.DNS
-	return discovery.NewDNSResolver(discovery.DNSOptions{Name: d.Name, SRV: d.RecordType == "SRV", Port: d.Port,
-		Scheme: d.Scheme, Server: d.Resolver, Timeout: secs(d.TimeoutSecs)})
-}
-
-// DiscoveryRules translates discovery.* into the reconciler's rules.
-func DiscoveryRules(cfg *config.Config) discovery.Options {
-	d := cfg.Discovery
-	return discovery.Options{AddAfter: d.DNS.AddAfter, RemoveAfter: d.DNS.RemoveAfter, DrainTimeout: secs(d.DrainTimeoutSecs),
-		MinInterval: secs(d.DNS.MinIntervalSecs), MaxInterval: secs(d.DNS.MaxIntervalSecs)}
 }
 
 // aioSink applies one source's discovery to the embedded engine.
@@ -256,9 +166,9 @@ func (s aioSink) Add(_ context.Context, url string) error {
 	a := s.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	maxLoad, penalty, capTokens := DiscoveredDefaults(a.cfg, s.source)
+	maxLoad, penalty, capTokens := discovery.Defaults(a.cfg, s.source)
 	a.discovered[url] = engine.WorkerSpec{URL: url, MaxLoad: maxLoad, LoadPenalty: penalty,
-		CapacityBlocks: CapacityBlocks(capTokens, a.cfg.Cache.BlockChars), Source: s.source}
+		CapacityBlocks: decider.CapacityBlocks(capTokens, a.cfg.Cache.BlockChars), Source: s.source}
 	a.applyWorkersLocked(a.cfg)
 	return nil
 }
@@ -276,13 +186,6 @@ func (s aioSink) Remove(_ context.Context, url string) error {
 
 func (s aioSink) SetDraining(url string, on bool) { s.a.Router.SetDraining(url, on) }
 func (s aioSink) Load(url string) int             { return s.a.Router.Load(url) }
-
-// HealthConfig translates health.*.
-func HealthConfig(cfg *config.Config) health.Config {
-	h := cfg.Health
-	return health.Config{Endpoint: h.Endpoint, Interval: secs(h.IntervalSecs), Timeout: secs(h.TimeoutSecs),
-		FailureThreshold: h.FailureThreshold, SuccessThreshold: h.SuccessThreshold}
-}
 
 // Run serves on ln until ctx ends, with health checks and index
 // maintenance running alongside.

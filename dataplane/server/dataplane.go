@@ -10,9 +10,9 @@ import (
 	"sync"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/remote"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -61,7 +61,7 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client, opt
 		return nil, err
 	}
 	d := &DataPlane{cfg: cfg, log: log}
-	if d.Tracer, d.ownTracer, err = Tracer(cfg, config.RoleDataPlane, DataPlaneID(cfg), opts, log); err != nil {
+	if d.Tracer, d.ownTracer, err = tracing.ForRole(cfg, config.RoleDataPlane, DataPlaneID(cfg), opts, log); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -103,7 +103,7 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client, opt
 		d.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
 		log.Warn("circuit breaker", "worker", t.Worker, "from", t.From.String(), "to", t.To.String())
 	})
-	po := ProxyOptions(cfg, d.Tracer.WrapRouter(d.Router), d.Break, d.Metrics, log)
+	po := ProxyOptions(cfg, router.Traced(d.Tracer, d.Router), d.Break, d.Metrics, log)
 	po.Models, po.Tracer = d.Models, d.Tracer
 	if err := applyAuth(&po, cfg); err != nil {
 		return nil, err

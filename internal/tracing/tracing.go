@@ -6,7 +6,7 @@
 // A nil *Tracer is tracing off. Every hook checks for it first and then
 // does nothing the untraced code would not do: no span, no header copy, no
 // allocation (TestHooksOffAllocateNothing, BenchmarkHooksOff). The
-// wrappers (Handler, WrapRouter, Interceptors) return their argument or nil
+// wrappers (Handler, Interceptors; router.Traced in the data plane) return their argument or nil
 // when off, so the request path does not even pass through them.
 //
 // Propagation is W3C trace context (traceparent, tracestate) only. With
@@ -49,6 +49,12 @@ type Tracer struct {
 	tp   *sdktrace.TracerProvider
 	tr   trace.Tracer
 	prop propagation.TraceContext
+}
+
+// StartSpan starts a span with this tracer, for wrappers kept beside the
+// code they trace (the data plane's router).
+func (t *Tracer) StartSpan(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	return t.tr.Start(ctx, name, opts...)
 }
 
 // Settings describe the process whose spans a Tracer exports.

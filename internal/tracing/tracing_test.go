@@ -99,7 +99,7 @@ func TestOffWhenNoEndpoint(t *testing.T) {
 		t.Errorf("Handler off wraps the handler")
 	}
 	var r router.Router = fakeRouter{}
-	if got := tr.WrapRouter(r); got != r {
+	if got := router.Traced(tr, r); got != r {
 		t.Errorf("WrapRouter off wraps the router")
 	}
 	if tr.Interceptors() != nil {
@@ -478,7 +478,7 @@ func (l *learningRouter) LearnResponse(_ context.Context, id, worker string) {
 func TestWrapRouter(t *testing.T) {
 	tr, rec := recorded(t, 1)
 	ctx, root := tr.Start(context.Background())
-	r := tr.WrapRouter(fakeRouter{})
+	r := router.Traced(tr, fakeRouter{})
 	if _, ok := r.(router.ResponseLearner); ok {
 		t.Errorf("the wrapper claims ResponseLearner for a router without it")
 	}
@@ -486,7 +486,7 @@ func TestWrapRouter(t *testing.T) {
 	if err != nil || d.Worker != "http://w:1" {
 		t.Fatalf("Route = %+v, %v", d, err)
 	}
-	if _, err := tr.WrapRouter(fakeRouter{err: router.ErrUnavailable}).Route(ctx, &router.Request{}); !errors.Is(err, router.ErrUnavailable) {
+	if _, err := router.Traced(tr, fakeRouter{err: router.ErrUnavailable}).Route(ctx, &router.Request{}); !errors.Is(err, router.ErrUnavailable) {
 		t.Fatalf("error not passed through: %v", err)
 	}
 	root.End()
@@ -510,7 +510,7 @@ func TestWrapRouter(t *testing.T) {
 	}
 
 	lr := &learningRouter{}
-	wl, ok := tr.WrapRouter(lr).(router.ResponseLearner)
+	wl, ok := router.Traced(tr, lr).(router.ResponseLearner)
 	if !ok {
 		t.Fatal("the wrapper hides the router's ResponseLearner")
 	}

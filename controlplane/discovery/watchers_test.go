@@ -1,4 +1,4 @@
-package server_test
+package discovery_test
 
 import (
 	"io"
@@ -12,12 +12,11 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/discovery"
-	"github.com/cartrouter/cart/dataplane/server"
 )
 
 // Both sources run side by side, each tagging its workers with its own
 // defaults; a kubeconfig that cannot be read fails at start, not later.
-func TestDiscoveryWatchersKubernetes(t *testing.T) {
+func TestWatchersKubernetes(t *testing.T) {
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
 	// Never contacted: the test stops at building the watchers.
 	kubeconfig := `apiVersion: v1
@@ -37,19 +36,19 @@ current-context: x
 	k.Enabled, k.Service, k.Port, k.Kubeconfig, k.MaxLoad, k.CacheCapacityTokens = true, "vllm", "http", kc, 7, 9000
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var sources []string
-	ws, err := server.DiscoveryWatchers(cfg, log, discovery.NewMetrics(prometheus.NewRegistry()),
+	ws, err := discovery.Watchers(cfg, log, discovery.NewMetrics(prometheus.NewRegistry()),
 		func(source string) discovery.Sink { sources = append(sources, source); return nil })
 	if err != nil || len(ws) != 2 || strings.Join(sources, ",") != "dns,kubernetes" {
 		t.Fatalf("watchers %d, sources %v, err %v; want dns and kubernetes", len(ws), sources, err)
 	}
-	if ml, _, capTokens := server.DiscoveredDefaults(cfg, "kubernetes"); ml != 7 || capTokens != 9000 {
+	if ml, _, capTokens := discovery.Defaults(cfg, "kubernetes"); ml != 7 || capTokens != 9000 {
 		t.Errorf("kubernetes worker defaults max_load %d capacity %d, want 7 9000", ml, capTokens)
 	}
-	if ml, _, _ := server.DiscoveredDefaults(cfg, "dns"); ml != 3 {
+	if ml, _, _ := discovery.Defaults(cfg, "dns"); ml != 3 {
 		t.Errorf("dns worker max_load %d, want 3", ml)
 	}
 	k.Kubeconfig = filepath.Join(t.TempDir(), "missing")
-	if _, err := server.DiscoveryWatchers(cfg, log, discovery.NewMetrics(prometheus.NewRegistry()),
+	if _, err := discovery.Watchers(cfg, log, discovery.NewMetrics(prometheus.NewRegistry()),
 		func(string) discovery.Sink { return nil }); err == nil || !strings.Contains(err.Error(), "kubeconfig") {
 		t.Errorf("missing kubeconfig: %v, want an error naming it", err)
 	}

@@ -1,4 +1,4 @@
-package tracing
+package router
 
 import (
 	"context"
@@ -7,20 +7,20 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/tracing"
 )
 
-// WrapRouter traces every Route call of r as a cart.route span carrying
+// Traced traces every Route call of r as a cart.route span carrying
 // the decision (worker, reason, matched ratio and characters, candidate,
 // whether the leader or a local fallback decided). A remote router's call
 // to the control plane runs inside it, so its client span is the route
-// span's child. Off: r itself.
-func (t *Tracer) WrapRouter(r router.Router) router.Router {
+// span's child. Tracing off (t nil): r itself.
+func Traced(t *tracing.Tracer, r Router) Router {
 	if t == nil {
 		return r
 	}
 	tr := &tracedRouter{Router: r, t: t}
-	if l, ok := r.(router.ResponseLearner); ok {
+	if l, ok := r.(ResponseLearner); ok {
 		// The proxy looks for ResponseLearner on its router: keep it
 		// visible through the wrapper, and absent when r lacks it.
 		return &tracedLearner{tracedRouter: tr, l: l}
@@ -29,12 +29,12 @@ func (t *Tracer) WrapRouter(r router.Router) router.Router {
 }
 
 type tracedRouter struct {
-	router.Router
-	t *Tracer
+	Router
+	t *tracing.Tracer
 }
 
-func (r *tracedRouter) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
-	ctx, sp := r.t.tr.Start(ctx, SpanRoute, trace.WithAttributes(
+func (r *tracedRouter) Route(ctx context.Context, req *Request) (Decision, error) {
+	ctx, sp := r.t.StartSpan(ctx, tracing.SpanRoute, trace.WithAttributes(
 		attribute.Int("cart.route.excluded", len(req.Exclude)),
 		attribute.Int("cart.route.blocks", len(req.Hashes)),
 	))
@@ -58,7 +58,7 @@ func (r *tracedRouter) Route(ctx context.Context, req *router.Request) (router.D
 
 type tracedLearner struct {
 	*tracedRouter
-	l router.ResponseLearner
+	l ResponseLearner
 }
 
 func (r *tracedLearner) LearnResponse(ctx context.Context, id, worker string) {
