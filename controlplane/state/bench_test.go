@@ -1,0 +1,62 @@
+package state
+
+import (
+	"io"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
+)
+
+// benchFullState returns a state whose index holds n entries (paths of 100
+// random blocks over 8 workers), built once per size.
+func benchFullState(b *testing.B, n int) (*State, *engine.Engine) {
+	b.Helper()
+	mu := &sync.Mutex{}
+	eng := engine.New(engine.Policy{BlockChars: 64, Threshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5},
+		index.New(index.Options{MaxEntries: n, InlineEvict: true}), rand.New(rand.NewPCG(1, 2)))
+	st := New(mu, eng)
+	a := &testApplier{t: b, st: st}
+	urls := []string{"http://w0", "http://w1", "http://w2", "http://w3", "http://w4", "http://w5", "http://w6", "http://w7"}
+	a.apply(setWorkers(urls...))
+	r := rand.New(rand.NewPCG(9, 9))
+	path := make([]uint64, 100)
+	for i := 0; eng.Index().Len() < n; i++ {
+		for j := range path {
+			path[j] = r.Uint64()
+		}
+		id, _ := eng.WorkerIDOf(urls[i%len(urls)])
+		eng.Index().Insert(path, index.WorkerID(id), int64(i))
+	}
+	return st, eng
+}
+
+// BenchmarkCaptureLockHold measures how long taking a snapshot holds the
+// routing lock on a full 1M-entry index: Capture is everything done under
+// the lock (the lock-hold-µs metric is the longest single hold seen);
+// writing the snapshot out happens after it returns. The write is timed
+// apart (write-ms) so the total cost of a snapshot stays visible.
+func BenchmarkCaptureLockHold(b *testing.B) {
+	st, _ := benchFullState(b, 1_000_000)
+	var worst, write time.Duration
+	n := 0
+	for b.Loop() {
+		start := time.Now()
+		snap := st.Capture()
+		hold := time.Since(start)
+		worst = max(worst, hold)
+		b.StopTimer()
+		ws := time.Now()
+		if err := snap.Write(io.Discard); err != nil {
+			b.Fatal(err)
+		}
+		write += time.Since(ws)
+		n++
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(worst.Microseconds()), "lock-hold-max-µs")
+	b.ReportMetric(float64(write.Milliseconds())/float64(n), "write-ms")
+}
