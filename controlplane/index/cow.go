@@ -6,16 +6,22 @@ import (
 	"sync/atomic"
 )
 
-// The slab is cut into pages of pageSize entries so that a snapshot can
-// freeze the index in O(pages) pointer copies instead of copying every
-// entry under the routing lock. After a freeze, the first write to a page
-// copies that page (copy on write); pages nobody writes stay shared. A page
-// is small so that one decision, which writes a few slots (its path and
-// their LRU neighbours), copies little: 64 entries are about 4.6 KB.
+// The slab is cut into pages of pageSize entries, and the page pointers
+// into chunks of chunkPages, so that a snapshot can freeze the index by
+// copying one pointer per chunk (16 at a million entries) instead of
+// copying every entry under the routing lock. After a freeze, the first
+// write to a chunk or a page copies it (copy on write); what nobody writes
+// stays shared. A page is small so that one decision, which writes a few
+// slots (its path and their LRU neighbours), copies little: 64 entries are
+// about 4.6 KB, a chunk 8 KB.
 const (
-	pageShift = 6
-	pageSize  = 1 << pageShift
-	pageMask  = pageSize - 1
+	pageShift  = 6
+	pageSize   = 1 << pageShift
+	pageMask   = pageSize - 1
+	chunkShift = 10
+	chunkPages = 1 << chunkShift
+	chunkMask  = chunkPages - 1
+	slotsShift = pageShift + chunkShift // slot -> chunk
 )
 
 type page struct {
@@ -25,36 +31,65 @@ type page struct {
 	e   [pageSize]entry
 }
 
+type chunk struct {
+	gen uint64 // as page.gen
+	p   [chunkPages]*page
+}
+
 // cow is the copy-on-write bookkeeping.
 type cow struct {
-	// gen is bumped by every Freeze: pages of an older generation may be
-	// shared with a frozen view.
+	// gen is bumped by every Freeze: chunks and pages of an older
+	// generation may be shared with a frozen view.
 	gen uint64
-	// views counts frozen views not yet released. With none, a page of
-	// an older generation is adopted instead of copied. Atomic because a
-	// view is released by whoever wrote it out, outside the routing lock.
+	// views counts frozen views not yet released. With none, a chunk or
+	// page of an older generation is adopted instead of copied. Atomic
+	// because a view is released by whoever wrote it out, outside the
+	// routing lock.
 	views atomic.Int64
 }
 
 // at returns slot s for reading only.
-func (x *Index) at(s int32) *entry { return &x.pages[s>>pageShift].e[s&pageMask] }
+func (x *Index) at(s int32) *entry {
+	return &x.chunks[s>>slotsShift].p[(s>>pageShift)&chunkMask].e[s&pageMask]
+}
 
-// mut returns slot s for writing, first copying its page if a frozen view
-// may share it.
+// mut returns slot s for writing, first copying its chunk and page if a
+// frozen view may share them.
 func (x *Index) mut(s int32) *entry {
-	p := x.pages[s>>pageShift]
+	c := x.chunks[s>>slotsShift]
+	if c.gen != x.cow.gen {
+		c = x.ownChunk(s >> slotsShift)
+	}
+	p := c.p[(s>>pageShift)&chunkMask]
 	if p.gen != x.cow.gen {
-		p = x.own(s >> pageShift)
+		p = x.ownPage(c, (s>>pageShift)&chunkMask)
 	}
 	return &p.e[s&pageMask]
 }
 
-// own makes page i writable by the current generation.
-func (x *Index) own(i int32) *page {
-	p := x.pages[i]
-	if x.cow.views.Load() == 0 {
-		// Every view that could share it has been released (and is done
-		// reading: Release comes after its last read).
+// adoptable reports whether no frozen view may still read what an older
+// generation wrote: every view has been released, and Release comes after
+// its last read.
+func (x *Index) adoptable() bool { return x.cow.views.Load() == 0 }
+
+// ownChunk makes chunk i writable by the current generation.
+func (x *Index) ownChunk(i int32) *chunk {
+	c := x.chunks[i]
+	if x.adoptable() {
+		c.gen = x.cow.gen
+		return c
+	}
+	nc := new(chunk)
+	*nc = *c
+	nc.gen = x.cow.gen
+	x.chunks[i] = nc
+	return nc
+}
+
+// ownPage makes page i of c (a chunk of the current generation) writable.
+func (x *Index) ownPage(c *chunk, i int32) *page {
+	p := c.p[i]
+	if x.adoptable() {
 		p.gen = x.cow.gen
 		return p
 	}
@@ -68,15 +103,22 @@ func (x *Index) own(i int32) *page {
 			np.e[j].more = slices.Clone(m)
 		}
 	}
-	x.pages[i] = np
+	c.p[i] = np
 	return np
 }
 
-// grow hands out a never-used slot, adding a page when the last is full.
+// grow hands out a never-used slot, adding a chunk or a page when needed.
 func (x *Index) grow() int32 {
 	s := x.nslots
-	if int(s>>pageShift) == len(x.pages) {
-		x.pages = append(x.pages, &page{gen: x.cow.gen})
+	if int(s>>slotsShift) == len(x.chunks) {
+		x.chunks = append(x.chunks, &chunk{gen: x.cow.gen})
+	}
+	if s&pageMask == 0 {
+		c := x.chunks[s>>slotsShift]
+		if c.gen != x.cow.gen {
+			c = x.ownChunk(s >> slotsShift)
+		}
+		c.p[(s>>pageShift)&chunkMask] = &page{gen: x.cow.gen}
 	}
 	x.nslots++
 	return s
@@ -103,20 +145,21 @@ func (e *entry) holds(w WorkerID) bool {
 // changing (under its owner's lock), and costs nothing until the index
 // writes a page they share.
 type View struct {
-	pages    []*page
+	chunks   []*chunk
 	head     int32
 	n        int
 	views    *atomic.Int64
 	released atomic.Bool
 }
 
-// Freeze returns a frozen view of the index. It copies only the page table
-// (one pointer per 64 entries), so it is cheap enough to run under the
-// routing lock whatever the size of the index; the writes that follow pay
-// for copying the pages they touch, each page at most once per view.
+// Freeze returns a frozen view of the index. It copies only the chunk
+// table (one pointer per 65,536 entries), so it is cheap enough to run
+// under the routing lock whatever the size of the index; the writes that
+// follow pay for copying the chunks and pages they touch, each at most
+// once per view.
 // Call Release on the view when done reading it.
 func (x *Index) Freeze() *View {
-	v := &View{pages: slices.Clone(x.pages), head: x.head, n: len(x.byHash), views: &x.cow.views}
+	v := &View{chunks: slices.Clone(x.chunks), head: x.head, n: len(x.byHash), views: &x.cow.views}
 	x.cow.gen++
 	x.cow.views.Add(1)
 	return v
@@ -134,7 +177,7 @@ func (v *View) Walk(fn func(hash uint64, used int64, holders []Holder) bool) err
 	if v.released.Load() {
 		return ErrReleased
 	}
-	walk(v.pages, v.head, fn)
+	walk(v.chunks, v.head, fn)
 	return nil
 }
 
@@ -142,16 +185,16 @@ func (v *View) Walk(fn func(hash uint64, used int64, holders []Holder) bool) err
 // shared may be written in place. Calling it more than once is harmless.
 func (v *View) Release() {
 	if v.released.CompareAndSwap(false, true) {
-		v.pages = nil
+		v.chunks = nil
 		v.views.Add(-1)
 	}
 }
 
-// walk visits the LRU list starting at head over pages.
-func walk(pages []*page, head int32, fn func(hash uint64, used int64, holders []Holder) bool) {
+// walk visits the LRU list starting at head over chunks.
+func walk(chunks []*chunk, head int32, fn func(hash uint64, used int64, holders []Holder) bool) {
 	var buf []Holder
 	for s := head; s != nilSlot; {
-		e := &pages[s>>pageShift].e[s&pageMask]
+		e := &chunks[s>>slotsShift].p[(s>>pageShift)&chunkMask].e[s&pageMask]
 		buf = buf[:0]
 		buf = append(buf, Holder{Worker: e.first.w, At: e.first.at})
 		for _, h := range e.more {

@@ -107,23 +107,24 @@ func TestFreezeKeepsTheViewAndTheLiveIndexApart(t *testing.T) {
 	}
 }
 
-// Pages are copied only while a view may read them: after Release, writes
-// adopt the old pages in place; while a view lives, the first write to a
-// shared page copies it once.
+// Pages and chunks are copied only while a view may read them: after
+// Release, writes adopt the old ones in place; while a view lives, the
+// first write to a shared one copies it once.
 func TestFreezeCopiesOnlyWhileAViewLives(t *testing.T) {
 	x := New(Options{MaxEntries: 10 * pageSize})
 	p := hashes("abcdefghij", 1)
 	x.Insert(p, 1, 1)
+	page0 := func() *page { return x.chunks[0].p[0] }
 	v := x.Freeze()
-	before := slices.Clone(x.pages)
+	beforeChunk, beforePage := x.chunks[0], page0()
 	x.Insert(p[:1], 2, 2) // writes the page of p[0] and its neighbours
-	if x.pages[0] == before[0] {
-		t.Fatal("a page shared with a live view was written in place")
+	if x.chunks[0] == beforeChunk || page0() == beforePage {
+		t.Fatal("a chunk or page shared with a live view was written in place")
 	}
-	copied := x.pages[0]
+	copiedChunk, copiedPage := x.chunks[0], page0()
 	x.Insert(p[:1], 3, 3)
-	if x.pages[0] != copied {
-		t.Fatal("a page already copied for this generation was copied again")
+	if x.chunks[0] != copiedChunk || page0() != copiedPage {
+		t.Fatal("a chunk or page already copied for this generation was copied again")
 	}
 	v.Release()
 	if err := v.Walk(func(uint64, int64, []Holder) bool { return true }); !errors.Is(err, ErrReleased) {
@@ -131,12 +132,47 @@ func TestFreezeCopiesOnlyWhileAViewLives(t *testing.T) {
 	}
 	v.Release() // harmless
 	x.Freeze().Release()
-	owned := x.pages[0]
+	ownedChunk, ownedPage := x.chunks[0], page0()
 	x.Insert(p[:1], 4, 4)
-	if x.pages[0] != owned {
-		t.Fatal("with every view released, a write copied the page instead of adopting it")
+	if x.chunks[0] != ownedChunk || page0() != ownedPage {
+		t.Fatal("with every view released, a write copied instead of adopting")
 	}
 	checkInvariants(t, x)
+}
+
+// Across several chunks (a slab of more than 65,536 slots), a view stays
+// as frozen while inserts grow the slab into new pages and chunks and
+// eviction frees and reuses slots everywhere.
+func TestFreezeAcrossChunks(t *testing.T) {
+	if raceEnabled {
+		t.Skip("200k inserts take ~10 s under the race detector; the other freeze tests cover races")
+	}
+	n := 3*pageSize*chunkPages + pageSize/2
+	x := New(Options{MaxEntries: n, InlineEvict: true})
+	r := newRand(11)
+	path := make([]uint64, 50)
+	fill := func(count int, at int64) {
+		for range count / len(path) {
+			for j := range path {
+				path[j] = r.Uint64()
+			}
+			x.Insert(path, WorkerID(r.IntN(4)), at)
+		}
+	}
+	fill(n-pageSize*chunkPages, 1) // two and a bit chunks
+	want := walkLines(x.Walk)
+	v := x.Freeze()
+	fill(2*pageSize*chunkPages, 2) // grows into new chunks, then evicts
+	x.Evict(x.Len()/2, 0)
+	fill(pageSize*chunkPages, 3)
+	if got := viewLines(t, v); !slices.Equal(got, want) {
+		t.Fatalf("view changed: %d lines, want %d", len(got), len(want))
+	}
+	v.Release()
+	checkInvariants(t, x)
+	if len(x.chunks) < 3 {
+		t.Fatalf("only %d chunks: the test did not cross chunks", len(x.chunks))
+	}
 }
 
 // A view is read by another goroutine (the snapshot writer) while the

@@ -89,7 +89,7 @@ func (s *State) SetResponseOrigins(f func([]*cartv1.ResponseOrigin)) { s.origins
 
 // placementChunk bounds how many placements one lock hold applies, so
 // routing decisions interleave with a large batch instead of waiting for
-// all of it.
+// all of it (applyBlockBudget bounds their blocks).
 const placementChunk = 32
 
 // New wraps eng; mu must be the lock every user of eng holds.
@@ -153,6 +153,15 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		s.mu.Unlock()
 		return Result{}, nil
 	}
+	if b, ok := cmd.GetBody().(*cartv1.RaftCommand_UnplaceBatch); ok {
+		// In steps, like placements: a batch of withdrawals is as large.
+		s.applyPlacements(b.UnplaceBatch.GetPlacements(), false)
+		s.mu.Lock()
+		s.applied = index
+		res := Result{WorkersVersion: s.workersVersion}
+		s.mu.Unlock()
+		return res, nil
+	}
 	s.mu.Lock()
 	res, ev := s.applyLocked(index, &cmd)
 	s.mu.Unlock()
@@ -193,14 +202,6 @@ func (s *State) applyLocked(index uint64, cmd *cartv1.RaftCommand) (Result, *aud
 		}
 		s.commitWorkers()
 		ev = &auditEvent{"audit: worker set replaced", []any{"old", old, "new", s.workerSetString()}}
-	case *cartv1.RaftCommand_UnplaceBatch:
-		idx := s.eng.Index()
-		for _, p := range b.UnplaceBatch.GetPlacements() {
-			if id, ok := s.eng.WorkerIDOf(p.GetWorker()); ok {
-				idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
-				s.committed(p)
-			}
-		}
 	case *cartv1.RaftCommand_SetMember:
 		id, url := b.SetMember.GetNodeId(), b.SetMember.GetApiUrl()
 		old, had := s.members[id]
@@ -247,10 +248,10 @@ func (s *State) workerSetString() string {
 // the engine lock between chunks. Snapshots cannot interleave (raft never
 // runs Snapshot concurrently with Apply), only routing decisions can.
 func (s *State) applyPlacements(ps []*cartv1.Placement, insert bool) {
-	for start := 0; start < len(ps); start += placementChunk {
+	for step := range placementSteps(ps) {
 		s.mu.Lock()
 		idx := s.eng.Index()
-		for _, p := range ps[start:min(start+placementChunk, len(ps))] {
+		for _, p := range step {
 			id, ok := s.eng.WorkerIDOf(p.GetWorker())
 			if !ok {
 				continue
