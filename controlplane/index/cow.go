@@ -9,11 +9,11 @@ import (
 // The slab is cut into pages of pageSize entries, and the page pointers
 // into chunks of chunkPages, so that a snapshot can freeze the index by
 // copying one pointer per chunk (16 at a million entries) instead of
-// copying every entry under the routing lock. After a freeze, the first
-// write to a chunk or a page copies it (copy on write); what nobody writes
-// stays shared. A page is small so that one decision, which writes a few
-// slots (its path and their LRU neighbours), copies little: 64 entries are
-// about 4.6 KB, a chunk 8 KB.
+// copying every entry under the routing lock. While a frozen view is
+// alive, the first write to a chunk or a page copies it (copy on write);
+// what nobody writes stays shared. A page is small so that one decision,
+// which writes a few slots (its path and their LRU neighbours), copies
+// little: 64 entries are about 4.6 KB, a chunk 8 KB.
 const (
 	pageShift  = 6
 	pageSize   = 1 << pageShift
@@ -25,26 +25,30 @@ const (
 )
 
 type page struct {
-	// gen is the generation that owns the page: the live index may write
-	// it in place only while gen equals the index's current generation.
-	gen uint64
-	e   [pageSize]entry
+	e [pageSize]entry
 }
 
 type chunk struct {
-	gen uint64 // as page.gen
-	p   [chunkPages]*page
+	// gen is the generation that owns the chunk: the live index may write
+	// it in place only while gen equals the index's current generation.
+	gen uint64
+	// owned marks the pages already copied for gen (valid while gen is
+	// current): the others may be shared with a frozen view. Kept here
+	// rather than in each page so that checking costs no cache miss
+	// beyond the entry's own.
+	owned [chunkPages / 64]uint64
+	p     [chunkPages]*page
 }
 
 // cow is the copy-on-write bookkeeping.
 type cow struct {
-	// gen is bumped by every Freeze: chunks and pages of an older
-	// generation may be shared with a frozen view.
+	// gen is bumped by every Freeze: chunks of an older generation, and
+	// pages not marked owned, may be shared with a frozen view.
 	gen uint64
-	// views counts frozen views not yet released. With none, a chunk or
-	// page of an older generation is adopted instead of copied. Atomic
-	// because a view is released by whoever wrote it out, outside the
-	// routing lock.
+	// views counts frozen views not yet released. With none, everything
+	// is written in place: nobody else reads it (Release comes after a
+	// view's last read). Atomic because a view is released by whoever
+	// wrote it out, outside the routing lock.
 	views atomic.Int64
 }
 
@@ -53,72 +57,59 @@ func (x *Index) at(s int32) *entry {
 	return &x.chunks[s>>slotsShift].p[(s>>pageShift)&chunkMask].e[s&pageMask]
 }
 
-// mut returns slot s for writing, first copying its chunk and page if a
-// frozen view may share them.
+// mut returns slot s for writing. Only while a frozen view is alive does
+// it check ownership and copy: the steady state pays one atomic load.
 func (x *Index) mut(s int32) *entry {
-	c := x.chunks[s>>slotsShift]
-	if c.gen != x.cow.gen {
-		c = x.ownChunk(s >> slotsShift)
+	if x.cow.views.Load() == 0 {
+		return x.at(s)
 	}
-	p := c.p[(s>>pageShift)&chunkMask]
-	if p.gen != x.cow.gen {
-		p = x.ownPage(c, (s>>pageShift)&chunkMask)
+	c := x.ownChunk(s >> slotsShift)
+	pi := (s >> pageShift) & chunkMask
+	if c.owned[pi>>6]&(1<<(pi&63)) == 0 {
+		np := new(page)
+		*np = *c.p[pi]
+		for j := range np.e {
+			// Holder lists are written in place (times refreshed,
+			// holders swapped out), so the copy gets its own.
+			if m := np.e[j].more; m != nil {
+				np.e[j].more = slices.Clone(m)
+			}
+		}
+		c.p[pi] = np
+		c.owned[pi>>6] |= 1 << (pi & 63)
 	}
-	return &p.e[s&pageMask]
+	return &c.p[pi].e[s&pageMask]
 }
 
-// adoptable reports whether no frozen view may still read what an older
-// generation wrote: every view has been released, and Release comes after
-// its last read.
-func (x *Index) adoptable() bool { return x.cow.views.Load() == 0 }
-
-// ownChunk makes chunk i writable by the current generation.
+// ownChunk returns chunk i, first copying it if it predates the last
+// Freeze (a view may share it). Only called while a view is alive.
 func (x *Index) ownChunk(i int32) *chunk {
 	c := x.chunks[i]
-	if x.adoptable() {
-		c.gen = x.cow.gen
+	if c.gen == x.cow.gen {
 		return c
 	}
 	nc := new(chunk)
-	*nc = *c
 	nc.gen = x.cow.gen
+	nc.p = c.p
 	x.chunks[i] = nc
 	return nc
-}
-
-// ownPage makes page i of c (a chunk of the current generation) writable.
-func (x *Index) ownPage(c *chunk, i int32) *page {
-	p := c.p[i]
-	if x.adoptable() {
-		p.gen = x.cow.gen
-		return p
-	}
-	np := new(page)
-	*np = *p
-	np.gen = x.cow.gen
-	for j := range np.e {
-		// Holder lists are written in place (times refreshed, holders
-		// swapped out), so the copy gets its own.
-		if m := np.e[j].more; m != nil {
-			np.e[j].more = slices.Clone(m)
-		}
-	}
-	c.p[i] = np
-	return np
 }
 
 // grow hands out a never-used slot, adding a chunk or a page when needed.
 func (x *Index) grow() int32 {
 	s := x.nslots
-	if int(s>>slotsShift) == len(x.chunks) {
+	ci := s >> slotsShift
+	if int(ci) == len(x.chunks) {
 		x.chunks = append(x.chunks, &chunk{gen: x.cow.gen})
 	}
 	if s&pageMask == 0 {
-		c := x.chunks[s>>slotsShift]
-		if c.gen != x.cow.gen {
-			c = x.ownChunk(s >> slotsShift)
+		c := x.chunks[ci]
+		if x.cow.views.Load() != 0 {
+			c = x.ownChunk(ci)
 		}
-		c.p[(s>>pageShift)&chunkMask] = &page{gen: x.cow.gen}
+		pi := (s >> pageShift) & chunkMask
+		c.p[pi] = &page{}
+		c.owned[pi>>6] |= 1 << (pi & 63) // new: nobody shares it
 	}
 	x.nslots++
 	return s
