@@ -60,9 +60,18 @@ func (x *Index) at(s int32) *entry {
 // mut returns slot s for writing. Only while a frozen view is alive does
 // it check ownership and copy: the steady state pays one atomic load.
 func (x *Index) mut(s int32) *entry {
-	if x.cow.views.Load() == 0 {
-		return x.at(s)
+	if x.shared() {
+		return x.mutShared(s)
 	}
+	return x.at(s)
+}
+
+// shared reports whether a frozen view is alive, so writes must copy.
+func (x *Index) shared() bool { return x.cow.views.Load() != 0 }
+
+// mutShared is mut while a view is alive (shared), kept apart so that
+// the hot paths can inline the test and skip the call.
+func (x *Index) mutShared(s int32) *entry {
 	c := x.ownChunk(s >> slotsShift)
 	pi := (s >> pageShift) & chunkMask
 	if c.owned[pi>>6]&(1<<(pi&63)) == 0 {

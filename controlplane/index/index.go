@@ -240,7 +240,10 @@ func (x *Index) Insert(hashes []uint64, w WorkerID, now int64) (skipped int) {
 		} else {
 			x.unlink(s)
 		}
-		e := x.mut(s)
+		e := x.at(s)
+		if x.shared() {
+			e = x.mutShared(s)
+		}
 		e.used = now
 		e.addHolder(w, now)
 		x.pushFront(s)
@@ -425,21 +428,39 @@ func (x *Index) alloc(h uint64) int32 {
 
 func (x *Index) drop(s int32) {
 	x.unlink(s)
-	e := x.mut(s)
+	e := x.at(s)
+	if x.shared() {
+		e = x.mutShared(s)
+	}
 	delete(x.byHash, e.hash)
 	*e = entry{prev: nilSlot, next: nilSlot}
 	x.free = append(x.free, s)
 }
 
+// unlink and pushFront run for every block a decision touches, so they
+// test for a frozen view once and call mutShared only then, instead of
+// calling mut (too large to inline) per slot.
 func (x *Index) unlink(s int32) {
-	e := x.mut(s)
+	shared := x.shared()
+	e := x.at(s)
+	if shared {
+		e = x.mutShared(s)
+	}
 	if e.prev != nilSlot {
-		x.mut(e.prev).next = e.next
+		p := x.at(e.prev)
+		if shared {
+			p = x.mutShared(e.prev)
+		}
+		p.next = e.next
 	} else if x.head == s {
 		x.head = e.next
 	}
 	if e.next != nilSlot {
-		x.mut(e.next).prev = e.prev
+		n := x.at(e.next)
+		if shared {
+			n = x.mutShared(e.next)
+		}
+		n.prev = e.prev
 	} else if x.tail == s {
 		x.tail = e.prev
 	}
@@ -447,11 +468,19 @@ func (x *Index) unlink(s int32) {
 }
 
 func (x *Index) pushFront(s int32) {
-	e := x.mut(s)
+	shared := x.shared()
+	e := x.at(s)
+	if shared {
+		e = x.mutShared(s)
+	}
 	e.prev = nilSlot
 	e.next = x.head
 	if x.head != nilSlot {
-		x.mut(x.head).prev = s
+		h := x.at(x.head)
+		if shared {
+			h = x.mutShared(x.head)
+		}
+		h.prev = s
 	}
 	x.head = s
 	if x.tail == nilSlot {
