@@ -52,5 +52,5 @@ func cpuLoop(b *testing.B, f func(i uint64)) {
 		f(i)
 		i++
 	}
-	b.ReportMetric(float64((threadCPU() - cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64((threadCPU()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
