@@ -208,7 +208,7 @@ func BenchmarkInsertAfterFreeze(b *testing.B) {
 // view alive (a snapshot being written makes the step copy pages), in CPU
 // time of the evicting thread.
 func BenchmarkEvictStep(b *testing.B) {
-	for _, chunk := range []int{256, 2048} {
+	for _, chunk := range []int{128, 2048} {
 		for _, frozen := range []bool{false, true} {
 			b.Run(fmt.Sprintf("chunk=%d/frozen=%v", chunk, frozen), func(b *testing.B) {
 				runtime.LockOSThread()

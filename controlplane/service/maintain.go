@@ -13,10 +13,11 @@ type MaintenanceOptions struct {
 
 // maintainChunk bounds how many entries one lock hold evicts, so Route
 // never waits long behind a pass over a large index. Measured on a full
-// 1M-entry index (BenchmarkEvictStep, BenchmarkDecideUnderLoad in
+// 1M-entry index (BenchmarkEvictStep in controlplane/index, BenchmarkDecideUnderLoad in
 // controlplane/state, CPU time on a busy 2-core box): 2048 entries held
-// the lock up to 3.5 ms, about 1.7 µs per entry; 256 stay well under 1 ms.
-const maintainChunk = 256
+// the lock up to 3.5 ms; with a snapshot being written (copy on write) 256
+// entries still reached 0.7-1 ms at p99, hence 128.
+const maintainChunk = 128
 
 // RunMaintenance keeps this node's index within bounds until ctx ends:
 // LRU eviction to MaxEntries in short locked steps, expiry of placements

@@ -9,10 +9,11 @@ import (
 // applyBlockBudget bounds the blocks one lock hold applies from a batch.
 // Measured (BenchmarkDecideUnderLoad, CPU time of the holding thread on a
 // full 1M-entry index, busy 2-core box): inserting costs 1-2 µs per block
-// there, so 256 blocks keep a hold well under a millisecond. Counting
-// placements alone did not bound it: 32 placements of long prompts are
-// tens of thousands of blocks.
-const applyBlockBudget = 256
+// there, more while a snapshot's frozen view makes writes copy pages, so
+// 128 blocks keep a hold well under a millisecond. Counting placements
+// alone did not bound it: 32 placements of long prompts are tens of
+// thousands of blocks.
+const applyBlockBudget = 128
 
 // placementSteps cuts ps into consecutive runs of at most placementChunk
 // placements and applyBlockBudget blocks, each applied under one lock

@@ -154,9 +154,9 @@ func (l *Local) IndexStats() (index.Stats, uint64) {
 }
 
 // evictChunk bounds how long one eviction step holds the lock, so routing
-// never waits long behind a pass over a large index (256 entries: well
+// never waits long behind a pass over a large index (128 entries: well
 // under 1 ms on a full 1M-entry index, see controlplane/service maintainChunk).
-const evictChunk = 256
+const evictChunk = 128
 
 // EvictPass trims the index to its size bound in short locked steps, then
 // applies the daily reset if its hour has come. It returns entries removed.
