@@ -145,19 +145,15 @@ func BenchmarkMemoryPerEntry(b *testing.B) {
 // leaves running, so it does not steal time from the measured loop.
 func settle() { runtime.GC() }
 
-// BenchmarkFreeze measures what a snapshot does under the routing lock: an
-// O(chunks) copy of the chunk table.
+// BenchmarkFreeze measures what a snapshot does under the routing lock: a
+// copy of the page table (one pointer per 64 entries).
 func BenchmarkFreeze(b *testing.B) {
 	x := benchIndex(b, 1_000_000)
-	settle()
-	b.ReportAllocs()
-	for b.Loop() {
-		x.Freeze().Release()
-	}
+	cpuLoop(b, func(uint64) { x.Freeze().Release() })
 }
 
 // BenchmarkInsertAfterFreeze measures the price of copy on write: the
-// first inserts after a freeze copy the chunks and pages they touch while
+// first inserts after a freeze copy the pages they touch while
 // a view is alive. Each op is a freeze followed by 256 inserts of new
 // prompts into a full 1M-entry index. Times are CPU time of the inserting
 // thread (on a shared box wall time measures the neighbours): cpu-ns/insert

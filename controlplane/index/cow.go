@@ -6,45 +6,30 @@ import (
 	"sync/atomic"
 )
 
-// The slab is cut into pages of pageSize entries, and the page pointers
-// into chunks of chunkPages, so that a snapshot can freeze the index by
-// copying one pointer per chunk (16 at a million entries) instead of
-// copying every entry under the routing lock. While a frozen view is
-// alive, the first write to a chunk or a page copies it (copy on write);
-// what nobody writes stays shared. A page is small so that one decision,
-// which writes a few slots (its path and their LRU neighbours), copies
-// little: 64 entries are about 4.6 KB, a chunk 8 KB.
+// The slab is cut into pages of pageSize entries so that a snapshot can
+// freeze the index by copying the page table (one pointer per 64 entries:
+// 128 KB, some tens of microseconds, at a million entries) instead of
+// every entry under the routing lock. While a frozen view is alive, the
+// first write to a page copies it (copy on write); what nobody writes stays
+// shared. A page is small so that one decision, which writes a few slots
+// (its path and their LRU neighbours), copies little: 64 entries are about
+// 4.6 KB. The table is flat, not a tree of chunks, because every slot
+// access on the routing path pays for each level.
 const (
-	pageShift  = 6
-	pageSize   = 1 << pageShift
-	pageMask   = pageSize - 1
-	chunkShift = 10
-	chunkPages = 1 << chunkShift
-	chunkMask  = chunkPages - 1
-	slotsShift = pageShift + chunkShift // slot -> chunk
+	pageShift = 6
+	pageSize  = 1 << pageShift
+	pageMask  = pageSize - 1
 )
 
 type page struct {
 	e [pageSize]entry
 }
 
-type chunk struct {
-	// gen is the generation that owns the chunk: the live index may write
-	// it in place only while gen equals the index's current generation.
-	gen uint64
-	// owned marks the pages already copied for gen (valid while gen is
-	// current): the others may be shared with a frozen view. Kept here
-	// rather than in each page so that checking costs no cache miss
-	// beyond the entry's own.
-	owned [chunkPages / 64]uint64
-	p     [chunkPages]*page
-}
-
 // cow is the copy-on-write bookkeeping.
 type cow struct {
-	// gen is bumped by every Freeze: chunks of an older generation, and
-	// pages not marked owned, may be shared with a frozen view.
-	gen uint64
+	// owned marks the pages written since the last Freeze (copied, or
+	// new): the others may be shared with a frozen view.
+	owned []uint64
 	// views counts frozen views not yet released. With none, everything
 	// is written in place: nobody else reads it (Release comes after a
 	// view's last read). Atomic because a view is released by whoever
@@ -53,9 +38,7 @@ type cow struct {
 }
 
 // at returns slot s for reading only.
-func (x *Index) at(s int32) *entry {
-	return &x.chunks[s>>slotsShift].p[(s>>pageShift)&chunkMask].e[s&pageMask]
-}
+func (x *Index) at(s int32) *entry { return &x.pages[s>>pageShift].e[s&pageMask] }
 
 // mut returns slot s for writing. Only while a frozen view is alive does
 // it check ownership and copy: the steady state pays one atomic load.
@@ -72,11 +55,10 @@ func (x *Index) shared() bool { return x.cow.views.Load() != 0 }
 // mutShared is mut while a view is alive (shared), kept apart so that
 // the hot paths can inline the test and skip the call.
 func (x *Index) mutShared(s int32) *entry {
-	c := x.ownChunk(s >> slotsShift)
-	pi := (s >> pageShift) & chunkMask
-	if c.owned[pi>>6]&(1<<(pi&63)) == 0 {
+	pi := s >> pageShift
+	if x.cow.owned[pi>>6]&(1<<(pi&63)) == 0 {
 		np := new(page)
-		*np = *c.p[pi]
+		*np = *x.pages[pi]
 		for j := range np.e {
 			// Holder lists are written in place (times refreshed,
 			// holders swapped out), so the copy gets its own.
@@ -84,41 +66,22 @@ func (x *Index) mutShared(s int32) *entry {
 				np.e[j].more = slices.Clone(m)
 			}
 		}
-		c.p[pi] = np
-		c.owned[pi>>6] |= 1 << (pi & 63)
+		x.pages[pi] = np
+		x.cow.owned[pi>>6] |= 1 << (pi & 63)
 	}
-	return &c.p[pi].e[s&pageMask]
+	return &x.pages[pi].e[s&pageMask]
 }
 
-// ownChunk returns chunk i, first copying it if it predates the last
-// Freeze (a view may share it). Only called while a view is alive.
-func (x *Index) ownChunk(i int32) *chunk {
-	c := x.chunks[i]
-	if c.gen == x.cow.gen {
-		return c
-	}
-	nc := new(chunk)
-	nc.gen = x.cow.gen
-	nc.p = c.p
-	x.chunks[i] = nc
-	return nc
-}
-
-// grow hands out a never-used slot, adding a chunk or a page when needed.
+// grow hands out a never-used slot, adding a page when the last is full.
 func (x *Index) grow() int32 {
 	s := x.nslots
-	ci := s >> slotsShift
-	if int(ci) == len(x.chunks) {
-		x.chunks = append(x.chunks, &chunk{gen: x.cow.gen})
-	}
 	if s&pageMask == 0 {
-		c := x.chunks[ci]
-		if x.cow.views.Load() != 0 {
-			c = x.ownChunk(ci)
+		pi := int(s >> pageShift)
+		x.pages = append(x.pages, &page{})
+		if pi>>6 == len(x.cow.owned) {
+			x.cow.owned = append(x.cow.owned, 0)
 		}
-		pi := (s >> pageShift) & chunkMask
-		c.p[pi] = &page{}
-		c.owned[pi>>6] |= 1 << (pi & 63) // new: nobody shares it
+		x.cow.owned[pi>>6] |= 1 << (pi & 63) // new: nobody shares it
 	}
 	x.nslots++
 	return s
@@ -145,22 +108,20 @@ func (e *entry) holds(w WorkerID) bool {
 // changing (under its owner's lock), and costs nothing until the index
 // writes a page they share.
 type View struct {
-	chunks   []*chunk
+	pages    []*page
 	head     int32
 	n        int
 	views    *atomic.Int64
 	released atomic.Bool
 }
 
-// Freeze returns a frozen view of the index. It copies only the chunk
-// table (one pointer per 65,536 entries), so it is cheap enough to run
-// under the routing lock whatever the size of the index; the writes that
-// follow pay for copying the chunks and pages they touch, each at most
-// once per view.
-// Call Release on the view when done reading it.
+// Freeze returns a frozen view of the index. It copies only the page
+// table, so it is cheap enough to run under the routing lock; the writes
+// that follow pay for copying the pages they touch, each at most once per
+// view. Call Release on the view when done reading it.
 func (x *Index) Freeze() *View {
-	v := &View{chunks: slices.Clone(x.chunks), head: x.head, n: len(x.byHash), views: &x.cow.views}
-	x.cow.gen++
+	v := &View{pages: slices.Clone(x.pages), head: x.head, n: len(x.byHash), views: &x.cow.views}
+	clear(x.cow.owned)
 	x.cow.views.Add(1)
 	return v
 }
@@ -177,7 +138,7 @@ func (v *View) Walk(fn func(hash uint64, used int64, holders []Holder) bool) err
 	if v.released.Load() {
 		return ErrReleased
 	}
-	walk(v.chunks, v.head, fn)
+	walk(v.pages, v.head, fn)
 	return nil
 }
 
@@ -185,16 +146,16 @@ func (v *View) Walk(fn func(hash uint64, used int64, holders []Holder) bool) err
 // shared may be written in place. Calling it more than once is harmless.
 func (v *View) Release() {
 	if v.released.CompareAndSwap(false, true) {
-		v.chunks = nil
+		v.pages = nil
 		v.views.Add(-1)
 	}
 }
 
-// walk visits the LRU list starting at head over chunks.
-func walk(chunks []*chunk, head int32, fn func(hash uint64, used int64, holders []Holder) bool) {
+// walk visits the LRU list starting at head over pages.
+func walk(pages []*page, head int32, fn func(hash uint64, used int64, holders []Holder) bool) {
 	var buf []Holder
 	for s := head; s != nilSlot; {
-		e := &chunks[s>>slotsShift].p[(s>>pageShift)&chunkMask].e[s&pageMask]
+		e := &pages[s>>pageShift].e[s&pageMask]
 		buf = buf[:0]
 		buf = append(buf, Holder{Worker: e.first.w, At: e.first.at})
 		for _, h := range e.more {

@@ -25,8 +25,8 @@ func invariantErr(x *Index) error {
 	if int(x.nslots) != len(x.byHash)+len(x.free) {
 		return fmt.Errorf("slots %d != live %d + free %d", x.nslots, len(x.byHash), len(x.free))
 	}
-	if want := (int(x.nslots) + pageSize*chunkPages - 1) / (pageSize * chunkPages); len(x.chunks) != want {
-		return fmt.Errorf("%d chunks for %d slots", len(x.chunks), x.nslots)
+	if want := (int(x.nslots) + pageSize - 1) / pageSize; len(x.pages) != want {
+		return fmt.Errorf("%d pages for %d slots", len(x.pages), x.nslots)
 	}
 	seen := make(map[int32]bool, len(x.byHash))
 	n := 0

@@ -46,10 +46,10 @@ type Stats struct {
 
 // Index is the prefix index. The zero value is not usable; call New.
 type Index struct {
-	// chunks hold the slab, in fixed-size pages so that a frozen view (see
+	// pages hold the slab, in fixed-size pages so that a frozen view (see
 	// Freeze) can share them with the live index and only the pages
 	// written after a freeze are copied (cow.go).
-	chunks     []*chunk
+	pages      []*page
 	nslots     int32 // slots handed out so far, live or free
 	free       []int32
 	byHash     map[uint64]int32
@@ -373,8 +373,10 @@ func (x *Index) Clear() {
 	x.stats.Evicted += uint64(len(x.byHash))
 	clear(x.byHash)
 	// Pages may be shared with frozen views: drop them rather than reuse.
-	clear(x.chunks)
-	x.chunks = x.chunks[:0]
+	clear(x.pages)
+	x.pages = x.pages[:0]
+	clear(x.cow.owned)
+	x.cow.owned = x.cow.owned[:0]
 	x.nslots = 0
 	x.free = x.free[:0]
 	x.head, x.tail = nilSlot, nilSlot
@@ -384,7 +386,7 @@ func (x *Index) Clear() {
 // hash and holders (valid only during the call). It is for snapshots and
 // diagnostics, not the routing path.
 func (x *Index) Walk(fn func(hash uint64, used int64, holders []Holder) bool) {
-	walk(x.chunks, x.head, fn)
+	walk(x.pages, x.head, fn)
 }
 
 // Holder is a worker that was sent a prefix and when.
