@@ -26,15 +26,23 @@ const maxRecordBytes = 64 << 20
 
 func indexID(id uint32) index.WorkerID { return index.WorkerID(id) }
 
-// Snapshot is an immutable copy of the state, taken quickly under the lock
-// and written out later while applies continue.
+// Snapshot is a frozen copy of the state: the small parts are copied under
+// the lock, the index is a copy-on-write view of it (index.Freeze), so
+// taking one holds the routing lock for a few microseconds per 64k entries
+// instead of a pass over the index. Records are built and written out
+// later, outside the lock, while applies and routing continue.
 type Snapshot struct {
-	header  *cartv1.SnapshotHeader
-	records []*cartv1.IndexRecord
+	header *cartv1.SnapshotHeader
+	view   *index.View
+	pos    map[index.WorkerID]uint32 // index worker id -> position in header.Workers
+	// fix holds the uncommitted changes to take out of the view, by hash.
+	fix map[uint64]holderChanges
 }
 
-// Capture copies the state. It holds the lock for one pass over the index
-// (tens of milliseconds for a million entries); writing happens outside.
+// Capture freezes the state. It holds the lock only to copy the worker
+// set, the node directory, the ledger's uncommitted changes and the
+// index's page table; Write does the per-entry work. Call Release when the
+// snapshot will not be written again.
 func (s *State) Capture() (snap *Snapshot) {
 	s.dec.Do(decider.OpSnapshotCapture, func(eng *engine.Engine) { snap = s.capture(eng) })
 	return snap
@@ -59,38 +67,70 @@ func (s *State) capture(eng *engine.Engine) *Snapshot {
 	// those are taken back out of the copy (and withdrawals not committed
 	// put back), or a restart or a follower installing it could keep
 	// placements that never commit.
-	fix := s.uncommitted(eng, pos)
-	snap := &Snapshot{header: h}
-	snap.records = make([]*cartv1.IndexRecord, 0, eng.Index().Len())
-	eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
-		r := &cartv1.IndexRecord{Hash: hash, UsedUnixNanos: used}
+	return &Snapshot{header: h, view: eng.Index().Freeze(), pos: pos, fix: s.uncommitted(eng, pos)}
+}
+
+// Release lets the index write in place the pages this snapshot shared.
+// The snapshot cannot be written afterwards.
+func (snap *Snapshot) Release() { snap.view.Release() }
+
+// records calls fn with each index record of the snapshot, in LRU order
+// (most recent first) and then the entries only the ledger's undo adds.
+// r is reused between calls: fn must not keep it.
+func (snap *Snapshot) records(fn func(r *cartv1.IndexRecord) error) error {
+	var r cartv1.IndexRecord
+	var err error
+	var seen map[uint64]bool
+	if len(snap.fix) > 0 {
+		seen = make(map[uint64]bool, len(snap.fix))
+	}
+	werr := snap.view.Walk(func(hash uint64, used int64, holders []index.Holder) bool {
+		r.Hash, r.UsedUnixNanos = hash, used
+		r.Workers, r.AtUnixNanos = r.Workers[:0], r.AtUnixNanos[:0]
 		for _, hd := range holders {
-			p, ok := pos[hd.Worker]
+			p, ok := snap.pos[hd.Worker]
 			if !ok {
 				continue
 			}
 			r.Workers = append(r.Workers, p)
 			r.AtUnixNanos = append(r.AtUnixNanos, hd.At)
 		}
-		if changes, ok := fix[hash]; ok {
-			delete(fix, hash)
-			changes.apply(r)
+		if changes, ok := snap.fix[hash]; ok {
+			seen[hash] = true
+			changes.apply(&r)
 		}
 		if len(r.Workers) > 0 {
-			snap.records = append(snap.records, r)
+			err = fn(&r)
 		}
-		return true
+		return err == nil
 	})
-	for hash, changes := range fix {
-		r := &cartv1.IndexRecord{Hash: hash}
-		changes.apply(r)
-		if len(r.Workers) > 0 {
-			r.UsedUnixNanos = slices.Max(r.AtUnixNanos)
-			snap.records = append(snap.records, r)
+	if err != nil {
+		return err
+	}
+	if werr != nil {
+		return werr
+	}
+	// In hash order, so that both passes of Write agree and the output is
+	// deterministic.
+	extra := make([]uint64, 0, len(snap.fix)-len(seen))
+	for hash := range snap.fix {
+		if !seen[hash] {
+			extra = append(extra, hash)
 		}
 	}
-	h.IndexRecords = uint64(len(snap.records))
-	return snap
+	slices.Sort(extra)
+	for _, hash := range extra {
+		r.Hash = hash
+		r.Workers, r.AtUnixNanos = r.Workers[:0], r.AtUnixNanos[:0]
+		snap.fix[hash].apply(&r)
+		if len(r.Workers) > 0 {
+			r.UsedUnixNanos = slices.Max(r.AtUnixNanos)
+			if err := fn(&r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // holderChange is one uncommitted change to take out of a snapshot.
@@ -143,8 +183,16 @@ func (s *State) uncommitted(eng *engine.Engine, pos map[index.WorkerID]uint32) m
 }
 
 // Write streams the snapshot: the header, then each index record, each
-// length-delimited.
+// length-delimited. It reads the frozen view twice, once to count the
+// records for the header and once to write them, rather than holding a
+// decoded copy of a million records in memory.
 func (snap *Snapshot) Write(w io.Writer) error {
+	n := uint64(0)
+	if err := snap.records(func(*cartv1.IndexRecord) error { n++; return nil }); err != nil {
+		return fmt.Errorf("write snapshot: %w", err)
+	}
+	h := proto.CloneOf(snap.header)
+	h.IndexRecords = n
 	bw := bufio.NewWriterSize(w, 256<<10)
 	var buf []byte
 	write := func(m proto.Message) error {
@@ -160,13 +208,23 @@ func (snap *Snapshot) Write(w io.Writer) error {
 		_, err = bw.Write(buf)
 		return err
 	}
-	if err := write(snap.header); err != nil {
+	if err := write(h); err != nil {
 		return fmt.Errorf("write snapshot header: %w", err)
 	}
-	for _, r := range snap.records {
+	written := uint64(0)
+	if err := snap.records(func(r *cartv1.IndexRecord) error {
+		written++
 		if err := write(r); err != nil {
 			return fmt.Errorf("write snapshot record: %w", err)
 		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if written != n {
+		// Only a view changing under us could do this; a header that
+		// lies about the count would make the snapshot unreadable.
+		return fmt.Errorf("write snapshot: counted %d records, wrote %d", n, written)
 	}
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("flush snapshot: %w", err)
@@ -205,6 +263,7 @@ func (s *State) Restore(r io.Reader) error {
 	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
 		return errors.New("snapshot has trailing data")
 	}
+
 	s.dec.Do(decider.OpSnapshotRestore, func(eng *engine.Engine) { s.install(eng, &h, records) })
 	return nil
 }

@@ -91,7 +91,7 @@ func (s *State) SetResponseOrigins(f func([]*cartv1.ResponseOrigin)) { s.origins
 
 // placementChunk bounds how many placements one lock hold applies, so
 // routing decisions interleave with a large batch instead of waiting for
-// all of it.
+// all of it (applyBlockBudget bounds their blocks).
 const placementChunk = 32
 
 // New builds the state machine over dec's engine.
@@ -150,6 +150,13 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { s.applied = index })
 		return Result{}, nil
 	}
+	if b, ok := cmd.GetBody().(*cartv1.RaftCommand_UnplaceBatch); ok {
+		// In steps, like placements: a batch of withdrawals is as large.
+		s.applyPlacements(b.UnplaceBatch.GetPlacements(), false)
+		var res Result
+		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { s.applied = index; res = Result{WorkersVersion: s.workersVersion} })
+		return res, nil
+	}
 	var res Result
 	var ev *auditEvent
 	s.dec.Do(decider.OpApply, func(eng *engine.Engine) { res, ev = s.applyLocked(eng, index, &cmd) })
@@ -190,14 +197,6 @@ func (s *State) applyLocked(eng *engine.Engine, index uint64, cmd *cartv1.RaftCo
 		}
 		s.commitWorkers(eng)
 		ev = &auditEvent{"audit: worker set replaced", []any{"old", old, "new", s.workerSetString()}}
-	case *cartv1.RaftCommand_UnplaceBatch:
-		idx := eng.Index()
-		for _, p := range b.UnplaceBatch.GetPlacements() {
-			if id, ok := eng.WorkerIDOf(p.GetWorker()); ok {
-				idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
-				s.committed(p)
-			}
-		}
 	case *cartv1.RaftCommand_SetMember:
 		id, url := b.SetMember.GetNodeId(), b.SetMember.GetApiUrl()
 		old, had := s.members[id]
@@ -245,12 +244,14 @@ func (s *State) workerSetString() string {
 // (raft never runs Snapshot concurrently with Apply), only routing
 // decisions can.
 func (s *State) applyPlacements(ps []*cartv1.Placement, insert bool) {
-	for start := 0; start < len(ps); start += placementChunk {
-		s.dec.Do(decider.OpApplyBatch, func(eng *engine.Engine) { s.applyChunk(eng, ps[start:min(start+placementChunk, len(ps))], insert) })
+	for step := range placementSteps(ps) {
+		s.dec.Do(decider.OpApplyBatch, func(eng *engine.Engine) { s.applyStep(eng, step, insert) })
 	}
 }
 
-func (s *State) applyChunk(eng *engine.Engine, ps []*cartv1.Placement, insert bool) {
+// applyStep applies one step of placements. Inside the decider's critical
+// section.
+func (s *State) applyStep(eng *engine.Engine, ps []*cartv1.Placement, insert bool) {
 	idx := eng.Index()
 	for _, p := range ps {
 		id, ok := eng.WorkerIDOf(p.GetWorker())
