@@ -21,6 +21,11 @@ import (
 // 6 s that start with the leader kill.
 const failoverWindow = 6 * time.Second
 
+// failoverCapacityBlocks models a worker's cache in index blocks: the
+// workload's cacheGroups groups, each a ~100-character key of six
+// 16-character blocks.
+var failoverCapacityBlocks = cacheGroups * 6
+
 // failoverResult is one leader kill: the same-length window just before
 // it (steady state) and the window that starts with it.
 type failoverResult struct {
@@ -90,7 +95,11 @@ func killLeader(nodes []*cpNode, ld *cpNode) {
 // must be routed (drive fails the test on any routing error).
 func runLeaderKill(t *testing.T, n int, window, settle time.Duration, doKill bool) failoverResult {
 	t.Helper()
-	nodes := newCPCluster(t, service.HandoverOptions{})
+	// Each worker's cache is modelled as the workload's (12 groups of
+	// about six blocks): without it the index keeps every placement ever
+	// made, groups spread over more workers than their caches hold, and
+	// the hit ratio drifts down with no fault at all.
+	nodes := newCPClusterCap(t, service.HandoverOptions{}, failoverCapacityBlocks)
 	var urls []string
 	for _, x := range nodes {
 		urls = append(urls, x.url)
@@ -152,10 +161,9 @@ func runLeaderKill(t *testing.T, n int, window, settle time.Duration, doKill boo
 		t.Logf("warm-up fell back: %v", warm)
 	}
 	if settle > 0 {
-		// The harness's hit ratio drifts down under load for a while (the
-		// index keeps every placement, the model caches hold 12 groups
-		// each): the steady window starts once it has settled, so that
-		// two windows without a kill compare equal.
+		// The steady window starts once the load has settled into its
+		// equilibrium (placements spread by the balance rule, caches
+		// full), so that two windows without a kill compare equal.
 		for _, dp := range dps {
 			dp.mu.Lock()
 			dp.o.RouteTimeout = 20 * time.Millisecond
@@ -218,7 +226,7 @@ func TestLeaderKillFailoverBench(t *testing.T) {
 	}
 	runs, dps := 3, 2
 	doKill := os.Getenv("CART_BENCH_FAILOVER_NOKILL") == ""
-	settle := 12 * time.Second
+	settle := 6 * time.Second
 	if v := os.Getenv("CART_BENCH_FAILOVER_SETTLE"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
