@@ -64,6 +64,7 @@ type cpNode struct {
 	trans *raft.InmemTransport
 	core  *service.Core
 	node  *raftnode.Node
+	dec   *decider.Decider
 	slow  *slowRoute
 	srv   *httptest.Server
 	fwd   *http.Client
@@ -89,6 +90,7 @@ func newCPClusterCap(t *testing.T, handover service.HandoverOptions, capacityBlo
 		dec := decider.New(decider.Options{Policy: engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 4, BalanceRelThreshold: 1.5, BlockChars: shadowBlockChars, CapacityBlocks: capacityBlocks},
 			MaxEntries: 1 << 16, Rand: rand.New(rand.NewPCG(1, uint64(i))), LoadLease: 5 * time.Second})
 		st := state.New(dec)
+		x.dec = dec
 		x.slow = &slowRoute{delay: 200 * time.Millisecond}
 		x.srv = httptest.NewUnstartedServer(x.slow)
 		var p http.Protocols
