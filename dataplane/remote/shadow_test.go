@@ -48,14 +48,36 @@ func TestShadowPick(t *testing.T) {
 			}
 		})
 	}
-	// Equal matches: the caller's least-loaded (random) pick wins, so data
-	// planes do not stampede on the first worker in the list.
+	// The latest placement of a prefix wins over an earlier, less loaded
+	// holder: it is where the prefix is most likely still cached.
 	s.record(keyHashes(prefix), wC)
-	if got, _ := s.pick(hs, len(key), shadowBlockChars, all, wC, 0); got != wC {
-		t.Fatalf("tie: pick = %q, want the least-loaded pick %s", got, wC)
+	if got, _ := s.pick(hs, len(key), shadowBlockChars, []usableWorker{{wA, 0}, {wB, 0}, {wC, 2}}, wA, 0); got != wC {
+		t.Fatalf("after a later placement on %s: pick = %q", wC, got)
 	}
 	if got, _ := (*shadow)(nil).pick(hs, len(key), shadowBlockChars, all, wC, 0); got != "" {
 		t.Fatalf("disabled shadow picked %q", got)
+	}
+}
+
+// A hot prefix the control plane moved around the pool is not held by
+// every worker it ever went to: fallback follows its latest placement,
+// and a deeper, conversation-specific block still beats the shared
+// prefix's latest holder.
+func TestShadowFollowsLatestPlacement(t *testing.T) {
+	system := "0123456789abcdef0123456789abcdef"       // 2 blocks shared by all
+	conv := system + "conversation one, turn one!!!!!" // +2 blocks
+	s := newShadow(testShadow)
+	for _, w := range []string{wA, wB, wC, wD, wB} {
+		s.record(keyHashes(system+"|q"), w)
+	}
+	usable := []usableWorker{{wA, 0}, {wB, 3}, {wC, 0}, {wD, 0}}
+	if got, _ := s.pick(keyHashes(system+"|r"), len(system)+2, shadowBlockChars, usable, wA, 0); got != wB {
+		t.Fatalf("shared prefix: pick = %q, want its latest holder %s", got, wB)
+	}
+	s.record(keyHashes(conv), wD)
+	s.record(keyHashes(system+"|s"), wA)
+	if got, _ := s.pick(keyHashes(conv+"turn two"), len(conv)+8, shadowBlockChars, usable, wA, 0); got != wD {
+		t.Fatalf("conversation: pick = %q, want %s, which holds its deeper blocks", got, wD)
 	}
 }
 

@@ -64,6 +64,7 @@ type cpNode struct {
 	trans *raft.InmemTransport
 	core  *service.Core
 	node  *raftnode.Node
+	dec   *decider.Decider
 	slow  *slowRoute
 	srv   *httptest.Server
 	fwd   *http.Client
@@ -73,15 +74,23 @@ type cpNode struct {
 // with four workers and every member's API URL published (as joins do).
 func newCPCluster(t *testing.T, handover service.HandoverOptions) []*cpNode {
 	t.Helper()
+	return newCPClusterCap(t, handover, 0)
+}
+
+// newCPClusterCap is newCPCluster with each worker's modelled cache
+// capacity in index blocks (0: unbounded).
+func newCPClusterCap(t *testing.T, handover service.HandoverOptions, capacityBlocks int) []*cpNode {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	timeouts := raftnode.Timeouts{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 500 * time.Millisecond, Commit: 5 * time.Millisecond}
 	var nodes []*cpNode
 	for i := range 3 {
 		x := &cpNode{id: fmt.Sprintf("n%d", i+1), fwd: h2cClient()}
 		x.addr, x.trans = raft.NewInmemTransport("")
-		dec := decider.New(decider.Options{Policy: engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 4, BalanceRelThreshold: 1.5, BlockChars: shadowBlockChars},
+		dec := decider.New(decider.Options{Policy: engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 4, BalanceRelThreshold: 1.5, BlockChars: shadowBlockChars, CapacityBlocks: capacityBlocks},
 			MaxEntries: 1 << 16, Rand: rand.New(rand.NewPCG(1, uint64(i))), LoadLease: 5 * time.Second})
 		st := state.New(dec)
+		x.dec = dec
 		x.slow = &slowRoute{delay: 200 * time.Millisecond}
 		x.srv = httptest.NewUnstartedServer(x.slow)
 		var p http.Protocols
