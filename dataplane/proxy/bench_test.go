@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bytes"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -79,6 +80,8 @@ func BenchmarkProxyHandler(b *testing.B) {
 	r := newRig(b, []string{"http://127.0.0.1:1"}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
 		o.Transport = worker
 		o.MaxItems = 1024
+		// As the overhead bench runs cart: warnings only.
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
 	body := []byte(chatBody("You are a helpful assistant. "+longText("sys", 400), "hello there", false))
 	w := &discardWriter{h: make(http.Header)}
