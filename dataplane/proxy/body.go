@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -30,25 +29,6 @@ func (r *bodyReader) Read(p []byte) (int, error) {
 
 func (r *bodyReader) Close() error { r.b = nil; return nil }
 
-// releaseOnce closes an upstream body and runs its settlement exactly once,
-// whichever of ReverseProxy's paths (normal end, client abort, error) gets
-// there first.
-type releaseOnce struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-	done   func()
-	once   atomic.Bool
-}
-
-func (r *releaseOnce) Close() error {
-	err := r.ReadCloser.Close()
-	if r.once.CompareAndSwap(false, true) {
-		r.cancel()
-		r.done()
-	}
-	return err
-}
-
 // sniffHead and sniffTail bound how much of a response is kept to read the
 // usage report: OpenAI puts usage at the end (last JSON field, or the last
 // SSE chunk), Anthropic streams put input tokens in the first event.
@@ -61,7 +41,7 @@ const (
 // the upstream attempt when no chunk arrives for the idle timeout (a stalled
 // stream) and keeps the head and tail to read the worker's usage report.
 type trackedBody struct {
-	rc     *releaseOnce
+	rc     *attemptBody
 	idle   time.Duration
 	cancel context.CancelFunc
 	timer  *time.Timer

@@ -27,6 +27,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Headers CART owns. Inbound copies are stripped so a client cannot spoof
@@ -133,7 +134,7 @@ type Proxy struct {
 	active      atomic.Int64 // requests being proxied (retry budget base)
 	retryTokens atomic.Int64 // retry attempts in progress
 
-	workerURLs sync.Map // worker URL string -> *url.URL
+	workers sync.Map // worker URL string -> *workerInfo
 
 	rngMu sync.Mutex
 	rng   *mrand.Rand
@@ -262,16 +263,34 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 
 const charsPerToken = 4
 
-func (p *Proxy) workerURL(w string) (*url.URL, error) {
-	if v, ok := p.workerURLs.Load(w); ok {
-		return v.(*url.URL), nil
+// workerInfo is what every attempt on a worker needs: its parsed URL and
+// its metric children, looked up once instead of hashing the label on
+// every request.
+type workerInfo struct {
+	url                                         *url.URL
+	inFlight                                    prometheus.Gauge
+	ttfb                                        prometheus.Observer
+	promptTokens, cachedTokens, predictedCached prometheus.Counter
+}
+
+func (p *Proxy) worker(w string) (*workerInfo, error) {
+	if v, ok := p.workers.Load(w); ok {
+		return v.(*workerInfo), nil
 	}
 	u, err := url.Parse(w)
 	if err != nil {
 		return nil, fmt.Errorf("worker url %q: %w", w, err)
 	}
-	p.workerURLs.Store(w, u)
-	return u, nil
+	wi := &workerInfo{
+		url:             u,
+		inFlight:        p.m.InFlight.WithLabelValues(w),
+		ttfb:            p.m.UpstreamTTFB.WithLabelValues(w),
+		promptTokens:    p.m.PromptTokens.WithLabelValues(w),
+		cachedTokens:    p.m.CachedTokens.WithLabelValues(w),
+		predictedCached: p.m.PredictedCached.WithLabelValues(w),
+	}
+	v, _ := p.workers.LoadOrStore(w, wi)
+	return v.(*workerInfo), nil
 }
 
 func singleJoin(base, path string) string {

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/cartrouter/cart/dataplane/router"
 )
 
 // roundTrip is the ReverseProxy's transport: it routes, dispatches, and
@@ -25,73 +23,87 @@ import (
 // failure (the worker's own retryable answer, or a 504/502 for a timeout or
 // connection error), not a generic "no worker available".
 func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
-	c := callFrom(out.Context())
-	ctx := out.Context()
-	var tokens int64
-	defer func() { p.retryTokens.Add(-tokens) }()
-	// held is the last retryable answer, kept open until another worker has
-	// been found for the retry: if none can be, it is delivered as is.
-	var held *http.Response
-	var heldD router.Decision
-	drop := func() {
-		if held != nil {
-			_ = held.Body.Close()
-			held = nil
+	l := retryLoop{c: callFrom(out.Context())}
+	defer func() { p.retryTokens.Add(-l.tokens) }()
+	for n := 0; ; n++ {
+		if resp, done, err := p.tryOnce(out, &l, n); done {
+			return resp, err
 		}
 	}
-	var lastErr error
-	unsent := false // the last attempt provably never reached its worker
-	for attempt := 0; ; attempt++ {
-		// A worker that refused the connection says nothing about the
-		// others: retry elsewhere at once rather than back off.
-		if attempt > 0 && !unsent {
-			if err := sleepCtx(ctx, p.backoff(attempt)); err != nil {
-				drop()
-				return nil, err
-			}
+}
+
+// retryLoop is what one call's attempts pass on to the next.
+type retryLoop struct {
+	c *call
+	// held is the last retryable answer, kept open until another worker
+	// has been found for the retry: if none can be, it is delivered as is.
+	held    *retryableStatus
+	lastErr error
+	unsent  bool  // the last attempt provably never reached its worker
+	tokens  int64 // retry-budget tokens taken, given back when the call ends
+}
+
+// drop closes the held answer, which settles its attempt.
+func (l *retryLoop) drop() {
+	if l.held != nil {
+		_ = l.held.resp.Body.Close()
+		l.held = nil
+	}
+}
+
+// tryOnce is one turn of the retry loop (attempt n, 0-based): wait out the
+// backoff, get a decision, send it. done reports that resp or err is the
+// call's answer; otherwise the loop goes on to attempt n+1.
+func (p *Proxy) tryOnce(out *http.Request, l *retryLoop, n int) (resp *http.Response, done bool, err error) {
+	c, ctx := l.c, out.Context()
+	// A worker that refused the connection says nothing about the
+	// others: retry elsewhere at once rather than back off.
+	if n > 0 && !l.unsent {
+		if err := sleepCtx(ctx, p.backoff(n)); err != nil {
+			l.drop()
+			return nil, true, err
 		}
-		c.attempts++
-		d, err := p.decide(ctx, c)
-		if err != nil {
-			if held != nil {
-				return p.deliver(c, heldD, held, true), nil
-			}
-			if lastErr != nil {
-				return nil, fmt.Errorf("%w (no other worker to retry on: %v)", lastErr, err)
-			}
-			return nil, err
+	}
+	c.attempts++
+	a, err := p.begin(ctx, c)
+	if err != nil {
+		if l.held != nil {
+			return l.held.a.deliver(l.held.resp), true, nil
 		}
-		drop()
-		resp, err := p.dispatch(ctx, out, c, d)
-		if err == nil {
-			return p.sniffResponseID(c, resp), nil
+		if l.lastErr != nil {
+			return nil, true, fmt.Errorf("%w (no other worker to retry on: %v)", l.lastErr, err)
 		}
-		var rs *retryableStatus
-		errors.As(err, &rs)
-		if ctx.Err() != nil {
-			if rs != nil {
-				_ = rs.resp.Body.Close()
-			}
-			return nil, ctx.Err()
-		}
-		unsent = rs == nil && neverSent(err)
-		if !c.mayResend(err) || !p.takeRetry(attempt, unsent) {
-			if rs != nil {
-				// Out of retries: the worker's own answer is the most
-				// useful thing to give the client.
-				return p.deliver(c, d, rs.resp, true), nil
-			}
-			return nil, err
-		}
-		if !unsent {
-			tokens++
-		}
-		lastErr = err
-		c.failed = append(c.failed, d.Worker)
+		return nil, true, err
+	}
+	l.drop()
+	resp, err = a.send(ctx, out)
+	if err == nil {
+		return p.sniffResponseID(c, resp), true, nil
+	}
+	var rs *retryableStatus
+	errors.As(err, &rs)
+	if ctx.Err() != nil {
 		if rs != nil {
-			held, heldD = rs.resp, d
+			_ = rs.resp.Body.Close()
 		}
+		return nil, true, ctx.Err()
 	}
+	l.unsent = rs == nil && neverSent(err)
+	if !c.mayResend(err) || !p.takeRetry(n, l.unsent) {
+		if rs != nil {
+			// Out of retries: the worker's own answer is the most
+			// useful thing to give the client.
+			return a.deliver(rs.resp), true, nil
+		}
+		return nil, true, err
+	}
+	if !l.unsent {
+		l.tokens++
+	}
+	l.lastErr = err
+	c.failed = append(c.failed, a.d.Worker)
+	l.held = rs
+	return nil, false, nil
 }
 
 // takeRetry reports whether the attempt that just failed (0-based) may be
