@@ -82,10 +82,6 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 		p.fail(w, c, err)
 		return
 	}
-	if err := checkItems(body, p.o.MaxItems); err != nil {
-		p.fail(w, c, err)
-		return
-	}
 	req, err := extract.ExtractOptions(ep, body, p.o.Extract)
 	if err != nil {
 		p.fail(w, c, err)

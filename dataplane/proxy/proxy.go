@@ -61,7 +61,7 @@ type Options struct {
 
 	// MaxInflightBodyBytes bounds the body bytes held by all requests
 	// together (0 = no bound); MaxItems the array items of one routed
-	// request (0 = no bound). See budget.go and items.go.
+	// request (0 = no bound). See budget.go and extract.Options.MaxItems.
 	MaxInflightBodyBytes int64
 	MaxItems             int
 
@@ -161,6 +161,10 @@ func New(o Options) *Proxy {
 	}
 	if o.BodyReadTimeout <= 0 {
 		o.BodyReadTimeout = time.Minute
+	}
+	if o.MaxItems > 0 {
+		// Counted in the walk extract makes before decoding anything.
+		o.Extract.MaxItems = o.MaxItems
 	}
 	p := &Proxy{o: o, log: o.Logger, m: o.Metrics, rng: mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed))}
 	p.auth = newClientAuth(o.ClientKeys, o.AdminToken)
