@@ -161,8 +161,12 @@ func (a *attempt) send(ctx context.Context, out *http.Request) (*http.Response, 
 	req.Body = http.NoBody
 	if len(c.body) > 0 {
 		body := c.body
-		req.Body = newBodyReader(body)
-		req.GetBody = func() (io.ReadCloser, error) { return newBodyReader(body), nil }
+		newBody := newBodyReader
+		if len(body) <= smallBody {
+			newBody = newSmallBodyReader
+		}
+		req.Body, _ = newBody(body)
+		req.GetBody = func() (io.ReadCloser, error) { return newBody(body) }
 	}
 	w.inFlight.Inc()
 	p.o.Breakers.Begin(d.Worker)

@@ -16,7 +16,21 @@ import (
 // while the response streams on.
 type bodyReader struct{ b []byte }
 
-func newBodyReader(b []byte) io.ReadCloser { return &bodyReader{b: b} }
+func newBodyReader(b []byte) (io.ReadCloser, error) { return &bodyReader{b: b}, nil }
+
+// smallBody is the largest body sent with newSmallBodyReader: with the
+// request headers it fits the transport's 4 KiB write buffer.
+const smallBody = 3 << 10
+
+// newSmallBodyReader replays a small body from a reader net/http knows to
+// be in memory, which lets the transport send headers and body in one
+// write instead of flushing the headers on their own first: one syscall
+// and one TCP segment less per request. The price is that the transport
+// keeps the body referenced while the response streams, which for at most
+// smallBody bytes is less than the buffers of the connection itself.
+func newSmallBodyReader(b []byte) (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
 
 func (r *bodyReader) Read(p []byte) (int, error) {
 	if len(r.b) == 0 {
