@@ -176,7 +176,7 @@ func New(o Options) *Proxy {
 	}
 	p.upstream = o.Transport
 	if p.upstream == nil {
-		p.upstream = NewTransport(o.ConnectTimeout, o.RequestTimeout)
+		p.upstream = newH1Transport(o.ConnectTimeout, o.RequestTimeout, NewTransport(o.ConnectTimeout, o.RequestTimeout))
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:   p.rewrite,
