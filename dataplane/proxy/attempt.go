@@ -70,7 +70,7 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 			"the replica holding %s cannot take requests right now; retry later", truncate(c.responseID, maxResponseIDLen))
 	}
 	if c.routed {
-		p.m.Decisions.WithLabelValues(d.Reason).Inc()
+		p.decisionCounter(d.Reason).Inc()
 		p.m.MatchedRatio.Observe(d.MatchedRatio)
 		p.m.DecisionLatency.Observe(d.Latency.Seconds())
 		if p.log.Enabled(ctx, slog.LevelInfo) {
@@ -264,7 +264,7 @@ func (p *Proxy) observeUsage(c *call, d router.Decision, w *workerInfo, u usage)
 	w.cachedTokens.Add(float64(u.cached))
 	w.predictedCached.Add(float64(d.ChosenChars) / charsPerToken)
 	if c.keyLen > 0 {
-		p.m.CachedFraction.WithLabelValues("predicted").Observe(float64(d.ChosenChars) / float64(c.keyLen))
+		p.predictedFraction.Observe(float64(d.ChosenChars) / float64(c.keyLen))
 	}
-	p.m.CachedFraction.WithLabelValues("actual").Observe(float64(u.cached) / float64(u.prompt))
+	p.actualFraction.Observe(float64(u.cached) / float64(u.prompt))
 }

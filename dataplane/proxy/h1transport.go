@@ -193,8 +193,9 @@ func (b *h1Body) Close() error {
 	// stop reports false when the context already expired the
 	// connection's deadlines: it cannot be used again.
 	if b.stop() && eof && b.reusable {
+		// Its deadlines are clear: the header timeout was lifted once the
+		// headers came, and the context never fired.
 		_ = b.rc.Close()
-		_ = b.pc.SetDeadline(time.Time{})
 		b.t.put(b.addr, b.pc)
 		return nil
 	}

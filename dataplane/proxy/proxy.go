@@ -146,6 +146,10 @@ type Proxy struct {
 	workerKeys            workerKeys
 	passPaths, retryPaths pathSet
 	budget                *bodyBudget // nil: no bound
+
+	// Metric children looked up once rather than per request.
+	predictedFraction, actualFraction prometheus.Observer
+	decisions                         sync.Map // reason -> prometheus.Counter
 }
 
 // New builds a Proxy.
@@ -191,6 +195,8 @@ func New(o Options) *Proxy {
 		BufferPool:     copyBuffers{},
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
+	p.predictedFraction = p.m.CachedFraction.WithLabelValues("predicted")
+	p.actualFraction = p.m.CachedFraction.WithLabelValues("actual")
 	p.models.ttl = o.ModelsCacheTTL
 	p.affinity = affinity.New[string](o.ResponseAffinityTTL, o.ResponseAffinityMax)
 	p.passPaths, p.retryPaths = newPathSet(o.PassThroughPaths), newPathSet(o.RetryablePassThroughPaths)
@@ -275,6 +281,15 @@ type workerInfo struct {
 	inFlight                                    prometheus.Gauge
 	ttfb                                        prometheus.Observer
 	promptTokens, cachedTokens, predictedCached prometheus.Counter
+}
+
+// decisionCounter is cart_routing_decisions_total's child for reason.
+func (p *Proxy) decisionCounter(reason string) prometheus.Counter {
+	if v, ok := p.decisions.Load(reason); ok {
+		return v.(prometheus.Counter)
+	}
+	v, _ := p.decisions.LoadOrStore(reason, p.m.Decisions.WithLabelValues(reason))
+	return v.(prometheus.Counter)
 }
 
 func (p *Proxy) worker(w string) (*workerInfo, error) {
