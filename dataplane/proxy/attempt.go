@@ -235,6 +235,7 @@ func (a *attempt) finish() {
 		return
 	}
 	u := a.body.usage()
+	a.body.release()
 	a.settle(router.Outcome{Delivered: true, PromptTokens: u.prompt, CachedTokens: u.cached})
 	a.p.observeUsage(a.c, a.d, a.w, u)
 }

@@ -63,6 +63,30 @@ type trackedBody struct {
 	mu   sync.Mutex // Read and Close may race when the client aborts
 	head []byte
 	tail []byte
+	buf  *sniffBuf // backs head and tail; nil before the first byte and once released
+	done bool      // released: nothing more is kept
+}
+
+// sniffBuf is the fixed room head and tail live in, pooled: every response
+// is watched, and growing two slices for each would be two allocations
+// per request.
+type sniffBuf struct {
+	head [sniffHead]byte
+	tail [sniffTail]byte
+}
+
+var sniffBufs = sync.Pool{New: func() any { return new(sniffBuf) }}
+
+// release returns the kept bytes' room to the pool once usage has been
+// read: a late Read racing a client abort keeps nothing more.
+func (t *trackedBody) release() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.done = true
+	if t.buf != nil {
+		sniffBufs.Put(t.buf)
+		t.buf, t.head, t.tail = nil, nil, nil
+	}
 }
 
 func (t *trackedBody) start() {
@@ -85,6 +109,14 @@ func (t *trackedBody) Read(b []byte) (int, error) {
 }
 
 func (t *trackedBody) keep(p []byte) {
+	if t.done {
+		return
+	}
+	if t.buf == nil {
+		t.buf = sniffBufs.Get().(*sniffBuf)
+		t.head, t.tail = t.buf.head[:0], t.buf.tail[:0]
+	}
+	// Within their capacities, the appends below never reallocate.
 	if room := sniffHead - len(t.head); room > 0 {
 		t.head = append(t.head, p[:min(room, len(p))]...)
 	}

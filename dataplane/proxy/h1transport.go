@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"sync"
 	"time"
 )
@@ -27,7 +30,11 @@ type h1Transport struct {
 	headerTimeout time.Duration // from the request written to the response headers; 0 = none
 	idleTimeout   time.Duration
 	maxIdle       int // idle connections kept per worker
-	other         http.RoundTripper
+	// maxHeaderBytes bounds the response headers read (net/http's
+	// Transport default): a worker sending endless headers is an error,
+	// not a growing buffer.
+	maxHeaderBytes int64
+	other          http.RoundTripper
 
 	mu        sync.Mutex
 	idle      map[string][]*h1Conn // host:port -> idle connections, most recent last
@@ -36,21 +43,26 @@ type h1Transport struct {
 
 func newH1Transport(connect, request time.Duration, other http.RoundTripper) *h1Transport {
 	return &h1Transport{
-		dialer:        &net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second},
-		headerTimeout: request,
-		idleTimeout:   90 * time.Second,
-		maxIdle:       1024,
-		other:         other,
-		idle:          map[string][]*h1Conn{},
+		dialer:         &net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second},
+		headerTimeout:  request,
+		idleTimeout:    90 * time.Second,
+		maxIdle:        1024,
+		maxHeaderBytes: 10 << 20,
+		other:          other,
+		idle:           map[string][]*h1Conn{},
 	}
 }
 
 type h1Conn struct {
 	net.Conn
+	lim      *limitReader // under br: bounds what the headers may take
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	lastUsed time.Time
 }
+
+// max1xx is how many interim responses may precede the answer.
+const max1xx = 5
 
 // aLongTimeAgo, as a deadline, makes pending and future I/O fail at once.
 var aLongTimeAgo = time.Unix(1, 0)
@@ -132,18 +144,31 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 		_ = pc.SetReadDeadline(time.Now().Add(t.headerTimeout))
 	}
 	var resp *http.Response
-	for {
+	trace := httptrace.ContextClientTrace(ctx)
+	for n1xx := 0; ; n1xx++ {
+		// Bytes already buffered were counted when read.
+		pc.lim.n = t.maxHeaderBytes
 		resp, err = http.ReadResponse(pc.br, req)
 		if err != nil {
 			return fail(err)
 		}
 		// Interim answers (100 Continue, 103 Early Hints) are not the
-		// response; 101 is, and is refused by modifyResponse.
-		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-			continue
+		// response (101 is, and modifyResponse refuses it): they go to
+		// ReverseProxy's trace hook, which passes them to the client, as
+		// net/http's Transport does, up to its limit of 5.
+		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
 		}
-		break
+		if n1xx >= max1xx {
+			return fail(errors.New("net/http: too many 1xx informational responses"))
+		}
+		if trace != nil && trace.Got1xxResponse != nil {
+			if err := trace.Got1xxResponse(resp.StatusCode, textproto.MIMEHeader(resp.Header)); err != nil {
+				return fail(err)
+			}
+		}
 	}
+	pc.lim.n = math.MaxInt64
 	if t.headerTimeout > 0 {
 		_ = pc.SetReadDeadline(time.Time{})
 	}
@@ -231,7 +256,28 @@ func (t *h1Transport) dial(ctx context.Context, addr string) (*h1Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &h1Conn{Conn: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}, nil
+	lim := &limitReader{r: c, n: math.MaxInt64}
+	return &h1Conn{Conn: c, lim: lim, br: bufio.NewReaderSize(lim, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}, nil
+}
+
+// limitReader fails reads once n bytes have been read.
+type limitReader struct {
+	r io.Reader
+	n int64
+}
+
+var errHeadersTooLarge = errors.New("worker's response headers exceed the limit")
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeadersTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
 }
 
 // open reports whether an idle connection is still usable: nothing to read

@@ -1,10 +1,14 @@
 package proxy_test
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -118,6 +122,41 @@ func TestUpstreamConnectionDroppedAfterAbort(t *testing.T) {
 	resp = r.post("/v1/chat/completions", chatBody("system", "hello", false))
 	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || body != `{"id":"x","choices":[]}` {
 		t.Fatalf("after an aborted stream: %d %q", resp.StatusCode, body)
+	}
+	r.waitLoadZero()
+}
+
+// An interim 103 Early Hints from the worker reaches the client before
+// the answer, as it does through net/http's Transport.
+func TestUpstreamEarlyHintsPassed(t *testing.T) {
+	s := newConnServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		answerChat(w, r)
+	})
+	r := newRig(t, []string{s.URL})
+	var got []int
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+			if h.Get("Link") == "" {
+				t.Errorf("1xx %d without its Link header", code)
+			}
+			got = append(got, code)
+			return nil
+		},
+	})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.front.URL+"/v1/chat/completions", strings.NewReader(chatBody("s", "u", false)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if len(got) != 1 || got[0] != http.StatusEarlyHints {
+		t.Fatalf("interim responses %v, want [103]", got)
 	}
 	r.waitLoadZero()
 }

@@ -62,6 +62,11 @@ func callFrom(ctx context.Context) *call {
 // 4 MB prompt at the default block size).
 const maxPooledHashes = 1 << 16
 
+// maxPooledKey bounds the key buffers kept for reuse.
+const maxPooledKey = 64 << 10
+
+var keyPool = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
 var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, 256); return &s }}
 
 func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
@@ -82,7 +87,16 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 		p.fail(w, c, err)
 		return
 	}
-	req, err := extract.ExtractOptions(ep, body, p.o.Extract)
+	kp := keyPool.Get().(*[]byte)
+	req, err := extract.AppendKeyOptions((*kp)[:0], ep, body, p.o.Extract)
+	defer func() {
+		// The key text is only hashed: its buffer serves the next
+		// request, unless a huge prompt grew it.
+		if req != nil && cap(req.Key) <= maxPooledKey {
+			*kp = req.Key[:0]
+			keyPool.Put(kp)
+		}
+	}()
 	if err != nil {
 		p.fail(w, c, err)
 		return
