@@ -61,6 +61,13 @@ type h1Conn struct {
 	lastUsed time.Time
 }
 
+// maxH1Body is the largest request body sent here. The request is written
+// before the answer is read, so a worker that answers early (a 413) without
+// reading a body larger than the socket buffers would leave the write
+// blocked; net/http's Transport reads while it writes, and for large
+// uploads its hand-offs cost nothing next to the transfer.
+const maxH1Body = 64 << 10
+
 // max1xx is how many interim responses may precede the answer.
 const max1xx = 5
 
@@ -68,7 +75,7 @@ const max1xx = 5
 var aLongTimeAgo = time.Unix(1, 0)
 
 func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL.Scheme != "http" || req.URL.Host == "" {
+	if req.URL.Scheme != "http" || req.URL.Host == "" || req.ContentLength < 0 || req.ContentLength > maxH1Body {
 		return t.other.RoundTrip(req)
 	}
 	ctx := req.Context()

@@ -88,3 +88,42 @@ func TestH1TransportTooManyInterimResponses(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 }
+
+type countingRT struct{ n int }
+
+func (c *countingRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n++
+	if r.Body != nil {
+		_ = r.Body.Close()
+	}
+	return nil, errors.New("counted")
+}
+
+// What this transport does not handle goes to the other one: https, a
+// body of unknown length, a body too large to write before reading.
+func TestH1TransportHandsOff(t *testing.T) {
+	other := &countingRT{}
+	tr := newH1Transport(time.Second, time.Second, other)
+	for _, tc := range []struct {
+		url    string
+		length int64
+	}{
+		{"https://127.0.0.1:1/x", 0},
+		{"http://127.0.0.1:1/x", -1},
+		{"http://127.0.0.1:1/x", maxH1Body + 1},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, tc.url, strings.NewReader("x"))
+		req.ContentLength = tc.length
+		before := other.n
+		_, _ = tr.RoundTrip(req)
+		if other.n != before+1 {
+			t.Errorf("%s with length %d not handed to the other transport", tc.url, tc.length)
+		}
+	}
+	// A small plain-http request stays here (and fails to connect).
+	req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/x", strings.NewReader("x"))
+	before := other.n
+	if _, err := tr.RoundTrip(req); err == nil || other.n != before {
+		t.Errorf("small http request: err %v, handed off %v", err, other.n != before)
+	}
+}
