@@ -19,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -27,8 +28,8 @@ import (
 )
 
 // ReasonFallbackLocal marks decisions made locally without the control
-// plane.
-const ReasonFallbackLocal = "fallback_local"
+// plane (router.Decision carries reasons as plain strings).
+const ReasonFallbackLocal = string(engine.ReasonFallbackLocal)
 
 // Options configure the remote router.
 type Options struct {
