@@ -18,8 +18,8 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/dataplane/extract"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
