@@ -191,6 +191,8 @@ func (s *State) applyLocked(eng *engine.Engine, index uint64, cmd *cartv1.RaftCo
 		s.commitWorkers(eng)
 		ev = &auditEvent{"audit: worker set replaced", []any{"old", old, "new", s.workerSetString()}}
 	case *cartv1.RaftCommand_UnplaceBatch:
+		// Only older versions wrote these (withdrawals now ride in
+		// PlaceBatch); applied so that their logs still replay.
 		idx := eng.Index()
 		for _, p := range b.UnplaceBatch.GetPlacements() {
 			if id, ok := eng.WorkerIDOf(p.GetWorker()); ok {
