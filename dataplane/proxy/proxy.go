@@ -932,17 +932,13 @@ func (p *Proxy) observeUsage(c *call, d router.Decision, u usage) {
 	}
 	p.m.PromptTokens.WithLabelValues(d.Worker).Add(float64(u.prompt))
 	p.m.CachedTokens.WithLabelValues(d.Worker).Add(float64(u.cached))
-	predictedTokens := float64(d.ChosenChars) / charsPerToken
+	predictedTokens := float64(d.ChosenChars) / index.CharsPerToken
 	p.m.PredictedCached.WithLabelValues(d.Worker).Add(predictedTokens)
 	if c.keyLen > 0 {
 		p.m.CachedFraction.WithLabelValues("predicted").Observe(float64(d.ChosenChars) / float64(c.keyLen))
 	}
 	p.m.CachedFraction.WithLabelValues("actual").Observe(float64(u.cached) / float64(u.prompt))
 }
-
-// charsPerToken converts index characters to tokens until the index is
-// token-aware (the usual 4 characters per token of English text).
-const charsPerToken = 4
 
 func (p *Proxy) workerURL(w string) (*url.URL, error) {
 	if v, ok := p.workerURLs.Load(w); ok {

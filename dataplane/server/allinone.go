@@ -13,6 +13,7 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/health"
@@ -56,21 +57,9 @@ func WorkerSpecs(ws []config.Worker, blockChars int) []engine.WorkerSpec {
 	out := make([]engine.WorkerSpec, len(ws))
 	for i, w := range ws {
 		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty,
-			CapacityBlocks: CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
+			CapacityBlocks: index.CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
 	}
 	return out
-}
-
-// CharsPerToken is how the index converts token capacities into
-// characters until it is token-aware.
-const CharsPerToken = 4
-
-// CapacityBlocks converts a cache capacity in tokens into index blocks.
-func CapacityBlocks(tokens int64, blockChars int) int {
-	if tokens <= 0 || blockChars <= 0 {
-		return 0
-	}
-	return int(max(1, tokens*CharsPerToken/int64(blockChars)))
 }
 
 // ModelWorkers lists configured workers with their declared models.
@@ -99,7 +88,7 @@ func EnginePolicy(cfg *config.Config) engine.Policy {
 		BalanceAbsThreshold: c.BalanceAbsThreshold,
 		BalanceRelThreshold: c.BalanceRelThreshold,
 		BlockChars:          c.BlockChars,
-		CapacityBlocks:      CapacityBlocks(c.CapacityTokens, c.BlockChars),
+		CapacityBlocks:      index.CapacityBlocks(c.CapacityTokens, c.BlockChars),
 		TTL:                 int64(secs(c.TTLSecs)),
 		ClosedLoop:          c.ClosedLoop,
 		HotFraction:         c.HotPrefixFraction,
@@ -217,7 +206,7 @@ func (s aioSink) Add(_ context.Context, url string) error {
 	defer a.mu.Unlock()
 	d := a.cfg.Discovery.DNS
 	a.discovered[url] = engine.WorkerSpec{URL: url, MaxLoad: d.MaxLoad, LoadPenalty: d.LoadPenalty,
-		CapacityBlocks: CapacityBlocks(d.CacheCapacityTokens, a.cfg.Cache.BlockChars), Source: state.SourceDNS}
+		CapacityBlocks: index.CapacityBlocks(d.CacheCapacityTokens, a.cfg.Cache.BlockChars), Source: state.SourceDNS}
 	a.applyWorkersLocked(a.cfg)
 	return nil
 }
