@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/wire"
 	"github.com/cartrouter/cart/dataplane/extract"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -94,7 +95,7 @@ func (f *fakeCP) AddWorker(_ context.Context, req *connect.Request[cartv1.AddWor
 	}
 	if f.unknown {
 		e := connect.NewError(connect.CodeAborted, errors.New("write outcome unknown, retry the same command (it is idempotent): commit: leadership lost while committing log"))
-		e.Meta().Set(headerWriteOutcome, "unknown")
+		e.Meta().Set(wire.HeaderWriteOutcome, wire.OutcomeUnknown)
 		return nil, e
 	}
 	f.mu.Lock()

@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/wire"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -86,10 +87,6 @@ func exitCode(err error) int {
 	return exitError
 }
 
-// headerWriteOutcome is the error metadata key (service.HeaderWriteOutcome)
-// the server sets to "unknown" with code Aborted.
-const headerWriteOutcome = "Cart-Write-Outcome"
-
 // unknownOutcome reports whether a server answered that a write's outcome
 // is unknown: code Aborted, which the control plane uses for nothing else.
 // Any attempt counts, not only the last: a write that may have landed on
@@ -104,7 +101,7 @@ func unknownOutcome(err error) bool {
 		return false
 	}
 	ce, ok := errors.AsType[*connect.Error](err)
-	return ok && connect.IsWireError(ce) && (ce.Code() == connect.CodeAborted || ce.Meta().Get(headerWriteOutcome) == "unknown")
+	return ok && connect.IsWireError(ce) && (ce.Code() == connect.CodeAborted || ce.Meta().Get(wire.HeaderWriteOutcome) == wire.OutcomeUnknown)
 }
 
 // notLeaderOf returns the server's NotLeader detail: the node could not

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/controlplane/wire"
 )
 
 func wireErr(code connect.Code, msg string) *connect.Error {
@@ -48,7 +50,7 @@ func TestExitCode(t *testing.T) {
 		{"outcome unknown", wireErr(connect.CodeAborted, "write outcome unknown, retry the same command"), exitUnknown},
 		{"outcome unknown by header", func() error {
 			e := wireErr(connect.CodeUnavailable, "x")
-			e.Meta().Set(headerWriteOutcome, "unknown")
+			e.Meta().Set(wire.HeaderWriteOutcome, wire.OutcomeUnknown)
 			return e
 		}(), exitUnknown},
 		// cartctl itself never makes up an unknown outcome.

@@ -13,14 +13,15 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/wire"
 	"github.com/cartrouter/cart/dataplane/extract"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
-// maxTextBytes is the control plane's request size limit
-// (service.MaxMessageBytes). Longer text could never be routed, so it is
-// refused before it is sent rather than after it is uploaded.
-const maxTextBytes = 4 << 20
+// maxTextBytes is the control plane's request size limit. Longer text
+// could never be routed, so it is refused before it is sent rather than
+// after it is uploaded.
+const maxTextBytes = wire.MaxMessageBytes
 
 type routeFlags struct {
 	text     string

@@ -11,6 +11,7 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
+	"github.com/cartrouter/cart/controlplane/wire"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
@@ -49,11 +50,9 @@ func (c *Core) writeError(op string, err error) error {
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s: %w", op, err))
 }
 
-// HeaderWriteOutcome is set to "unknown" on a write's error when the
-// control plane cannot tell whether the write took effect (the code is
-// then Aborted). Commands are idempotent: the client repeats the call,
-// on any member, until it gets a definite answer.
-const HeaderWriteOutcome = "Cart-Write-Outcome"
+// HeaderWriteOutcome is set on a write's error when the control plane
+// cannot tell whether the write took effect; see wire.HeaderWriteOutcome.
+const HeaderWriteOutcome = wire.HeaderWriteOutcome
 
 // outcomeUnknown builds the "may or may not have been applied" error.
 // Aborted is chosen because nothing else in CART (nor the Connect and gRPC
@@ -63,7 +62,7 @@ const HeaderWriteOutcome = "Cart-Write-Outcome"
 // known, as for "not the leader", so the retry can go straight there.
 func (c *Core) outcomeUnknown(cause error) error {
 	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): %w", cause))
-	e.Meta().Set(HeaderWriteOutcome, "unknown")
+	e.Meta().Set(HeaderWriteOutcome, wire.OutcomeUnknown)
 	if id, _ := c.node.Leader(); id != "" {
 		if url := c.st.Members()[id]; url != "" {
 			c.withLeader(e, id, url)

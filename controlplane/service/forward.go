@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/wire"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
@@ -166,6 +167,6 @@ func forwardedWrite[T any](resp *connect.Response[T], err error) (*connect.Respo
 		return nil, err
 	}
 	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): forwarding to the leader failed: %w", err))
-	e.Meta().Set(HeaderWriteOutcome, "unknown")
+	e.Meta().Set(HeaderWriteOutcome, wire.OutcomeUnknown)
 	return nil, e
 }

@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/grpchealth"
 	"connectrpc.com/grpcreflect"
 
+	"github.com/cartrouter/cart/controlplane/wire"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
@@ -41,8 +42,9 @@ type AuthOptions struct {
 // CompressMinBytes is the smallest message worth compressing.
 const CompressMinBytes = 4096
 
-// MaxMessageBytes bounds every request message.
-const MaxMessageBytes = 4 << 20
+// MaxMessageBytes bounds every request message (wire.MaxMessageBytes:
+// clients check it too).
+const MaxMessageBytes = wire.MaxMessageBytes
 
 // Handler assembles the Connect API (Connect, gRPC and gRPC-Web on one
 // handler), gRPC reflection (v1 and v1alpha, so `buf curl` needs no schema)
