@@ -263,7 +263,7 @@ func (p *Proxy) observeUsage(c *call, d router.Decision, w *workerInfo, u usage)
 	}
 	w.promptTokens.Add(float64(u.prompt))
 	w.cachedTokens.Add(float64(u.cached))
-	w.predictedCached.Add(float64(d.ChosenChars) / charsPerToken)
+	w.predictedCached.Add(float64(d.ChosenChars) / router.CharsPerToken)
 	if c.keyLen > 0 {
 		p.predictedFraction.Observe(float64(d.ChosenChars) / float64(c.keyLen))
 	}

@@ -276,8 +276,6 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-const charsPerToken = 4
-
 // workerInfo is what every attempt on a worker needs: its parsed URL and
 // its metric children, looked up once instead of hashing the label on
 // every request.

@@ -21,6 +21,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/models"
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -28,8 +29,8 @@ import (
 )
 
 // ReasonFallbackLocal marks decisions made locally without the control
-// plane.
-const ReasonFallbackLocal = "fallback_local"
+// plane (router.Decision carries reasons as plain strings).
+const ReasonFallbackLocal = string(engine.ReasonFallbackLocal)
 
 // Options configure the remote router.
 type Options struct {
