@@ -28,6 +28,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/server"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -512,11 +513,18 @@ func scrapeControlPlaneMetrics(t *testing.T) (names map[string]bool, served bool
 	// One worker (AddWorker, as `cartctl workers add` in the Helm hook
 	// does) and one routing decision, so the per-reason counter has a series.
 	admin := cartv1connect.NewAdminServiceClient(h2c, base, connect.WithGRPC())
-	add := connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: "http://127.0.0.1:9"}})
-	add.Header().Set("Authorization", "Bearer test-token")
-	if _, err := admin.AddWorker(ctx, add); err != nil {
-		t.Fatalf("AddWorker: %v", err)
-	}
+	// Serving gRPC health precedes the node taking up leadership (it
+	// publishes its URL first): until then a write is a definite "not
+	// done" (Unavailable), which a client retries, as cartctl does.
+	testkit.WaitForMsg(t, 20*time.Second, "AddWorker", func() (bool, string) {
+		add := connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: "http://127.0.0.1:9"}})
+		add.Header().Set("Authorization", "Bearer test-token")
+		_, err := admin.AddWorker(ctx, add)
+		if err != nil && connect.CodeOf(err) != connect.CodeUnavailable {
+			t.Fatalf("AddWorker: %v", err)
+		}
+		return err == nil, fmt.Sprint(err)
+	})
 	probeControlPlane(t, base)
 	router := cartv1connect.NewRouterServiceClient(h2c, base, connect.WithGRPC())
 	req := connect.NewRequest(&cartv1.RouteRequest{Endpoint: "chat_completions", Model: "m", Text: "hello from the deploy test", DataplaneId: "test", DryRun: true})
