@@ -113,7 +113,13 @@ func TestLargeSnapshotRoundTrip(t *testing.T) {
 	src, srcEng := newTestState()
 	a := &testApplier{t: t, st: src}
 	workers := []string{"http://w0:1", "http://w1:1", "http://w2:1", "http://w3:1", "http://w4:1", "http://w5:1", "http://w6:1", "http://w7:1"}
-	a.apply(setWorkers(workers...))
+	// Capacities far above what the test places: followers apply placements
+	// through each worker's capacity model, and this test keeps them all.
+	big := setWorkers(workers...)
+	for _, w := range big.GetSetWorkers().GetWorkers() {
+		w.CacheCapacityTokens <<= 14
+	}
+	a.apply(big)
 	a.apply(&cartv1.RaftCommand{Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: "n1", ApiUrl: "http://n1:9000"}}})
 
 	r := rand.New(rand.NewPCG(9, 9))
@@ -166,7 +172,7 @@ func TestLargeSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("restored index holds %d entries, want %d", n, want)
 	}
 	ws, ver := dst.Workers()
-	if len(ws) != len(workers) || ws[7].URL != workers[7] || ws[3].CacheCapacityTokens != 4000 || ws[3].MaxLoad != 3 || ver != 1 {
+	if len(ws) != len(workers) || ws[7].URL != workers[7] || ws[3].CacheCapacityTokens != 4000<<14 || ws[3].MaxLoad != 3 || ver != 1 {
 		t.Fatalf("restored workers %v v%d: want all %d as captured", ws, ver, len(workers))
 	}
 	if m := dst.Members(); m["n1"] != "http://n1:9000" {
