@@ -59,6 +59,9 @@ type Publisher struct {
 	ring   []stored
 	head   int
 	closed bool
+	// unsent makes the next batches go to the replay buffer only, as if
+	// the network had lost them (tests of gap handling).
+	unsent int
 }
 
 type stored struct {
@@ -152,7 +155,9 @@ func (p *Publisher) Publish(events []Event) {
 	seq := p.next
 	p.next++
 	// Sending under the lock keeps sequence numbers in wire order.
-	if err := p.pub.Send(zmq4.NewMsgFrom([]byte(p.cfg.Topic), SeqBytes(seq), payload)); err != nil {
+	if p.unsent > 0 {
+		p.unsent--
+	} else if err := p.pub.Send(zmq4.NewMsgFrom([]byte(p.cfg.Topic), SeqBytes(seq), payload)); err != nil {
 		p.log.Warn("kv events: publishing", "seq", seq, "err", err)
 	}
 	if len(p.ring) < p.cfg.Buffer {
