@@ -168,6 +168,15 @@ func (p *Publisher) Publish(events []Event) {
 	}
 }
 
+// DropNext makes the next n batches go to the replay buffer only, as if
+// the network had lost them: for tests and benchmarks of a consumer's gap
+// handling.
+func (p *Publisher) DropNext(n int) {
+	p.mu.Lock()
+	p.unsent = max(n, 0)
+	p.mu.Unlock()
+}
+
 // Close stops the replay loop and closes both sockets. It is idempotent.
 // zmq4 (v0.17.0) leaves one idle goroutine behind per closed PUB socket.
 func (p *Publisher) Close() error {

@@ -26,6 +26,9 @@ type StreamSink interface {
 	// Restarted reports that the publisher started again (its sequence went
 	// back): the engine restarted, so its cache is empty.
 	Restarted()
+	// Replayed reports that batches [from, to) missed on the socket were
+	// recovered from the replay socket (and handed to Batch already).
+	Replayed(from, to int64)
 	// Lost reports that batches [from, to) are gone beyond replay: what the
 	// engine's cache holds is unknown until the next clear or restart.
 	Lost(from, to int64)
@@ -300,6 +303,7 @@ func (s *Subscriber) catchUp(st *stream, upto int64) {
 		s.lost(st, want, upto, "beyond the replay buffer")
 		return
 	}
+	st.sink.Replayed(from, upto)
 	s.log.Debug("kv events: gap replayed", "worker", st.route.Worker, "rank", st.rank, "from", from, "to", upto)
 }
 

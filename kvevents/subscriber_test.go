@@ -34,8 +34,9 @@ func (r *recSink) Batch(b Batch, synced bool) {
 		r.add(fmt.Sprintf("%s:%d:%v", ev.Kind, h, synced))
 	}
 }
-func (r *recSink) Restarted()          { r.add("restarted") }
-func (r *recSink) Lost(from, to int64) { r.add(fmt.Sprintf("lost:%d-%d", from, to)) }
+func (r *recSink) Restarted()              { r.add("restarted") }
+func (r *recSink) Replayed(from, to int64) { r.add(fmt.Sprintf("replayed:%d-%d", from, to)) }
+func (r *recSink) Lost(from, to int64)     { r.add(fmt.Sprintf("lost:%d-%d", from, to)) }
 
 func (r *recSink) entries() []string {
 	r.mu.Lock()
@@ -113,8 +114,8 @@ func TestSubscriberReplaysAGap(t *testing.T) {
 	p.Publish(storedEv(2))
 	p.Publish(storedEv(3))
 	p.Publish(storedEv(4))
-	got := sink.waitLen(t, 4)
-	want := []string{"BlockStored:1:true", "BlockStored:2:true", "BlockStored:3:true", "BlockStored:4:true"}
+	got := sink.waitLen(t, 5)
+	want := []string{"BlockStored:1:true", "BlockStored:2:true", "BlockStored:3:true", "replayed:1-3", "BlockStored:4:true"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
@@ -127,8 +128,8 @@ func TestSubscriberJoiningLateReplaysFromZero(t *testing.T) {
 	sink := &recSink{}
 	connected(t, p, "", sink)
 	p.Publish(storedEv(3))
-	got := sink.waitLen(t, 3)
-	if want := []string{"BlockStored:1:true", "BlockStored:2:true", "BlockStored:3:true"}; !slices.Equal(got, want) {
+	got := sink.waitLen(t, 4)
+	if want := []string{"BlockStored:1:true", "BlockStored:2:true", "replayed:0-2", "BlockStored:3:true"}; !slices.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 }

@@ -15,6 +15,8 @@ type kvFeed struct {
 	capacity int
 	// occupied is the engine's reported occupancy in blocks.
 	occupied int
+	// The same in the engine's tokens, for display.
+	occupiedTokens, capacityTokens int64
 }
 
 // KVReport is what a worker's KV events say about its prefix cache, in
@@ -31,6 +33,9 @@ type KVReport struct {
 	// Evicted says the engine removed blocks since the last report: the
 	// worker's oldest holdings beyond OccupiedBlocks are to go.
 	Evicted bool
+	// OccupiedTokens and CapacityTokens are the same in the engine's
+	// tokens, kept for display only.
+	OccupiedTokens, CapacityTokens int64
 }
 
 // KVState is a worker's event-fed view, for /workers and metrics.
@@ -39,6 +44,8 @@ type KVState struct {
 	On             bool
 	OccupiedBlocks int
 	CapacityBlocks int
+	OccupiedTokens int64
+	CapacityTokens int64
 }
 
 // KV returns a worker's event-fed state (zero for unknown workers).
@@ -47,7 +54,7 @@ func (e *Engine) KV(url string) KVState {
 	if !ok {
 		return KVState{}
 	}
-	return KVState{On: w.kv.on, OccupiedBlocks: w.kv.occupied, CapacityBlocks: w.kv.capacity}
+	return KVState{On: w.kv.on, OccupiedBlocks: w.kv.occupied, CapacityBlocks: w.kv.capacity, OccupiedTokens: w.kv.occupiedTokens, CapacityTokens: w.kv.capacityTokens}
 }
 
 // ApplyKVReport makes a worker's model follow its engine's report and
@@ -71,7 +78,7 @@ func (e *Engine) ApplyKVReport(url string, r KVReport, dst []uint64) []uint64 {
 		}
 		return dst
 	}
-	w.kv = kvFeed{on: true, capacity: max(r.CapacityBlocks, 0), occupied: max(r.OccupiedBlocks, 0)}
+	w.kv = kvFeed{on: true, capacity: max(r.CapacityBlocks, 0), occupied: max(r.OccupiedBlocks, 0), occupiedTokens: r.OccupiedTokens, capacityTokens: r.CapacityTokens}
 	e.resizeModel(w)
 	if r.Evicted && w.model != nil {
 		excess := w.model.len() - w.kv.occupied
@@ -110,6 +117,6 @@ func (e *Engine) ClearHoldings(url string) bool {
 		return false
 	}
 	e.idx.RemoveWorker(w.id)
-	w.kv.occupied = 0
+	w.kv.occupied, w.kv.occupiedTokens = 0, 0
 	return true
 }

@@ -201,6 +201,11 @@ func (s *State) applyLocked(index uint64, cmd *cartv1.RaftCommand) (Result, *aud
 				s.committed(p)
 			}
 		}
+	case *cartv1.RaftCommand_ClearHoldings:
+		// An engine's own report that its KV cache is empty (kvtruth).
+		for _, w := range b.ClearHoldings.GetWorkers() {
+			s.eng.ClearHoldings(w)
+		}
 	case *cartv1.RaftCommand_SetMember:
 		id, url := b.SetMember.GetNodeId(), b.SetMember.GetApiUrl()
 		old, had := s.members[id]

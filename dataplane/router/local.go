@@ -108,12 +108,19 @@ func (l *Local) Done(d Decision, o Outcome) {
 func (l *Local) Workers() []WorkerStatus {
 	l.mu.Lock()
 	ws := l.eng.Workers()
+	kv := make([]engine.KVState, len(ws))
+	for i, w := range ws {
+		kv[i] = l.eng.KV(w.URL)
+	}
 	l.mu.Unlock()
 	out := make([]WorkerStatus, len(ws))
 	for i, w := range ws {
 		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load, Source: w.Source, Draining: w.Draining,
 			PredictedCachedTokens: w.Accuracy.PredictedTokens, ActualCachedTokens: w.Accuracy.ActualTokens,
 			CacheMisses: w.Accuracy.Misses, ModelCapacityBlocks: w.Accuracy.ModelCapacity}
+		if kv[i].On {
+			out[i].KVEvents = &kv[i]
+		}
 	}
 	return out
 }

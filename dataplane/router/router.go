@@ -85,6 +85,9 @@ type WorkerStatus struct {
 	ActualCachedTokens    uint64
 	CacheMisses           uint64
 	ModelCapacityBlocks   int
+	// KVEvents is the worker's engine-reported cache while its KV events
+	// drive the model (nil otherwise; controlplane/kvtruth).
+	KVEvents *engine.KVState
 }
 
 // Router decides routes and accounts load.
