@@ -376,3 +376,22 @@ func OffsetPort(endpoint string, n int) (string, error) {
 	}
 	return endpoint[:i+1] + strconv.Itoa(port+n), nil
 }
+
+// CheckEndpoint accepts the ZMQ endpoints CART can use: tcp://host:port
+// (host may be * or 0.0.0.0 to bind every interface) and ipc://path.
+func CheckEndpoint(ep string) error {
+	switch {
+	case strings.HasPrefix(ep, "ipc://") && len(ep) > len("ipc://"):
+		return nil
+	case strings.HasPrefix(ep, "tcp://"):
+		host, port, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+		if err != nil || host == "" {
+			return fmt.Errorf("kv events endpoint %q: want tcp://host:port", ep)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			return fmt.Errorf("kv events endpoint %q: bad port", ep)
+		}
+		return nil
+	}
+	return fmt.Errorf("kv events endpoint %q: want tcp://host:port or ipc://path", ep)
+}

@@ -16,9 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -65,26 +62,52 @@ type Options struct {
 	Metrics       *Metrics
 	Logger        *slog.Logger
 	Now           func() time.Time
-	// Ready, when set, is called with the listening subscriber's address
-	// once it is bound (tests).
-	Ready func(listen string)
 }
 
 // CharsPerToken is how many key characters the index counts per engine
 // token, as cache_capacity_tokens does.
 const CharsPerToken = 4
 
-// Run subscribes to every source and applies their events until ctx ends,
-// then closes every socket before returning.
+// Runner is a running consumer: one subscriber per dialled endpoint (and
+// rank), plus one for the listen endpoint.
+type Runner struct {
+	subs []*kvevents.Subscriber
+	// ListenAddr is the bound listen address ("" without one).
+	ListenAddr string
+}
+
+// Run is Start, then Close once ctx ends.
 func Run(ctx context.Context, o Options) error {
-	t, err := newTracker(o)
+	r, err := Start(o)
 	if err != nil {
 		return err
 	}
-	var subs []*kvevents.Subscriber
+	<-ctx.Done()
+	r.Close()
+	return nil
+}
+
+// Close closes every socket; no Applier call happens after it returns.
+func (r *Runner) Close() {
+	for _, s := range r.subs {
+		_ = s.Close()
+	}
+}
+
+// Start subscribes to every source. A bind failure is returned; engines
+// that are not up yet are dialled again in the background.
+func Start(o Options) (_ *Runner, err error) {
+	t, err := newTracker(o)
+	if err != nil {
+		return nil, err
+	}
+	if err := Validate(o.Sources, o.Listen); err != nil {
+		return nil, err
+	}
+	r := &Runner{}
 	defer func() {
-		for _, s := range subs {
-			_ = s.Close()
+		if err != nil {
+			r.Close()
 		}
 	}()
 	listenTopics := map[string]kvevents.Route{}
@@ -97,37 +120,32 @@ func Run(ctx context.Context, o Options) error {
 		for rank := range max(src.DataParallelSize, 1) {
 			ep, err := kvevents.OffsetPort(src.Endpoint, rank)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			s, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 				Endpoint: ep, Topics: map[string]kvevents.Route{src.Topic: route},
 				Sink: t.sink, ReplayTimeout: o.ReplayTimeout, Logger: t.log,
 			})
 			if err != nil {
-				return err
+				return nil, err
 			}
-			subs = append(subs, s)
+			r.subs = append(r.subs, s)
 		}
 	}
 	if len(listenTopics) > 0 {
-		if o.Listen == "" {
-			return errors.New("kv events: sources without an endpoint need a listen endpoint")
-		}
+
 		s, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 			Endpoint: o.Listen, Listen: true, Topics: listenTopics,
 			Sink: t.sink, ReplayTimeout: o.ReplayTimeout, Logger: t.log,
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
-		subs = append(subs, s)
-		if o.Ready != nil {
-			o.Ready(s.Addr().String())
-		}
+		r.subs = append(r.subs, s)
+		r.ListenAddr = s.Addr().String()
 	}
-	t.log.Info("kv events: subscribed", "sources", len(o.Sources), "sockets", len(subs))
-	<-ctx.Done()
-	return nil
+	t.log.Info("kv events: subscribed", "sources", len(o.Sources), "sockets", len(r.subs), "listen", r.ListenAddr)
+	return r, nil
 }
 
 // tracker holds every worker's view of its engine's cache.
@@ -387,7 +405,7 @@ func Validate(sources []Source, listen string) error {
 			if ep == "" {
 				continue
 			}
-			if err := CheckEndpoint(ep); err != nil {
+			if err := kvevents.CheckEndpoint(ep); err != nil {
 				return fmt.Errorf("worker %s: %w", s.Worker, err)
 			}
 			if _, err := kvevents.OffsetPort(ep, max(s.DataParallelSize, 1)-1); err != nil {
@@ -398,21 +416,3 @@ func Validate(sources []Source, listen string) error {
 	return nil
 }
 
-// CheckEndpoint accepts the ZMQ endpoints CART can use: tcp://host:port
-// (host may be * or 0.0.0.0 to bind every interface) and ipc://path.
-func CheckEndpoint(ep string) error {
-	switch {
-	case strings.HasPrefix(ep, "ipc://") && len(ep) > len("ipc://"):
-		return nil
-	case strings.HasPrefix(ep, "tcp://"):
-		host, port, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
-		if err != nil || host == "" {
-			return fmt.Errorf("kv events endpoint %q: want tcp://host:port", ep)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-			return fmt.Errorf("kv events endpoint %q: bad port", ep)
-		}
-		return nil
-	}
-	return fmt.Errorf("kv events endpoint %q: want tcp://host:port or ipc://path", ep)
-}

@@ -13,6 +13,7 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/kvtruth"
 	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/health"
@@ -44,6 +45,8 @@ type AllInOne struct {
 
 	// Models is which models each worker serves (declared and probed).
 	Models *models.Registry
+	// kvMetrics are the KV event consumer's metrics (nil without sources).
+	kvMetrics *kvtruth.Metrics
 }
 
 // WorkerSpecs converts configured workers for the engine.
@@ -157,6 +160,9 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	}
 	a.HTTP = srv
 	a.MetricsHTTP = MetricsServer(cfg, a.Metrics, log)
+	if len(KVSources(cfg)) > 0 {
+		a.kvMetrics = kvtruth.NewMetrics(a.Metrics.Registry)
+	}
 	if cfg.Discovery.DNS.Enabled() {
 		res, err := DNSResolver(cfg)
 		if err != nil {
@@ -244,6 +250,15 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 		_ = ln.Close()
 		return err
 	}
+	if a.kvMetrics != nil {
+		// The engines' KV events, once per engine, in process.
+		kv, err := kvtruth.Start(KVOptions(cfg, a.Router, a.kvMetrics, a.log))
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		defer kv.Close()
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -282,6 +297,9 @@ func (a *AllInOne) Reload() error {
 		if k != "workers" && !strings.HasPrefix(k, "workers.") && !strings.HasPrefix(k, "workers[") {
 			other = append(other, k)
 		}
+	}
+	if kvEventsChanged(a.cfg, next) {
+		other = append(other, "workers[].kv_events")
 	}
 	if len(other) > 0 {
 		a.Metrics.Reloads.WithLabelValues("rejected").Inc()
