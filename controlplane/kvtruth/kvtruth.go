@@ -415,4 +415,3 @@ func Validate(sources []Source, listen string) error {
 	}
 	return nil
 }
-
