@@ -23,6 +23,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/controlplane/kvtruth"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/service"
 	"github.com/cartrouter/cart/controlplane/state"
@@ -127,6 +128,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 			d.watcher.Run(ctx)
 		})
 	}
+	var kvLoop func(context.Context)
+	if len(server.KVSources(cfg)) > 0 {
+		// kvLoop is set below, before Raft can make this node leader.
+		leaderLoops = append(leaderLoops, func(ctx context.Context) { kvLoop(ctx) })
+	}
 	d.Core = service.New(service.Options{
 		NodeID:         cp.NodeID,
 		APIURL:         cp.EffectiveAdvertiseAPIURL(),
@@ -146,6 +152,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		ResponseAffinityTTL: cfg.Responses.AffinityTTL(),
 		ResponseAffinityMax: cfg.Responses.MaxEntries,
 	}, d.mu, d.eng, d.St)
+	if len(server.KVSources(cfg)) > 0 {
+		kvLoop = d.kvLeaderLoop(kvtruth.NewMetrics(d.Core.Registry()))
+	}
 	if cfg.Discovery.DNS.Enabled() {
 		res, err := server.DNSResolver(cfg)
 		if err != nil {

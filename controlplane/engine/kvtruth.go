@@ -1,5 +1,12 @@
 package engine
 
+import (
+	"cmp"
+	"slices"
+
+	"github.com/cartrouter/cart/controlplane/index"
+)
+
 // This file holds the corrections the engines' own KV-cache events make to
 // the index (controlplane/kvtruth reads the events). While a worker's events
 // flow complete, its modelled capacity is what its engine reports, not the
@@ -94,8 +101,31 @@ func (e *Engine) ApplyKVReport(url string, r KVReport, dst []uint64) []uint64 {
 // reported capacity (growing or shrinking it: the report is the truth).
 func (e *Engine) resizeFromKV(w *worker) {
 	if w.model == nil {
-		w.model = newBlockLRU(w.kv.capacity)
-		return
+		// Events arrived for a worker nobody modelled yet: start from what
+		// the index holds for it, most recently sent first (the index's
+		// own order breaks ties), so that evictions take its oldest
+		// holdings. O(index entries), once.
+		w.model = newBlockLRU(0)
+		type held struct {
+			hash uint64
+			at   int64
+		}
+		var hs []held
+		e.idx.Walk(func(hash uint64, _ int64, holders []index.Holder) bool {
+			for _, h := range holders {
+				if h.Worker == w.id {
+					hs = append(hs, held{hash, h.At})
+					break
+				}
+			}
+			return true
+		})
+		slices.SortStableFunc(hs, func(x, y held) int { return cmp.Compare(y.at, x.at) })
+		hashes := make([]uint64, len(hs))
+		for i, h := range hs {
+			hashes[i] = h.hash
+		}
+		w.model.touch(hashes, nil)
 	}
 	w.model.capacity = w.kv.capacity
 	e.forget(w, w.model.shrink(nil))
