@@ -37,10 +37,16 @@ type StreamSink interface {
 // Route binds the messages of one topic to the worker that publishes them.
 type Route struct {
 	Worker string
-	// ReplayEndpoint is the engine's replay ROUTER for data-parallel rank 0
-	// ("" = no replay: every gap is a loss). Rank r's is the same address
-	// with its port increased by r, as vLLM offsets it.
+	// ReplayEndpoint is the engine's replay ROUTER ("" = no replay: every
+	// gap is a loss). With PayloadRank it is rank 0's, and rank r's is the
+	// same address with its port increased by r, as vLLM and SGLang offset
+	// it; otherwise it is Rank's own.
 	ReplayEndpoint string
+	// Rank is the data-parallel rank of every batch on this route, unless
+	// PayloadRank: then each batch's data_parallel_rank says (absent: 0),
+	// for one socket that carries several ranks (the listen layout).
+	Rank        int
+	PayloadRank bool
 }
 
 // SubscriberConfig configures one SUB socket.
@@ -222,13 +228,16 @@ func (s *Subscriber) handle(msg Message) {
 		// Undecodable is as good as lost: its events cannot be applied.
 		s.log.Warn("kv events: undecodable batch", "worker", route.Worker, "seq", msg.Seq, "err", err)
 	}
-	rank := s.lastRank[msg.Topic]
-	if err == nil {
-		rank = 0
-		if b.DPRank != nil {
-			rank = *b.DPRank
+	rank := route.Rank
+	if route.PayloadRank {
+		rank = s.lastRank[msg.Topic]
+		if err == nil {
+			rank = 0
+			if b.DPRank != nil {
+				rank = *b.DPRank
+			}
+			s.lastRank[msg.Topic] = rank
 		}
-		s.lastRank[msg.Topic] = rank
 	}
 	key := streamKey{msg.Topic, rank}
 	st := s.streams[key]
@@ -266,10 +275,13 @@ func (s *Subscriber) catchUp(st *stream, upto int64) {
 		s.lost(st, from, upto, "no replay endpoint")
 		return
 	}
-	endpoint, err := OffsetPort(st.route.ReplayEndpoint, st.rank)
-	if err != nil {
-		s.lost(st, from, upto, err.Error())
-		return
+	endpoint := st.route.ReplayEndpoint
+	if st.route.PayloadRank {
+		var err error
+		if endpoint, err = OffsetPort(endpoint, st.rank); err != nil {
+			s.lost(st, from, upto, err.Error())
+			return
+		}
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTimeout)
 	msgs, err := s.cfg.Replay(ctx, endpoint, from, upto)

@@ -182,7 +182,7 @@ func TestSubscriberListenRoutesTopicsAndDetectsRestart(t *testing.T) {
 	s := newSubscriber(t, SubscriberConfig{
 		Endpoint: "tcp://127.0.0.1:0",
 		Listen:   true,
-		Topics:   map[string]Route{"kv@a@m": {Worker: "http://a"}, "kv@b@m": {Worker: "http://b"}},
+		Topics:   map[string]Route{"kv@a@m": {Worker: "http://a", PayloadRank: true}, "kv@b@m": {Worker: "http://b", PayloadRank: true}},
 		Sink:     func(w string, _ int) StreamSink { return sinks[w] },
 	})
 	ep := "tcp://" + s.Addr().String()
@@ -211,7 +211,7 @@ func TestSubscriberReplayFailureAndRanks(t *testing.T) {
 	var asked []string
 	s := &Subscriber{
 		cfg: SubscriberConfig{
-			Topics: map[string]Route{"": {Worker: "w", ReplayEndpoint: "tcp://10.0.0.1:5558"}},
+			Topics: map[string]Route{"": {Worker: "w", ReplayEndpoint: "tcp://10.0.0.1:5558", PayloadRank: true}},
 			Sink:   func(string, int) StreamSink { return sink },
 			Replay: func(_ context.Context, ep string, from, to int64) ([]Message, error) {
 				asked = append(asked, fmt.Sprintf("%s %d-%d", ep, from, to))
@@ -234,6 +234,15 @@ func TestSubscriberReplayFailureAndRanks(t *testing.T) {
 	}
 	if got, want := sink.entries(), []string{"lost:0-3", "BlockStored:5:false", "lost:4-5", "BlockStored:5:false"}; !slices.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
+	}
+	// A socket of one rank (SGLang sends no rank in its batches) replays
+	// from the endpoint it was given.
+	asked = nil
+	s.cfg.Topics[""] = Route{Worker: "w", ReplayEndpoint: "tcp://10.0.0.1:5559", Rank: 1}
+	s.streams, s.lastRank = map[streamKey]*stream{}, map[string]int{}
+	s.handle(Message{Seq: 1, Payload: payload})
+	if want := []string{"tcp://10.0.0.1:5559 0-1"}; !slices.Equal(asked, want) {
+		t.Fatalf("replay asked %v, want %v", asked, want)
 	}
 }
 

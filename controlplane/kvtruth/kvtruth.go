@@ -112,15 +112,23 @@ func Start(o Options) (_ *Runner, err error) {
 	}()
 	listenTopics := map[string]kvevents.Route{}
 	for _, src := range o.Sources {
-		route := kvevents.Route{Worker: src.Worker, ReplayEndpoint: src.ReplayEndpoint}
 		if src.Endpoint == "" {
-			listenTopics[src.Topic] = route
+			// One socket for every engine and rank: the batch says its rank.
+			listenTopics[src.Topic] = kvevents.Route{Worker: src.Worker, ReplayEndpoint: src.ReplayEndpoint, PayloadRank: true}
 			continue
 		}
 		for rank := range max(src.DataParallelSize, 1) {
+			// One socket per rank, at rank 0's ports + rank: SGLang's
+			// batches do not name their rank, so the socket does.
 			ep, err := kvevents.OffsetPort(src.Endpoint, rank)
 			if err != nil {
 				return nil, err
+			}
+			route := kvevents.Route{Worker: src.Worker, Rank: rank}
+			if src.ReplayEndpoint != "" {
+				if route.ReplayEndpoint, err = kvevents.OffsetPort(src.ReplayEndpoint, rank); err != nil {
+					return nil, err
+				}
 			}
 			s, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 				Endpoint: ep, Topics: map[string]kvevents.Route{src.Topic: route},
