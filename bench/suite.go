@@ -677,7 +677,7 @@ func (s *suite) setup(ctx context.Context, trace, sc string) (deployment, error)
 }
 
 // routerMetricNames are the CART counters kept per scenario.
-var routerMetricNames = []string{"cart_routing_decisions_total", "cart_fallback_total", "cart_retries_total"}
+var routerMetricNames = []string{"cart_routing_decisions_total", "cart_fallback_total", "cart_retries_total", "cart_kv_event_gaps_total", "cart_kv_event_publisher_restarts_total", "cart_kv_event_synced"}
 
 // routerMetrics scrapes and sums the kept counters over the routers.
 func (s *suite) routerMetrics(ports []int) map[string]float64 {

@@ -282,3 +282,29 @@ func TestSubscriberConfigErrors(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// An engine that restarts on the same port (CART dials it) is dialled
+// again, and its sequence starting over reads as a restart.
+func TestSubscriberRedialsARestartedEngine(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{})
+	ep := p.Addr().String()
+	sink := &recSink{}
+	connected(t, p, "", sink)
+	p.Publish(storedEv(1))
+	p.Publish(storedEv(2))
+	sink.waitLen(t, 2)
+	_ = p.Close()
+	var p2 *Publisher
+	testkit.WaitFor(t, 10*time.Second, "the port free again", func() bool {
+		var err error
+		p2, err = NewPublisher(PublisherConfig{Endpoint: "tcp://" + ep})
+		return err == nil
+	})
+	t.Cleanup(func() { _ = p2.Close() })
+	testkit.WaitFor(t, 10*time.Second, "the subscriber back", func() bool { return p2.Subscribed("") })
+	p2.Publish(storedEv(3))
+	got := sink.waitLen(t, 4)
+	if want := []string{"BlockStored:1:true", "BlockStored:2:true", "restarted", "BlockStored:3:true"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}

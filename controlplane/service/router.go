@@ -303,6 +303,10 @@ func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 	ws, version := c.st.Workers()
 	c.mu.Lock()
 	live := c.eng.Workers()
+	kv := make(map[string]engine.KVState, len(live))
+	for _, w := range live {
+		kv[w.URL] = c.eng.KV(w.URL)
+	}
 	c.mu.Unlock()
 	byURL := make(map[string]engine.WorkerState, len(live))
 	for _, w := range live {
@@ -318,6 +322,9 @@ func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 			CacheMisses: l.Accuracy.Misses, ModelCapacityBlocks: uint32(l.Accuracy.ModelCapacity), Source: w.Source, Draining: l.Draining,
 			Models: c.models.IDs(w.URL),
 		})
+		if k := kv[w.URL]; k.On {
+			out.Workers[len(out.Workers)-1].KvCache = &cartv1.KVCache{OccupiedTokens: k.OccupiedTokens, CapacityTokens: k.CapacityTokens}
+		}
 	}
 	return out, nil
 }

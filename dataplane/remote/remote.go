@@ -19,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -518,6 +519,9 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy(), Source: w.GetSource(), Draining: w.GetDraining(),
 			PredictedCachedTokens: w.GetPredictedCachedTokens(), ActualCachedTokens: w.GetActualCachedTokens(),
 			CacheMisses: w.GetCacheMisses(), ModelCapacityBlocks: int(w.GetModelCapacityBlocks())}
+		if k := w.GetKvCache(); k != nil {
+			ws[i].KVEvents = &engine.KVState{On: true, OccupiedTokens: k.GetOccupiedTokens(), CapacityTokens: k.GetCapacityTokens()}
+		}
 	}
 	r.mu.Lock()
 	var recovered []string
