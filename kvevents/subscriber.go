@@ -365,6 +365,11 @@ func ReplayFrom(ctx context.Context, endpoint string, from, to int64) ([]Message
 		if seq == EndOfReplay {
 			return out, nil
 		}
+		if len(out) == 0 && seq > from {
+			// The buffer starts past the gap: it cannot be filled, so the
+			// rest (up to a whole buffer of batches) is not worth reading.
+			return []Message{{Seq: seq, Payload: frames[1]}}, nil
+		}
 		out = append(out, Message{Seq: seq, Payload: frames[1]})
 		if seq >= to-1 {
 			return out, nil

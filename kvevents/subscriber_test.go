@@ -308,3 +308,23 @@ func TestSubscriberRedialsARestartedEngine(t *testing.T) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 }
+
+// A replay whose buffer starts past the requested sequence stops at its
+// first answer: the gap cannot be filled, the rest is not read.
+func TestReplayFromStopsWhenTheBufferStartsLater(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0", Buffer: 3})
+	for range 6 {
+		p.Publish(cleared())
+	}
+	ep := "tcp://" + p.ReplayAddr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := ReplayFrom(ctx, ep, 0, 6)
+	if err != nil || len(got) != 1 || got[0].Seq != 3 {
+		t.Fatalf("replay from 0 of a buffer holding 3-5: %+v, %v", got, err)
+	}
+	got, err = ReplayFrom(ctx, ep, 3, 5)
+	if err != nil || len(got) != 2 || got[0].Seq != 3 || got[1].Seq != 4 {
+		t.Fatalf("replay 3-5: %+v, %v", got, err)
+	}
+}
