@@ -195,7 +195,26 @@ func (p *Publisher) Close() error {
 		}
 	}
 	<-p.done
+	closeLate(p.pub)
+	if p.replay != nil {
+		closeLate(p.replay)
+	}
 	return err
+}
+
+// lateConnGrace is how long closeLate waits for a connection whose
+// handshake was under way when its socket closed.
+const lateConnGrace = 100 * time.Millisecond
+
+// closeLate closes a closed socket again after lateConnGrace: zmq4
+// (v0.17.0) adds a connection accepted or dialled while Close runs after
+// Close has closed the others, and nothing would ever close it (its reader
+// goroutines and file descriptor would leak). A second Close closes what
+// was added since; a handshake with a live peer takes far less than the
+// grace.
+func closeLate(s zmq4.Socket) {
+	time.Sleep(lateConnGrace)
+	_ = s.Close()
 }
 
 // serveReplay answers replay requests until the socket is closed. A REQ

@@ -179,6 +179,7 @@ func (s *Subscriber) Close() error {
 	s.cancel()
 	err := s.sck.Close()
 	<-s.done
+	closeLate(s.sck)
 	return err
 }
 

@@ -89,9 +89,13 @@ func Run(ctx context.Context, o Options) error {
 
 // Close closes every socket; no Applier call happens after it returns.
 func (r *Runner) Close() {
+	// In parallel: each Close waits out a grace for late connections
+	// (kvevents), which must not add up over many engines at step-down.
+	var wg sync.WaitGroup
 	for _, s := range r.subs {
-		_ = s.Close()
+		wg.Go(func() { _ = s.Close() })
 	}
+	wg.Wait()
 }
 
 // Start subscribes to every source. A bind failure is returned; engines
