@@ -68,6 +68,7 @@ type Config struct {
 	DataPlane      DataPlane      `yaml:"dataplane"`
 	Discovery      Discovery      `yaml:"discovery"`
 	KVEvents       KVEvents       `yaml:"kv_events"`
+	Tracing        Tracing        `yaml:"tracing"`
 
 	// origins maps dotted keys to the file and line that last set them, so
 	// validation errors can point at the offending file in a layered setup.
@@ -275,13 +276,60 @@ type CircuitBreaker struct {
 	TimeoutSecs      float64 `yaml:"timeout_secs"`
 }
 
+// Tracing configures OpenTelemetry traces, exported over OTLP/HTTP.
+type Tracing struct {
+	// OTLPEndpoint is the collector's OTLP/HTTP URL (http:// plaintext,
+	// https:// TLS); "" turns tracing off.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// SampleRatio is the fraction of new traces recorded; a request that
+	// carries a traceparent follows its caller's sampled flag instead.
+	SampleRatio float64 `yaml:"sample_ratio"`
+	// CAFile verifies an https endpoint's certificate (system roots when
+	// empty).
+	CAFile string `yaml:"ca_file"`
+	// ServiceName replaces the per-role service.name (cart-all-in-one,
+	// cart-dataplane, cart-controlplane) when set.
+	ServiceName string `yaml:"service_name"`
+}
+
+// Enabled reports whether spans are exported.
+func (t Tracing) Enabled() bool { return t.OTLPEndpoint != "" }
+
 // Discovery configures worker sources beside the static list: the
 // all-in-one router and the control-plane leader run them.
 type Discovery struct {
 	// DrainTimeoutSecs bounds how long a worker that left its source keeps
 	// its in-flight requests before it is removed anyway.
-	DrainTimeoutSecs float64      `yaml:"drain_timeout_secs"`
-	DNS              DiscoveryDNS `yaml:"dns"`
+	DrainTimeoutSecs float64             `yaml:"drain_timeout_secs"`
+	DNS              DiscoveryDNS        `yaml:"dns"`
+	Kubernetes       DiscoveryKubernetes `yaml:"kubernetes"`
+}
+
+// DiscoveryKubernetes discovers workers from the ready endpoints of a
+// Service's EndpointSlices, or from ready pods matching a label selector,
+// through a client-go watch.
+type DiscoveryKubernetes struct {
+	Enabled bool `yaml:"enabled"`
+	// Exactly one of Service and Selector.
+	Service  string `yaml:"service"`
+	Selector string `yaml:"selector"`
+	// Namespace; "" = the pod's own namespace in-cluster, the kubeconfig
+	// context's namespace, else "default".
+	Namespace string `yaml:"namespace"`
+	// Port is a port name or number (a string so that both read).
+	Port   string `yaml:"port"`
+	Scheme string `yaml:"scheme"`
+	// Kubeconfig is a kubeconfig file; "" = in-cluster config.
+	Kubeconfig      string  `yaml:"kubeconfig"`
+	SyncTimeoutSecs float64 `yaml:"sync_timeout_secs"`
+	MinIntervalSecs float64 `yaml:"min_interval_secs"`
+	MaxIntervalSecs float64 `yaml:"max_interval_secs"`
+	AddAfter        int     `yaml:"add_after"`
+	RemoveAfter     int     `yaml:"remove_after"`
+	// Defaults for discovered workers.
+	MaxLoad             int   `yaml:"max_load"`
+	LoadPenalty         int   `yaml:"load_penalty"`
+	CacheCapacityTokens int64 `yaml:"cache_capacity_tokens"`
 }
 
 // DiscoveryDNS discovers workers from A/AAAA records (with Port) or SRV
@@ -446,7 +494,33 @@ type ControlPlane struct {
 	// RaftMaxConns caps inbound Raft connections (authenticating or
 	// authenticated); beyond it new ones are closed at once.
 	RaftMaxConns int `yaml:"raft_max_conns"`
+	// SlowLeaderHandover moves leadership away from a leader its data
+	// planes see as slow (see SlowLeaderHandover).
+	SlowLeaderHandover SlowLeaderHandover `yaml:"slow_leader_handover"`
 }
+
+// SlowLeaderHandover configures the leader's handover when most data
+// planes, in their Sync reports, see its Route answers as slow for a
+// sustained window while a follower is healthy.
+type SlowLeaderHandover struct {
+	Enabled bool `yaml:"enabled"`
+	// ThresholdMs: a data plane whose p90 Route latency over a sync
+	// interval reaches it (a call that timed out counts as the time it
+	// waited) sees the leader as slow; so does one whose control-plane
+	// breaker is open.
+	ThresholdMs int `yaml:"threshold_ms"`
+	// WindowSecs is how long a majority of reporting data planes must see
+	// the leader as slow before it hands over.
+	WindowSecs float64 `yaml:"window_secs"`
+	// MinIntervalSecs: a node hands over at most once per interval, and
+	// not in its first interval as leader.
+	MinIntervalSecs float64 `yaml:"min_interval_secs"`
+}
+
+// Threshold, Window and MinInterval convert the handover settings.
+func (h SlowLeaderHandover) Threshold() time.Duration   { return millis(h.ThresholdMs) }
+func (h SlowLeaderHandover) Window() time.Duration      { return seconds(h.WindowSecs) }
+func (h SlowLeaderHandover) MinInterval() time.Duration { return seconds(h.MinIntervalSecs) }
 
 // DataPlane configures a stateless proxy node that asks the control plane
 // where to route.
@@ -550,6 +624,7 @@ func Default() *Config {
 			APIBodyReadTimeoutSecs: 10,
 			RaftHandshakeTimeoutMs: 5000,
 			RaftMaxConns:           256,
+			SlowLeaderHandover:     SlowLeaderHandover{Enabled: false, ThresholdMs: 15, WindowSecs: 3, MinIntervalSecs: 60},
 		},
 		DataPlane: DataPlane{
 			RouteTimeoutMs:        20,
@@ -570,7 +645,16 @@ func Default() *Config {
 				AddAfter:        1,
 				RemoveAfter:     3,
 			},
+			Kubernetes: DiscoveryKubernetes{
+				Scheme:          "http",
+				SyncTimeoutSecs: 10,
+				MinIntervalSecs: 1,
+				MaxIntervalSecs: 60,
+				AddAfter:        1,
+				RemoveAfter:     1,
+			},
 		},
+		Tracing: Tracing{SampleRatio: 1},
 	}
 }
 

@@ -1,16 +1,20 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net"
 	"net/url"
+	"os"
 	"path"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"github.com/cartrouter/cart/kvevents"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Normalize puts URLs into their canonical form (trailing slashes trimmed)
@@ -109,6 +113,7 @@ func (c *Config) Validate(role Role) error {
 	v.dataPlane(role)
 	v.discovery(role)
 	v.kvEvents(role)
+	v.tracing()
 	if role < RoleAllInOne || role > RoleDataPlane {
 		v.add("", "unknown role %v", role)
 	}
@@ -230,8 +235,8 @@ func (v *validator) server() {
 }
 
 func (v *validator) workers(role Role) {
-	if len(v.c.Workers) == 0 && role == RoleAllInOne && !v.c.Discovery.DNS.Enabled() {
-		v.add("workers", "at least one worker is required: the all-in-one router has nowhere to send requests; add workers[].url or discovery.dns.name")
+	if len(v.c.Workers) == 0 && role == RoleAllInOne && !v.c.Discovery.DNS.Enabled() && !v.c.Discovery.Kubernetes.Enabled {
+		v.add("workers", "at least one worker is required: the all-in-one router has nowhere to send requests; add workers[].url, discovery.dns.name or discovery.kubernetes")
 	}
 	seen := make(map[string]int)
 	for i, w := range v.c.Workers {
@@ -545,6 +550,16 @@ func (v *validator) controlPlane(role Role) {
 	if cp.SnapshotThreshold < 1 {
 		v.add("controlplane.snapshot_threshold", "must be at least 1, got 0")
 	}
+	h := cp.SlowLeaderHandover
+	v.intRange("controlplane.slow_leader_handover.threshold_ms", int64(h.ThresholdMs), 1, 60000)
+	if v.finite("controlplane.slow_leader_handover.window_secs", h.WindowSecs) && (h.WindowSecs < 1 || h.WindowSecs > 3600) {
+		// Below a second a window holds too few sync reports to tell a
+		// slow leader from one slow moment.
+		v.add("controlplane.slow_leader_handover.window_secs", "must be between 1 and 3600, got %v", h.WindowSecs)
+	}
+	if v.finite("controlplane.slow_leader_handover.min_interval_secs", h.MinIntervalSecs) && (h.MinIntervalSecs < h.WindowSecs || h.MinIntervalSecs > 86400) {
+		v.add("controlplane.slow_leader_handover.min_interval_secs", "must be between window_secs (%v) and 86400, got %v", h.WindowSecs, h.MinIntervalSecs)
+	}
 	v.tls("controlplane.raft_tls", cp.RaftTLS)
 	v.intRange("controlplane.raft_handshake_timeout_ms", int64(cp.RaftHandshakeTimeoutMs), 100, 60000)
 	// Each peer holds a few pooled connections plus a pipeline: 16 leaves
@@ -618,6 +633,7 @@ func (v *validator) dataPlane(role Role) {
 func (v *validator) discovery(role Role) {
 	d := v.c.Discovery
 	v.positive("discovery.drain_timeout_secs", d.DrainTimeoutSecs)
+	v.discoveryKubernetes(role)
 	n := d.DNS
 	if !n.Enabled() {
 		return
@@ -703,4 +719,117 @@ func (v *validator) kvEvents(role Role) {
 	if used && role == RoleDataPlane {
 		v.add("kv_events", "KV events are consumed by the control-plane leader, never by a data plane: move kv_events to the control-plane nodes' config")
 	}
+}
+
+func (v *validator) tracing() {
+	t := v.c.Tracing
+	v.fraction("tracing.sample_ratio", t.SampleRatio)
+	if !t.Enabled() {
+		if t.CAFile != "" {
+			v.add("tracing.ca_file", "is set but tracing.otlp_endpoint is not: tracing is off")
+		}
+		return
+	}
+	u, err := url.Parse(t.OTLPEndpoint)
+	switch {
+	case err != nil:
+		v.add("tracing.otlp_endpoint", "%q is not a valid URL: %v", t.OTLPEndpoint, err)
+		return
+	case u.Scheme != "http" && u.Scheme != "https":
+		v.add("tracing.otlp_endpoint", "%q must start with http:// or https:// (OTLP/HTTP, e.g. http://otel-collector:4318)", t.OTLPEndpoint)
+		return
+	case u.Opaque != "" || u.Hostname() == "":
+		v.add("tracing.otlp_endpoint", "%q has no host", t.OTLPEndpoint)
+		return
+	case u.User != nil:
+		v.add("tracing.otlp_endpoint", "%q must not contain credentials (they would be printed by --config-check); use OTEL_EXPORTER_OTLP_HEADERS", t.OTLPEndpoint)
+		return
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		v.add("tracing.otlp_endpoint", "%q must not have a query or fragment", t.OTLPEndpoint)
+		return
+	}
+	if port := u.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			v.add("tracing.otlp_endpoint", "%q has an invalid port", t.OTLPEndpoint)
+		}
+	}
+	if t.CAFile != "" && u.Scheme != "https" {
+		v.add("tracing.ca_file", "is set but tracing.otlp_endpoint %q is plaintext http://: use https:// or drop ca_file", t.OTLPEndpoint)
+	}
+}
+
+func (v *validator) discoveryKubernetes(role Role) {
+	k := v.c.Discovery.Kubernetes
+	if !k.Enabled {
+		for _, kv := range [][2]string{{"service", k.Service}, {"selector", k.Selector}, {"namespace", k.Namespace}, {"port", k.Port}, {"kubeconfig", k.Kubeconfig}} {
+			if kv[1] != "" {
+				v.add("discovery.kubernetes."+kv[0], "is set but discovery.kubernetes.enabled is false: set enabled: true, or remove it")
+			}
+		}
+		return
+	}
+	if role == RoleDataPlane {
+		v.add("discovery.kubernetes.enabled", "a data plane does not discover workers: set discovery on the control plane (its leader runs it)")
+	}
+	switch {
+	case k.Service != "" && k.Selector != "":
+		v.add("discovery.kubernetes.selector", "service and selector are both set: watch one Service's EndpointSlices or pods by label, not both")
+	case k.Service == "" && k.Selector == "":
+		v.add("discovery.kubernetes.service", "set service (a Service's EndpointSlices) or selector (pods by label) when enabled")
+	case k.Service != "":
+		if errs := validation.IsDNS1035Label(k.Service); len(errs) > 0 {
+			v.add("discovery.kubernetes.service", "not a Service name: %s", strings.Join(errs, "; "))
+		}
+	default:
+		if sel, err := labels.Parse(k.Selector); err != nil {
+			v.add("discovery.kubernetes.selector", "not a label selector: %v", err)
+		} else if sel.Empty() {
+			v.add("discovery.kubernetes.selector", "%q selects every pod of the namespace; name a label (e.g. app=vllm)", k.Selector)
+		}
+	}
+	if k.Namespace != "" {
+		if errs := validation.IsDNS1123Label(k.Namespace); len(errs) > 0 {
+			v.add("discovery.kubernetes.namespace", "not a namespace name: %s", strings.Join(errs, "; "))
+		}
+	}
+	if err := checkPort(k.Port); err != nil {
+		v.add("discovery.kubernetes.port", "%v", err)
+	}
+	if k.Scheme != "http" && k.Scheme != "https" {
+		v.add("discovery.kubernetes.scheme", "must be http or https, got %q", k.Scheme)
+	}
+	if k.Kubeconfig != "" {
+		if _, err := os.Stat(k.Kubeconfig); err != nil {
+			v.add("discovery.kubernetes.kubeconfig", "%v", err)
+		}
+	}
+	v.positive("discovery.kubernetes.sync_timeout_secs", k.SyncTimeoutSecs)
+	v.positive("discovery.kubernetes.min_interval_secs", k.MinIntervalSecs)
+	v.positive("discovery.kubernetes.max_interval_secs", k.MaxIntervalSecs)
+	if k.MaxIntervalSecs < k.MinIntervalSecs {
+		v.add("discovery.kubernetes.max_interval_secs", "must be at least min_interval_secs (%v), got %v", k.MinIntervalSecs, k.MaxIntervalSecs)
+	}
+	v.intRange("discovery.kubernetes.add_after", int64(k.AddAfter), 1, 1000)
+	v.intRange("discovery.kubernetes.remove_after", int64(k.RemoveAfter), 1, 1000)
+	v.intAtLeast("discovery.kubernetes.max_load", int64(k.MaxLoad), 0)
+	v.intAtLeast("discovery.kubernetes.load_penalty", int64(k.LoadPenalty), 0)
+	v.intAtLeast("discovery.kubernetes.cache_capacity_tokens", k.CacheCapacityTokens, 0)
+}
+
+// checkPort accepts a port number (1..65535) or a port name as Services
+// and containers name them (IANA service name).
+func checkPort(p string) error {
+	if p == "" {
+		return errors.New("required: the port name (e.g. http) or number of the workers")
+	}
+	if p[0] >= '0' && p[0] <= '9' {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("a port number must be 1..65535, got %q", p)
+		}
+		return nil
+	}
+	if errs := validation.IsValidPortName(p); len(errs) > 0 {
+		return fmt.Errorf("not a port name or number: %s", strings.Join(errs, "; "))
+	}
+	return nil
 }

@@ -124,6 +124,25 @@ func TestValidateRules(t *testing.T) {
 		{"dns add_after zero", RoleAllInOne, func(c *Config) { c.Discovery.DNS = dnsOK(); c.Discovery.DNS.AddAfter = 0 }, "discovery.dns.add_after", "between 1 and 1000"},
 		{"dns on a data plane", RoleDataPlane, func(c *Config) { c.Discovery.DNS = dnsOK() }, "discovery.dns.name", "a data plane does not discover workers"},
 		{"drain timeout zero", RoleAllInOne, func(c *Config) { c.Discovery.DrainTimeoutSecs = 0 }, "discovery.drain_timeout_secs", "greater than 0"},
+		{"k8s service and selector", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Selector = "app=vllm" }, "discovery.kubernetes.selector", "both set"},
+		{"k8s neither service nor selector", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Service = "" }, "discovery.kubernetes.service", "set service"},
+		{"k8s set but disabled", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes.Service = "vllm" }, "discovery.kubernetes.service", "enabled is false"},
+		{"k8s bad service name", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Service = "vLLM_0" }, "discovery.kubernetes.service", "not a Service name"},
+		{"k8s bad selector", RoleAllInOne, func(c *Config) {
+			c.Discovery.Kubernetes = k8sOK()
+			c.Discovery.Kubernetes.Service, c.Discovery.Kubernetes.Selector = "", "app in ("
+		}, "discovery.kubernetes.selector", "not a label selector"},
+		{"k8s bad namespace", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Namespace = "Prod/A" }, "discovery.kubernetes.namespace", "not a namespace name"},
+		{"k8s port missing", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Port = "" }, "discovery.kubernetes.port", "required"},
+		{"k8s port number", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Port = "0" }, "discovery.kubernetes.port", "1..65535"},
+		{"k8s port name", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.Port = "HTTP_port" }, "discovery.kubernetes.port", "not a port name"},
+		{"k8s kubeconfig missing", RoleAllInOne, func(c *Config) {
+			c.Discovery.Kubernetes = k8sOK()
+			c.Discovery.Kubernetes.Kubeconfig = "/nonexistent/kubeconfig"
+		}, "discovery.kubernetes.kubeconfig", "no such file"},
+		{"k8s interval bounds", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.MaxIntervalSecs = 0.5 }, "discovery.kubernetes.max_interval_secs", "at least min_interval_secs"},
+		{"k8s remove_after zero", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.RemoveAfter = 0 }, "discovery.kubernetes.remove_after", "between 1 and 1000"},
+		{"k8s on a data plane", RoleDataPlane, func(c *Config) { c.Discovery.Kubernetes = k8sOK() }, "discovery.kubernetes.enabled", "a data plane does not discover workers"},
 
 		// workers
 		{"no workers all-in-one", RoleAllInOne, func(c *Config) { c.Workers = nil }, "workers",
@@ -271,6 +290,10 @@ func TestValidateRules(t *testing.T) {
 		{"placement batch max zero", RoleAllInOne, func(c *Config) { c.ControlPlane.PlacementBatchMax = 0 }, "controlplane.placement_batch_max", "at least 1"},
 		{"load lease zero", RoleAllInOne, func(c *Config) { c.ControlPlane.LoadLeaseSecs = 0 }, "controlplane.load_lease_secs", "greater than 0"},
 		{"unsettled tickets zero", RoleControlPlane, func(c *Config) { c.ControlPlane.MaxUnsettledTickets = 0 }, "controlplane.max_unsettled_tickets", "between 1 and"},
+		{"handover threshold zero", RoleControlPlane, func(c *Config) { c.ControlPlane.SlowLeaderHandover.ThresholdMs = 0 }, "controlplane.slow_leader_handover.threshold_ms", "between 1 and 60000"},
+		{"handover window too short", RoleControlPlane, func(c *Config) { c.ControlPlane.SlowLeaderHandover.WindowSecs = 0.5 }, "controlplane.slow_leader_handover.window_secs", "between 1 and 3600"},
+		{"handover window nan", RoleControlPlane, func(c *Config) { c.ControlPlane.SlowLeaderHandover.WindowSecs = math.NaN() }, "controlplane.slow_leader_handover.window_secs", "finite"},
+		{"handover interval below window", RoleControlPlane, func(c *Config) { c.ControlPlane.SlowLeaderHandover.MinIntervalSecs = 2 }, "controlplane.slow_leader_handover.min_interval_secs", "between window_secs (3) and 86400"},
 		{"snapshot threshold zero", RoleAllInOne, func(c *Config) { c.ControlPlane.SnapshotThreshold = 0 }, "controlplane.snapshot_threshold", "at least 1"},
 		{"raft tls cert without key", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftTLS.CertFile = "c.pem" }, "controlplane.raft_tls.cert_file", "key_file is not"},
 		{"remote raft without peer authentication", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftAddr = "10.0.0.5:6702" },
@@ -295,6 +318,22 @@ func TestValidateRules(t *testing.T) {
 		{"route breaker cooloff zero", RoleDataPlane, func(c *Config) { c.DataPlane.RouteBreakerCooloffMs = 0 }, "dataplane.route_breaker_cooloff_ms", "between 1 and 600000"},
 		{"worker sync interval small", RoleDataPlane, func(c *Config) { c.DataPlane.WorkerSyncIntervalMs = 49 }, "dataplane.worker_sync_interval_ms", "at least 50"},
 		{"client tls key without cert", RoleDataPlane, func(c *Config) { c.DataPlane.ClientTLS.KeyFile = "k.pem" }, "dataplane.tls.key_file", "dataplane.tls.cert_file is not"},
+
+		// tracing
+		{"trace ratio above one", RoleAllInOne, func(c *Config) { c.Tracing.SampleRatio = 1.5 }, "tracing.sample_ratio", "between 0 and 1, got 1.5"},
+		{"trace ratio negative", RoleDataPlane, func(c *Config) { c.Tracing.SampleRatio = -0.1 }, "tracing.sample_ratio", "between 0 and 1"},
+		{"trace ratio NaN", RoleControlPlane, func(c *Config) { c.Tracing.SampleRatio = math.NaN() }, "tracing.sample_ratio", "finite"},
+		{"otlp endpoint without scheme", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "collector:4318" }, "tracing.otlp_endpoint", "http:// or https://"},
+		{"otlp endpoint grpc scheme", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "grpc://collector:4317" }, "tracing.otlp_endpoint", "http:// or https://"},
+		{"otlp endpoint unparsable", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "http://a b:4318" }, "tracing.otlp_endpoint", "not a valid URL"},
+		{"otlp endpoint without host", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "http:///v1/traces" }, "tracing.otlp_endpoint", "has no host"},
+		{"otlp endpoint bad port", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "http://collector:0" }, "tracing.otlp_endpoint", "invalid port"},
+		{"otlp endpoint credentials", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "https://u:p@collector" }, "tracing.otlp_endpoint", "credentials"},
+		{"otlp endpoint query", RoleAllInOne, func(c *Config) { c.Tracing.OTLPEndpoint = "http://collector:4318/?a=1" }, "tracing.otlp_endpoint", "query or fragment"},
+		{"trace ca with http", RoleAllInOne, func(c *Config) {
+			c.Tracing.OTLPEndpoint, c.Tracing.CAFile = "http://collector:4318", "ca.pem"
+		}, "tracing.ca_file", "plaintext"},
+		{"trace ca without endpoint", RoleAllInOne, func(c *Config) { c.Tracing.CAFile = "ca.pem" }, "tracing.ca_file", "tracing is off"},
 
 		{"unknown role", Role(7), func(c *Config) {}, "", "unknown role Role(7)"},
 	}
@@ -453,6 +492,55 @@ func dnsOK() DiscoveryDNS {
 	d := Default().Discovery.DNS
 	d.Name, d.Port = "sim", 8000
 	return d
+}
+
+func TestTracingEndpointsAccepted(t *testing.T) {
+	for _, ep := range []string{"http://otel-collector:4318", "https://collector.example:443/v1/traces", "http://[::1]:4318/"} {
+		c := validBase()
+		c.Tracing.OTLPEndpoint, c.Tracing.SampleRatio = ep, 0
+		if err := c.Validate(RoleDataPlane); err != nil {
+			t.Errorf("endpoint %q, ratio 0: %v", ep, err)
+		}
+	}
+	c := validBase()
+	c.Tracing = Tracing{OTLPEndpoint: "https://collector:4318", CAFile: "ca.pem", SampleRatio: 1}
+	if err := c.Validate(RoleControlPlane); err != nil {
+		t.Errorf("https with ca_file: %v", err)
+	}
+	if Default().Tracing.Enabled() || Default().Tracing.SampleRatio != 1 {
+		t.Errorf("tracing defaults: %+v (want off, ratio 1)", Default().Tracing)
+	}
+}
+
+func k8sOK() DiscoveryKubernetes {
+	d := Default().Discovery.Kubernetes
+	d.Enabled, d.Service, d.Port = true, "vllm", "http"
+	return d
+}
+
+func TestKubernetesDiscoveryConfig(t *testing.T) {
+	c := validBase()
+	c.Workers = nil
+	c.Discovery.Kubernetes = k8sOK()
+	if err := c.Validate(RoleAllInOne); err != nil {
+		t.Fatalf("all-in-one with Kubernetes discovery and no static workers: %v", err)
+	}
+	c.Discovery.Kubernetes.Service, c.Discovery.Kubernetes.Selector = "", "app=vllm,tier in (gpu)"
+	if err := c.Validate(RoleControlPlane); err != nil {
+		t.Fatalf("selector mode on a control plane: %v", err)
+	}
+	// A port written as a YAML number reads as the string.
+	path := filepath.Join(t.TempDir(), "k8s.yaml")
+	if err := os.WriteFile(path, []byte("discovery:\n  kubernetes:\n    enabled: true\n    service: vllm\n    port: 8000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Discovery.Kubernetes; got.Port != "8000" || got.Service != "vllm" || got.RemoveAfter != 1 {
+		t.Fatalf("loaded %+v", got)
+	}
 }
 
 func TestDiscoveryAllowsNoStaticWorkers(t *testing.T) {

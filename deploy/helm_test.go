@@ -123,6 +123,8 @@ func TestHelmLint(t *testing.T) {
 	run(t, repoRoot(t), h, "lint", "--strict", "--kube-version", helmKubeVersion, chartDir)
 	run(t, repoRoot(t), h, append([]string{"lint", "--strict", "--kube-version", helmKubeVersion, chartDir,
 		"--set", "dataPlane.hpa.enabled=true", "--set", "auth.existingSecret=cart-token", "--set", "metrics.serviceMonitor.enabled=true"}, withWorkers...)...)
+	run(t, repoRoot(t), h, "lint", "--strict", "--kube-version", helmKubeVersion, chartDir,
+		"--set", "discovery.kubernetes.enabled=true", "--set", "discovery.kubernetes.selector=app=vllm", "--set", "discovery.kubernetes.namespace=gpu")
 }
 
 func TestHelmControlPlane(t *testing.T) {
@@ -653,5 +655,101 @@ func TestHelmNetworkPolicy(t *testing.T) {
 	}
 	if nps := mustTemplate(t, "--set", "networkPolicy.enabled=false").all("NetworkPolicy"); len(nps) != 0 {
 		t.Errorf("NetworkPolicy rendered while disabled: %v", nps)
+	}
+}
+
+// TestHelmKubernetesDiscovery: Kubernetes discovery renders the control
+// plane's own ServiceAccount and a Role granting get/list/watch on exactly
+// what its source reads, in the watched namespace; without it, no RBAC and
+// no token anywhere. The workers Job stays for static pools only.
+func TestHelmKubernetesDiscovery(t *testing.T) {
+	off := mustTemplate(t)
+	if n := len(off.all("Role")) + len(off.all("RoleBinding")); n != 0 {
+		t.Errorf("RBAC rendered without Kubernetes discovery (%d objects)", n)
+	}
+
+	for _, tc := range []struct {
+		name, ns string
+		args     []string
+		rule     obj
+		config   config.DiscoveryKubernetes
+	}{
+		{"service", "ns", []string{"--set", "discovery.kubernetes.service=vllm"},
+			obj{"apiGroups": []any{"discovery.k8s.io"}, "resources": []any{"endpointslices"}, "verbs": []any{"get", "list", "watch"}},
+			config.DiscoveryKubernetes{Enabled: true, Service: "vllm", Namespace: "ns", Port: "http"}},
+		{"selector in another namespace", "gpu", []string{"--set", "discovery.kubernetes.selector=app=vllm", "--set", "discovery.kubernetes.namespace=gpu", "--set", "discovery.kubernetes.port=8000"},
+			obj{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}},
+			config.DiscoveryKubernetes{Enabled: true, Selector: "app=vllm", Namespace: "gpu", Port: "8000"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := mustTemplate(t, append([]string{"--set", "discovery.kubernetes.enabled=true"}, tc.args...)...)
+			sa := m.get(t, "ServiceAccount", "rel-cart-discovery")
+			if dig(sa, "metadata", "namespace") != "ns" {
+				t.Errorf("discovery ServiceAccount namespace %v, want the release's", dig(sa, "metadata", "namespace"))
+			}
+			role := m.get(t, "Role", "rel-cart-discovery")
+			if dig(role, "metadata", "namespace") != tc.ns {
+				t.Errorf("Role namespace %v, want the watched namespace %s", dig(role, "metadata", "namespace"), tc.ns)
+			}
+			if rules := list(dig(role, "rules")); len(rules) != 1 || fmt.Sprint(rules[0]) != fmt.Sprint(tc.rule) {
+				t.Errorf("Role rules %v, want only %v", rules, tc.rule)
+			}
+			rb := m.get(t, "RoleBinding", "rel-cart-discovery")
+			if dig(rb, "metadata", "namespace") != tc.ns || dig(rb, "roleRef", "kind") != "Role" || dig(rb, "roleRef", "name") != "rel-cart-discovery" ||
+				dig(rb, "subjects", 0, "kind") != "ServiceAccount" || dig(rb, "subjects", 0, "name") != "rel-cart-discovery" || dig(rb, "subjects", 0, "namespace") != "ns" {
+				t.Errorf("RoleBinding %v does not bind the Role to the control plane's ServiceAccount", rb)
+			}
+			for name, spec := range podSpecs(m) {
+				wantSA, wantToken := "rel-cart", false
+				if strings.HasPrefix(name, "StatefulSet/") {
+					wantSA, wantToken = "rel-cart-discovery", true
+				}
+				if dig(spec, "serviceAccountName") != wantSA || dig(spec, "automountServiceAccountToken") != wantToken {
+					t.Errorf("%s: serviceAccountName %v automount %v, want %s %v", name, dig(spec, "serviceAccountName"), dig(spec, "automountServiceAccountToken"), wantSA, wantToken)
+				}
+			}
+			if jobs := m.all("Job"); len(jobs) != 0 {
+				t.Errorf("workers Job rendered for a discovered pool with no static workers")
+			}
+			// The control plane's config turns discovery on, and validates.
+			dir := t.TempDir()
+			data, _ := dig(m.get(t, "ConfigMap", "rel-cart-config"), "data").(obj)
+			for _, f := range []string{"controlplane.yaml", "rel-cart-cp-0.yaml", "dataplane.yaml"} {
+				if err := os.WriteFile(filepath.Join(dir, f), []byte(str(data[f])), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg, err := config.Load(filepath.Join(dir, "controlplane.yaml"), filepath.Join(dir, "rel-cart-cp-0.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := cfg.Discovery.Kubernetes
+			want := config.Default().Discovery.Kubernetes
+			want.Enabled, want.Service, want.Selector, want.Namespace, want.Port = true, tc.config.Service, tc.config.Selector, tc.config.Namespace, tc.config.Port
+			if got != want {
+				t.Errorf("control-plane discovery.kubernetes %+v, want %+v", got, want)
+			}
+			withSecretFiles(cfg, fakeSecrets(t))
+			if err := cfg.Validate(config.RoleControlPlane); err != nil {
+				t.Errorf("control-plane config: %v", err)
+			}
+			dp, err := config.Load(filepath.Join(dir, "dataplane.yaml"))
+			if err != nil || dp.Discovery.Kubernetes.Enabled {
+				t.Errorf("data-plane config discovers too (%v): data planes must not", err)
+			}
+		})
+	}
+
+	both := mustTemplate(t, append([]string{"--set", "discovery.kubernetes.enabled=true", "--set", "discovery.kubernetes.service=vllm"}, withWorkers...)...)
+	if len(both.all("Job")) != 1 {
+		t.Error("static workers beside discovery: the workers Job must still register them")
+	}
+	for _, bad := range [][]string{
+		{"--set", "discovery.kubernetes.enabled=true"},
+		{"--set", "discovery.kubernetes.enabled=true", "--set", "discovery.kubernetes.service=vllm", "--set", "discovery.kubernetes.selector=app=vllm"},
+	} {
+		if _, err := helmTemplate(t, bad...); err == nil || !strings.Contains(err.Error(), "discovery.kubernetes") {
+			t.Errorf("%v rendered (%v); want a template error naming discovery.kubernetes", bad, err)
+		}
 	}
 }

@@ -37,7 +37,7 @@ func dial(s *settings) (*controlPlane, error) {
 	var h2c, tlsClient *http.Client
 	opts := []connect.ClientOption{connect.WithGRPC()}
 	if s.token != "" {
-		opts = append(opts, connect.WithInterceptors(bearer(s.token)))
+		opts = append(opts, connect.WithInterceptors(cpclient.Bearer(s.token)))
 	}
 	for _, u := range s.servers {
 		var hc *http.Client
@@ -84,15 +84,6 @@ func (cp *controlPlane) close() {
 	for _, c := range cp.clients {
 		c.CloseIdleConnections()
 	}
-}
-
-func bearer(token string) connect.Interceptor {
-	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("Authorization", "Bearer "+token)
-			return next(ctx, req)
-		}
-	})
 }
 
 // call runs rpc against each server in turn until one answers or fails

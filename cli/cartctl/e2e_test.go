@@ -18,6 +18,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/dataplane/extract"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -30,9 +31,9 @@ type fakeCP struct {
 	cartv1connect.UnimplementedRouterServiceHandler
 
 	token string // when set, every call needs "Authorization: Bearer <token>"
-	// leaderID and leaderURL, when set, make writes fail the way a
-	// follower that cannot forward does: FailedPrecondition naming the
-	// leader in the Cart-Leader-Url metadata.
+	// leaderID and leaderURL, when set, make writes fail the way a node
+	// that lost leadership does: FailedPrecondition naming the leader in
+	// the NotLeader detail.
 	leaderID, leaderURL string
 	// noLeader makes every call fail as on a node cut off from the quorum.
 	noLeader bool
@@ -54,9 +55,18 @@ func (f *fakeCP) notLeader() error {
 	if f.leaderURL == "" {
 		return nil
 	}
-	e := connect.NewError(connect.CodeFailedPrecondition,
-		fmt.Errorf("not the leader (node is not the leader); the leader is %s at %s", f.leaderID, f.leaderURL))
-	e.Meta().Set(headerLeaderURL, f.leaderURL)
+	// The leader is named by the NotLeader detail only: cartctl must not
+	// need the message.
+	return withNotLeader(connect.NewError(connect.CodeFailedPrecondition, errors.New("not the leader")), f.leaderID, f.leaderURL)
+}
+
+// withNotLeader attaches the control plane's NotLeader detail to e.
+func withNotLeader(e *connect.Error, id, url string) *connect.Error {
+	d, err := connect.NewErrorDetail(&cartv1.NotLeader{LeaderId: id, LeaderUrl: url})
+	if err != nil {
+		panic(err)
+	}
+	e.AddDetail(d)
 	return e
 }
 
@@ -84,7 +94,7 @@ func (f *fakeCP) AddWorker(_ context.Context, req *connect.Request[cartv1.AddWor
 	}
 	if f.unknown {
 		e := connect.NewError(connect.CodeAborted, errors.New("write outcome unknown, retry the same command (it is idempotent): commit: leadership lost while committing log"))
-		e.Meta().Set(headerWriteOutcome, "unknown")
+		e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
 		return nil, e
 	}
 	f.mu.Lock()
@@ -204,7 +214,7 @@ func (f *fakeCP) auth() connect.Interceptor {
 				return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("missing or invalid bearer token"))
 			}
 			if f.noLeader {
-				return nil, connect.NewError(connect.CodeUnavailable, errors.New("no leader: this node cannot reach a quorum (election in progress or minority partition)"))
+				return nil, withNotLeader(connect.NewError(connect.CodeUnavailable, errors.New("no leader: this node cannot reach a quorum (election in progress or minority partition)")), "", "")
 			}
 			return next(ctx, req)
 		}

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"regexp"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/controlplane/cpclient"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
 // Exit codes. They are documented in the root command's help and are an
@@ -85,10 +87,6 @@ func exitCode(err error) int {
 	return exitError
 }
 
-// headerWriteOutcome is the error metadata key (service.HeaderWriteOutcome)
-// the server sets to "unknown" with code Aborted.
-const headerWriteOutcome = "Cart-Write-Outcome"
-
 // unknownOutcome reports whether a server answered that a write's outcome
 // is unknown: code Aborted, which the control plane uses for nothing else.
 // Any attempt counts, not only the last: a write that may have landed on
@@ -103,15 +101,33 @@ func unknownOutcome(err error) bool {
 		return false
 	}
 	ce, ok := errors.AsType[*connect.Error](err)
-	return ok && connect.IsWireError(ce) && (ce.Code() == connect.CodeAborted || ce.Meta().Get(headerWriteOutcome) == "unknown")
+	return ok && connect.IsWireError(ce) && (ce.Code() == connect.CodeAborted || ce.Meta().Get(cpclient.HeaderWriteOutcome) == "unknown")
 }
 
-// noLeader reports whether a server answered that the cluster has no
-// leader (it reached the node, but the node cannot reach a quorum). The
-// server has no dedicated code for it, only this message; a client-side
-// Unavailable (connection refused) is never it.
+// notLeaderOf returns the server's NotLeader detail: the node could not
+// serve the call because it is not the leader, and names the leader when
+// it knows one. Only an answer from a server carries it.
+func notLeaderOf(ce *connect.Error) (*cartv1.NotLeader, bool) {
+	if !connect.IsWireError(ce) {
+		return nil, false
+	}
+	for _, d := range ce.Details() {
+		if v, err := d.Value(); err == nil {
+			if nl, ok := v.(*cartv1.NotLeader); ok {
+				return nl, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// noLeader reports whether a server answered that it cannot reach the
+// leader (the cluster has none, or this node cannot tell where it is): an
+// Unavailable with the NotLeader detail. A client-side Unavailable
+// (connection refused) is never it.
 func noLeader(ce *connect.Error) bool {
-	return connect.IsWireError(ce) && strings.Contains(ce.Message(), "no leader")
+	_, ok := notLeaderOf(ce)
+	return ok
 }
 
 // failover reports whether the next server should be tried after err:
@@ -149,16 +165,6 @@ func (e *rpcError) Error() string {
 	return fmt.Sprintf("no control-plane server could answer (%d tried): %s", len(e.attempts), strings.Join(parts, "; "))
 }
 
-// headerLeaderURL is the error metadata key naming the leader's API URL
-// (service.HeaderLeaderURL). It is repeated here so that cartctl does not
-// link in the control-plane server with Raft and its storage.
-const headerLeaderURL = "Cart-Leader-Url"
-
-// leaderIDPattern finds the leader's node id in the server's not-leader
-// message ("... the leader is n2 at http://..."); the id has no metadata
-// key of its own.
-var leaderIDPattern = regexp.MustCompile(`the leader is (\S+) at `)
-
 // describe renders one failed attempt as a one-line message for people:
 // the server's own words where they are clear, plus what to do next.
 func describe(at attempt, timeout time.Duration) string {
@@ -171,13 +177,14 @@ func describe(at attempt, timeout time.Duration) string {
 	case connect.CodeNotFound, connect.CodeAlreadyExists:
 		return msg
 	case connect.CodeFailedPrecondition:
-		leader := ce.Meta().Get(headerLeaderURL)
+		nl, _ := notLeaderOf(ce)
+		leader := nl.GetLeaderUrl()
 		if leader == "" {
 			return fmt.Sprintf("%s: %s", at.server, msg)
 		}
 		who := "the leader is at " + leader
-		if m := leaderIDPattern.FindStringSubmatch(msg); m != nil {
-			who = fmt.Sprintf("the leader is %s at %s", m[1], leader)
+		if id := nl.GetLeaderId(); id != "" {
+			who = fmt.Sprintf("the leader is %s at %s", id, leader)
 		}
 		return fmt.Sprintf("not the leader; %s (retry with --server %s)", who, leader)
 	case connect.CodeUnauthenticated:

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/cartrouter/cart/controlplane/cpclient"
 )
 
 func wireErr(code connect.Code, msg string) *connect.Error {
@@ -29,8 +31,11 @@ func TestExitCode(t *testing.T) {
 		{"not found", wireErr(connect.CodeNotFound, "worker x not found"), exitNotFound},
 		{"already exists", wireErr(connect.CodeAlreadyExists, "worker x already exists"), exitExists},
 		{"not leader", wireErr(connect.CodeFailedPrecondition, "not the leader"), exitNotLeader},
-		{"no leader", wireErr(connect.CodeUnavailable, "no leader: this node cannot reach a quorum"), exitNotLeader},
-		{"forwarded to non-leader", wireErr(connect.CodeUnavailable, "node n2 is not the leader either: no leader: ..."), exitNotLeader},
+		{"no leader", withNotLeader(wireErr(connect.CodeUnavailable, "no leader: this node cannot reach a quorum"), "", ""), exitNotLeader},
+		{"forwarded to non-leader", withNotLeader(wireErr(connect.CodeUnavailable, "node n2 is not the leader either: no leader: ..."), "n3", "http://n3"), exitNotLeader},
+		{"leader url unpublished", withNotLeader(wireErr(connect.CodeUnavailable, "leader n3 has not published its API URL yet"), "n3", ""), exitNotLeader},
+		// The detail decides, not the words.
+		{"unavailable saying no leader", wireErr(connect.CodeUnavailable, "no leader here"), exitUnavailable},
 		{"unauthenticated", wireErr(connect.CodeUnauthenticated, "missing or invalid bearer token"), exitAuth},
 		{"permission denied", wireErr(connect.CodePermissionDenied, "loopback only"), exitAuth},
 		{"server unavailable", wireErr(connect.CodeUnavailable, "commit: timeout"), exitUnavailable},
@@ -45,7 +50,7 @@ func TestExitCode(t *testing.T) {
 		{"outcome unknown", wireErr(connect.CodeAborted, "write outcome unknown, retry the same command"), exitUnknown},
 		{"outcome unknown by header", func() error {
 			e := wireErr(connect.CodeUnavailable, "x")
-			e.Meta().Set(headerWriteOutcome, "unknown")
+			e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
 			return e
 		}(), exitUnknown},
 		// cartctl itself never makes up an unknown outcome.
@@ -54,7 +59,7 @@ func TestExitCode(t *testing.T) {
 		// whatever the next server said.
 		{"unknown then no leader", &rpcError{attempts: []attempt{
 			{"http://a", wireErr(connect.CodeAborted, "write outcome unknown")},
-			{"http://b", wireErr(connect.CodeUnavailable, "no leader: x")},
+			{"http://b", withNotLeader(wireErr(connect.CodeUnavailable, "no leader: x"), "", "")},
 		}}, exitUnknown},
 		{"rpc error", &rpcError{attempts: []attempt{{"http://a", wireErr(connect.CodeNotFound, "gone")}}}, exitNotFound},
 		{"rpc error uses last attempt", &rpcError{attempts: []attempt{
@@ -72,10 +77,8 @@ func TestExitCode(t *testing.T) {
 }
 
 func TestDescribe(t *testing.T) {
-	notLeader := wireErr(connect.CodeFailedPrecondition, "not the leader (node is not the leader); the leader is n2 at http://10.0.0.2:6701")
-	notLeader.Meta().Set(headerLeaderURL, "http://10.0.0.2:6701")
-	notLeaderNoID := wireErr(connect.CodeFailedPrecondition, "not the leader")
-	notLeaderNoID.Meta().Set(headerLeaderURL, "http://10.0.0.2:6701")
+	notLeader := withNotLeader(wireErr(connect.CodeFailedPrecondition, "not the leader (node is not the leader)"), "n2", "http://10.0.0.2:6701")
+	notLeaderNoID := withNotLeader(wireErr(connect.CodeFailedPrecondition, "not the leader"), "", "http://10.0.0.2:6701")
 	refused := connect.NewError(connect.CodeUnavailable, errors.New("dial tcp 127.0.0.1:1: connect: connection refused"))
 
 	tests := []struct {

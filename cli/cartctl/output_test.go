@@ -168,6 +168,7 @@ http://w2, was chosen.
   "ticket": "0",
   "leader_id": "n1",
   "pinned": false,
+  "leader_url": "",
   "explanation": "because"
 }
 `},

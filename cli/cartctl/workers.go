@@ -36,9 +36,10 @@ func (a *app) workersListCmd() *cobra.Command {
 
 MAX_LOAD "unlimited" means no in-flight cap; CAPACITY is the modelled KV
 cache size in tokens, "default" meaning the pool-wide cache capacity.
-SOURCE is where the worker came from: static (config seed), admin (cartctl)
-or dns (discovery, which never touches the others); "(draining)" marks a
-discovered worker that left DNS and finishes its in-flight requests.
+SOURCE is where the worker came from: static (config seed), admin (cartctl),
+dns or kubernetes (discovery, which never touches the others); "(draining)"
+marks a discovered worker that left its source and finishes its in-flight
+requests.
 With -o json the output is the ListWorkersResponse message.`),
 		Args: checkArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {

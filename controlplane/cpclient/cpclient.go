@@ -6,47 +6,16 @@ package cpclient
 
 import (
 	"crypto/tls"
-	"crypto/x509"
-	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/cartrouter/cart/config"
 )
 
-// TLSConfig turns client TLS settings into a tls.Config (nil when none are
-// set, meaning plaintext h2c).
-func TLSConfig(c config.ClientTLS) (*tls.Config, error) {
-	if c.CAFile == "" && c.CertFile == "" && c.ServerName == "" {
-		return nil, nil
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("read CA %s: %w", c.CAFile, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("CA %s: no certificates found", c.CAFile)
-		}
-		tc.RootCAs = pool
-	}
-	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("load client certificate %s: %w", c.CertFile, err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
-}
-
 // New returns an HTTP/2 client for the control-plane API.
 func New(c config.ClientTLS) (*http.Client, error) {
-	tc, err := TLSConfig(c)
+	tc, err := c.Config()
 	if err != nil {
 		return nil, err
 	}

@@ -52,10 +52,10 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/daemon"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/server"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/sim"
@@ -1239,10 +1239,14 @@ func BenchmarkPlaceBatchApply(b *testing.B) {
 		for _, role := range []string{"follower", "leader"} {
 			for _, k := range []int{50, 512} {
 				b.Run(fmt.Sprintf("%s/%s/k=%d", fill, role, k), func(b *testing.B) {
-					var mu sync.Mutex
-					idx := index.New(index.Options{MaxEntries: cfg.Cache.MaxTreeSize, Headroom: cfg.Cache.MaxTreeSize / 8, InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0})
-					eng := engine.New(server.EnginePolicy(cfg), idx, rand.New(rand.NewPCG(1, 2)))
-					st := state.New(&mu, eng)
+					dec := decider.New(decider.Options{Policy: decider.PolicyFrom(cfg), MaxEntries: cfg.Cache.MaxTreeSize,
+						InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0, Rand: rand.New(rand.NewPCG(1, 2))})
+					st := state.New(dec)
+					// The benchmark fills and pre-places untimed, inside the
+					// decider's critical section like every index change.
+					var idx *index.Index
+					dec.Do(decider.OpRead, func(e *engine.Engine) { idx = e.Index() })
+					locked := func(fn func()) { dec.Do(decider.OpRead, func(*engine.Engine) { fn() }) }
 					set := &cartv1.SetWorkersCommand{}
 					for w := range benchWorkers {
 						set.Workers = append(set.Workers, &cartv1.WorkerSpec{Url: fmt.Sprintf("http://w%d", w)})
@@ -1257,10 +1261,12 @@ func BenchmarkPlaceBatchApply(b *testing.B) {
 					wl := newWorkload()
 					now := time.Now().UnixNano()
 					if fill == "full" {
-						ceiling := cfg.Cache.MaxTreeSize + cfg.Cache.MaxTreeSize/8
-						for i := 0; idx.Len() < ceiling && i < 10_000_000; i++ {
-							idx.Insert(wl.next("fill").BlockHashes, index.WorkerID(i%benchWorkers), now)
-						}
+						locked(func() {
+							ceiling := cfg.Cache.MaxTreeSize + cfg.Cache.MaxTreeSize/8
+							for i := 0; idx.Len() < ceiling && i < 10_000_000; i++ {
+								idx.Insert(wl.next("fill").BlockHashes, index.WorkerID(i%benchWorkers), now)
+							}
+						})
 					}
 					hashes := 0
 					b.ResetTimer()
@@ -1271,7 +1277,7 @@ func BenchmarkPlaceBatchApply(b *testing.B) {
 							h := wl.next("b").BlockHashes
 							w := j % benchWorkers
 							if role == "leader" {
-								idx.Insert(h, index.WorkerID(w), now)
+								locked(func() { idx.Insert(h, index.WorkerID(w), now) })
 							}
 							batch.Placements = append(batch.Placements, &cartv1.Placement{Worker: fmt.Sprintf("http://w%d", w), BlockHashes: h[benchPrefixChars/benchBlockChars:], AtUnixNanos: now})
 							hashes += len(h) - benchPrefixChars/benchBlockChars
@@ -1287,7 +1293,7 @@ func BenchmarkPlaceBatchApply(b *testing.B) {
 					}
 					b.StopTimer()
 					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(hashes), "ns/hash")
-					b.ReportMetric(float64(idx.Len()), "index-entries")
+					b.ReportMetric(float64(dec.Stats().IndexEntries), "index-entries")
 				})
 			}
 		}

@@ -256,7 +256,17 @@ func TestLeaderKillAndFullRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // let the placement batch commit
+	// The placement batch must have committed before the kill: wait until
+	// every follower has applied it (its own index holds the entry).
+	for _, p := range procs {
+		if p == leader {
+			continue
+		}
+		testkit.WaitForMsg(t, 10*time.Second, "placement replicated to "+p.id, func() (bool, string) {
+			st, err := status(p.url())
+			return err == nil && st.GetIndexEntries() > 0, fmt.Sprint(st.GetIndexEntries(), err)
+		})
+	}
 
 	leader.stop(syscall.SIGKILL)
 	killed := time.Now()

@@ -1,15 +1,13 @@
 // Package daemon runs one control-plane node: Raft on disk, the replicated
-// state over a routing engine, and the Connect API on one port.
+// state over the node's decider, and the Connect API on one port.
 package daemon
 
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -20,16 +18,16 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/discovery"
-	"github.com/cartrouter/cart/controlplane/engine"
-	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/kvtruth"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/service"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/server"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/tracing"
 )
 
 // Daemon is a running control-plane node.
@@ -40,13 +38,19 @@ type Daemon struct {
 	Node *raftnode.Node
 	St   *state.State
 	API  *http.Server
-	mu   *sync.Mutex
-	eng  *engine.Engine
-	// watcher is DNS discovery, run by whichever node leads.
-	watcher *discovery.Watcher
+	// Dec is the node's routing core: the engine, its lock, load, tickets
+	// and index maintenance, shared by the state machine and the service.
+	Dec *decider.Decider
+	// watchers are discovery (DNS, Kubernetes), run by whichever node
+	// leads.
+	watchers []*discovery.Watcher
 	// seeded is closed once a bootstrapping node decided about the static
 	// seed (nil on other nodes).
 	seeded chan struct{}
+	// Tracer continues data planes' traces in RouterService calls (nil:
+	// off); ownTracer: Serve shuts it down.
+	Tracer    *tracing.Tracer
+	ownTracer bool
 }
 
 // raftTLS builds the Raft transport's server and client TLS from one
@@ -55,20 +59,13 @@ func raftTLS(t config.TLS) (*tls.Config, *tls.Config, error) {
 	if !t.Enabled() {
 		return nil, nil, nil
 	}
-	srv, err := server.ServerTLS(t)
+	srv, err := t.ServerConfig()
 	if err != nil {
 		return nil, nil, fmt.Errorf("raft TLS: %w", err)
 	}
-	cli := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: srv.Certificates}
-	if t.ClientCAFile != "" {
-		pem, err := os.ReadFile(t.ClientCAFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("raft TLS CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(pem)
-		cli.RootCAs = pool
-	}
+	// The CA that verifies peers' client certificates verifies their
+	// server certificates too: one pool, loaded once.
+	cli := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: srv.Certificates, RootCAs: srv.ClientCAs}
 	return srv, cli, nil
 }
 
@@ -87,34 +84,38 @@ func declaredModels(ws []config.Worker) map[string][]string {
 
 // Start brings the node up: Raft (bootstrapping or rejoining), the API
 // listener, and — for a joining node — the request to be added as a voter.
-func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, error) {
+func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tracing.Option) (*Daemon, error) {
 	token, adminToken, err := cfg.Tokens()
 	if err != nil {
 		return nil, err
 	}
 	// The leader probes workers; keyed workers (vLLM --api-key) need their
 	// key on probes or they are all marked down.
-	workerKeys, err := server.WorkerKeys(cfg)
+	perWorker, poolKey, err := cfg.WorkerKeys()
 	if err != nil {
 		return nil, err
 	}
-	healthCfg := server.HealthConfig(cfg)
-	healthCfg.WorkerKey = workerKeys.Get
+	healthCfg := health.ConfigFrom(cfg.Health)
+	healthCfg.WorkerKey = func(w string) string {
+		if k, ok := perWorker[w]; ok {
+			return k
+		}
+		return poolKey // workers added through cartctl or discovery
+	}
 	cp := cfg.ControlPlane
 	client, err := cpclient.New(cfg.DataPlane.ClientTLS)
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, mu: &sync.Mutex{}}
+	d := &Daemon{cfg: cfg, log: log}
 	if cp.Bootstrap {
 		d.seeded = make(chan struct{})
 	}
-	idx := index.New(index.Options{MaxEntries: cfg.Cache.MaxTreeSize, Headroom: cfg.Cache.MaxTreeSize / 8, InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0})
-	d.eng = engine.New(server.EnginePolicy(cfg), idx, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
-	d.St = state.New(d.mu, d.eng)
+	d.Dec = decider.New(deciderOptions(cfg))
+	d.St = state.New(d.Dec)
 	var leaderLoops []func(context.Context)
-	if cfg.Discovery.DNS.Enabled() {
-		// d.watcher is set below, before Raft can make this node leader.
+	if cfg.Discovery.DNS.Enabled() || cfg.Discovery.Kubernetes.Enabled {
+		// d.watchers is set below, before Raft can make this node leader.
 		leaderLoops = append(leaderLoops, func(ctx context.Context) {
 			// The seed only lands on a cluster with no worker history, so
 			// discovery must not write the first worker change.
@@ -125,11 +126,18 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 					return
 				}
 			}
-			d.watcher.Run(ctx)
+			// Each watcher stops (Kubernetes informers included) when
+			// leadership ends; the loop returns once all have.
+			var wg sync.WaitGroup
+			for _, w := range d.watchers {
+				wg.Add(1)
+				go func() { defer wg.Done(); w.Run(ctx) }()
+			}
+			wg.Wait()
 		})
 	}
 	var kvLoop func(context.Context)
-	if len(server.KVSources(cfg)) > 0 {
+	if len(kvtruth.SourcesFrom(cfg)) > 0 {
 		// kvLoop is set below, before Raft can make this node leader.
 		leaderLoops = append(leaderLoops, func(ctx context.Context) { kvLoop(ctx) })
 	}
@@ -139,8 +147,6 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 		BlockChars:     cfg.Cache.BlockChars,
 		PlacementBatch: time.Duration(cp.PlacementBatchMs) * time.Millisecond,
 		PlacementMax:   cp.PlacementBatchMax,
-		LoadLease:      time.Duration(cp.LoadLeaseSecs * float64(time.Second)),
-		MaxTickets:     cp.MaxUnsettledTickets,
 		Health:         healthCfg,
 		DeclaredModels: declaredModels(cfg.Workers),
 		Token:          token,
@@ -151,19 +157,15 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 
 		ResponseAffinityTTL: cfg.Responses.AffinityTTL(),
 		ResponseAffinityMax: cfg.Responses.MaxEntries,
-	}, d.mu, d.eng, d.St)
-	if len(server.KVSources(cfg)) > 0 {
+		SlowLeader: service.HandoverOptions{Enabled: cfg.ControlPlane.SlowLeaderHandover.Enabled, Threshold: cfg.ControlPlane.SlowLeaderHandover.Threshold(),
+			Window: cfg.ControlPlane.SlowLeaderHandover.Window(), MinInterval: cfg.ControlPlane.SlowLeaderHandover.MinInterval()},
+	}, d.Dec, d.St)
+	if len(kvtruth.SourcesFrom(cfg)) > 0 {
 		kvLoop = d.kvLeaderLoop(kvtruth.NewMetrics(d.Core.Registry()))
 	}
-	if cfg.Discovery.DNS.Enabled() {
-		res, err := server.DNSResolver(cfg)
-		if err != nil {
-			return nil, err
-		}
-		d.watcher = discovery.NewWatcher(discovery.WatchOptions{
-			Source: state.SourceDNS, Resolver: res, Sink: cpSink{d}, Rules: server.DiscoveryRules(cfg),
-			Metrics: discovery.NewMetrics(d.Core.Registry()), Logger: log,
-		})
+	if d.watchers, err = discovery.Watchers(cfg, log, discovery.NewMetrics(d.Core.Registry()),
+		func(source string) discovery.Sink { return cpSink{d, source} }); err != nil {
+		return nil, err
 	}
 	srvTLS, cliTLS, err := raftTLS(cp.RaftTLS)
 	if err != nil {
@@ -219,7 +221,12 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	d.Node = node
 	d.Core.SetNode(node)
 
-	h := d.Core.Handler(service.AuthOptions{Token: token, AdminToken: adminToken, AllowUnauthenticatedRemote: cfg.Auth.AllowUnauthenticatedRemote})
+	if d.Tracer, d.ownTracer, err = tracing.ForRole(cfg, config.RoleControlPlane, cp.NodeID, opts, log); err != nil {
+		_ = node.Shutdown()
+		return nil, err
+	}
+	h := d.Core.HandlerWith(service.AuthOptions{Token: token, AdminToken: adminToken, AllowUnauthenticatedRemote: cfg.Auth.AllowUnauthenticatedRemote},
+		d.Tracer.Interceptors()...)
 	api := &http.Server{
 		Handler:           service.BodyReadDeadline(h, time.Duration(cp.APIBodyReadTimeoutSecs*float64(time.Second))),
 		ReadHeaderTimeout: time.Duration(cfg.Server.ReadHeaderTimeoutSecs * float64(time.Second)),
@@ -233,8 +240,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	protos.SetUnencryptedHTTP2(true)
 	api.Protocols = &protos
 	if cfg.Server.TLS.Enabled() {
-		if api.TLSConfig, err = server.ServerTLS(cfg.Server.TLS); err != nil {
+		if api.TLSConfig, err = cfg.Server.TLS.ServerConfig(); err != nil {
 			_ = node.Shutdown()
+			if d.ownTracer {
+				_ = d.Tracer.Close()
+			}
 			return nil, err
 		}
 	}
@@ -247,11 +257,24 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Daemon, 
 	if cp.Bootstrap {
 		go d.seedWorkers(ctx)
 	}
-	go d.Core.RunMaintenance(ctx, service.MaintenanceOptions{
-		Interval:   time.Duration(cfg.Cache.EvictionIntervalSecs * float64(time.Second)),
-		MaxEntries: cfg.Cache.MaxTreeSize,
-	})
+	// Every node bounds its own index (followers apply placements too).
+	go d.Dec.Run(ctx, time.Duration(cfg.Cache.EvictionIntervalSecs*float64(time.Second)))
 	return d, nil
+}
+
+// deciderOptions translates the config into the node's routing core: the
+// same cache.* bounds and daily reset as the all-in-one mode, plus the
+// leader's lease and ticket cap.
+func deciderOptions(cfg *config.Config) decider.Options {
+	return decider.Options{
+		Policy:       decider.PolicyFrom(cfg),
+		MaxEntries:   cfg.Cache.MaxTreeSize,
+		InlineEvict:  cfg.Cache.EvictionIntervalSecs <= 0,
+		DailyReset:   cfg.Cache.DailyCleanupHourUTC >= 0,
+		ResetHourUTC: cfg.Cache.DailyCleanupHourUTC,
+		LoadLease:    time.Duration(cfg.ControlPlane.LoadLeaseSecs * float64(time.Second)),
+		MaxTickets:   cfg.ControlPlane.MaxUnsettledTickets,
+	}
 }
 
 // checkRaftAuth refuses a Raft port reachable beyond loopback with no peer
@@ -276,13 +299,9 @@ func (d *Daemon) join(ctx context.Context, client *http.Client, token string) {
 	req := &cartv1.AddVoterRequest{Id: cp.NodeID, RaftAddress: cp.EffectiveAdvertiseRaftAddr(), ApiUrl: cp.EffectiveAdvertiseAPIURL()}
 	for attempt := 0; ; attempt++ {
 		for _, u := range cp.Join {
-			c := cartv1connect.NewAdminServiceClient(client, u, connect.WithGRPC())
-			r := connect.NewRequest(req)
-			if token != "" {
-				r.Header().Set("Authorization", "Bearer "+token)
-			}
+			c := cartv1connect.NewAdminServiceClient(client, u, connect.WithGRPC(), connect.WithInterceptors(cpclient.Bearer(token)))
 			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := c.AddVoter(actx, r)
+			_, err := c.AddVoter(actx, connect.NewRequest(req))
 			cancel()
 			if err == nil {
 				d.log.Info("joined the cluster", "via", u)
@@ -373,17 +392,26 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		err = serr
 	}
 	d.Core.Close()
+	if d.ownTracer {
+		if terr := d.Tracer.Close(); terr != nil {
+			d.log.Warn("tracing shutdown", "error", terr.Error())
+		}
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
 	return err
 }
 
-// cpSink applies DNS discovery to the replicated worker set: every change
-// is an idempotent Raft command (upsert, remove by URL) whose worker carries
-// source "dns", so a new leader's watcher continues from the replicated
-// set. Draining is leader soft state on the leader's engine.
-type cpSink struct{ d *Daemon }
+// cpSink applies one source's discovery to the replicated worker set:
+// every change is an idempotent Raft command (upsert, remove by URL) whose
+// worker carries the source ("dns", "kubernetes"), so a new leader's
+// watcher continues from the replicated set. Draining is leader soft state
+// on the leader's engine.
+type cpSink struct {
+	d      *Daemon
+	source string
+}
 
 func (s cpSink) Pool() map[string]string {
 	ws, _ := s.d.St.Workers()
@@ -395,18 +423,18 @@ func (s cpSink) Pool() map[string]string {
 }
 
 func (s cpSink) Add(ctx context.Context, url string) error {
-	n := s.d.cfg.Discovery.DNS
-	spec := &cartv1.WorkerSpec{Url: url, MaxLoad: uint32(n.MaxLoad), LoadPenalty: uint32(n.LoadPenalty),
-		CacheCapacityTokens: n.CacheCapacityTokens, Source: state.SourceDNS}
-	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-dns-add " + url,
+	maxLoad, penalty, capTokens := discovery.Defaults(s.d.cfg, s.source)
+	spec := &cartv1.WorkerSpec{Url: url, MaxLoad: uint32(maxLoad), LoadPenalty: uint32(penalty),
+		CacheCapacityTokens: capTokens, Source: s.source}
+	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-" + s.source + "-add " + url,
 		Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}})
 }
 
 func (s cpSink) Remove(ctx context.Context, url string) error {
-	if src, ok := s.Pool()[url]; !ok || src != state.SourceDNS {
+	if src, ok := s.Pool()[url]; !ok || src != s.source {
 		return nil // gone already, or not ours
 	}
-	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-dns-remove " + url,
+	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-" + s.source + "-remove " + url,
 		Body: &cartv1.RaftCommand_RemoveWorker{RemoveWorker: &cartv1.RemoveWorkerCommand{Url: url}}})
 }
 
@@ -417,14 +445,6 @@ func (s cpSink) apply(ctx context.Context, cmd *cartv1.RaftCommand) error {
 	return err
 }
 
-func (s cpSink) SetDraining(url string, on bool) {
-	s.d.mu.Lock()
-	s.d.eng.SetDraining(url, on)
-	s.d.mu.Unlock()
-}
+func (s cpSink) SetDraining(url string, on bool) { s.d.Dec.SetDraining(url, on) }
 
-func (s cpSink) Load(url string) int {
-	s.d.mu.Lock()
-	defer s.d.mu.Unlock()
-	return s.d.eng.Load(url)
-}
+func (s cpSink) Load(url string) int { return s.d.Dec.Load(url) }

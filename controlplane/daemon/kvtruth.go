@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/kvtruth"
-	"github.com/cartrouter/cart/dataplane/server"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -25,8 +25,7 @@ const kvFlushEvery = 10 * time.Millisecond
 // Raft command, batched, so that every node's index changes the same way
 // and only by the log.
 type kvApplier struct {
-	mu    *sync.Mutex // the engine lock
-	eng   *engine.Engine
+	dec   *decider.Decider
 	apply func(ctx context.Context, cmd *cartv1.RaftCommand) error
 	log   *slog.Logger
 
@@ -36,8 +35,8 @@ type kvApplier struct {
 	kick   chan struct{}
 }
 
-func newKVApplier(mu *sync.Mutex, eng *engine.Engine, apply func(context.Context, *cartv1.RaftCommand) error, log *slog.Logger) *kvApplier {
-	return &kvApplier{mu: mu, eng: eng, apply: apply, log: log, clears: map[string]bool{}, trims: map[string]map[uint64]bool{}, kick: make(chan struct{}, 1)}
+func newKVApplier(dec *decider.Decider, apply func(context.Context, *cartv1.RaftCommand) error, log *slog.Logger) *kvApplier {
+	return &kvApplier{dec: dec, apply: apply, log: log, clears: map[string]bool{}, trims: map[string]map[uint64]bool{}, kick: make(chan struct{}, 1)}
 }
 
 func (a *kvApplier) ClearHoldings(worker string) {
@@ -54,9 +53,8 @@ func (a *kvApplier) ClearHoldings(worker string) {
 }
 
 func (a *kvApplier) ApplyKVReport(worker string, r engine.KVReport) {
-	a.mu.Lock()
-	trim := a.eng.ApplyKVReport(worker, r, nil)
-	a.mu.Unlock()
+	var trim []uint64
+	a.dec.Do(decider.OpKV, func(eng *engine.Engine) { trim = eng.ApplyKVReport(worker, r, nil) })
 	if len(trim) == 0 {
 		return
 	}
@@ -133,14 +131,14 @@ func (a *kvApplier) propose(ctx context.Context, cmd *cartv1.RaftCommand) {
 // kvLeaderLoop consumes the engines' KV events while this node leads.
 func (d *Daemon) kvLeaderLoop(m *kvtruth.Metrics) func(ctx context.Context) {
 	return func(ctx context.Context) {
-		app := newKVApplier(d.mu, d.eng, func(ctx context.Context, cmd *cartv1.RaftCommand) error {
+		app := newKVApplier(d.Dec, func(ctx context.Context, cmd *cartv1.RaftCommand) error {
 			_, err := d.Node.Apply(ctx, cmd)
 			return err
 		}, d.log)
 		done := make(chan struct{})
 		go func() { defer close(done); app.run(ctx) }()
 		defer func() { <-done }()
-		r, err := kvtruth.Start(server.KVOptions(d.cfg, app, m, d.log))
+		r, err := kvtruth.Start(kvtruth.OptionsFrom(d.cfg, app, m, d.log))
 		if err != nil {
 			d.log.Error("kv events: not consumed", "err", err)
 			<-ctx.Done()

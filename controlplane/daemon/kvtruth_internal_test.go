@@ -4,9 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
-	"sync"
 	"testing"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/state"
@@ -17,10 +17,9 @@ import (
 // batched: nothing changes before the flush; one window gives at most one
 // ClearHoldings and one UnplaceBatch.
 func TestKVApplierProposesBatchedCommands(t *testing.T) {
-	mu := &sync.Mutex{}
-	eng := engine.New(engine.Policy{BlockChars: 4, Threshold: 0.3, BalanceAbsThreshold: 100, BalanceRelThreshold: 100},
-		index.New(index.Options{MaxEntries: 10_000}), rand.New(rand.NewPCG(1, 2)))
-	st := state.New(mu, eng)
+	dec := decider.New(decider.Options{Policy: engine.Policy{BlockChars: 4, Threshold: 0.3, BalanceAbsThreshold: 100, BalanceRelThreshold: 100},
+		MaxEntries: 10_000, InlineEvict: true, Rand: rand.New(rand.NewPCG(1, 2))})
+	st := state.New(dec)
 	var logIndex uint64
 	var cmds []*cartv1.RaftCommand
 	apply := func(_ context.Context, cmd *cartv1.RaftCommand) error {
@@ -41,27 +40,31 @@ func TestKVApplierProposesBatchedCommands(t *testing.T) {
 	hashes := func(text string) []uint64 { return index.Hash(nil, "m", []byte(text), 4) }
 	place := func(w, text string, at int64) {
 		other := map[string]string{"a": "b", "b": "a"}[w]
-		mu.Lock()
-		defer mu.Unlock()
-		d, err := eng.Route(engine.Request{Hashes: hashes(text), KeyLen: len(text), Exclude: []string{other}}, at)
+		var d engine.Decision
+		var err error
+		dec.Do(decider.OpRoute, func(eng *engine.Engine) {
+			d, err = eng.Route(engine.Request{Hashes: hashes(text), KeyLen: len(text), Exclude: []string{other}}, at)
+		})
 		if err != nil || d.Worker != w {
 			t.Fatalf("place on %s: %+v %v", w, d, err)
 		}
 	}
 	holds := func(w, text string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		var m index.Match
-		eng.Index().Lookup(hashes(text), &m)
-		id, _ := eng.WorkerIDOf(w)
-		return m.BlocksFor(index.WorkerID(id))
+		var n int
+		dec.Do(decider.OpRead, func(eng *engine.Engine) {
+			var m index.Match
+			eng.Index().Lookup(hashes(text), &m)
+			id, _ := eng.WorkerIDOf(w)
+			n = m.BlocksFor(index.WorkerID(id))
+		})
+		return n
 	}
 	old, recent := "0123456789abcdef", "ghijklmnopqrstuv" // 4 blocks each
 	place("a", old, 1)
 	place("a", recent, 2)
 	place("b", old, 3) // the shared entries are now the index's most recent
 
-	app := newKVApplier(mu, eng, apply, slog.New(slog.DiscardHandler))
+	app := newKVApplier(dec, apply, slog.New(slog.DiscardHandler))
 	// The engine holds 4 blocks after evicting: a's oldest 4 must go.
 	app.ApplyKVReport("a", engine.KVReport{Synced: true, OccupiedBlocks: 4, CapacityBlocks: 8, Evicted: true})
 	app.ApplyKVReport("a", engine.KVReport{Synced: true, OccupiedBlocks: 4, CapacityBlocks: 8, Evicted: true})

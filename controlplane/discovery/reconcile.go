@@ -1,12 +1,14 @@
-// Package discovery turns what a worker source (DNS today) reports into
+// Package discovery turns what a worker source (DNS records, or a
+// Kubernetes Service's EndpointSlices or labelled pods) reports into
 // changes of the worker set.
 //
 // The Reconciler is pure: it is fed answers and the time, and says which
 // endpoints to add, drain, undrain and remove, so damping and draining are
 // table-testable. The Watcher does the I/O: it asks a Resolver on an
-// interval that follows the answers' TTLs and applies the Reconciler's
-// verdicts to a Sink (the all-in-one router's engine, or the control
-// plane's replicated worker set through Raft).
+// interval that follows the answers' TTLs (and, for a watching Resolver,
+// as soon as it says something changed, at most every MinInterval) and
+// applies the Reconciler's verdicts to a Sink (the all-in-one router's
+// engine, or the control plane's replicated worker set through Raft).
 //
 // Rules:
 //   - An endpoint is added once it was present in AddAfter consecutive
@@ -172,6 +174,22 @@ func (r *Reconciler) list(draining bool) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Unsettled reports whether an endpoint is partway through damping: seen
+// but not yet added, or absent but not yet drained. A watching source
+// answers only on changes, so the watcher re-asks it at MinInterval while
+// this holds, or a damped change would wait for MaxInterval.
+func (r *Reconciler) Unsettled() bool {
+	if len(r.pending) > 0 {
+		return true
+	}
+	for _, m := range r.members {
+		if !m.draining && m.missing > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Stale reports whether the last answer was unusable.

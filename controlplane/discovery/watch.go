@@ -46,9 +46,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// Notifier is a Resolver that knows when its answer may have changed (a
+// watch): the watcher then resolves without waiting out its interval.
+type Notifier interface {
+	Notify() <-chan struct{}
+}
+
+// Starter is a Resolver with background work (a Kubernetes informer) that
+// lives as long as one watcher run: Start begins it, and the returned stop
+// ends it and waits for it, so a leader that steps down leaves nothing
+// running.
+type Starter interface {
+	Start(ctx context.Context) (stop func())
+}
+
 // WatchOptions configure a Watcher.
 type WatchOptions struct {
-	// Source names the workers this watcher owns ("dns").
+	// Source names the workers this watcher owns ("dns", "kubernetes").
 	Source   string
 	Resolver Resolver
 	Sink     Sink
@@ -100,10 +114,19 @@ func (w *Watcher) Run(ctx context.Context) {
 			o.Sink.SetDraining(u, false)
 		}
 	}()
+	if s, ok := o.Resolver.(Starter); ok {
+		defer s.Start(ctx)()
+	}
+	var notify <-chan struct{}
+	if n, ok := o.Resolver.(Notifier); ok {
+		notify = n.Notify()
+	}
 	stale := o.Metrics.Stale.WithLabelValues(o.Source)
 	errs := o.Metrics.Errors.WithLabelValues(o.Source)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	// nextAt is when timer fires; last is when the last answer came.
+	nextAt, last := time.Now(), time.Time{}
 	settle := time.NewTicker(o.SettleEvery)
 	defer settle.Stop()
 	for {
@@ -112,8 +135,22 @@ func (w *Watcher) Run(ctx context.Context) {
 			return
 		case <-settle.C:
 			w.settle(ctx, r)
+		case <-notify:
+			// Resolve soon, but never sooner than MinInterval after the
+			// last answer: damping counts answers, and a burst of events
+			// must not count as several absences.
+			now := time.Now()
+			at := last.Add(o.Rules.MinInterval)
+			if at.Before(now) {
+				at = now
+			}
+			if at.Before(nextAt) {
+				timer.Reset(at.Sub(now))
+				nextAt = at
+			}
 		case <-timer.C:
 			a := o.Resolver.Resolve(ctx)
+			last = time.Now()
 			if ctx.Err() != nil {
 				return
 			}
@@ -147,7 +184,12 @@ func (w *Watcher) Run(ctx context.Context) {
 			}
 			w.ensure(ctx, r)
 			w.settle(ctx, r)
-			timer.Reset(ch.Next)
+			next := ch.Next
+			if notify != nil && r.Unsettled() {
+				next = min(next, o.Rules.MinInterval)
+			}
+			timer.Reset(next)
+			nextAt = time.Now().Add(next)
 		}
 	}
 }

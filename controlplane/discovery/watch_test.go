@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -37,6 +38,9 @@ type fakeSink struct {
 	draining map[string]bool
 	load     map[string]int
 	failAdds int
+	source   string // of added workers; "" = dns
+	drains   int    // SetDraining(_, true) calls
+	removes  int
 }
 
 func (f *fakeSink) Pool() map[string]string {
@@ -55,19 +59,29 @@ func (f *fakeSink) Add(_ context.Context, u string) error {
 		f.failAdds--
 		return errors.New("not the leader")
 	}
-	f.pool[u] = "dns"
+	f.pool[u] = cmp.Or(f.source, "dns")
 	return nil
 }
 func (f *fakeSink) Remove(_ context.Context, u string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.pool, u)
+	f.removes++
 	return nil
 }
 func (f *fakeSink) SetDraining(u string, on bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.draining[u] = on
+	if on {
+		f.drains++
+	}
+}
+func (f *fakeSink) setLoad(u string, n int) { f.mu.Lock(); f.load[u] = n; f.mu.Unlock() }
+func (f *fakeSink) counts() (drains, removes int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.drains, f.removes
 }
 func (f *fakeSink) Load(u string) int { f.mu.Lock(); defer f.mu.Unlock(); return f.load[u] }
 func (f *fakeSink) get(u string) (string, bool, bool) {

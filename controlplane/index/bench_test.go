@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 )
 
 const benchBlockChars = 64 // the default cache.block_chars
@@ -143,3 +144,99 @@ func BenchmarkMemoryPerEntry(b *testing.B) {
 // settle finishes the garbage collection that building a large index
 // leaves running, so it does not steal time from the measured loop.
 func settle() { runtime.GC() }
+
+// BenchmarkFreeze measures what a snapshot does under the routing lock: a
+// copy of the page table (one pointer per 64 entries).
+func BenchmarkFreeze(b *testing.B) {
+	x := benchIndex(b, 1_000_000)
+	cpuLoop(b, func(uint64) { x.Freeze().Release() })
+}
+
+// BenchmarkInsertAfterFreeze measures the price of copy on write: the
+// first inserts after a freeze copy the pages they touch while
+// a view is alive. Each op is a freeze followed by 256 inserts of new
+// prompts into a full 1M-entry index. Times are CPU time of the inserting
+// thread (on a shared box wall time measures the neighbours): cpu-ns/insert
+// on average, max-cpu-µs for the slowest single insert, the longest it
+// makes a lock hold. frozen=false runs the same inserts with no view
+// alive, for comparison.
+func BenchmarkInsertAfterFreeze(b *testing.B) {
+	for _, n := range []int{1_000, 10_000} {
+		for _, frozen := range []bool{false, true} {
+			b.Run(fmt.Sprintf("chars=%s/frozen=%v", sizeName(n), frozen), func(b *testing.B) {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				x := benchIndex(b, 1_000_000)
+				base := Hash(nil, "bench-model", benchText(n, uint64(n)+11), benchBlockChars)
+				p := make([]uint64, len(base))
+				var worst, total time.Duration
+				settle()
+				b.ReportAllocs()
+				i := uint64(1 << 40)
+				for b.Loop() {
+					var v *View
+					if frozen {
+						v = x.Freeze()
+					}
+					for range 256 {
+						i++
+						for j, h := range base {
+							p[j] = h ^ (i * 0x9e3779b97f4a7c15)
+						}
+						cpu := threadCPU()
+						x.Insert(p, WorkerID(i%8), int64(i))
+						d := threadCPU() - cpu
+						worst, total = max(worst, d), total+d
+					}
+					if v != nil {
+						v.Release()
+					}
+				}
+				b.ReportMetric(float64(total.Nanoseconds())/float64(256*b.N), "cpu-ns/insert")
+				b.ReportMetric(float64(worst.Microseconds()), "max-cpu-µs")
+			})
+		}
+	}
+}
+
+// BenchmarkEvictStep measures one bounded eviction step (the maintenance
+// loop's lock hold) on a full 1M-entry index, with and without a frozen
+// view alive (a snapshot being written makes the step copy pages), in CPU
+// time of the evicting thread.
+func BenchmarkEvictStep(b *testing.B) {
+	for _, chunk := range []int{128, 2048} {
+		for _, frozen := range []bool{false, true} {
+			b.Run(fmt.Sprintf("chunk=%d/frozen=%v", chunk, frozen), func(b *testing.B) {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				x := fillIndex(Options{MaxEntries: 1_000_000 + chunk, InlineEvict: true}, 1_000_000+chunk, 100, 8, 5)
+				r := newRand(6)
+				p := make([]uint64, chunk)
+				var worst, total time.Duration
+				settle()
+				b.ReportAllocs()
+				for b.Loop() {
+					var v *View
+					if frozen {
+						v = x.Freeze()
+					}
+					cpu := threadCPU()
+					x.Evict(1_000_000, chunk)
+					d := threadCPU() - cpu
+					worst, total = max(worst, d), total+d
+					b.StopTimer()
+					if v != nil {
+						v.Release()
+					}
+					for j := range p {
+						p[j] = r.Uint64()
+					}
+					x.Insert(p, 1, 1)
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "cpu-ns/step")
+				b.ReportMetric(float64(worst.Microseconds()), "max-cpu-µs")
+			})
+		}
+	}
+}

@@ -22,19 +22,22 @@ func invariantErr(x *Index) error {
 	if len(x.byHash) > x.ceiling {
 		return fmt.Errorf("len %d exceeds ceiling %d", len(x.byHash), x.ceiling)
 	}
-	if len(x.slots) != len(x.byHash)+len(x.free) {
-		return fmt.Errorf("slots %d != live %d + free %d", len(x.slots), len(x.byHash), len(x.free))
+	if int(x.nslots) != len(x.byHash)+len(x.free) {
+		return fmt.Errorf("slots %d != live %d + free %d", x.nslots, len(x.byHash), len(x.free))
+	}
+	if want := (int(x.nslots) + pageSize - 1) / pageSize; len(x.pages) != want {
+		return fmt.Errorf("%d pages for %d slots", len(x.pages), x.nslots)
 	}
 	seen := make(map[int32]bool, len(x.byHash))
 	n := 0
 	prev := int32(nilSlot)
-	for s := x.head; s != nilSlot; s = x.slots[s].next {
+	for s := x.head; s != nilSlot; s = x.at(s).next {
 		if seen[s] {
 			return fmt.Errorf("LRU cycle at slot %d", s)
 		}
 		seen[s] = true
 		n++
-		e := &x.slots[s]
+		e := x.at(s)
 		if e.prev != prev {
 			return fmt.Errorf("slot %d prev=%d want %d", s, e.prev, prev)
 		}

@@ -46,13 +46,18 @@ type Stats struct {
 
 // Index is the prefix index. The zero value is not usable; call New.
 type Index struct {
-	slots      []entry
+	// pages hold the slab, in fixed-size pages so that a frozen view (see
+	// Freeze) can share them with the live index and only the pages
+	// written after a freeze are copied (cow.go).
+	pages      []*page
+	nslots     int32 // slots handed out so far, live or free
 	free       []int32
 	byHash     map[uint64]int32
 	head, tail int32
 	ceiling    int // never store more entries than this
 	inline     bool
 	stats      Stats
+	cow        cow
 	// onRelease is told every (hash, worker) pair the index stops
 	// recording, whatever the cause (see OnRelease).
 	onRelease func(hash uint64, w WorkerID)
@@ -112,7 +117,7 @@ func (x *Index) OnRelease(fn func(hash uint64, w WorkerID)) { x.onRelease = fn }
 
 // released reports every holder of slot s to onRelease.
 func (x *Index) released(s int32) {
-	e := &x.slots[s]
+	e := x.at(s)
 	if x.onRelease == nil || e.nholders == 0 {
 		return
 	}
@@ -180,7 +185,7 @@ func (x *Index) LookupSince(hashes []uint64, since int64, m *Match) {
 		if !ok {
 			return
 		}
-		e := &x.slots[s]
+		e := x.at(s)
 		if e.nholders == 0 {
 			return
 		}
@@ -235,7 +240,10 @@ func (x *Index) Insert(hashes []uint64, w WorkerID, now int64) (skipped int) {
 		} else {
 			x.unlink(s)
 		}
-		e := &x.slots[s]
+		e := x.at(s)
+		if x.shared() {
+			e = x.mutShared(s)
+		}
 		e.used = now
 		e.addHolder(w, now)
 		x.pushFront(s)
@@ -293,7 +301,10 @@ func (x *Index) RemoveHolder(hashes []uint64, w WorkerID) {
 		if !ok {
 			continue
 		}
-		e := &x.slots[s]
+		if !x.at(s).holds(w) {
+			continue
+		}
+		e := x.mut(s)
 		if e.removeHolder(w) && x.onRelease != nil {
 			x.onRelease(h, w)
 		}
@@ -306,8 +317,12 @@ func (x *Index) RemoveHolder(hashes []uint64, w WorkerID) {
 // RemoveWorker forgets everything worker w holds. O(entries).
 func (x *Index) RemoveWorker(w WorkerID) {
 	for s := x.head; s != nilSlot; {
-		next := x.slots[s].next
-		e := &x.slots[s]
+		next := x.at(s).next
+		if !x.at(s).holds(w) {
+			s = next
+			continue
+		}
+		e := x.mut(s)
 		if e.removeHolder(w) && x.onRelease != nil {
 			x.onRelease(e.hash, w)
 		}
@@ -338,7 +353,7 @@ func (x *Index) Evict(target, limit int) (removed int, done bool) {
 // touch-time order, so this walks from the tail and stops at the first
 // fresh entry.
 func (x *Index) ExpireBefore(cutoff int64, limit int) (removed int, done bool) {
-	for x.tail != nilSlot && x.slots[x.tail].used < cutoff {
+	for x.tail != nilSlot && x.at(x.tail).used < cutoff {
 		if limit > 0 && removed >= limit {
 			return removed, false
 		}
@@ -351,13 +366,18 @@ func (x *Index) ExpireBefore(cutoff int64, limit int) (removed int, done bool) {
 // Clear drops every entry (the daily cleanup).
 func (x *Index) Clear() {
 	if x.onRelease != nil {
-		for s := x.head; s != nilSlot; s = x.slots[s].next {
+		for s := x.head; s != nilSlot; s = x.at(s).next {
 			x.released(s)
 		}
 	}
 	x.stats.Evicted += uint64(len(x.byHash))
 	clear(x.byHash)
-	x.slots = x.slots[:0]
+	// Pages may be shared with frozen views: drop them rather than reuse.
+	clear(x.pages)
+	x.pages = x.pages[:0]
+	clear(x.cow.owned)
+	x.cow.owned = x.cow.owned[:0]
+	x.nslots = 0
 	x.free = x.free[:0]
 	x.head, x.tail = nilSlot, nilSlot
 }
@@ -366,18 +386,7 @@ func (x *Index) Clear() {
 // hash and holders (valid only during the call). It is for snapshots and
 // diagnostics, not the routing path.
 func (x *Index) Walk(fn func(hash uint64, used int64, holders []Holder) bool) {
-	var buf []Holder
-	for s := x.head; s != nilSlot; s = x.slots[s].next {
-		e := &x.slots[s]
-		buf = buf[:0]
-		buf = append(buf, Holder{Worker: e.first.w, At: e.first.at})
-		for _, h := range e.more {
-			buf = append(buf, Holder{Worker: h.w, At: h.at})
-		}
-		if !fn(e.hash, e.used, buf) {
-			return
-		}
-	}
+	walk(x.pages, x.head, fn)
 }
 
 // Holder is a worker that was sent a prefix and when.
@@ -392,7 +401,7 @@ func (x *Index) Holders(hash uint64) []Holder {
 	if !ok {
 		return nil
 	}
-	e := &x.slots[s]
+	e := x.at(s)
 	out := []Holder{{Worker: e.first.w, At: e.first.at}}
 	for _, h := range e.more {
 		out = append(out, Holder{Worker: h.w, At: h.at})
@@ -412,30 +421,48 @@ func (x *Index) alloc(h uint64) int32 {
 		s = x.free[n-1]
 		x.free = x.free[:n-1]
 	} else {
-		x.slots = append(x.slots, entry{})
-		s = int32(len(x.slots) - 1)
+		s = x.grow()
 	}
-	x.slots[s] = entry{hash: h, prev: nilSlot, next: nilSlot}
+	*x.mut(s) = entry{hash: h, prev: nilSlot, next: nilSlot}
 	x.byHash[h] = s
 	return s
 }
 
 func (x *Index) drop(s int32) {
 	x.unlink(s)
-	delete(x.byHash, x.slots[s].hash)
-	x.slots[s] = entry{prev: nilSlot, next: nilSlot}
+	e := x.at(s)
+	if x.shared() {
+		e = x.mutShared(s)
+	}
+	delete(x.byHash, e.hash)
+	*e = entry{prev: nilSlot, next: nilSlot}
 	x.free = append(x.free, s)
 }
 
+// unlink and pushFront run for every block a decision touches, so they
+// test for a frozen view once and call mutShared only then, instead of
+// calling mut (too large to inline) per slot.
 func (x *Index) unlink(s int32) {
-	e := &x.slots[s]
+	shared := x.shared()
+	e := x.at(s)
+	if shared {
+		e = x.mutShared(s)
+	}
 	if e.prev != nilSlot {
-		x.slots[e.prev].next = e.next
+		p := x.at(e.prev)
+		if shared {
+			p = x.mutShared(e.prev)
+		}
+		p.next = e.next
 	} else if x.head == s {
 		x.head = e.next
 	}
 	if e.next != nilSlot {
-		x.slots[e.next].prev = e.prev
+		n := x.at(e.next)
+		if shared {
+			n = x.mutShared(e.next)
+		}
+		n.prev = e.prev
 	} else if x.tail == s {
 		x.tail = e.prev
 	}
@@ -443,11 +470,19 @@ func (x *Index) unlink(s int32) {
 }
 
 func (x *Index) pushFront(s int32) {
-	e := &x.slots[s]
+	shared := x.shared()
+	e := x.at(s)
+	if shared {
+		e = x.mutShared(s)
+	}
 	e.prev = nilSlot
 	e.next = x.head
 	if x.head != nilSlot {
-		x.slots[x.head].prev = s
+		h := x.at(x.head)
+		if shared {
+			h = x.mutShared(x.head)
+		}
+		h.prev = s
 	}
 	x.head = s
 	if x.tail == nilSlot {
@@ -511,7 +546,7 @@ func (x *Index) HolderAt(hash uint64, w WorkerID) (int64, bool) {
 	if !ok {
 		return 0, false
 	}
-	e := &x.slots[s]
+	e := x.at(s)
 	if e.nholders > 0 && e.first.w == w {
 		return e.first.at, true
 	}

@@ -14,7 +14,7 @@ func (x *Index) PutBack(hash uint64, used int64, holders []Holder) {
 		x.drop(s)
 	}
 	s := x.alloc(hash)
-	e := &x.slots[s]
+	e := x.mut(s)
 	e.used = used
 	for _, h := range holders {
 		e.addHolder(h.Worker, h.At)
@@ -23,7 +23,7 @@ func (x *Index) PutBack(hash uint64, used int64, holders []Holder) {
 	e.prev = x.tail
 	e.next = nilSlot
 	if x.tail != nilSlot {
-		x.slots[x.tail].next = s
+		x.mut(x.tail).next = s
 	}
 	x.tail = s
 	if x.head == nilSlot {

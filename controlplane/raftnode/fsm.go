@@ -87,8 +87,8 @@ func (f *fsm) Apply(l *raft.Log) any {
 	return res
 }
 
-// Snapshot captures the state under its lock (one pass over the index) and
-// leaves the expensive encoding to Persist, which raft runs concurrently
+// Snapshot freezes the state under its lock (a copy-on-write view of the
+// index, no pass over it) and leaves building and encoding the records to Persist, which raft runs concurrently
 // with later applies.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	if f.halted.Load() {
@@ -128,6 +128,6 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	return nil
 }
 
-// Release has nothing to free: the captured copy is garbage once Persist
-// is done with it.
-func (s *fsmSnapshot) Release() {}
+// Release lets the index write in place again the pages the snapshot's
+// frozen view shared (raft calls it once Persist is done).
+func (s *fsmSnapshot) Release() { s.snap.Release() }

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 	"go.uber.org/goleak"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/state"
@@ -36,18 +37,16 @@ var testPolicy = engine.Policy{BlockChars: 64, Threshold: 0.3, BalanceAbsThresho
 // leadership changes, since a loaded machine can stall for longer.
 var fastTimeouts = Timeouts{Heartbeat: 100 * time.Millisecond, Election: 100 * time.Millisecond, LeaderLease: 100 * time.Millisecond, Commit: 5 * time.Millisecond}
 
-// replica is the state side of one node: the engine, its lock and the
-// replicated state, as the control plane wires them.
+// replica is the state side of one node: the decider and the replicated
+// state, as the control plane wires them.
 type replica struct {
-	mu  *sync.Mutex
-	eng *engine.Engine
+	dec *decider.Decider
 	st  *state.State
 }
 
 func newReplica() *replica {
-	mu := &sync.Mutex{}
-	eng := engine.New(testPolicy, index.New(index.Options{MaxEntries: 1 << 20}), rand.New(rand.NewPCG(1, 2)))
-	return &replica{mu: mu, eng: eng, st: state.New(mu, eng)}
+	dec := decider.New(decider.Options{Policy: testPolicy, MaxEntries: 1 << 20, Rand: rand.New(rand.NewPCG(1, 2))})
+	return &replica{dec: dec, st: state.New(dec)}
 }
 
 // leadership records onLeadership calls.
@@ -260,17 +259,17 @@ func (r *replica) dump() dump {
 		parts = append(parts, fmt.Sprintf("%s/%d/%d/%d", w.URL, w.MaxLoad, w.LoadPenalty, w.CacheCapacityTokens))
 	}
 	d := dump{workers: strings.Join(parts, ","), workersVersion: ver, members: r.st.Members(), entries: map[uint64]string{}}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
-		hs := make([]string, 0, len(holders))
-		for _, h := range holders {
-			url, _ := r.eng.WorkerURL(uint32(h.Worker))
-			hs = append(hs, fmt.Sprintf("%s@%d", url, h.At))
-		}
-		slices.Sort(hs)
-		d.entries[hash] = fmt.Sprintf("%d:%s", used, strings.Join(hs, ","))
-		return true
+	r.dec.Do(decider.OpRead, func(eng *engine.Engine) {
+		eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
+			hs := make([]string, 0, len(holders))
+			for _, h := range holders {
+				url, _ := eng.WorkerURL(uint32(h.Worker))
+				hs = append(hs, fmt.Sprintf("%s@%d", url, h.At))
+			}
+			slices.Sort(hs)
+			d.entries[hash] = fmt.Sprintf("%d:%s", used, strings.Join(hs, ","))
+			return true
+		})
 	})
 	return d
 }
@@ -391,7 +390,6 @@ func alternating(ev []bool) bool {
 
 // route asks tn's engine, dry run, where p would go.
 func (r *replica) route(p prompt) (engine.Decision, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.eng.Route(engine.Request{Hashes: p.hashes, KeyLen: len(p.text), DryRun: true}, time.Now().UnixNano())
+	d, err := r.dec.Route(decider.Request{Request: engine.Request{Hashes: p.hashes, KeyLen: len(p.text), DryRun: true}})
+	return d.Decision, err
 }

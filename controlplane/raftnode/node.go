@@ -168,6 +168,8 @@ type Node struct {
 	leaders     chan raft.Observation
 	observer    *raft.Observer
 	leadersDone chan struct{}
+	// followers tracks, on the leader, which peers miss heartbeats.
+	followers followerHealth
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -295,11 +297,14 @@ func Start(cfg Config, st *state.State, onLeadership func(leader bool)) (*Node, 
 		}
 	}
 
-	n.leaders = make(chan raft.Observation, 16)
+	n.leaders = make(chan raft.Observation, 64)
 	n.leadersDone = make(chan struct{})
 	n.observer = raft.NewObserver(n.leaders, false, func(o *raft.Observation) bool {
-		_, ok := o.Data.(raft.LeaderObservation)
-		return ok
+		switch o.Data.(type) {
+		case raft.LeaderObservation, raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation:
+			return true
+		}
+		return false
 	})
 	r.RegisterObserver(n.observer)
 	go n.watchLeaders()
@@ -317,6 +322,9 @@ func (n *Node) watchLeaders() {
 		case <-n.stopCh:
 			return
 		case o := <-n.leaders:
+			if n.followers.observe(o.Data) {
+				continue
+			}
 			lo, _ := o.Data.(raft.LeaderObservation)
 			now := "(none)"
 			if lo.LeaderID != "" {

@@ -239,8 +239,26 @@ func TestTLSCluster(t *testing.T) {
 	// a leader adds it: the leader refuses its server certificate, and it
 	// cannot dial anyone, so it never receives an entry.
 	rogue := start("rogue", other, false)
+	// Evidence that the leader did try to replicate to the rogue: raft
+	// reports each failed heartbeat to it. Watch every member, since the
+	// leader may change while the rogue is added.
+	failed := make(chan raft.Observation, 64)
+	for _, m := range members {
+		ob := raft.NewObserver(failed, false, func(o *raft.Observation) bool {
+			f, ok := o.Data.(raft.FailedHeartbeatObservation)
+			return ok && f.PeerID == "rogue"
+		})
+		m.node.Raft().RegisterObserver(ob)
+		t.Cleanup(func() { m.node.Raft().DeregisterObserver(ob) })
+	}
 	onLeader("add rogue voter", func(ld *member) error { return ld.node.AddVoter(ctx, "rogue", rogue.node.Addr()) })
-	time.Sleep(time.Second)
+	for i := range 2 {
+		select {
+		case <-failed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no failed heartbeat to the rogue after %d: the leader never tried to reach it", i)
+		}
+	}
 	if last := rogue.node.Raft().LastIndex(); last != 0 {
 		t.Errorf("rogue node received log entries up to %d", last)
 	}

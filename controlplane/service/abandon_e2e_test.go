@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/remote"
 	"github.com/cartrouter/cart/dataplane/router"
 	"github.com/cartrouter/cart/internal/testkit"
@@ -47,9 +49,7 @@ func TestTimedOutRoutesLeaveNoTickets(t *testing.T) {
 		// A leader that stalls now and then.
 		defer bg.Done()
 		for ctx.Err() == nil {
-			cp.mu.Lock()
-			time.Sleep(6 * time.Millisecond)
-			cp.mu.Unlock()
+			cp.dec.Do(decider.OpRead, func(*engine.Engine) { time.Sleep(6 * time.Millisecond) })
 			time.Sleep(4 * time.Millisecond)
 		}
 	}()
@@ -85,7 +85,7 @@ func TestTimedOutRoutesLeaveNoTickets(t *testing.T) {
 		l := cp.loads(t)
 		return cp.unsettled() == 0 && l[w1] == 0 && l[w2] == 0
 	})
-	if n := cp.dropped(dropAbandoned); n == 0 {
+	if n := cp.dropped(decider.DropAbandoned); n == 0 {
 		t.Fatalf("no decision was undone as abandoned (%v)", n)
 	}
 }

@@ -9,9 +9,11 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // AdminHandler implements cartv1connect.AdminServiceHandler. Writes go
@@ -48,12 +50,6 @@ func (c *Core) writeError(op string, err error) error {
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s: %w", op, err))
 }
 
-// HeaderWriteOutcome is set to "unknown" on a write's error when the
-// control plane cannot tell whether the write took effect (the code is
-// then Aborted). Commands are idempotent: the client repeats the call,
-// on any member, until it gets a definite answer.
-const HeaderWriteOutcome = "Cart-Write-Outcome"
-
 // outcomeUnknown builds the "may or may not have been applied" error.
 // Aborted is chosen because nothing else in CART (nor the Connect and gRPC
 // libraries on their own) produces it, so clients can rely on the code;
@@ -62,10 +58,10 @@ const HeaderWriteOutcome = "Cart-Write-Outcome"
 // known, as for "not the leader", so the retry can go straight there.
 func (c *Core) outcomeUnknown(cause error) error {
 	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): %w", cause))
-	e.Meta().Set(HeaderWriteOutcome, "unknown")
+	e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
 	if id, _ := c.node.Leader(); id != "" {
 		if url := c.st.Members()[id]; url != "" {
-			e.Meta().Set(HeaderLeaderURL, url)
+			c.withLeader(e, id, url)
 		}
 	}
 	return e
@@ -75,15 +71,11 @@ func (c *Core) outcomeUnknown(cause error) error {
 // It means the write was not done.
 func (c *Core) notLeader(cause error) error {
 	id, _ := c.node.Leader()
-	url := c.st.Members()[id]
-	var e *connect.Error
 	if id == "" {
-		e = connect.NewError(connect.CodeUnavailable, errNoLeader)
-	} else {
-		e = connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("not the leader (%v); the leader is %s at %s", cause, id, url))
-		e.Meta().Set(HeaderLeaderURL, url)
+		return c.withLeader(connect.NewError(connect.CodeUnavailable, errNoLeader), "", "")
 	}
-	return e
+	url := c.st.Members()[id]
+	return c.withLeader(connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("not the leader (%v); the leader is %s at %s", cause, id, url)), id, url)
 }
 
 func toSpec(w *cartv1.Worker) (*cartv1.WorkerSpec, error) {
@@ -111,14 +103,10 @@ func (c *Core) findWorker(url string) (*cartv1.Worker, bool) {
 // the leader, whose health and load view is the live one.
 func (h *AdminHandler) ListWorkers(ctx context.Context, req *connect.Request[cartv1.ListWorkersRequest]) (*connect.Response[cartv1.ListWorkersResponse], error) {
 	c := h.c
-	if !c.node.IsLeader() {
-		if url, err := c.leaderURL(req.Header()); err == nil {
-			if resp, err := c.fwd.adminTo(url).ListWorkers(ctx, connect.NewRequest(req.Msg)); err == nil {
-				return resp, nil
-			}
-		}
-		// No leader reachable: this node's replicated copy is still useful
-		// to an operator (health and load are then unknown).
+	// With no leader reachable, this node's replicated copy is still useful
+	// to an operator (health and load are then unknown).
+	if resp, done, err := forward(ctx, c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.ListWorkers); done && err == nil {
+		return resp, nil
 	}
 	list, err := c.workerList()
 	if err != nil {
@@ -133,12 +121,8 @@ func (h *AdminHandler) ListWorkers(ctx context.Context, req *connect.Request[car
 func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv1.AddWorkerRequest]) (*connect.Response[cartv1.AddWorkerResponse], error) {
 	c := h.c
 	who := c.actor(req.Peer().Addr, req.Header())
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return forwardedWrite(c.fwd.adminTo(url).AddWorker(withActor(ctx, who), connect.NewRequest(req.Msg)))
+	if resp, done, err := forwardWrite(withActor(ctx, who), c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.AddWorker); done {
+		return resp, err
 	}
 	spec, err := toSpec(req.Msg.GetWorker())
 	if err != nil {
@@ -161,12 +145,8 @@ func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv
 func (h *AdminHandler) UpdateWorker(ctx context.Context, req *connect.Request[cartv1.UpdateWorkerRequest]) (*connect.Response[cartv1.UpdateWorkerResponse], error) {
 	c := h.c
 	who := c.actor(req.Peer().Addr, req.Header())
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return forwardedWrite(c.fwd.adminTo(url).UpdateWorker(withActor(ctx, who), connect.NewRequest(req.Msg)))
+	if resp, done, err := forwardWrite(withActor(ctx, who), c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.UpdateWorker); done {
+		return resp, err
 	}
 	spec, err := toSpec(req.Msg.GetWorker())
 	if err != nil {
@@ -191,12 +171,8 @@ func (h *AdminHandler) UpdateWorker(ctx context.Context, req *connect.Request[ca
 func (h *AdminHandler) RemoveWorker(ctx context.Context, req *connect.Request[cartv1.RemoveWorkerRequest]) (*connect.Response[cartv1.RemoveWorkerResponse], error) {
 	c := h.c
 	who := c.actor(req.Peer().Addr, req.Header())
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return forwardedWrite(c.fwd.adminTo(url).RemoveWorker(withActor(ctx, who), connect.NewRequest(req.Msg)))
+	if resp, done, err := forwardWrite(withActor(ctx, who), c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.RemoveWorker); done {
+		return resp, err
 	}
 	u, err := config.NormalizeWorkerURL(req.Msg.GetUrl())
 	if err != nil {
@@ -223,16 +199,10 @@ func (h *AdminHandler) ClusterStatus(_ context.Context, _ *connect.Request[cartv
 	for _, m := range st.Members {
 		out.Members = append(out.Members, &cartv1.Member{Id: m.ID, RaftAddress: m.Addr, ApiUrl: members[m.ID], Suffrage: m.Suffrage, Leader: m.ID == st.LeaderID})
 	}
-	c.mu.Lock()
-	for _, w := range c.eng.Workers() {
-		out.Workers++
-		if w.Healthy {
-			out.HealthyWorkers++
-		}
-	}
-	out.IndexEntries = uint64(c.eng.Index().Len())
-	out.Dataplanes = uint32(len(c.dps))
-	c.mu.Unlock()
+	ds := c.dec.Stats()
+	out.Workers, out.HealthyWorkers = uint32(ds.Workers), uint32(ds.HealthyWorkers)
+	out.IndexEntries = uint64(ds.IndexEntries)
+	out.Dataplanes = uint32(ds.DataPlanes)
 	return connect.NewResponse(out), nil
 }
 
@@ -240,12 +210,8 @@ func (h *AdminHandler) ClusterStatus(_ context.Context, _ *connect.Request[cartv
 func (h *AdminHandler) AddVoter(ctx context.Context, req *connect.Request[cartv1.AddVoterRequest]) (*connect.Response[cartv1.AddVoterResponse], error) {
 	c := h.c
 	who := c.actor(req.Peer().Addr, req.Header())
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return forwardedWrite(c.fwd.adminTo(url).AddVoter(withActor(ctx, who), connect.NewRequest(req.Msg)))
+	if resp, done, err := forwardWrite(withActor(ctx, who), c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.AddVoter); done {
+		return resp, err
 	}
 	m := req.Msg
 	if m.GetId() == "" || m.GetRaftAddress() == "" {
@@ -269,12 +235,8 @@ func (h *AdminHandler) AddVoter(ctx context.Context, req *connect.Request[cartv1
 func (h *AdminHandler) RemoveServer(ctx context.Context, req *connect.Request[cartv1.RemoveServerRequest]) (*connect.Response[cartv1.RemoveServerResponse], error) {
 	c := h.c
 	who := c.actor(req.Peer().Addr, req.Header())
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return forwardedWrite(c.fwd.adminTo(url).RemoveServer(withActor(ctx, who), connect.NewRequest(req.Msg)))
+	if resp, done, err := forwardWrite(withActor(ctx, who), c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.RemoveServer); done {
+		return resp, err
 	}
 	id := req.Msg.GetId()
 	found := false
@@ -300,12 +262,8 @@ func (h *AdminHandler) RemoveServer(ctx context.Context, req *connect.Request[ca
 func (h *AdminHandler) TransferLeadership(ctx context.Context, req *connect.Request[cartv1.TransferLeadershipRequest]) (*connect.Response[cartv1.TransferLeadershipResponse], error) {
 	c := h.c
 	who := c.actor(req.Peer().Addr, req.Header())
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return c.fwd.adminTo(url).TransferLeadership(withActor(ctx, who), connect.NewRequest(req.Msg))
+	if resp, done, err := forward(withActor(ctx, who), c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.TransferLeadership); done {
+		return resp, err
 	}
 	old, _ := c.node.Leader()
 	id, err := c.node.TransferLeadership(ctx, req.Msg.GetId())

@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
@@ -97,8 +98,8 @@ func TestAdminNotLeader(t *testing.T) {
 	cp.node.setApplyErr(fmt.Errorf("%w: leadership lost; the leader is n2", raftnode.ErrNotLeader))
 	_, err := ac.AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w1}}))
 	ce := wantCode(t, err, connect.CodeFailedPrecondition)
-	if got := ce.Meta().Get(HeaderLeaderURL); got != "http://n2.test:7070" {
-		t.Fatalf("%s = %q (meta %v)", HeaderLeaderURL, got, ce.Meta())
+	if got := ce.Meta().Get(cpclient.HeaderLeaderURL); got != "http://n2.test:7070" {
+		t.Fatalf("%s = %q (meta %v)", cpclient.HeaderLeaderURL, got, ce.Meta())
 	}
 	if !strings.Contains(ce.Message(), "n2") {
 		t.Fatalf("not-leader message = %q", ce.Message())
@@ -106,8 +107,8 @@ func TestAdminNotLeader(t *testing.T) {
 	// The same over the Connect protocol.
 	_, err = cp.admin(connect.WithClientOptions()).AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w1}}))
 	ce = wantCode(t, err, connect.CodeFailedPrecondition)
-	if got := ce.Meta().Get(HeaderLeaderURL); got != "http://n2.test:7070" {
-		t.Fatalf("connect protocol: %s = %q", HeaderLeaderURL, got)
+	if got := ce.Meta().Get(cpclient.HeaderLeaderURL); got != "http://n2.test:7070" {
+		t.Fatalf("connect protocol: %s = %q", cpclient.HeaderLeaderURL, got)
 	}
 
 	// No leader known: Unavailable.

@@ -7,13 +7,9 @@ import (
 	"net/http"
 	"strings"
 	"unicode"
-)
 
-// HeaderActor carries the actor of an admin call a follower forwards to
-// the leader, so the replicated command names who asked, not the
-// follower. It is taken from callers that already passed authentication,
-// and it only labels the audit log; nothing is authorised by it.
-const HeaderActor = "Cart-Actor"
+	"github.com/cartrouter/cart/controlplane/cpclient"
+)
 
 // maxActorLen bounds the actor string a caller can make us log and
 // replicate.
@@ -36,7 +32,7 @@ func actorFrom(ctx context.Context) string {
 // follower forwarded, the actor that follower saw.
 func (c *Core) actor(peer string, h http.Header) string {
 	role := "no token"
-	if got, ok := bearer(h); ok {
+	if got, ok := cpclient.BearerToken(h); ok {
 		switch {
 		case c.o.AdminToken != "" && subtle.ConstantTimeCompare([]byte(got), []byte(c.o.AdminToken)) == 1:
 			role = "admin token"
@@ -47,20 +43,12 @@ func (c *Core) actor(peer string, h http.Header) string {
 		}
 	}
 	who := fmt.Sprintf("%s from %s", role, peer)
-	if h.Get(HeaderForwarded) != "" {
-		if orig := sanitizeActor(h.Get(HeaderActor)); orig != "" {
+	if h.Get(cpclient.HeaderForwarded) != "" {
+		if orig := sanitizeActor(h.Get(cpclient.HeaderActor)); orig != "" {
 			who = fmt.Sprintf("%s (forwarded: %s)", orig, who)
 		}
 	}
 	return sanitizeActor(who)
-}
-
-func bearer(h http.Header) (string, bool) {
-	v := h.Get("Authorization")
-	if len(v) < 7 || !strings.EqualFold(v[:7], "bearer ") {
-		return "", false
-	}
-	return v[7:], true
 }
 
 // sanitizeActor keeps a caller-influenced string printable and short.

@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -47,7 +48,7 @@ func TestAdminAuditActor(t *testing.T) {
 	follower.setMember(t, "n2", leader.url)
 	follower.node.setLeader(false, "n2")
 	ctx := context.Background()
-	asAdmin := connect.WithInterceptors(bearerInterceptor("admin"))
+	asAdmin := connect.WithInterceptors(cpclient.Bearer("admin"))
 
 	const w9 = "http://w9.test:8000"
 	if _, err := follower.admin(connect.WithGRPC(), asAdmin).AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w9, MaxLoad: 4}})); err != nil {

@@ -16,21 +16,13 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpcreflect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
-func bearerInterceptor(token string) connect.Interceptor {
-	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("Authorization", "Bearer "+token)
-			return next(ctx, req)
-		}
-	})
-}
-
 func withToken(token string) connect.ClientOption {
-	return connect.WithClientOptions(connect.WithGRPC(), connect.WithInterceptors(bearerInterceptor(token)))
+	return connect.WithClientOptions(connect.WithGRPC(), connect.WithInterceptors(cpclient.Bearer(token)))
 }
 
 func TestAuthTokens(t *testing.T) {
@@ -276,6 +268,11 @@ func TestMetrics(t *testing.T) {
 		"cart_cp_dataplanes 1",
 		"cart_cp_index_entries 4",
 		"cart_cp_route_seconds_count 2",
+		// The decider's lock holds, one per decision, beside the other
+		// control-plane metrics, in sub-millisecond buckets.
+		`cart_decider_lock_hold_seconds_count{op="route"} 2`,
+		`cart_decider_lock_hold_seconds_bucket{op="route",le="1e-05"}`,
+		`cart_cp_tickets_dropped_total{cause="cap"} 0`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)

@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -34,11 +34,11 @@ type batcher struct {
 	full     chan struct{}
 	nonce    uint64
 
-	// lock is the engine lock: the ledger changes together with the index
-	// it describes, so undoing a batch and applying a committed entry never
-	// interleave. Everything below is guarded by it.
-	lock *sync.Mutex
-	eng  *engine.Engine
+	// The ledger changes together with the index it describes, so undoing
+	// a batch and applying a committed entry never interleave: everything
+	// below changes only inside dec's critical section (Do, or the
+	// decider calling Place/Unplace, or the state calling OwnBatches).
+	dec *decider.Decider
 
 	window   []pendingOp              // decided, not yet proposed
 	origins  []*cartv1.ResponseOrigin // learned, not yet proposed (never undone)
@@ -71,7 +71,7 @@ type fenceKey struct {
 	hash   uint64
 }
 
-func newBatcher(n Node, interval time.Duration, maxN int, log *slog.Logger, lock *sync.Mutex, eng *engine.Engine) *batcher {
+func newBatcher(n Node, interval time.Duration, maxN int, log *slog.Logger, dec *decider.Decider) *batcher {
 	if interval <= 0 {
 		interval = 10 * time.Millisecond
 	}
@@ -79,12 +79,12 @@ func newBatcher(n Node, interval time.Duration, maxN int, log *slog.Logger, lock
 		maxN = 512
 	}
 	return &batcher{node: n, interval: interval, max: maxN, log: log, full: make(chan struct{}, 1), nonce: rand.Uint64(),
-		lock: lock, eng: eng, fence: map[fenceKey]uint64{}}
+		dec: dec, fence: map[fenceKey]uint64{}}
 }
 
 // Own implements state.OwnBatches: requestID is the batch in flight, whose
 // changes are already in the index. It is committed now, so its ops leave
-// the ledger. Called with the engine lock held.
+// the ledger. Inside the decider's critical section.
 func (b *batcher) Own(requestID string) bool {
 	if b.inflight == nil || b.inflight.id != requestID {
 		return false
@@ -96,8 +96,8 @@ func (b *batcher) Own(requestID string) bool {
 
 // Committed implements state.OwnBatches: a committed entry of another
 // proposer (or an own batch given up on) set worker's holding of hashes,
-// which from then on is the log's word, not a pending op's. Called with
-// the engine lock held.
+// which from then on is the log's word, not a pending op's. Inside the
+// decider's critical section.
 func (b *batcher) Committed(worker string, hashes []uint64) {
 	if b.inflight == nil && len(b.window) == 0 {
 		return
@@ -108,7 +108,8 @@ func (b *batcher) Committed(worker string, hashes []uint64) {
 }
 
 // Restored implements state.OwnBatches: the index was replaced by a
-// snapshot, which pending ops no longer describe. Engine lock held.
+// snapshot, which pending ops no longer describe. Inside the decider's
+// critical section.
 func (b *batcher) Restored() {
 	b.window, b.inflight = nil, nil
 	b.clearFences()
@@ -120,45 +121,46 @@ func (b *batcher) clearFences() {
 	}
 }
 
-// Place queues a placement the engine just made; the engine lock must be
-// held (it was made under it). hashes must not be modified afterwards.
-func (b *batcher) Place(worker string, hashes []uint64, at time.Time) {
-	b.add(true, worker, hashes, at)
+// Place implements decider.Ledger: it queues a placement the engine just
+// made. hashes must not be modified afterwards.
+func (b *batcher) Place(eng *engine.Engine, worker string, hashes []uint64, at time.Time) {
+	b.add(eng, true, worker, hashes, at)
 }
 
-// Unplace queues the withdrawal of a placement the engine just undid; the
-// engine lock must be held. A placement still waiting in this window is
+// Unplace implements decider.Ledger: it queues the withdrawal of a
+// placement the engine just undid. A placement still waiting in this window is
 // dropped instead, so a queued withdrawal always refers to a placement
 // replicated in an earlier window; flush can then replicate the withdrawals
 // before the window's placements, and a prefix withdrawn and placed again
 // within one window stays placed.
-func (b *batcher) Unplace(worker string, hashes []uint64, at time.Time) {
+func (b *batcher) Unplace(eng *engine.Engine, worker string, hashes []uint64, at time.Time) {
 	for i := len(b.window) - 1; i >= 0; i-- {
 		if op := b.window[i]; op.place && op.worker == worker && slices.Equal(op.hashes, hashes) {
 			b.window = slices.Delete(b.window, i, i+1)
 			return
 		}
 	}
-	b.add(false, worker, hashes, at)
+	b.add(eng, false, worker, hashes, at)
 }
 
 // maxPendingOrigins bounds the origins waiting for a batch that commits.
 func maxPendingOrigins(batchMax int) int { return 8 * batchMax }
 
-// Origin queues a Responses API origin for replication; the engine lock
-// must be held.
-func (b *batcher) Origin(o *cartv1.ResponseOrigin) {
-	b.origins = append(b.origins, o)
-	if len(b.origins) >= b.max {
-		select {
-		case b.full <- struct{}{}:
-		default:
+// Origins queues Responses API origins for replication.
+func (b *batcher) Origins(os []*cartv1.ResponseOrigin) {
+	b.dec.Do(decider.OpLedger, func(*engine.Engine) {
+		b.origins = append(b.origins, os...)
+		if len(b.origins) >= b.max {
+			select {
+			case b.full <- struct{}{}:
+			default:
+			}
 		}
-	}
+	})
 }
 
-func (b *batcher) add(place bool, worker string, hashes []uint64, at time.Time) {
-	wid, _ := b.eng.WorkerIDOf(worker)
+func (b *batcher) add(eng *engine.Engine, place bool, worker string, hashes []uint64, at time.Time) {
+	wid, _ := eng.WorkerIDOf(worker)
 	b.seq++
 	b.window = append(b.window, pendingOp{place: place, worker: worker, wid: wid, hashes: hashes, at: at.UnixNano(), seq: b.seq})
 	if len(b.window) >= b.max {
@@ -188,16 +190,13 @@ func (b *batcher) run(ctx context.Context) {
 // run loop (and tests) call it, never concurrently, so at most one batch
 // is in flight.
 func (b *batcher) flush(ctx context.Context) {
-	b.lock.Lock()
-	ops, origins := b.window, b.origins
-	b.window, b.origins = nil, nil
-	if len(ops) == 0 && len(origins) == 0 {
-		b.lock.Unlock()
+	var batch *ownBatch
+	var origins []*cartv1.ResponseOrigin
+	b.dec.Do(decider.OpLedger, func(*engine.Engine) { batch, origins = b.take() })
+	if batch == nil {
 		return
 	}
-	b.batches++
-	batch := &ownBatch{id: fmt.Sprintf("batch-%016x-%d", b.nonce, b.batches), ops: ops}
-	b.inflight = batch
+	ops := batch.ops
 	// One entry per window: withdrawals (applied first) and placements.
 	var place, unplace []*cartv1.Placement
 	for _, op := range ops {
@@ -208,16 +207,34 @@ func (b *batcher) flush(ctx context.Context) {
 			unplace = append(unplace, p)
 		}
 	}
-	b.lock.Unlock()
 
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	cmd := &cartv1.RaftCommand{Ignorable: true, RequestId: batch.id, Body: &cartv1.RaftCommand_PlaceBatch{
 		PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place, Withdrawals: unplace, ResponseOrigins: origins}}}
 	_, err := b.node.Apply(actx, cmd)
+	b.dec.Do(decider.OpLedger, func(eng *engine.Engine) { b.settle(eng, batch, origins, len(place), len(unplace), err) })
+}
 
-	b.lock.Lock()
-	defer b.lock.Unlock()
+// take moves the window into a new batch in flight (nil when there is
+// nothing to propose). Inside the decider's critical section.
+func (b *batcher) take() (*ownBatch, []*cartv1.ResponseOrigin) {
+	ops, origins := b.window, b.origins
+	b.window, b.origins = nil, nil
+	if len(ops) == 0 && len(origins) == 0 {
+		return nil, nil
+	}
+	b.batches++
+	batch := &ownBatch{id: fmt.Sprintf("batch-%016x-%d", b.nonce, b.batches), ops: ops}
+	b.inflight = batch
+	return batch, origins
+}
+
+// settle records the fate of the batch in flight: committed, or undone
+// together with the window behind it. Inside the decider's critical
+// section.
+func (b *batcher) settle(eng *engine.Engine, batch *ownBatch, origins []*cartv1.ResponseOrigin, places, unplaces int, err error) {
+	ops := batch.ops
 	if b.inflight != batch {
 		return // applied from the log (Own), whatever Apply said, or restored over
 	}
@@ -240,33 +257,33 @@ func (b *batcher) flush(ctx context.Context) {
 	if n := len(b.origins) - maxPendingOrigins(b.max); n > 0 {
 		b.origins = b.origins[n:]
 	}
-	undone := b.undo(window) + b.undo(ops)
+	undone := b.undo(eng, window) + b.undo(eng, ops)
 	b.clearFences()
-	b.log.Warn("placements not replicated; withdrawn from this node's index", "placements", len(place), "withdrawals", len(unplace),
+	b.log.Warn("placements not replicated; withdrawn from this node's index", "placements", places, "withdrawals", unplaces,
 		"queued_after", len(window), "blocks_undone", undone, "error", err.Error())
 }
 
 // discard undoes whatever is queued (after leadership is lost: it will
 // never be proposed).
 func (b *batcher) discard() {
-	b.lock.Lock()
-	defer b.lock.Unlock()
-	window := b.window
-	b.window, b.origins = nil, nil
-	b.undo(window)
-	b.clearFences()
+	b.dec.Do(decider.OpLedger, func(eng *engine.Engine) {
+		window := b.window
+		b.window, b.origins = nil, nil
+		b.undo(eng, window)
+		b.clearFences()
+	})
 }
 
 // undo reverts ops in this node's index. It returns how many blocks it
-// changed. Engine lock held.
-func (b *batcher) undo(ops []pendingOp) int {
+// changed. Inside the decider's critical section.
+func (b *batcher) undo(eng *engine.Engine, ops []pendingOp) int {
 	n := 0
-	b.inverse(ops, func(insert bool, worker string, wid uint32, hashes []uint64, at int64) {
+	b.inverse(eng, ops, func(insert bool, worker string, wid uint32, hashes []uint64, at int64) {
 		n += len(hashes)
 		if insert {
-			b.eng.Index().Insert(hashes, index.WorkerID(wid), at)
+			eng.Index().Insert(hashes, index.WorkerID(wid), at)
 		} else {
-			b.eng.Unplace(engine.Decision{Worker: worker, Placed: hashes})
+			eng.Unplace(engine.Decision{Worker: worker, Placed: hashes})
 		}
 	})
 	return n
@@ -276,15 +293,15 @@ func (b *batcher) undo(ops []pendingOp) int {
 // order (placements, then withdrawals, each newest first): insert=false
 // removes worker as holder of hashes, insert=true restores it. Blocks a
 // committed entry has set since, and workers removed since, are left out.
-// Engine lock held.
-func (b *batcher) inverse(ops []pendingOp, fn func(insert bool, worker string, wid uint32, hashes []uint64, at int64)) {
+// Inside the decider's critical section.
+func (b *batcher) inverse(eng *engine.Engine, ops []pendingOp, fn func(insert bool, worker string, wid uint32, hashes []uint64, at int64)) {
 	for _, place := range []bool{true, false} {
 		for i := len(ops) - 1; i >= 0; i-- {
 			op := ops[i]
 			if op.place != place {
 				continue
 			}
-			if id, ok := b.eng.WorkerIDOf(op.worker); !ok || id != op.wid {
+			if id, ok := eng.WorkerIDOf(op.worker); !ok || id != op.wid {
 				continue // removed (and its entries with it) by a committed command
 			}
 			hs := make([]uint64, 0, len(op.hashes))
@@ -304,11 +321,11 @@ func (b *batcher) inverse(ops []pendingOp, fn func(insert bool, worker string, w
 // this node's index back to what the log says, as a failure would undo
 // them (the window first, then the batch in flight). A snapshot applies
 // them to its copy, so that it never persists a placement that may not
-// commit. Engine lock held.
-func (b *batcher) Uncommitted(fn func(insert bool, worker string, hashes []uint64, at int64)) {
+// commit. Inside the decider's critical section.
+func (b *batcher) Uncommitted(eng *engine.Engine, fn func(insert bool, worker string, hashes []uint64, at int64)) {
 	adapt := func(insert bool, worker string, _ uint32, hashes []uint64, at int64) { fn(insert, worker, hashes, at) }
-	b.inverse(b.window, adapt)
+	b.inverse(eng, b.window, adapt)
 	if b.inflight != nil {
-		b.inverse(b.inflight.ops, adapt)
+		b.inverse(eng, b.inflight.ops, adapt)
 	}
 }

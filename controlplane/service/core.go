@@ -1,26 +1,25 @@
 // Package service is the control plane's serving side: the Connect
-// handlers for RouterService and AdminService, and the leader's soft state
-// (load per data plane, decision tickets, the placement batcher, the health
-// prober). Decisions are made from the leader's in-memory engine and
-// answered at once; only the placements they produce go through Raft, in
+// handlers for RouterService and AdminService, and the leader's loops (the
+// placement batcher, the lease sweep, the health prober). Decisions, load
+// and tickets belong to the node's decider (controlplane/decider), which
+// answers at once; only the placements they produce go through Raft, in
 // batches, so a Route never waits for a disk sync.
 package service
 
 import (
 	"context"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
-	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/health"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/health"
-	"github.com/cartrouter/cart/dataplane/models"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -42,12 +41,7 @@ type Options struct {
 	BlockChars     int
 	PlacementBatch time.Duration
 	PlacementMax   int
-	// LoadLease is how long a data plane's Sync counts; it also bounds how
-	// long a decision its data plane no longer counts stays unsettled.
-	LoadLease time.Duration
-	// MaxTickets caps unsettled decisions (0 = defaultMaxTickets).
-	MaxTickets int
-	Health     health.Config
+	Health         health.Config
 	// DeclaredModels are models workers serve whatever their /v1/models
 	// says (workers[].models), by worker URL.
 	DeclaredModels map[string][]string
@@ -69,25 +63,17 @@ type Options struct {
 	// of Responses API response -> worker (responses.*; 0 = defaults).
 	ResponseAffinityTTL time.Duration
 	ResponseAffinityMax int
+	// SlowLeader configures the slow-leader handover (handover.go).
+	SlowLeader HandoverOptions
 }
 
 // Core is one control-plane node's service state.
 type Core struct {
 	o    Options
 	log  *slog.Logger
-	mu   *sync.Mutex // the engine lock, shared with the state machine
-	eng  *engine.Engine
+	dec  *decider.Decider // decisions, load, tickets; shared with the state machine
 	st   *state.State
 	node Node
-
-	// Leader soft state, guarded by mu.
-	nextTicket   uint64
-	loadsVersion uint64 // worker-set version the load view was built for
-	tickets      map[uint64]*ticket
-	byRoute      map[routeKey]uint64 // tickets by the data plane's route id
-	oldestTicket uint64              // no live ticket is numbered below this
-	dps          map[string]*dataPlane
-	leading      bool
 
 	// models are the workers' model lists the leader's prober learned.
 	models *models.Registry
@@ -95,9 +81,10 @@ type Core struct {
 	// "Responses API"): which worker produced each stored response.
 	responses *affinity.Table[uint64]
 
-	batch   *batcher
-	fwd     *forwarder
-	metrics *cpMetrics
+	batch    *batcher
+	fwd      *forwarder
+	metrics  *cpMetrics
+	handover *handover // nil when the slow-leader handover is off
 
 	ready      chan struct{} // closed by SetNode; leadership waits for it
 	lifeMu     sync.Mutex    // serialises leadership transitions
@@ -105,36 +92,16 @@ type Core struct {
 	leaderDone chan struct{}
 }
 
-type ticket struct {
-	dp        string
-	route     uint64 // the data plane's route id (0 = none)
-	worker    string
-	placed    []uint64
-	at        time.Time
-	keyLen    int
-	predicted int   // characters the index predicted cached
-	placedAgo int64 // age of that prediction, ns
-}
-
-type dataPlane struct {
-	loads     map[string]int
-	lastSeen  time.Time
-	fallbacks uint64
-}
-
-// New builds a Core over the shared engine and state. Call SetNode before
-// serving and wire OnLeadership into the Raft node.
-func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
+// New builds a Core over the node's decider and the state machine built on
+// it. Call SetNode before serving and wire OnLeadership into the Raft node.
+func New(o Options, dec *decider.Decider, st *state.State) *Core {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.MaxTickets <= 0 {
-		o.MaxTickets = defaultMaxTickets
-	}
-	c := &Core{o: o, log: o.Logger, mu: mu, eng: eng, st: st, tickets: map[uint64]*ticket{}, byRoute: map[routeKey]uint64{}, dps: map[string]*dataPlane{}, models: models.New()}
+	c := &Core{o: o, log: o.Logger, dec: dec, st: st, models: models.New()}
 	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
 	c.responses = affinity.New[uint64](o.ResponseAffinityTTL, o.ResponseAffinityMax)
 	st.SetResponseOrigins(func(origins []*cartv1.ResponseOrigin) {
@@ -146,9 +113,14 @@ func New(o Options, mu *sync.Mutex, eng *engine.Engine, st *state.State) *Core {
 	c.ready = make(chan struct{})
 	// The batcher and the state's own-batch check exist before the Raft
 	// node starts applying entries; SetNode only supplies the node.
-	c.batch = newBatcher(nil, o.PlacementBatch, o.PlacementMax, c.log, mu, eng)
+	c.batch = newBatcher(nil, o.PlacementBatch, o.PlacementMax, c.log, dec)
 	c.st.SetOwnBatches(c.batch)
+	dec.SetLedger(c.batch)
 	c.metrics = newCPMetrics(c)
+	if o.SlowLeader.Enabled {
+		c.handover = newHandover(c, o.SlowLeader)
+		c.o.LeaderLoops = append(slices.Clip(c.o.LeaderLoops), c.handover.run)
+	}
 	return c
 }
 
@@ -174,24 +146,8 @@ func (c *Core) OnLeadership(leader bool) {
 		<-c.leaderDone
 		c.stopLeader = nil
 	}
-	c.mu.Lock()
-	// Load is soft state: a new leader rebuilds it from data-plane syncs
-	// within one sync interval, rather than trusting a stale copy.
-	c.eng.ResetLoads()
-	// Health verdicts restart with the new leader's prober, which assumes
-	// healthy until probes say otherwise.
-	for _, w := range c.eng.Workers() {
-		c.eng.SetHealthy(w.URL, true)
-	}
-	clear(c.tickets)
-	clear(c.byRoute)
-	clear(c.dps)
-	// Tickets of an earlier leader may still arrive in Complete: start
-	// this term's numbering somewhere they cannot collide with.
-	c.nextTicket = rand.Uint64() >> 1
-	c.oldestTicket = c.nextTicket + 1
-	c.leading = leader
-	c.mu.Unlock()
+	// Load, health and tickets are soft state: a new term starts clean.
+	c.dec.Lead(leader)
 	if !leader {
 		c.log.Info("control plane: follower", "node", c.o.NodeID)
 		return
@@ -254,7 +210,7 @@ func (c *Core) ensureMember(ctx context.Context) {
 // sweep drops data planes whose syncs stopped (their load leaves the view
 // after the lease) and decisions never settled.
 func (c *Core) sweep(ctx context.Context) {
-	every := max(c.o.LoadLease/4, 50*time.Millisecond)
+	every := max(c.dec.LoadLease()/4, 50*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -263,21 +219,9 @@ func (c *Core) sweep(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		now := c.o.Now()
-		c.mu.Lock()
-		for id, dp := range c.dps {
-			if now.Sub(dp.lastSeen) <= c.o.LoadLease {
-				continue
-			}
-			for w, n := range dp.loads {
-				c.eng.AdjustLoad(w, -n)
-			}
-			delete(c.dps, id)
-			c.forgetDataPlane(id)
+		for _, id := range c.dec.Sweep() {
 			c.log.Warn("data plane lease expired: its load left the view", "dataplane", id)
 		}
-		c.sweepStale(now)
-		c.mu.Unlock()
 	}
 }
 
@@ -285,12 +229,10 @@ func (c *Core) sweep(ctx context.Context) {
 // pool, not one per proxy; data planes learn the verdicts through Sync.
 func (c *Core) probe(ctx context.Context) {
 	hc := c.o.Health
-	hc.ModelsEndpoint = "/v1/models"
+	hc.ModelsEndpoint = models.Path
 	hc.Models = models.Learner(c.models, c.log)
 	chk := health.NewChecker(hc, c.o.HealthClient, func(w string, healthy bool, reason string) {
-		c.mu.Lock()
-		c.eng.SetHealthy(w, healthy)
-		c.mu.Unlock()
+		c.dec.SetHealthy(w, healthy)
 		c.log.Warn("worker health changed", "worker", w, "healthy", healthy, "reason", reason)
 	})
 	t := time.NewTicker(c.o.Health.Interval)

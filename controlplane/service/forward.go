@@ -10,16 +10,10 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
-
-// HeaderForwarded marks a call a follower forwarded to the leader, so a
-// stale leader view can never bounce a call around the cluster.
-const HeaderForwarded = "Cart-Forwarded"
-
-// HeaderLeaderURL carries the leader's API URL on errors from followers,
-// so clients can go straight to the leader next time.
-const HeaderLeaderURL = "Cart-Leader-Url"
 
 // forwarder keeps Connect clients to the current leader.
 type forwarder struct {
@@ -39,14 +33,11 @@ func newForwarder(c *http.Client, routerToken, adminToken string) *forwarder {
 }
 
 func (f *forwarder) headers(token string) connect.ClientOption {
-	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+	return connect.WithInterceptors(cpclient.Bearer(token), connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set(HeaderForwarded, "1")
+			req.Header().Set(cpclient.HeaderForwarded, "1")
 			if a := actorFrom(ctx); a != "" {
-				req.Header().Set(HeaderActor, a)
-			}
-			if token != "" {
-				req.Header().Set("Authorization", "Bearer "+token)
+				req.Header().Set(cpclient.HeaderActor, a)
 			}
 			return next(ctx, req)
 		}
@@ -80,20 +71,75 @@ func (f *forwarder) adminTo(url string) cartv1connect.AdminServiceClient {
 var errNoLeader = errors.New("no leader: this node cannot reach a quorum (election in progress or minority partition)")
 
 // leaderURL returns the leader's API URL, or an error to return to the
-// caller: forwarding loops and unknown leaders both end here.
+// caller: forwarding loops and unknown leaders both end here. The error
+// carries a NotLeader detail with what this node knows of the leader.
 func (c *Core) leaderURL(h http.Header) (string, error) {
-	if h.Get(HeaderForwarded) != "" {
-		return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s is not the leader either: %w", c.o.NodeID, errNoLeader))
-	}
 	id, _ := c.node.Leader()
-	if id == "" {
-		return "", connect.NewError(connect.CodeUnavailable, errNoLeader)
+	url := ""
+	if id != "" {
+		url = c.st.Members()[id]
 	}
-	url := c.st.Members()[id]
-	if url == "" {
-		return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("leader %s has not published its API URL yet", id))
+	switch {
+	case h.Get(cpclient.HeaderForwarded) != "":
+		return "", c.withLeader(connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s is not the leader either: %w", c.o.NodeID, errNoLeader)), id, url)
+	case id == "":
+		return "", c.withLeader(connect.NewError(connect.CodeUnavailable, errNoLeader), "", "")
+	case url == "":
+		return "", c.withLeader(connect.NewError(connect.CodeUnavailable, fmt.Errorf("leader %s has not published its API URL yet", id)), id, "")
 	}
 	return url, nil
+}
+
+// withLeader attaches the NotLeader detail (and, for clients that predate
+// it, the Cart-Leader-Url metadata) to e.
+func (c *Core) withLeader(e *connect.Error, id, url string) *connect.Error {
+	if d, err := connect.NewErrorDetail(&cartv1.NotLeader{LeaderId: id, LeaderUrl: url}); err == nil {
+		e.AddDetail(d)
+	}
+	if url != "" {
+		e.Meta().Set(cpclient.HeaderLeaderURL, url)
+	}
+	return e
+}
+
+// forward is the first line of every handler only the leader may serve
+// (Consul's ForwardRPC shape):
+//
+//	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Route); done {
+//		return resp, err
+//	}
+//
+// On the leader it returns done == false and the handler goes on. On a
+// follower it passes the call to the leader and returns the leader's
+// answer, or the NotLeader error when it cannot (no leader, a loop).
+func forward[Req, Res, C any](ctx context.Context, c *Core, req *connect.Request[Req], to func(*forwarder, string) C,
+	rpc func(C, context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], bool, error) {
+	return forwardAs(ctx, c, req, to, rpc, false)
+}
+
+// forwardWrite is forward for writes: an answer lost after the call may
+// have reached the leader is "outcome unknown", never "not done" (see
+// forwardedWrite).
+func forwardWrite[Req, Res, C any](ctx context.Context, c *Core, req *connect.Request[Req], to func(*forwarder, string) C,
+	rpc func(C, context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], bool, error) {
+	return forwardAs(ctx, c, req, to, rpc, true)
+}
+
+func forwardAs[Req, Res, C any](ctx context.Context, c *Core, req *connect.Request[Req], to func(*forwarder, string) C,
+	rpc func(C, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), write bool) (*connect.Response[Res], bool, error) {
+	if c.node.IsLeader() {
+		return nil, false, nil
+	}
+	url, err := c.leaderURL(req.Header())
+	if err != nil {
+		return nil, true, err
+	}
+	c.metrics.forwarded.WithLabelValues(req.Spec().Procedure).Inc()
+	resp, err := rpc(to(c.fwd, url), ctx, connect.NewRequest(req.Msg))
+	if write {
+		resp, err = forwardedWrite(resp, err)
+	}
+	return resp, true, err
 }
 
 // forwardedWrite passes on the leader's answer to a forwarded write. When
@@ -109,6 +155,6 @@ func forwardedWrite[T any](resp *connect.Response[T], err error) (*connect.Respo
 		return nil, err
 	}
 	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): forwarding to the leader failed: %w", err))
-	e.Meta().Set(HeaderWriteOutcome, "unknown")
+	e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
 	return nil, e
 }

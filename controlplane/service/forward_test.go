@@ -2,13 +2,19 @@ package service
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
+	dto "github.com/prometheus/client_model/go"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/controlplane/raftnode"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // pair is a leader "n2" and a follower "n1" that knows n2's API URL.
@@ -86,7 +92,7 @@ func TestForwardedCallToFollowerDoesNotLoop(t *testing.T) {
 	ctx := context.Background()
 	rc := follower.router()
 	forwarded := func(req interface{ Header() http.Header }) {
-		req.Header().Set(HeaderForwarded, "1")
+		req.Header().Set(cpclient.HeaderForwarded, "1")
 	}
 	rreq := connect.NewRequest(&cartv1.RouteRequest{Text: "x"})
 	forwarded(rreq)
@@ -153,7 +159,7 @@ func TestFollowerWithoutLeader(t *testing.T) {
 
 func TestForwardCarriesToken(t *testing.T) {
 	auth := AuthOptions{Token: "s3cret"}
-	bearer := connect.WithInterceptors(bearerInterceptor("s3cret"))
+	bearer := connect.WithInterceptors(cpclient.Bearer("s3cret"))
 	t.Run("with token", func(t *testing.T) {
 		_, follower := newPair(t, auth, auth, "s3cret")
 		rc := follower.router(connect.WithGRPC(), bearer)
@@ -167,4 +173,105 @@ func TestForwardCarriesToken(t *testing.T) {
 		_, err := rc.Route(context.Background(), connect.NewRequest(&cartv1.RouteRequest{Text: "x"}))
 		wantCode(t, err, connect.CodeUnauthenticated)
 	})
+}
+
+// notLeaderDetail returns the NotLeader detail of err, failing the test
+// when it has none.
+func notLeaderDetail(t *testing.T, err error) *cartv1.NotLeader {
+	t.Helper()
+	ce, ok := errors.AsType[*connect.Error](err)
+	if !ok {
+		t.Fatalf("error %v is not a connect error", err)
+	}
+	for _, d := range ce.Details() {
+		if v, err := d.Value(); err == nil {
+			if nl, ok := v.(*cartv1.NotLeader); ok {
+				return nl
+			}
+		}
+	}
+	t.Fatalf("error %v has no NotLeader detail (details %v)", err, ce.Details())
+	return nil
+}
+
+// "Not leader" travels as a structured detail naming what the node knows
+// of the leader, so clients never parse the message.
+func TestNotLeaderDetail(t *testing.T) {
+	leader, follower := newPair(t, AuthOptions{}, AuthOptions{}, "")
+	ctx := context.Background()
+	route := func(forwarded bool) error {
+		req := connect.NewRequest(&cartv1.RouteRequest{Text: "x"})
+		if forwarded {
+			req.Header().Set(cpclient.HeaderForwarded, "1")
+		}
+		_, err := follower.router().Route(ctx, req)
+		return err
+	}
+	// A forwarding loop: the node names the leader it believes in.
+	err := route(true)
+	wantCode(t, err, connect.CodeUnavailable)
+	if nl := notLeaderDetail(t, err); nl.GetLeaderId() != "n2" || nl.GetLeaderUrl() != leader.url {
+		t.Fatalf("loop: detail %v", nl)
+	}
+	// The leader has not published its URL.
+	follower.node.setLeader(false, "n3")
+	err = route(false)
+	if nl := notLeaderDetail(t, err); nl.GetLeaderId() != "n3" || nl.GetLeaderUrl() != "" {
+		t.Fatalf("unpublished: detail %v", nl)
+	}
+	// No leader at all, on a read and on a write.
+	follower.node.setLeader(false, "")
+	if nl := notLeaderDetail(t, route(false)); nl.GetLeaderId() != "" || nl.GetLeaderUrl() != "" {
+		t.Fatalf("no leader: detail %v", nl)
+	}
+	_, err = follower.admin().AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w3}}))
+	wantCode(t, err, connect.CodeUnavailable)
+	notLeaderDetail(t, err)
+
+	// A write refused by a node that lost leadership names the new one,
+	// and so does an unknown outcome; both over the Connect protocol too.
+	leader.setMember(t, "n1", follower.url)
+	leader.node.setLeader(true, "n1")
+	for _, opts := range [][]connect.ClientOption{nil, {connect.WithClientOptions()}} {
+		leader.node.setApplyErr(fmt.Errorf("%w: leadership lost", raftnode.ErrNotLeader))
+		_, err = leader.admin(opts...).AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w3}}))
+		wantCode(t, err, connect.CodeFailedPrecondition)
+		if nl := notLeaderDetail(t, err); nl.GetLeaderId() != "n1" || nl.GetLeaderUrl() != follower.url {
+			t.Fatalf("refused write: detail %v", nl)
+		}
+		leader.node.setApplyErr(errors.Join(raftnode.ErrNotLeader, raftnode.ErrOutcomeUnknown))
+		_, err = leader.admin(opts...).AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w3}}))
+		wantCode(t, err, connect.CodeAborted)
+		if nl := notLeaderDetail(t, err); nl.GetLeaderId() != "n1" || nl.GetLeaderUrl() != follower.url {
+			t.Fatalf("unknown outcome: detail %v", nl)
+		}
+	}
+}
+
+// A forwarded Route's answer names the leader's URL, so a data plane can
+// go there directly; the follower counts what it forwarded.
+func TestForwardedRouteNamesLeaderURL(t *testing.T) {
+	leader, follower := newPair(t, AuthOptions{}, AuthOptions{}, "")
+	d := route(t, follower.router(), &cartv1.RouteRequest{Model: "m", Text: text(64, 3), DataplaneId: "dp1"})
+	if d.GetLeaderUrl() != leader.url || d.GetLeaderId() != "n2" {
+		t.Fatalf("forwarded Route = %v, want leader_url %s", d, leader.url)
+	}
+	if d := route(t, leader.router(), &cartv1.RouteRequest{Model: "m", Text: text(64, 4), DataplaneId: "dp1"}); d.GetLeaderUrl() != leader.url {
+		t.Fatalf("direct Route = %v", d)
+	}
+	if got := follower.forwardedRoutes(); got != 1 {
+		t.Fatalf("follower forwarded %v Route calls, want 1", got)
+	}
+	if got := leader.forwardedRoutes(); got != 0 {
+		t.Fatalf("leader forwarded %v Route calls", got)
+	}
+}
+
+// forwardedRoutes reads cart_cp_forwarded_total for Route.
+func (cp *testCP) forwardedRoutes() float64 {
+	var m dto.Metric
+	if err := cp.core.metrics.forwarded.WithLabelValues(cartv1connect.RouterServiceRouteProcedure).Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
 }

@@ -19,11 +19,12 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/health"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"
@@ -218,8 +219,7 @@ type testCP struct {
 	core   *Core
 	node   *fakeNode
 	st     *state.State
-	eng    *engine.Engine
-	mu     *sync.Mutex
+	dec    *decider.Decider
 	srv    *httptest.Server
 	url    string
 	client *http.Client
@@ -230,6 +230,7 @@ type cpConfig struct {
 	leader bool
 	auth   AuthOptions
 	opts   func(*Options)
+	dec    func(*decider.Options)
 }
 
 func newTestCP(t testing.TB, cfg cpConfig) *testCP {
@@ -237,10 +238,13 @@ func newTestCP(t testing.TB, cfg cpConfig) *testCP {
 	if cfg.id == "" {
 		cfg.id = "n1"
 	}
-	mu := &sync.Mutex{}
-	eng := engine.New(testPolicy, index.New(index.Options{MaxEntries: 1 << 20}), rand.New(rand.NewPCG(1, 2)))
-	st := state.New(mu, eng)
-	cp := &testCP{st: st, eng: eng, mu: mu}
+	do := decider.Options{Policy: testPolicy, MaxEntries: 1 << 20, Rand: rand.New(rand.NewPCG(1, 2)), LoadLease: time.Minute}
+	if cfg.dec != nil {
+		cfg.dec(&do)
+	}
+	dec := decider.New(do)
+	st := state.New(dec)
+	cp := &testCP{st: st, dec: dec}
 	var handler http.Handler
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
 	var p http.Protocols
@@ -256,7 +260,6 @@ func newTestCP(t testing.TB, cfg cpConfig) *testCP {
 		BlockChars:     testBlockChars,
 		PlacementBatch: 20 * time.Millisecond,
 		PlacementMax:   512,
-		LoadLease:      time.Minute,
 		Health:         health.Config{Endpoint: "/health", Interval: 50 * time.Millisecond, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
 		HealthClient:   &http.Client{Transport: okTransport{}},
 		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -265,7 +268,7 @@ func newTestCP(t testing.TB, cfg cpConfig) *testCP {
 	if cfg.opts != nil {
 		cfg.opts(&o)
 	}
-	cp.core = New(o, mu, eng, st)
+	cp.core = New(o, dec, st)
 	cp.node = newFakeNode(cfg.id, st)
 	cp.core.SetNode(cp.node)
 	handler = cp.core.Handler(cfg.auth)

@@ -6,6 +6,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
@@ -15,9 +16,9 @@ import (
 func TestListWorkersReportsTheEngineCache(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true})
 	cp.addWorkers(t, "http://a.test:8000", "http://b.test:8000")
-	cp.mu.Lock()
-	cp.eng.ApplyKVReport("http://a.test:8000", engine.KVReport{Synced: true, OccupiedBlocks: 10, CapacityBlocks: 20, OccupiedTokens: 160, CapacityTokens: 320}, nil)
-	cp.mu.Unlock()
+	cp.dec.Do(decider.OpKV, func(eng *engine.Engine) {
+		eng.ApplyKVReport("http://a.test:8000", engine.KVReport{Synced: true, OccupiedBlocks: 10, CapacityBlocks: 20, OccupiedTokens: 160, CapacityTokens: 320}, nil)
+	})
 	list, err := cp.admin().ListWorkers(context.Background(), connect.NewRequest(&cartv1.ListWorkersRequest{}))
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
@@ -128,11 +131,11 @@ func TestWriteOutcomeUnknown(t *testing.T) {
 		cp.node.setLeader(true, leader)
 		cp.node.setApplyErr(errors.Join(raftnode.ErrNotLeader, raftnode.ErrOutcomeUnknown))
 		ce := wantCode(t, add(), connect.CodeAborted)
-		if ce.Meta().Get(HeaderWriteOutcome) != "unknown" {
+		if ce.Meta().Get(cpclient.HeaderWriteOutcome) != "unknown" {
 			t.Fatalf("leader %q: meta %v", leader, ce.Meta())
 		}
-		if want := map[string]string{"": "", "n2": "http://n2.test:7070"}[leader]; ce.Meta().Get(HeaderLeaderURL) != want {
-			t.Fatalf("leader %q: leader URL %q", leader, ce.Meta().Get(HeaderLeaderURL))
+		if want := map[string]string{"": "", "n2": "http://n2.test:7070"}[leader]; ce.Meta().Get(cpclient.HeaderLeaderURL) != want {
+			t.Fatalf("leader %q: leader URL %q", leader, ce.Meta().Get(cpclient.HeaderLeaderURL))
 		}
 	}
 	// Gave up waiting while still leading: unknown as well.
@@ -170,7 +173,7 @@ func TestForwardedWriteWithoutAnswer(t *testing.T) {
 	follower.setMember(t, "n2", dropper.URL)
 	follower.node.setLeader(false, "n2")
 	ce := wantCode(t, add(), connect.CodeAborted)
-	if ce.Meta().Get(HeaderWriteOutcome) != "unknown" || !strings.Contains(ce.Message(), "forwarding") {
+	if ce.Meta().Get(cpclient.HeaderWriteOutcome) != "unknown" || !strings.Contains(ce.Message(), "forwarding") {
 		t.Fatalf("lost forward: %v (meta %v)", ce, ce.Meta())
 	}
 	<-reached
@@ -225,29 +228,27 @@ func TestFailedBatchKeepsBoundedOrigins(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
 	b := cp.core.batch
 	queue := func(n int, from uint64) {
-		cp.core.mu.Lock()
+		os := make([]*cartv1.ResponseOrigin, n)
 		for i := range n {
-			b.Origin(&cartv1.ResponseOrigin{IdHash: from + uint64(i), Worker: w1})
+			os[i] = &cartv1.ResponseOrigin{IdHash: from + uint64(i), Worker: w1}
 		}
-		cp.core.mu.Unlock()
+		b.Origins(os)
 	}
 	cp.node.setApplyErr(raftnode.ErrNotLeader)
 	queue(3, 1)
 	b.flush(context.Background())
-	cp.core.mu.Lock()
-	if got := len(b.origins); got != 3 {
-		cp.core.mu.Unlock()
+	var got int
+	cp.dec.Do(decider.OpRead, func(*engine.Engine) { got = len(b.origins) })
+	if got != 3 {
 		t.Fatalf("after a failed batch %d origins are queued, want the 3 again", got)
 	}
-	cp.core.mu.Unlock()
 	limit := maxPendingOrigins(b.max)
 	for i := range 4 {
 		queue(limit, uint64(1000+i*limit))
 		b.flush(context.Background())
 	}
-	cp.core.mu.Lock()
-	got, newest := len(b.origins), b.origins[len(b.origins)-1].GetIdHash()
-	cp.core.mu.Unlock()
+	var newest uint64
+	cp.dec.Do(decider.OpRead, func(*engine.Engine) { got, newest = len(b.origins), b.origins[len(b.origins)-1].GetIdHash() })
 	if got != limit || newest != uint64(1000+4*limit-1) {
 		t.Fatalf("after repeated failures %d origins queued (newest %d), want the newest %d", got, newest, limit)
 	}

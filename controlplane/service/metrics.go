@@ -6,6 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/cartrouter/cart/controlplane/decider"
 )
 
 // cpMetrics are the control plane's collectors. Raft and state gauges are
@@ -14,8 +16,8 @@ type cpMetrics struct {
 	reg       *prometheus.Registry
 	routes    *prometheus.CounterVec
 	routeTime prometheus.Histogram
-	// ticketsDropped counts decisions settled without a normal completion.
-	ticketsDropped *prometheus.CounterVec
+	// forwarded counts calls this node passed on to the leader.
+	forwarded *prometheus.CounterVec
 }
 
 func newCPMetrics(c *Core) *cpMetrics {
@@ -24,9 +26,16 @@ func newCPMetrics(c *Core) *cpMetrics {
 	m.routes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_routes_total", Help: "Route decisions made by this node as leader, by reason."}, []string{"reason"})
 	m.routeTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cart_cp_route_seconds", Help: "Leader-side Route decision time.",
 		Buckets: []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2}})
-	m.ticketsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_tickets_dropped_total",
-		Help: "Decisions the leader settled as undelivered without a normal completion: abandoned (the data plane gave up waiting for Route), stale (past the load lease and no longer in flight on its data plane), cap (controlplane.max_unsettled_tickets reached)."}, []string{"cause"})
-	m.reg.MustRegister(m.routes, m.routeTime, m.ticketsDropped)
+	m.forwarded = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_forwarded_total",
+		Help: "Calls this node forwarded to the leader because it is a follower, by procedure. Route calls here mean data planes are not yet calling the leader directly."}, []string{"procedure"})
+	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded)
+	// The decider counts drops; exported here under the control plane's name.
+	for _, cause := range decider.DropCauses {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_tickets_dropped_total",
+			Help:        "Decisions the leader settled as undelivered without a normal completion: abandoned (the data plane gave up waiting for Route), stale (past the load lease and no longer in flight on its data plane), cap (controlplane.max_unsettled_tickets reached).",
+			ConstLabels: prometheus.Labels{"cause": cause.String()}}, func() float64 { return float64(c.dec.Dropped(cause)) }))
+	}
+	m.reg.MustRegister(c.dec.Collectors()...)
 	gauge := func(name, help string, f func() float64) {
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}
@@ -46,24 +55,15 @@ func newCPMetrics(c *Core) *cpMetrics {
 	gauge("cart_raft_applied_index", "Raft applied index.", func() float64 { _, _, _, a, _ := status(); return a })
 	gauge("cart_raft_last_log_index", "Last Raft log index.", func() float64 { _, _, _, _, l := status(); return l })
 	counts := func() (workers, healthy, dps, entries float64) {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, w := range c.eng.Workers() {
-			workers++
-			if w.Healthy {
-				healthy++
-			}
-		}
-		return workers, healthy, float64(len(c.dps)), float64(c.eng.Index().Len())
+		st := c.dec.Stats()
+		return float64(st.Workers), float64(st.HealthyWorkers), float64(st.DataPlanes), float64(st.IndexEntries)
 	}
 	gauge("cart_cp_workers", "Workers in the replicated worker set.", func() float64 { w, _, _, _ := counts(); return w })
 	gauge("cart_cp_healthy_workers", "Workers the leader's prober considers healthy.", func() float64 { _, h, _, _ := counts(); return h })
 	gauge("cart_cp_dataplanes", "Data planes with a live load lease (leader only).", func() float64 { _, _, d, _ := counts(); return d })
 	gauge("cart_cp_index_entries", "Entries in this node's prefix index.", func() float64 { _, _, _, e := counts(); return e })
 	gauge("cart_cp_unsettled_tickets", "Decisions waiting for their data plane to settle them (leader only).", func() float64 {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return float64(len(c.tickets))
+		return float64(c.dec.Stats().Unsettled)
 	})
 	return m
 }

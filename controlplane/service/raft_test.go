@@ -10,18 +10,19 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/raft"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
-	"github.com/cartrouter/cart/dataplane/health"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/testkit"
 )
@@ -32,8 +33,7 @@ type raftCP struct {
 	id    string
 	addr  raft.ServerAddress
 	trans *raft.InmemTransport
-	mu    *sync.Mutex
-	eng   *engine.Engine
+	dec   *decider.Decider
 	st    *state.State
 	core  *Core
 	node  *raftnode.Node
@@ -50,26 +50,28 @@ type raftCluster struct {
 // the tests at a few seconds.
 var partitionTimeouts = raftnode.Timeouts{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 500 * time.Millisecond, Commit: 5 * time.Millisecond}
 
-func newRaftCluster(t *testing.T, n int) *raftCluster {
+func newRaftCluster(t *testing.T, n int, opts ...func(*Options)) *raftCluster {
 	t.Helper()
 	c := &raftCluster{t: t}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for i := range n {
 		addr, trans := raft.NewInmemTransport("")
-		mu := &sync.Mutex{}
-		eng := engine.New(testPolicy, index.New(index.Options{MaxEntries: 1 << 20}), rand.New(rand.NewPCG(1, uint64(i))))
-		st := state.New(mu, eng)
-		x := &raftCP{id: fmt.Sprintf("n%d", i+1), addr: addr, trans: trans, mu: mu, eng: eng, st: st}
-		x.core = New(Options{
+		dec := decider.New(decider.Options{Policy: testPolicy, MaxEntries: 1 << 20, Rand: rand.New(rand.NewPCG(1, uint64(i))), LoadLease: time.Minute})
+		st := state.New(dec)
+		x := &raftCP{id: fmt.Sprintf("n%d", i+1), addr: addr, trans: trans, dec: dec, st: st}
+		o := Options{
 			NodeID:         x.id,
 			BlockChars:     testBlockChars,
 			PlacementBatch: 10 * time.Millisecond,
 			PlacementMax:   512,
-			LoadLease:      time.Minute,
 			Health:         health.Config{Endpoint: "/health", Interval: time.Second, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
 			HealthClient:   &http.Client{Transport: okTransport{}},
 			Logger:         log,
-		}, mu, eng, st)
+		}
+		for _, f := range opts {
+			f(&o)
+		}
+		x.core = New(o, dec, st)
 		c.nodes = append(c.nodes, x)
 	}
 	c.heal()
@@ -116,10 +118,7 @@ func (c *raftCluster) leader(among ...*raftCP) *raftCP {
 	var found *raftCP
 	testkit.WaitFor(c.t, 15*time.Second, "a ready leader", func() bool {
 		for _, x := range among {
-			x.mu.Lock()
-			leading := x.core.leading
-			x.mu.Unlock()
-			if leading && x.node.IsLeader() {
+			if x.dec.Leading() && x.node.IsLeader() {
 				found = x
 				return true
 			}
@@ -161,17 +160,17 @@ func (c *raftCluster) heal() {
 // order are each node's own).
 func (x *raftCP) entries() map[uint64]string {
 	out := map[uint64]string{}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	x.eng.Index().Walk(func(hash uint64, _ int64, holders []index.Holder) bool {
-		var hs []string
-		for _, h := range holders {
-			url, _ := x.eng.WorkerURL(uint32(h.Worker))
-			hs = append(hs, url)
-		}
-		slices.Sort(hs)
-		out[hash] = strings.Join(hs, ",")
-		return true
+	x.dec.Do(decider.OpRead, func(eng *engine.Engine) {
+		eng.Index().Walk(func(hash uint64, _ int64, holders []index.Holder) bool {
+			var hs []string
+			for _, h := range holders {
+				url, _ := eng.WorkerURL(uint32(h.Worker))
+				hs = append(hs, url)
+			}
+			slices.Sort(hs)
+			out[hash] = strings.Join(hs, ",")
+			return true
+		})
 	})
 	return out
 }
@@ -225,7 +224,7 @@ func TestWriteOnPartitionedLeaderIsUnknown(t *testing.T) {
 		t.Fatalf("the cut-off leader did not append the write (answer %v): too slow to act within one lease", err)
 	}
 	ce := wantCode(t, err, connect.CodeAborted)
-	if ce.Meta().Get(HeaderWriteOutcome) != "unknown" || !strings.Contains(ce.Message(), "outcome unknown") {
+	if ce.Meta().Get(cpclient.HeaderWriteOutcome) != "unknown" || !strings.Contains(ce.Message(), "outcome unknown") {
 		t.Fatalf("unknown outcome not marked: %v (meta %v)", ce, ce.Meta())
 	}
 	// A write it never appended is a definite "no".

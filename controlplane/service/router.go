@@ -5,15 +5,16 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // RouterHandler implements cartv1connect.RouterServiceHandler.
@@ -30,12 +31,8 @@ const maxSessionKey = 64
 // Route implements RouterService.Route.
 func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.RouteRequest]) (*connect.Response[cartv1.RouteResponse], error) {
 	c := h.c
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return c.fwd.routerTo(url).Route(ctx, connect.NewRequest(req.Msg))
+	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Route); done {
+		return resp, err
 	}
 	start := time.Now()
 	m := req.Msg
@@ -68,45 +65,12 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		exclude = append(slices.Clip(exclude), ex...)
 	}
 	now := c.o.Now()
-	c.mu.Lock()
-	if !c.leading {
-		c.mu.Unlock()
-		return nil, connect.NewError(connect.CodeUnavailable, errors.New("leader is still catching up (barrier pending)"))
-	}
-	exclude, pinned, gone := c.pinResponse(m.GetResponseIdHash(), exclude, now)
-	if gone != "" {
-		c.mu.Unlock()
-		// Not NotFound, which says "model not served": the data plane must
-		// tell the two apart to answer the client the right error.
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("the worker that produced this response (%s) is no longer in the pool", gone))
-	}
-	d, err := c.eng.Route(engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, DryRun: m.GetDryRun(), Session: session}, now.UnixNano())
-	var tk uint64
-	var placed []uint64
-	if err == nil && !m.GetDryRun() {
-		if ctx.Err() != nil {
-			// The caller's deadline passed while this waited for the
-			// lock or decided: it has routed elsewhere and will never
-			// settle this decision. Undo it before anyone sees it.
-			c.eng.Release(d.Worker)
-			c.eng.Unplace(d)
-			c.mu.Unlock()
-			c.metrics.ticketsDropped.WithLabelValues(dropAbandoned).Inc()
-			return nil, connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
-		}
-		placed = slices.Clone(d.Placed)
-		tk = c.issue(&ticket{dp: m.GetDataplaneId(), route: m.GetRouteId(), worker: d.Worker, placed: placed, at: now,
-			keyLen: keyLen, predicted: d.ChosenChars, placedAgo: d.PlacedAgo})
-		dp := c.dataPlane(m.GetDataplaneId(), now)
-		dp.loads[d.Worker]++
-		if len(placed) > 0 {
-			// Under the engine lock: the batcher's ledger moves with the index.
-			c.batch.Place(d.Worker, placed, now)
-		}
-	}
-	c.mu.Unlock()
+	d, err := c.dec.RouteFor(ctx, decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId()}, decider.Request{
+		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, DryRun: m.GetDryRun(), Session: session},
+		PinTo:   c.pinnedWorker(m.GetResponseIdHash(), now),
+	})
 	if err != nil {
-		return nil, capacityError(err)
+		return nil, routeError(ctx, err)
 	}
 	elapsed := time.Since(start)
 	c.metrics.routes.WithLabelValues(string(d.Reason)).Inc()
@@ -121,105 +85,74 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		FromLeader:     true,
 		Candidate:      d.Candidate,
 		ChosenChars:    uint32(d.ChosenChars),
-		Ticket:         tk,
+		Ticket:         d.Ticket.ID,
 		LeaderId:       id,
-		Pinned:         pinned,
+		LeaderUrl:      c.o.APIURL, // this node's own, as published by ensureMember
+		Pinned:         d.Pinned,
 	}), nil
 }
 
-// pinResponse resolves a request for a stored response: when this leader
-// learned which worker produced it, every other worker is excluded (the
-// response lives on that one only; load and prefix do not matter). gone
-// names that worker when it has left the pool. c.mu must be held.
-func (c *Core) pinResponse(hash uint64, exclude []string, now time.Time) (_ []string, pinned bool, gone string) {
+// pinnedWorker resolves a request for a stored response: when this leader
+// learned which worker produced it, the decision is pinned to that worker
+// (the response lives there only; load and prefix do not matter).
+// "" when the request names no response or one this leader does not know
+// (never seen, or forgotten): routed like any request.
+func (c *Core) pinnedWorker(hash uint64, now time.Time) string {
 	if hash == 0 {
-		return exclude, false, ""
+		return ""
 	}
-	w, ok := c.responses.Lookup(hash, now)
-	if !ok {
-		return exclude, false, "" // never seen (or forgotten): routed like any request
-	}
-	if _, known := c.eng.WorkerIDOf(w); !known {
-		return nil, false, w
-	}
-	out := slices.Clone(exclude)
-	for _, ws := range c.eng.Workers() {
-		if ws.URL != w {
-			out = append(out, ws.URL)
-		}
-	}
-	return out, true, ""
+	w, _ := c.responses.Lookup(hash, now)
+	return w
 }
 
-// capacityError maps "nobody can take this" to ResourceExhausted, which
-// data planes pass on as 503 instead of falling back: the control plane
-// answered, and the answer is that the pool is full or down.
-func capacityError(err error) error {
+// routeError maps the decider's answers to Connect codes. "Nobody can take
+// this" is ResourceExhausted, which data planes pass on as 503 instead of
+// falling back: the control plane answered, and the answer is that the
+// pool is full or down.
+func routeError(ctx context.Context, err error) error {
+	var gone *decider.PinnedGoneError
 	switch {
-	case errors.Is(err, engine.ErrNoWorkers), errors.Is(err, engine.ErrNoHealthy),
-		errors.Is(err, engine.ErrAllExcluded), errors.Is(err, engine.ErrAllSaturated):
+	case errors.Is(err, decider.ErrNotLeading):
+		return connect.NewError(connect.CodeUnavailable, err)
+	case errors.As(err, &gone):
+		// Not NotFound, which says "model not served": the data plane must
+		// tell the two apart to answer the client the right error.
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		// The caller's deadline passed while this waited for the lock or
+		// decided: it has routed elsewhere; the decider undid the decision.
+		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	case errors.Is(err, decider.ErrNoCapacity):
 		return connect.NewError(connect.CodeResourceExhausted, err)
 	}
 	return connect.NewError(connect.CodeInternal, err)
 }
 
-// dataPlane returns (creating) a data plane's record; mu must be held.
-func (c *Core) dataPlane(id string, now time.Time) *dataPlane {
-	dp, ok := c.dps[id]
-	if !ok {
-		dp = &dataPlane{loads: map[string]int{}}
-		c.dps[id] = dp
-	}
-	dp.lastSeen = now
-	return dp
-}
-
 // Complete implements RouterService.Complete.
 func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv1.CompleteRequest]) (*connect.Response[cartv1.CompleteResponse], error) {
 	c := h.c
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return c.fwd.routerTo(url).Complete(ctx, connect.NewRequest(req.Msg))
+	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Complete); done {
+		return resp, err
 	}
 	now := c.o.Now()
-	var settled uint32
 	dpID := req.Msg.GetDataplaneId()
-	c.mu.Lock()
+	var origins []*cartv1.ResponseOrigin
 	for _, o := range req.Msg.GetResponseOrigins() {
 		if o.GetIdHash() != 0 && o.GetWorker() != "" {
 			c.responses.Learn(o.GetIdHash(), o.GetWorker(), now)
-			// Replicated with the placements, so a new leader keeps it.
-			c.batch.Origin(&cartv1.ResponseOrigin{IdHash: o.GetIdHash(), Worker: o.GetWorker()})
+			origins = append(origins, &cartv1.ResponseOrigin{IdHash: o.GetIdHash(), Worker: o.GetWorker()})
 		}
 	}
-	c.dataPlane(dpID, now)
-	for _, comp := range req.Msg.GetCompletions() {
-		if comp.GetAbandoned() {
-			// The data plane never used this decision: it knows only the
-			// id of the call it gave up on.
-			id, ok := c.byRoute[routeKey{dpID, comp.GetRouteId()}]
-			if !ok || comp.GetRouteId() == 0 {
-				continue // undone when its deadline passed, or never decided
-			}
-			c.settle(id, false, true)
-			settled++
-			c.metrics.ticketsDropped.WithLabelValues(dropAbandoned).Inc()
-			continue
-		}
-		tk, ok := c.tickets[comp.GetTicket()]
-		if !ok || tk.worker != comp.GetWorker() || tk.dp != dpID {
-			continue // settled already, or issued by an earlier leader: Sync reconciles the load
-		}
-		c.settle(comp.GetTicket(), comp.GetDelivered(), true)
-		settled++
-		if comp.GetDelivered() && comp.GetPromptTokens() > 0 && comp.GetCachedTokens() >= 0 {
-			c.eng.Feedback(tk.worker, tk.keyLen, tk.predicted, tk.placedAgo, int(comp.GetPromptTokens()), int(comp.GetCachedTokens()))
-		}
+	if len(origins) > 0 {
+		// Replicated with the placements, so a new leader keeps them.
+		c.batch.Origins(origins)
 	}
-	c.mu.Unlock()
+	comps := make([]decider.Completion, len(req.Msg.GetCompletions()))
+	for i, comp := range req.Msg.GetCompletions() {
+		comps[i] = decider.Completion{Ticket: comp.GetTicket(), Worker: comp.GetWorker(), Abandoned: comp.GetAbandoned(), RouteID: comp.GetRouteId(),
+			Outcome: decider.Outcome{Delivered: comp.GetDelivered(), PromptTokens: int(comp.GetPromptTokens()), CachedTokens: int(comp.GetCachedTokens())}}
+	}
+	settled := uint32(c.dec.Complete(dpID, comps))
 	return connect.NewResponse(&cartv1.CompleteResponse{Settled: settled}), nil
 }
 
@@ -228,40 +161,16 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 // and the answer carries the worker set with live health and load.
 func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.SyncRequest]) (*connect.Response[cartv1.SyncResponse], error) {
 	c := h.c
-	if !c.node.IsLeader() {
-		url, err := c.leaderURL(req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return c.fwd.routerTo(url).Sync(ctx, connect.NewRequest(req.Msg))
+	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Sync); done {
+		return resp, err
 	}
-	now := c.o.Now()
+	c.handover.report(req.Msg, c.o.Now())
 	reported := make(map[string]int, len(req.Msg.GetLoads()))
 	for _, l := range req.Msg.GetLoads() {
 		reported[l.GetWorker()] = int(l.GetInFlight())
 	}
-	_, version := c.st.Workers() // before c.mu: the state shares that lock
-	c.mu.Lock()
-	c.rebuildLoads(version)
-	dp := c.dataPlane(req.Msg.GetDataplaneId(), now)
-	dp.fallbacks += req.Msg.GetFallbacks()
-	for w, n := range dp.loads {
-		if _, ok := reported[w]; !ok {
-			c.eng.AdjustLoad(w, -n)
-			delete(dp.loads, w)
-		}
-	}
-	for w, n := range reported {
-		if _, known := c.eng.WorkerIDOf(w); !known {
-			// Removed (or not yet added): nothing to account it to.
-			c.eng.AdjustLoad(w, -dp.loads[w])
-			delete(dp.loads, w)
-			continue
-		}
-		c.eng.AdjustLoad(w, n-dp.loads[w])
-		dp.loads[w] = n
-	}
-	c.mu.Unlock()
+	_, version := c.st.Workers()
+	c.dec.SyncLoads(req.Msg.GetDataplaneId(), version, reported, req.Msg.GetFallbacks())
 	resp, err := c.workerList()
 	if err != nil {
 		return nil, err
@@ -276,38 +185,12 @@ func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.Sy
 	}), nil
 }
 
-// rebuildLoads recomputes the engine's load view from the data planes'
-// counts after the worker set changed: a worker removed and added again
-// comes back with load 0 in the engine while data planes still count
-// requests on it. c.mu must be held.
-func (c *Core) rebuildLoads(version uint64) {
-	if version == c.loadsVersion {
-		return
-	}
-	c.loadsVersion = version
-	c.eng.ResetLoads()
-	for _, dp := range c.dps {
-		for w, n := range dp.loads {
-			if _, known := c.eng.WorkerIDOf(w); known {
-				c.eng.AdjustLoad(w, n)
-			} else {
-				delete(dp.loads, w)
-			}
-		}
-	}
-}
-
 // workerList merges the replicated worker set with this node's live
 // health and load view.
 func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 	ws, version := c.st.Workers()
-	c.mu.Lock()
-	live := c.eng.Workers()
-	kv := make(map[string]engine.KVState, len(live))
-	for _, w := range live {
-		kv[w.URL] = c.eng.KV(w.URL)
-	}
-	c.mu.Unlock()
+	live := c.dec.Workers()
+	kv := c.dec.KVStates()
 	byURL := make(map[string]engine.WorkerState, len(live))
 	for _, w := range live {
 		byURL[w.URL] = w

@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/testkit"
@@ -137,9 +138,17 @@ func TestRouteDryRun(t *testing.T) {
 	if st.Msg.GetIndexEntries() != 0 || st.Msg.GetDataplanes() != 0 {
 		t.Fatalf("dry run left state: index entries %d, data planes %d", st.Msg.GetIndexEntries(), st.Msg.GetDataplanes())
 	}
-	time.Sleep(5 * 20 * time.Millisecond) // several batch windows
-	if b := cp.node.placeBatches(); len(b) != 0 {
-		t.Fatalf("dry run replicated placements: %v", b)
+	// A real route after the dry runs is a barrier: windows are proposed in
+	// order, so once its placement is replicated, anything the dry runs had
+	// queued would be too. Only the marker's placement may be there.
+	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 99), DataplaneId: "dp1"})
+	testkit.WaitFor(t, 5*time.Second, "the marker's placement replicated", func() bool { return len(cp.node.placeBatches()) > 0 })
+	var placed int
+	for _, b := range cp.node.placeBatches() {
+		placed += len(b.GetPlacements())
+	}
+	if placed != 1 {
+		t.Fatalf("dry run replicated placements: %v", cp.node.placeBatches())
 	}
 	// A dry run settles nothing either: ticket 0 is not a ticket.
 	if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: 0, Worker: w1, Delivered: true}); n != 0 {
@@ -307,7 +316,18 @@ func TestCompleteUndeliveredKeepsEarlierPlacement(t *testing.T) {
 		t.Fatalf("second route = %v", b)
 	}
 	complete(t, rc, "dp1", &cartv1.Completion{Ticket: b.GetTicket(), Worker: b.GetWorker(), Delivered: false})
-	time.Sleep(5 * 20 * time.Millisecond)
+	// Barrier: a new placement after the completion is replicated in the
+	// same window as any withdrawal it caused, or a later one.
+	before := len(cp.node.placeBatches())
+	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 98), DataplaneId: "dp1"})
+	testkit.WaitFor(t, 5*time.Second, "the marker's placement replicated", func() bool {
+		for _, pb := range cp.node.placeBatches()[before:] {
+			if len(pb.GetPlacements()) > 0 {
+				return true
+			}
+		}
+		return false
+	})
 	if u := cp.node.unplaceBatches(); len(u) != 0 {
 		t.Fatalf("unplaced blocks the worker already held: %v", u)
 	}
@@ -462,7 +482,7 @@ func TestCompleteAfterSyncDoesNotDoubleRelease(t *testing.T) {
 }
 
 func TestLoadLeaseExpiry(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.LoadLease = 500 * time.Millisecond }})
+	cp := newTestCP(t, cpConfig{leader: true, dec: func(o *decider.Options) { o.LoadLease = 500 * time.Millisecond }})
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	aliveSync := func(ctx context.Context) error {

@@ -27,9 +27,7 @@ func TestListWorkersReportsSourceAndDraining(t *testing.T) {
 	if _, err := ac.UpdateWorker(ctx, connect.NewRequest(&cartv1.UpdateWorkerRequest{Worker: &cartv1.Worker{Url: "http://d.test:8000", MaxLoad: 3}})); err != nil {
 		t.Fatal(err)
 	}
-	cp.mu.Lock()
-	cp.eng.SetDraining("http://d.test:8000", true)
-	cp.mu.Unlock()
+	cp.dec.SetDraining("http://d.test:8000", true)
 	list, err := ac.ListWorkers(ctx, connect.NewRequest(&cartv1.ListWorkersRequest{}))
 	if err != nil {
 		t.Fatal(err)

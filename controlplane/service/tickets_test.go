@@ -8,39 +8,49 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	dto "github.com/prometheus/client_model/go"
 
+	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/testkit"
 )
 
-func (cp *testCP) unsettled() int {
-	cp.mu.Lock()
-	defer cp.mu.Unlock()
-	return len(cp.core.tickets)
-}
+func (cp *testCP) unsettled() int { return cp.dec.Stats().Unsettled }
 
 // holds reports whether the leader's index records worker w for the last
 // block of the text.
 func (cp *testCP) holds(model, txt, w string) bool {
 	hs := hashes(model, txt)
-	cp.mu.Lock()
-	defer cp.mu.Unlock()
-	id, ok := cp.eng.WorkerIDOf(w)
-	if !ok {
-		return false
-	}
-	_, held := cp.eng.Index().HolderAt(hs[len(hs)-1], index.WorkerID(id))
+	held := false
+	cp.dec.Do(decider.OpRead, func(eng *engine.Engine) {
+		if id, ok := eng.WorkerIDOf(w); ok {
+			_, held = eng.Index().HolderAt(hs[len(hs)-1], index.WorkerID(id))
+		}
+	})
 	return held
 }
 
-func (cp *testCP) dropped(cause string) float64 {
-	var m dto.Metric
-	if err := cp.core.metrics.ticketsDropped.WithLabelValues(cause).Write(&m); err != nil {
+// dropped reads cart_cp_tickets_dropped_total{cause} from the node's
+// registry, as a scrape would.
+func (cp *testCP) dropped(cause decider.DropCause) float64 {
+	mfs, err := cp.core.metrics.reg.Gather()
+	if err != nil {
 		panic(err)
 	}
-	return m.GetCounter().GetValue()
+	for _, mf := range mfs {
+		if mf.GetName() != "cart_cp_tickets_dropped_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "cause" && l.GetValue() == cause.String() {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	panic("cart_cp_tickets_dropped_total{cause=" + cause.String() + "} not exported")
 }
 
 // A data plane that gave up waiting for Route reports the call's id; the
@@ -87,7 +97,7 @@ func TestAbandonedRouteIsSettled(t *testing.T) {
 	if n := complete(t, rc, "dp1", &cartv1.Completion{Abandoned: true, RouteId: 42}); n != 0 {
 		t.Fatalf("a second report settled %d", n)
 	}
-	if got := cp.dropped(dropAbandoned); got != 1 {
+	if got := cp.dropped(decider.DropAbandoned); got != 1 {
 		t.Fatalf("abandoned drops = %v, want 1", got)
 	}
 }
@@ -112,7 +122,7 @@ func TestRoutePastCallerDeadlineIsUndone(t *testing.T) {
 // undelivered (placement withdrawn).
 func TestTicketLifetimeFollowsLease(t *testing.T) {
 	const lease = 300 * time.Millisecond
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.LoadLease = lease }})
+	cp := newTestCP(t, cpConfig{leader: true, dec: func(o *decider.Options) { o.LoadLease = lease }})
 	cp.addWorkers(t, w1)
 	rc := cp.router()
 	busyTxt, quietTxt := text(64, 3), text(64, 4)
@@ -144,7 +154,7 @@ func TestTicketLifetimeFollowsLease(t *testing.T) {
 	if !cp.holds("m", busyTxt, w1) {
 		t.Fatal("the placement of a request still in flight was withdrawn")
 	}
-	if got := cp.dropped(dropStale); got != 1 {
+	if got := cp.dropped(decider.DropStale); got != 1 {
 		t.Fatalf("stale drops = %v, want 1", got)
 	}
 	// The live one outlasts the lease and settles normally.
@@ -158,7 +168,7 @@ func TestTicketLifetimeFollowsLease(t *testing.T) {
 // At max tickets, the oldest is settled as undelivered: its load released
 // and its placement withdrawn.
 func TestTicketCapDropsOldest(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.MaxTickets = 3 }})
+	cp := newTestCP(t, cpConfig{leader: true, dec: func(o *decider.Options) { o.MaxTickets = 3 }})
 	cp.addWorkers(t, w1)
 	rc := cp.router()
 	var got []*cartv1.RouteResponse
@@ -187,7 +197,7 @@ func TestTicketCapDropsOldest(t *testing.T) {
 			t.Fatalf("live ticket %d settled %d", i, n)
 		}
 	}
-	if got := cp.dropped(dropCap); got != 2 {
+	if got := cp.dropped(decider.DropCap); got != 2 {
 		t.Fatalf("cap drops = %v, want 2", got)
 	}
 	if l := cp.loads(t)[w1]; l != 0 {

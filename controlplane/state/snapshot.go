@@ -11,6 +11,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
@@ -24,18 +26,29 @@ const maxRecordBytes = 64 << 20
 
 func indexID(id uint32) index.WorkerID { return index.WorkerID(id) }
 
-// Snapshot is an immutable copy of the state, taken quickly under the lock
-// and written out later while applies continue.
+// Snapshot is a frozen copy of the state: the small parts are copied under
+// the lock, the index is a copy-on-write view of it (index.Freeze), so
+// taking one holds the routing lock for a few microseconds per 64k entries
+// instead of a pass over the index. Records are built and written out
+// later, outside the lock, while applies and routing continue.
 type Snapshot struct {
-	header  *cartv1.SnapshotHeader
-	records []*cartv1.IndexRecord
+	header *cartv1.SnapshotHeader
+	view   *index.View
+	pos    map[index.WorkerID]uint32 // index worker id -> position in header.Workers
+	// fix holds the uncommitted changes to take out of the view, by hash.
+	fix map[uint64]holderChanges
 }
 
-// Capture copies the state. It holds the lock for one pass over the index
-// (tens of milliseconds for a million entries); writing happens outside.
-func (s *State) Capture() *Snapshot {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// Capture freezes the state. It holds the lock only to copy the worker
+// set, the node directory, the ledger's uncommitted changes and the
+// index's page table; Write does the per-entry work. Call Release when the
+// snapshot will not be written again.
+func (s *State) Capture() (snap *Snapshot) {
+	s.dec.Do(decider.OpSnapshotCapture, func(eng *engine.Engine) { snap = s.capture(eng) })
+	return snap
+}
+
+func (s *State) capture(eng *engine.Engine) *Snapshot {
 	h := &cartv1.SnapshotHeader{
 		Version:        SnapshotVersion,
 		WorkersVersion: s.workersVersion,
@@ -45,7 +58,7 @@ func (s *State) Capture() *Snapshot {
 	pos := make(map[index.WorkerID]uint32, len(s.specs))
 	for i, w := range s.specs {
 		h.Workers = append(h.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: s.capacity[w.URL], Source: w.Source})
-		if id, ok := s.eng.WorkerIDOf(w.URL); ok {
+		if id, ok := eng.WorkerIDOf(w.URL); ok {
 			pos[indexID(id)] = uint32(i)
 		}
 	}
@@ -54,38 +67,70 @@ func (s *State) Capture() *Snapshot {
 	// those are taken back out of the copy (and withdrawals not committed
 	// put back), or a restart or a follower installing it could keep
 	// placements that never commit.
-	fix := s.uncommitted(pos)
-	snap := &Snapshot{header: h}
-	snap.records = make([]*cartv1.IndexRecord, 0, s.eng.Index().Len())
-	s.eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
-		r := &cartv1.IndexRecord{Hash: hash, UsedUnixNanos: used}
+	return &Snapshot{header: h, view: eng.Index().Freeze(), pos: pos, fix: s.uncommitted(eng, pos)}
+}
+
+// Release lets the index write in place the pages this snapshot shared.
+// The snapshot cannot be written afterwards.
+func (snap *Snapshot) Release() { snap.view.Release() }
+
+// records calls fn with each index record of the snapshot, in LRU order
+// (most recent first) and then the entries only the ledger's undo adds.
+// r is reused between calls: fn must not keep it.
+func (snap *Snapshot) records(fn func(r *cartv1.IndexRecord) error) error {
+	var r cartv1.IndexRecord
+	var err error
+	var seen map[uint64]bool
+	if len(snap.fix) > 0 {
+		seen = make(map[uint64]bool, len(snap.fix))
+	}
+	werr := snap.view.Walk(func(hash uint64, used int64, holders []index.Holder) bool {
+		r.Hash, r.UsedUnixNanos = hash, used
+		r.Workers, r.AtUnixNanos = r.Workers[:0], r.AtUnixNanos[:0]
 		for _, hd := range holders {
-			p, ok := pos[hd.Worker]
+			p, ok := snap.pos[hd.Worker]
 			if !ok {
 				continue
 			}
 			r.Workers = append(r.Workers, p)
 			r.AtUnixNanos = append(r.AtUnixNanos, hd.At)
 		}
-		if changes, ok := fix[hash]; ok {
-			delete(fix, hash)
-			changes.apply(r)
+		if changes, ok := snap.fix[hash]; ok {
+			seen[hash] = true
+			changes.apply(&r)
 		}
 		if len(r.Workers) > 0 {
-			snap.records = append(snap.records, r)
+			err = fn(&r)
 		}
-		return true
+		return err == nil
 	})
-	for hash, changes := range fix {
-		r := &cartv1.IndexRecord{Hash: hash}
-		changes.apply(r)
-		if len(r.Workers) > 0 {
-			r.UsedUnixNanos = slices.Max(r.AtUnixNanos)
-			snap.records = append(snap.records, r)
+	if err != nil {
+		return err
+	}
+	if werr != nil {
+		return werr
+	}
+	// In hash order, so that both passes of Write agree and the output is
+	// deterministic.
+	extra := make([]uint64, 0, len(snap.fix)-len(seen))
+	for hash := range snap.fix {
+		if !seen[hash] {
+			extra = append(extra, hash)
 		}
 	}
-	h.IndexRecords = uint64(len(snap.records))
-	return snap
+	slices.Sort(extra)
+	for _, hash := range extra {
+		r.Hash = hash
+		r.Workers, r.AtUnixNanos = r.Workers[:0], r.AtUnixNanos[:0]
+		snap.fix[hash].apply(&r)
+		if len(r.Workers) > 0 {
+			r.UsedUnixNanos = slices.Max(r.AtUnixNanos)
+			if err := fn(&r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // holderChange is one uncommitted change to take out of a snapshot.
@@ -111,14 +156,15 @@ func (cs holderChanges) apply(r *cartv1.IndexRecord) {
 	}
 }
 
-// uncommitted collects the ledger's changes by block hash. s.mu held.
-func (s *State) uncommitted(pos map[index.WorkerID]uint32) map[uint64]holderChanges {
+// uncommitted collects the ledger's changes by block hash. Inside the
+// decider's critical section.
+func (s *State) uncommitted(eng *engine.Engine, pos map[index.WorkerID]uint32) map[uint64]holderChanges {
 	if s.own == nil {
 		return nil
 	}
 	var fix map[uint64]holderChanges
-	s.own.Uncommitted(func(insert bool, worker string, hashes []uint64, at int64) {
-		id, ok := s.eng.WorkerIDOf(worker)
+	s.own.Uncommitted(eng, func(insert bool, worker string, hashes []uint64, at int64) {
+		id, ok := eng.WorkerIDOf(worker)
 		if !ok {
 			return
 		}
@@ -137,8 +183,16 @@ func (s *State) uncommitted(pos map[index.WorkerID]uint32) map[uint64]holderChan
 }
 
 // Write streams the snapshot: the header, then each index record, each
-// length-delimited.
+// length-delimited. It reads the frozen view twice, once to count the
+// records for the header and once to write them, rather than holding a
+// decoded copy of a million records in memory.
 func (snap *Snapshot) Write(w io.Writer) error {
+	n := uint64(0)
+	if err := snap.records(func(*cartv1.IndexRecord) error { n++; return nil }); err != nil {
+		return fmt.Errorf("write snapshot: %w", err)
+	}
+	h := proto.CloneOf(snap.header)
+	h.IndexRecords = n
 	bw := bufio.NewWriterSize(w, 256<<10)
 	var buf []byte
 	write := func(m proto.Message) error {
@@ -154,13 +208,23 @@ func (snap *Snapshot) Write(w io.Writer) error {
 		_, err = bw.Write(buf)
 		return err
 	}
-	if err := write(snap.header); err != nil {
+	if err := write(h); err != nil {
 		return fmt.Errorf("write snapshot header: %w", err)
 	}
-	for _, r := range snap.records {
+	written := uint64(0)
+	if err := snap.records(func(r *cartv1.IndexRecord) error {
+		written++
 		if err := write(r); err != nil {
 			return fmt.Errorf("write snapshot record: %w", err)
 		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if written != n {
+		// Only a view changing under us could do this; a header that
+		// lies about the count would make the snapshot unreadable.
+		return fmt.Errorf("write snapshot: counted %d records, wrote %d", n, written)
 	}
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("flush snapshot: %w", err)
@@ -200,24 +264,29 @@ func (s *State) Restore(r io.Reader) error {
 		return errors.New("snapshot has trailing data")
 	}
 
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.dec.Do(decider.OpSnapshotRestore, func(eng *engine.Engine) { s.install(eng, &h, records) })
+	return nil
+}
+
+// install swaps a decoded snapshot in. Inside the decider's critical
+// section.
+func (s *State) install(eng *engine.Engine, h *cartv1.SnapshotHeader, records []*cartv1.IndexRecord) {
 	// Clear the index before replacing the workers: SetWorkers drops each
 	// removed worker's entries with a walk over the whole index, which on a
 	// full index costs a pass per removed worker, under the engine lock,
 	// for entries about to be discarded anyway.
-	idx := s.eng.Index()
+	idx := eng.Index()
 	idx.Clear()
 	s.specs = s.specs[:0]
 	s.capacity = map[string]int64{}
 	for _, w := range h.GetWorkers() {
-		s.specs = append(s.specs, s.specFrom(w))
+		s.specs = append(s.specs, s.specFrom(eng, w))
 		s.capacity[w.GetUrl()] = w.GetCacheCapacityTokens()
 	}
-	s.eng.SetWorkers(slices.Clone(s.specs))
+	eng.SetWorkers(slices.Clone(s.specs))
 	ids := make([]index.WorkerID, len(s.specs))
 	for i, w := range s.specs {
-		id, _ := s.eng.WorkerIDOf(w.URL)
+		id, _ := eng.WorkerIDOf(w.URL)
 		ids[i] = indexID(id)
 	}
 	holders := make([]index.Holder, 0, 8)
@@ -237,7 +306,6 @@ func (s *State) Restore(r io.Reader) error {
 	if s.members == nil {
 		s.members = map[string]string{}
 	}
-	return nil
 }
 
 func readRecord(br *bufio.Reader, m proto.Message) error {

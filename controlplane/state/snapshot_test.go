@@ -8,23 +8,29 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
+// newTestState returns the state and its decider's engine, which tests
+// touch only inside locked (as the state does inside Decider.Do).
 func newTestState() (*State, *engine.Engine) {
-	mu := &sync.Mutex{}
-	eng := engine.New(engine.Policy{BlockChars: 64, Threshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5},
-		index.New(index.Options{MaxEntries: 1 << 20}), rand.New(rand.NewPCG(1, 2)))
-	return New(mu, eng), eng
+	dec := decider.New(decider.Options{Policy: engine.Policy{BlockChars: 64, Threshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5},
+		MaxEntries: 1 << 20, Rand: rand.New(rand.NewPCG(1, 2))})
+	var eng *engine.Engine
+	dec.Do(decider.OpRead, func(e *engine.Engine) { eng = e })
+	return New(dec), eng
 }
+
+// locked runs fn inside the state's decider's critical section.
+func locked(st *State, fn func()) { st.dec.Do(decider.OpRead, func(*engine.Engine) { fn() }) }
 
 type testApplier struct {
 	t  testing.TB
@@ -64,18 +70,18 @@ func fingerprint(st *State, eng *engine.Engine) string {
 	ws, ver := st.Workers()
 	var b strings.Builder
 	fmt.Fprintf(&b, "v%d %v %v\n", ver, ws, st.Members())
-	st.mu.Lock()
-	defer st.mu.Unlock()
 	var lines []string
-	eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
-		hs := make([]string, 0, len(holders))
-		for _, h := range holders {
-			u, _ := eng.WorkerURL(uint32(h.Worker))
-			hs = append(hs, fmt.Sprintf("%s@%d", u, h.At))
-		}
-		slices.Sort(hs)
-		lines = append(lines, fmt.Sprintf("%x %d %v", hash, used, hs))
-		return true
+	locked(st, func() {
+		eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
+			hs := make([]string, 0, len(holders))
+			for _, h := range holders {
+				u, _ := eng.WorkerURL(uint32(h.Worker))
+				hs = append(hs, fmt.Sprintf("%s@%d", u, h.At))
+			}
+			slices.Sort(hs)
+			lines = append(lines, fmt.Sprintf("%x %d %v", hash, used, hs))
+			return true
+		})
 	})
 	slices.Sort(lines)
 	b.WriteString(strings.Join(lines, "\n"))
@@ -84,15 +90,15 @@ func fingerprint(st *State, eng *engine.Engine) string {
 
 // lookupByURL is a Lookup with holders named by URL.
 func lookupByURL(st *State, eng *engine.Engine, hashes []uint64) map[string]int {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	var m index.Match
-	eng.Index().Lookup(hashes, &m)
 	out := map[string]int{}
-	for i, w := range m.Workers {
-		u, _ := eng.WorkerURL(uint32(w))
-		out[u] = m.Blocks[i]
-	}
+	locked(st, func() {
+		var m index.Match
+		eng.Index().Lookup(hashes, &m)
+		for i, w := range m.Workers {
+			u, _ := eng.WorkerURL(uint32(w))
+			out[u] = m.Blocks[i]
+		}
+	})
 	return out
 }
 
@@ -178,9 +184,9 @@ func TestLargeSnapshotRoundTrip(t *testing.T) {
 	}
 	// The restored index behaves like the original: routing lands on the
 	// holder of the longest prefix.
-	dst.mu.Lock()
-	d, err := dstEng.Route(engine.Request{Hashes: all[5], KeyLen: blocks * 64, DryRun: true}, 0)
-	dst.mu.Unlock()
+	var d engine.Decision
+	var err error
+	locked(dst, func() { d, err = dstEng.Route(engine.Request{Hashes: all[5], KeyLen: blocks * 64, DryRun: true}, 0) })
 	if err != nil || d.Reason != engine.ReasonCacheHit || d.Worker != workers[5] {
 		t.Errorf("route on restored engine: %v %v", d, err)
 	}
@@ -249,7 +255,8 @@ func TestRestoreCorruptSnapshotLeavesStateUntouched(t *testing.T) {
 	if err := victim.Restore(bytes.NewReader(g)); err != nil {
 		t.Fatal(err)
 	}
-	srcEng := src.eng
+	var srcEng *engine.Engine
+	src.dec.Do(decider.OpRead, func(e *engine.Engine) { srcEng = e })
 	if got, want := fingerprint(victim, victimEng), fingerprint(src, srcEng); got != want {
 		t.Fatalf("restored state differs:\n%s\nwant\n%s", got, want)
 	}

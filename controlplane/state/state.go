@@ -3,9 +3,10 @@
 // commands. It knows nothing of Raft (controlplane/raftnode adapts it) and
 // does no I/O beyond the snapshot streams it is handed.
 //
-// The engine it mutates is shared with the leader's router, so every access
-// goes through the same mutex: routing decisions and log applies interleave
-// but never overlap.
+// The engine it mutates belongs to the node's decider (controlplane/decider),
+// shared with the leader's router: every access runs inside the decider's
+// critical section (Decider.Do), so routing decisions and log applies
+// interleave but never overlap, and each hold is timed.
 package state
 
 import (
@@ -15,11 +16,11 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
@@ -32,10 +33,10 @@ const CommandVersion = 1
 // node instead (unless the entry is flagged ignorable).
 var ErrUnknownCommand = errors.New("unknown or undecodable log command")
 
-// State is the replicated state over a shared engine.
+// State is the replicated state over a decider's engine. Its own fields
+// change only inside the decider's critical section.
 type State struct {
-	mu  *sync.Mutex
-	eng *engine.Engine
+	dec *decider.Decider
 
 	specs          []engine.WorkerSpec
 	capacity       map[string]int64 // cache_capacity_tokens per worker URL
@@ -60,7 +61,7 @@ func (s *State) SetAuditLog(l *slog.Logger) { s.audit.Store(l) }
 // decision time, ahead of the log (see controlplane/service). The state
 // tells it what the log decides, so that the ledger can undo exactly the
 // changes that never commit. Every method is called with the engine lock
-// held.
+// held (inside Decider.Do).
 type OwnBatches interface {
 	// Own reports (and forgets) a placement batch this node proposed and
 	// whose changes its index already holds: applying it again would only
@@ -74,8 +75,9 @@ type OwnBatches interface {
 	Restored()
 	// Uncommitted calls fn with the changes that take the index back to
 	// what the log says, in order: insert=false removes worker as holder
-	// of hashes, insert=true restores it (placed at at).
-	Uncommitted(fn func(insert bool, worker string, hashes []uint64, at int64))
+	// of hashes, insert=true restores it (placed at at). eng is the
+	// decider's engine, lent for the call.
+	Uncommitted(eng *engine.Engine, fn func(insert bool, worker string, hashes []uint64, at int64))
 }
 
 // SetOwnBatches installs the leader's ledger. Call it before the first
@@ -89,12 +91,12 @@ func (s *State) SetResponseOrigins(f func([]*cartv1.ResponseOrigin)) { s.origins
 
 // placementChunk bounds how many placements one lock hold applies, so
 // routing decisions interleave with a large batch instead of waiting for
-// all of it.
+// all of it (applyBlockBudget bounds their blocks).
 const placementChunk = 32
 
-// New wraps eng; mu must be the lock every user of eng holds.
-func New(mu *sync.Mutex, eng *engine.Engine) *State {
-	return &State{mu: mu, eng: eng, capacity: map[string]int64{}, members: map[string]string{}}
+// New builds the state machine over dec's engine.
+func New(dec *decider.Decider) *State {
+	return &State{dec: dec, capacity: map[string]int64{}, members: map[string]string{}}
 }
 
 // Encode serialises a command for the log, stamping the current version.
@@ -127,9 +129,7 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 	}
 	if cmd.GetVersion() > CommandVersion || cmd.GetBody() == nil {
 		if cmd.GetIgnorable() {
-			s.mu.Lock()
-			s.applied = index
-			s.mu.Unlock()
+			s.dec.Do(decider.OpApply, func(*engine.Engine) { s.applied = index })
 			return Result{}, nil
 		}
 		return Result{}, fmt.Errorf("%w: log index %d: version %d, body %T", ErrUnknownCommand, index, cmd.GetVersion(), cmd.GetBody())
@@ -138,9 +138,8 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		// Asked under the lock: the ledger may be undoing this very batch
 		// (its proposer gave up on it) and must either finish first, so the
 		// batch is applied here as anyone's, or see it committed.
-		s.mu.Lock()
-		own := s.own != nil && s.own.Own(cmd.GetRequestId())
-		s.mu.Unlock()
+		var own bool
+		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { own = s.own != nil && s.own.Own(cmd.GetRequestId()) })
 		if !own {
 			s.applyPlacements(b.PlaceBatch.GetWithdrawals(), false)
 			s.applyPlacements(b.PlaceBatch.GetPlacements(), true)
@@ -148,14 +147,19 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 				s.origins(o)
 			}
 		}
-		s.mu.Lock()
-		s.applied = index
-		s.mu.Unlock()
+		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { s.applied = index })
 		return Result{}, nil
 	}
-	s.mu.Lock()
-	res, ev := s.applyLocked(index, &cmd)
-	s.mu.Unlock()
+	if b, ok := cmd.GetBody().(*cartv1.RaftCommand_UnplaceBatch); ok {
+		// In steps, like placements: a batch of withdrawals is as large.
+		s.applyPlacements(b.UnplaceBatch.GetPlacements(), false)
+		var res Result
+		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { s.applied = index; res = Result{WorkersVersion: s.workersVersion} })
+		return res, nil
+	}
+	var res Result
+	var ev *auditEvent
+	s.dec.Do(decider.OpApply, func(eng *engine.Engine) { res, ev = s.applyLocked(eng, index, &cmd) })
 	if al := s.audit.Load(); ev != nil && al != nil {
 		// Logged outside the engine lock: routing must not wait on log I/O.
 		al.Info(ev.msg, append([]any{"audit", true, "index", index, "actor", cmd.GetActor(), "request_id", cmd.GetRequestId()}, ev.args...)...)
@@ -169,15 +173,15 @@ type auditEvent struct {
 	args []any
 }
 
-func (s *State) applyLocked(index uint64, cmd *cartv1.RaftCommand) (Result, *auditEvent) {
+func (s *State) applyLocked(eng *engine.Engine, index uint64, cmd *cartv1.RaftCommand) (Result, *auditEvent) {
 	s.applied = index
 	var ev *auditEvent
 	switch b := cmd.GetBody().(type) {
 	case *cartv1.RaftCommand_UpsertWorker:
-		ev = s.upsert(b.UpsertWorker.GetWorker())
+		ev = s.upsert(eng, b.UpsertWorker.GetWorker())
 	case *cartv1.RaftCommand_RemoveWorker:
 		old, ok := s.workerString(b.RemoveWorker.GetUrl())
-		if !s.remove(b.RemoveWorker.GetUrl()) {
+		if !s.remove(eng, b.RemoveWorker.GetUrl()) {
 			return Result{WorkersVersion: s.workersVersion, Err: fmt.Errorf("worker %q not found", b.RemoveWorker.GetUrl())}, nil
 		}
 		if ok {
@@ -188,23 +192,15 @@ func (s *State) applyLocked(index uint64, cmd *cartv1.RaftCommand) (Result, *aud
 		s.specs = s.specs[:0]
 		clear(s.capacity)
 		for _, w := range b.SetWorkers.GetWorkers() {
-			s.specs = append(s.specs, s.specFrom(w))
+			s.specs = append(s.specs, s.specFrom(eng, w))
 			s.capacity[w.GetUrl()] = w.GetCacheCapacityTokens()
 		}
-		s.commitWorkers()
+		s.commitWorkers(eng)
 		ev = &auditEvent{"audit: worker set replaced", []any{"old", old, "new", s.workerSetString()}}
-	case *cartv1.RaftCommand_UnplaceBatch:
-		idx := s.eng.Index()
-		for _, p := range b.UnplaceBatch.GetPlacements() {
-			if id, ok := s.eng.WorkerIDOf(p.GetWorker()); ok {
-				idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
-				s.committed(p)
-			}
-		}
 	case *cartv1.RaftCommand_ClearHoldings:
 		// An engine's own report that its KV cache is empty (kvtruth).
 		for _, w := range b.ClearHoldings.GetWorkers() {
-			s.eng.ClearHoldings(w)
+			eng.ClearHoldings(w)
 		}
 	case *cartv1.RaftCommand_SetMember:
 		id, url := b.SetMember.GetNodeId(), b.SetMember.GetApiUrl()
@@ -248,51 +244,56 @@ func (s *State) workerSetString() string {
 	return "[" + strings.Join(parts, ", ") + "]"
 }
 
-// applyPlacements inserts (or withdraws) placements in chunks, releasing
-// the engine lock between chunks. Snapshots cannot interleave (raft never
-// runs Snapshot concurrently with Apply), only routing decisions can.
+// applyPlacements inserts (or withdraws) placements in chunks, leaving the
+// decider's critical section between chunks. Snapshots cannot interleave
+// (raft never runs Snapshot concurrently with Apply), only routing
+// decisions can.
 func (s *State) applyPlacements(ps []*cartv1.Placement, insert bool) {
-	for start := 0; start < len(ps); start += placementChunk {
-		s.mu.Lock()
-		idx := s.eng.Index()
-		for _, p := range ps[start:min(start+placementChunk, len(ps))] {
-			id, ok := s.eng.WorkerIDOf(p.GetWorker())
-			if !ok {
-				continue
-			}
-			if insert {
-				idx.Insert(p.GetBlockHashes(), indexID(id), p.GetAtUnixNanos())
-			} else {
-				idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
-			}
-			s.committed(p)
+	for step := range placementSteps(ps) {
+		s.dec.Do(decider.OpApplyBatch, func(eng *engine.Engine) { s.applyStep(eng, step, insert) })
+	}
+}
+
+// applyStep applies one step of placements. Inside the decider's critical
+// section.
+func (s *State) applyStep(eng *engine.Engine, ps []*cartv1.Placement, insert bool) {
+	idx := eng.Index()
+	for _, p := range ps {
+		id, ok := eng.WorkerIDOf(p.GetWorker())
+		if !ok {
+			continue
 		}
-		s.mu.Unlock()
+		if insert {
+			idx.Insert(p.GetBlockHashes(), indexID(id), p.GetAtUnixNanos())
+		} else {
+			idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
+		}
+		s.committed(p)
 	}
 }
 
 // committed tells the ledger a placement or withdrawal came from the log.
-// s.mu must be held.
+// Inside the decider's critical section.
 func (s *State) committed(p *cartv1.Placement) {
 	if s.own != nil {
 		s.own.Committed(p.GetWorker(), p.GetBlockHashes())
 	}
 }
 
-func (s *State) specFrom(w *cartv1.WorkerSpec) engine.WorkerSpec {
+func (s *State) specFrom(eng *engine.Engine, w *cartv1.WorkerSpec) engine.WorkerSpec {
 	spec := engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Source: SourceOf(w.GetSource())}
-	if t, bc := w.GetCacheCapacityTokens(), s.eng.Policy().BlockChars; t > 0 && bc > 0 {
+	if t, bc := w.GetCacheCapacityTokens(), eng.Policy().BlockChars; t > 0 && bc > 0 {
 		// Tokens are taken as 4 characters until the index is token-aware.
 		spec.CapacityBlocks = int(max(1, t*4/int64(bc)))
 	}
 	return spec
 }
 
-func (s *State) upsert(w *cartv1.WorkerSpec) *auditEvent {
+func (s *State) upsert(eng *engine.Engine, w *cartv1.WorkerSpec) *auditEvent {
 	if w.GetUrl() == "" {
 		return nil // malformed proposal; the admin API validates before proposing
 	}
-	spec := s.specFrom(w)
+	spec := s.specFrom(eng, w)
 	old, existed := s.workerString(spec.URL)
 	oldCapacity := s.capacity[spec.URL]
 	s.capacity[spec.URL] = w.GetCacheCapacityTokens()
@@ -311,28 +312,28 @@ func (s *State) upsert(w *cartv1.WorkerSpec) *auditEvent {
 				return nil
 			}
 			s.specs[i] = spec
-			s.commitWorkers()
+			s.commitWorkers(eng)
 			return changed("audit: worker updated")
 		}
 	}
 	s.specs = append(s.specs, spec)
-	s.commitWorkers()
+	s.commitWorkers(eng)
 	return changed("audit: worker added")
 }
 
-func (s *State) remove(url string) bool {
+func (s *State) remove(eng *engine.Engine, url string) bool {
 	i := slices.IndexFunc(s.specs, func(w engine.WorkerSpec) bool { return w.URL == url })
 	if i < 0 {
 		return false
 	}
 	s.specs = slices.Delete(s.specs, i, i+1)
 	delete(s.capacity, url)
-	s.commitWorkers()
+	s.commitWorkers(eng)
 	return true
 }
 
-func (s *State) commitWorkers() {
-	s.eng.SetWorkers(slices.Clone(s.specs))
+func (s *State) commitWorkers(eng *engine.Engine) {
+	eng.SetWorkers(slices.Clone(s.specs))
 	s.workersVersion++
 }
 
@@ -343,6 +344,9 @@ const (
 	SourceStatic = "static"
 	SourceAdmin  = "admin"
 	SourceDNS    = "dns"
+	// SourceKubernetes: EndpointSlices or pods watched through the
+	// Kubernetes API.
+	SourceKubernetes = "kubernetes"
 )
 
 // SourceOf maps a replicated source to its name, empty reading as static.
@@ -360,26 +364,25 @@ type Worker struct {
 }
 
 // Workers returns the replicated worker set and its version.
-func (s *State) Workers() ([]Worker, uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Worker, len(s.specs))
-	for i, w := range s.specs {
-		out[i] = Worker{WorkerSpec: w, CacheCapacityTokens: s.capacity[w.URL]}
-	}
-	return out, s.workersVersion
+func (s *State) Workers() (out []Worker, version uint64) {
+	s.dec.Do(decider.OpRead, func(*engine.Engine) {
+		out = make([]Worker, len(s.specs))
+		for i, w := range s.specs {
+			out[i] = Worker{WorkerSpec: w, CacheCapacityTokens: s.capacity[w.URL]}
+		}
+		version = s.workersVersion
+	})
+	return out, version
 }
 
 // Members returns the node directory (node id -> API URL).
-func (s *State) Members() map[string]string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return maps.Clone(s.members)
+func (s *State) Members() (m map[string]string) {
+	s.dec.Do(decider.OpRead, func(*engine.Engine) { m = maps.Clone(s.members) })
+	return m
 }
 
 // Applied is the last applied log index.
-func (s *State) Applied() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.applied
+func (s *State) Applied() (applied uint64) {
+	s.dec.Do(decider.OpRead, func(*engine.Engine) { applied = s.applied })
+	return applied
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -209,7 +210,7 @@ func (p *Proxy) fetchModels(ctx context.Context) ([]byte, string, error) {
 func (p *Proxy) getModels(ctx context.Context, worker string, timeout time.Duration) ([]byte, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, worker+"/v1/models", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, worker+models.Path, nil)
 	if err != nil {
 		return nil, "", fmt.Errorf("models request: %w", err)
 	}

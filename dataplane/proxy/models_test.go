@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/engine"
-	"github.com/cartrouter/cart/dataplane/models"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 )
 

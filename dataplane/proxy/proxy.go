@@ -32,14 +32,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
-	"github.com/cartrouter/cart/controlplane/engine"
-	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/tracing"
 )
 
 // Headers CART owns. Inbound copies are stripped so a client cannot spoof
@@ -126,6 +125,10 @@ type Options struct {
 	// MetricsElsewhere: /metrics is served on its own listener, so the
 	// client listener answers 404 for it (rather than passing it through).
 	MetricsElsewhere bool
+
+	// Tracer traces each upstream attempt and annotates the request span
+	// (internal/tracing); nil is tracing off.
+	Tracer *tracing.Tracer
 
 	// Transport overrides the upstream transport (tests); nil builds one
 	// from the timeouts above.
@@ -367,13 +370,7 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 			hashPool.Put(hp)
 		}
 	}()
-	// The router looks at most MaxRouteBlocks deep: hashing (and, in a
-	// data plane, sending) the rest of a long prompt would be wasted.
-	key := req.Key
-	if lim := engine.MaxRouteBlocks * p.o.BlockChars; len(key) > lim {
-		key = key[:lim]
-	}
-	*hp = index.HashSalted((*hp)[:0], req.Model, req.CacheSalt, key, p.o.BlockChars)
+	*hp = router.Hash((*hp)[:0], req.Model, req.CacheSalt, req.Key, p.o.BlockChars)
 	c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
 	c.session = p.sessionKey(r, req)
 	p.forward(w, r, c)
@@ -471,6 +468,7 @@ func (p *Proxy) finish(r *http.Request, c *call, sw *statusWriter, aborted bool)
 		p.m.ClientDisconnects.Inc()
 	}
 	worker := c.final.Worker
+	tracing.Annotate(r.Context(), c.endpoint, c.tenant, c.model, worker)
 	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(status), worker, c.tenant).Inc()
 	if status == 499 || aborted {
 		p.log.Info("request ended early", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", status, "worker", worker,
@@ -856,7 +854,7 @@ func (p *Proxy) dispatch(ctx context.Context, out *http.Request, c *call, d rout
 	p.m.InFlight.WithLabelValues(d.Worker).Inc()
 	p.o.Breakers.Begin(d.Worker)
 	sent := p.o.Now()
-	resp, err := p.upstream.RoundTrip(req)
+	resp, err := p.o.Tracer.RoundTrip(p.upstream, req, d.Worker, c.attempts)
 	if err != nil {
 		cancel()
 		p.m.InFlight.WithLabelValues(d.Worker).Dec()

@@ -94,3 +94,24 @@ func (b *cpBreaker) done(probe bool, outcome int) {
 		}
 	}
 }
+
+// reset closes the breaker: the control plane it judged is no longer the
+// one called (a new leader).
+func (b *cpBreaker) reset() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.consecutive, b.open = 0, false
+}
+
+// isOpen reports whether Route calls are being skipped.
+func (b *cpBreaker) isOpen() bool {
+	if b == nil {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.open
+}

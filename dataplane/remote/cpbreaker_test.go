@@ -3,8 +3,11 @@ package remote
 import (
 	"context"
 	"errors"
+	"net/http"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,11 +38,38 @@ func (c *fakeClock) advance(d time.Duration) {
 
 const breakerTimeout = 100 * time.Millisecond
 
-func breakerRouter(t *testing.T, cp *fakeCP, failures int, clock *fakeClock, fb *fallbacks) *Router {
-	t.Helper()
-	return newTestRouter(t, Options{ControlPlanes: []string{cp.url}, RouteTimeout: breakerTimeout,
+func breakerRouter(t *testing.T, cp *fakeCP, failures int, clock *fakeClock, fb *fallbacks) (*Router, *sentRoutes) {
+	// Calls are counted as the router sends them: a call the route timeout
+	// cancels may never reach the fake control plane on a loaded machine,
+	// and what the breaker decides is whether a call is made at all.
+	sent := &sentRoutes{next: h2cClient().Transport}
+	hc := &http.Client{Transport: sent}
+	t.Cleanup(hc.CloseIdleConnections)
+	return newTestRouter(t, Options{ControlPlanes: []string{cp.url}, RouteTimeout: breakerTimeout, HTTPClient: hc,
 		BootWorkers:          []router.WorkerStatus{{URL: wA, Healthy: true}, {URL: wB, Healthy: true}},
-		RouteBreakerFailures: failures, RouteBreakerCooloff: time.Second, Now: clock.now, OnFallback: fb.on})
+		RouteBreakerFailures: failures, RouteBreakerCooloff: time.Second, Now: clock.now, OnFallback: fb.on}), sent
+}
+
+// sentRoutes counts the Route calls a router sends.
+type sentRoutes struct {
+	next http.RoundTripper
+	n    atomic.Int64
+}
+
+func (s *sentRoutes) RoundTrip(req *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(req.URL.Path, "/Route") {
+		s.n.Add(1)
+	}
+	return s.next.RoundTrip(req)
+}
+
+func (s *sentRoutes) count() int { return int(s.n.Load()) }
+
+// CloseIdleConnections lets the client's cleanup reach the transport.
+func (s *sentRoutes) CloseIdleConnections() {
+	if c, ok := s.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 func routeOnce(t *testing.T, r *Router) router.Decision {
@@ -67,14 +97,14 @@ func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
 	cp := newFakeCP(t)
 	cp.set(func(f *fakeCP) { f.routeDelay = time.Minute }) // stalls until the caller gives up
 	clock, fb := newFakeClock(), &fallbacks{}
-	r := breakerRouter(t, cp, 3, clock, fb)
+	r, sent := breakerRouter(t, cp, 3, clock, fb)
 
 	for i := range 3 {
 		if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != "timeout" {
 			t.Fatalf("call %d: %+v, cause %q; want a timeout fallback", i, d, lastCause(fb))
 		}
 	}
-	testkit.WaitFor(t, 5*time.Second, "3 Route calls at the control plane", func() bool { return cp.routeCount() == 3 })
+	testkit.WaitFor(t, 5*time.Second, "3 Route calls sent", func() bool { return sent.count() == 3 })
 
 	for i := range 5 {
 		start := time.Now()
@@ -86,7 +116,7 @@ func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
 			t.Fatalf("open breaker: call %d: %+v, cause %q", i, d, lastCause(fb))
 		}
 	}
-	if n := cp.routeCount(); n != 3 {
+	if n := sent.count(); n != 3 {
 		t.Fatalf("open breaker still called the control plane: %d calls, want 3", n)
 	}
 
@@ -96,7 +126,7 @@ func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
 	if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != "timeout" {
 		t.Fatalf("probe: %+v, cause %q; want a timeout fallback", d, lastCause(fb))
 	}
-	testkit.WaitFor(t, 5*time.Second, "the probe at the control plane", func() bool { return cp.routeCount() == 4 })
+	testkit.WaitFor(t, 5*time.Second, "the probe sent", func() bool { return sent.count() == 4 })
 	clock.advance(999 * time.Millisecond)
 	if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != CauseCPBreaker {
 		t.Fatalf("after a failed probe: %+v, cause %q; want the breaker", d, lastCause(fb))
@@ -111,7 +141,7 @@ func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
 			t.Fatalf("after recovery: call %d: %+v, want the control plane's answer", i, d)
 		}
 	}
-	if n := cp.routeCount(); n != 7 {
+	if n := sent.count(); n != 7 {
 		t.Fatalf("control plane saw %d calls, want 7", n)
 	}
 }
@@ -134,7 +164,7 @@ func TestCPBreakerOpensOnUnavailable(t *testing.T) {
 func TestCPBreakerIgnoresAnswers(t *testing.T) {
 	cp := newFakeCP(t)
 	clock, fb := newFakeClock(), &fallbacks{}
-	r := breakerRouter(t, cp, 3, clock, fb)
+	r, sent := breakerRouter(t, cp, 3, clock, fb)
 	exhausted := connect.NewError(connect.CodeResourceExhausted, errors.New("no worker can take it"))
 	cp.set(func(f *fakeCP) { f.routeErr = exhausted })
 	for i := range 6 {
@@ -154,7 +184,7 @@ func TestCPBreakerIgnoresAnswers(t *testing.T) {
 		})
 		routeOnce(t, r)
 	}
-	testkit.WaitFor(t, 5*time.Second, "all 11 Route calls at the control plane", func() bool { return cp.routeCount() == 11 })
+	testkit.WaitFor(t, 5*time.Second, "all 11 Route calls sent", func() bool { return sent.count() == 11 })
 	if slices.Contains(fb.list(), CauseCPBreaker) {
 		t.Fatalf("breaker opened: causes %v", fb.list())
 	}
@@ -165,11 +195,11 @@ func TestCPBreakerDisabled(t *testing.T) {
 	cp := newFakeCP(t)
 	cp.set(func(f *fakeCP) { f.routeDelay = time.Minute })
 	fb := &fallbacks{}
-	r := breakerRouter(t, cp, 0, newFakeClock(), fb)
+	r, sent := breakerRouter(t, cp, 0, newFakeClock(), fb)
 	for range 6 { // more than the default of 5, should 0 be mistaken for unset
 		routeOnce(t, r)
 	}
-	testkit.WaitFor(t, 5*time.Second, "6 Route calls at the control plane", func() bool { return cp.routeCount() == 6 })
+	testkit.WaitFor(t, 5*time.Second, "6 Route calls sent", func() bool { return sent.count() == 6 })
 	if slices.Contains(fb.list(), CauseCPBreaker) {
 		t.Fatalf("disabled breaker opened: causes %v", fb.list())
 	}

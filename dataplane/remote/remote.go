@@ -19,9 +19,10 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/apierr"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -62,6 +63,8 @@ type Options struct {
 	RouteBreakerCooloff  time.Duration
 	// Now is the breaker's clock (tests inject one); nil means time.Now.
 	Now func() time.Time
+	// Interceptors wrap every control-plane call (tracing); nil: none.
+	Interceptors []connect.Interceptor
 }
 
 // Router implements router.Router against the control plane.
@@ -75,7 +78,13 @@ type Router struct {
 	local     map[string]int
 	target    int // index into targets of the node we talk to
 	targets   []string
-	leaderURL string // learned from Sync; preferred target
+	leaderURL string // learned from Sync and Route answers; preferred target
+	// lastLeader is the last leader URL learned (rotate does not clear
+	// it): a different one resets the control-plane breaker.
+	lastLeader string
+	// lat is this sync window's Route latency, reported in Sync for the
+	// leader's slow-leader handover.
+	lat       routeLatency
 	pending   []*cartv1.Completion
 	fallbacks uint64 // since the last successful sync
 	synced    bool
@@ -91,11 +100,6 @@ type Router struct {
 	shadow       *shadow      // nil when disabled
 	cpb          *cpBreaker   // nil when disabled
 	lastAuthWarn atomic.Int64 // unix nanos of the last rejected-token warning
-}
-
-type ticket struct {
-	id     uint64 // control-plane ticket; 0 for local fallbacks
-	worker string
 }
 
 // New builds the router. Call Run to start syncing.
@@ -140,14 +144,9 @@ func (r *Router) client(url string) cartv1connect.RouterServiceClient {
 		// gzip for the small answers either (see service.CompressMinBytes).
 		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096)}
 		if r.o.Token != "" {
-			tok := "Bearer " + r.o.Token
-			opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-				return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-					req.Header().Set("Authorization", tok)
-					return next(ctx, req)
-				}
-			})))
+			opts = append(opts, connect.WithInterceptors(cpclient.Bearer(r.o.Token)))
 		}
+		opts = append(opts, connect.WithInterceptors(r.o.Interceptors...))
 		c = cartv1connect.NewRouterServiceClient(r.o.HTTPClient, url, opts...)
 		r.clients[url] = c
 	}
@@ -180,6 +179,40 @@ func (r *Router) rotate(failed string) {
 	}
 }
 
+// follow makes url, named by a control-plane answer as the leader, the
+// target of the next calls. A new leader gets a fresh control-plane
+// breaker: the breaker judged the old one, and keeping it open would send
+// requests to local fallback for up to a cool-off for nothing.
+func (r *Router) follow(url string) {
+	if url == "" {
+		return
+	}
+	r.mu.Lock()
+	changed := url != r.lastLeader
+	r.leaderURL, r.lastLeader = url, url
+	r.mu.Unlock()
+	if changed {
+		r.cpb.reset()
+	}
+}
+
+// notLeaderURL returns the leader URL named by a control-plane node's
+// NotLeader error detail, or "".
+func notLeaderURL(err error) string {
+	ce, ok := errors.AsType[*connect.Error](err)
+	if !ok || !connect.IsWireError(ce) {
+		return ""
+	}
+	for _, d := range ce.Details() {
+		if v, err := d.Value(); err == nil {
+			if nl, ok := v.(*cartv1.NotLeader); ok {
+				return nl.GetLeaderUrl()
+			}
+		}
+	}
+	return ""
+}
+
 // Route implements router.Router.
 func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
 	start := time.Now()
@@ -207,7 +240,11 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID),
 		}))
 		cancel()
-		r.cpb.done(probe, cpOutcome(ctx, err))
+		outcome := cpOutcome(ctx, err)
+		r.cpb.done(probe, outcome)
+		if outcome == cpAnswered || outcome == cpFailed && causeOf(err) == "timeout" {
+			r.lat.add(target, time.Since(start))
+		}
 		if err != nil && routeID != 0 && connect.CodeOf(err) != connect.CodeResourceExhausted && connect.CodeOf(err) != connect.CodeNotFound && connect.CodeOf(err) != connect.CodeFailedPrecondition {
 			// The leader may have decided (and placed) before the answer
 			// was lost or came too late; this data plane will never use
@@ -216,6 +253,9 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		}
 		if err == nil {
 			m := resp.Msg
+			// A follower forwarded this call: go to the leader directly
+			// from the next one on, not after the next sync.
+			r.follow(m.GetLeaderUrl())
 			if !req.DryRun {
 				r.mu.Lock()
 				r.local[m.GetWorker()]++
@@ -226,7 +266,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				Worker: m.GetWorker(), Reason: m.GetReason(), MatchedChars: int(m.GetMatchedChars()),
 				MatchedRatio: m.GetMatchedRatio(), Candidate: m.GetCandidate(), ChosenChars: int(m.GetChosenChars()),
 				Latency: time.Since(start), FromLeader: m.GetFromLeader(),
-				Ticket: &ticket{id: m.GetTicket(), worker: m.GetWorker()}, Pinned: m.GetPinned(),
+				Ticket: router.Ticket{ID: m.GetTicket(), Worker: m.GetWorker()}, Pinned: m.GetPinned(),
 			}, nil
 		}
 		if req.ResponseID != "" && connect.CodeOf(err) == connect.CodeFailedPrecondition {
@@ -247,7 +287,9 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				"The model `%s` does not exist: no worker of this pool serves it.", req.Model)
 		}
 		cause = causeOf(err)
-		if cause != "timeout" {
+		if url := notLeaderURL(err); url != "" && url != target {
+			r.follow(url) // the node named the leader it could not reach for us
+		} else if cause != "timeout" {
 			// A slow answer is not a dead node: keep talking to the leader
 			// (rotating to a follower would add a forwarding hop and make
 			// the next deadline harder to meet); errors rotate.
@@ -360,7 +402,7 @@ func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 		best, d.Candidate, d.MatchedChars, d.ChosenChars = c, c, chars, chars
 		d.MatchedRatio = float64(chars) / float64(req.KeyLen)
 	}
-	d.Worker, d.Ticket = best, &ticket{worker: best}
+	d.Worker, d.Ticket = best, router.Ticket{Worker: best} // no control-plane ticket
 	if !req.DryRun {
 		r.local[best]++
 		r.fallbacks++
@@ -418,21 +460,21 @@ func (r *Router) abandon(routeID uint64) {
 
 // Done implements router.Router.
 func (r *Router) Done(d router.Decision, o router.Outcome) {
-	t, ok := d.Ticket.(*ticket)
-	if !ok {
-		return
+	t := d.Ticket
+	if t.Worker == "" {
+		return // a zero decision: nothing was routed
 	}
 	r.mu.Lock()
-	if r.local[t.worker] > 0 {
-		r.local[t.worker]--
-		if r.local[t.worker] == 0 {
-			delete(r.local, t.worker)
+	if r.local[t.Worker] > 0 {
+		r.local[t.Worker]--
+		if r.local[t.Worker] == 0 {
+			delete(r.local, t.Worker)
 		}
 	}
 	n := 0
-	if t.id != 0 {
+	if t.ID != 0 {
 		r.pending = append(r.pending, &cartv1.Completion{
-			Ticket: t.id, Worker: t.worker, Delivered: o.Delivered,
+			Ticket: t.ID, Worker: t.Worker, Delivered: o.Delivered,
 			PromptTokens: int32(o.PromptTokens), CachedTokens: int32(o.CachedTokens),
 		})
 		n = len(r.pending)
@@ -498,7 +540,8 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		return errors.New("no control plane configured")
 	}
 	r.mu.Lock()
-	req := &cartv1.SyncRequest{DataplaneId: r.o.ID, Fallbacks: r.fallbacks}
+	req := &cartv1.SyncRequest{DataplaneId: r.o.ID, Fallbacks: r.fallbacks, RouteBreakerOpen: r.cpb.isOpen()}
+	req.RouteTarget, req.RouteCalls, req.RouteP90Micros = r.lat.take()
 	for w, n := range r.local {
 		req.Loads = append(req.Loads, &cartv1.WorkerLoad{Worker: w, InFlight: uint32(n)})
 	}
@@ -547,10 +590,8 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		}
 	}
 	r.fallbacks -= min(r.fallbacks, req.GetFallbacks())
-	if m.GetLeaderUrl() != "" {
-		r.leaderURL = m.GetLeaderUrl()
-	}
 	r.mu.Unlock()
+	r.follow(m.GetLeaderUrl())
 	if r.o.OnHealthy != nil {
 		for _, u := range recovered {
 			r.o.OnHealthy(u)

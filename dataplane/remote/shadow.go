@@ -62,7 +62,13 @@ func (s *shadow) reset() {
 	s.urls = s.urls[:0]
 }
 
-// record remembers that worker was sent the prefix hashes.
+// record remembers that worker was sent the prefix hashes, and forgets
+// any other worker it had sent them to: the latest placement of a prefix
+// is where it is most likely still cached. Keeping every past holder
+// instead lets a hot prefix, spread over the pool by the balance rule and
+// the control plane's capacity model, end up held by every worker, and
+// pick then breaks the tie by load: cache-blind routing (measured in
+// bench/results/2026-12-01-failover).
 func (s *shadow) record(hashes []uint64, worker string) {
 	if s == nil || len(hashes) == 0 || worker == "" {
 		return
@@ -78,6 +84,12 @@ func (s *shadow) record(hashes []uint64, worker string) {
 		s.ids[worker] = id
 		s.urls = append(s.urls, worker)
 	}
+	s.idx.Lookup(hashes, &s.match)
+	for _, w := range s.match.Workers {
+		if w != id {
+			s.idx.RemoveHolder(hashes, w)
+		}
+	}
 	s.idx.Insert(hashes, id, time.Now().UnixNano())
 }
 
@@ -88,8 +100,9 @@ type usableWorker struct {
 }
 
 // pick returns the usable worker holding the longest recorded prefix of
-// hashes (ties: lower load, and the caller's least-loaded pick, which
-// breaks ties at random, among equals) if the match is good enough and the
+// hashes (ties, rare since record keeps the latest holder of a block only:
+// lower load, and the caller's least-loaded pick, which breaks ties at
+// random, among equals) if the match is good enough and the
 // worker is not overloaded against the least-loaded one, by the control
 // plane's rule; "" otherwise. It also returns the matched characters.
 func (s *shadow) pick(hashes []uint64, keyLen, blockChars int, usable []usableWorker, least string, leastEff int) (string, int) {

@@ -48,14 +48,36 @@ func TestShadowPick(t *testing.T) {
 			}
 		})
 	}
-	// Equal matches: the caller's least-loaded (random) pick wins, so data
-	// planes do not stampede on the first worker in the list.
+	// The latest placement of a prefix wins over an earlier, less loaded
+	// holder: it is where the prefix is most likely still cached.
 	s.record(keyHashes(prefix), wC)
-	if got, _ := s.pick(hs, len(key), shadowBlockChars, all, wC, 0); got != wC {
-		t.Fatalf("tie: pick = %q, want the least-loaded pick %s", got, wC)
+	if got, _ := s.pick(hs, len(key), shadowBlockChars, []usableWorker{{wA, 0}, {wB, 0}, {wC, 2}}, wA, 0); got != wC {
+		t.Fatalf("after a later placement on %s: pick = %q", wC, got)
 	}
 	if got, _ := (*shadow)(nil).pick(hs, len(key), shadowBlockChars, all, wC, 0); got != "" {
 		t.Fatalf("disabled shadow picked %q", got)
+	}
+}
+
+// A hot prefix the control plane moved around the pool is not held by
+// every worker it ever went to: fallback follows its latest placement,
+// and a deeper, conversation-specific block still beats the shared
+// prefix's latest holder.
+func TestShadowFollowsLatestPlacement(t *testing.T) {
+	system := "0123456789abcdef0123456789abcdef"       // 2 blocks shared by all
+	conv := system + "conversation one, turn one!!!!!" // +2 blocks
+	s := newShadow(testShadow)
+	for _, w := range []string{wA, wB, wC, wD, wB} {
+		s.record(keyHashes(system+"|q"), w)
+	}
+	usable := []usableWorker{{wA, 0}, {wB, 3}, {wC, 0}, {wD, 0}}
+	if got, _ := s.pick(keyHashes(system+"|r"), len(system)+2, shadowBlockChars, usable, wA, 0); got != wB {
+		t.Fatalf("shared prefix: pick = %q, want its latest holder %s", got, wB)
+	}
+	s.record(keyHashes(conv), wD)
+	s.record(keyHashes(system+"|s"), wA)
+	if got, _ := s.pick(keyHashes(conv+"turn two"), len(conv)+8, shadowBlockChars, usable, wA, 0); got != wD {
+		t.Fatalf("conversation: pick = %q, want %s, which holds its deeper blocks", got, wD)
 	}
 }
 
@@ -125,6 +147,64 @@ func (w *workload) landed(g int, worker string) (repeat, hit bool) {
 type faultResult struct {
 	requests, fallbacks, repeats, hits int
 	latencies                          []time.Duration // of each fault-phase Route call
+}
+
+// add counts one decision.
+func (r *faultResult) add(d router.Decision, repeat, hit bool) {
+	r.requests++
+	if d.Reason == ReasonFallbackLocal {
+		r.fallbacks++
+	}
+	if repeat {
+		r.repeats++
+		if hit {
+			r.hits++
+		}
+	}
+}
+
+// drive sends the workload through the data planes (request i through
+// dps[i%len(dps)]) from clients concurrent clients until stop(i), each
+// client keeping two requests open (a request completes two decisions
+// later) and pausing pace between requests; record sees every decision.
+func drive(t *testing.T, dps []*Router, wl *workload, clients int, pace time.Duration, stop func(i int) bool,
+	record func(dp *Router, d router.Decision, took time.Duration, repeat, hit bool)) {
+	t.Helper()
+	const inFlight = 2
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var open []router.Decision
+			var openDP []*Router
+			for i := c; !stop(i); i += clients {
+				dp := dps[i%len(dps)]
+				g, key := wl.next()
+				start := time.Now()
+				d, err := dp.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(key), KeyLen: len(key)})
+				took := time.Since(start)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				repeat, hit := wl.landed(g, d.Worker)
+				record(dp, d, took, repeat, hit)
+				open, openDP = append(open, d), append(openDP, dp)
+				if len(open) > inFlight {
+					openDP[0].Done(open[0], router.Outcome{Delivered: true})
+					open, openDP = open[1:], openDP[1:]
+				}
+				if pace > 0 {
+					time.Sleep(pace)
+				}
+			}
+			for i := range open {
+				openDP[i].Done(open[i], router.Outcome{Delivered: true})
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // latency returns the mean and 99th percentile of the Route calls.
@@ -206,53 +286,15 @@ func runFaultWith(t *testing.T, mode string, shadowOn bool, breakerFailures int)
 		dps = append(dps, dp)
 	}
 	wl := newWorkload(40)
-	const inFlight = 2 // per client: requests complete two decisions later
 	phase := func(n, clients int) faultResult {
 		var mu sync.Mutex
 		var res faultResult
-		var wg sync.WaitGroup
-		for c := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var open []router.Decision
-				var openDP []*Router
-				for i := c; i < n; i += clients {
-					dp := dps[i%len(dps)]
-					g, key := wl.next()
-					start := time.Now()
-					d, err := dp.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(key), KeyLen: len(key)})
-					took := time.Since(start)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					repeat, hit := wl.landed(g, d.Worker)
-					mu.Lock()
-					res.requests++
-					res.latencies = append(res.latencies, took)
-					if d.Reason == ReasonFallbackLocal {
-						res.fallbacks++
-					}
-					if repeat {
-						res.repeats++
-						if hit {
-							res.hits++
-						}
-					}
-					mu.Unlock()
-					open, openDP = append(open, d), append(openDP, dp)
-					if len(open) > inFlight {
-						openDP[0].Done(open[0], router.Outcome{Delivered: true})
-						open, openDP = open[1:], openDP[1:]
-					}
-				}
-				for i := range open {
-					openDP[i].Done(open[i], router.Outcome{Delivered: true})
-				}
-			}()
-		}
-		wg.Wait()
+		drive(t, dps, wl, clients, 0, func(i int) bool { return i >= n }, func(_ *Router, d router.Decision, took time.Duration, repeat, hit bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			res.latencies = append(res.latencies, took)
+			res.add(d, repeat, hit)
+		})
 		return res
 	}
 	warm := phase(200, 1)

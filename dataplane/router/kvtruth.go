@@ -1,20 +1,20 @@
 package router
 
-import "github.com/cartrouter/cart/controlplane/engine"
+import (
+	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/engine"
+)
 
 // ClearHoldings drops every holding of worker (its engine reported its KV
 // cache cleared); the all-in-one router's side of controlplane/kvtruth.
 func (l *Local) ClearHoldings(worker string) {
-	l.mu.Lock()
-	l.eng.ClearHoldings(worker)
-	l.mu.Unlock()
+	l.dec.Do(decider.OpKV, func(eng *engine.Engine) { eng.ClearHoldings(worker) })
 }
 
 // ApplyKVReport makes worker's model follow its engine's reported cache and
 // drops the holdings the engine has evicted.
 func (l *Local) ApplyKVReport(worker string, r engine.KVReport) {
-	l.mu.Lock()
-	trim := l.eng.ApplyKVReport(worker, r, nil)
-	l.eng.RemoveHoldings(worker, trim)
-	l.mu.Unlock()
+	l.dec.Do(decider.OpKV, func(eng *engine.Engine) {
+		eng.RemoveHoldings(worker, eng.ApplyKVReport(worker, r, nil))
+	})
 }

@@ -2,72 +2,76 @@ package router
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"testing"
-	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 )
 
-func newTestLocal(now *time.Time, maxEntries, hour int) *Local {
+func newTestLocal(workers ...string) *Local {
+	var specs []engine.WorkerSpec
+	for _, w := range workers {
+		specs = append(specs, engine.WorkerSpec{URL: w})
+	}
 	return NewLocal(LocalOptions{
 		Policy:      engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, BlockChars: 4},
-		MaxEntries:  maxEntries,
-		CleanupHour: hour,
+		MaxEntries:  1000,
+		CleanupHour: -1,
 		Seed:        1,
-		Now:         func() time.Time { return *now },
-	}, []engine.WorkerSpec{{URL: "a"}, {URL: "b"}})
+	}, specs)
 }
 
-func route(t *testing.T, l *Local, text string) Decision {
-	t.Helper()
-	d, err := l.Route(context.Background(), &Request{Hashes: index.Hash(nil, "m", []byte(text), 4), KeyLen: len(text)})
+func request(text string) *Request {
+	return &Request{Hashes: index.Hash(nil, "m", []byte(text), 4), KeyLen: len(text)}
+}
+
+// Done settles the decision it is handed back, and refuses (counting it)
+// one this router did not make, instead of ignoring it.
+func TestLocalDoneSettlesOnlyItsOwnTickets(t *testing.T) {
+	l := newTestLocal("a")
+	d, err := l.Route(context.Background(), request("a prompt"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	if l.Load("a") != 1 {
+		t.Fatalf("load after Route = %d", l.Load("a"))
+	}
+	l.Done(Decision{Worker: "a", Ticket: Ticket{ID: 3, Worker: "a"}}, Outcome{Delivered: true})
+	if l.Load("a") != 1 || rejected(t, l) != 1 {
+		t.Fatalf("a foreign ticket: load %d, rejected %v", l.Load("a"), rejected(t, l))
+	}
 	l.Done(d, Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
-	return d
-}
-
-func TestEvictPassTrimsToBound(t *testing.T) {
-	now := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
-	l := newTestLocal(&now, 100, -1)
-	for i := range 40 {
-		route(t, l, fmt.Sprintf("prompt number %04d with some text", i)) // 9 blocks each
-	}
-	st, _ := l.IndexStats()
-	if st.Entries <= 100 {
-		t.Fatalf("index did not grow past its bound between passes: %d", st.Entries)
-	}
-	removed := l.EvictPass()
-	st, _ = l.IndexStats()
-	if st.Entries != 100 || removed <= 0 {
-		t.Fatalf("after the pass: %d entries, %d removed", st.Entries, removed)
-	}
-	// The newest prompt survived.
-	if d := route(t, l, "prompt number 0039 with some text"); d.Reason != string(engine.ReasonCacheHit) {
-		t.Fatalf("newest prompt after eviction: %s", d.Reason)
+	if l.Load("a") != 0 || rejected(t, l) != 1 {
+		t.Fatalf("its own ticket: load %d, rejected %v", l.Load("a"), rejected(t, l))
 	}
 }
 
-func TestDailyResetAtItsHour(t *testing.T) {
-	now := time.Date(2026, 1, 1, 2, 30, 0, 0, time.UTC)
-	l := newTestLocal(&now, 1000, 3)
-	route(t, l, "a prompt that should be forgotten at three")
-	l.EvictPass()
-	if st, _ := l.IndexStats(); st.Entries == 0 {
-		t.Fatal("reset before its hour")
+// Capacity errors reach the proxy as ErrUnavailable (a 503), with the
+// engine's own message.
+func TestLocalCapacityErrorsAreUnavailable(t *testing.T) {
+	l := newTestLocal()
+	_, err := l.Route(context.Background(), request("x"))
+	if !errors.Is(err, ErrUnavailable) || err.Error() != engine.ErrNoWorkers.Error() {
+		t.Fatalf("err = %v", err)
 	}
-	now = now.Add(time.Hour) // 03:30
-	l.EvictPass()
-	if st, _ := l.IndexStats(); st.Entries != 0 {
-		t.Fatalf("no reset after 03:00: %d entries", st.Entries)
+}
+
+func rejected(t *testing.T, l *Local) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(l.Collectors()...)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
 	}
-	route(t, l, "a prompt after the reset")
-	now = now.Add(time.Hour) // 04:30 the same day: no second reset
-	l.EvictPass()
-	if st, _ := l.IndexStats(); st.Entries == 0 {
-		t.Fatal("reset twice in one day")
+	for _, mf := range mfs {
+		if mf.GetName() == "cart_decider_rejected_tickets_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
 	}
+	t.Fatal("cart_decider_rejected_tickets_total not exported")
+	return 0
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 )
 
@@ -48,25 +49,22 @@ type Decision struct {
 	// FromLeader is true when an authoritative control plane leader (or the
 	// embedded engine) decided, false for a local fallback.
 	FromLeader bool
-	// Ticket carries what Done needs to release the decision.
-	Ticket any
+	// Ticket carries what Done needs to release the decision: one type
+	// for every router, so a decision handed to the wrong one is refused
+	// and counted rather than a silent no-op.
+	Ticket Ticket
 	// Pinned: Worker holds the stored response named by
 	// Request.ResponseID, and only it can serve the request.
 	Pinned bool
 }
 
-// Outcome reports what happened to a routed request.
-type Outcome struct {
-	// Delivered is false when the worker never processed the request
-	// (connection failure, retryable rejection): the placement is withdrawn
-	// so the index has no phantom holder.
-	Delivered bool
-	// PromptTokens and CachedTokens come from the worker's usage report
-	// when it sent one (-1 when unknown). CachedTokens is -1 too when the
-	// report has no cache fields: unknown, never "nothing cached".
-	PromptTokens int
-	CachedTokens int
-}
+// Ticket is a decision's claim to settle (decider.Ticket): a router fills
+// ID and Worker for decisions made elsewhere (a remote control plane, a
+// local fallback).
+type Ticket = decider.Ticket
+
+// Outcome reports what happened to a routed request (decider.Outcome).
+type Outcome = decider.Outcome
 
 // WorkerStatus is the router's view of one worker.
 type WorkerStatus struct {
@@ -75,7 +73,7 @@ type WorkerStatus struct {
 	LoadPenalty int
 	Healthy     bool
 	Load        int
-	// Source is where the worker came from (static, admin, dns).
+	// Source is where the worker came from (static, admin, dns, kubernetes).
 	Source string
 	// Draining workers take no new requests while in-flight ones finish.
 	Draining bool
@@ -113,22 +111,8 @@ type ResponseLearner interface {
 	LearnResponse(ctx context.Context, id, worker string)
 }
 
-// ErrUnavailable wraps the "no worker can take this" conditions so the
-// proxy maps them to 503 without knowing the engine's error values.
-var ErrUnavailable = errors.New("no worker available")
-
-// unavailable marks engine capacity errors as ErrUnavailable while keeping
-// the specific message.
-func unavailable(err error) error {
-	switch {
-	case errors.Is(err, engine.ErrNoWorkers), errors.Is(err, engine.ErrNoHealthy),
-		errors.Is(err, engine.ErrAllExcluded), errors.Is(err, engine.ErrAllSaturated):
-		return &unavailableError{err}
-	}
-	return err
-}
-
-type unavailableError struct{ err error }
-
-func (e *unavailableError) Error() string   { return e.err.Error() }
-func (e *unavailableError) Unwrap() []error { return []error{e.err, ErrUnavailable} }
+// ErrUnavailable marks the "no worker can take this" conditions so the
+// proxy maps them to 503 without knowing the engine's error values. It is
+// the routing core's ErrNoCapacity, which the in-process decider's errors
+// already carry.
+var ErrUnavailable = decider.ErrNoCapacity

@@ -11,16 +11,18 @@ import (
 	"sync"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/kvtruth"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/breaker"
-	"github.com/cartrouter/cart/dataplane/health"
 	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/tracing"
 )
 
 // AllInOne is the single-process router: the data-plane server with the
@@ -38,15 +40,19 @@ type AllInOne struct {
 	HTTP    *http.Server
 	// MetricsHTTP serves /metrics on server.metrics_addr; nil when unset.
 	MetricsHTTP *http.Server
-	// discovered are the workers DNS discovery added (guarded by mu); a
-	// reload of the static list keeps them.
+	// discovered are the workers discovery (DNS, Kubernetes) added
+	// (guarded by mu); a reload of the static list keeps them.
 	discovered map[string]engine.WorkerSpec
-	watcher    *discovery.Watcher
+	watchers   []*discovery.Watcher
 
 	// Models is which models each worker serves (declared and probed).
 	Models *models.Registry
 	// kvMetrics are the KV event consumer's metrics (nil without sources).
 	kvMetrics *kvtruth.Metrics
+
+	// Tracer traces requests (nil: off); ownTracer: Run shuts it down.
+	Tracer    *tracing.Tracer
+	ownTracer bool
 }
 
 // WorkerSpecs converts configured workers for the engine.
@@ -54,21 +60,9 @@ func WorkerSpecs(ws []config.Worker, blockChars int) []engine.WorkerSpec {
 	out := make([]engine.WorkerSpec, len(ws))
 	for i, w := range ws {
 		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty,
-			CapacityBlocks: CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
+			CapacityBlocks: decider.CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
 	}
 	return out
-}
-
-// CharsPerToken is how the index converts token capacities into
-// characters until it is token-aware.
-const CharsPerToken = 4
-
-// CapacityBlocks converts a cache capacity in tokens into index blocks.
-func CapacityBlocks(tokens int64, blockChars int) int {
-	if tokens <= 0 || blockChars <= 0 {
-		return 0
-	}
-	return int(max(1, tokens*CharsPerToken/int64(blockChars)))
 }
 
 // ModelWorkers lists configured workers with their declared models.
@@ -88,33 +82,20 @@ func workerURLs(ws []config.Worker) []string {
 	return out
 }
 
-// EnginePolicy translates cache.* and session.* into the engine's policy.
-func EnginePolicy(cfg *config.Config) engine.Policy {
-	c := cfg.Cache
-	p := engine.Policy{
-		Threshold:           c.Threshold,
-		MatchAbsThreshold:   c.MatchAbsThreshold,
-		BalanceAbsThreshold: c.BalanceAbsThreshold,
-		BalanceRelThreshold: c.BalanceRelThreshold,
-		BlockChars:          c.BlockChars,
-		CapacityBlocks:      CapacityBlocks(c.CapacityTokens, c.BlockChars),
-		TTL:                 int64(secs(c.TTLSecs)),
-		ClosedLoop:          c.ClosedLoop,
-		HotFraction:         c.HotPrefixFraction,
-	}
-	if cfg.Session.Enabled {
-		p.SessionTTL = int64(secs(cfg.Session.TTLSecs))
-		p.MaxSessions = cfg.Session.MaxSessions
-	}
-	return p
-}
-
 // NewAllInOne builds the all-in-one router from a validated config. paths
 // are kept for SIGHUP reloads.
-func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint64) (*AllInOne, error) {
+func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint64, opts ...Option) (_ *AllInOne, err error) {
 	a := &AllInOne{paths: paths, log: log, cfg: cfg, discovered: map[string]engine.WorkerSpec{}}
+	if a.Tracer, a.ownTracer, err = tracing.ForRole(cfg, config.RoleAllInOne, "", opts, log); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil && a.ownTracer {
+			_ = a.Tracer.Close()
+		}
+	}()
 	a.Router = router.NewLocal(router.LocalOptions{
-		Policy:      EnginePolicy(cfg),
+		Policy:      decider.PolicyFrom(cfg),
 		MaxEntries:  cfg.Cache.MaxTreeSize,
 		InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0,
 		CleanupHour: cfg.Cache.DailyCleanupHourUTC,
@@ -124,6 +105,8 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		st, under := a.Router.IndexStats()
 		return st.Entries, st.Evicted, st.SkippedInserts, under
 	})
+	// The routing core's lock-hold histogram, as on a control-plane node.
+	a.Metrics.Registry.MustRegister(a.Router.Collectors()...)
 	a.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {
 		a.Metrics.SetBreaker(t.Worker, t.To.String())
 		a.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
@@ -131,8 +114,8 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	})
 	a.Models = models.New()
 	a.Models.SetWorkers(ModelWorkers(cfg.Workers))
-	hc := HealthConfig(cfg)
-	hc.Models, hc.ModelsEndpoint = models.Learner(a.Models, log), "/v1/models"
+	hc := health.ConfigFrom(cfg.Health)
+	hc.Models, hc.ModelsEndpoint = models.Learner(a.Models, log), models.Path
 	// Through the proxy, so that a reload's new worker keys reach probes too.
 	hc.WorkerKey = func(w string) string { return a.Proxy.WorkerKey(w) }
 	a.Health = health.NewChecker(hc, nil, func(w string, healthy bool, reason string) {
@@ -148,50 +131,33 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.Metrics.SetHealthy(w.URL, true)
 		a.Metrics.SetBreaker(w.URL, "closed")
 	}
-	po := ProxyOptions(cfg, a.Router, a.Break, a.Metrics, log)
-	po.Models = a.Models
+	po := ProxyOptions(cfg, router.Traced(a.Tracer, a.Router), a.Break, a.Metrics, log)
+	po.Models, po.Tracer = a.Models, a.Tracer
 	if err := applyAuth(&po, cfg); err != nil {
 		return nil, err
 	}
 	a.Proxy = proxy.New(po)
-	srv, err := HTTPServer(cfg, a.Proxy, log)
+	srv, err := HTTPServer(cfg, a.Tracer.Handler(a.Proxy), log)
 	if err != nil {
 		return nil, err
 	}
 	a.HTTP = srv
 	a.MetricsHTTP = MetricsServer(cfg, a.Metrics, log)
-	if len(KVSources(cfg)) > 0 {
+	if len(kvtruth.SourcesFrom(cfg)) > 0 {
 		a.kvMetrics = kvtruth.NewMetrics(a.Metrics.Registry)
 	}
-	if cfg.Discovery.DNS.Enabled() {
-		res, err := DNSResolver(cfg)
-		if err != nil {
-			return nil, err
-		}
-		a.watcher = discovery.NewWatcher(discovery.WatchOptions{
-			Source: state.SourceDNS, Resolver: res, Sink: aioSink{a}, Rules: DiscoveryRules(cfg),
-			Metrics: discovery.NewMetrics(a.Metrics.Registry), Logger: log,
-		})
+	if a.watchers, err = discovery.Watchers(cfg, log, discovery.NewMetrics(a.Metrics.Registry),
+		func(source string) discovery.Sink { return aioSink{a, source} }); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
 
-// DNSResolver builds the DNS discovery resolver from discovery.dns.*.
-func DNSResolver(cfg *config.Config) (*discovery.DNSResolver, error) {
-	d := cfg.Discovery.DNS
-	return discovery.NewDNSResolver(discovery.DNSOptions{Name: d.Name, SRV: d.RecordType == "SRV", Port: d.Port,
-		Scheme: d.Scheme, Server: d.Resolver, Timeout: secs(d.TimeoutSecs)})
+// aioSink applies one source's discovery to the embedded engine.
+type aioSink struct {
+	a      *AllInOne
+	source string
 }
-
-// DiscoveryRules translates discovery.* into the reconciler's rules.
-func DiscoveryRules(cfg *config.Config) discovery.Options {
-	d := cfg.Discovery
-	return discovery.Options{AddAfter: d.DNS.AddAfter, RemoveAfter: d.DNS.RemoveAfter, DrainTimeout: secs(d.DrainTimeoutSecs),
-		MinInterval: secs(d.DNS.MinIntervalSecs), MaxInterval: secs(d.DNS.MaxIntervalSecs)}
-}
-
-// aioSink applies DNS discovery to the embedded engine.
-type aioSink struct{ a *AllInOne }
 
 func (s aioSink) Pool() map[string]string {
 	ws := s.a.Router.Workers()
@@ -206,9 +172,9 @@ func (s aioSink) Add(_ context.Context, url string) error {
 	a := s.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	d := a.cfg.Discovery.DNS
-	a.discovered[url] = engine.WorkerSpec{URL: url, MaxLoad: d.MaxLoad, LoadPenalty: d.LoadPenalty,
-		CapacityBlocks: CapacityBlocks(d.CacheCapacityTokens, a.cfg.Cache.BlockChars), Source: state.SourceDNS}
+	maxLoad, penalty, capTokens := discovery.Defaults(a.cfg, s.source)
+	a.discovered[url] = engine.WorkerSpec{URL: url, MaxLoad: maxLoad, LoadPenalty: penalty,
+		CapacityBlocks: decider.CapacityBlocks(capTokens, a.cfg.Cache.BlockChars), Source: s.source}
 	a.applyWorkersLocked(a.cfg)
 	return nil
 }
@@ -217,7 +183,7 @@ func (s aioSink) Remove(_ context.Context, url string) error {
 	a := s.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if _, ok := a.discovered[url]; ok {
+	if w, ok := a.discovered[url]; ok && w.Source == s.source {
 		delete(a.discovered, url)
 		a.applyWorkersLocked(a.cfg)
 	}
@@ -227,16 +193,12 @@ func (s aioSink) Remove(_ context.Context, url string) error {
 func (s aioSink) SetDraining(url string, on bool) { s.a.Router.SetDraining(url, on) }
 func (s aioSink) Load(url string) int             { return s.a.Router.Load(url) }
 
-// HealthConfig translates health.*.
-func HealthConfig(cfg *config.Config) health.Config {
-	h := cfg.Health
-	return health.Config{Endpoint: h.Endpoint, Interval: secs(h.IntervalSecs), Timeout: secs(h.TimeoutSecs),
-		FailureThreshold: h.FailureThreshold, SuccessThreshold: h.SuccessThreshold}
-}
-
 // Run serves on ln until ctx ends, with health checks and index
 // maintenance running alongside.
 func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
+	if a.ownTracer {
+		defer closeTracer(a.Tracer, a.log)
+	}
 	// A SIGHUP reload may replace a.cfg at any time, even now.
 	a.mu.Lock()
 	cfg := a.cfg
@@ -252,7 +214,7 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 	}
 	if a.kvMetrics != nil {
 		// The engines' KV events, once per engine, in process.
-		kv, err := kvtruth.Start(KVOptions(cfg, a.Router, a.kvMetrics, a.log))
+		kv, err := kvtruth.Start(kvtruth.OptionsFrom(cfg, a.Router, a.kvMetrics, a.log))
 		if err != nil {
 			_ = ln.Close()
 			return err
@@ -266,9 +228,9 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 	go func() { defer wg.Done(); serveMetrics(ctx, a.MetricsHTTP, mln, a.log) }()
 	go func() { defer wg.Done(); a.Health.Run(ctx) }()
 	go func() { defer wg.Done(); a.Router.Run(ctx, secs(cfg.Cache.EvictionIntervalSecs)) }()
-	if a.watcher != nil {
+	for _, w := range a.watchers {
 		wg.Add(1)
-		go func() { defer wg.Done(); a.watcher.Run(ctx) }()
+		go func() { defer wg.Done(); w.Run(ctx) }()
 	}
 	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers))
 	err = Serve(ctx, a.HTTP, ln, secs(cfg.Server.ShutdownGraceSecs))

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cartrouter/cart/config"
-	"github.com/cartrouter/cart/dataplane/server"
 	"github.com/cartrouter/cart/internal/testkit"
 )
 
@@ -57,13 +55,4 @@ func TestBodyBudgetsFromConfig(t *testing.T) {
 		t.Fatalf("stalled body after body_read_timeout_secs: %d, want 408", resp.StatusCode)
 	}
 	testkit.WaitFor(t, 10*time.Second, "the reservation's release", func() bool { n, _ := a.Proxy.InflightBodyBytes(); return n == 0 })
-}
-
-// session.max_sessions reaches the engine.
-func TestMaxSessionsFromConfig(t *testing.T) {
-	cfg := config.Default()
-	cfg.Session.Enabled, cfg.Session.MaxSessions = true, 7
-	if got := server.EnginePolicy(cfg).MaxSessions; got != 7 {
-		t.Fatalf("engine MaxSessions = %d, want 7", got)
-	}
 }

@@ -10,12 +10,13 @@ import (
 	"sync"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/remote"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/tracing"
 )
 
 // DataPlane is a stateless proxy that asks the control plane where each
@@ -35,6 +36,10 @@ type DataPlane struct {
 	// Models is which models each worker serves, as the control plane
 	// reports them (the configured declarations until the first sync).
 	Models *models.Registry
+
+	// Tracer traces requests (nil: off); ownTracer: Run shuts it down.
+	Tracer    *tracing.Tracer
+	ownTracer bool
 }
 
 // DataPlaneID returns the configured id or hostname-pid.
@@ -50,12 +55,20 @@ func DataPlaneID(cfg *config.Config) string {
 }
 
 // NewDataPlane builds a data plane from a validated config.
-func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*DataPlane, error) {
+func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client, opts ...Option) (_ *DataPlane, err error) {
 	token, _, err := cfg.Tokens()
 	if err != nil {
 		return nil, err
 	}
 	d := &DataPlane{cfg: cfg, log: log}
+	if d.Tracer, d.ownTracer, err = tracing.ForRole(cfg, config.RoleDataPlane, DataPlaneID(cfg), opts, log); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil && d.ownTracer {
+			_ = d.Tracer.Close()
+		}
+	}()
 	d.Metrics = metrics.New(nil)
 	boot := make([]router.WorkerStatus, len(cfg.Workers))
 	for i, w := range cfg.Workers {
@@ -83,19 +96,20 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*D
 			BalanceAbs: cfg.Cache.BalanceAbsThreshold, BalanceRel: cfg.Cache.BalanceRelThreshold},
 		RouteBreakerFailures: cfg.DataPlane.RouteBreakerFailures,
 		RouteBreakerCooloff:  cfg.DataPlane.RouteBreakerCooloff(),
+		Interceptors:         d.Tracer.Interceptors(),
 	})
 	d.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {
 		d.Metrics.SetBreaker(t.Worker, t.To.String())
 		d.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
 		log.Warn("circuit breaker", "worker", t.Worker, "from", t.From.String(), "to", t.To.String())
 	})
-	po := ProxyOptions(cfg, d.Router, d.Break, d.Metrics, log)
-	po.Models = d.Models
+	po := ProxyOptions(cfg, router.Traced(d.Tracer, d.Router), d.Break, d.Metrics, log)
+	po.Models, po.Tracer = d.Models, d.Tracer
 	if err := applyAuth(&po, cfg); err != nil {
 		return nil, err
 	}
 	d.Proxy = proxy.New(po)
-	srv, err := HTTPServer(cfg, d.Proxy, log)
+	srv, err := HTTPServer(cfg, d.Tracer.Handler(d.Proxy), log)
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +120,9 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client) (*D
 
 // Run serves on ln until ctx ends, syncing with the control plane.
 func (d *DataPlane) Run(ctx context.Context, ln net.Listener) error {
+	if d.ownTracer {
+		defer closeTracer(d.Tracer, d.log)
+	}
 	if err := CheckExposure(d.cfg, ln.Addr(), d.log); err != nil {
 		_ = ln.Close()
 		return err

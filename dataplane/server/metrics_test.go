@@ -152,6 +152,13 @@ cache:
 	check(get("cart_index_evictions_total", nil) > 0, "no index evictions with a %d-entry index", maxTree)
 	skipped := get("cart_index_skipped_inserts_total", nil)
 	check(get("cart_load_release_underflows_total", nil) == 0, "load release underflows")
+	// The routing core times every lock hold: one per decision, one per
+	// settlement, and the maintenance steps of the eviction loop.
+	check(get("cart_decider_lock_hold_seconds", labels{"op": "route"}) >= decisions, "lock holds for routing %v < decisions %v",
+		get("cart_decider_lock_hold_seconds", labels{"op": "route"}), decisions)
+	check(get("cart_decider_lock_hold_seconds", labels{"op": "settle"}) > 0, "no lock holds recorded for settling")
+	check(get("cart_decider_lock_hold_seconds", labels{"op": "maintain"}) > 0, "no lock holds recorded for maintenance")
+	check(get("cart_decider_rejected_tickets_total", nil) == 0, "settlements refused for a foreign ticket")
 
 	ttfb := get("cart_upstream_ttfb_seconds", nil)
 	check(ttfb >= ok2xx, "cart_upstream_ttfb_seconds count %v < successful requests %v", ttfb, ok2xx)

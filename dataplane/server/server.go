@@ -6,14 +6,11 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/cartrouter/cart/config"
@@ -98,36 +95,13 @@ func HTTPServer(cfg *config.Config, h http.Handler, log *slog.Logger) (*http.Ser
 	protos.SetUnencryptedHTTP2(true) // h2c with prior knowledge, for HTTP/2 clients inside a cluster
 	srv.Protocols = &protos
 	if s.TLS.Enabled() {
-		tc, err := ServerTLS(s.TLS)
+		tc, err := s.TLS.ServerConfig()
 		if err != nil {
 			return nil, err
 		}
 		srv.TLSConfig = tc
 	}
 	return srv, nil
-}
-
-// ServerTLS loads a listener's certificate and, for mutual TLS, its client
-// CA pool.
-func ServerTLS(t config.TLS) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("load TLS key pair %s: %w", t.CertFile, err)
-	}
-	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if t.ClientCAFile != "" {
-		pem, err := os.ReadFile(t.ClientCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("read client CA %s: %w", t.ClientCAFile, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("client CA %s: no certificates found", t.ClientCAFile)
-		}
-		tc.ClientCAs = pool
-		tc.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	return tc, nil
 }
 
 // Serve runs srv on ln until ctx ends, then shuts down gracefully: new

@@ -19,7 +19,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,6 +31,8 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 
+	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
@@ -125,13 +126,9 @@ func httpClient(caFile string) (*http.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil // a probe of a local or in-cluster address must not go through an egress proxy
 	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
+		pool, err := config.CertPool(caFile)
 		if err != nil {
-			return nil, fmt.Errorf("read CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("CA file %s holds no certificates", caFile)
+			return nil, err
 		}
 		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
 	}
@@ -197,12 +194,8 @@ func checkGRPCHealth(ctx context.Context, client *http.Client, base, service str
 }
 
 func checkWorkers(ctx context.Context, client *http.Client, base, token string) (string, error) {
-	c := cartv1connect.NewAdminServiceClient(client, base)
-	req := connect.NewRequest(&cartv1.ListWorkersRequest{})
-	if token != "" {
-		req.Header().Set("Authorization", "Bearer "+token)
-	}
-	resp, err := c.ListWorkers(ctx, req)
+	c := cartv1connect.NewAdminServiceClient(client, base, connect.WithInterceptors(cpclient.Bearer(token)))
+	resp, err := c.ListWorkers(ctx, connect.NewRequest(&cartv1.ListWorkersRequest{}))
 	if err != nil {
 		return "", err
 	}

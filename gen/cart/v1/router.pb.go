@@ -199,7 +199,11 @@ type RouteResponse struct {
 	LeaderId string `protobuf:"bytes,10,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
 	// The worker was chosen because it holds the stored response named by
 	// response_id_hash, not by prefix or load.
-	Pinned        bool `protobuf:"varint,11,opt,name=pinned,proto3" json:"pinned,omitempty"`
+	Pinned bool `protobuf:"varint,11,opt,name=pinned,proto3" json:"pinned,omitempty"`
+	// API URL of the leader that decided. A data plane whose call a
+	// follower forwarded switches to it for its next call, instead of
+	// paying the forwarding hop until its next Sync.
+	LeaderUrl     string `protobuf:"bytes,12,opt,name=leader_url,json=leaderUrl,proto3" json:"leader_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -309,6 +313,13 @@ func (x *RouteResponse) GetPinned() bool {
 		return x.Pinned
 	}
 	return false
+}
+
+func (x *RouteResponse) GetLeaderUrl() string {
+	if x != nil {
+		return x.LeaderUrl
+	}
+	return ""
 }
 
 type Completion struct {
@@ -631,9 +642,20 @@ type SyncRequest struct {
 	DataplaneId string                 `protobuf:"bytes,1,opt,name=dataplane_id,json=dataplaneId,proto3" json:"dataplane_id,omitempty"`
 	Loads       []*WorkerLoad          `protobuf:"bytes,2,rep,name=loads,proto3" json:"loads,omitempty"`
 	// Requests routed by local fallback since the last sync.
-	Fallbacks     uint64 `protobuf:"varint,3,opt,name=fallbacks,proto3" json:"fallbacks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Fallbacks uint64 `protobuf:"varint,3,opt,name=fallbacks,proto3" json:"fallbacks,omitempty"`
+	// Route latency this data plane saw since its last sync, for the
+	// leader's slow-leader handover (controlplane.slow_leader_handover):
+	// route_calls Route calls went to route_target (the leader, or a
+	// follower that forwarded them), and route_p90_micros is their 90th
+	// percentile, a call that got no answer in time counting as the time it
+	// waited. route_breaker_open: the data plane's control-plane breaker is
+	// open, i.e. it stopped asking because answers kept coming too late.
+	RouteCalls       uint32 `protobuf:"varint,4,opt,name=route_calls,json=routeCalls,proto3" json:"route_calls,omitempty"`
+	RouteP90Micros   uint32 `protobuf:"varint,5,opt,name=route_p90_micros,json=routeP90Micros,proto3" json:"route_p90_micros,omitempty"`
+	RouteTarget      string `protobuf:"bytes,6,opt,name=route_target,json=routeTarget,proto3" json:"route_target,omitempty"`
+	RouteBreakerOpen bool   `protobuf:"varint,7,opt,name=route_breaker_open,json=routeBreakerOpen,proto3" json:"route_breaker_open,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SyncRequest) Reset() {
@@ -685,6 +707,34 @@ func (x *SyncRequest) GetFallbacks() uint64 {
 		return x.Fallbacks
 	}
 	return 0
+}
+
+func (x *SyncRequest) GetRouteCalls() uint32 {
+	if x != nil {
+		return x.RouteCalls
+	}
+	return 0
+}
+
+func (x *SyncRequest) GetRouteP90Micros() uint32 {
+	if x != nil {
+		return x.RouteP90Micros
+	}
+	return 0
+}
+
+func (x *SyncRequest) GetRouteTarget() string {
+	if x != nil {
+		return x.RouteTarget
+	}
+	return ""
+}
+
+func (x *SyncRequest) GetRouteBreakerOpen() bool {
+	if x != nil {
+		return x.RouteBreakerOpen
+	}
+	return false
 }
 
 type SyncResponse struct {
@@ -766,6 +816,68 @@ func (x *SyncResponse) GetLeaderUrl() string {
 	return ""
 }
 
+// NotLeader is the error detail of a call this node could not serve because
+// it is not the leader: with code UNAVAILABLE when no leader is known (an
+// election, a minority partition; leader_id empty) or the leader cannot be
+// reached through this node, FAILED_PRECONDITION when a write was refused
+// by a node that lost leadership (nothing was done), and attached to
+// ABORTED "outcome unknown" answers too. Clients read the leader from here
+// rather than from the message, and call leader_url directly next time.
+type NotLeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node id of the leader this node knows of; empty when none.
+	LeaderId string `protobuf:"bytes,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// That leader's API URL; empty when unknown (no leader, or it has not
+	// published its URL yet).
+	LeaderUrl     string `protobuf:"bytes,2,opt,name=leader_url,json=leaderUrl,proto3" json:"leader_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotLeader) Reset() {
+	*x = NotLeader{}
+	mi := &file_cart_v1_router_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotLeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotLeader) ProtoMessage() {}
+
+func (x *NotLeader) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
+func (*NotLeader) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *NotLeader) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+func (x *NotLeader) GetLeaderUrl() string {
+	if x != nil {
+		return x.LeaderUrl
+	}
+	return ""
+}
+
 // Worker is one inference replica.
 type Worker struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -807,7 +919,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_cart_v1_router_proto_msgTypes[9]
+	mi := &file_cart_v1_router_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -819,7 +931,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[9]
+	mi := &file_cart_v1_router_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -832,7 +944,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Worker) GetUrl() string {
@@ -945,7 +1057,7 @@ type KVCache struct {
 
 func (x *KVCache) Reset() {
 	*x = KVCache{}
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -957,7 +1069,7 @@ func (x *KVCache) String() string {
 func (*KVCache) ProtoMessage() {}
 
 func (x *KVCache) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -970,7 +1082,7 @@ func (x *KVCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCache.ProtoReflect.Descriptor instead.
 func (*KVCache) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *KVCache) GetOccupiedTokens() int64 {
@@ -1008,7 +1120,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"request_id\x18\n" +
 	" \x01(\tR\trequestId\x12\x19\n" +
 	"\broute_id\x18\v \x01(\x04R\arouteId\x12(\n" +
-	"\x10response_id_hash\x18\f \x01(\x06R\x0eresponseIdHash\"\xe1\x02\n" +
+	"\x10response_id_hash\x18\f \x01(\x06R\x0eresponseIdHash\"\x80\x03\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -1022,7 +1134,9 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06ticket\x18\t \x01(\x04R\x06ticket\x12\x1b\n" +
 	"\tleader_id\x18\n" +
 	" \x01(\tR\bleaderId\x12\x16\n" +
-	"\x06pinned\x18\v \x01(\bR\x06pinned\"\xdd\x01\n" +
+	"\x06pinned\x18\v \x01(\bR\x06pinned\x12\x1d\n" +
+	"\n" +
+	"leader_url\x18\f \x01(\tR\tleaderUrl\"\xdd\x01\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +
@@ -1044,11 +1158,16 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
 	"WorkerLoad\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x1b\n" +
-	"\tin_flight\x18\x02 \x01(\rR\binFlight\"y\n" +
+	"\tin_flight\x18\x02 \x01(\rR\binFlight\"\x95\x02\n" +
 	"\vSyncRequest\x12!\n" +
 	"\fdataplane_id\x18\x01 \x01(\tR\vdataplaneId\x12)\n" +
 	"\x05loads\x18\x02 \x03(\v2\x13.cart.v1.WorkerLoadR\x05loads\x12\x1c\n" +
-	"\tfallbacks\x18\x03 \x01(\x04R\tfallbacks\"\xbf\x01\n" +
+	"\tfallbacks\x18\x03 \x01(\x04R\tfallbacks\x12\x1f\n" +
+	"\vroute_calls\x18\x04 \x01(\rR\n" +
+	"routeCalls\x12(\n" +
+	"\x10route_p90_micros\x18\x05 \x01(\rR\x0erouteP90Micros\x12!\n" +
+	"\froute_target\x18\x06 \x01(\tR\vrouteTarget\x12,\n" +
+	"\x12route_breaker_open\x18\a \x01(\bR\x10routeBreakerOpen\"\xbf\x01\n" +
 	"\fSyncResponse\x12)\n" +
 	"\aworkers\x18\x01 \x03(\v2\x0f.cart.v1.WorkerR\aworkers\x12'\n" +
 	"\x0fworkers_version\x18\x02 \x01(\x04R\x0eworkersVersion\x12\x1f\n" +
@@ -1056,7 +1175,11 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"blockChars\x12\x1b\n" +
 	"\tleader_id\x18\x04 \x01(\tR\bleaderId\x12\x1d\n" +
 	"\n" +
-	"leader_url\x18\x05 \x01(\tR\tleaderUrl\"\xf4\x03\n" +
+	"leader_url\x18\x05 \x01(\tR\tleaderUrl\"G\n" +
+	"\tNotLeader\x12\x1b\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12\x1d\n" +
+	"\n" +
+	"leader_url\x18\x02 \x01(\tR\tleaderUrl\"\xf4\x03\n" +
 	"\x06Worker\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
 	"\bmax_load\x18\x02 \x01(\rR\amaxLoad\x12!\n" +
@@ -1093,7 +1216,7 @@ func file_cart_v1_router_proto_rawDescGZIP() []byte {
 	return file_cart_v1_router_proto_rawDescData
 }
 
-var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_cart_v1_router_proto_goTypes = []any{
 	(*RouteRequest)(nil),     // 0: cart.v1.RouteRequest
 	(*RouteResponse)(nil),    // 1: cart.v1.RouteResponse
@@ -1104,15 +1227,16 @@ var file_cart_v1_router_proto_goTypes = []any{
 	(*WorkerLoad)(nil),       // 6: cart.v1.WorkerLoad
 	(*SyncRequest)(nil),      // 7: cart.v1.SyncRequest
 	(*SyncResponse)(nil),     // 8: cart.v1.SyncResponse
-	(*Worker)(nil),           // 9: cart.v1.Worker
-	(*KVCache)(nil),          // 10: cart.v1.KVCache
+	(*NotLeader)(nil),        // 9: cart.v1.NotLeader
+	(*Worker)(nil),           // 10: cart.v1.Worker
+	(*KVCache)(nil),          // 11: cart.v1.KVCache
 }
 var file_cart_v1_router_proto_depIdxs = []int32{
 	2,  // 0: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
 	4,  // 1: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
 	6,  // 2: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	9,  // 3: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	10, // 4: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	10, // 3: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	11, // 4: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
 	0,  // 5: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
 	3,  // 6: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
 	7,  // 7: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
@@ -1137,7 +1261,7 @@ func file_cart_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_router_proto_rawDesc), len(file_cart_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

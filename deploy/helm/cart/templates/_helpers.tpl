@@ -44,6 +44,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* The control plane's ServiceAccount under Kubernetes discovery. */}}
+{{- define "cart.discoverySA" -}}{{ include "cart.fullname" . }}-discovery{{- end }}
+
+{{/* Kubernetes discovery in cart config form (control plane only). */}}
+{{- define "cart.discoveryConfig" -}}
+{{- $k := .Values.discovery.kubernetes }}
+{{- $out := dict }}
+{{- if $k.enabled }}
+{{- $kc := dict "enabled" true "namespace" (default .Release.Namespace $k.namespace) "port" (toString $k.port) }}
+{{- with $k.service }}{{ $_ := set $kc "service" . }}{{ end }}
+{{- with $k.selector }}{{ $_ := set $kc "selector" . }}{{ end }}
+{{- $out = dict "discovery" (dict "kubernetes" $kc) }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
 {{- define "cart.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
@@ -100,7 +116,7 @@ new cluster, and changing it must not restart the control plane. */}}
 {{- $root := .root }}
 {{- $fixed := include "cart.commonFixed" $root | fromYaml }}
 {{- $cp := dict "controlplane" (dict "api_addr" "0.0.0.0:6701" "raft_addr" "0.0.0.0:6702" "data_dir" "/var/lib/cart") "auth" (dict "admin_token_file" (include "cart.adminTokenFile" $root)) }}
-{{- $cfg := mustMergeOverwrite (dict) (deepCopy $root.Values.config) (deepCopy $root.Values.controlPlane.config) $fixed $cp }}
+{{- $cfg := mustMergeOverwrite (dict) (deepCopy $root.Values.config) (deepCopy $root.Values.controlPlane.config) $fixed $cp (include "cart.discoveryConfig" $root | fromYaml) }}
 {{- if .workers }}
 {{- $cfg = mustMergeOverwrite $cfg (include "cart.workersConfig" $root | fromYaml) }}
 {{- end }}

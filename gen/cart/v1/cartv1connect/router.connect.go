@@ -44,7 +44,9 @@ const (
 // RouterServiceClient is a client for the cart.v1.RouterService service.
 type RouterServiceClient interface {
 	// Route decides which worker serves a request. The leader decides from
-	// its in-memory state and answers at once; followers forward to it.
+	// its in-memory state and answers at once; followers forward to it, and
+	// the answer's leader_url says where to call next time. A node that can
+	// neither decide nor forward answers UNAVAILABLE with a NotLeader detail.
 	// NOT_FOUND: the request names a model that no worker serves, as the
 	// leader's prober last saw the workers' /v1/models.
 	Route(context.Context, *connect.Request[v1.RouteRequest]) (*connect.Response[v1.RouteResponse], error)
@@ -115,7 +117,9 @@ func (c *routerServiceClient) Sync(ctx context.Context, req *connect.Request[v1.
 // RouterServiceHandler is an implementation of the cart.v1.RouterService service.
 type RouterServiceHandler interface {
 	// Route decides which worker serves a request. The leader decides from
-	// its in-memory state and answers at once; followers forward to it.
+	// its in-memory state and answers at once; followers forward to it, and
+	// the answer's leader_url says where to call next time. A node that can
+	// neither decide nor forward answers UNAVAILABLE with a NotLeader detail.
 	// NOT_FOUND: the request names a model that no worker serves, as the
 	// leader's prober last saw the workers' /v1/models.
 	Route(context.Context, *connect.Request[v1.RouteRequest]) (*connect.Response[v1.RouteResponse], error)

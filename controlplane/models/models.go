@@ -287,6 +287,10 @@ func Parse(body []byte) ([]Card, error) {
 	return out, nil
 }
 
+// Path is where an OpenAI-compatible worker lists its models: probed by
+// health rounds, asked by the proxy for a pool-wide /v1/models.
+const Path = "/v1/models"
+
 // Learner returns a health.Config.Models callback recording each worker's
 // /v1/models answer in r; an unparsable answer keeps the last list.
 func Learner(r *Registry, log *slog.Logger) func(worker string, body []byte) {

@@ -1,0 +1,200 @@
+package bench
+
+import (
+	"container/heap"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
+)
+
+// Block-size study (issue 13, target 3): the index block size
+// (cache.block_chars) trades matching precision and how much text the
+// index bound covers against the CPU of hashing and deciding. Each shared
+// trace is replayed in process through the real engine with the default
+// cache.* policy and max_tree_size, at 64, 128 and 256 characters per
+// block, over 8 simulated replicas whose prefix caches are LRU in 16-token
+// blocks (bench.Oracle, 200k tokens each). A request occupies its replica
+// for 20 ms + 0.1 ms per uncached prompt token + 5 ms per output token,
+// which is what makes load, and so the balance rule, matter.
+//
+// Metrics: hit = Σ cached / Σ prompt tokens over the replicas' caches
+// (oracle-hit: one LRU cache the size of the pool, the ceiling);
+// hash-µs and decide-µs = CPU time of the routing thread per request for
+// index.Hash of the key text (data plane) and engine.Route (control plane,
+// under the routing lock); blocks = mean blocks per request; entries =
+// index size at the end.
+//
+// With -benchtime 2x the metrics are those of the second replay (the
+// first also fills the memo of block texts).
+//
+//	go test -run XXX -bench BlockSize -benchtime 2x ./bench/
+func BenchmarkBlockSize(b *testing.B) {
+	dir := filepath.Join("..", "..", "shared", "traces")
+	for _, tr := range []struct {
+		name  string
+		limit int
+	}{
+		{"mooncake_conversation", 4000}, // the first ~20 minutes: a full replay is 580 MB of text
+		{"sglang_gsp_default_blk512", 0},
+		{"llmd_shared_prefix_73pct_blk512", 0},
+	} {
+		path := filepath.Join(dir, tr.name+".jsonl")
+		if _, err := os.Stat(path); err != nil {
+			b.Skipf("trace %s: %v", path, err)
+		}
+		recs, err := LoadTrace(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		recs = SliceTrace(recs, 0, tr.limit)
+		sort.SliceStable(recs, func(i, j int) bool { return recs[i].Timestamp < recs[j].Timestamp })
+		texts := newBlockTexts()
+		for _, bc := range []int{64, 128, 256} {
+			b.Run(fmt.Sprintf("%s/block=%d", tr.name, bc), func(b *testing.B) {
+				var r replayResult
+				for b.Loop() {
+					r = replayBlocks(recs, bc, texts)
+				}
+				b.ReportMetric(r.hit(), "hit")
+				b.ReportMetric(r.oracle, "oracle-hit")
+				b.ReportMetric(r.hashCPU.Seconds()*1e6/float64(r.n), "hash-µs")
+				b.ReportMetric(r.decideCPU.Seconds()*1e6/float64(r.n), "decide-µs")
+				b.ReportMetric(float64(r.blocks)/float64(r.n), "blocks")
+				b.ReportMetric(float64(r.entries), "entries")
+				b.ReportMetric(float64(r.cacheHits)/float64(r.n), "cache_hit-share")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
+// blockTexts memoises BlockText: trace blocks repeat across requests.
+type blockTexts map[int64]string
+
+func newBlockTexts() blockTexts { return blockTexts{} }
+
+func (t blockTexts) prompt(ids []int64, inputTokens int) string {
+	want := inputTokens * BytesPerToken
+	var sb strings.Builder
+	sb.Grow(min(want, len(ids)*TraceBlockChars))
+	for _, id := range ids {
+		if sb.Len() >= want {
+			break
+		}
+		s, ok := t[id]
+		if !ok {
+			s = BlockText(id)
+			t[id] = s
+		}
+		if rest := want - sb.Len(); len(s) > rest {
+			s = s[:rest]
+		}
+		sb.WriteString(s)
+	}
+	return sb.String()
+}
+
+type replayResult struct {
+	n, blocks, entries, cacheHits int
+	prompt, cached                int64
+	oracle                        float64
+	hashCPU, decideCPU            time.Duration
+}
+
+func (r replayResult) hit() float64 {
+	if r.prompt == 0 {
+		return 0
+	}
+	return float64(r.cached) / float64(r.prompt)
+}
+
+type busy struct {
+	end    int64 // ms
+	worker string
+}
+
+type busyHeap []busy
+
+func (h busyHeap) Len() int           { return len(h) }
+func (h busyHeap) Less(i, j int) bool { return h[i].end < h[j].end }
+func (h busyHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *busyHeap) Push(x any)        { *h = append(*h, x.(busy)) }
+func (h *busyHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func replayBlocks(recs []TraceRecord, blockChars int, texts blockTexts) replayResult {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	c := config.Default().Cache
+	pol := engine.Policy{
+		Threshold:           c.Threshold,
+		MatchAbsThreshold:   c.MatchAbsThreshold,
+		BalanceAbsThreshold: c.BalanceAbsThreshold,
+		BalanceRelThreshold: c.BalanceRelThreshold,
+		BlockChars:          blockChars,
+	}
+	idx := index.New(index.Options{MaxEntries: c.MaxTreeSize, InlineEvict: true})
+	eng := engine.New(pol, idx, rand.New(rand.NewPCG(1, 2)))
+	const replicas, capacityTokens, cacheBlockTokens = 8, 200_000, 16
+	var specs []engine.WorkerSpec
+	caches := map[string]*Oracle{}
+	// The ceiling: one LRU cache the size of the whole pool.
+	pool := NewOracle(replicas*capacityTokens, cacheBlockTokens)
+	for i := range replicas {
+		u := fmt.Sprintf("http://r%d", i)
+		specs = append(specs, engine.WorkerSpec{URL: u})
+		caches[u] = NewOracle(capacityTokens, cacheBlockTokens)
+	}
+	eng.SetWorkers(specs)
+	var r replayResult
+	var pending busyHeap
+	var hashes []uint64
+	for _, rec := range recs {
+		for len(pending) > 0 && pending[0].end <= rec.Timestamp {
+			eng.Release(heap.Pop(&pending).(busy).worker)
+		}
+		text := texts.prompt(rec.HashIDs, rec.InputLength)
+		// The proxy hashes only what a decision can use.
+		key := text[:min(len(text), engine.MaxRouteBlocks*blockChars)]
+		t0 := threadCPU()
+		hashes = index.Hash(hashes[:0], "m", []byte(key), blockChars)
+		t1 := threadCPU()
+		d, err := eng.Route(engine.Request{Hashes: hashes, KeyLen: len(text)}, rec.Timestamp*int64(time.Millisecond))
+		t2 := threadCPU()
+		if err != nil {
+			panic(err) // no max_load, every replica healthy: cannot happen
+		}
+		r.hashCPU += t1 - t0
+		r.decideCPU += t2 - t1
+		r.n++
+		r.blocks += len(hashes)
+		if d.Reason == engine.ReasonCacheHit {
+			r.cacheHits++
+		}
+		prompt := PromptTokens([]byte(text))
+		ch := BlockHashes([]byte(text), cacheBlockTokens)
+		cached := caches[d.Worker].Access(ch, prompt)
+		pool.Access(ch, prompt)
+		r.prompt += int64(prompt)
+		r.cached += int64(cached)
+		dur := 20 + int64(prompt-cached)/10 + 5*int64(rec.OutputLength)
+		heap.Push(&pending, busy{end: rec.Timestamp + dur, worker: d.Worker})
+	}
+	r.entries = idx.Len()
+	r.oracle = pool.HitRatio()
+	return r
+}

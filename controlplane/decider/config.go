@@ -1,0 +1,40 @@
+package decider
+
+import (
+	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/engine"
+)
+
+// PolicyFrom translates cache.* and session.* into the engine's policy, the
+// same for both hosts (the all-in-one router and control-plane nodes).
+func PolicyFrom(cfg *config.Config) engine.Policy {
+	c := cfg.Cache
+	p := engine.Policy{
+		Threshold:           c.Threshold,
+		MatchAbsThreshold:   c.MatchAbsThreshold,
+		BalanceAbsThreshold: c.BalanceAbsThreshold,
+		BalanceRelThreshold: c.BalanceRelThreshold,
+		BlockChars:          c.BlockChars,
+		CapacityBlocks:      CapacityBlocks(c.CapacityTokens, c.BlockChars),
+		TTL:                 int64(config.Seconds(c.TTLSecs)),
+		ClosedLoop:          c.ClosedLoop,
+		HotFraction:         c.HotPrefixFraction,
+	}
+	if cfg.Session.Enabled {
+		p.SessionTTL = int64(config.Seconds(cfg.Session.TTLSecs))
+		p.MaxSessions = cfg.Session.MaxSessions
+	}
+	return p
+}
+
+// CharsPerToken is how the index converts token capacities into
+// characters until it is token-aware.
+const CharsPerToken = 4
+
+// CapacityBlocks converts a cache capacity in tokens into index blocks.
+func CapacityBlocks(tokens int64, blockChars int) int {
+	if tokens <= 0 || blockChars <= 0 {
+		return 0
+	}
+	return int(max(1, tokens*CharsPerToken/int64(blockChars)))
+}

@@ -1,0 +1,72 @@
+package decider
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+)
+
+func TestMaintainTrimsToBound(t *testing.T) {
+	now := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	d := newTestDecider(&now, 100, -1)
+	for i := range 40 {
+		route(t, d, fmt.Sprintf("prompt number %04d with some text", i)) // 9 blocks each
+	}
+	st, _ := d.IndexStats()
+	if st.Entries <= 100 {
+		t.Fatalf("index did not grow past its bound between passes: %d", st.Entries)
+	}
+	removed := d.Maintain()
+	st, _ = d.IndexStats()
+	if st.Entries != 100 || removed <= 0 {
+		t.Fatalf("after the pass: %d entries, %d removed", st.Entries, removed)
+	}
+	// The newest prompt survived.
+	if dec := route(t, d, "prompt number 0039 with some text"); dec.Reason != engine.ReasonCacheHit {
+		t.Fatalf("newest prompt after eviction: %s", dec.Reason)
+	}
+	if holdCount(t, d, OpMaintain) == 0 {
+		t.Fatal("maintenance steps were not timed")
+	}
+}
+
+func TestDailyResetAtItsHour(t *testing.T) {
+	now := time.Date(2026, 1, 1, 2, 30, 0, 0, time.UTC)
+	d := newTestDecider(&now, 1000, 3)
+	route(t, d, "a prompt that should be forgotten at three")
+	d.Maintain()
+	if st, _ := d.IndexStats(); st.Entries == 0 {
+		t.Fatal("reset before its hour")
+	}
+	now = now.Add(time.Hour) // 03:30
+	d.Maintain()
+	if st, _ := d.IndexStats(); st.Entries != 0 {
+		t.Fatalf("no reset after 03:00: %d entries", st.Entries)
+	}
+	route(t, d, "a prompt after the reset")
+	now = now.Add(time.Hour) // 04:30 the same day: no second reset
+	d.Maintain()
+	if st, _ := d.IndexStats(); st.Entries == 0 {
+		t.Fatal("reset twice in one day")
+	}
+}
+
+// Expiry runs in the same pass: a placement past the TTL stops counting
+// as a match after Maintain, in every host.
+func TestMaintainExpiresPastTTL(t *testing.T) {
+	now := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	d := New(Options{
+		Policy:     engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, BlockChars: 4, TTL: int64(time.Minute)},
+		MaxEntries: 1000,
+		Now:        func() time.Time { return now },
+	})
+	d.SetWorkers([]engine.WorkerSpec{{URL: "a"}, {URL: "b"}})
+	route(t, d, "an old prompt with some text")
+	now = now.Add(2 * time.Minute)
+	d.Maintain()
+	if st, _ := d.IndexStats(); st.Entries != 0 {
+		t.Fatalf("%d entries past the TTL survived the pass", st.Entries)
+	}
+}
