@@ -15,9 +15,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
-	"github.com/cartrouter/cart/dataplane/router"
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/kvevents"
 	"github.com/cartrouter/cart/sim"
@@ -198,24 +198,39 @@ func newPublisher(t *testing.T, cfg kvevents.PublisherConfig) *kvevents.Publishe
 
 const testBlockChars = 64
 
-func newLocal(workers ...string) *router.Local {
+// local applies the events to a decider the way the all-in-one router
+// does (dataplane/router.Local), without importing the data plane.
+type local struct{ dec *decider.Decider }
+
+func (l local) ClearHoldings(w string) {
+	l.dec.Do(decider.OpKV, func(eng *engine.Engine) { eng.ClearHoldings(w) })
+}
+
+func (l local) ApplyKVReport(w string, r engine.KVReport) {
+	l.dec.Do(decider.OpKV, func(eng *engine.Engine) { eng.RemoveHoldings(w, eng.ApplyKVReport(w, r, nil)) })
+}
+
+func (l local) kv(w string) engine.KVState { return l.dec.KVStates()[w] }
+
+func newLocal(workers ...string) local {
 	specs := make([]engine.WorkerSpec, len(workers))
 	for i, w := range workers {
 		specs[i] = engine.WorkerSpec{URL: w}
 	}
-	return router.NewLocal(router.LocalOptions{
+	dec := decider.New(decider.Options{
 		Policy:      engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 100, BalanceRelThreshold: 100, BlockChars: testBlockChars},
 		MaxEntries:  10_000,
 		InlineEvict: true,
-		CleanupHour: -1,
-	}, specs)
+	})
+	dec.SetWorkers(specs)
+	return local{dec}
 }
 
-func route(t *testing.T, l *router.Local, text string, dry bool, exclude ...string) router.Decision {
+func route(t *testing.T, l local, text string, dry bool, exclude ...string) decider.Decision {
 	t.Helper()
-	d, err := l.Route(context.Background(), &router.Request{
+	d, err := l.dec.Route(decider.Request{Request: engine.Request{
 		Hashes: index.Hash(nil, "m", []byte(text), testBlockChars), KeyLen: len(text), DryRun: dry, Exclude: exclude,
-	})
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,16 +272,14 @@ func TestAllBlocksClearedStopsHoldingWithin100ms(t *testing.T) {
 		t.Fatalf("first route went to %s", d.Worker)
 	}
 	complete(t, ts.URL, prompt)
-	l.Done(route(t, l, prompt, false), router.Outcome{Delivered: true})
+	if err := l.dec.Settle(route(t, l, prompt, false).Ticket, decider.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1}); err != nil {
+		t.Fatal(err)
+	}
 	testkit.WaitForMsg(t, 10*time.Second, "the replica's occupancy", func() (bool, string) {
-		for _, w := range l.Workers() {
-			if w.URL == ts.URL && w.KVEvents != nil && w.KVEvents.OccupiedTokens > 0 {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("%+v", l.Workers())
+		k := l.kv(ts.URL)
+		return k.On && k.OccupiedTokens > 0, fmt.Sprintf("%+v", k)
 	})
-	if d := route(t, l, prompt, true); d.Worker != ts.URL || d.Reason != string(engine.ReasonCacheHit) {
+	if d := route(t, l, prompt, true); d.Worker != ts.URL || d.Reason != engine.ReasonCacheHit {
 		t.Fatalf("before the reset: %+v", d)
 	}
 
@@ -278,7 +291,7 @@ func TestAllBlocksClearedStopsHoldingWithin100ms(t *testing.T) {
 	start := time.Now()
 	testkit.WaitForMsg(t, 100*time.Millisecond, "the replica no longer counted as a holder", func() (bool, string) {
 		d := route(t, l, prompt, true)
-		return d.Reason != string(engine.ReasonCacheHit), fmt.Sprintf("%+v", d)
+		return d.Reason != engine.ReasonCacheHit, fmt.Sprintf("%+v", d)
 	})
 	t.Logf("holdings dropped %v after the reset answered", time.Since(start))
 }
@@ -295,14 +308,7 @@ func TestGapBeyondReplayDegrades(t *testing.T) {
 		BlockChars: testBlockChars, Applier: l, Metrics: m, Logger: slog.New(logs),
 	})
 	testkit.WaitFor(t, 10*time.Second, "the subscription", func() bool { return pub.Subscribed("") })
-	kv := func() engine.KVState {
-		for _, w := range l.Workers() {
-			if w.URL == "http://w" && w.KVEvents != nil {
-				return *w.KVEvents
-			}
-		}
-		return engine.KVState{}
-	}
+	kv := func() engine.KVState { return l.kv("http://w") }
 	pub.Publish(storedBatch(16, 1).Events)
 	testkit.WaitFor(t, 10*time.Second, "events applied", func() bool { return kv().On })
 	pub.DropNext(3)
