@@ -11,6 +11,9 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+
+	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/sim"
 )
 
 // Result is what one streamed chat completion returned.
@@ -126,9 +129,9 @@ func (s *OpenAISender) Send(ctx context.Context, msgs []Message, maxTokens int, 
 	res.Err = stream.Err()
 	if resp != nil {
 		res.Status = resp.StatusCode
-		res.Replica = resp.Header.Get("X-Sim-Replica")
+		res.Replica = resp.Header.Get(sim.HeaderReplica)
 		if res.Replica == "" {
-			res.Replica = resp.Header.Get("X-Routed-Peer")
+			res.Replica = resp.Header.Get(proxy.HeaderRoutedPeer)
 		}
 	}
 	var apiErr *openai.Error
@@ -141,8 +144,8 @@ func (s *OpenAISender) Send(ctx context.Context, msgs []Message, maxTokens int, 
 	if gotUsage {
 		res.UsageFrom = "usage"
 	} else if resp != nil {
-		p, perr := strconv.Atoi(resp.Header.Get("X-Sim-Prompt-Tokens"))
-		c, cerr := strconv.Atoi(resp.Header.Get("X-Sim-Cached-Tokens"))
+		p, perr := strconv.Atoi(resp.Header.Get(sim.HeaderPromptTokens))
+		c, cerr := strconv.Atoi(resp.Header.Get(sim.HeaderCachedTokens))
 		if perr == nil && cerr == nil {
 			res.PromptTokens, res.CachedTokens, res.UsageFrom = p, c, "headers"
 		}

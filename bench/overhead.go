@@ -47,7 +47,10 @@ type OverheadTarget struct {
 	ReqPerS  float64 `json:"req_per_s"`
 	P50Ms    float64 `json:"p50_ms"`
 	P99Ms    float64 `json:"p99_ms"`
-	Skipped  string  `json:"skipped,omitempty"`
+	// CPUUsPerReq is the CPU time (user+system) the target's process(es)
+	// used per request during the measured loop: for direct, the replica's.
+	CPUUsPerReq float64 `json:"cpu_us_per_req,omitempty"`
+	Skipped     string  `json:"skipped,omitempty"`
 }
 
 // OverheadResult compares the targets.
@@ -163,8 +166,15 @@ func RunOverhead(ctx context.Context, env *Env, c OverheadConfig) OverheadResult
 	_ = os.MkdirAll(dir, 0o755)
 	body := overheadBody(c.PromptChars)
 
-	measure := func(name, base string) OverheadTarget {
+	measure := func(name, base string, procs ...*Proc) OverheadTarget {
 		url := base + "/v1/chat/completions"
+		cpu := func() time.Duration {
+			var d time.Duration
+			for _, p := range procs {
+				d += p.CPUTime()
+			}
+			return d
+		}
 		if c.UseWrk {
 			if t, err := runWrk(ctx, dir, url, body, c); err == nil {
 				t.Name = name
@@ -176,18 +186,22 @@ func RunOverhead(ctx context.Context, env *Env, c OverheadConfig) OverheadResult
 		if c.Warmup > 0 {
 			LoadClosedLoop(ctx, url, body, c.Concurrency, c.Warmup, c.MaxRequests)
 		}
+		cpu0 := cpu()
 		t := LoadClosedLoop(ctx, url, body, c.Concurrency, c.Duration, c.MaxRequests)
+		if t.Requests > 0 {
+			t.CPUUsPerReq = float64((cpu() - cpu0).Microseconds()) / float64(t.Requests)
+		}
 		t.Name = name
 		return t
 	}
 
-	res.Targets = append(res.Targets, measure("direct", baseURL(port)))
+	res.Targets = append(res.Targets, measure("direct", baseURL(port), p))
 
 	if target, procs, err := s.startNginx(ctx, dir, "overhead-nginx", []string{hostPort(port)}, false); err != nil {
 		env.StopAll(procs)
 		res.Targets = append(res.Targets, OverheadTarget{Name: "nginx", Skipped: err.Error()})
 	} else {
-		res.Targets = append(res.Targets, measure("nginx", target))
+		res.Targets = append(res.Targets, measure("nginx", target, procs...))
 		env.StopAll(procs)
 	}
 
@@ -197,7 +211,7 @@ func RunOverhead(ctx context.Context, env *Env, c OverheadConfig) OverheadResult
 		env.StopAll(procs)
 		res.Targets = append(res.Targets, OverheadTarget{Name: "cart", Skipped: err.Error()})
 	} else {
-		res.Targets = append(res.Targets, measure("cart", baseURL(cport)))
+		res.Targets = append(res.Targets, measure("cart", baseURL(cport), procs...))
 		env.StopAll(procs)
 	}
 	var nginxRPS, cartRPS float64
@@ -282,8 +296,12 @@ func FormatOverhead(r OverheadResult) string {
 			fmt.Fprintf(&b, "%-7s skipped: %s\n", t.Name, t.Skipped)
 			continue
 		}
-		fmt.Fprintf(&b, "%-7s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  %d requests, %d errors (%s)\n",
+		fmt.Fprintf(&b, "%-7s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  %d requests, %d errors (%s)",
 			t.Name, t.ReqPerS, t.P50Ms, t.P99Ms, t.Requests, t.Errors, t.Tool)
+		if t.CPUUsPerReq > 0 {
+			fmt.Fprintf(&b, "  %.0f CPU µs/req", t.CPUUsPerReq)
+		}
+		b.WriteString("\n")
 	}
 	if r.CartOverNginx > 0 {
 		fmt.Fprintf(&b, "cart/nginx throughput: %.2f\n", r.CartOverNginx)

@@ -186,12 +186,22 @@ func (s *Server) decodeDelay(running int64) time.Duration {
 	return s.scaled(s.cfg.DecodeMsPerToken*(1+s.cfg.DecodeSlowdown*others), time.Millisecond)
 }
 
+// Response headers the simulator adds, for benchmarks to read.
+const (
+	// HeaderReplica names the replica that answered (every response).
+	HeaderReplica = "X-Sim-Replica"
+	// HeaderPromptTokens and HeaderCachedTokens carry a completion's
+	// prompt tokens and how many of them hit the prefix cache.
+	HeaderPromptTokens = "X-Sim-Prompt-Tokens"
+	HeaderCachedTokens = "X-Sim-Cached-Tokens"
+)
+
 // setUsageHeaders exposes the cache outcome before the body, so routers and
 // benchmarks can read it whether or not the client asked for usage.
 func setUsageHeaders(w http.ResponseWriter, j *job) {
 	h := w.Header()
-	h.Set("X-Sim-Prompt-Tokens", strconv.Itoa(j.promptTokens))
-	h.Set("X-Sim-Cached-Tokens", strconv.Itoa(j.cachedTokens))
+	h.Set(HeaderPromptTokens, strconv.Itoa(j.promptTokens))
+	h.Set(HeaderCachedTokens, strconv.Itoa(j.cachedTokens))
 }
 
 // sseWriter writes server-sent events, flushing each one so the client sees

@@ -222,7 +222,7 @@ func (s *Server) routes() http.Handler {
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
-		h.Set("X-Sim-Replica", s.cfg.Name)
+		h.Set(HeaderReplica, s.cfg.Name)
 		// Echo the caller's request id, as vLLM does, so a router or test
 		// can correlate its logs with the replica that served a request.
 		if id := r.Header.Get("X-Request-Id"); id != "" {

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/extract"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -461,6 +462,32 @@ func TestE2ENoLeader(t *testing.T) {
 	}
 }
 
+// TestE2ERouteExplainsEveryReason: route --explain renders the registered
+// meaning of every reason the control plane may give, and the numbers
+// behind it, so adding a reason to the engine's registry without teaching
+// cartctl its details fails here.
+func TestE2ERouteExplainsEveryReason(t *testing.T) {
+	reasons := engine.Reasons()
+	if len(reasons) == 0 {
+		t.Fatal("empty reason registry")
+	}
+	for _, ri := range reasons {
+		t.Run(string(ri.Reason), func(t *testing.T) {
+			f := &fakeCP{routeResp: &cartv1.RouteResponse{Worker: "http://w1:8000", Reason: string(ri.Reason), MatchedChars: 7, MatchedRatio: 0.5}}
+			env := map[string]string{"CARTCTL_SERVER": serve(t, f)}
+			r := cartctl(t, env, "", "-o", "json", "route", "--text", "fourteen chars", "--model", "m", "--explain").must(t, exitOK)
+			var resp map[string]any
+			if err := json.Unmarshal([]byte(r.stdout), &resp); err != nil {
+				t.Fatalf("route -o json is not JSON: %v\n%s", err, r.stdout)
+			}
+			why := fmt.Sprint(resp["explanation"])
+			if !strings.HasPrefix(why, ri.Meaning+". ") || !strings.Contains(why, "http://w1:8000") {
+				t.Errorf("explanation %q: want the registered meaning %q, then details naming the worker", why, ri.Meaning)
+			}
+		})
+	}
+}
+
 func TestE2ERoute(t *testing.T) {
 	f := &fakeCP{routeResp: &cartv1.RouteResponse{
 		Worker: "http://w1:8000", Reason: "cache_hit", MatchedChars: 20, MatchedRatio: 20.0 / 23,
@@ -477,7 +504,8 @@ func TestE2ERoute(t *testing.T) {
 		"matched:       20 of 23 chars (ratio 0.87)\n",
 		"from leader:   yes\n",
 		"leader id:     n1\n",
-		"why: cache hit. http://w1:8000 holds the longest cached prefix",
+		"why: cache hit: the worker holding the longest cached prefix",
+		"http://w1:8000 holds the longest cached",
 		"ratio 0.87 ≥ cache.threshold",
 	} {
 		if !strings.Contains(r.stdout, want) {
@@ -497,7 +525,7 @@ func TestE2ERoute(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &resp); err != nil {
 		t.Fatalf("route -o json is not JSON: %v\n%s", err, r.stdout)
 	}
-	if resp["reason"] != "cache_hit" || resp["worker"] != "http://w1:8000" || !strings.HasPrefix(fmt.Sprint(resp["explanation"]), "cache hit.") {
+	if resp["reason"] != "cache_hit" || resp["worker"] != "http://w1:8000" || !strings.HasPrefix(fmt.Sprint(resp["explanation"]), "cache hit: ") {
 		t.Errorf("route JSON %v", resp)
 	}
 	if got := f.lastRoute(t); got.GetText() != "line one\nline two\n" || got.GetEndpoint() != "messages" || !got.GetDryRun() {

@@ -101,7 +101,7 @@ func unknownOutcome(err error) bool {
 		return false
 	}
 	ce, ok := errors.AsType[*connect.Error](err)
-	return ok && connect.IsWireError(ce) && (ce.Code() == connect.CodeAborted || ce.Meta().Get(cpclient.HeaderWriteOutcome) == "unknown")
+	return ok && connect.IsWireError(ce) && (ce.Code() == connect.CodeAborted || ce.Meta().Get(cpclient.HeaderWriteOutcome) == cpclient.OutcomeUnknown)
 }
 
 // notLeaderOf returns the server's NotLeader detail: the node could not

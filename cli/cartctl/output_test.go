@@ -153,8 +153,8 @@ decision:      0µs
 from leader:   yes
 leader id:     n1
 
-why: empty text. There is no key text to match on, so the least-loaded worker,
-http://w2, was chosen.
+why: empty text: there was no key text to match on, so the least-loaded worker
+was chosen. The least-loaded worker was http://w2.
 `},
 		{"route json explained", func(b *bytes.Buffer) error { return writeRouteJSON(b, sampleRoute, "because") }, `{
   "worker": "http://10.0.0.5:8000",
@@ -195,15 +195,15 @@ func TestExplain(t *testing.T) {
 		resp *cartv1.RouteResponse
 		want []string // substrings, in order
 	}{
-		{"cache hit", sampleRoute, []string{"cache hit.", "http://10.0.0.5:8000 holds the longest cached prefix", "matched 128 of 160 chars",
+		{"cache hit", sampleRoute, []string{"cache hit: ", "http://10.0.0.5:8000 holds the longest cached prefix", "matched 128 of 160 chars",
 			"ratio 0.80 ≥ cache.threshold", "within the balance rule"}},
 		{"cache miss, nothing cached", &cartv1.RouteResponse{Worker: "http://w2", Reason: "cache_miss"},
-			[]string{"cache miss.", "No worker holds any prefix", "0 of 160 chars", "least-loaded worker, http://w2"}},
+			[]string{"cache miss: ", "No worker holds any prefix", "0 of 160 chars", "least-loaded worker, http://w2"}},
 		{"cache miss, short match", &cartv1.RouteResponse{Worker: "http://w2", Reason: "cache_miss", MatchedChars: 16, MatchedRatio: 0.1},
-			[]string{"cache miss.", "matched only 16 of 160 chars (ratio 0.10)", "below both cache.threshold", "http://w2"}},
+			[]string{"cache miss: ", "matched only 16 of 160 chars (ratio 0.10)", "below both cache.threshold", "http://w2"}},
 		{"hit overloaded", &cartv1.RouteResponse{Worker: "http://w2", Reason: "hit_overloaded", Candidate: "http://w1", MatchedChars: 128, MatchedRatio: 0.8, ChosenChars: 64},
-			[]string{"overloaded.", "Candidate http://w1 holds 128 of 160 chars", "too busy", "least-loaded worker, http://w2, won", "holds 64 chars"}},
-		{"empty text", &cartv1.RouteResponse{Worker: "http://w2", Reason: "empty_text"}, []string{"empty text.", "http://w2"}},
+			[]string{"overloaded: ", "Candidate http://w1 holds 128 of 160 chars", "too busy", "least-loaded worker, http://w2, won", "holds 64 chars"}},
+		{"empty text", &cartv1.RouteResponse{Worker: "http://w2", Reason: "empty_text"}, []string{"empty text: ", "http://w2"}},
 		{"unknown reason", &cartv1.RouteResponse{Worker: "http://w2", Reason: "session_affinity"}, []string{`reason "session_affinity"`, "does not know"}},
 	}
 	for _, tt := range tests {

@@ -12,22 +12,16 @@ import (
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/dataplane/extract"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
-// maxTextBytes is the control plane's request size limit
-// (service.MaxMessageBytes). Longer text could never be routed, so it is
-// refused before it is sent rather than after it is uploaded.
-const maxTextBytes = 4 << 20
-
-// Decision reasons, as the control plane reports them.
-const (
-	reasonCacheHit      = "cache_hit"
-	reasonCacheMiss     = "cache_miss"
-	reasonHitOverloaded = "hit_overloaded"
-	reasonEmptyText     = "empty_text"
-)
+// maxTextBytes is the control plane's request size limit. Longer text
+// could never be routed, so it is refused before it is sent rather than
+// after it is uploaded.
+const maxTextBytes = cpclient.MaxMessageBytes
 
 type routeFlags struct {
 	text     string
@@ -214,32 +208,53 @@ func writeRouteJSON(w io.Writer, r *cartv1.RouteResponse, why string) error {
 // The thresholds are named by their config keys: the response does not
 // carry their values.
 func explain(r *cartv1.RouteResponse, keyLen int) string {
+	meaning, ok := engine.Reason(r.GetReason()).Meaning()
+	if !ok {
+		return fmt.Sprintf("the control plane gave reason %q, which this cartctl does not know; it may be older than the "+
+			"control plane.", r.GetReason())
+	}
+	if d := explainDetail(r, keyLen); d != "" {
+		return meaning + ". " + d
+	}
+	return meaning + "."
+}
+
+// explainDetail fills in the numbers and config keys behind a reason's
+// registered meaning; TestExplainEveryReason makes sure no registered
+// reason is left without one.
+func explainDetail(r *cartv1.RouteResponse, keyLen int) string {
 	worker, n, ratio := r.GetWorker(), r.GetMatchedChars(), r.GetMatchedRatio()
-	switch r.GetReason() {
-	case reasonCacheHit:
-		return fmt.Sprintf("cache hit. %s holds the longest cached prefix of this text: it matched %d of %d chars "+
+	switch engine.Reason(r.GetReason()) {
+	case engine.ReasonCacheHit:
+		return fmt.Sprintf("%s holds the longest cached prefix of this text: it matched %d of %d chars "+
 			"(ratio %.2f ≥ cache.threshold, or %d chars ≥ cache.match_abs_threshold), and its load is within the "+
 			"balance rule (at most cache.balance_abs_threshold above the least-loaded worker's, or at most "+
 			"cache.balance_rel_threshold times it, load_penalty included), so the request goes where its prefix is "+
 			"already in the KV cache.", worker, n, keyLen, ratio, n)
-	case reasonCacheMiss:
+	case engine.ReasonCacheMiss:
 		if n == 0 {
-			return fmt.Sprintf("cache miss. No worker holds any prefix of this text (0 of %d chars matched), so the "+
+			return fmt.Sprintf("No worker holds any prefix of this text (0 of %d chars matched), so the "+
 				"least-loaded worker, %s, was chosen.", keyLen, worker)
 		}
-		return fmt.Sprintf("cache miss. The best cached prefix matched only %d of %d chars (ratio %.2f), below both "+
+		return fmt.Sprintf("The best cached prefix matched only %d of %d chars (ratio %.2f), below both "+
 			"cache.threshold and cache.match_abs_threshold, so affinity is not worth it and the least-loaded worker, "+
 			"%s, was chosen.", n, keyLen, ratio, worker)
-	case reasonHitOverloaded:
-		return fmt.Sprintf("cache hit, but overloaded. Candidate %s holds %d of %d chars (ratio %.2f), but it was "+
+	case engine.ReasonHitOverloaded:
+		return fmt.Sprintf("Candidate %s holds %d of %d chars (ratio %.2f), but it was "+
 			"too busy: its load (load_penalty included) exceeds the least-loaded worker's by more than "+
 			"cache.balance_abs_threshold and is more than cache.balance_rel_threshold times it, so the least-loaded "+
 			"worker, %s, won (it holds %d chars of this text).", r.GetCandidate(), n, keyLen, ratio, worker, r.GetChosenChars())
-	case reasonEmptyText:
-		return fmt.Sprintf("empty text. There is no key text to match on, so the least-loaded worker, %s, was chosen.", worker)
+	case engine.ReasonEmptyText:
+		return fmt.Sprintf("The least-loaded worker was %s.", worker)
+	case engine.ReasonSessionHit:
+		return fmt.Sprintf("%s served this request's session within session.ttl_secs and its load is within "+
+			"the balance rule, so the session stays where its conversation is cached, whatever the prefix match "+
+			"(%d of %d chars here).", worker, n, keyLen)
+	case engine.ReasonFallbackLocal:
+		return fmt.Sprintf("A data plane records this when it cannot reach the control plane and picks %s by its own "+
+			"in-flight counts and shadow index; the control plane itself never answers with it.", worker)
 	}
-	return fmt.Sprintf("the control plane gave reason %q, which this cartctl does not know; it may be older than the "+
-		"control plane.", r.GetReason())
+	return ""
 }
 
 // wrap breaks s into lines of at most width columns at spaces (a longer

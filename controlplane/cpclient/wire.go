@@ -34,6 +34,12 @@ const (
 	// HeaderAuthorization carries the cluster or admin token as
 	// "Bearer <token>".
 	HeaderAuthorization = "Authorization"
+	// OutcomeUnknown is HeaderWriteOutcome's value when the write may or
+	// may not have taken effect.
+	OutcomeUnknown = "unknown"
+	// MaxMessageBytes bounds every request message the control plane
+	// reads (the server refuses larger ones; cartctl refuses to send them).
+	MaxMessageBytes = 4 << 20
 )
 
 // Bearer is the interceptor every control-plane client authenticates

@@ -3,6 +3,7 @@ package decider
 import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
 )
 
 // PolicyFrom translates cache.* and session.* into the engine's policy, the
@@ -15,7 +16,7 @@ func PolicyFrom(cfg *config.Config) engine.Policy {
 		BalanceAbsThreshold: c.BalanceAbsThreshold,
 		BalanceRelThreshold: c.BalanceRelThreshold,
 		BlockChars:          c.BlockChars,
-		CapacityBlocks:      CapacityBlocks(c.CapacityTokens, c.BlockChars),
+		CapacityBlocks:      index.CapacityBlocks(c.CapacityTokens, c.BlockChars),
 		TTL:                 int64(config.Seconds(c.TTLSecs)),
 		ClosedLoop:          c.ClosedLoop,
 		HotFraction:         c.HotPrefixFraction,
@@ -25,16 +26,4 @@ func PolicyFrom(cfg *config.Config) engine.Policy {
 		p.MaxSessions = cfg.Session.MaxSessions
 	}
 	return p
-}
-
-// CharsPerToken is how the index converts token capacities into
-// characters until it is token-aware.
-const CharsPerToken = 4
-
-// CapacityBlocks converts a cache capacity in tokens into index blocks.
-func CapacityBlocks(tokens int64, blockChars int) int {
-	if tokens <= 0 || blockChars <= 0 {
-		return 0
-	}
-	return int(max(1, tokens*CharsPerToken/int64(blockChars)))
 }

@@ -1,6 +1,7 @@
 package decider
 
 import (
+	"github.com/cartrouter/cart/controlplane/index"
 	"testing"
 	"time"
 
@@ -25,16 +26,10 @@ func TestPolicyFromUnits(t *testing.T) {
 	if p.TTL != int64(1500*time.Millisecond) {
 		t.Errorf("TTL = %d, want 1.5 s in ns", p.TTL)
 	}
-	if p.CapacityBlocks != 1000*CharsPerToken/64 {
-		t.Errorf("CapacityBlocks = %d, want %d", p.CapacityBlocks, 1000*CharsPerToken/64)
+	if p.CapacityBlocks != 1000*index.CharsPerToken/64 {
+		t.Errorf("CapacityBlocks = %d, want %d", p.CapacityBlocks, 1000*index.CharsPerToken/64)
 	}
 	if p.SessionTTL != 0 || p.MaxSessions != 0 {
 		t.Errorf("sessions disabled but SessionTTL %d, MaxSessions %d", p.SessionTTL, p.MaxSessions)
-	}
-	if got := CapacityBlocks(1, 64); got != 1 {
-		t.Errorf("a tiny capacity rounds to %d blocks, want 1", got)
-	}
-	if got := CapacityBlocks(0, 64); got != 0 {
-		t.Errorf("no capacity gives %d blocks, want 0 (unbounded)", got)
 	}
 }

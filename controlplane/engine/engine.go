@@ -16,18 +16,6 @@ import (
 	"github.com/cartrouter/cart/controlplane/index"
 )
 
-// Reason says why a worker was chosen.
-type Reason string
-
-// Decision reasons. They are metric label values and log fields: stable API.
-const (
-	ReasonCacheHit      Reason = "cache_hit"      // longest-prefix holder won
-	ReasonCacheMiss     Reason = "cache_miss"     // no good enough match: least loaded
-	ReasonHitOverloaded Reason = "hit_overloaded" // good match but its holder is too busy
-	ReasonEmptyText     Reason = "empty_text"     // nothing to match on: least loaded
-	ReasonSessionHit    Reason = "session_hit"    // the request's session stuck to its worker
-)
-
 // Errors returned when no worker can take the request. Callers map all of
 // them to 503 with a message that tells the operator which case it is.
 var (

@@ -58,7 +58,7 @@ func (c *Core) writeError(op string, err error) error {
 // known, as for "not the leader", so the retry can go straight there.
 func (c *Core) outcomeUnknown(cause error) error {
 	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): %w", cause))
-	e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
+	e.Meta().Set(cpclient.HeaderWriteOutcome, cpclient.OutcomeUnknown)
 	if id, _ := c.node.Leader(); id != "" {
 		if url := c.st.Members()[id]; url != "" {
 			c.withLeader(e, id, url)

@@ -155,6 +155,6 @@ func forwardedWrite[T any](resp *connect.Response[T], err error) (*connect.Respo
 		return nil, err
 	}
 	e := connect.NewError(connect.CodeAborted, fmt.Errorf("write outcome unknown, retry the same command (it is idempotent): forwarding to the leader failed: %w", err))
-	e.Meta().Set(cpclient.HeaderWriteOutcome, "unknown")
+	e.Meta().Set(cpclient.HeaderWriteOutcome, cpclient.OutcomeUnknown)
 	return nil, e
 }

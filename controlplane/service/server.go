@@ -42,8 +42,9 @@ type AuthOptions struct {
 // CompressMinBytes is the smallest message worth compressing.
 const CompressMinBytes = 4096
 
-// MaxMessageBytes bounds every request message.
-const MaxMessageBytes = 4 << 20
+// MaxMessageBytes bounds every request message (cpclient.MaxMessageBytes:
+// clients check it too).
+const MaxMessageBytes = cpclient.MaxMessageBytes
 
 // Handler assembles the Connect API (Connect, gRPC and gRPC-Web on one
 // handler), gRPC reflection (v1 and v1alpha, so `buf curl` needs no schema)

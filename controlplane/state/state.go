@@ -22,6 +22,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -151,7 +152,9 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		return Result{}, nil
 	}
 	if b, ok := cmd.GetBody().(*cartv1.RaftCommand_UnplaceBatch); ok {
-		// In steps, like placements: a batch of withdrawals is as large.
+		// Older versions wrote withdrawals as their own entries (they now
+		// ride in PlaceBatch); applied so that those logs still replay. In
+		// steps, like placements: a batch of withdrawals is as large.
 		s.applyPlacements(b.UnplaceBatch.GetPlacements(), false)
 		var res Result
 		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { s.applied = index; res = Result{WorkersVersion: s.workersVersion} })
@@ -282,10 +285,7 @@ func (s *State) committed(p *cartv1.Placement) {
 
 func (s *State) specFrom(eng *engine.Engine, w *cartv1.WorkerSpec) engine.WorkerSpec {
 	spec := engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Source: SourceOf(w.GetSource())}
-	if t, bc := w.GetCacheCapacityTokens(), eng.Policy().BlockChars; t > 0 && bc > 0 {
-		// Tokens are taken as 4 characters until the index is token-aware.
-		spec.CapacityBlocks = int(max(1, t*4/int64(bc)))
-	}
+	spec.CapacityBlocks = index.CapacityBlocks(w.GetCacheCapacityTokens(), eng.Policy().BlockChars)
 	return spec
 }
 

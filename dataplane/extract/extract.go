@@ -138,6 +138,10 @@ type Options struct {
 	// as Claude Code's per-request billing header: kept in the key, they
 	// would make every request look like a new prompt.
 	IgnoreSystemPrefixes []string
+	// MaxItems, when > 0, refuses (400 too_many_items) a body with more
+	// array items than this, counted in the walk that precedes decoding
+	// (see countItem).
+	MaxItems int
 }
 
 // DefaultIgnoreSystemPrefixes is what Extract and AppendKey leave out:
@@ -174,10 +178,15 @@ func AppendKeyOptions(dst []byte, e Endpoint, body []byte, o Options) (*Request,
 	if cap(dst) == 0 {
 		dst = make([]byte, 0, min(len(body), maxPrealloc))
 	}
+	media, bad, tooMany, err := scanRouted(e, body, o.MaxItems)
+	if tooMany {
+		// Refused before anything else: the count bounds the decode's
+		// memory, whatever else is wrong with the body.
+		return nil, err
+	}
 	if err := checkObject(body); err != nil {
 		return nil, err
 	}
-	media, bad, err := scanRouted(e, body)
 	if err != nil {
 		return nil, err
 	}

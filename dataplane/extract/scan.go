@@ -3,6 +3,7 @@ package extract
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"reflect"
 	"strings"
 	"sync"
@@ -79,14 +80,17 @@ func hasForeignEncoding(b []byte) bool {
 }
 
 // scanRouted walks the body of a routed endpoint with the decode levels of
-// its request type. bad reports a body the walker could not parse; the
-// caller's decode then reports the syntax error.
-func scanRouted(e Endpoint, body []byte) (m Media, bad bool, err error) {
+// its request type, counting array items against maxItems (<= 0: no
+// bound). bad reports a body the walker could not parse; the caller's
+// decode then reports the syntax error. tooMany reports a body refused
+// for its item count, which err then holds.
+func scanRouted(e Endpoint, body []byte, maxItems int) (m Media, bad, tooMany bool, err error) {
 	w := newWalker(body)
 	defer w.release()
+	w.maxItems = maxItems
 	w.value(rootLevels[e], modeScan, 0)
 	w.end()
-	return w.media, w.bad, w.err
+	return w.media, w.bad, w.items > maxItems && maxItems > 0, w.err
 }
 
 // mode says what the walker does with the values it meets.
@@ -140,6 +144,13 @@ type walker struct {
 	media Media
 	keys  []byte    // decoded and folded keys of the objects being walked
 	spans []keySpan // their positions in keys, a stack across nested objects
+
+	// items counts array elements, the walk stopping once it passes
+	// maxItems (> 0); see countItem.
+	items, maxItems int
+	// prompt is set inside the value of the top-level "prompt", where
+	// arrays of numbers are token ids.
+	prompt bool
 }
 
 type keySpan struct{ exact, fold, end int }
@@ -268,11 +279,46 @@ func (w *walker) array(lv *level, m mode, depth int) {
 		w.pos++
 		return
 	}
+	// Token ids of the prompt are read straight from the bytes by the
+	// completions decoder, so they cost nothing and a long tokenised
+	// prompt must not count; but an array mixing them with other values
+	// is split into one value per element, numbers included.
+	nums, mixed := 0, false
 	for {
-		w.value(lv, m, depth)
-		if !w.next(']') {
+		w.space()
+		switch {
+		case w.prompt && w.pos < len(w.data) && (w.data[w.pos] == '-' || '0' <= w.data[w.pos] && w.data[w.pos] <= '9'):
+			nums++
+		default:
+			mixed = mixed || w.prompt
+			w.countItem(1)
+		}
+		if w.stopped() {
 			return
 		}
+		w.value(lv, m, depth)
+		if !w.next(']') {
+			break
+		}
+	}
+	if mixed && !w.stopped() {
+		w.countItem(nums)
+	}
+}
+
+// countItem adds n array items to the count, refusing the body once it
+// passes maxItems. Decoding a request materialises every array item it
+// reaches as a Go value: an empty message `{},` is 3 bytes of JSON but a
+// struct of over 100 bytes, plus the slice growth (a 30 MiB body of empty
+// messages took half a gigabyte), so the bound is checked here, before
+// anything is decoded. Every element of every array counts, whatever its
+// depth: messages, content parts, tool calls, nested tool results,
+// prompts; token ids of the top-level prompt are the one exception.
+func (w *walker) countItem(n int) {
+	w.items += n
+	if w.maxItems > 0 && w.items > w.maxItems {
+		w.err = apierr.New(http.StatusBadRequest, apierr.TypeInvalidRequest, "too_many_items",
+			"request has more than %d messages, content parts or other array items (proxy.max_messages)", w.maxItems)
 	}
 }
 
@@ -310,6 +356,7 @@ func (w *walker) object(lv *level, m mode, depth int) {
 		if !w.str() {
 			return
 		}
+		ke := w.pos
 		var key, fold []byte
 		if checked {
 			e := len(w.keys)
@@ -366,6 +413,11 @@ func (w *walker) object(lv *level, m mode, depth int) {
 			if m != modeOpaque {
 				cm = w.childMode(m, key, fold, depth == 1)
 			}
+		}
+		if depth == 1 {
+			// Compared raw, escapes undecoded: a key spelled with escapes
+			// gets no exemption.
+			w.prompt = string(w.data[ks+1:ke-1]) == "prompt"
 		}
 		w.value(clv, cm, depth)
 		if !w.next('}') {

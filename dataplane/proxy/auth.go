@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/apierr"
 )
 
@@ -19,8 +20,9 @@ type ClientKey struct {
 
 // AnonymousTenant labels requests when no client keys are configured, and
 // refused requests (whose tenant is unknown by definition), so the tenant
-// label only ever takes configured names plus this one.
-const AnonymousTenant = "anonymous"
+// label only ever takes configured names plus this one. The config
+// refuses tenant names equal to it, so it is defined there.
+const AnonymousTenant = config.AnonymousTenant
 
 // WWWAuthenticate is sent with every 401, as RFC 9110 requires.
 const WWWAuthenticate = `Bearer realm="cart"`

@@ -29,8 +29,8 @@ import (
 )
 
 // ReasonFallbackLocal marks decisions made locally without the control
-// plane.
-const ReasonFallbackLocal = "fallback_local"
+// plane (router.Decision carries reasons as plain strings).
+const ReasonFallbackLocal = string(engine.ReasonFallbackLocal)
 
 // Options configure the remote router.
 type Options struct {

@@ -17,3 +17,7 @@ func Hash(dst []uint64, model, salt string, key []byte, blockChars int) []uint64
 	}
 	return index.HashSalted(dst, model, salt, key, blockChars)
 }
+
+// CharsPerToken is the index's characters-per-token assumption
+// (index.CharsPerToken), for the proxy's token estimates.
+const CharsPerToken = index.CharsPerToken

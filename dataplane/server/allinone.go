@@ -17,6 +17,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/kvtruth"
 	"github.com/cartrouter/cart/controlplane/models"
+	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/metrics"
@@ -60,7 +61,7 @@ func WorkerSpecs(ws []config.Worker, blockChars int) []engine.WorkerSpec {
 	out := make([]engine.WorkerSpec, len(ws))
 	for i, w := range ws {
 		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty,
-			CapacityBlocks: decider.CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
+			CapacityBlocks: index.CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
 	}
 	return out
 }
@@ -174,7 +175,7 @@ func (s aioSink) Add(_ context.Context, url string) error {
 	defer a.mu.Unlock()
 	maxLoad, penalty, capTokens := discovery.Defaults(a.cfg, s.source)
 	a.discovered[url] = engine.WorkerSpec{URL: url, MaxLoad: maxLoad, LoadPenalty: penalty,
-		CapacityBlocks: decider.CapacityBlocks(capTokens, a.cfg.Cache.BlockChars), Source: s.source}
+		CapacityBlocks: index.CapacityBlocks(capTokens, a.cfg.Cache.BlockChars), Source: s.source}
 	a.applyWorkersLocked(a.cfg)
 	return nil
 }

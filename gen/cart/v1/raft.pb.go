@@ -211,6 +211,8 @@ type RaftCommand_PlaceBatch struct {
 }
 
 type RaftCommand_UnplaceBatch struct {
+	// Only in logs written by older versions: never proposed now, still
+	// applied so that those logs replay (see UnplaceBatchCommand).
 	UnplaceBatch *UnplaceBatchCommand `protobuf:"bytes,14,opt,name=unplace_batch,json=unplaceBatch,proto3,oneof"`
 }
 
@@ -582,6 +584,11 @@ func (x *PlaceBatchCommand) GetResponseOrigins() []*ResponseOrigin {
 	return nil
 }
 
+// UnplaceBatchCommand withdrew placements whose request never reached
+// the worker. Versions before PlaceBatchCommand.withdrawals wrote it as a
+// separate ignorable entry per window; current versions never propose it
+// but still apply it, so that a log written by an older version replays
+// to the same index. Do not reuse field 14 of RaftCommand.
 type UnplaceBatchCommand struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Placements    []*Placement           `protobuf:"bytes,1,rep,name=placements,proto3" json:"placements,omitempty"`

@@ -179,7 +179,18 @@ type RouteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// URL of the chosen worker.
 	Worker string `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
-	// Why: cache_hit, cache_miss, hit_overloaded, empty_text.
+	// Why the worker was chosen; one of (defined once, with their meanings,
+	// in controlplane/engine/reasons.go):
+	//
+	//	cache_hit       the worker holding the longest cached prefix won
+	//	cache_miss      no prefix matched well enough: least-loaded worker
+	//	hit_overloaded  the prefix holder was too busy: least-loaded worker
+	//	empty_text      no key text to match on: least-loaded worker
+	//	session_hit     the request's session stuck to its earlier worker
+	//	fallback_local  a data plane decided alone (control plane unreachable;
+	//	                never sent by the control plane, seen in metrics/traces)
+	//
+	// A client should show an unknown value as is: newer versions may add one.
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Characters of the key matched in the prefix index.
 	MatchedChars uint32 `protobuf:"varint,3,opt,name=matched_chars,json=matchedChars,proto3" json:"matched_chars,omitempty"`

@@ -1,10 +1,30 @@
-package proxy
+package extract
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/cartrouter/cart/dataplane/apierr"
 )
+
+// countItems walks body as the routed endpoints' scan does, without a
+// request type's field checks, and returns the array items it counted,
+// stopping once the count passes stop.
+func countItems(body []byte, stop int) int {
+	n, _ := walkItems(body, stop)
+	return n
+}
+
+// walkItems is countItems with the walk's refusal, if any.
+func walkItems(body []byte, stop int) (int, error) {
+	w := newWalker(body)
+	defer w.release()
+	w.maxItems = stop
+	w.value(nil, modeScan, 0)
+	return w.items, w.err
+}
 
 func TestCountItems(t *testing.T) {
 	tests := []struct {
@@ -56,11 +76,13 @@ func FuzzCountItems(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		_ = countItems([]byte(s), 1<<20)
-		if json.Valid([]byte(s)) && !strings.Contains(s, `"prompt"`) {
+		got, err := walkItems([]byte(s), 1<<20)
+		// A refused key (repeated, or differing only in case) stops the
+		// walk and the body with it: no count to compare.
+		if err == nil && json.Valid([]byte(s)) && !strings.Contains(s, `"prompt"`) {
 			// Without the prompt exemption every array element counts:
 			// check against encoding/json's tokenizer.
-			if got, want := countItems([]byte(s), 1<<20), countTokens(t, s); got != want {
+			if want := countTokens(t, s); got != want {
 				t.Fatalf("countItems(%q) = %d, tokenizer count %d", s, got, want)
 			}
 		}
@@ -99,5 +121,40 @@ func countTokens(t *testing.T, s string) int {
 		case json.Delim(']'), json.Delim('}'):
 			stack = stack[:len(stack)-1]
 		}
+	}
+}
+
+// The count runs in the walk before decoding, for every routed endpoint,
+// and its refusal comes before any other: it bounds what the rest costs.
+func TestExtractRefusesTooManyItems(t *testing.T) {
+	many := strings.TrimSuffix(strings.Repeat(`{"role":"user","content":"hi"},`, 11), ",")
+	cases := []struct {
+		name string
+		e    Endpoint
+		body string
+		max  int
+		code string // "" = accepted
+	}{
+		{"over the cap", ChatCompletions, `{"model":"m","messages":[` + many + `]}`, 10, "too_many_items"},
+		{"at the cap", ChatCompletions, `{"model":"m","messages":[` + many + `]}`, 11, ""},
+		{"no cap", ChatCompletions, `{"model":"m","messages":[` + many + `]}`, 0, ""},
+		{"not an object, over the cap", ChatCompletions, `[` + many + `]`, 10, "too_many_items"},
+		{"not an object, under the cap", ChatCompletions, `[` + many + `]`, 100, codeInvalidJSON},
+		{"token ids are free", Completions, `{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12]}`, 10, ""},
+		{"mixed prompt counts its numbers", Completions, `{"model":"m","prompt":["a",1,2,3,4,5,6,7,8,9,10]}`, 10, "too_many_items"},
+		{"parts count", Messages, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[` + strings.TrimSuffix(strings.Repeat(`{"type":"text","text":"x"},`, 11), ",") + `]}]}`, 11, "too_many_items"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ExtractOptions(tc.e, []byte(tc.body), Options{MaxItems: tc.max})
+			var ae *apierr.Error
+			switch {
+			case tc.code == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.code == "":
+			case !errors.As(err, &ae) || ae.Code != tc.code:
+				t.Fatalf("error %v, want code %s", err, tc.code)
+			}
+		})
 	}
 }
