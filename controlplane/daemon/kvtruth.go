@@ -15,7 +15,7 @@ import (
 )
 
 // kvFlushEvery is how often the leader proposes the index corrections its
-// engines' KV events asked for: one ClearHoldings and one UnplaceBatch per
+// engines' KV events asked for: one ClearHoldings and one withdrawals-only PlaceBatch per
 // window at most, however many events arrived.
 const kvFlushEvery = 10 * time.Millisecond
 
@@ -115,8 +115,10 @@ func (a *kvApplier) flush(ctx context.Context) {
 	}
 	if len(unplace) > 0 {
 		slices.SortFunc(unplace, func(x, y *cartv1.Placement) int { return strings.Compare(x.GetWorker(), y.GetWorker()) })
+		// As the withdrawals of a PlaceBatch (no request id: no batcher owns
+		// it), the entry every version applies; UnplaceBatch is legacy.
 		a.propose(ctx, &cartv1.RaftCommand{Actor: "kv events (engines evicted)",
-			Body: &cartv1.RaftCommand_UnplaceBatch{UnplaceBatch: &cartv1.UnplaceBatchCommand{Placements: unplace}}})
+			Body: &cartv1.RaftCommand_PlaceBatch{PlaceBatch: &cartv1.PlaceBatchCommand{Withdrawals: unplace}}})
 	}
 }
 

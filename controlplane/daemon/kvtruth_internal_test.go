@@ -15,7 +15,7 @@ import (
 
 // The leader's KV-event corrections reach the index only through the log,
 // batched: nothing changes before the flush; one window gives at most one
-// ClearHoldings and one UnplaceBatch.
+// ClearHoldings and one withdrawals-only PlaceBatch.
 func TestKVApplierProposesBatchedCommands(t *testing.T) {
 	dec := decider.New(decider.Options{Policy: engine.Policy{BlockChars: 4, Threshold: 0.3, BalanceAbsThreshold: 100, BalanceRelThreshold: 100},
 		MaxEntries: 10_000, InlineEvict: true, Rand: rand.New(rand.NewPCG(1, 2))})
@@ -73,7 +73,7 @@ func TestKVApplierProposesBatchedCommands(t *testing.T) {
 	}
 	n := len(cmds)
 	app.flush(ctx)
-	if len(cmds) != n+1 || cmds[n].GetUnplaceBatch() == nil || len(cmds[n].GetUnplaceBatch().GetPlacements()[0].GetBlockHashes()) != 4 {
+	if len(cmds) != n+1 || cmds[n].GetPlaceBatch() == nil || len(cmds[n].GetPlaceBatch().GetPlacements()) != 0 || len(cmds[n].GetPlaceBatch().GetWithdrawals()[0].GetBlockHashes()) != 4 {
 		t.Fatalf("flush proposed %v", cmds[n:])
 	}
 	if holds("a", old) != 0 || holds("a", recent) != 4 || holds("b", old) != 4 {

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/kvevents"
 )
 
@@ -65,8 +66,8 @@ type Options struct {
 }
 
 // CharsPerToken is how many key characters the index counts per engine
-// token, as cache_capacity_tokens does.
-const CharsPerToken = 4
+// token, as cache_capacity_tokens does: the index's own assumption.
+const CharsPerToken = index.CharsPerToken
 
 // Runner is a running consumer: one subscriber per dialled endpoint (and
 // rank), plus one for the listen endpoint.
