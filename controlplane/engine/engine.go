@@ -483,3 +483,18 @@ func contains(list []string, s string) bool {
 func (d Decision) String() string {
 	return fmt.Sprintf("%s -> %s (matched %d chars, %.2f)", d.Reason, d.Worker, d.MatchedChars, d.MatchedRatio)
 }
+
+// ApplyPlacement records a replicated placement the way Route records its
+// own: in the index and in the worker's capacity model. A follower that
+// skipped the model would keep, once it leads, every holding the old
+// leader's model had already dropped, and route to replicas that no longer
+// hold the prefix (measured: a leader change cost a third of the hit ratio,
+// bench/results/2026-12-01-failover).
+func (e *Engine) ApplyPlacement(url string, hashes []uint64, at int64) {
+	w, ok := e.byURL[url]
+	if !ok {
+		return
+	}
+	skipped := e.idx.Insert(hashes, w.id, at)
+	e.modelTouch(w, hashes, skipped > 0)
+}

@@ -267,7 +267,7 @@ func (s *State) applyStep(eng *engine.Engine, ps []*cartv1.Placement, insert boo
 			continue
 		}
 		if insert {
-			idx.Insert(p.GetBlockHashes(), indexID(id), p.GetAtUnixNanos())
+			eng.ApplyPlacement(p.GetWorker(), p.GetBlockHashes(), p.GetAtUnixNanos())
 		} else {
 			idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
 		}
