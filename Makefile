@@ -99,8 +99,8 @@ clean:
 QUALITY_OUT ?= bench/results/$(shell date -u +%F)-quality
 bench-quality: build bin/cart-bench ## routing-quality mechanisms side by side: mooncake conversation, and llm-d shared prefix with replica capacity swept
 	bin/cart-bench suite --no-overhead --traces mooncake_conversation \
-		--scenarios nginx-lc,cart-plain,cart-capacity,cart-closedloop,cart-hot,cart-all --out $(QUALITY_OUT)/mooncake
+		--scenarios nginx-lc,cart-plain,cart-capacity,cart-closedloop,cart-hot,cart-all,cart-events --out $(QUALITY_OUT)/mooncake
 	for c in 1228800 307200 153600 102400 76800; do \
 		bin/cart-bench suite --no-overhead --traces llmd_shared_prefix_73pct_blk512 --cache-tokens $$c \
-			--scenarios nginx-lc,precise,cart-plain,cart-capacity,cart-closedloop,cart-all --out $(QUALITY_OUT)/llmd-$$c || exit 1; \
+			--scenarios nginx-lc,precise,cart-plain,cart-capacity,cart-closedloop,cart-all,cart-events --out $(QUALITY_OUT)/llmd-$$c || exit 1; \
 	done

@@ -83,6 +83,9 @@ type CartRouterConfig struct {
 	Workers []string // base URLs
 	// CacheTokens is each worker's cache capacity (0 = unbounded).
 	CacheTokens int
+	// KVEvents and KVReplay are each worker's KV event PUB and replay
+	// endpoints (parallel to Workers), used by variants with Events.
+	KVEvents, KVReplay []string
 	// Variant selects the routing-quality mechanisms (see CartVariants);
 	// "" is the default set-up: the replicas' capacity declared.
 	Variant string
@@ -103,6 +106,9 @@ type CartVariant struct {
 	Capacity    bool    // declare the replicas' cache capacity (capacity-aware index)
 	ClosedLoop  bool    // cache.closed_loop
 	HotFraction float64 // cache.hot_prefix_fraction
+	// Events consumes the replicas' KV events (workers[].kv_events): no
+	// capacity is declared, the engines report it.
+	Events bool
 }
 
 // CartVariants are the all-in-one variants the suite can compare: scenario
@@ -114,6 +120,7 @@ var CartVariants = map[string]CartVariant{
 	"closedloop": {ClosedLoop: true},
 	"hot":        {HotFraction: 0.3},
 	"all":        {Capacity: true, ClosedLoop: true, HotFraction: 0.3},
+	"events":     {Events: true},
 }
 
 // CartConfig renders a cart YAML config. Keys follow config.example.yaml;
@@ -133,10 +140,13 @@ workers:
 `, port)
 	v := CartVariants[c.Variant]
 	declare := c.CacheTokens > 0 && v.Capacity
-	for _, w := range c.Workers {
+	for i, w := range c.Workers {
 		fmt.Fprintf(&b, "  - url: %s\n", w)
 		if declare {
 			fmt.Fprintf(&b, "    cache_capacity_tokens: %d\n", c.CacheTokens)
+		}
+		if v.Events && i < len(c.KVEvents) {
+			fmt.Fprintf(&b, "    kv_events: {endpoint: %q, replay_endpoint: %q}\n", c.KVEvents[i], c.KVReplay[i])
 		}
 	}
 	b.WriteString("cache:\n")

@@ -94,6 +94,8 @@ func TestGeneratedConfigsValidate(t *testing.T) {
 		role config.Role
 	}{
 		"allinone": {CartRouterConfig{Port: 7000, Workers: workers, CacheTokens: 4096}, config.RoleAllInOne},
+		"events": {CartRouterConfig{Port: 7000, Workers: workers, CacheTokens: 4096, Variant: "events",
+			KVEvents: []string{"tcp://127.0.0.1:9001", "tcp://127.0.0.1:9002"}, KVReplay: []string{"tcp://127.0.0.1:9101", "tcp://127.0.0.1:9102"}}, config.RoleAllInOne},
 		"cp1": {CartRouterConfig{Workers: workers, NodeID: "cp1", APIAddr: "127.0.0.1:7001", RaftAddr: "127.0.0.1:7002",
 			DataDir: filepath.Join(dir, "cp1"), Bootstrap: true}, config.RoleControlPlane},
 		"cp2": {CartRouterConfig{Workers: workers, NodeID: "cp2", APIAddr: "127.0.0.1:7003", RaftAddr: "127.0.0.1:7004",
@@ -110,6 +112,9 @@ func TestGeneratedConfigsValidate(t *testing.T) {
 		}
 		if err != nil {
 			t.Errorf("%s: %v\n%s", name, err, CartConfig(c.cfg))
+		}
+		if name == "events" && (cfg.Workers[1].KVEvents.Endpoint != "tcp://127.0.0.1:9002" || cfg.Workers[1].CacheCapacityTokens != 0 || cfg.Cache.CapacityTokens != 0) {
+			t.Errorf("events variant: %+v, capacity %d: want kv_events and no declared capacity", cfg.Workers[1], cfg.Cache.CapacityTokens)
 		}
 	}
 }

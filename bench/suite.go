@@ -229,7 +229,9 @@ type SliceInfo struct {
 type replica struct {
 	name string
 	port int
-	proc *Proc
+	// kvPort and replayPort publish the replica's KV events (0: off).
+	kvPort, replayPort int
+	proc               *Proc
 }
 
 type suite struct {
@@ -399,13 +401,70 @@ func (s *suite) replicaAddrs() []string {
 
 func (s *suite) simArgs(r *replica) []string {
 	c := s.cfg.Sim
-	return []string{
+	args := []string{
 		"--listen", hostPort(r.port), "--name", r.name,
 		"--cache-tokens", strconv.Itoa(s.cacheTokens), "--block-tokens", strconv.Itoa(c.BlockTokens),
 		"--prefill-us-per-token", fmt.Sprint(c.PrefillUsPerToken), "--decode-ms-per-token", fmt.Sprint(c.DecodeMsPerToken),
 		"--decode-slowdown", fmt.Sprint(c.DecodeSlowdown), "--max-concurrency", strconv.Itoa(c.MaxConcurrency),
 		"--time-scale", fmt.Sprint(c.TimeScale),
 	}
+	if r.kvPort > 0 {
+		args = append(args, "--kv-events-endpoint", "tcp://"+hostPort(r.kvPort), "--kv-events-replay-endpoint", "tcp://"+hostPort(r.replayPort))
+	}
+	return args
+}
+
+// wantsEvents reports whether a scenario consumes KV events: only then do
+// the replicas publish them, so the other scenarios run as before.
+func (s *suite) wantsEvents() bool {
+	for _, sc := range s.cfg.Scenarios {
+		if name, ok := strings.CutPrefix(sc, ScenarioCart+"-"); ok && CartVariants[name].Events {
+			return true
+		}
+	}
+	return false
+}
+
+// kvEndpoints lists the replicas' KV event and replay endpoints.
+func (s *suite) kvEndpoints() (pub, replay []string) {
+	for _, r := range s.replicas {
+		pub = append(pub, "tcp://"+hostPort(r.kvPort))
+		replay = append(replay, "tcp://"+hostPort(r.replayPort))
+	}
+	return pub, replay
+}
+
+// syncKVEvents makes every replica's event stream start from a known state
+// for the router under test: it resets the (idle) replicas, whose cache
+// clear the router must see, until the router reports every worker synced.
+func (s *suite) syncKVEvents(ctx context.Context, port int) error {
+	var missing []string
+	for range 10 {
+		for _, r := range s.replicas {
+			_, _, _ = s.env.Post(baseURL(r.port)+"/sim/reset", "{}")
+		}
+		err := s.env.WaitReady(ctx, nil, 2*time.Second, func() error {
+			_, body, err := s.env.Get(baseURL(port) + "/metrics")
+			if err != nil {
+				return err
+			}
+			got := ParseCounters(string(body), []string{"cart_kv_event_synced"})
+			missing = missing[:0]
+			for _, u := range s.replicaURLs() {
+				if got[`cart_kv_event_synced{worker="`+u+`"}`] != 1 {
+					missing = append(missing, u)
+				}
+			}
+			if len(missing) > 0 {
+				return fmt.Errorf("kv events not synced for %v", missing)
+			}
+			return nil
+		})
+		if err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("kv events never synced for %v", missing)
 }
 
 func (s *suite) startReplica(ctx context.Context, r *replica) error {
@@ -435,6 +494,14 @@ func (s *suite) startReplicas(ctx context.Context) error {
 			return err
 		}
 		r := &replica{name: fmt.Sprintf("sim-%d", i+1), port: port}
+		if s.wantsEvents() {
+			if r.kvPort, err = s.env.FreePort(); err != nil {
+				return err
+			}
+			if r.replayPort, err = s.env.FreePort(); err != nil {
+				return err
+			}
+		}
 		s.replicas = append(s.replicas, r)
 		if err := s.startReplica(ctx, r); err != nil {
 			return err
@@ -610,7 +677,7 @@ func (s *suite) setup(ctx context.Context, trace, sc string) (deployment, error)
 }
 
 // routerMetricNames are the CART counters kept per scenario.
-var routerMetricNames = []string{"cart_routing_decisions_total", "cart_fallback_total", "cart_retries_total"}
+var routerMetricNames = []string{"cart_routing_decisions_total", "cart_fallback_total", "cart_retries_total", "cart_kv_event_gaps_total", "cart_kv_event_publisher_restarts_total", "cart_kv_event_synced"}
 
 // routerMetrics scrapes and sums the kept counters over the routers.
 func (s *suite) routerMetrics(ports []int) map[string]float64 {
@@ -697,9 +764,13 @@ func (s *suite) cartHealthy(port, workers int) func() error {
 
 func (s *suite) startCart(ctx context.Context, dir, name string, port int, variant string) ([]*Proc, error) {
 	c := CartRouterConfig{Port: port, Workers: s.replicaURLs(), CacheTokens: s.cacheTokens, Variant: variant}
+	c.KVEvents, c.KVReplay = s.kvEndpoints()
 	p, err := s.startRole(ctx, dir, name, "", c, s.cartHealthy(port, len(s.replicas)))
 	if p == nil {
 		return nil, err
+	}
+	if err == nil && CartVariants[variant].Events {
+		err = s.syncKVEvents(ctx, port)
 	}
 	return []*Proc{p}, err
 }

@@ -67,6 +67,7 @@ type Config struct {
 	ControlPlane   ControlPlane   `yaml:"controlplane"`
 	DataPlane      DataPlane      `yaml:"dataplane"`
 	Discovery      Discovery      `yaml:"discovery"`
+	KVEvents       KVEvents       `yaml:"kv_events"`
 	Tracing        Tracing        `yaml:"tracing"`
 
 	// origins maps dotted keys to the file and line that last set them, so
@@ -138,6 +139,39 @@ type Worker struct {
 	// serves, in addition to those its /v1/models reports on each health
 	// probe. A request for a model is routed only to workers serving it.
 	Models []string `yaml:"models"`
+	// KVEvents is where this worker's engine publishes its KV-cache
+	// events (vLLM --kv-events-config, SGLang --kv-events-config).
+	KVEvents WorkerKVEvents `yaml:"kv_events"`
+}
+
+// WorkerKVEvents locates one engine's KV event stream. It is on when
+// Endpoint (CART dials the engine) or Topic (the engine dials
+// kv_events.listen) is set.
+type WorkerKVEvents struct {
+	// Endpoint is the engine's PUB socket for data-parallel rank 0, e.g.
+	// tcp://10.0.0.5:5557 for an engine bound to tcp://*:5557.
+	Endpoint string `yaml:"endpoint"`
+	// ReplayEndpoint is the engine's replay ROUTER for rank 0; "" means
+	// every sequence gap is a loss.
+	ReplayEndpoint string `yaml:"replay_endpoint"`
+	// Topic is the engine's topic: any topic when dialling with "", the
+	// engine's name on the listen endpoint.
+	Topic string `yaml:"topic"`
+	// DataParallelSize is the engine's data-parallel size: rank r
+	// publishes (and replays) on the rank-0 ports + r, as vLLM offsets them.
+	DataParallelSize int `yaml:"data_parallel_size"`
+}
+
+// On reports whether the worker's events are consumed.
+func (k WorkerKVEvents) On() bool { return k.Endpoint != "" || k.Topic != "" }
+
+// KVEvents configures the consumer of the engines' KV-cache events.
+type KVEvents struct {
+	// Listen is a ZMQ endpoint CART binds for engines that dial it (llm-d's
+	// layout); workers[].kv_events.topic tells their streams apart.
+	Listen string `yaml:"listen"`
+	// ReplayTimeoutMs bounds one replay exchange with an engine.
+	ReplayTimeoutMs int `yaml:"replay_timeout_ms"`
 }
 
 // Cache tunes the cache-aware routing decision and the prefix index.
@@ -599,6 +633,7 @@ func Default() *Config {
 			RouteBreakerFailures:  5,
 			RouteBreakerCooloffMs: 1000,
 		},
+		KVEvents: KVEvents{ReplayTimeoutMs: 2000},
 		Discovery: Discovery{
 			DrainTimeoutSecs: 60,
 			DNS: DiscoveryDNS{

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cartrouter/cart/kvevents"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -111,6 +112,7 @@ func (c *Config) Validate(role Role) error {
 	v.controlPlane(role)
 	v.dataPlane(role)
 	v.discovery(role)
+	v.kvEvents(role)
 	v.tracing()
 	if role < RoleAllInOne || role > RoleDataPlane {
 		v.add("", "unknown role %v", role)
@@ -668,6 +670,55 @@ func (v *validator) discovery(role Role) {
 	v.intAtLeast("discovery.dns.max_load", int64(n.MaxLoad), 0)
 	v.intAtLeast("discovery.dns.load_penalty", int64(n.LoadPenalty), 0)
 	v.intAtLeast("discovery.dns.cache_capacity_tokens", n.CacheCapacityTokens, 0)
+}
+
+// kvEvents checks workers[].kv_events and kv_events.*: endpoints ZMQ can
+// use, one topic per engine on the listen endpoint, and only in the roles
+// that consume them (the all-in-one router, the control-plane leader).
+func (v *validator) kvEvents(role Role) {
+	k := v.c.KVEvents
+	v.intAtLeast("kv_events.replay_timeout_ms", int64(k.ReplayTimeoutMs), 1)
+	if k.Listen != "" {
+		if err := kvevents.CheckEndpoint(k.Listen); err != nil {
+			v.add("kv_events.listen", "%v", err)
+		}
+	}
+	used := k.Listen != ""
+	topics := map[string]int{}
+	for i, w := range v.c.Workers {
+		key := fmt.Sprintf("workers[%d].kv_events", i)
+		e := w.KVEvents
+		if !e.On() {
+			if e.ReplayEndpoint != "" || e.DataParallelSize != 0 {
+				v.add(key, "set endpoint (CART dials the engine) or topic (the engine dials kv_events.listen)")
+			}
+			continue
+		}
+		used = true
+		v.intAtLeast(key+".data_parallel_size", int64(e.DataParallelSize), 0)
+		for _, f := range []struct{ name, ep string }{{"endpoint", e.Endpoint}, {"replay_endpoint", e.ReplayEndpoint}} {
+			if f.ep == "" {
+				continue
+			}
+			if err := kvevents.CheckEndpoint(f.ep); err != nil {
+				v.add(key+"."+f.name, "%v", err)
+			} else if _, err := kvevents.OffsetPort(f.ep, max(e.DataParallelSize, 1)-1); err != nil {
+				v.add(key+"."+f.name, "%v", err)
+			}
+		}
+		if e.Endpoint == "" {
+			if k.Listen == "" {
+				v.add(key+".topic", "an engine without an endpoint dials kv_events.listen, which is not set")
+			}
+			if first, dup := topics[e.Topic]; dup {
+				v.add(key+".topic", "topic %q already names workers[%d] on kv_events.listen", e.Topic, first)
+			}
+			topics[e.Topic] = i
+		}
+	}
+	if used && role == RoleDataPlane {
+		v.add("kv_events", "KV events are consumed by the control-plane leader, never by a data plane: move kv_events to the control-plane nodes' config")
+	}
 }
 
 func (v *validator) tracing() {

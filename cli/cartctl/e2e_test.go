@@ -297,11 +297,11 @@ func TestE2EWorkersRoundTrip(t *testing.T) {
 	cartctl(t, env, "", "workers", "add", "http://w2:8000", "--cache-capacity-tokens", "500000").must(t, exitOK)
 
 	r = cartctl(t, env, "", "workers", "list").must(t, exitOK)
-	want := `URL             HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY  SOURCE
-http://w1:8000  yes      0     8          2        default   static
-http://w2:8000  yes      0     unlimited  0        500000    static
+	want := `URL             HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY  ENGINE_CACHE  SOURCE
+http://w1:8000  yes      0     8          2        default   -             static
+http://w2:8000  yes      0     unlimited  0        500000    -             static
 
-2 worker(s), workers version 2; CAPACITY is in tokens
+2 worker(s), workers version 2; CAPACITY is in tokens; ENGINE_CACHE is occupied/size tokens from the engine's KV events (- without)
 `
 	if r.stdout != want {
 		t.Errorf("list output:\n%s\nwant:\n%s", r.stdout, want)

@@ -71,19 +71,32 @@ func capacityText(n int64) string {
 
 func writeWorkersTable(w io.Writer, resp *cartv1.ListWorkersResponse) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "URL\tHEALTHY\tLOAD\tMAX_LOAD\tPENALTY\tCAPACITY\tSOURCE")
+	fmt.Fprintln(tw, "URL\tHEALTHY\tLOAD\tMAX_LOAD\tPENALTY\tCAPACITY\tENGINE_CACHE\tSOURCE")
 	for _, wk := range resp.GetWorkers() {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", wk.GetUrl(), yesNo(wk.GetHealthy()), wk.GetLoad(),
-			maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()), sourceText(wk))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", wk.GetUrl(), yesNo(wk.GetHealthy()), wk.GetLoad(),
+			maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()), engineCacheText(wk.GetKvCache()), sourceText(wk))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	// The version lets an operator see whether two listings (or a data
 	// plane's view) reflect the same worker set.
-	_, err := fmt.Fprintf(w, "\n%d worker(s), workers version %d; CAPACITY is in tokens\n",
+	_, err := fmt.Fprintf(w, "\n%d worker(s), workers version %d; CAPACITY is in tokens; ENGINE_CACHE is occupied/size tokens from the engine's KV events (- without)\n",
 		len(resp.GetWorkers()), resp.GetWorkersVersion())
 	return err
+}
+
+// engineCacheText renders an engine's reported cache, "-" when its KV
+// events do not drive the worker, "?" for a size not yet seen (no eviction).
+func engineCacheText(k *cartv1.KVCache) string {
+	if k == nil {
+		return "-"
+	}
+	size := "?"
+	if k.GetCapacityTokens() > 0 {
+		size = strconv.FormatInt(k.GetCapacityTokens(), 10)
+	}
+	return strconv.FormatInt(k.GetOccupiedTokens(), 10) + "/" + size
 }
 
 // sourceText names where a worker came from, and says when it is draining

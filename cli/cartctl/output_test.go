@@ -32,17 +32,32 @@ var sampleRoute = &cartv1.RouteResponse{
 	DecisionMicros: 42, FromLeader: true, Candidate: "http://10.0.0.5:8000", ChosenChars: 128, LeaderId: "n1",
 }
 
+func TestEngineCacheText(t *testing.T) {
+	for _, c := range []struct {
+		k    *cartv1.KVCache
+		want string
+	}{
+		{nil, "-"},
+		{&cartv1.KVCache{OccupiedTokens: 512}, "512/?"},
+		{&cartv1.KVCache{OccupiedTokens: 96000, CapacityTokens: 102400}, "96000/102400"},
+	} {
+		if got := engineCacheText(c.k); got != c.want {
+			t.Errorf("engineCacheText(%v) = %q, want %q", c.k, got, c.want)
+		}
+	}
+}
+
 func TestOutputGolden(t *testing.T) {
 	tests := []struct {
 		name  string
 		write func(*bytes.Buffer) error
 		want  string
 	}{
-		{"workers table", func(b *bytes.Buffer) error { return writeWorkersTable(b, sampleWorkers) }, `URL                   HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY  SOURCE
-http://10.0.0.5:8000  yes      7     32         2        1000000   static
-http://10.0.0.6:8000  no       0     unlimited  0        default   dns (draining)
+		{"workers table", func(b *bytes.Buffer) error { return writeWorkersTable(b, sampleWorkers) }, `URL                   HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY  ENGINE_CACHE  SOURCE
+http://10.0.0.5:8000  yes      7     32         2        1000000   -             static
+http://10.0.0.6:8000  no       0     unlimited  0        default   -             dns (draining)
 
-2 worker(s), workers version 12; CAPACITY is in tokens
+2 worker(s), workers version 12; CAPACITY is in tokens; ENGINE_CACHE is occupied/size tokens from the engine's KV events (- without)
 `},
 		{"workers json", func(b *bytes.Buffer) error { return writeJSON(b, sampleWorkers) }, `{
   "workers": [
@@ -59,7 +74,8 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   dns (draining
       "model_capacity_blocks": 0,
       "source": "",
       "draining": false,
-      "models": []
+      "models": [],
+      "kv_cache": null
     },
     {
       "url": "http://10.0.0.6:8000",
@@ -74,7 +90,8 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   dns (draining
       "model_capacity_blocks": 0,
       "source": "dns",
       "draining": true,
-      "models": []
+      "models": [],
+      "kv_cache": null
     }
   ],
   "workers_version": "12"

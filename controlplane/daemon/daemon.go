@@ -21,6 +21,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/health"
+	"github.com/cartrouter/cart/controlplane/kvtruth"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/service"
 	"github.com/cartrouter/cart/controlplane/state"
@@ -135,6 +136,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 			wg.Wait()
 		})
 	}
+	var kvLoop func(context.Context)
+	if len(kvtruth.SourcesFrom(cfg)) > 0 {
+		// kvLoop is set below, before Raft can make this node leader.
+		leaderLoops = append(leaderLoops, func(ctx context.Context) { kvLoop(ctx) })
+	}
 	d.Core = service.New(service.Options{
 		NodeID:         cp.NodeID,
 		APIURL:         cp.EffectiveAdvertiseAPIURL(),
@@ -154,6 +160,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 		SlowLeader: service.HandoverOptions{Enabled: cfg.ControlPlane.SlowLeaderHandover.Enabled, Threshold: cfg.ControlPlane.SlowLeaderHandover.Threshold(),
 			Window: cfg.ControlPlane.SlowLeaderHandover.Window(), MinInterval: cfg.ControlPlane.SlowLeaderHandover.MinInterval()},
 	}, d.Dec, d.St)
+	if len(kvtruth.SourcesFrom(cfg)) > 0 {
+		kvLoop = d.kvLeaderLoop(kvtruth.NewMetrics(d.Core.Registry()))
+	}
 	if d.watchers, err = discovery.Watchers(cfg, log, discovery.NewMetrics(d.Core.Registry()),
 		func(source string) discovery.Sink { return cpSink{d, source} }); err != nil {
 		return nil, err

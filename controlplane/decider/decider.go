@@ -256,6 +256,20 @@ func (d *Decider) Workers() []engine.WorkerState {
 	return d.eng.Workers()
 }
 
+// KVStates maps each worker to what its engine's KV events say about its
+// cache (the zero KVState when no events drive it), read in the same
+// critical section as Workers would be so a status page sees one moment.
+func (d *Decider) KVStates() map[string]engine.KVState {
+	t := d.lock()
+	defer d.unlock(OpRead, t)
+	live := d.eng.Workers()
+	kv := make(map[string]engine.KVState, len(live))
+	for _, w := range live {
+		kv[w.URL] = d.eng.KV(w.URL)
+	}
+	return kv
+}
+
 // SetWorkers replaces the worker set, keeping kept workers' load, health
 // and cache entries.
 func (d *Decider) SetWorkers(specs []engine.WorkerSpec) (removed []string) {

@@ -24,6 +24,7 @@ const (
 	OpSnapshotCapture           // Do: copying the state for a snapshot
 	OpSnapshotRestore           // Do: installing a snapshot
 	OpLedger                    // Do: the leader's ledger of placements ahead of the log
+	OpKV                        // Do: an engine's KV-event report (occupancy, clears, evictions)
 	OpRead                      // reads for status pages, gauges and tests
 	OpAdmin                     // worker set, health, draining
 	numOps
@@ -33,7 +34,7 @@ var opNames = [numOps]string{
 	OpRoute: "route", OpSettle: "settle", OpSync: "sync", OpSweep: "sweep", OpLead: "lead",
 	OpMaintain: "maintain", OpReset: "reset", OpApply: "apply", OpApplyBatch: "apply_batch",
 	OpSnapshotCapture: "snapshot_capture", OpSnapshotRestore: "snapshot_restore",
-	OpLedger: "ledger", OpRead: "read", OpAdmin: "admin",
+	OpLedger: "ledger", OpKV: "kv", OpRead: "read", OpAdmin: "admin",
 }
 
 func (op Op) String() string {

@@ -86,6 +86,7 @@ type worker struct {
 	load     int // in-flight requests placed and not yet released
 	model    *blockLRU
 	acc      Accuracy
+	kv       kvFeed // the engine's own KV-cache events (kvtruth.go)
 }
 
 // Request is one routing question.

@@ -124,6 +124,10 @@ func (e *Engine) configuredCapacity(w *worker) int {
 // resizeModel creates or resizes w's cache model. Workers need a model
 // when a capacity is configured or the closed loop may learn one.
 func (e *Engine) resizeModel(w *worker) {
+	if w.kv.on {
+		e.resizeFromKV(w)
+		return
+	}
 	capacity := e.configuredCapacity(w)
 	if capacity == 0 && !e.pol.ClosedLoop {
 		w.model = nil
@@ -233,7 +237,9 @@ func (e *Engine) Feedback(url string, keyLen, predictedChars int, placedAgo int6
 	w.acc.Reports++
 	w.acc.PredictedTokens += uint64(predicted)
 	w.acc.ActualTokens += uint64(cachedTokens)
-	if !e.pol.ClosedLoop || w.model == nil || predicted <= 0 || placedAgo < settleNanos {
+	// The engine's own events, while they flow, are the truth the loop
+	// would only guess at.
+	if !e.pol.ClosedLoop || w.model == nil || w.kv.on || predicted <= 0 || placedAgo < settleNanos {
 		return
 	}
 	if float64(cachedTokens) < missFraction*float64(predicted) {

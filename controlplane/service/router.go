@@ -190,6 +190,7 @@ func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.Sy
 func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 	ws, version := c.st.Workers()
 	live := c.dec.Workers()
+	kv := c.dec.KVStates()
 	byURL := make(map[string]engine.WorkerState, len(live))
 	for _, w := range live {
 		byURL[w.URL] = w
@@ -204,6 +205,9 @@ func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 			CacheMisses: l.Accuracy.Misses, ModelCapacityBlocks: uint32(l.Accuracy.ModelCapacity), Source: w.Source, Draining: l.Draining,
 			Models: c.models.IDs(w.URL),
 		})
+		if k := kv[w.URL]; k.On {
+			out.Workers[len(out.Workers)-1].KvCache = &cartv1.KVCache{OccupiedTokens: k.OccupiedTokens, CapacityTokens: k.CapacityTokens}
+		}
 	}
 	return out, nil
 }

@@ -200,6 +200,11 @@ func (s *State) applyLocked(eng *engine.Engine, index uint64, cmd *cartv1.RaftCo
 		}
 		s.commitWorkers(eng)
 		ev = &auditEvent{"audit: worker set replaced", []any{"old", old, "new", s.workerSetString()}}
+	case *cartv1.RaftCommand_ClearHoldings:
+		// An engine's own report that its KV cache is empty (kvtruth).
+		for _, w := range b.ClearHoldings.GetWorkers() {
+			eng.ClearHoldings(w)
+		}
 	case *cartv1.RaftCommand_SetMember:
 		id, url := b.SetMember.GetNodeId(), b.SetMember.GetApiUrl()
 		old, had := s.members[id]

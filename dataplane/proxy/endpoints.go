@@ -57,6 +57,18 @@ type WorkerView struct {
 	// and a worker whose list is unknown gets no request for a model some
 	// other worker is known to serve.
 	Models []string `json:"models"`
+	// KVEvents is the cache the worker's engine reports in its KV events,
+	// while they drive its model; null otherwise (none configured, or
+	// fallen back to the approximate index after a loss).
+	KVEvents *KVEventsView `json:"kv_events"`
+}
+
+// KVEventsView is a worker's engine-reported prefix cache.
+type KVEventsView struct {
+	OccupiedTokens int64 `json:"occupied_tokens"`
+	// CapacityTokens is the cache size as the events show it (peak
+	// occupancy once the engine has evicted); 0 while it never has.
+	CapacityTokens int64 `json:"capacity_tokens"`
 }
 
 func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
@@ -73,6 +85,9 @@ func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
 			Models: p.o.Models.IDs(wk.URL)}
 		if out[i].Models == nil {
 			out[i].Models = []string{}
+		}
+		if kv := wk.KVEvents; kv != nil {
+			out[i].KVEvents = &KVEventsView{OccupiedTokens: kv.OccupiedTokens, CapacityTokens: kv.CapacityTokens}
 		}
 		if wk.PredictedCachedTokens > 0 {
 			acc := float64(wk.ActualCachedTokens) / float64(wk.PredictedCachedTokens)

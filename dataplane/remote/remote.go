@@ -562,6 +562,9 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy(), Source: w.GetSource(), Draining: w.GetDraining(),
 			PredictedCachedTokens: w.GetPredictedCachedTokens(), ActualCachedTokens: w.GetActualCachedTokens(),
 			CacheMisses: w.GetCacheMisses(), ModelCapacityBlocks: int(w.GetModelCapacityBlocks())}
+		if k := w.GetKvCache(); k != nil {
+			ws[i].KVEvents = &engine.KVState{On: true, OccupiedTokens: k.GetOccupiedTokens(), CapacityTokens: k.GetCapacityTokens()}
+		}
 	}
 	r.mu.Lock()
 	var recovered []string

@@ -786,3 +786,27 @@ func TestFallbackSkipsDrainingWorkers(t *testing.T) {
 		}
 	}
 }
+
+// The engine cache the leader reports for a worker reaches the data plane's
+// worker list (and so its /workers).
+func TestSyncCarriesTheEngineCache(t *testing.T) {
+	cp := newFakeCP(t)
+	cp.set(func(f *fakeCP) {
+		f.syncResp = &cartv1.SyncResponse{Workers: []*cartv1.Worker{
+			{Url: wA, Healthy: true, KvCache: &cartv1.KVCache{OccupiedTokens: 7, CapacityTokens: 9}},
+			{Url: wB, Healthy: true},
+		}}
+	})
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}})
+	if err := r.SyncOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range r.Workers() {
+		switch {
+		case w.URL == wA && (w.KVEvents == nil || w.KVEvents.OccupiedTokens != 7 || w.KVEvents.CapacityTokens != 9):
+			t.Fatalf("A: %+v", w.KVEvents)
+		case w.URL == wB && w.KVEvents != nil:
+			t.Fatalf("B without events: %+v", w.KVEvents)
+		}
+	}
+}

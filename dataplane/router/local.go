@@ -78,11 +78,15 @@ func (l *Local) Done(d Decision, o Outcome) {
 // Workers implements Router.
 func (l *Local) Workers() []WorkerStatus {
 	ws := l.dec.Workers()
+	kv := l.dec.KVStates()
 	out := make([]WorkerStatus, len(ws))
 	for i, w := range ws {
 		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load, Source: w.Source, Draining: w.Draining,
 			PredictedCachedTokens: w.Accuracy.PredictedTokens, ActualCachedTokens: w.Accuracy.ActualTokens,
 			CacheMisses: w.Accuracy.Misses, ModelCapacityBlocks: w.Accuracy.ModelCapacity}
+		if k := kv[w.URL]; k.On {
+			out[i].KVEvents = &k
+		}
 	}
 	return out
 }

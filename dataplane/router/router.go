@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/engine"
 )
 
 // Request is one routing question from the proxy.
@@ -82,6 +83,9 @@ type WorkerStatus struct {
 	ActualCachedTokens    uint64
 	CacheMisses           uint64
 	ModelCapacityBlocks   int
+	// KVEvents is the worker's engine-reported cache while its KV events
+	// drive the model (nil otherwise; controlplane/kvtruth).
+	KVEvents *engine.KVState
 }
 
 // Router decides routes and accounts load.

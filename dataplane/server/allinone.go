@@ -16,6 +16,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/controlplane/kvtruth"
 	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/controlplane/state"
 	"github.com/cartrouter/cart/dataplane/breaker"
@@ -47,6 +48,8 @@ type AllInOne struct {
 
 	// Models is which models each worker serves (declared and probed).
 	Models *models.Registry
+	// kvMetrics are the KV event consumer's metrics (nil without sources).
+	kvMetrics *kvtruth.Metrics
 
 	// Tracer traces requests (nil: off); ownTracer: Run shuts it down.
 	Tracer    *tracing.Tracer
@@ -141,6 +144,9 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	}
 	a.HTTP = srv
 	a.MetricsHTTP = MetricsServer(cfg, a.Metrics, log)
+	if len(kvtruth.SourcesFrom(cfg)) > 0 {
+		a.kvMetrics = kvtruth.NewMetrics(a.Metrics.Registry)
+	}
 	if a.watchers, err = discovery.Watchers(cfg, log, discovery.NewMetrics(a.Metrics.Registry),
 		func(source string) discovery.Sink { return aioSink{a, source} }); err != nil {
 		return nil, err
@@ -207,6 +213,15 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 		_ = ln.Close()
 		return err
 	}
+	if a.kvMetrics != nil {
+		// The engines' KV events, once per engine, in process.
+		kv, err := kvtruth.Start(kvtruth.OptionsFrom(cfg, a.Router, a.kvMetrics, a.log))
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		defer kv.Close()
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -245,6 +260,9 @@ func (a *AllInOne) Reload() error {
 		if k != "workers" && !strings.HasPrefix(k, "workers.") && !strings.HasPrefix(k, "workers[") {
 			other = append(other, k)
 		}
+	}
+	if kvEventsChanged(a.cfg, next) {
+		other = append(other, "workers[].kv_events")
 	}
 	if len(other) > 0 {
 		a.Metrics.Reloads.WithLabelValues("rejected").Inc()

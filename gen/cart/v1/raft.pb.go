@@ -47,6 +47,7 @@ type RaftCommand struct {
 	//	*RaftCommand_UnplaceBatch
 	//	*RaftCommand_SetMember
 	//	*RaftCommand_RemoveMember
+	//	*RaftCommand_ClearHoldings
 	Body          isRaftCommand_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -180,6 +181,15 @@ func (x *RaftCommand) GetRemoveMember() *RemoveMemberCommand {
 	return nil
 }
 
+func (x *RaftCommand) GetClearHoldings() *ClearHoldingsCommand {
+	if x != nil {
+		if x, ok := x.Body.(*RaftCommand_ClearHoldings); ok {
+			return x.ClearHoldings
+		}
+	}
+	return nil
+}
+
 type isRaftCommand_Body interface {
 	isRaftCommand_Body()
 }
@@ -214,6 +224,10 @@ type RaftCommand_RemoveMember struct {
 	RemoveMember *RemoveMemberCommand `protobuf:"bytes,16,opt,name=remove_member,json=removeMember,proto3,oneof"`
 }
 
+type RaftCommand_ClearHoldings struct {
+	ClearHoldings *ClearHoldingsCommand `protobuf:"bytes,17,opt,name=clear_holdings,json=clearHoldings,proto3,oneof"`
+}
+
 func (*RaftCommand_UpsertWorker) isRaftCommand_Body() {}
 
 func (*RaftCommand_RemoveWorker) isRaftCommand_Body() {}
@@ -227,6 +241,8 @@ func (*RaftCommand_UnplaceBatch) isRaftCommand_Body() {}
 func (*RaftCommand_SetMember) isRaftCommand_Body() {}
 
 func (*RaftCommand_RemoveMember) isRaftCommand_Body() {}
+
+func (*RaftCommand_ClearHoldings) isRaftCommand_Body() {}
 
 // WorkerSpec is the replicated part of a worker (health and load are the
 // leader's soft state).
@@ -617,6 +633,54 @@ func (x *UnplaceBatchCommand) GetPlacements() []*Placement {
 	return nil
 }
 
+// ClearHoldingsCommand drops every index holding of the workers: their
+// engines reported their KV cache cleared (AllBlocksCleared, a restart).
+// Proposed as ignorable: a node too old to know it keeps a stale holding,
+// which is what the approximate index would do anyway.
+type ClearHoldingsCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Workers       []string               `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearHoldingsCommand) Reset() {
+	*x = ClearHoldingsCommand{}
+	mi := &file_cart_v1_raft_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearHoldingsCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearHoldingsCommand) ProtoMessage() {}
+
+func (x *ClearHoldingsCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_raft_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearHoldingsCommand.ProtoReflect.Descriptor instead.
+func (*ClearHoldingsCommand) Descriptor() ([]byte, []int) {
+	return file_cart_v1_raft_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ClearHoldingsCommand) GetWorkers() []string {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
 // SetMemberCommand publishes a node's API URL so any node can point
 // clients at the leader.
 type SetMemberCommand struct {
@@ -629,7 +693,7 @@ type SetMemberCommand struct {
 
 func (x *SetMemberCommand) Reset() {
 	*x = SetMemberCommand{}
-	mi := &file_cart_v1_raft_proto_msgTypes[8]
+	mi := &file_cart_v1_raft_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +705,7 @@ func (x *SetMemberCommand) String() string {
 func (*SetMemberCommand) ProtoMessage() {}
 
 func (x *SetMemberCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_raft_proto_msgTypes[8]
+	mi := &file_cart_v1_raft_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +718,7 @@ func (x *SetMemberCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetMemberCommand.ProtoReflect.Descriptor instead.
 func (*SetMemberCommand) Descriptor() ([]byte, []int) {
-	return file_cart_v1_raft_proto_rawDescGZIP(), []int{8}
+	return file_cart_v1_raft_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SetMemberCommand) GetNodeId() string {
@@ -680,7 +744,7 @@ type RemoveMemberCommand struct {
 
 func (x *RemoveMemberCommand) Reset() {
 	*x = RemoveMemberCommand{}
-	mi := &file_cart_v1_raft_proto_msgTypes[9]
+	mi := &file_cart_v1_raft_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +756,7 @@ func (x *RemoveMemberCommand) String() string {
 func (*RemoveMemberCommand) ProtoMessage() {}
 
 func (x *RemoveMemberCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_raft_proto_msgTypes[9]
+	mi := &file_cart_v1_raft_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +769,7 @@ func (x *RemoveMemberCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberCommand.ProtoReflect.Descriptor instead.
 func (*RemoveMemberCommand) Descriptor() ([]byte, []int) {
-	return file_cart_v1_raft_proto_rawDescGZIP(), []int{9}
+	return file_cart_v1_raft_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RemoveMemberCommand) GetNodeId() string {
@@ -732,7 +796,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_cart_v1_raft_proto_msgTypes[10]
+	mi := &file_cart_v1_raft_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +808,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_raft_proto_msgTypes[10]
+	mi := &file_cart_v1_raft_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +821,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_cart_v1_raft_proto_rawDescGZIP(), []int{10}
+	return file_cart_v1_raft_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SnapshotHeader) GetVersion() uint32 {
@@ -817,7 +881,7 @@ type IndexRecord struct {
 
 func (x *IndexRecord) Reset() {
 	*x = IndexRecord{}
-	mi := &file_cart_v1_raft_proto_msgTypes[11]
+	mi := &file_cart_v1_raft_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +893,7 @@ func (x *IndexRecord) String() string {
 func (*IndexRecord) ProtoMessage() {}
 
 func (x *IndexRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_raft_proto_msgTypes[11]
+	mi := &file_cart_v1_raft_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +906,7 @@ func (x *IndexRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IndexRecord.ProtoReflect.Descriptor instead.
 func (*IndexRecord) Descriptor() ([]byte, []int) {
-	return file_cart_v1_raft_proto_rawDescGZIP(), []int{11}
+	return file_cart_v1_raft_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *IndexRecord) GetHash() uint64 {
@@ -877,7 +941,7 @@ var File_cart_v1_raft_proto protoreflect.FileDescriptor
 
 const file_cart_v1_raft_proto_rawDesc = "" +
 	"\n" +
-	"\x12cart/v1/raft.proto\x12\acart.v1\x1a\x14cart/v1/router.proto\"\xd0\x04\n" +
+	"\x12cart/v1/raft.proto\x12\acart.v1\x1a\x14cart/v1/router.proto\"\x98\x05\n" +
 	"\vRaftCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1c\n" +
 	"\tignorable\x18\x02 \x01(\bR\tignorable\x12\x1d\n" +
@@ -894,7 +958,8 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\runplace_batch\x18\x0e \x01(\v2\x1c.cart.v1.UnplaceBatchCommandH\x00R\funplaceBatch\x12:\n" +
 	"\n" +
 	"set_member\x18\x0f \x01(\v2\x19.cart.v1.SetMemberCommandH\x00R\tsetMember\x12C\n" +
-	"\rremove_member\x18\x10 \x01(\v2\x1c.cart.v1.RemoveMemberCommandH\x00R\fremoveMemberB\x06\n" +
+	"\rremove_member\x18\x10 \x01(\v2\x1c.cart.v1.RemoveMemberCommandH\x00R\fremoveMember\x12F\n" +
+	"\x0eclear_holdings\x18\x11 \x01(\v2\x1d.cart.v1.ClearHoldingsCommandH\x00R\rclearHoldingsB\x06\n" +
 	"\x04body\"\xa8\x01\n" +
 	"\n" +
 	"WorkerSpec\x12\x10\n" +
@@ -922,7 +987,9 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\x13UnplaceBatchCommand\x122\n" +
 	"\n" +
 	"placements\x18\x01 \x03(\v2\x12.cart.v1.PlacementR\n" +
-	"placements\"D\n" +
+	"placements\"0\n" +
+	"\x14ClearHoldingsCommand\x12\x18\n" +
+	"\aworkers\x18\x01 \x03(\tR\aworkers\"D\n" +
 	"\x10SetMemberCommand\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x17\n" +
 	"\aapi_url\x18\x02 \x01(\tR\x06apiUrl\".\n" +
@@ -956,22 +1023,23 @@ func file_cart_v1_raft_proto_rawDescGZIP() []byte {
 	return file_cart_v1_raft_proto_rawDescData
 }
 
-var file_cart_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_cart_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_cart_v1_raft_proto_goTypes = []any{
-	(*RaftCommand)(nil),         // 0: cart.v1.RaftCommand
-	(*WorkerSpec)(nil),          // 1: cart.v1.WorkerSpec
-	(*UpsertWorkerCommand)(nil), // 2: cart.v1.UpsertWorkerCommand
-	(*RemoveWorkerCommand)(nil), // 3: cart.v1.RemoveWorkerCommand
-	(*SetWorkersCommand)(nil),   // 4: cart.v1.SetWorkersCommand
-	(*Placement)(nil),           // 5: cart.v1.Placement
-	(*PlaceBatchCommand)(nil),   // 6: cart.v1.PlaceBatchCommand
-	(*UnplaceBatchCommand)(nil), // 7: cart.v1.UnplaceBatchCommand
-	(*SetMemberCommand)(nil),    // 8: cart.v1.SetMemberCommand
-	(*RemoveMemberCommand)(nil), // 9: cart.v1.RemoveMemberCommand
-	(*SnapshotHeader)(nil),      // 10: cart.v1.SnapshotHeader
-	(*IndexRecord)(nil),         // 11: cart.v1.IndexRecord
-	nil,                         // 12: cart.v1.SnapshotHeader.MembersEntry
-	(*ResponseOrigin)(nil),      // 13: cart.v1.ResponseOrigin
+	(*RaftCommand)(nil),          // 0: cart.v1.RaftCommand
+	(*WorkerSpec)(nil),           // 1: cart.v1.WorkerSpec
+	(*UpsertWorkerCommand)(nil),  // 2: cart.v1.UpsertWorkerCommand
+	(*RemoveWorkerCommand)(nil),  // 3: cart.v1.RemoveWorkerCommand
+	(*SetWorkersCommand)(nil),    // 4: cart.v1.SetWorkersCommand
+	(*Placement)(nil),            // 5: cart.v1.Placement
+	(*PlaceBatchCommand)(nil),    // 6: cart.v1.PlaceBatchCommand
+	(*UnplaceBatchCommand)(nil),  // 7: cart.v1.UnplaceBatchCommand
+	(*ClearHoldingsCommand)(nil), // 8: cart.v1.ClearHoldingsCommand
+	(*SetMemberCommand)(nil),     // 9: cart.v1.SetMemberCommand
+	(*RemoveMemberCommand)(nil),  // 10: cart.v1.RemoveMemberCommand
+	(*SnapshotHeader)(nil),       // 11: cart.v1.SnapshotHeader
+	(*IndexRecord)(nil),          // 12: cart.v1.IndexRecord
+	nil,                          // 13: cart.v1.SnapshotHeader.MembersEntry
+	(*ResponseOrigin)(nil),       // 14: cart.v1.ResponseOrigin
 }
 var file_cart_v1_raft_proto_depIdxs = []int32{
 	2,  // 0: cart.v1.RaftCommand.upsert_worker:type_name -> cart.v1.UpsertWorkerCommand
@@ -979,21 +1047,22 @@ var file_cart_v1_raft_proto_depIdxs = []int32{
 	4,  // 2: cart.v1.RaftCommand.set_workers:type_name -> cart.v1.SetWorkersCommand
 	6,  // 3: cart.v1.RaftCommand.place_batch:type_name -> cart.v1.PlaceBatchCommand
 	7,  // 4: cart.v1.RaftCommand.unplace_batch:type_name -> cart.v1.UnplaceBatchCommand
-	8,  // 5: cart.v1.RaftCommand.set_member:type_name -> cart.v1.SetMemberCommand
-	9,  // 6: cart.v1.RaftCommand.remove_member:type_name -> cart.v1.RemoveMemberCommand
-	1,  // 7: cart.v1.UpsertWorkerCommand.worker:type_name -> cart.v1.WorkerSpec
-	1,  // 8: cart.v1.SetWorkersCommand.workers:type_name -> cart.v1.WorkerSpec
-	5,  // 9: cart.v1.PlaceBatchCommand.placements:type_name -> cart.v1.Placement
-	5,  // 10: cart.v1.PlaceBatchCommand.withdrawals:type_name -> cart.v1.Placement
-	13, // 11: cart.v1.PlaceBatchCommand.response_origins:type_name -> cart.v1.ResponseOrigin
-	5,  // 12: cart.v1.UnplaceBatchCommand.placements:type_name -> cart.v1.Placement
-	1,  // 13: cart.v1.SnapshotHeader.workers:type_name -> cart.v1.WorkerSpec
-	12, // 14: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	9,  // 5: cart.v1.RaftCommand.set_member:type_name -> cart.v1.SetMemberCommand
+	10, // 6: cart.v1.RaftCommand.remove_member:type_name -> cart.v1.RemoveMemberCommand
+	8,  // 7: cart.v1.RaftCommand.clear_holdings:type_name -> cart.v1.ClearHoldingsCommand
+	1,  // 8: cart.v1.UpsertWorkerCommand.worker:type_name -> cart.v1.WorkerSpec
+	1,  // 9: cart.v1.SetWorkersCommand.workers:type_name -> cart.v1.WorkerSpec
+	5,  // 10: cart.v1.PlaceBatchCommand.placements:type_name -> cart.v1.Placement
+	5,  // 11: cart.v1.PlaceBatchCommand.withdrawals:type_name -> cart.v1.Placement
+	14, // 12: cart.v1.PlaceBatchCommand.response_origins:type_name -> cart.v1.ResponseOrigin
+	5,  // 13: cart.v1.UnplaceBatchCommand.placements:type_name -> cart.v1.Placement
+	1,  // 14: cart.v1.SnapshotHeader.workers:type_name -> cart.v1.WorkerSpec
+	13, // 15: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_raft_proto_init() }
@@ -1010,6 +1079,7 @@ func file_cart_v1_raft_proto_init() {
 		(*RaftCommand_UnplaceBatch)(nil),
 		(*RaftCommand_SetMember)(nil),
 		(*RaftCommand_RemoveMember)(nil),
+		(*RaftCommand_ClearHoldings)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1017,7 +1087,7 @@ func file_cart_v1_raft_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_raft_proto_rawDesc), len(file_cart_v1_raft_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

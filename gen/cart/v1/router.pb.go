@@ -920,7 +920,10 @@ type Worker struct {
 	// Model ids the worker serves (base models and loaded LoRA adapters), as
 	// the leader's prober last read them from its /v1/models; empty when
 	// unknown. Data planes route a request only to workers serving its model.
-	Models        []string `protobuf:"bytes,13,rep,name=models,proto3" json:"models,omitempty"`
+	Models []string `protobuf:"bytes,13,rep,name=models,proto3" json:"models,omitempty"`
+	// The worker's prefix cache as its engine's KV events report it, set
+	// only while those events drive its model (the leader's view).
+	KvCache       *KVCache `protobuf:"bytes,14,opt,name=kv_cache,json=kvCache,proto3" json:"kv_cache,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1046,6 +1049,67 @@ func (x *Worker) GetModels() []string {
 	return nil
 }
 
+func (x *Worker) GetKvCache() *KVCache {
+	if x != nil {
+		return x.KvCache
+	}
+	return nil
+}
+
+// KVCache is an engine's reported prefix cache.
+type KVCache struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	OccupiedTokens int64                  `protobuf:"varint,1,opt,name=occupied_tokens,json=occupiedTokens,proto3" json:"occupied_tokens,omitempty"`
+	// Peak occupancy once the engine has evicted; 0 while it never has.
+	CapacityTokens int64 `protobuf:"varint,2,opt,name=capacity_tokens,json=capacityTokens,proto3" json:"capacity_tokens,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *KVCache) Reset() {
+	*x = KVCache{}
+	mi := &file_cart_v1_router_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVCache) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVCache) ProtoMessage() {}
+
+func (x *KVCache) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVCache.ProtoReflect.Descriptor instead.
+func (*KVCache) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *KVCache) GetOccupiedTokens() int64 {
+	if x != nil {
+		return x.OccupiedTokens
+	}
+	return 0
+}
+
+func (x *KVCache) GetCapacityTokens() int64 {
+	if x != nil {
+		return x.CapacityTokens
+	}
+	return 0
+}
+
 var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
@@ -1126,7 +1190,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\tNotLeader\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12\x1d\n" +
 	"\n" +
-	"leader_url\x18\x02 \x01(\tR\tleaderUrl\"\xc7\x03\n" +
+	"leader_url\x18\x02 \x01(\tR\tleaderUrl\"\xf4\x03\n" +
 	"\x06Worker\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
 	"\bmax_load\x18\x02 \x01(\rR\amaxLoad\x12!\n" +
@@ -1141,7 +1205,11 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	" \x01(\rR\x13modelCapacityBlocks\x12\x16\n" +
 	"\x06source\x18\v \x01(\tR\x06source\x12\x1a\n" +
 	"\bdraining\x18\f \x01(\bR\bdraining\x12\x16\n" +
-	"\x06models\x18\r \x03(\tR\x06models2\xc3\x01\n" +
+	"\x06models\x18\r \x03(\tR\x06models\x12+\n" +
+	"\bkv_cache\x18\x0e \x01(\v2\x10.cart.v1.KVCacheR\akvCache\"[\n" +
+	"\aKVCache\x12'\n" +
+	"\x0foccupied_tokens\x18\x01 \x01(\x03R\x0eoccupiedTokens\x12'\n" +
+	"\x0fcapacity_tokens\x18\x02 \x01(\x03R\x0ecapacityTokens2\xc3\x01\n" +
 	"\rRouterService\x128\n" +
 	"\x05Route\x12\x15.cart.v1.RouteRequest\x1a\x16.cart.v1.RouteResponse\"\x00\x12A\n" +
 	"\bComplete\x12\x18.cart.v1.CompleteRequest\x1a\x19.cart.v1.CompleteResponse\"\x00\x125\n" +
@@ -1159,7 +1227,7 @@ func file_cart_v1_router_proto_rawDescGZIP() []byte {
 	return file_cart_v1_router_proto_rawDescData
 }
 
-var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_cart_v1_router_proto_goTypes = []any{
 	(*RouteRequest)(nil),     // 0: cart.v1.RouteRequest
 	(*RouteResponse)(nil),    // 1: cart.v1.RouteResponse
@@ -1172,23 +1240,25 @@ var file_cart_v1_router_proto_goTypes = []any{
 	(*SyncResponse)(nil),     // 8: cart.v1.SyncResponse
 	(*NotLeader)(nil),        // 9: cart.v1.NotLeader
 	(*Worker)(nil),           // 10: cart.v1.Worker
+	(*KVCache)(nil),          // 11: cart.v1.KVCache
 }
 var file_cart_v1_router_proto_depIdxs = []int32{
 	2,  // 0: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
 	4,  // 1: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
 	6,  // 2: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
 	10, // 3: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	0,  // 4: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	3,  // 5: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	7,  // 6: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
-	1,  // 7: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	5,  // 8: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	8,  // 9: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
-	7,  // [7:10] is the sub-list for method output_type
-	4,  // [4:7] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	11, // 4: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	0,  // 5: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
+	3,  // 6: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	7,  // 7: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	1,  // 8: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	5,  // 9: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	8,  // 10: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	8,  // [8:11] is the sub-list for method output_type
+	5,  // [5:8] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_router_proto_init() }
@@ -1202,7 +1272,7 @@ func file_cart_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_router_proto_rawDesc), len(file_cart_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,123 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
+	"github.com/cartrouter/cart/kvevents"
+	"github.com/cartrouter/cart/sim"
+)
+
+// indexEntries reads cart_cp_index_entries from a node (-1 when it cannot).
+func indexEntries(url string) float64 {
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "cart_cp_index_entries "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return -1
+}
+
+// Three real control-plane nodes with one engine publishing KV events: the
+// leader consumes them, and the engine's cache reset empties every node's
+// index through the log.
+func TestLeaderConsumesKVEventsThroughTheLog(t *testing.T) {
+	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	engine := sim.New(sim.Config{Name: "w1", Models: []string{"m"}, KVEvents: pub})
+	ts := httptest.NewServer(engine.Handler())
+	t.Cleanup(func() { ts.Close(); _ = engine.Close() })
+
+	base := t.TempDir()
+	var procs []*cpProc
+	for i := 1; i <= 3; i++ {
+		procs = append(procs, &cpProc{id: fmt.Sprintf("n%d", i), api: freePort(t), raft: freePort(t), dir: filepath.Join(base, fmt.Sprintf("d%d", i))})
+	}
+	for i, p := range procs {
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "server: {min_open_files: 0}\nlog: {level: warn}\nhealth: {interval_secs: 0.5, timeout_secs: 0.4}\n")
+		fmt.Fprintf(&sb, "controlplane:\n  node_id: %s\n  api_addr: %s\n  raft_addr: %s\n  data_dir: %s\n  placement_batch_ms: 5\n", p.id, p.api, p.raft, p.dir)
+		if i == 0 {
+			sb.WriteString("  bootstrap: true\n")
+		} else {
+			fmt.Fprintf(&sb, "  join: [%s]\n", procs[0].url())
+		}
+		// Every node that may lead knows the engine's event endpoints.
+		fmt.Fprintf(&sb, "workers:\n  - url: %s\n    kv_events: {endpoint: \"tcp://%s\", replay_endpoint: \"tcp://%s\"}\n", ts.URL, pub.Addr(), pub.ReplayAddr())
+		p.cfg = filepath.Join(base, p.id+".yaml")
+		if err := os.WriteFile(p.cfg, []byte(sb.String()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	procs[0].start(t)
+	waitLeader(t, procs[:1], 10*time.Second)
+	procs[1].start(t)
+	procs[2].start(t)
+	t.Cleanup(func() {
+		for _, p := range procs {
+			p.stop(syscall.SIGKILL)
+		}
+		if t.Failed() {
+			for _, p := range procs {
+				if p.log != nil {
+					t.Logf("--- %s log:\n%s", p.id, p.log.String())
+				}
+			}
+		}
+	})
+
+	placeAndClear := func(leader *cpProc, live []*cpProc, prompt string) {
+		t.Helper()
+		testkit.WaitFor(t, 15*time.Second, "the prompt routed", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_, err := routerc(leader.url()).Route(ctx, connect.NewRequest(&cartv1.RouteRequest{Text: prompt, Model: "m", DataplaneId: "test"}))
+			return err == nil
+		})
+		for _, p := range live {
+			testkit.WaitForMsg(t, 15*time.Second, p.id+" holds the placement", func() (bool, string) {
+				n := indexEntries(p.url())
+				return n > 0, fmt.Sprint(n)
+			})
+		}
+		resp, err := http.Post(ts.URL+"/sim/reset", "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		for _, p := range live {
+			testkit.WaitForMsg(t, 15*time.Second, p.id+" dropped the cleared worker's holdings", func() (bool, string) {
+				n := indexEntries(p.url())
+				return n == 0, fmt.Sprint(n)
+			})
+		}
+	}
+
+	leader := waitLeader(t, procs, 15*time.Second)
+	testkit.WaitFor(t, 15*time.Second, "the leader subscribed", func() bool { return pub.Subscribed("") })
+	placeAndClear(leader, procs, strings.Repeat("a system prompt long enough for many blocks. ", 60))
+}

@@ -1,0 +1,27 @@
+package state
+
+import (
+	"testing"
+
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// An engine's reported cache clear reaches every node through the log: the
+// worker stops holding anything, the others keep their holdings.
+func TestClearHoldingsCommand(t *testing.T) {
+	st, eng := newTestState()
+	a := &testApplier{t: t, st: st}
+	a.apply(setWorkers("http://a", "http://b"))
+	hashes := []uint64{1, 2, 3}
+	a.apply(placeBatch(&cartv1.Placement{Worker: "http://a", BlockHashes: hashes, AtUnixNanos: 1},
+		&cartv1.Placement{Worker: "http://b", BlockHashes: hashes[:2], AtUnixNanos: 1}))
+	a.apply(&cartv1.RaftCommand{Ignorable: true, Body: &cartv1.RaftCommand_ClearHoldings{
+		ClearHoldings: &cartv1.ClearHoldingsCommand{Workers: []string{"http://a", "http://gone"}}}})
+	got := lookupByURL(st, eng, hashes)
+	if got["http://a"] != 0 || got["http://b"] != 2 {
+		t.Fatalf("holders after the clear: %v", got)
+	}
+	if st.Applied() != a.i {
+		t.Fatalf("applied %d, want %d", st.Applied(), a.i)
+	}
+}

@@ -1,0 +1,20 @@
+package router
+
+import (
+	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/engine"
+)
+
+// ClearHoldings drops every holding of worker (its engine reported its KV
+// cache cleared); the all-in-one router's side of controlplane/kvtruth.
+func (l *Local) ClearHoldings(worker string) {
+	l.dec.Do(decider.OpKV, func(eng *engine.Engine) { eng.ClearHoldings(worker) })
+}
+
+// ApplyKVReport makes worker's model follow its engine's reported cache and
+// drops the holdings the engine has evicted.
+func (l *Local) ApplyKVReport(worker string, r engine.KVReport) {
+	l.dec.Do(decider.OpKV, func(eng *engine.Engine) {
+		eng.RemoveHoldings(worker, eng.ApplyKVReport(worker, r, nil))
+	})
+}

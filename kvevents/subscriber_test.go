@@ -1,0 +1,330 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/internal/testkit"
+)
+
+// recSink records what a stream's sink is told, as strings in order.
+type recSink struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (r *recSink) add(s string) {
+	r.mu.Lock()
+	r.log = append(r.log, s)
+	r.mu.Unlock()
+}
+
+func (r *recSink) Batch(b Batch, synced bool) {
+	for _, ev := range b.Events {
+		h := uint64(0)
+		if len(ev.BlockHashes) > 0 {
+			h = ev.BlockHashes[0]
+		}
+		r.add(fmt.Sprintf("%s:%d:%v", ev.Kind, h, synced))
+	}
+}
+func (r *recSink) Restarted()              { r.add("restarted") }
+func (r *recSink) Replayed(from, to int64) { r.add(fmt.Sprintf("replayed:%d-%d", from, to)) }
+func (r *recSink) Lost(from, to int64)     { r.add(fmt.Sprintf("lost:%d-%d", from, to)) }
+
+func (r *recSink) entries() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.log)
+}
+
+func (r *recSink) waitLen(t *testing.T, n int) []string {
+	t.Helper()
+	testkit.WaitForMsg(t, 10*time.Second, "sink entries", func() (bool, string) {
+		got := r.entries()
+		return len(got) >= n, fmt.Sprint(got)
+	})
+	return r.entries()
+}
+
+func storedEv(h uint64) []Event {
+	return []Event{{Kind: BlockStored, BlockHashes: []uint64{h}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: MediumGPU}}
+}
+
+func newSubscriber(t *testing.T, cfg SubscriberConfig) *Subscriber {
+	t.Helper()
+	s, err := NewSubscriber(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// connected starts a subscriber dialling p and waits until p sees its
+// subscription, so that no batch published afterwards is dropped.
+func connected(t *testing.T, p *Publisher, topic string, sink StreamSink) *Subscriber {
+	t.Helper()
+	replay := ""
+	if p.ReplayAddr() != nil {
+		replay = "tcp://" + p.ReplayAddr().String()
+	}
+	s := newSubscriber(t, SubscriberConfig{
+		Endpoint: "tcp://" + p.Addr().String(),
+		Topics:   map[string]Route{topic: {Worker: "http://w1", ReplayEndpoint: replay}},
+		Sink:     func(string, int) StreamSink { return sink },
+	})
+	testkit.WaitFor(t, 10*time.Second, "the subscription", func() bool { return p.Subscribed(topic) })
+	return s
+}
+
+func TestSubscriberReceivesBothEncodingsInOrder(t *testing.T) {
+	for _, enc := range []Encoding{EncodingMap, EncodingArray} {
+		t.Run(enc.String(), func(t *testing.T) {
+			p := newPublisher(t, PublisherConfig{Topic: "kv@10.0.0.1@m", Encoding: enc})
+			sink := &recSink{}
+			connected(t, p, "kv@10.0.0.1@m", sink)
+			p.Publish(storedEv(7))
+			p.Publish([]Event{{Kind: BlockRemoved, BlockHashes: []uint64{7}}})
+			p.Publish(cleared())
+			got := sink.waitLen(t, 3)
+			want := []string{"BlockStored:7:true", "BlockRemoved:7:true", "AllBlocksCleared:0:true"}
+			if !slices.Equal(got, want) {
+				t.Fatalf("got %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+func TestSubscriberReplaysAGap(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0"})
+	sink := &recSink{}
+	connected(t, p, "", sink)
+	p.Publish(storedEv(1))
+	sink.waitLen(t, 1)
+	p.mu.Lock()
+	p.unsent = 2 // seq 1 and 2 never reach the subscriber
+	p.mu.Unlock()
+	p.Publish(storedEv(2))
+	p.Publish(storedEv(3))
+	p.Publish(storedEv(4))
+	got := sink.waitLen(t, 5)
+	want := []string{"BlockStored:1:true", "BlockStored:2:true", "BlockStored:3:true", "replayed:1-3", "BlockStored:4:true"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+func TestSubscriberJoiningLateReplaysFromZero(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0"})
+	p.Publish(storedEv(1)) // nobody subscribed yet: buffered only
+	p.Publish(storedEv(2))
+	sink := &recSink{}
+	connected(t, p, "", sink)
+	p.Publish(storedEv(3))
+	got := sink.waitLen(t, 4)
+	if want := []string{"BlockStored:1:true", "BlockStored:2:true", "replayed:0-2", "BlockStored:3:true"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+func TestSubscriberGapBeyondReplayIsLost(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0", Buffer: 2})
+	sink := &recSink{}
+	connected(t, p, "", sink)
+	p.Publish(storedEv(1))
+	sink.waitLen(t, 1)
+	p.mu.Lock()
+	p.unsent = 4 // seq 1-4 lost; the buffer keeps only 3 and 4 (then 4, 5)
+	p.mu.Unlock()
+	for h := uint64(2); h <= 6; h++ {
+		p.Publish(storedEv(h))
+	}
+	got := sink.waitLen(t, 3)
+	// Seq 1-4 are missing and the buffer starts at 4: nothing can be
+	// applied out of order, so all four are lost and the stream is no
+	// longer synced.
+	if want := []string{"BlockStored:1:true", "lost:1-5", "BlockStored:6:false"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	// A clear does not make it synced by itself (the sink decides); the
+	// stream stays unsynced until the publisher restarts.
+	p.Publish(cleared())
+	if got := sink.waitLen(t, 4); got[3] != "AllBlocksCleared:0:false" {
+		t.Fatalf("got %v", got)
+	}
+}
+
+func TestSubscriberWithoutReplayLosesTheGap(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{})
+	sink := &recSink{}
+	connected(t, p, "", sink)
+	p.mu.Lock()
+	p.unsent = 1
+	p.mu.Unlock()
+	p.Publish(storedEv(1))
+	p.Publish(storedEv(2))
+	if got := sink.waitLen(t, 2); !slices.Equal(got, []string{"lost:0-1", "BlockStored:2:false"}) {
+		t.Fatalf("got %v", got)
+	}
+}
+
+// The llm-d layout: CART binds, engines dial; a publisher that restarts
+// starts again at 0, and the topic names the engine.
+func TestSubscriberListenRoutesTopicsAndDetectsRestart(t *testing.T) {
+	sinks := map[string]*recSink{"http://a": {}, "http://b": {}}
+	s := newSubscriber(t, SubscriberConfig{
+		Endpoint: "tcp://127.0.0.1:0",
+		Listen:   true,
+		Topics:   map[string]Route{"kv@a@m": {Worker: "http://a", PayloadRank: true}, "kv@b@m": {Worker: "http://b", PayloadRank: true}},
+		Sink:     func(w string, _ int) StreamSink { return sinks[w] },
+	})
+	ep := "tcp://" + s.Addr().String()
+	a := newPublisher(t, PublisherConfig{Endpoint: ep, Connect: true, Topic: "kv@a@m"})
+	b := newPublisher(t, PublisherConfig{Endpoint: ep, Connect: true, Topic: "kv@b@m", Encoding: EncodingArray})
+	testkit.WaitFor(t, 10*time.Second, "subscriptions", func() bool { return a.Subscribed("kv@a@m") && b.Subscribed("kv@b@m") })
+	a.Publish(storedEv(1))
+	a.Publish(storedEv(2))
+	b.Publish(storedEv(9))
+	sinks["http://a"].waitLen(t, 2)
+	if got := sinks["http://b"].waitLen(t, 1); !slices.Equal(got, []string{"BlockStored:9:true"}) {
+		t.Fatalf("b got %v", got)
+	}
+	_ = a.Close()
+	a2 := newPublisher(t, PublisherConfig{Endpoint: ep, Connect: true, Topic: "kv@a@m"})
+	testkit.WaitFor(t, 10*time.Second, "resubscription", func() bool { return a2.Subscribed("kv@a@m") })
+	a2.Publish(storedEv(3))
+	got := sinks["http://a"].waitLen(t, 4)
+	if want := []string{"BlockStored:1:true", "BlockStored:2:true", "restarted", "BlockStored:3:true"}; !slices.Equal(got, want) {
+		t.Fatalf("a got %v, want %v", got, want)
+	}
+}
+
+func TestSubscriberReplayFailureAndRanks(t *testing.T) {
+	sink := &recSink{}
+	var asked []string
+	s := &Subscriber{
+		cfg: SubscriberConfig{
+			Topics: map[string]Route{"": {Worker: "w", ReplayEndpoint: "tcp://10.0.0.1:5558", PayloadRank: true}},
+			Sink:   func(string, int) StreamSink { return sink },
+			Replay: func(_ context.Context, ep string, from, to int64) ([]Message, error) {
+				asked = append(asked, fmt.Sprintf("%s %d-%d", ep, from, to))
+				return nil, errors.New("refused")
+			},
+			ReplayTimeout: time.Second,
+		},
+		log: discard(), ctx: context.Background(), streams: map[streamKey]*stream{}, lastRank: map[string]int{},
+	}
+	rank := 2
+	payload, err := Encode(Batch{Events: storedEv(5), DPRank: &rank}, EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.handle(Message{Seq: 3, Payload: payload})
+	s.handle(Message{Seq: 4, Payload: []byte{0xc1}}) // undecodable
+	s.handle(Message{Seq: 5, Payload: payload})
+	if want := []string{"tcp://10.0.0.1:5560 0-3"}; !slices.Equal(asked, want) {
+		t.Fatalf("replay asked %v, want %v (rank 2 offsets the port by 2)", asked, want)
+	}
+	if got, want := sink.entries(), []string{"lost:0-3", "BlockStored:5:false", "lost:4-5", "BlockStored:5:false"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	// A socket of one rank (SGLang sends no rank in its batches) replays
+	// from the endpoint it was given.
+	asked = nil
+	s.cfg.Topics[""] = Route{Worker: "w", ReplayEndpoint: "tcp://10.0.0.1:5559", Rank: 1}
+	s.streams, s.lastRank = map[streamKey]*stream{}, map[string]int{}
+	s.handle(Message{Seq: 1, Payload: payload})
+	if want := []string{"tcp://10.0.0.1:5559 0-1"}; !slices.Equal(asked, want) {
+		t.Fatalf("replay asked %v, want %v", asked, want)
+	}
+}
+
+func TestOffsetPort(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"tcp://h:5557", 0, "tcp://h:5557"},
+		{"tcp://h:5557", 3, "tcp://h:5560"},
+		{"tcp://[::1]:5557", 1, "tcp://[::1]:5558"},
+		{"ipc:///tmp/x", 1, ""},
+		{"tcp://h:65535", 1, ""},
+		{"tcp://h:x", 1, ""},
+	} {
+		got, err := OffsetPort(c.in, c.n)
+		if got != c.want || (err != nil) != (c.want == "") {
+			t.Errorf("OffsetPort(%q, %d) = %q, %v", c.in, c.n, got, err)
+		}
+	}
+}
+
+func TestSubscriberConfigErrors(t *testing.T) {
+	sink := func(string, int) StreamSink { return &recSink{} }
+	for _, cfg := range []SubscriberConfig{
+		{},
+		{Endpoint: "tcp://127.0.0.1:0"},
+		{Endpoint: "tcp://127.0.0.1:0", Topics: map[string]Route{"": {}}},
+		{Endpoint: "bogus://x", Listen: true, Topics: map[string]Route{"": {}}, Sink: sink},
+	} {
+		if s, err := NewSubscriber(cfg); err == nil {
+			_ = s.Close()
+			t.Errorf("%+v accepted", cfg)
+		}
+	}
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// An engine that restarts on the same port (CART dials it) is dialled
+// again, and its sequence starting over reads as a restart.
+func TestSubscriberRedialsARestartedEngine(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{})
+	ep := p.Addr().String()
+	sink := &recSink{}
+	connected(t, p, "", sink)
+	p.Publish(storedEv(1))
+	p.Publish(storedEv(2))
+	sink.waitLen(t, 2)
+	_ = p.Close()
+	var p2 *Publisher
+	testkit.WaitFor(t, 10*time.Second, "the port free again", func() bool {
+		var err error
+		p2, err = NewPublisher(PublisherConfig{Endpoint: "tcp://" + ep})
+		return err == nil
+	})
+	t.Cleanup(func() { _ = p2.Close() })
+	testkit.WaitFor(t, 10*time.Second, "the subscriber back", func() bool { return p2.Subscribed("") })
+	p2.Publish(storedEv(3))
+	got := sink.waitLen(t, 4)
+	if want := []string{"BlockStored:1:true", "BlockStored:2:true", "restarted", "BlockStored:3:true"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+// A replay whose buffer starts past the requested sequence stops at its
+// first answer: the gap cannot be filled, the rest is not read.
+func TestReplayFromStopsWhenTheBufferStartsLater(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0", Buffer: 3})
+	for range 6 {
+		p.Publish(cleared())
+	}
+	ep := "tcp://" + p.ReplayAddr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := ReplayFrom(ctx, ep, 0, 6)
+	if err != nil || len(got) != 1 || got[0].Seq != 3 {
+		t.Fatalf("replay from 0 of a buffer holding 3-5: %+v, %v", got, err)
+	}
+	got, err = ReplayFrom(ctx, ep, 3, 5)
+	if err != nil || len(got) != 2 || got[0].Seq != 3 || got[1].Seq != 4 {
+		t.Fatalf("replay 3-5: %+v, %v", got, err)
+	}
+}
