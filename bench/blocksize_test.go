@@ -15,6 +15,7 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // Block-size study (issue 13, target 3): the index block size
@@ -170,11 +171,11 @@ func replayBlocks(recs []TraceRecord, blockChars int, texts blockTexts) replayRe
 		text := texts.prompt(rec.HashIDs, rec.InputLength)
 		// The proxy hashes only what a decision can use.
 		key := text[:min(len(text), engine.MaxRouteBlocks*blockChars)]
-		t0 := threadCPU()
+		t0 := testkit.ThreadCPU()
 		hashes = index.Hash(hashes[:0], "m", []byte(key), blockChars)
-		t1 := threadCPU()
+		t1 := testkit.ThreadCPU()
 		d, err := eng.Route(engine.Request{Hashes: hashes, KeyLen: len(text)}, rec.Timestamp*int64(time.Millisecond))
-		t2 := threadCPU()
+		t2 := testkit.ThreadCPU()
 		if err != nil {
 			panic(err) // no max_load, every replica healthy: cannot happen
 		}

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 const benchBlockChars = 64 // the default cache.block_chars
@@ -183,9 +185,9 @@ func BenchmarkInsertAfterFreeze(b *testing.B) {
 						for j, h := range base {
 							p[j] = h ^ (i * 0x9e3779b97f4a7c15)
 						}
-						cpu := threadCPU()
+						cpu := testkit.ThreadCPU()
 						x.Insert(p, WorkerID(i%8), int64(i))
-						d := threadCPU() - cpu
+						d := testkit.ThreadCPU() - cpu
 						worst, total = max(worst, d), total+d
 					}
 					if v != nil {
@@ -220,9 +222,9 @@ func BenchmarkEvictStep(b *testing.B) {
 					if frozen {
 						v = x.Freeze()
 					}
-					cpu := threadCPU()
+					cpu := testkit.ThreadCPU()
 					x.Evict(1_000_000, chunk)
-					d := threadCPU() - cpu
+					d := testkit.ThreadCPU() - cpu
 					worst, total = max(worst, d), total+d
 					b.StopTimer()
 					if v != nil {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // BenchmarkHotPathCPU is the routing path's index work on a full 1M-entry
@@ -46,11 +48,11 @@ func cpuLoop(b *testing.B, f func(i uint64)) {
 	defer runtime.UnlockOSThread()
 	settle()
 	b.ReportAllocs()
-	cpu := threadCPU()
+	cpu := testkit.ThreadCPU()
 	var i uint64
 	for b.Loop() {
 		f(i)
 		i++
 	}
-	b.ReportMetric(float64((threadCPU()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64((testkit.ThreadCPU()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // benchFullState returns a state whose index holds n entries (paths of 100
@@ -50,9 +51,9 @@ func BenchmarkCaptureLockHold(b *testing.B) {
 	var worst, worstCPU, cpuTotal, write time.Duration
 	n := 0
 	for b.Loop() {
-		start, cpu := time.Now(), threadCPU()
+		start, cpu := time.Now(), testkit.ThreadCPU()
 		snap := st.Capture()
-		hold, holdCPU := time.Since(start), threadCPU()-cpu
+		hold, holdCPU := time.Since(start), testkit.ThreadCPU()-cpu
 		worst, worstCPU, cpuTotal = max(worst, hold), max(worstCPU, holdCPU), cpuTotal+holdCPU
 		b.StopTimer()
 		ws := time.Now()

@@ -13,6 +13,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // holds records lock-hold (or wait+hold) durations; local to the
@@ -138,19 +139,19 @@ func decideUnderLoad(b *testing.B, st *State, eng *engine.Engine, a *testApplier
 			if bi == len(batches) {
 				return
 			}
-			start, cpu := time.Now(), threadCPU()
+			start, cpu := time.Now(), testkit.ThreadCPU()
 			a.apply(batches[bi])
 			applyMax = max(applyMax, time.Since(start))
-			applyCPUMax = max(applyCPUMax, threadCPU()-cpu)
+			applyCPUMax = max(applyCPUMax, testkit.ThreadCPU()-cpu)
 			bi++
 		})
 		every(time.Second, func() {
 			now := time.Now().UnixNano()
 			for done := false; !done; {
 				st.dec.Do(decider.OpMaintain, func(*engine.Engine) {
-					start, cpu := time.Now(), threadCPU()
+					start, cpu := time.Now(), testkit.ThreadCPU()
 					done = eng.MaintainStep(now, n, evictChunk)
-					evictCPU.add(threadCPU() - cpu)
+					evictCPU.add(testkit.ThreadCPU() - cpu)
 					evict.add(time.Since(start))
 				})
 			}
@@ -160,9 +161,9 @@ func decideUnderLoad(b *testing.B, st *State, eng *engine.Engine, a *testApplier
 			snapTick = time.Hour // never within the run
 		}
 		every(snapTick, func() {
-			start, cpu := time.Now(), threadCPU()
+			start, cpu := time.Now(), testkit.ThreadCPU()
 			snap := st.Capture()
-			captureCPU.add(threadCPU() - cpu)
+			captureCPU.add(testkit.ThreadCPU() - cpu)
 			capture.add(time.Since(start))
 			start = time.Now()
 			if err := snap.Write(io.Discard); err != nil {
@@ -198,12 +199,12 @@ func decideUnderLoad(b *testing.B, st *State, eng *engine.Engine, a *testApplier
 				var t1 time.Time
 				st.dec.Do(decider.OpRoute, func(*engine.Engine) {
 					var cpu time.Duration
-					t1, cpu = time.Now(), threadCPU()
+					t1, cpu = time.Now(), testkit.ThreadCPU()
 					d, err := eng.Route(req, t1.UnixNano())
 					if err == nil {
 						eng.Release(d.Worker)
 					}
-					routeCPU.add(threadCPU() - cpu)
+					routeCPU.add(testkit.ThreadCPU() - cpu)
 				})
 				t2 := time.Now()
 				decide.add(t2.Sub(t0))

@@ -1,4 +1,4 @@
-package index
+package testkit
 
 import (
 	"syscall"
@@ -6,11 +6,11 @@ import (
 	"unsafe"
 )
 
-// threadCPU is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
+// ThreadCPU is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
 // On a box shared with busy neighbours, wall time of a lock hold mostly
 // measures how long the thread waited for a core; CPU time measures the
 // work done under the lock. Callers pin their goroutine to its thread.
-func threadCPU() time.Duration {
+func ThreadCPU() time.Duration {
 	var ts syscall.Timespec
 	const clockThreadCPUTimeID = 3
 	if _, _, e := syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, clockThreadCPUTimeID, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {

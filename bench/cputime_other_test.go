@@ -1,8 +1,0 @@
-//go:build !linux
-
-package bench
-
-import "time"
-
-// threadCPU is unavailable here: CPU-time metrics read 0.
-func threadCPU() time.Duration { return 0 }
