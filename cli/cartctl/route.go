@@ -67,9 +67,9 @@ the output is the RouteResponse message, plus an "explanation" field with
 				return err
 			}
 			if cmd.Flags().Changed("body") {
-				ep, ok := extract.EndpointForPath("/v1/" + strings.ReplaceAll(f.endpoint, "_", "/"))
+				ep, ok := extract.EndpointForName(f.endpoint)
 				if !ok {
-					return usagef("--endpoint must be chat_completions, completions, messages or responses with --body")
+					return usagef("--endpoint must be one of %s with --body", endpointNames())
 				}
 				req, err := extract.Extract(ep, []byte(text))
 				if err != nil {
@@ -109,7 +109,7 @@ the output is the RouteResponse message, plus an "explanation" field with
 	fl.StringVar(&f.text, "text", "", `key text to route ("-" reads stdin)`)
 	fl.StringVar(&f.textFile, "text-file", "", `read the key text from this file ("-" for stdin)`)
 	fl.StringVar(&f.body, "body", "", `a request body (JSON file, "-" for stdin) to extract the key text from, as a data plane would`)
-	fl.StringVar(&f.endpoint, "endpoint", "chat_completions", "endpoint the request would arrive on: chat_completions, completions, messages or responses")
+	fl.StringVar(&f.endpoint, "endpoint", "chat_completions", "endpoint the request would arrive on: "+endpointNames())
 	fl.StringVar(&f.model, "model", "", "model name of the request (seeds the prefix hashes)")
 	fl.StringArrayVar(&f.exclude, "exclude", nil, "worker URL the request must not go to (repeatable)")
 	fl.BoolVar(&f.explain, "explain", false, "explain the routing rule that fired")
@@ -277,4 +277,13 @@ func wrap(s string, width int) string {
 		col += n
 	}
 	return b.String()
+}
+
+// endpointNames lists the routed endpoints' names, from extract's table.
+func endpointNames() string {
+	var names []string
+	for _, ep := range extract.Endpoints() {
+		names = append(names, ep.String())
+	}
+	return strings.Join(names, ", ")
 }

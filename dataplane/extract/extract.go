@@ -81,33 +81,66 @@ const (
 	Responses                           // POST /v1/responses (OpenAI Responses API)
 )
 
+// endpoints is the one table of routed endpoints: the path the proxy
+// serves (POST), the name used as metric label, in logs, traces, the
+// Route RPC and cartctl. Adding an endpoint shape is a constant above, a
+// row here and its walk.
+var endpoints = [...]struct {
+	ep          Endpoint
+	path, label string
+}{
+	{ChatCompletions, "/v1/chat/completions", "chat_completions"},
+	{Completions, "/v1/completions", "completions"},
+	{Messages, "/v1/messages", "messages"},
+	{Responses, "/v1/responses", "responses"},
+}
+
+// Endpoints lists every routed endpoint, in table order.
+func Endpoints() []Endpoint {
+	out := make([]Endpoint, len(endpoints))
+	for i, e := range endpoints {
+		out[i] = e.ep
+	}
+	return out
+}
+
 // EndpointForPath maps a request path to its endpoint. Only exact paths
 // match: anything else is not a request this package understands.
 func EndpointForPath(path string) (Endpoint, bool) {
-	switch path {
-	case "/v1/chat/completions":
-		return ChatCompletions, true
-	case "/v1/completions":
-		return Completions, true
-	case "/v1/messages":
-		return Messages, true
-	case "/v1/responses":
-		return Responses, true
+	for _, e := range endpoints {
+		if e.path == path {
+			return e.ep, true
+		}
 	}
 	return 0, false
 }
 
-// String returns the endpoint's metric label.
+// EndpointForName maps an endpoint's name (its String) back to it.
+func EndpointForName(name string) (Endpoint, bool) {
+	for _, e := range endpoints {
+		if e.label == name {
+			return e.ep, true
+		}
+	}
+	return 0, false
+}
+
+// Path is the path the proxy serves the endpoint on.
+func (e Endpoint) Path() string {
+	for _, r := range endpoints {
+		if r.ep == e {
+			return r.path
+		}
+	}
+	return ""
+}
+
+// String returns the endpoint's name: metric label, log and RPC value.
 func (e Endpoint) String() string {
-	switch e {
-	case ChatCompletions:
-		return "chat_completions"
-	case Completions:
-		return "completions"
-	case Messages:
-		return "messages"
-	case Responses:
-		return "responses"
+	for _, r := range endpoints {
+		if r.ep == e {
+			return r.label
+		}
 	}
 	return "unknown"
 }

@@ -209,10 +209,9 @@ func New(o Options) *Proxy {
 		p.budget = &bodyBudget{limit: o.MaxInflightBodyBytes}
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", p.routed(extract.ChatCompletions))
-	mux.HandleFunc("POST /v1/completions", p.routed(extract.Completions))
-	mux.HandleFunc("POST /v1/messages", p.routed(extract.Messages))
-	mux.HandleFunc("POST /v1/responses", p.routed(extract.Responses))
+	for _, ep := range extract.Endpoints() {
+		mux.HandleFunc("POST "+ep.Path(), p.routed(ep))
+	}
 	mux.HandleFunc("GET /v1/responses/{id}", p.storedResponse)
 	mux.HandleFunc("DELETE /v1/responses/{id}", p.storedResponse)
 	mux.HandleFunc("GET /v1/responses/{id}/input_items", p.storedResponse)
