@@ -40,8 +40,8 @@ type Policy struct {
 	// BlockChars is the index block size, to turn blocks into characters.
 	BlockChars int
 
-	// Routing-quality mechanisms (each off at its zero value); see
-	// quality.go.
+	// Routing-quality mechanisms (each off at its zero value): capacity.go,
+	// closedloop.go, sessions.go, hot.go.
 
 	// CapacityBlocks is the default modelled prefix-cache capacity of a
 	// worker in index blocks (0 = unbounded): the index forgets what a
