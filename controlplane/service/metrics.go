@@ -36,6 +36,9 @@ func newCPMetrics(c *Core) *cpMetrics {
 			ConstLabels: prometheus.Labels{"cause": cause.String()}}, func() float64 { return float64(c.dec.Dropped(cause)) }))
 	}
 	m.reg.MustRegister(c.dec.Collectors()...)
+	if c.st != nil {
+		m.reg.MustRegister(c.st.Collectors()...)
+	}
 	gauge := func(name, help string, f func() float64) {
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}

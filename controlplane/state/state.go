@@ -17,7 +17,9 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/controlplane/decider"
@@ -37,7 +39,8 @@ var ErrUnknownCommand = errors.New("unknown or undecodable log command")
 // State is the replicated state over a decider's engine. Its own fields
 // change only inside the decider's critical section.
 type State struct {
-	dec *decider.Decider
+	dec        *decider.Decider
+	applyTimes *prometheus.HistogramVec
 
 	specs          []engine.WorkerSpec
 	capacity       map[string]int64 // cache_capacity_tokens per worker URL
@@ -97,7 +100,7 @@ const placementChunk = 32
 
 // New builds the state machine over dec's engine.
 func New(dec *decider.Decider) *State {
-	return &State{dec: dec, capacity: map[string]int64{}, members: map[string]string{}}
+	return &State{dec: dec, applyTimes: newApplyTimes(), capacity: map[string]int64{}, members: map[string]string{}}
 }
 
 // Encode serialises a command for the log, stamping the current version.
@@ -128,6 +131,7 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 	if err := proto.Unmarshal(data, &cmd); err != nil {
 		return Result{}, fmt.Errorf("%w: log index %d: %v", ErrUnknownCommand, index, err)
 	}
+	defer s.observeApply(bodyName(&cmd), time.Now())
 	if cmd.GetVersion() > CommandVersion || cmd.GetBody() == nil {
 		if cmd.GetIgnorable() {
 			s.dec.Do(decider.OpApply, func(*engine.Engine) { s.applied = index })
@@ -178,48 +182,10 @@ type auditEvent struct {
 
 func (s *State) applyLocked(eng *engine.Engine, index uint64, cmd *cartv1.RaftCommand) (Result, *auditEvent) {
 	s.applied = index
-	var ev *auditEvent
-	switch b := cmd.GetBody().(type) {
-	case *cartv1.RaftCommand_UpsertWorker:
-		ev = s.upsert(eng, b.UpsertWorker.GetWorker())
-	case *cartv1.RaftCommand_RemoveWorker:
-		old, ok := s.workerString(b.RemoveWorker.GetUrl())
-		if !s.remove(eng, b.RemoveWorker.GetUrl()) {
-			return Result{WorkersVersion: s.workersVersion, Err: fmt.Errorf("worker %q not found", b.RemoveWorker.GetUrl())}, nil
-		}
-		if ok {
-			ev = &auditEvent{"audit: worker removed", []any{"worker", b.RemoveWorker.GetUrl(), "old", old, "new", "(none)"}}
-		}
-	case *cartv1.RaftCommand_SetWorkers:
-		old := s.workerSetString()
-		s.specs = s.specs[:0]
-		clear(s.capacity)
-		for _, w := range b.SetWorkers.GetWorkers() {
-			s.specs = append(s.specs, s.specFrom(eng, w))
-			s.capacity[w.GetUrl()] = w.GetCacheCapacityTokens()
-		}
-		s.commitWorkers(eng)
-		ev = &auditEvent{"audit: worker set replaced", []any{"old", old, "new", s.workerSetString()}}
-	case *cartv1.RaftCommand_ClearHoldings:
-		// An engine's own report that its KV cache is empty (kvtruth).
-		for _, w := range b.ClearHoldings.GetWorkers() {
-			eng.ClearHoldings(w)
-		}
-	case *cartv1.RaftCommand_SetMember:
-		id, url := b.SetMember.GetNodeId(), b.SetMember.GetApiUrl()
-		old, had := s.members[id]
-		s.members[id] = url
-		if !had || old != url {
-			ev = &auditEvent{"audit: member API URL set", []any{"member", id, "old", orNone(old), "new", url}}
-		}
-	case *cartv1.RaftCommand_RemoveMember:
-		id := b.RemoveMember.GetNodeId()
-		if old, had := s.members[id]; had {
-			delete(s.members, id)
-			ev = &auditEvent{"audit: member removed from the node directory", []any{"member", id, "old", old, "new", "(none)"}}
-		}
+	if fn := lockedCommands[bodyName(cmd)]; fn != nil {
+		return fn(s, eng, cmd)
 	}
-	return Result{WorkersVersion: s.workersVersion}, ev
+	return Result{WorkersVersion: s.workersVersion}, nil
 }
 
 func orNone(s string) string {
