@@ -226,7 +226,10 @@ func TestSnapshotLeavesOutUncommittedChanges(t *testing.T) {
 // only the newest maxPendingOrigins.
 func TestFailedBatchKeepsBoundedOrigins(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
-	b := cp.core.batch
+	// A batcher of the test's own, not the core's: the core's run loop
+	// flushes as soon as a queue reaches the batch size, concurrently with
+	// the test's flushes, and only one flush may be in flight.
+	b := newBatcher(cp.node, time.Hour, cp.core.batch.max, cp.core.log, cp.dec)
 	queue := func(n int, from uint64) {
 		os := make([]*cartv1.ResponseOrigin, n)
 		for i := range n {
