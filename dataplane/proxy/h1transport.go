@@ -149,6 +149,13 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 	}
 	if t.headerTimeout > 0 {
 		_ = pc.SetReadDeadline(time.Now().Add(t.headerTimeout))
+		// A cancellation whose expired deadline this call just replaced
+		// would be lost, and the read would wait out the header timeout
+		// with the worker still holding the request: ctx.Err is set
+		// before the AfterFunc runs, so checking after the set catches it.
+		if ctx.Err() != nil {
+			return fail(ctx.Err())
+		}
 	}
 	var resp *http.Response
 	trace := httptrace.ContextClientTrace(ctx)
@@ -178,6 +185,10 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 	pc.lim.n = math.MaxInt64
 	if t.headerTimeout > 0 {
 		_ = pc.SetReadDeadline(time.Time{})
+		if ctx.Err() != nil { // as above: the clear may have undone a cancellation
+			_ = resp.Body.Close()
+			return fail(ctx.Err())
+		}
 	}
 	b := &h1Body{rc: resp.Body, t: t, pc: pc, addr: addr, stop: stop, reusable: !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols}
 	if resp.Body == http.NoBody {
