@@ -81,6 +81,28 @@ type chatPartLoose struct {
 	VideoURL json.RawMessage `json:"video_url"`
 }
 
+// strict reads the loose part's media fields in the strict shape; pp is
+// the part's path, for error messages.
+func (l *chatPartLoose) strict(pp *path) (chatPart, error) {
+	part := chatPart{partFields: l.partFields}
+	var err error
+	for _, f := range [...]struct {
+		name string
+		raw  json.RawMessage
+		dst  **mediaURL
+	}{
+		{"image_url", l.ImageURL, &part.ImageURL},
+		{"audio_url", l.AudioURL, &part.AudioURL},
+		{"video_url", l.VideoURL, &part.VideoURL},
+	} {
+		fp := pp.field(f.name)
+		if *f.dst, err = looseMedia(f.raw, &fp); err != nil {
+			return part, err
+		}
+	}
+	return part, nil
+}
+
 type mediaURL struct {
 	URL json.RawMessage `json:"url"`
 }
@@ -324,21 +346,9 @@ func (b *builder) chatPartsLoose(raw json.RawMessage, p *path) error {
 			b.unknownPart(*t, elem)
 			continue
 		}
-		part := chatPart{partFields: loose.partFields}
-		var err error
-		for _, f := range [...]struct {
-			name string
-			raw  json.RawMessage
-			dst  **mediaURL
-		}{
-			{"image_url", loose.ImageURL, &part.ImageURL},
-			{"audio_url", loose.AudioURL, &part.AudioURL},
-			{"video_url", loose.VideoURL, &part.VideoURL},
-		} {
-			fp := pp.field(f.name)
-			if *f.dst, err = looseMedia(f.raw, &fp); err != nil {
-				return err
-			}
+		part, err := loose.strict(&pp)
+		if err != nil {
+			return err
 		}
 		if err := b.chatPart(&part, elem, &pp); err != nil {
 			return err

@@ -296,21 +296,9 @@ func (b *builder) responsesPart(rp *responsesPart, elem json.RawMessage, pp *pat
 		b.unknownPart(typ, elem)
 		return nil
 	}
-	part := chatPart{partFields: rp.partFields}
-	var err error
-	for _, f := range [...]struct {
-		name string
-		raw  json.RawMessage
-		dst  **mediaURL
-	}{
-		{"image_url", rp.ImageURL, &part.ImageURL},
-		{"audio_url", rp.AudioURL, &part.AudioURL},
-		{"video_url", rp.VideoURL, &part.VideoURL},
-	} {
-		fp := pp.field(f.name)
-		if *f.dst, err = looseMedia(f.raw, &fp); err != nil {
-			return err
-		}
+	part, err := rp.strict(pp)
+	if err != nil {
+		return err
 	}
 	return b.chatPart(&part, elem, pp)
 }
