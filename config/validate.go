@@ -660,16 +660,22 @@ func (v *validator) discovery(role Role) {
 		}
 	}
 	v.positive("discovery.dns.timeout_secs", n.TimeoutSecs)
-	v.positive("discovery.dns.min_interval_secs", n.MinIntervalSecs)
-	v.positive("discovery.dns.max_interval_secs", n.MaxIntervalSecs)
-	if n.MaxIntervalSecs < n.MinIntervalSecs {
-		v.add("discovery.dns.max_interval_secs", "must be at least min_interval_secs (%v), got %v", n.MinIntervalSecs, n.MaxIntervalSecs)
+	v.sourceRules("discovery.dns", n.MinIntervalSecs, n.MaxIntervalSecs, n.AddAfter, n.RemoveAfter, n.MaxLoad, n.LoadPenalty, n.CacheCapacityTokens)
+}
+
+// sourceRules checks what every discovery source shares: its re-read
+// interval, its damping and the settings of the workers it discovers.
+func (v *validator) sourceRules(prefix string, minSecs, maxSecs float64, addAfter, removeAfter, maxLoad, penalty int, capTokens int64) {
+	v.positive(prefix+".min_interval_secs", minSecs)
+	v.positive(prefix+".max_interval_secs", maxSecs)
+	if maxSecs < minSecs {
+		v.add(prefix+".max_interval_secs", "must be at least min_interval_secs (%v), got %v", minSecs, maxSecs)
 	}
-	v.intRange("discovery.dns.add_after", int64(n.AddAfter), 1, 1000)
-	v.intRange("discovery.dns.remove_after", int64(n.RemoveAfter), 1, 1000)
-	v.intAtLeast("discovery.dns.max_load", int64(n.MaxLoad), 0)
-	v.intAtLeast("discovery.dns.load_penalty", int64(n.LoadPenalty), 0)
-	v.intAtLeast("discovery.dns.cache_capacity_tokens", n.CacheCapacityTokens, 0)
+	v.intRange(prefix+".add_after", int64(addAfter), 1, 1000)
+	v.intRange(prefix+".remove_after", int64(removeAfter), 1, 1000)
+	v.intAtLeast(prefix+".max_load", int64(maxLoad), 0)
+	v.intAtLeast(prefix+".load_penalty", int64(penalty), 0)
+	v.intAtLeast(prefix+".cache_capacity_tokens", capTokens, 0)
 }
 
 // kvEvents checks workers[].kv_events and kv_events.*: endpoints ZMQ can
@@ -804,16 +810,7 @@ func (v *validator) discoveryKubernetes(role Role) {
 		}
 	}
 	v.positive("discovery.kubernetes.sync_timeout_secs", k.SyncTimeoutSecs)
-	v.positive("discovery.kubernetes.min_interval_secs", k.MinIntervalSecs)
-	v.positive("discovery.kubernetes.max_interval_secs", k.MaxIntervalSecs)
-	if k.MaxIntervalSecs < k.MinIntervalSecs {
-		v.add("discovery.kubernetes.max_interval_secs", "must be at least min_interval_secs (%v), got %v", k.MinIntervalSecs, k.MaxIntervalSecs)
-	}
-	v.intRange("discovery.kubernetes.add_after", int64(k.AddAfter), 1, 1000)
-	v.intRange("discovery.kubernetes.remove_after", int64(k.RemoveAfter), 1, 1000)
-	v.intAtLeast("discovery.kubernetes.max_load", int64(k.MaxLoad), 0)
-	v.intAtLeast("discovery.kubernetes.load_penalty", int64(k.LoadPenalty), 0)
-	v.intAtLeast("discovery.kubernetes.cache_capacity_tokens", k.CacheCapacityTokens, 0)
+	v.sourceRules("discovery.kubernetes", k.MinIntervalSecs, k.MaxIntervalSecs, k.AddAfter, k.RemoveAfter, k.MaxLoad, k.LoadPenalty, k.CacheCapacityTokens)
 }
 
 // checkPort accepts a port number (1..65535) or a port name as Services
