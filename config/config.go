@@ -170,6 +170,10 @@ type KVEvents struct {
 	// Listen is a ZMQ endpoint CART binds for engines that dial it (llm-d's
 	// layout); workers[].kv_events.topic tells their streams apart.
 	Listen string `yaml:"listen"`
+	// AllowUnauthenticatedListen permits Listen on a non-loopback address.
+	// ZMQ as the engines speak it carries no credentials: whoever reaches
+	// the socket can publish a cache reset for any mapped worker.
+	AllowUnauthenticatedListen bool `yaml:"allow_unauthenticated_listen"`
 	// ReplayTimeoutMs bounds one replay exchange with an engine.
 	ReplayTimeoutMs int `yaml:"replay_timeout_ms"`
 }

@@ -687,6 +687,8 @@ func (v *validator) kvEvents(role Role) {
 	if k.Listen != "" {
 		if err := kvevents.CheckEndpoint(k.Listen); err != nil {
 			v.add("kv_events.listen", "%v", err)
+		} else if !k.AllowUnauthenticatedListen && !loopbackEndpoint(k.Listen) {
+			v.add("kv_events.listen", "%q accepts KV events from anyone who reaches it (ZMQ carries no credentials, and a forged cache reset empties a worker's holdings): bind 127.0.0.1 or ipc://, or set kv_events.allow_unauthenticated_listen and restrict the port (NetworkPolicy, firewall)", k.Listen)
 		}
 	}
 	used := k.Listen != ""
@@ -829,4 +831,21 @@ func checkPort(p string) error {
 		return fmt.Errorf("not a port name or number: %s", strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// loopbackEndpoint reports whether a ZMQ endpoint is reachable only from
+// this host: ipc://, or tcp:// on a loopback address.
+func loopbackEndpoint(ep string) bool {
+	if strings.HasPrefix(ep, "ipc://") {
+		return true
+	}
+	host, _, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
