@@ -228,13 +228,13 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 	wg.Add(3)
 	go func() { defer wg.Done(); serveMetrics(ctx, a.MetricsHTTP, mln, a.log) }()
 	go func() { defer wg.Done(); a.Health.Run(ctx) }()
-	go func() { defer wg.Done(); a.Router.Run(ctx, secs(cfg.Cache.EvictionIntervalSecs)) }()
+	go func() { defer wg.Done(); a.Router.Run(ctx, config.Seconds(cfg.Cache.EvictionIntervalSecs)) }()
 	for _, w := range a.watchers {
 		wg.Add(1)
 		go func() { defer wg.Done(); w.Run(ctx) }()
 	}
 	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers))
-	err = Serve(ctx, a.HTTP, ln, secs(cfg.Server.ShutdownGraceSecs))
+	err = Serve(ctx, a.HTTP, ln, config.Seconds(cfg.Server.ShutdownGraceSecs))
 	cancel()
 	wg.Wait()
 	return err

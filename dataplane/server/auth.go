@@ -88,8 +88,8 @@ func MetricsServer(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) *ht
 	return &http.Server{
 		Addr:              cfg.Server.MetricsAddr,
 		Handler:           mux,
-		ReadHeaderTimeout: secs(cfg.Server.ReadHeaderTimeoutSecs),
-		IdleTimeout:       secs(cfg.Server.IdleTimeoutSecs),
+		ReadHeaderTimeout: config.Seconds(cfg.Server.ReadHeaderTimeoutSecs),
+		IdleTimeout:       config.Seconds(cfg.Server.IdleTimeoutSecs),
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
@@ -114,7 +114,7 @@ func serveMetrics(ctx context.Context, srv *http.Server, ln net.Listener, log *s
 		return
 	}
 	log.Info("metrics listening", "addr", ln.Addr().String())
-	if err := Serve(ctx, srv, ln, secs(1)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := Serve(ctx, srv, ln, config.Seconds(1)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Error("metrics listener", "error", err.Error())
 	}
 }

@@ -139,7 +139,7 @@ func (d *DataPlane) Run(ctx context.Context, ln net.Listener) error {
 	go func() { defer wg.Done(); serveMetrics(ctx, d.MetricsHTTP, mln, d.log) }()
 	go func() { defer wg.Done(); d.Router.Run(ctx) }()
 	d.log.Info("cart data plane listening", "addr", ln.Addr().String(), "control_plane", d.cfg.DataPlane.ControlPlane)
-	err = Serve(ctx, d.HTTP, ln, secs(d.cfg.Server.ShutdownGraceSecs))
+	err = Serve(ctx, d.HTTP, ln, config.Seconds(d.cfg.Server.ShutdownGraceSecs))
 	cancel()
 	wg.Wait()
 	return err

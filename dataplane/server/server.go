@@ -21,7 +21,6 @@ import (
 	"github.com/cartrouter/cart/dataplane/router"
 )
 
-func secs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
 func millis(n int) time.Duration   { return time.Duration(n) * time.Millisecond }
 
 // ProxyOptions translates configuration into proxy options.
@@ -41,9 +40,9 @@ func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metric
 		// Only the built-in inference APIs are resent after a failure:
 		// an operator-added path may have side effects.
 		RetryablePassThroughPaths: config.DefaultPassThroughPaths,
-		ConnectTimeout:            secs(p.ConnectTimeoutSecs),
-		RequestTimeout:            secs(p.RequestTimeoutSecs),
-		StreamIdleTimeout:         secs(p.StreamIdleTimeoutSecs),
+		ConnectTimeout:            config.Seconds(p.ConnectTimeoutSecs),
+		RequestTimeout:            config.Seconds(p.RequestTimeoutSecs),
+		StreamIdleTimeout:         config.Seconds(p.StreamIdleTimeoutSecs),
 		MaxRetries:                p.MaxRetries,
 		InitialBackoff:            millis(p.InitialBackoffMs),
 		MaxBackoff:                millis(p.MaxBackoffMs),
@@ -52,13 +51,13 @@ func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metric
 		RetryableStatuses:         p.RetryableStatuses,
 		RetryBudgetRatio:          p.RetryBudgetRatio,
 		RetryBudgetMin:            p.RetryBudgetMin,
-		ModelsCacheTTL:            secs(p.ModelsCacheSecs),
+		ModelsCacheTTL:            config.Seconds(p.ModelsCacheSecs),
 		SessionKeys:               sessionKeys(cfg),
 		ResponseAffinityTTL:       cfg.Responses.AffinityTTL(),
 		ResponseAffinityMax:       cfg.Responses.MaxEntries,
 		Extract:                   extract.Options{IgnoreSystemPrefixes: cfg.Extract.IgnoreSystemPrefixes},
 
-		BodyReadTimeout:      secs(p.BodyReadTimeoutSecs),
+		BodyReadTimeout:      config.Seconds(p.BodyReadTimeoutSecs),
 		MaxInflightBodyBytes: p.MaxInflightBodyBytes,
 		MaxItems:             p.MaxMessages,
 	}
@@ -74,7 +73,7 @@ func sessionKeys(cfg *config.Config) []string {
 // BreakerConfig translates circuit_breaker.*.
 func BreakerConfig(cfg *config.Config) breaker.Config {
 	cb := cfg.CircuitBreaker
-	return breaker.Config{Enabled: cb.Enabled, FailureThreshold: cb.FailureThreshold, SuccessThreshold: cb.SuccessThreshold, Timeout: secs(cb.TimeoutSecs)}
+	return breaker.Config{Enabled: cb.Enabled, FailureThreshold: cb.FailureThreshold, SuccessThreshold: cb.SuccessThreshold, Timeout: config.Seconds(cb.TimeoutSecs)}
 }
 
 // HTTPServer builds the client-facing server with the slowloris and size
@@ -84,8 +83,8 @@ func HTTPServer(cfg *config.Config, h http.Handler, log *slog.Logger) (*http.Ser
 	srv := &http.Server{
 		Addr:              net.JoinHostPort(s.Host, fmt.Sprint(s.Port)),
 		Handler:           h,
-		ReadHeaderTimeout: secs(s.ReadHeaderTimeoutSecs),
-		IdleTimeout:       secs(s.IdleTimeoutSecs),
+		ReadHeaderTimeout: config.Seconds(s.ReadHeaderTimeoutSecs),
+		IdleTimeout:       config.Seconds(s.IdleTimeoutSecs),
 		MaxHeaderBytes:    s.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
