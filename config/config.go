@@ -397,7 +397,7 @@ type Responses struct {
 }
 
 // AffinityTTL is how long a response id stays pinned to its replica.
-func (r Responses) AffinityTTL() time.Duration { return seconds(r.AffinityTTLSecs) }
+func (r Responses) AffinityTTL() time.Duration { return Seconds(r.AffinityTTLSecs) }
 
 // Log configures the process logger.
 type Log struct {
@@ -523,8 +523,8 @@ type SlowLeaderHandover struct {
 
 // Threshold, Window and MinInterval convert the handover settings.
 func (h SlowLeaderHandover) Threshold() time.Duration   { return millis(h.ThresholdMs) }
-func (h SlowLeaderHandover) Window() time.Duration      { return seconds(h.WindowSecs) }
-func (h SlowLeaderHandover) MinInterval() time.Duration { return seconds(h.MinIntervalSecs) }
+func (h SlowLeaderHandover) Window() time.Duration      { return Seconds(h.WindowSecs) }
+func (h SlowLeaderHandover) MinInterval() time.Duration { return Seconds(h.MinIntervalSecs) }
 
 // DataPlane configures a stateless proxy node that asks the control plane
 // where to route.
@@ -772,34 +772,34 @@ func (s Server) Addr() string {
 }
 
 // ReadHeaderTimeout bounds how long a client may take to send headers.
-func (s Server) ReadHeaderTimeout() time.Duration { return seconds(s.ReadHeaderTimeoutSecs) }
+func (s Server) ReadHeaderTimeout() time.Duration { return Seconds(s.ReadHeaderTimeoutSecs) }
 
 // IdleTimeout bounds keep-alive idle time on client connections.
-func (s Server) IdleTimeout() time.Duration { return seconds(s.IdleTimeoutSecs) }
+func (s Server) IdleTimeout() time.Duration { return Seconds(s.IdleTimeoutSecs) }
 
 // ShutdownGrace is how long in-flight requests may drain on shutdown.
-func (s Server) ShutdownGrace() time.Duration { return seconds(s.ShutdownGraceSecs) }
+func (s Server) ShutdownGrace() time.Duration { return Seconds(s.ShutdownGraceSecs) }
 
 // EvictionInterval is the period of the index eviction pass; 0 disables it.
-func (c Cache) EvictionInterval() time.Duration { return seconds(c.EvictionIntervalSecs) }
+func (c Cache) EvictionInterval() time.Duration { return Seconds(c.EvictionIntervalSecs) }
 
 // TTL is how long an index entry lives without use; 0 means no expiry.
-func (c Cache) TTL() time.Duration { return seconds(c.TTLSecs) }
+func (c Cache) TTL() time.Duration { return Seconds(c.TTLSecs) }
 
 // Interval is the period between health probes of one worker.
-func (h Health) Interval() time.Duration { return seconds(h.IntervalSecs) }
+func (h Health) Interval() time.Duration { return Seconds(h.IntervalSecs) }
 
 // Timeout bounds a single health probe.
-func (h Health) Timeout() time.Duration { return seconds(h.TimeoutSecs) }
+func (h Health) Timeout() time.Duration { return Seconds(h.TimeoutSecs) }
 
 // ConnectTimeout bounds dialing a worker.
-func (p Proxy) ConnectTimeout() time.Duration { return seconds(p.ConnectTimeoutSecs) }
+func (p Proxy) ConnectTimeout() time.Duration { return Seconds(p.ConnectTimeoutSecs) }
 
 // RequestTimeout bounds the wait for upstream response headers.
-func (p Proxy) RequestTimeout() time.Duration { return seconds(p.RequestTimeoutSecs) }
+func (p Proxy) RequestTimeout() time.Duration { return Seconds(p.RequestTimeoutSecs) }
 
 // StreamIdleTimeout bounds the gap between body chunks; 0 disables it.
-func (p Proxy) StreamIdleTimeout() time.Duration { return seconds(p.StreamIdleTimeoutSecs) }
+func (p Proxy) StreamIdleTimeout() time.Duration { return Seconds(p.StreamIdleTimeoutSecs) }
 
 // InitialBackoff is the delay before the first retry.
 func (p Proxy) InitialBackoff() time.Duration { return millis(p.InitialBackoffMs) }
@@ -808,19 +808,19 @@ func (p Proxy) InitialBackoff() time.Duration { return millis(p.InitialBackoffMs
 func (p Proxy) MaxBackoff() time.Duration { return millis(p.MaxBackoffMs) }
 
 // ModelsCacheTTL is how long an aggregated /v1/models answer is reused.
-func (p Proxy) ModelsCacheTTL() time.Duration { return seconds(p.ModelsCacheSecs) }
+func (p Proxy) ModelsCacheTTL() time.Duration { return Seconds(p.ModelsCacheSecs) }
 
 // Timeout is how long an open breaker waits before probing again.
-func (cb CircuitBreaker) Timeout() time.Duration { return seconds(cb.TimeoutSecs) }
+func (cb CircuitBreaker) Timeout() time.Duration { return Seconds(cb.TimeoutSecs) }
 
 // TTL is how long an idle session stays pinned to its worker.
-func (s Session) TTL() time.Duration { return seconds(s.TTLSecs) }
+func (s Session) TTL() time.Duration { return Seconds(s.TTLSecs) }
 
 // PlacementBatch is the longest a placement waits for its batch to fill.
 func (cp ControlPlane) PlacementBatch() time.Duration { return millis(cp.PlacementBatchMs) }
 
 // LoadLease is how long a data plane's load report counts before it lapses.
-func (cp ControlPlane) LoadLease() time.Duration { return seconds(cp.LoadLeaseSecs) }
+func (cp ControlPlane) LoadLease() time.Duration { return Seconds(cp.LoadLeaseSecs) }
 
 // RouteBreakerCooloff is how long the data plane stops asking a control
 // plane that keeps timing out, and the interval between its probes.
@@ -836,10 +836,10 @@ func (dp DataPlane) ReportInterval() time.Duration { return millis(dp.ReportInte
 // WorkerSyncInterval is the period of worker-list refreshes.
 func (dp DataPlane) WorkerSyncInterval() time.Duration { return millis(dp.WorkerSyncIntervalMs) }
 
-// seconds converts a validated seconds value, saturating instead of
+// Seconds converts a validated *_secs value (fractional seconds), saturating instead of
 // overflowing so that a huge-but-valid setting means "practically forever"
 // rather than a negative duration.
-func seconds(s float64) time.Duration {
+func Seconds(s float64) time.Duration {
 	if !(s > 0) { // also catches NaN
 		return 0
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/router"
 )
 
-func millis(n int) time.Duration   { return time.Duration(n) * time.Millisecond }
+func millis(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 
 // ProxyOptions translates configuration into proxy options.
 func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metrics.Metrics, log *slog.Logger) proxy.Options {
