@@ -1,20 +1,18 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cartrouter/cart/internal/testkit"
+	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -25,10 +23,7 @@ func TestSIGHUPReloadsWorkers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the cart binary")
 	}
-	bin := filepath.Join(t.TempDir(), "cart")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := proc.Build(t, ".")
 	var reps []string
 	for i := range 2 {
 		s := sim.New(sim.Config{Name: fmt.Sprint("r", i)})
@@ -36,12 +31,7 @@ func TestSIGHUPReloadsWorkers(t *testing.T) {
 		t.Cleanup(func() { ts.Close(); _ = s.Close() })
 		reps = append(reps, ts.URL)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	port := testkit.FreePort(t)
 	cfgPath := filepath.Join(t.TempDir(), "cart.yaml")
 	write := func(threshold string, workers ...string) {
 		body := fmt.Sprintf("server: {host: 127.0.0.1, port: %d, min_open_files: 0}\nlog: {level: info}\ncache: {threshold: %s}\nworkers:\n", port, threshold)
@@ -53,13 +43,7 @@ func TestSIGHUPReloadsWorkers(t *testing.T) {
 		}
 	}
 	write("0.3", reps[0])
-	logs := &syncBuffer{}
-	cmd := exec.Command(bin, "-c", cfgPath)
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	p := proc.Start(t, proc.Cmd{Path: bin, Args: []string{"-c", cfgPath}})
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	workers := func() []string {
 		resp, err := http.Get(base + "/workers")
@@ -79,58 +63,31 @@ func TestSIGHUPReloadsWorkers(t *testing.T) {
 	}
 	waitFor := func(what string, ok func([]string) bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			if ok(workers()) {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Fatalf("%s: workers %v\nlogs:\n%s", what, workers(), logs.String())
+		p.WaitFor(t, 10*time.Second, what, func() (bool, string) {
+			w := workers()
+			return ok(w), fmt.Sprint("workers ", w)
+		})
 	}
 	waitFor("start", func(w []string) bool { return len(w) == 1 && w[0] == reps[0] })
 
 	write("0.3", reps[0], reps[1])
-	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := p.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	waitFor("reload adding a worker", func(w []string) bool { return len(w) == 2 })
 
 	// Any other change is rejected: the worker list stays as it was.
-	if bytes.Contains([]byte(logs.String()), []byte("cache.threshold")) {
-		t.Fatalf("cache.threshold logged before the rejected reload:\n%s", logs.String())
+	if p.Log.Contains("cache.threshold") {
+		t.Fatalf("cache.threshold logged before the rejected reload:\n%s", p.Log.String())
 	}
 	write("0.5", reps[1])
-	_ = cmd.Process.Signal(syscall.SIGHUP)
+	if err := p.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
 	// The rejection is logged once the reload has been read and refused;
 	// only then is "the list did not change" a verdict.
-	deadline := time.Now().Add(10 * time.Second)
-	for !bytes.Contains([]byte(logs.String()), []byte("cache.threshold")) {
-		if time.Now().After(deadline) {
-			t.Fatalf("rejection does not name the differing key:\n%s", logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	p.WaitLog(t, 10*time.Second, "cache.threshold")
 	if w := workers(); len(w) != 2 {
-		t.Fatalf("rejected reload changed the workers: %v\nlogs:\n%s", w, logs.String())
+		t.Fatalf("rejected reload changed the workers: %v\nlogs:\n%s", w, p.Log.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe to read while the child process's
-// output is being copied into it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
