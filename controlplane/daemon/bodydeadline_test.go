@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -16,23 +13,7 @@ import (
 // controlplane.api_body_read_timeout_secs: the node answers and closes
 // instead of holding the connection and its buffer.
 func TestAPIStalledBodyIsCutOff(t *testing.T) {
-	dir := t.TempDir()
-	p := &cpProc{id: "n1", api: freePort(t), raft: freePort(t), dir: filepath.Join(dir, "d")}
-	cfg := fmt.Sprintf("server: {min_open_files: 0}\nlog: {level: warn}\nworkers: [{url: \"http://127.0.0.1:1\"}]\n"+
-		"controlplane:\n  node_id: n1\n  api_addr: %s\n  raft_addr: %s\n  data_dir: %s\n  bootstrap: true\n  api_body_read_timeout_secs: 0.3\n",
-		p.api, p.raft, p.dir)
-	p.cfg = filepath.Join(dir, "n1.yaml")
-	if err := os.WriteFile(p.cfg, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p.start(t)
-	t.Cleanup(func() {
-		p.stop(syscall.SIGKILL)
-		if t.Failed() {
-			t.Logf("log:\n%s", p.log.String())
-		}
-	})
-	waitLeader(t, []*cpProc{p}, 10*time.Second)
+	p := startNodes(t, 1, nodeOpts{workers: []string{"http://127.0.0.1:1"}, cp: "  api_body_read_timeout_secs: 0.3\n"})[0]
 
 	conn, err := net.Dial("tcp", p.api)
 	if err != nil {

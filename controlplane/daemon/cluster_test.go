@@ -5,190 +5,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
-	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
-	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"
+	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
 )
-
-var cartBin string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "cart-bin")
-	if err != nil {
-		panic(err)
-	}
-	cartBin = filepath.Join(dir, "cart")
-	out, err := exec.Command("go", "build", "-o", cartBin, "github.com/cartrouter/cart/cli/cart").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build cart: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-type cpProc struct {
-	id, api, raft, dir, cfg string
-	cmd                     *exec.Cmd
-	log                     *bytes.Buffer
-}
-
-func (p *cpProc) url() string { return "http://" + p.api }
-
-func (p *cpProc) start(t *testing.T) {
-	t.Helper()
-	p.log = &bytes.Buffer{}
-	p.cmd = exec.Command(cartBin, "controlplane", "-c", p.cfg)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (p *cpProc) stop(sig syscall.Signal) {
-	if p.cmd == nil || p.cmd.Process == nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(sig)
-	done := make(chan struct{})
-	go func() { _ = p.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-done
-	}
-	p.cmd = nil
-}
-
-func startCluster(t *testing.T, workers []string) []*cpProc {
-	t.Helper()
-	return startClusterWith(t, workers, "")
-}
-
-// startClusterWith starts three nodes whose configs end with extra YAML.
-func startClusterWith(t *testing.T, workers []string, extra string) []*cpProc {
-	t.Helper()
-	base := t.TempDir()
-	var procs []*cpProc
-	for i := 1; i <= 3; i++ {
-		p := &cpProc{id: fmt.Sprintf("n%d", i), api: freePort(t), raft: freePort(t), dir: filepath.Join(base, fmt.Sprintf("d%d", i))}
-		procs = append(procs, p)
-	}
-	for i, p := range procs {
-		var sb strings.Builder
-		fmt.Fprintf(&sb, "server: {min_open_files: 0}\nlog: {level: warn}\nhealth: {interval_secs: 0.5, timeout_secs: 0.4}\n")
-		fmt.Fprintf(&sb, "controlplane:\n  node_id: %s\n  api_addr: %s\n  raft_addr: %s\n  data_dir: %s\n  placement_batch_ms: 5\n", p.id, p.api, p.raft, p.dir)
-		if i == 0 {
-			sb.WriteString("  bootstrap: true\nworkers:\n")
-			for _, w := range workers {
-				fmt.Fprintf(&sb, "  - url: %s\n", w)
-			}
-		} else {
-			fmt.Fprintf(&sb, "  join: [%s]\n", procs[0].url())
-		}
-		sb.WriteString(extra)
-		p.cfg = filepath.Join(base, p.id+".yaml")
-		if err := os.WriteFile(p.cfg, []byte(sb.String()), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	procs[0].start(t)
-	waitLeader(t, procs[:1], 10*time.Second)
-	procs[1].start(t)
-	procs[2].start(t)
-	t.Cleanup(func() {
-		for _, p := range procs {
-			p.stop(syscall.SIGKILL)
-		}
-		if t.Failed() {
-			for _, p := range procs {
-				if p.log != nil {
-					t.Logf("--- %s log:\n%s", p.id, p.log.String())
-				}
-			}
-		}
-	})
-	// Every node knows all three voters.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		st, err := status(procs[0].url())
-		if err == nil && len(st.GetMembers()) == 3 && st.GetLeaderUrl() != "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cluster did not form: %v %v", st, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return procs
-}
-
-var client = cpclient.NewWithTLS(nil)
-
-func admin(url string) cartv1connect.AdminServiceClient {
-	return cartv1connect.NewAdminServiceClient(client, url, connect.WithGRPC())
-}
-
-func routerc(url string) cartv1connect.RouterServiceClient {
-	return cartv1connect.NewRouterServiceClient(client, url, connect.WithGRPC())
-}
-
-func status(url string) (*cartv1.ClusterStatusResponse, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	r, err := admin(url).ClusterStatus(ctx, connect.NewRequest(&cartv1.ClusterStatusRequest{}))
-	if err != nil {
-		return nil, err
-	}
-	return r.Msg, nil
-}
-
-// waitLeader waits until some node of procs reports itself leader and
-// returns it.
-func waitLeader(t *testing.T, procs []*cpProc, within time.Duration) *cpProc {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		for _, p := range procs {
-			if p.cmd == nil {
-				continue
-			}
-			if st, err := status(p.url()); err == nil && st.GetState() == "leader" {
-				return p
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("no leader within %v", within)
-	return nil
-}
 
 func workerURLs(t *testing.T, url string) []string {
 	t.Helper()
@@ -222,12 +54,12 @@ func replica(t *testing.T, name string) string {
 // prompt text.
 func TestLeaderKillAndFullRestart(t *testing.T) {
 	w1, w2, w3 := replica(t, "w1"), replica(t, "w2"), replica(t, "w3")
-	procs := startCluster(t, []string{w1, w2})
+	procs := startCluster(t, []string{w1, w2}, "")
 	leader := waitLeader(t, procs, 10*time.Second)
 	ctx := context.Background()
 
 	// Acknowledged admin changes, through a follower (forwarded).
-	var follower *cpProc
+	var follower *node
 	for _, p := range procs {
 		if p != leader {
 			follower = p
@@ -268,27 +100,21 @@ func TestLeaderKillAndFullRestart(t *testing.T) {
 		})
 	}
 
-	leader.stop(syscall.SIGKILL)
+	leader.Kill()
 	killed := time.Now()
-	var survivors []*cpProc
+	var survivors []*node
 	for _, p := range procs {
 		if p != leader {
 			survivors = append(survivors, p)
 		}
 	}
 	var resp *connect.Response[cartv1.RouteResponse]
-	for {
+	testkit.WaitForMsg(t, 3*time.Second-time.Since(killed), "a Route answer within 3 s of killing the leader", func() (bool, string) {
 		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
 		resp, err = routerc(survivors[0].url()).Route(rctx, connect.NewRequest(&cartv1.RouteRequest{Text: prompt, Model: "m", DryRun: true}))
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Since(killed) > 3*time.Second {
-			t.Fatalf("no Route answer within 3 s of killing the leader: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil, fmt.Sprint(err)
+	})
 	t.Logf("new leader answered Route %v after kill -9 of the old one", time.Since(killed).Round(time.Millisecond))
 	if resp.Msg.GetReason() != "cache_hit" || resp.Msg.GetWorker() != first.Msg.GetWorker() {
 		t.Fatalf("after failover: %s -> %s, want cache_hit -> %s (the replicated index was lost)", resp.Msg.GetReason(), resp.Msg.GetWorker(), first.Msg.GetWorker())
@@ -299,27 +125,20 @@ func TestLeaderKillAndFullRestart(t *testing.T) {
 
 	// Restart everything: graceful stop of the survivors, then all three up.
 	for _, p := range survivors {
-		p.stop(syscall.SIGTERM)
+		p.Terminate()
 	}
 	for _, p := range procs {
-		p.start(t)
+		p.Start(t)
 	}
 	waitLeader(t, procs, 15*time.Second)
 	for _, p := range procs {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		p.WaitFor(t, 10*time.Second, "the acknowledged workers after restart", func() (bool, string) {
 			got := workerURLs(t, p.url())
-			if equalSets(got, want) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("after restart %s has workers %v, want %v", p.id, got, want)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return equalSets(got, want), fmt.Sprint(got)
+		})
 	}
 	for _, p := range procs {
-		p.stop(syscall.SIGTERM)
+		p.Terminate()
 	}
 	// No prompt text in any data dir.
 	for _, p := range procs {
@@ -372,23 +191,20 @@ func TestBufCurl(t *testing.T) {
 		}
 	}
 	w := replica(t, "w")
-	procs := startCluster(t, []string{w})
+	procs := startCluster(t, []string{w}, "")
 	leader := waitLeader(t, procs, 10*time.Second)
-	out, err := exec.Command(buf, "curl", "--http2-prior-knowledge", "--data", `{"text":"hello"}`,
-		leader.url()+"/cart.v1.RouterService/Route").CombinedOutput()
-	if err != nil {
-		t.Fatalf("buf curl Route: %v\n%s", err, out)
+	r := proc.Run(t, proc.Cmd{Path: buf, Args: []string{"curl", "--http2-prior-knowledge", "--data", `{"text":"hello"}`,
+		leader.url() + "/cart.v1.RouterService/Route"}})
+	if r.Code != 0 || !strings.Contains(r.Output, `"worker": "`+w+`"`) || !strings.Contains(r.Output, `"reason"`) {
+		t.Fatalf("buf curl Route: exit %d:\n%s", r.Code, r.Output)
 	}
-	if !strings.Contains(string(out), `"worker": "`+w+`"`) || !strings.Contains(string(out), `"reason"`) {
-		t.Fatalf("buf curl Route answered:\n%s", out)
-	}
-	out, err = exec.Command(buf, "curl", "--http2-prior-knowledge", "--list-methods", leader.url()).CombinedOutput()
-	if err != nil {
-		t.Fatalf("buf curl --list-methods: %v\n%s", err, out)
+	r = proc.Run(t, proc.Cmd{Path: buf, Args: []string{"curl", "--http2-prior-knowledge", "--list-methods", leader.url()}})
+	if r.Code != 0 {
+		t.Fatalf("buf curl --list-methods: exit %d\n%s", r.Code, r.Output)
 	}
 	for _, m := range []string{"cart.v1.RouterService/Route", "cart.v1.AdminService/AddWorker", "cart.v1.AdminService/ClusterStatus"} {
-		if !strings.Contains(string(out), m) {
-			t.Fatalf("reflection does not list %s:\n%s", m, out)
+		if !strings.Contains(r.Output, m) {
+			t.Fatalf("reflection does not list %s:\n%s", m, r.Output)
 		}
 	}
 	// gRPC health answers through the same port.

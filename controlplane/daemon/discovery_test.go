@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/discovery/dnstest"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func srvRecords(urls ...string) []string {
@@ -41,22 +41,20 @@ func workerSources(url string) map[string]string {
 	return out
 }
 
-func waitSources(t *testing.T, procs []*cpProc, what string, want map[string]string) {
+func waitSources(t *testing.T, nodes []*node, what string, want map[string]string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	var got map[string]string
-	for time.Now().Before(deadline) {
-		for _, p := range procs {
-			if p.cmd == nil {
+	testkit.WaitForMsg(t, 15*time.Second, what, func() (bool, string) {
+		var got map[string]string
+		for _, n := range nodes {
+			if !n.Running() {
 				continue
 			}
-			if got = workerSources(p.url()); fmt.Sprint(got) == fmt.Sprint(want) {
-				return
+			if got = workerSources(n.url()); fmt.Sprint(got) == fmt.Sprint(want) {
+				return true, ""
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: workers %v, want %v", what, got, want)
+		return false, fmt.Sprintf("workers %v, want %v", got, want)
+	})
 }
 
 // The leader discovers workers through DNS as replicated upserts tagged
@@ -67,14 +65,14 @@ func TestLeaderRunsDNSDiscovery(t *testing.T) {
 	static, d1, d2 := replica(t, "s"), replica(t, "d1"), replica(t, "d2")
 	ns := dnstest.Start(t)
 	ns.Set(t, srvRecords(d1, d2)...)
-	procs := startClusterWith(t, []string{static}, fmt.Sprintf(`discovery:
+	procs := startCluster(t, []string{static}, fmt.Sprintf(`discovery:
   drain_timeout_secs: 5
   dns: {name: _w._tcp.pool, record_type: SRV, resolver: "%s", min_interval_secs: 0.05, max_interval_secs: 0.1, remove_after: 2, max_load: 9}
 `, ns.Addr))
 	leader := waitLeader(t, procs, 10*time.Second)
 	waitSources(t, procs, "discovered", map[string]string{static: "static", d1: "dns", d2: "dns"})
 
-	leader.stop(syscall.SIGKILL)
+	leader.Kill()
 	waitLeader(t, procs, 10*time.Second)
 	ns.Set(t, srvRecords(d2)...)
 	waitSources(t, procs, "d1 removed by the new leader", map[string]string{static: "static", d2: "dns"})
@@ -82,13 +80,9 @@ func TestLeaderRunsDNSDiscovery(t *testing.T) {
 	// Empty answers change nothing: wait until the leader counted more of
 	// them than remove_after, then the set must be intact.
 	ns.Set(t)
-	deadline := time.Now().Add(15 * time.Second)
-	for discoveryErrors(waitLeader(t, procs, 10*time.Second).url()) < 4 {
-		if time.Now().After(deadline) {
-			t.Fatal("the leader never counted the empty answers")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 15*time.Second, "the leader to count the empty answers", func() bool {
+		return discoveryErrors(waitLeader(t, procs, 10*time.Second).url()) >= 4
+	})
 	waitSources(t, procs, "after empty answers", map[string]string{static: "static", d2: "dns"})
 }
 

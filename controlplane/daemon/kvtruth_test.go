@@ -6,11 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -52,45 +49,11 @@ func TestLeaderConsumesKVEventsThroughTheLog(t *testing.T) {
 	ts := httptest.NewServer(engine.Handler())
 	t.Cleanup(func() { ts.Close(); _ = engine.Close() })
 
-	base := t.TempDir()
-	var procs []*cpProc
-	for i := 1; i <= 3; i++ {
-		procs = append(procs, &cpProc{id: fmt.Sprintf("n%d", i), api: freePort(t), raft: freePort(t), dir: filepath.Join(base, fmt.Sprintf("d%d", i))})
-	}
-	for i, p := range procs {
-		var sb strings.Builder
-		fmt.Fprintf(&sb, "server: {min_open_files: 0}\nlog: {level: warn}\nhealth: {interval_secs: 0.5, timeout_secs: 0.4}\n")
-		fmt.Fprintf(&sb, "controlplane:\n  node_id: %s\n  api_addr: %s\n  raft_addr: %s\n  data_dir: %s\n  placement_batch_ms: 5\n", p.id, p.api, p.raft, p.dir)
-		if i == 0 {
-			sb.WriteString("  bootstrap: true\n")
-		} else {
-			fmt.Fprintf(&sb, "  join: [%s]\n", procs[0].url())
-		}
-		// Every node that may lead knows the engine's event endpoints.
-		fmt.Fprintf(&sb, "workers:\n  - url: %s\n    kv_events: {endpoint: \"tcp://%s\", replay_endpoint: \"tcp://%s\"}\n", ts.URL, pub.Addr(), pub.ReplayAddr())
-		p.cfg = filepath.Join(base, p.id+".yaml")
-		if err := os.WriteFile(p.cfg, []byte(sb.String()), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	procs[0].start(t)
-	waitLeader(t, procs[:1], 10*time.Second)
-	procs[1].start(t)
-	procs[2].start(t)
-	t.Cleanup(func() {
-		for _, p := range procs {
-			p.stop(syscall.SIGKILL)
-		}
-		if t.Failed() {
-			for _, p := range procs {
-				if p.log != nil {
-					t.Logf("--- %s log:\n%s", p.id, p.log.String())
-				}
-			}
-		}
-	})
+	// Every node that may lead knows the engine's event endpoints.
+	procs := startCluster(t, nil, fmt.Sprintf("workers:\n  - url: %s\n    kv_events: {endpoint: \"tcp://%s\", replay_endpoint: \"tcp://%s\"}\n",
+		ts.URL, pub.Addr(), pub.ReplayAddr()))
 
-	placeAndClear := func(leader *cpProc, live []*cpProc, prompt string) {
+	placeAndClear := func(leader *node, live []*node, prompt string) {
 		t.Helper()
 		testkit.WaitFor(t, 15*time.Second, "the prompt routed", func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

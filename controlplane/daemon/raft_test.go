@@ -1,77 +1,45 @@
 package daemon_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
-	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"
+	"github.com/cartrouter/cart/internal/testkit/proc"
 )
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // A control plane whose Raft address is reachable beyond loopback refuses
 // to start without peer authentication, at --config-check and at start,
 // unless the operator opts out explicitly.
 func TestRefusesUnauthenticatedRemoteRaft(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, extra string) string {
-		p := filepath.Join(dir, name)
-		body := fmt.Sprintf("server: {min_open_files: 0}\ncontrolplane:\n  node_id: n1\n  api_addr: %s\n  raft_addr: %s\n  advertise_raft_addr: cp-1.internal:6702\n  data_dir: %s\n  bootstrap: true\n%s",
-			freePort(t), freePort(t), filepath.Join(dir, name+".data"), extra)
-		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
+	const advertise = "  advertise_raft_addr: cp-1.internal:6702\n"
+	run := func(o nodeOpts, args ...string) proc.Result {
+		n := layoutNodes(t, 1, o)[0]
+		return proc.Run(t, proc.Cmd{Path: n.Path, Args: append(n.Args, args...)})
 	}
-	refused := write("open.yaml", "")
-	for _, args := range [][]string{{"controlplane", "-c", refused, "--config-check"}, {"controlplane", "-c", refused}} {
-		cmd := exec.Command(cartBin, args...)
-		out, err := cmd.CombinedOutput()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || !strings.Contains(string(out), "Raft peers are not authenticated") {
-			t.Errorf("cart %v: err %v, output:\n%s", args, err, out)
+	for _, args := range [][]string{{"--config-check"}, nil} {
+		if r := run(nodeOpts{cp: advertise}, args...); r.Code == 0 || !strings.Contains(r.Output, "Raft peers are not authenticated") {
+			t.Errorf("cart controlplane %v: exit %d, output:\n%s", args, r.Code, r.Output)
 		}
 	}
-	for name, extra := range map[string]string{
-		"token.yaml":  "auth: {token: cluster-secret}\n",
-		"optout.yaml": "  allow_unauthenticated_raft: true\n",
+	for name, o := range map[string]nodeOpts{
+		"token":   {cp: advertise, token: "cluster-secret"},
+		"opt-out": {cp: advertise + "  allow_unauthenticated_raft: true\n"},
 	} {
-		p := write(name, extra)
-		if out, err := exec.Command(cartBin, "controlplane", "-c", p, "--config-check").CombinedOutput(); err != nil {
-			t.Errorf("%s: --config-check failed: %v\n%s", name, err, out)
+		if r := run(o, "--config-check"); r.Code != 0 {
+			t.Errorf("%s: --config-check failed: exit %d\n%s", name, r.Code, r.Output)
 		}
 	}
 }
@@ -104,42 +72,15 @@ func TestRaftListenerBoundsIdleConnections(t *testing.T) {
 		n = v
 	}
 	const maxConns = 256
-	dir := t.TempDir()
-	api, raftAddr := freePort(t), freePort(t)
-	cfg := filepath.Join(dir, "cp.yaml")
-	body := fmt.Sprintf("server: {min_open_files: 0}\nlog: {level: warn}\nauth: {token: idle-test-token}\ncontrolplane:\n  node_id: n1\n  api_addr: %s\n  raft_addr: %s\n  data_dir: %s\n  bootstrap: true\n  raft_handshake_timeout_ms: 1500\n  raft_max_conns: %d\n",
-		api, raftAddr, filepath.Join(dir, "data"), maxConns)
-	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	logs := &lockedBuf{}
-	cmd := exec.Command(cartBin, "controlplane", "-c", cfg)
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("node log:\n%s", logs.String())
-		}
-	}()
-	ac := cartv1connect.NewAdminServiceClient(client, "http://"+api, connect.WithGRPC(),
-		connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-				req.Header().Set("Authorization", "Bearer idle-test-token")
-				return next(ctx, req)
-			}
-		})))
+	const token = "idle-test-token"
+	nd := startNodes(t, 1, nodeOpts{token: token,
+		cp: fmt.Sprintf("  raft_handshake_timeout_ms: 1500\n  raft_max_conns: %d\n", maxConns)})[0]
 	leader := func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		r, err := ac.ClusterStatus(ctx, connect.NewRequest(&cartv1.ClusterStatusRequest{}))
-		return err == nil && r.Msg.GetState() == "leader"
+		st, err := nd.status()
+		return err == nil && st.GetState() == "leader"
 	}
 	testkit.WaitFor(t, 15*time.Second, "the node to lead", leader)
-	pid := cmd.Process.Pid
+	pid := nd.Pid()
 	rss0, fd0 := procRSSAndFDs(t, pid)
 
 	var closed atomic.Int64
@@ -152,7 +93,7 @@ func TestRaftListenerBoundsIdleConnections(t *testing.T) {
 		wg.Wait()
 	}()
 	for range n {
-		c, err := net.DialTimeout("tcp", raftAddr, 5*time.Second)
+		c, err := net.DialTimeout("tcp", nd.raft, 5*time.Second)
 		if err != nil {
 			t.Fatalf("dial %d: %v", len(conns), err)
 		}
@@ -180,7 +121,7 @@ func TestRaftListenerBoundsIdleConnections(t *testing.T) {
 	if !leader() {
 		t.Error("node no longer leads after the connection flood")
 	}
-	if !strings.Contains(logs.String(), "inbound connection cap reached") {
+	if !nd.Log.Contains("inbound connection cap reached") {
 		t.Error("refusals at the cap not logged")
 	}
 }
@@ -190,71 +131,16 @@ func TestRaftListenerBoundsIdleConnections(t *testing.T) {
 // writes the same audited worker change with the actor who asked for it.
 func TestTokenClusterAuditsOnEveryNode(t *testing.T) {
 	const token = "three-node-cluster-token"
-	base := t.TempDir()
-	type node struct {
-		id, api, raft, cfg string
-		logs               *lockedBuf
-		cmd                *exec.Cmd
-	}
-	var nodes []*node
-	for i := 1; i <= 3; i++ {
-		n := &node{id: fmt.Sprintf("n%d", i), api: freePort(t), raft: freePort(t), logs: &lockedBuf{}}
-		var sb strings.Builder
-		fmt.Fprintf(&sb, "server: {min_open_files: 0}\nlog: {level: info, format: text}\nauth: {token: %s}\n", token)
-		fmt.Fprintf(&sb, "controlplane:\n  node_id: %s\n  api_addr: %s\n  raft_addr: %s\n  data_dir: %s\n", n.id, n.api, n.raft, filepath.Join(base, n.id))
-		if i == 1 {
-			sb.WriteString("  bootstrap: true\nworkers:\n  - url: http://127.0.0.1:9\n")
-		} else {
-			fmt.Fprintf(&sb, "  join: [http://%s]\n", nodes[0].api)
-		}
-		n.cfg = filepath.Join(base, n.id+".yaml")
-		if err := os.WriteFile(n.cfg, []byte(sb.String()), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		nodes = append(nodes, n)
-	}
-	t.Cleanup(func() {
-		for _, n := range nodes {
-			if n.cmd != nil {
-				_ = n.cmd.Process.Signal(syscall.SIGKILL)
-				_ = n.cmd.Wait()
-			}
-			if t.Failed() {
-				t.Logf("--- %s log:\n%s", n.id, n.logs.String())
-			}
-		}
-	})
-	for _, n := range nodes {
-		n.cmd = exec.Command(cartBin, "controlplane", "-c", n.cfg)
-		n.cmd.Stdout, n.cmd.Stderr = n.logs, n.logs
-		if err := n.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bearer := connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("Authorization", "Bearer "+token)
-			return next(ctx, req)
-		}
-	}))
-	adminOf := func(n *node) cartv1connect.AdminServiceClient {
-		return cartv1connect.NewAdminServiceClient(client, "http://"+n.api, connect.WithGRPC(), bearer)
-	}
-	testkit.WaitFor(t, 30*time.Second, "three voters and a leader", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		r, err := adminOf(nodes[0]).ClusterStatus(ctx, connect.NewRequest(&cartv1.ClusterStatusRequest{}))
-		return err == nil && len(r.Msg.GetMembers()) == 3 && r.Msg.GetLeaderUrl() != ""
-	})
+	nodes := startNodes(t, 3, nodeOpts{log: "{level: info, format: text}", token: token, workers: []string{"http://127.0.0.1:9"}})
 	testkit.WaitFor(t, 30*time.Second, "a worker added through a node", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		_, err := adminOf(nodes[2]).AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: "http://127.0.0.1:10", MaxLoad: 3}}))
+		_, err := nodes[2].admin().AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: "http://127.0.0.1:10", MaxLoad: 3}}))
 		return err == nil
 	})
 	for _, n := range nodes {
 		testkit.WaitFor(t, 10*time.Second, n.id+"'s audit lines", func() bool {
-			out := n.logs.String()
+			out := n.Log.String()
 			return strings.Contains(out, `msg="audit: worker added"`) &&
 				strings.Contains(out, `actor="cluster token from 127.0.0.1:`) &&
 				strings.Contains(out, `worker=http://127.0.0.1:10 old=(none) new="http://127.0.0.1:10 max_load=3`) &&

@@ -34,9 +34,18 @@ type build struct {
 // the first gets the same program, or the same build failure.
 func Build(t testing.TB, pkg string, env ...string) string {
 	t.Helper()
-	b, err := buildEntry(pkg, env)
+	path, err := BuildErr(pkg, env...)
 	if err != nil {
 		t.Fatalf("%v", err)
+	}
+	return path
+}
+
+// BuildErr is Build for where there is no test to fail (TestMain).
+func BuildErr(pkg string, env ...string) (string, error) {
+	b, err := buildEntry(pkg, env)
+	if err != nil {
+		return "", err
 	}
 	b.once.Do(func() {
 		cmd := exec.Command("go", "build", "-o", b.path, pkg)
@@ -47,10 +56,7 @@ func Build(t testing.TB, pkg string, env ...string) string {
 			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 		}
 	})
-	if b.err != nil {
-		t.Fatalf("%v", b.err)
-	}
-	return b.path
+	return b.path, b.err
 }
 
 func buildEntry(pkg string, env []string) (*build, error) {
