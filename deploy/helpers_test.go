@@ -5,7 +5,6 @@
 package deploy
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,7 +13,11 @@ import (
 	"testing"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/internal/testkit/proc"
 )
+
+// TestMain removes the programs the tests build.
+func TestMain(m *testing.M) { proc.Main(m) }
 
 // repoRoot is the module root: this file lives in <root>/deploy.
 func repoRoot(t testing.TB) string {
@@ -85,15 +88,12 @@ func run(t testing.TB, dir string, name string, args ...string) string {
 }
 
 func runErr(dir string, env []string, name string, args ...string) (string, error) {
-	cmd := exec.Command(name, args...)
-	cmd.Dir = dir
+	c := proc.Cmd{Path: name, Args: args, Dir: dir}
 	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
+		c.Env = append(os.Environ(), env...)
 	}
-	var buf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &buf, &buf
-	err := cmd.Run()
-	return buf.String(), err
+	r, err := proc.Exec(c)
+	return r.Output, err
 }
 
 // withSecretFiles replaces every secret file path in cfg by where(path):

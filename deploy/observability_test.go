@@ -29,6 +29,7 @@ import (
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"
+	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -438,16 +439,6 @@ func scrapeDataPlaneMetrics(t *testing.T) map[string]bool {
 	return names
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // scrapeControlPlaneMetrics starts a one-node control plane in process
 // (bootstrapped, temp data dir), checks the gRPC health call the
 // Kubernetes readiness probe and the compose healthcheck make, routes one
@@ -459,8 +450,8 @@ func scrapeControlPlaneMetrics(t *testing.T) (names map[string]bool, served bool
 	cfg.ControlPlane.NodeID = "cp-test"
 	cfg.ControlPlane.DataDir = t.TempDir()
 	cfg.ControlPlane.Bootstrap = true
-	cfg.ControlPlane.APIAddr = freeAddr(t)
-	cfg.ControlPlane.RaftAddr = freeAddr(t)
+	cfg.ControlPlane.APIAddr = testkit.FreeAddr(t)
+	cfg.ControlPlane.RaftAddr = testkit.FreeAddr(t)
 	// No seed list: the worker is added through the admin API below, the
 	// path the Helm hook Job takes.
 	cfg.Workers = nil
@@ -550,8 +541,7 @@ func scrapeControlPlaneMetrics(t *testing.T) (names map[string]bool, served bool
 // containers.
 func probeControlPlane(t *testing.T, base string) {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "cart-probe")
-	run(t, repoRoot(t), "go", "build", "-o", bin, "./deploy/docker/probe")
+	bin := proc.Build(t, "github.com/cartrouter/cart/deploy/docker/probe")
 	token := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(token, []byte("test-token\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/cartrouter/cart/internal/testkit"
+	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -29,14 +29,13 @@ func TestSDKsAuthenticateWithClientKeys(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts the cart binary; skipped with -short")
 	}
-	buildBinaries(t)
+	cartBin, _ := buildBinaries(t)
 	rep := newReplica(t, sim.Config{Name: "auth", BlockTokens: 16, OutputTokens: 4})
 	dir := t.TempDir()
 	const key = "e2e-client-key-7d1f0a9c"
 	keyFile := filepath.Join(dir, "client-key")
 	writeFile(t, keyFile, key+"\n")
-	n := &httpNode{id: "aio-auth", addr: freeAddr(t)}
-	n.name, n.bin = n.id, cartBin
+	n := &httpNode{id: "aio-auth", addr: testkit.FreeAddr(t)}
 	_, port, _ := net.SplitHostPort(n.addr)
 	cfg := filepath.Join(dir, "cart.yaml")
 	writeFile(t, cfg, fmt.Sprintf(`server: {host: 127.0.0.1, port: %s, min_open_files: 0, shutdown_grace_secs: 1}
@@ -46,18 +45,8 @@ workers: [{url: %q}]
 auth:
   client_keys: [{name: sdk-tests, key_file: %q}]
 `, port, rep.url, keyFile))
-	n.args = []string{"-c", cfg}
-	n.start(t)
-	t.Cleanup(func() {
-		n.stop(syscall.SIGTERM, 5*time.Second)
-		if t.Failed() {
-			t.Logf("--- %s log (tail):\n%s", n.name, n.log.tail(4000))
-		}
-	})
-	testkit.WaitForMsg(t, 20*time.Second, "cart to serve /health", func() (bool, string) {
-		code, err := getStatus(n.url() + "/health")
-		return err == nil && code == http.StatusOK, fmt.Sprint(code, err)
-	})
+	n.Proc = proc.Start(t, proc.Cmd{Name: n.id, Path: cartBin, Args: []string{"-c", cfg}})
+	n.WaitFor(t, 20*time.Second, "/health", proc.HTTPOK(n.url()+"/health"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -65,7 +64,7 @@ func (e *env) waitStableLeader(t *testing.T, within, hold time.Duration) {
 	testkit.WaitForMsg(t, within, "a stable leader", func() (bool, string) {
 		cur := ""
 		for _, c := range e.cps {
-			if !c.alive() {
+			if !c.Running() {
 				continue
 			}
 			st, err := e.status(c)
@@ -102,7 +101,7 @@ func (e *env) term(t *testing.T) string {
 func (e *env) liveDPs() []*httpNode {
 	var out []*httpNode
 	for _, d := range e.dps {
-		if d.alive() {
+		if d.Running() {
 			out = append(out, d)
 		}
 	}
@@ -385,11 +384,11 @@ func testLeaderKill(t *testing.T, e *env) {
 	fb0 := e.fallbackSum(t, dps)
 	old := e.waitLeader(t, 5*time.Second)
 	killAt := time.Now()
-	old.stop(syscall.SIGKILL, 5*time.Second)
+	old.Kill()
 	defer func() {
 		// Bring the node back for the following subtests, and let any
 		// election its return provokes happen here, not in the next step.
-		old.start(t)
+		old.Start(t)
 		testkit.WaitForMsg(t, 20*time.Second, old.id+" rejoined", func() (bool, string) {
 			st, err := e.status(old)
 			if err != nil {
@@ -515,9 +514,9 @@ func testDataPlaneKill(t *testing.T, e *env) {
 	dpsBefore := st.GetDataplanes()
 
 	killAt := time.Now()
-	victim.stop(syscall.SIGKILL, 5*time.Second)
+	victim.Kill()
 	defer func() {
-		victim.start(t)
+		victim.Start(t)
 		e.waitReady(t, victim, urlsOf(e.slow))
 	}()
 	var drained time.Duration

@@ -2,11 +2,9 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -17,8 +15,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,6 +24,7 @@ import (
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"
+	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -47,43 +44,12 @@ const (
 
 // ---------------------------------------------------------------- binaries
 
-var (
-	buildOnce  sync.Once
-	buildErr   error
-	cartBin    string
-	cartctlBin string
-	binDir     string
-)
+func TestMain(m *testing.M) { proc.Main(m) }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
-
-// buildBinaries builds cart and cartctl once per test binary.
-func buildBinaries(t *testing.T) {
+// buildBinaries builds cart and cartctl (once per test binary).
+func buildBinaries(t *testing.T) (cart, cartctl string) {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "cart-e2e-bin")
-		if buildErr != nil {
-			return
-		}
-		cartBin = filepath.Join(binDir, "cart")
-		cartctlBin = filepath.Join(binDir, "cartctl")
-		for bin, pkg := range map[string]string{cartBin: "github.com/cartrouter/cart/cli/cart", cartctlBin: "github.com/cartrouter/cart/cli/cartctl"} {
-			out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
-			if err != nil {
-				buildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
+	return proc.Build(t, "github.com/cartrouter/cart/cli/cart"), proc.Build(t, "github.com/cartrouter/cart/cli/cartctl")
 }
 
 // haproxyPath finds haproxy: missing is a skip on a laptop, a failure in CI.
@@ -102,113 +68,6 @@ func haproxyPath(t *testing.T) string {
 }
 
 // ---------------------------------------------------------------- processes
-
-// logBuf collects a child's output; bounded so a chatty process cannot eat
-// the test's memory.
-type logBuf struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-const logCap = 1 << 20
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.b = append(l.b, p...)
-	if len(l.b) > logCap {
-		l.b = append([]byte("...\n"), l.b[len(l.b)-logCap/2:]...)
-	}
-	return len(p), nil
-}
-
-func (l *logBuf) tail(n int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.b) > n {
-		return "...\n" + string(l.b[len(l.b)-n:])
-	}
-	return string(l.b)
-}
-
-// proc is one child process, restartable with the same arguments.
-type proc struct {
-	name string
-	bin  string
-	args []string
-	log  logBuf
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func (p *proc) start(t *testing.T) {
-	t.Helper()
-	cmd := exec.Command(p.bin, p.args...)
-	cmd.Stdout, cmd.Stderr = &p.log, &p.log
-	orphanProof(cmd)
-	fmt.Fprintf(&p.log, "=== %s start: %s %s\n", time.Now().Format("15:04:05.000"), p.bin, strings.Join(p.args, " "))
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", p.name, err)
-	}
-	done := make(chan struct{})
-	go func() {
-		err := cmd.Wait()
-		fmt.Fprintf(&p.log, "=== %s exit: %v\n", time.Now().Format("15:04:05.000"), err)
-		close(done)
-	}()
-	p.mu.Lock()
-	p.cmd, p.done = cmd, done
-	p.mu.Unlock()
-}
-
-func (p *proc) alive() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// stop signals this process (by its own pid) and waits for it to exit,
-// escalating to SIGKILL after grace.
-func (p *proc) stop(sig syscall.Signal, grace time.Duration) {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	if cmd == nil || cmd.Process == nil {
-		return
-	}
-	select {
-	case <-done:
-		return
-	default:
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(grace):
-		_ = cmd.Process.Kill()
-		<-done
-	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 func writeFile(t *testing.T, path, body string) {
 	t.Helper()
@@ -245,7 +104,7 @@ func urlsOf(rs []*replica) []string {
 // ---------------------------------------------------------------- environment
 
 type cpNode struct {
-	proc
+	*proc.Proc
 	id, api, raft string
 }
 
@@ -253,7 +112,7 @@ func (c *cpNode) url() string { return "http://" + c.api }
 
 // httpNode is a data plane or an all-in-one router.
 type httpNode struct {
-	proc
+	*proc.Proc
 	id   string
 	addr string
 }
@@ -273,10 +132,12 @@ type env struct {
 	dps    []*httpNode // dp1..dp4
 	aios   []*httpNode // all-in-one routers over fast, the split baseline
 	aioLat *httpNode   // all-in-one over latRep only
-	hp     *proc
+	hp     *proc.Proc
 	fe     map[string]string // HAProxy frontend name -> base URL
 
-	cp *http.Client // h2c client for the control-plane API
+	cp         *http.Client // h2c client for the control-plane API
+	cartBin    string
+	cartctlBin string
 }
 
 // frontends: HAProxy frontend name -> backend servers, filled in newEnv.
@@ -285,8 +146,8 @@ var frontendNames = []string{"dp1", "dp2", "dp4", "split2", "split4"}
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	hap := haproxyPath(t)
-	buildBinaries(t)
 	e := &env{t: t, dir: t.TempDir(), cp: cpclient.NewWithTLS(nil), fe: map[string]string{}}
+	e.cartBin, e.cartctlBin = buildBinaries(t)
 
 	for _, n := range []string{"a", "b", "c", "d"} {
 		e.fast = append(e.fast, newReplica(t, sim.Config{Name: "fast-" + n, BlockTokens: 16, OutputTokens: 4}))
@@ -298,33 +159,8 @@ func newEnv(t *testing.T) *env {
 	}
 	e.latRep = newReplica(t, sim.Config{Name: "lat", BlockTokens: 16, OutputTokens: 1})
 
-	t.Cleanup(func() {
-		var all []*proc
-		if e.hp != nil {
-			all = append(all, e.hp)
-		}
-		for _, n := range e.dps {
-			all = append(all, &n.proc)
-		}
-		for _, n := range e.aios {
-			all = append(all, &n.proc)
-		}
-		if e.aioLat != nil {
-			all = append(all, &e.aioLat.proc)
-		}
-		for _, n := range e.cps {
-			all = append(all, &n.proc)
-		}
-		for _, p := range all {
-			p.stop(syscall.SIGKILL, 5*time.Second)
-		}
-		if t.Failed() {
-			for _, p := range all {
-				t.Logf("--- %s log (tail):\n%s", p.name, p.log.tail(6000))
-			}
-		}
-	})
-
+	// Each process is stopped, and its output shown if the test failed,
+	// by the cleanup its first start registers.
 	e.startControlPlane(t)
 	e.startDataPlanes(t)
 	e.startAllInOnes(t)
@@ -334,8 +170,8 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) startControlPlane(t *testing.T) {
 	for i := 1; i <= 3; i++ {
-		c := &cpNode{id: fmt.Sprintf("n%d", i), api: freeAddr(t), raft: freeAddr(t)}
-		c.name, c.bin = "cp-"+c.id, cartBin
+		c := &cpNode{id: fmt.Sprintf("n%d", i), api: testkit.FreeAddr(t), raft: testkit.FreeAddr(t)}
+		c.Proc = &proc.Proc{Cmd: proc.Cmd{Name: "cp-" + c.id, Path: e.cartBin}}
 		e.cps = append(e.cps, c)
 	}
 	for i, c := range e.cps {
@@ -355,12 +191,12 @@ func (e *env) startControlPlane(t *testing.T) {
 		}
 		cfg := filepath.Join(e.dir, c.id+".yaml")
 		writeFile(t, cfg, sb.String())
-		c.args = []string{"controlplane", "-c", cfg}
+		c.Args = []string{"controlplane", "-c", cfg}
 	}
-	e.cps[0].start(t)
+	e.cps[0].Start(t)
 	e.waitLeader(t, 15*time.Second)
-	e.cps[1].start(t)
-	e.cps[2].start(t)
+	e.cps[1].Start(t)
+	e.cps[2].Start(t)
 	testkit.WaitForMsg(t, 20*time.Second, "three voters with a leader", func() (bool, string) {
 		st, err := e.status(e.cps[0])
 		if err != nil {
@@ -381,8 +217,7 @@ func (e *env) cpURLs() []string {
 
 func (e *env) startDataPlanes(t *testing.T) {
 	for i := 1; i <= 4; i++ {
-		d := &httpNode{id: fmt.Sprintf("dp%d", i), addr: freeAddr(t)}
-		d.name, d.bin = d.id, cartBin
+		d := &httpNode{id: fmt.Sprintf("dp%d", i), addr: testkit.FreeAddr(t)}
 		_, port, _ := net.SplitHostPort(d.addr)
 		cfg := filepath.Join(e.dir, d.id+".yaml")
 		writeFile(t, cfg, fmt.Sprintf(`server: {host: 127.0.0.1, port: %s, min_open_files: 0, shutdown_grace_secs: 1}
@@ -394,8 +229,7 @@ dataplane:
   route_timeout_ms: %d
   worker_sync_interval_ms: %d
 `, port, d.id, strings.Join(e.cpURLs(), ", "), routeTimeoutMs, syncIntervalMs))
-		d.args = []string{"dataplane", "-c", cfg}
-		d.start(t)
+		d.Proc = proc.Start(t, proc.Cmd{Name: d.id, Path: e.cartBin, Args: []string{"dataplane", "-c", cfg}})
 		e.dps = append(e.dps, d)
 	}
 	for _, d := range e.dps {
@@ -405,8 +239,7 @@ dataplane:
 
 func (e *env) startAllInOnes(t *testing.T) {
 	mk := func(id string, workers []string) *httpNode {
-		a := &httpNode{id: id, addr: freeAddr(t)}
-		a.name, a.bin = id, cartBin
+		a := &httpNode{id: id, addr: testkit.FreeAddr(t)}
 		_, port, _ := net.SplitHostPort(a.addr)
 		var sb strings.Builder
 		fmt.Fprintf(&sb, "server: {host: 127.0.0.1, port: %s, min_open_files: 0, shutdown_grace_secs: 1}\n", port)
@@ -417,8 +250,7 @@ func (e *env) startAllInOnes(t *testing.T) {
 		}
 		cfg := filepath.Join(e.dir, id+".yaml")
 		writeFile(t, cfg, sb.String())
-		a.args = []string{"-c", cfg}
-		a.start(t)
+		a.Proc = proc.Start(t, proc.Cmd{Name: id, Path: e.cartBin, Args: []string{"-c", cfg}})
 		return a
 	}
 	for i := 1; i <= 4; i++ {
@@ -452,7 +284,7 @@ defaults
   option redispatch
 `)
 	for _, name := range frontendNames {
-		addr := freeAddr(t)
+		addr := testkit.FreeAddr(t)
 		e.fe[name] = "http://" + addr
 		fmt.Fprintf(&sb, "frontend fe_%s\n  bind %s\n  default_backend be_%s\n", name, addr, name)
 		fmt.Fprintf(&sb, "backend be_%s\n  balance roundrobin\n", name)
@@ -462,17 +294,9 @@ defaults
 	}
 	cfg := filepath.Join(e.dir, "haproxy.cfg")
 	writeFile(t, cfg, sb.String())
-	e.hp = &proc{name: "haproxy", bin: bin, args: []string{"-f", cfg, "-db"}}
-	e.hp.start(t)
+	e.hp = proc.Start(t, proc.Cmd{Name: "haproxy", Path: bin, Args: []string{"-f", cfg, "-db"}})
 	for _, name := range frontendNames {
-		base := e.fe[name]
-		testkit.WaitForMsg(t, 15*time.Second, "HAProxy frontend "+name, func() (bool, string) {
-			code, err := getStatus(base + "/health")
-			if err != nil {
-				return false, err.Error()
-			}
-			return code == http.StatusOK, fmt.Sprint("status ", code)
-		})
+		e.hp.WaitFor(t, 15*time.Second, "frontend "+name, proc.HTTPOK(e.fe[name]+"/health"))
 	}
 }
 
@@ -481,19 +305,9 @@ defaults
 // its /workers to equal want.
 func (e *env) waitReady(t *testing.T, n *httpNode, want []string) {
 	t.Helper()
-	testkit.WaitForMsg(t, 20*time.Second, n.id+" ready", func() (bool, string) {
-		if !n.alive() {
-			t.Fatalf("%s exited:\n%s", n.id, n.log.tail(4000))
-		}
-		code, err := getStatus(n.url() + "/health")
-		if err != nil {
-			return false, err.Error()
-		}
-		if code != http.StatusOK {
-			return false, fmt.Sprint("health ", code)
-		}
-		if want == nil {
-			return true, ""
+	n.WaitFor(t, 20*time.Second, "ready", func() (bool, string) {
+		if ok, last := proc.HTTPOK(n.url() + "/health")(); !ok || want == nil {
+			return ok, last
 		}
 		got, err := routerWorkers(n.url())
 		if err != nil {
@@ -506,16 +320,6 @@ func (e *env) waitReady(t *testing.T, n *httpNode, want []string) {
 // ---------------------------------------------------------------- polling
 
 var plain = &http.Client{Timeout: 5 * time.Second}
-
-func getStatus(url string) (int, error) {
-	resp, err := plain.Get(url)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, nil
-}
 
 // routerWorkers reads a router's GET /workers.
 func routerWorkers(base string) ([]string, error) {
@@ -609,7 +413,7 @@ func (e *env) status(c *cpNode) (*cartv1.ClusterStatusResponse, error) {
 // leaderNow returns the live node reporting itself leader, or nil.
 func (e *env) leaderNow() *cpNode {
 	for _, c := range e.cps {
-		if !c.alive() {
+		if !c.Running() {
 			continue
 		}
 		if st, err := e.status(c); err == nil && st.GetState() == "leader" {
@@ -682,7 +486,7 @@ func (e *env) setWorkers(t *testing.T, want []string) {
 		}
 	}
 	for _, d := range e.dps {
-		if !d.alive() {
+		if !d.Running() {
 			continue
 		}
 		testkit.WaitForMsg(t, 10*time.Second, d.id+" worker set", func() (bool, string) {
@@ -710,19 +514,9 @@ func (e *env) cartctl(t *testing.T, args ...string) string {
 func (e *env) cartctlRun(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	full := append([]string{"--config=", "--server", strings.Join(e.cpURLs(), ","), "--timeout", "15s"}, args...)
-	cmd := exec.Command(cartctlBin, full...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CARTCTL_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if err != nil {
-		if _, ok := err.(*exec.ExitError); !ok {
-			t.Fatalf("run cartctl: %v", err)
-		}
-	}
-	return stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()
+	// The flags above are the whole configuration: none from the
+	// environment of whoever runs the tests.
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "CARTCTL_") })
+	r := proc.Run(t, proc.Cmd{Path: e.cartctlBin, Args: full, Env: env})
+	return r.Stdout, r.Stderr, r.Code
 }

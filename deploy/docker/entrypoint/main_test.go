@@ -1,42 +1,22 @@
 package main
 
 import (
-	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/cartrouter/cart/internal/testkit/proc"
 )
 
-// entrypointBin is this command compiled once by TestMain, so it can run
-// under a lowered limit in a child process (the limit of the test process
-// itself must not change).
-var entrypointBin string
+func TestMain(m *testing.M) { proc.Main(m) }
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "cart-entrypoint-test")
-	if err != nil {
-		panic(err)
-	}
-	entrypointBin = filepath.Join(dir, "cart-entrypoint")
-	cmd := exec.Command("go", "build", "-o", entrypointBin, ".")
-	// go test puts its own GOROOT/bin first in PATH, so this is the
-	// toolchain under test.
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func buildEntrypoint(*testing.T) string { return entrypointBin }
+// buildEntrypoint compiles this command (once), so it can run under a
+// lowered limit in a child process: the limit of the test process itself
+// must not change. Static, as in the image.
+func buildEntrypoint(t *testing.T) string { return proc.Build(t, ".", "CGO_ENABLED=0") }
 
 func prlimit(t *testing.T) string {
 	t.Helper()
@@ -60,22 +40,12 @@ func hardLimit(t *testing.T) uint64 {
 // CART_MIN_OPEN_FILES ("" leaves it unset).
 func runUnder(t *testing.T, bin, limits, minOpen string, args ...string) (int, string, string) {
 	t.Helper()
-	cmd := exec.Command(prlimit(t), append([]string{"--nofile=" + limits, bin}, args...)...)
 	env := []string{"PATH=" + os.Getenv("PATH")}
 	if minOpen != "" {
 		env = append(env, "CART_MIN_OPEN_FILES="+minOpen)
 	}
-	cmd.Env = env
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return code, stdout.String(), stderr.String()
+	r := proc.Run(t, proc.Cmd{Path: prlimit(t), Args: append([]string{"--nofile=" + limits, bin}, args...), Env: env})
+	return r.Code, r.Stdout, r.Stderr
 }
 
 func TestRefusesBelowDefaultThreshold(t *testing.T) {

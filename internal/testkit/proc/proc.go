@@ -52,10 +52,10 @@ type Proc struct {
 	Cmd
 	Log LogBuffer // stdout and stderr of every run, with a line at each start and exit
 
-	mu       sync.Mutex
-	cmd      *exec.Cmd
-	done     chan struct{}
-	cleanFor testing.TB
+	mu         sync.Mutex
+	cmd        *exec.Cmd
+	done       chan struct{}
+	registered bool
 }
 
 // Start runs c and returns it as a Proc stopped (SIGKILL) when t ends.
@@ -66,9 +66,10 @@ func Start(t testing.TB, c Cmd) *Proc {
 	return p
 }
 
-// Start runs the process (again, after a stop). The first Start under t
-// registers a cleanup that kills it and, if t failed, logs the tail of its
-// output.
+// Start runs the process (again, after a stop). The first Start registers,
+// under its t, a cleanup that kills the process and, if t failed, logs the
+// tail of its output; a later Start (a restart in a subtest, say) does not,
+// so the process lives until that first test ends.
 func (p *Proc) Start(t testing.TB) {
 	t.Helper()
 	if p.Running() {
@@ -88,8 +89,8 @@ func (p *Proc) Start(t testing.TB) {
 	}()
 	p.mu.Lock()
 	p.cmd, p.done = cmd, done
-	register := p.cleanFor != t
-	p.cleanFor = t
+	register := !p.registered
+	p.registered = true
 	p.mu.Unlock()
 	if register {
 		t.Cleanup(func() {

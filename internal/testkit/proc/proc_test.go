@@ -106,10 +106,13 @@ func TestCleanupKillsAndShowsOutputOnFailure(t *testing.T) {
 	p := Start(f, child(t, "-ignore-term"))
 	p.WaitLog(t, 10*time.Second, "started")
 	p.Kill()
-	p.Start(f) // a restart must not add a second cleanup
+	// A restart, here under a subtest's TB, adds no cleanup: ending the
+	// subtest must not stop a process its parent still uses.
+	sub := &fakeTB{TB: t}
+	p.Start(sub)
 	testkit.WaitFor(t, 10*time.Second, "the second start", func() bool { return strings.Count(p.Log.String(), "started\n") == 2 })
-	if len(f.cleanups) != 1 {
-		t.Fatalf("%d cleanups registered, want 1", len(f.cleanups))
+	if len(f.cleanups) != 1 || len(sub.cleanups) != 0 {
+		t.Fatalf("%d cleanups registered by the first start, %d by the restart; want 1 and 0", len(f.cleanups), len(sub.cleanups))
 	}
 	f.runCleanups()
 	if p.Running() {
