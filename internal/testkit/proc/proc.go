@@ -196,7 +196,9 @@ func (p *Proc) WaitLog(t testing.TB, timeout time.Duration, s string) {
 	testkit.WaitFor(t, timeout, fmt.Sprintf("%s to log %q", p.name(), s), func() bool { return p.Log.Contains(s) })
 }
 
-var httpc = &http.Client{Timeout: 2 * time.Second}
+// httpc polls without keep-alive: an idle connection left behind by a
+// readiness check would show up as a leaked goroutine in goleak's eyes.
+var httpc = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
 // HTTPOK is a readiness condition: GET url answers 200.
 func HTTPOK(url string) func() (bool, string) {

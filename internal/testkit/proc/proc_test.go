@@ -167,3 +167,17 @@ func TestLogBufferIsBounded(t *testing.T) {
 		t.Fatalf("tail %q", tail)
 	}
 }
+
+func TestRemoveBuildsDeletesThePrograms(t *testing.T) {
+	a := Build(t, "./testdata/child")
+	RemoveBuilds()
+	if _, err := os.Stat(a); !os.IsNotExist(err) {
+		t.Fatalf("%s still there after RemoveBuilds: %v", a, err)
+	}
+	// The next Build starts afresh.
+	if b := Build(t, "./testdata/child"); b == a {
+		t.Fatalf("rebuilt at the removed path %s", b)
+	} else if _, err := os.Stat(b); err != nil {
+		t.Fatal(err)
+	}
+}
