@@ -489,17 +489,10 @@ func scrapeControlPlaneMetrics(t *testing.T) (names map[string]bool, served bool
 	protos.SetUnencryptedHTTP2(true)
 	h2c := &http.Client{Transport: &http.Transport{Protocols: &protos}, Timeout: 5 * time.Second}
 	health := grpchealth.NewClient(h2c, base, connect.WithGRPC())
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testkit.WaitForMsg(t, 20*time.Second, "the control plane to report SERVING on gRPC health", func() (bool, string) {
 		resp, err := health.Check(ctx, &grpchealth.CheckRequest{})
-		if err == nil && resp.Status == grpchealth.StatusServing {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("control plane never reported SERVING on gRPC health (last: %v, %v)", resp, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && resp.Status == grpchealth.StatusServing, fmt.Sprint(resp, err)
+	})
 
 	// One worker (AddWorker, as `cartctl workers add` in the Helm hook
 	// does) and one routing decision, so the per-reason counter has a series.
