@@ -56,10 +56,15 @@ type CPRun struct {
 	Fallbacks      int            `json:"fallbacks"`
 	FallbackCauses map[string]int `json:"fallback_causes,omitempty"`
 	Errors         int            `json:"errors"`
-	RoutesPerS     float64        `json:"routes_per_s"` // routed (answered + fallbacks) per second
-	// LatencyMs is the data plane's view of every Route call, fallbacks
-	// included (they end at the route timeout).
-	LatencyMs Latency `json:"latency_ms"`
+	// RoutesPerS counts the calls the control plane answered: a fallback
+	// is the data plane's decision, and with the breaker open it costs
+	// nothing, so counting it would reward an overloaded leader.
+	RoutesPerS float64 `json:"routes_per_s"`
+	// LatencyMs is the data plane's view of the answered Route calls;
+	// AllLatencyMs of every routed call, fallbacks included (a timeout ends
+	// at the route timeout, a breaker fallback at once).
+	LatencyMs    Latency `json:"latency_ms"`
+	AllLatencyMs Latency `json:"all_latency_ms"`
 	// DecideP99Us is the leader's cart_cp_route_seconds over the run;
 	// LockHoldP99Us its cart_decider_lock_hold_seconds over every op, and
 	// LockHoldMaxUs the upper bound of the highest bucket any hold reached
@@ -69,7 +74,7 @@ type CPRun struct {
 	LockHoldMaxUs     float64            `json:"lock_hold_max_us"`
 	LockHoldOverflow  bool               `json:"lock_hold_overflow,omitempty"`
 	LockHoldP99ByOpUs map[string]float64 `json:"lock_hold_p99_by_op_us,omitempty"`
-	// CPU per routed call, µs: the leader, both followers together, and
+	// CPU per answered call, µs: the leader, both followers together, and
 	// the bench process (load generator and data planes).
 	CPULeaderUs    float64 `json:"cpu_leader_us_per_route"`
 	CPUFollowersUs float64 `json:"cpu_followers_us_per_route"`
@@ -290,8 +295,9 @@ func scrapeCP(c *cpCluster, leader *cpNode) cpScrape {
 func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after cpScrape, leaderIdx int) {
 	r.WallS = wall.Seconds()
 	r.Sent = len(samples)
-	var lat []float64
+	var answered, every []float64
 	for _, s := range samples {
+		ms := float64(s.lat) / 1e6
 		switch {
 		case s.err:
 			r.Errors++
@@ -300,16 +306,16 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 			r.Fallbacks++
 		default:
 			r.Answered++
+			answered = append(answered, ms)
 		}
-		lat = append(lat, float64(s.lat)/1e6)
+		every = append(every, ms)
 	}
-	r.LatencyMs = latencyOf(lat)
-	routed := r.Answered + r.Fallbacks
+	r.LatencyMs, r.AllLatencyMs = latencyOf(answered), latencyOf(every)
 	if wall > 0 {
-		r.RoutesPerS = float64(routed) / wall.Seconds()
+		r.RoutesPerS = float64(r.Answered) / wall.Seconds()
 	}
-	if routed > 0 {
-		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(routed) }
+	if r.Answered > 0 {
+		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(r.Answered) }
 		r.CPUBenchUs = per(after.self - before.self)
 		for i := range after.nodes {
 			if i >= len(before.nodes) {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -71,7 +72,10 @@ func startCPCluster(ctx context.Context, env *Env, cartBin string, spec cpCluste
 		c.sims, c.workers = append(c.sims, s), append(c.workers, ts)
 		workerURLs = append(workerURLs, ts.URL)
 	}
-	dir := env.Path(fmt.Sprintf("cp-%d", time.Now().UnixNano()))
+	dir, err := os.MkdirTemp(env.Dir, "cp-")
+	if err != nil {
+		return nil, err
+	}
 	for i := range spec.Nodes {
 		api, err1 := env.FreePort()
 		raft, err2 := env.FreePort()
@@ -88,7 +92,7 @@ func startCPCluster(ctx context.Context, env *Env, cartBin string, spec cpCluste
 		n := &cpNode{id: id, url: baseURL(api)}
 		c.admin[n.url] = cartv1connect.NewAdminServiceClient(c.http, n.url)
 		s := &suite{env: env, cfg: env.Cfg, cartBin: cartBin}
-		n.proc, err = s.startRole(ctx, filepath.Dir(nc.DataDir), id, "controlplane", nc, tcpOpen(api))
+		n.proc, err = s.startRole(ctx, dir, id, "controlplane", nc, tcpOpen(api))
 		if n.proc != nil {
 			c.nodes = append(c.nodes, n)
 		}

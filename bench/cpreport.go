@@ -114,7 +114,7 @@ func cpIntro(res CPResult) string {
 		timeout = c.RouteTimeout.String()
 	}
 	return fmt.Sprintf("%d `cart controlplane` processes (Raft, default config), %d data planes in the bench process (the data plane's own control-plane client, route timeout %s), %d workers; every call a new 2.5k-10k-character prompt sharing one of %d 2k-character prefixes, settled at once (1 in %d undelivered); %s per run. "+
-		"Latency: every Route call as the data plane sees it, fallbacks included. Decide and lock hold: the leader's cart_cp_route_seconds and cart_decider_lock_hold_seconds (every op) over the run. CPU: per routed call; followers summed. Step-downs: Raft terms that passed during the run.",
+		"Routes/s, latency and CPU: the calls the control plane answered, as the data plane saw them (fallbacks counted apart, all-call p99 in results.json). Decide and lock hold: the leader's cart_cp_route_seconds and cart_decider_lock_hold_seconds (every op) over the run. CPU: per answered call; followers summed. Step-downs: Raft terms that passed during the run.",
 		c.Nodes, c.DataPlanes, timeout, c.Workers, cpGroups, cpUndelivered, c.Duration)
 }
 
