@@ -126,26 +126,32 @@ func FormatCP(res CPResult) string {
 	return cpIntro(res) + "\n\n" + cpTable(res).text() + lockHoldByOp(res)
 }
 
-// cpMarkdown renders the section of summary.md.
-func cpMarkdown(res *CPResult) string {
+// mdSection renders one section of summary.md: its title, then either why
+// it was skipped or the intro, the table and the notes under it.
+func mdSection(title, skipped, intro string, t table, notes string) string {
 	var b strings.Builder
-	b.WriteString("## Control plane\n\n")
-	if res.Skipped != "" {
-		fmt.Fprintf(&b, "Skipped: %s\n\n", mdEscape(res.Skipped))
+	b.WriteString("## " + title + "\n\n")
+	if skipped != "" {
+		fmt.Fprintf(&b, "Skipped: %s\n\n", mdEscape(skipped))
 		return b.String()
 	}
-	b.WriteString(cpIntro(*res) + "\n\n")
-	b.WriteString(cpTable(*res).markdown())
-	if s := lockHoldByOp(*res); s != "" {
-		b.WriteString("\n" + s)
-	}
-	for _, r := range res.Runs {
-		if r.Note != "" {
-			fmt.Fprintf(&b, "\n- %s: %s", r.Name, mdEscape(r.Note))
-		}
+	b.WriteString(intro + "\n\n" + t.markdown())
+	if notes != "" {
+		b.WriteString("\n" + notes)
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+// cpMarkdown renders the control-plane section of summary.md.
+func cpMarkdown(res *CPResult) string {
+	notes := lockHoldByOp(*res)
+	for _, r := range res.Runs {
+		if r.Note != "" {
+			notes += fmt.Sprintf("- %s: %s\n", r.Name, mdEscape(r.Note))
+		}
+	}
+	return mdSection("Control plane", res.Skipped, cpIntro(*res), cpTable(*res), notes)
 }
 
 // lockHoldByOp lists, per run, the ops whose p99 hold is the longest.
@@ -237,14 +243,5 @@ func FormatFailover(res FailoverResult) string {
 }
 
 func failoverMarkdown(res *FailoverResult) string {
-	var b strings.Builder
-	b.WriteString("## Failover\n\n")
-	if res.Skipped != "" {
-		fmt.Fprintf(&b, "Skipped: %s\n\n", mdEscape(res.Skipped))
-		return b.String()
-	}
-	b.WriteString(failoverIntro(*res) + "\n\n")
-	b.WriteString(failoverTable(*res).markdown())
-	b.WriteString("\n")
-	return b.String()
+	return mdSection("Failover", res.Skipped, failoverIntro(*res), failoverTable(*res), "")
 }

@@ -276,43 +276,53 @@ func newOracleCmd() *cobra.Command {
 	return cmd
 }
 
-func newCPCmd() *cobra.Command {
-	c := bench.DefaultSuiteConfig(repoRoot())
+// sectionCmd is a subcommand that runs one suite section on its own:
+// validate, start an environment, run, print, optionally write the JSON.
+// run returns the result, its text and why it did not run ("" if it did).
+func sectionCmd(use, short, long string, c *bench.SuiteConfig, validate func() error,
+	run func(context.Context, *bench.Env) (res any, text, skipped string)) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
-		Use:   "cp",
-		Short: "Control plane: Route load on a three-node cluster through in-process data planes",
-		Long: `Starts three ` + "`cart controlplane`" + ` processes and drives Route (and Complete) through
-the data plane's own control-plane client: open loop at each --rates, closed
-loop at each --concurrency. Reports routes/s, latency, the leader's decide
-and lock-hold p99, CPU per route per node, fallbacks and leader step-downs.`,
-		Args: cobra.NoArgs,
+		Use: use, Short: short, Long: long, Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := c.CP.Validate(); err != nil {
+			if err := validate(); err != nil {
 				return err
 			}
-			env, err := bench.NewEnv(c, cmd.ErrOrStderr())
+			env, err := bench.NewEnv(*c, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
 			defer env.Close()
-			res := bench.RunCP(cmd.Context(), env, c.CP)
-			fmt.Fprint(cmd.OutOrStdout(), bench.FormatCP(res))
+			res, text, skipped := run(cmd.Context(), env)
+			fmt.Fprint(cmd.OutOrStdout(), text)
 			if out != "" {
 				if err := bench.WriteJSON(out, res); err != nil {
 					return err
 				}
 			}
-			if res.Skipped != "" {
-				return fmt.Errorf("control plane benchmark did not run: %s", res.Skipped)
+			if skipped != "" {
+				return fmt.Errorf("%s did not run: %s", use, skipped)
 			}
 			return cmd.Context().Err()
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&c.BinDir, "bin", c.BinDir, "directory holding cart")
-	addCPFlags(f, &c.CP, "")
-	f.StringVarP(&out, "out", "o", "", "write the JSON result here")
+	cmd.Flags().StringVar(&c.BinDir, "bin", c.BinDir, "directory holding cart")
+	cmd.Flags().StringVarP(&out, "out", "o", "", "write the JSON result here")
+	return cmd
+}
+
+func newCPCmd() *cobra.Command {
+	c := bench.DefaultSuiteConfig(repoRoot())
+	cmd := sectionCmd("cp", "Control plane: Route load on a three-node cluster through in-process data planes",
+		`Starts three `+"`cart controlplane`"+` processes and drives Route (and Complete) through
+the data plane's own control-plane client: open loop at each --rates, closed
+loop at each --concurrency. Reports routes/s, latency, the leader's decide
+and lock-hold p99, CPU per route per node, fallbacks and leader step-downs.`,
+		&c, func() error { return c.CP.Validate() }, func(ctx context.Context, env *bench.Env) (any, string, string) {
+			res := bench.RunCP(ctx, env, c.CP)
+			return res, bench.FormatCP(res), res.Skipped
+		})
+	addCPFlags(cmd.Flags(), &c.CP, "")
 	return cmd
 }
 
@@ -328,43 +338,18 @@ func addCPFlags(f *pflag.FlagSet, c *bench.CPConfig, prefix string) {
 
 func newFailoverCmd() *cobra.Command {
 	c := bench.DefaultSuiteConfig(repoRoot())
-	var out string
-	cmd := &cobra.Command{
-		Use:   "failover",
-		Short: "Leader kill under load: hit ratio of the window containing the kill vs steady state",
-		Long: `Starts three ` + "`cart controlplane`" + ` processes and data planes (the data plane's own
+	cmd := sectionCmd("failover", "Leader kill under load: hit ratio of the window containing the kill vs steady state",
+		`Starts three `+"`cart controlplane`"+` processes and data planes (the data plane's own
 router, shadow index and breaker on) routing a prefix-group workload whose
 workers' caches are modelled as LRUs; measures a steady window, kills the
 leader with SIGKILL and measures the window that starts with the kill:
 hit ratio against steady state, client errors, fallbacks and their causes,
 time to the new leader and to its first answered route.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := c.Failover.Validate(); err != nil {
-				return err
-			}
-			env, err := bench.NewEnv(c, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			defer env.Close()
-			res := bench.RunFailover(cmd.Context(), env, c.Failover)
-			fmt.Fprint(cmd.OutOrStdout(), bench.FormatFailover(res))
-			if out != "" {
-				if err := bench.WriteJSON(out, res); err != nil {
-					return err
-				}
-			}
-			if res.Skipped != "" {
-				return fmt.Errorf("failover benchmark did not run: %s", res.Skipped)
-			}
-			return cmd.Context().Err()
-		},
-	}
-	f := cmd.Flags()
-	f.StringVar(&c.BinDir, "bin", c.BinDir, "directory holding cart")
-	addFailoverFlags(f, &c.Failover, "")
-	f.StringVarP(&out, "out", "o", "", "write the JSON result here")
+		&c, func() error { return c.Failover.Validate() }, func(ctx context.Context, env *bench.Env) (any, string, string) {
+			res := bench.RunFailover(ctx, env, c.Failover)
+			return res, bench.FormatFailover(res), res.Skipped
+		})
+	addFailoverFlags(cmd.Flags(), &c.Failover, "")
 	return cmd
 }
 
