@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/dataplane/remote"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -407,7 +408,7 @@ func cpLevels(cfg CPConfig) []cpLevel {
 func RunCP(ctx context.Context, env *Env, cfg CPConfig) CPResult {
 	res := CPResult{Config: cfg, LoadAvg: LoadAvg()}
 	bin := filepath.Join(env.Cfg.BinDir, "cart")
-	blockChars := 64 // cache.block_chars default, which the nodes run with
+	blockChars := config.Default().Cache.BlockChars // what the nodes run with
 	cl, err := startCPCluster(ctx, env, bin, cpClusterSpec{Nodes: max(cfg.Nodes, 1), Workers: max(cfg.Workers, 1), Model: cpModel, StartTimeout: cfg.StartTimeout})
 	if err != nil {
 		res.Skipped = err.Error()
