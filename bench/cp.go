@@ -69,9 +69,12 @@ type CPRun struct {
 	// DecideP99Us is the leader's cart_cp_route_seconds over the run;
 	// LockHoldP99Us its cart_decider_lock_hold_seconds over every op, and
 	// LockHoldMaxUs the upper bound of the highest bucket any hold reached
-	// (LockHoldOverflow: past the last finite bucket).
+	// (LockHoldOverflow: past the last finite bucket). A p99 past the last
+	// finite bucket is that bound, flagged by its *Beyond.
 	DecideP99Us       float64            `json:"decide_p99_us"`
+	DecideP99Beyond   bool               `json:"decide_p99_beyond_buckets,omitempty"`
 	LockHoldP99Us     float64            `json:"lock_hold_p99_us"`
+	LockHoldP99Beyond bool               `json:"lock_hold_p99_beyond_buckets,omitempty"`
 	LockHoldMaxUs     float64            `json:"lock_hold_max_us"`
 	LockHoldOverflow  bool               `json:"lock_hold_overflow,omitempty"`
 	LockHoldP99ByOpUs map[string]float64 `json:"lock_hold_p99_by_op_us,omitempty"`
@@ -330,7 +333,8 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 		}
 	}
 	if after.decide != nil {
-		r.DecideP99Us = finite(1e6 * after.decide.Sub(before.decide).Quantile(0.99))
+		d := after.decide.Sub(before.decide)
+		r.DecideP99Us, r.DecideP99Beyond = finite(1e6*d.Quantile(0.99)), d.Beyond(0.99)
 	}
 	var all *Histogram
 	mismatch := false
@@ -349,7 +353,7 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 		}
 	}
 	if all != nil && !mismatch {
-		r.LockHoldP99Us = finite(1e6 * all.Quantile(0.99))
+		r.LockHoldP99Us, r.LockHoldP99Beyond = finite(1e6*all.Quantile(0.99)), all.Beyond(0.99)
 		mb := all.MaxBound()
 		if math.IsInf(mb, 1) {
 			r.LockHoldOverflow = true

@@ -69,6 +69,9 @@ func TestHistogramQuantile(t *testing.T) {
 	if !math.IsNaN((&Histogram{Bounds: []float64{1}, Counts: []float64{0}}).Quantile(0.5)) || !math.IsNaN((*Histogram)(nil).Quantile(0.5)) {
 		t.Error("an empty histogram has no quantile")
 	}
+	if h.Beyond(0.99) || !over.Beyond(0.5) || (*Histogram)(nil).Beyond(0.5) {
+		t.Error("Beyond: only a quantile in the +Inf bucket lies beyond the buckets")
+	}
 	if got := h.MaxBound(); got != 2 {
 		t.Errorf("MaxBound %v, want 2 (the +Inf bucket is empty)", got)
 	}
@@ -137,7 +140,7 @@ func TestSummarizeCP(t *testing.T) {
 	}
 	// 100 route holds ≤ 1 ms and one snapshot capture past the buckets:
 	// the p99 stays in the route buckets, the maximum is flagged.
-	if r.LockHoldP99Us <= 100 || r.LockHoldP99Us > 1000 || !r.LockHoldOverflow || r.LockHoldMaxUs != 1000 {
+	if r.LockHoldP99Us <= 100 || r.LockHoldP99Us > 1000 || r.LockHoldP99Beyond || !r.LockHoldOverflow || r.LockHoldMaxUs != 1000 || r.DecideP99Beyond {
 		t.Errorf("lock hold p99 %v, max %v overflow %v", r.LockHoldP99Us, r.LockHoldMaxUs, r.LockHoldOverflow)
 	}
 	if len(r.LockHoldP99ByOpUs) != 2 || r.LockHoldP99ByOpUs["snapshot_capture"] != 1000 {
@@ -259,7 +262,7 @@ func TestReportControlPlaneSections(t *testing.T) {
 			{Name: "open 1000/s", RoutesPerS: 998, LatencyMs: Latency{P50: 1.1, P90: 3, P99: 17.25}, DecideP99Us: 150, LockHoldP99Us: 80, LockHoldMaxUs: 1000,
 				CPULeaderUs: 170, CPUFollowersUs: 80, CPUBenchUs: 120, Fallbacks: 3, FallbackCauses: map[string]int{"timeout": 3}, Leader: "cp1", LeaderAfter: "cp1",
 				LockHoldP99ByOpUs: map[string]float64{"route": 40, "apply_batch": 900}},
-			{Name: "open 5000/s", RoutesPerS: 4000, StepDowns: 1, Leader: "cp1", LeaderAfter: "cp2", LockHoldP99Us: 900, LockHoldMaxUs: 100000, LockHoldOverflow: true,
+			{Name: "open 5000/s", RoutesPerS: 4000, StepDowns: 1, DecideP99Us: 10000, DecideP99Beyond: true, Leader: "cp1", LeaderAfter: "cp2", LockHoldP99Us: 900, LockHoldMaxUs: 100000, LockHoldOverflow: true,
 				Note: "leader changed during the run"},
 		}},
 		Failover: &FailoverResult{Config: DefaultFailoverConfig(), Runs: []FailoverRun{{Killed: "cp1", Ratio: 0.953,
@@ -272,7 +275,7 @@ func TestReportControlPlaneSections(t *testing.T) {
 	md, _ := os.ReadFile(filepath.Join(dir, "summary.md"))
 	for _, want := range []string{
 		"## Control plane", "| open 1000/s | 998 | 1.10 ms | 3.00 ms | 17 ms | 150 µs | 80 µs / ≤ 1.0 ms | 170 / 80 / 120 | 3 (timeout 3) | 0 | 0 |",
-		"900 µs / > 100.0 ms", "1 (cp1 → cp2)", "apply_batch 900 µs, route 40 µs", "- open 5000/s: leader changed during the run",
+		"900 µs / > 100.0 ms", "| ≥ 10.0 ms |", "1 (cp1 → cp2)", "apply_batch 900 µs, route 40 µs", "- open 5000/s: leader changed during the run",
 		"## Failover", "| 1 (killed cp1) | 80.0% (100 req, 0% fallback) | 76.0% (100 req, 30% fallback) | 0.953 | 0 | 1.20 s | none in window |",
 		"30 (cp_breaker 30)",
 	} {

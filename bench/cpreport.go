@@ -69,6 +69,15 @@ func countsCell(n int, by map[string]int) string {
 	return fmt.Sprintf("%d (%s)", n, strings.Join(parts, ", "))
 }
 
+// atLeast renders a percentile, marked "≥" when it lies past the
+// histogram's last finite bucket (the bound is then all that is known).
+func atLeast(us float64, beyond bool) string {
+	if beyond {
+		return "≥ " + usOrMs(us)
+	}
+	return usOrMs(us)
+}
+
 func lockHoldCell(r CPRun) string {
 	if r.LockHoldP99Us <= 0 {
 		return "-"
@@ -77,7 +86,7 @@ func lockHoldCell(r CPRun) string {
 	if r.LockHoldOverflow {
 		max = "> " + usOrMs(r.LockHoldMaxUs)
 	}
-	return usOrMs(r.LockHoldP99Us) + " / " + max
+	return atLeast(r.LockHoldP99Us, r.LockHoldP99Beyond) + " / " + max
 }
 
 func leaderCell(r CPRun) string {
@@ -94,7 +103,7 @@ func cpTable(res CPResult) table {
 	for _, r := range res.Runs {
 		t.rows = append(t.rows, []string{r.Name, fmt.Sprintf("%.0f", r.RoutesPerS),
 			msCell(r.LatencyMs.P50), msCell(r.LatencyMs.P90), msCell(r.LatencyMs.P99),
-			usOrMs(r.DecideP99Us), lockHoldCell(r),
+			atLeast(r.DecideP99Us, r.DecideP99Beyond), lockHoldCell(r),
 			fmt.Sprintf("%.0f / %.0f / %.0f", r.CPULeaderUs, r.CPUFollowersUs, r.CPUBenchUs),
 			countsCell(r.Fallbacks, r.FallbackCauses), fmt.Sprint(r.Errors), leaderCell(r), r.LoadAvg})
 	}
@@ -103,7 +112,7 @@ func cpTable(res CPResult) table {
 
 func cpRunLine(r CPRun) string {
 	return fmt.Sprintf("%.0f routes/s, p50 %s p99 %s, decide p99 %s, lock hold p99 %s, CPU µs/route %.0f/%.0f/%.0f, %d fallbacks, %d errors, %d step-downs",
-		r.RoutesPerS, msCell(r.LatencyMs.P50), msCell(r.LatencyMs.P99), usOrMs(r.DecideP99Us), lockHoldCell(r),
+		r.RoutesPerS, msCell(r.LatencyMs.P50), msCell(r.LatencyMs.P99), atLeast(r.DecideP99Us, r.DecideP99Beyond), lockHoldCell(r),
 		r.CPULeaderUs, r.CPUFollowersUs, r.CPUBenchUs, r.Fallbacks, r.Errors, r.StepDowns)
 }
 

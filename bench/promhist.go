@@ -175,6 +175,16 @@ func (h *Histogram) Quantile(q float64) float64 {
 	return lower
 }
 
+// Beyond reports whether the q-quantile falls in the +Inf bucket: Quantile
+// then only says "at least the last finite bound".
+func (h *Histogram) Beyond(q float64) bool {
+	if h == nil || len(h.Bounds) < 2 || !math.IsInf(h.Bounds[len(h.Bounds)-1], 1) {
+		return false
+	}
+	total := h.Counts[len(h.Counts)-1]
+	return total > 0 && h.Counts[len(h.Counts)-2] < q*total
+}
+
 // MaxBound is the upper bound of the highest bucket holding an
 // observation: the longest observation was at most this (+Inf: beyond the
 // last finite bound). 0 when empty.
