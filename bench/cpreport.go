@@ -6,6 +6,9 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
+
+	"github.com/cartrouter/cart/config"
 )
 
 // table is a header and rows, rendered as text or markdown.
@@ -116,12 +119,17 @@ func cpRunLine(r CPRun) string {
 		r.CPULeaderUs, r.CPUFollowersUs, r.CPUBenchUs, r.Fallbacks, r.Errors, r.StepDowns)
 }
 
+// routeTimeoutText names the data planes' route timeout (0: the default).
+func routeTimeoutText(d time.Duration) string {
+	if d > 0 {
+		return d.String()
+	}
+	return fmt.Sprintf("%s (the config default)", config.Default().DataPlane.RouteTimeout())
+}
+
 func cpIntro(res CPResult) string {
 	c := res.Config
-	timeout := "the config default"
-	if c.RouteTimeout > 0 {
-		timeout = c.RouteTimeout.String()
-	}
+	timeout := routeTimeoutText(c.RouteTimeout)
 	return fmt.Sprintf("%d `cart controlplane` processes (Raft, default config), %d data planes in the bench process (the data plane's own control-plane client, route timeout %s), %d workers; every call a new 2.5k-10k-character prompt sharing one of %d 2k-character prefixes, settled at once (1 in %d undelivered); %s per run. "+
 		"Routes/s, latency and CPU: the calls the control plane answered, as the data plane saw them (fallbacks counted apart, all-call p99 in results.json). Decide and lock hold: the leader's cart_cp_route_seconds and cart_decider_lock_hold_seconds (every op) over the run. CPU: per answered call; followers summed. Step-downs: Raft terms that passed during the run.",
 		c.Nodes, c.DataPlanes, timeout, c.Workers, cpGroups, cpUndelivered, c.Duration)
@@ -234,10 +242,7 @@ func foRunLine(r FailoverRun) string {
 
 func failoverIntro(res FailoverResult) string {
 	c := res.Config
-	timeout := "the config default"
-	if c.RouteTimeout > 0 {
-		timeout = c.RouteTimeout.String()
-	}
+	timeout := routeTimeoutText(c.RouteTimeout)
 	return fmt.Sprintf("3 `cart controlplane` processes, %d data planes in the bench process (the data plane's router: shadow index and control-plane breaker at their defaults, route timeout %s), 4 workers whose caches are modelled as LRUs of %d of the %d prefix groups; %d clients keeping two requests open, %s pause. "+
 		"After %s of load, a %s steady window, then SIGKILL to the leader and a %s kill window. Hit = a repeated group landing on a worker caching it. Election: until a survivor says it leads; first leader route: until the first Route sent after the kill that the control plane answered.",
 		c.DataPlanes, timeout, c.CacheGroups, c.Groups, c.Clients, c.Pace, c.Settle, c.Window, c.Window)
