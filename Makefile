@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BINARIES := cart cartctl cart-sim
 GOFILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro bench-quality
+.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro bench-quality bench-cp bench-failover
 
 # Code generation tools, pinned and built from the Go module proxy into
 # .tools/ (buf's remote plugins are never used).
@@ -55,8 +55,14 @@ fuzz: ## run every fuzz target for FUZZTIME each
 		done; \
 	done
 
-bench: build bin/cart-bench ## side-by-side suite (nginx rr/least_conn, CART all-in-one, 1/2/4 data planes, split) -> bench/results/<date>/; BENCH_FULL=1 for whole traces
+bench: build bin/cart-bench ## side-by-side suite (nginx rr/least_conn, CART all-in-one, 1/2/4 data planes, split, proxy overhead, control plane, failover) -> bench/results/<date>/; BENCH_FULL=1 for whole traces
 	bin/cart-bench suite
+
+bench-cp: build bin/cart-bench ## control plane alone: Route load on three nodes (open 1k/2k/5k/s, closed c=32)
+	bin/cart-bench cp
+
+bench-failover: build bin/cart-bench ## leader kill under load: hit ratio of the window containing it, errors, time to the new leader
+	bin/cart-bench failover
 
 .PHONY: bin/cart-bench
 bin/cart-bench: ## the load generator and benchmark suite (not part of the image)
@@ -98,9 +104,9 @@ clean:
 
 QUALITY_OUT ?= bench/results/$(shell date -u +%F)-quality
 bench-quality: build bin/cart-bench ## routing-quality mechanisms side by side: mooncake conversation, and llm-d shared prefix with replica capacity swept
-	bin/cart-bench suite --no-overhead --traces mooncake_conversation \
+	bin/cart-bench suite --no-overhead --no-controlplane --no-failover --traces mooncake_conversation \
 		--scenarios nginx-lc,cart-plain,cart-capacity,cart-closedloop,cart-hot,cart-all,cart-events --out $(QUALITY_OUT)/mooncake
 	for c in 1228800 307200 153600 102400 76800; do \
-		bin/cart-bench suite --no-overhead --traces llmd_shared_prefix_73pct_blk512 --cache-tokens $$c \
+		bin/cart-bench suite --no-overhead --no-controlplane --no-failover --traces llmd_shared_prefix_73pct_blk512 --cache-tokens $$c \
 			--scenarios nginx-lc,precise,cart-plain,cart-capacity,cart-closedloop,cart-all,cart-events --out $(QUALITY_OUT)/llmd-$$c || exit 1; \
 	done

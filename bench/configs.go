@@ -99,6 +99,11 @@ type CartRouterConfig struct {
 	// DataPlane: control-plane API URLs.
 	ControlPlanes []string
 	DataPlaneID   string
+	// BlockChars and BalanceAbs override cache.block_chars and
+	// cache.balance_abs_threshold when > 0 (the failover benchmark's
+	// short keys and small pool need both smaller).
+	BlockChars int
+	BalanceAbs int
 }
 
 // CartVariant is a set of routing-quality mechanisms to switch on.
@@ -154,6 +159,12 @@ workers:
 		fmt.Fprintf(&b, "  capacity_tokens: %d\n", c.CacheTokens)
 	}
 	fmt.Fprintf(&b, "  closed_loop: %t\n  hot_prefix_fraction: %g\n", v.ClosedLoop, v.HotFraction)
+	if c.BlockChars > 0 {
+		fmt.Fprintf(&b, "  block_chars: %d\n", c.BlockChars)
+	}
+	if c.BalanceAbs > 0 {
+		fmt.Fprintf(&b, "  balance_abs_threshold: %d\n", c.BalanceAbs)
+	}
 	b.WriteString(`health:
   interval_secs: 1
   timeout_secs: 1

@@ -53,6 +53,16 @@ func (p *Proc) Stop(grace time.Duration) {
 	}
 }
 
+// Kill sends SIGKILL to the process group, as a crash would end it (no
+// shutdown, no goodbye to its peers), and waits for it to exit.
+func (p *Proc) Kill() {
+	if ok, _ := p.Exited(); ok {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
 // Tail returns the last n lines of the process log.
 func (p *Proc) Tail(n int) string {
 	b, err := os.ReadFile(p.LogPath)

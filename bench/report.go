@@ -244,6 +244,14 @@ func SummaryMarkdown(res *SuiteResults, charts []string) string {
 		}
 		b.WriteString("\n")
 	}
+	if res.ControlPlane != nil {
+		b.WriteString(cpMarkdown(res.ControlPlane))
+		b.WriteString("\n")
+	}
+	if res.Failover != nil {
+		b.WriteString(failoverMarkdown(res.Failover))
+		b.WriteString("\n")
+	}
 	if len(charts) > 0 {
 		b.WriteString("## Charts\n\n")
 		for _, f := range charts {

@@ -116,6 +116,12 @@ type SuiteConfig struct {
 	RecordRequests bool           `json:"record_requests"`
 	SkipOverhead   bool           `json:"skip_overhead"`
 	Overhead       OverheadConfig `json:"overhead"`
+	// SkipControlPlane leaves out the control-plane section, SkipFailover
+	// the failover section.
+	SkipControlPlane bool           `json:"skip_controlplane"`
+	CP               CPConfig       `json:"controlplane"`
+	SkipFailover     bool           `json:"skip_failover"`
+	Failover         FailoverConfig `json:"failover"`
 }
 
 // Profile returns the effective profile of a trace.
@@ -164,6 +170,8 @@ func DefaultSuiteConfig(repoRoot string) SuiteConfig {
 		RunTimeout:   150 * time.Second,
 		StartTimeout: 20 * time.Second,
 		Overhead:     DefaultOverhead(),
+		CP:           DefaultCPConfig(),
+		Failover:     DefaultFailoverConfig(),
 	}
 }
 
@@ -209,7 +217,10 @@ type SuiteResults struct {
 	Slices     []SliceInfo      `json:"slices"`
 	Scenarios  []ScenarioResult `json:"scenarios"`
 	Overhead   *OverheadResult  `json:"overhead,omitempty"`
-	Notes      []string         `json:"notes,omitempty"`
+	// ControlPlane and Failover are the control-plane sections.
+	ControlPlane *CPResult       `json:"controlplane,omitempty"`
+	Failover     *FailoverResult `json:"failover,omitempty"`
+	Notes        []string        `json:"notes,omitempty"`
 }
 
 // SliceInfo describes the requests one trace contributed.
@@ -323,6 +334,22 @@ func RunSuite(ctx context.Context, cfg SuiteConfig, log io.Writer) error {
 			} else {
 				env.Logf("   %-8s %.0f req/s, p50 %.2f ms, p99 %.2f ms, %d errors", t.Name, t.ReqPerS, t.P50Ms, t.P99Ms, t.Errors)
 			}
+		}
+	}
+	if !cfg.SkipControlPlane && ctx.Err() == nil {
+		env.Logf("== control plane (%d nodes, %s per run)", cfg.CP.Nodes, cfg.CP.Duration)
+		cp := RunCP(ctx, env, cfg.CP)
+		res.ControlPlane = &cp
+		if cp.Skipped != "" {
+			env.Logf("   skipped: %s", cp.Skipped)
+		}
+	}
+	if !cfg.SkipFailover && ctx.Err() == nil {
+		env.Logf("== failover (leader kill, %s windows)", cfg.Failover.Window)
+		fo := RunFailover(ctx, env, cfg.Failover)
+		res.Failover = &fo
+		if fo.Skipped != "" {
+			env.Logf("   skipped: %s", fo.Skipped)
 		}
 	}
 	res.FinishedAt = time.Now().UTC()

@@ -3,6 +3,8 @@
 //	cart-bench run --target http://127.0.0.1:6700 --trace ../shared/traces/mooncake_conversation.jsonl --limit 200
 //	cart-bench suite                 # every scenario on the default slice
 //	cart-bench overhead              # proxy overhead: CART vs nginx
+//	cart-bench cp                    # control plane: Route load on three nodes
+//	cart-bench failover              # leader kill under load: hit ratio, errors
 package main
 
 import (
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/cartrouter/cart/bench"
 	"github.com/cartrouter/cart/cli/internal/buildinfo"
@@ -37,7 +40,7 @@ func newRootCmd() *cobra.Command {
 		Version:      buildinfo.String("cart-bench"),
 		SilenceUsage: true,
 	}
-	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newOracleCmd())
+	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd())
 	return root
 }
 
@@ -151,6 +154,16 @@ apt-get install -y nginx haproxy`,
 			if c.OutDir == "" {
 				c.OutDir = filepath.Join(root, "bench", "results", time.Now().Format("2006-01-02"))
 			}
+			if !c.SkipControlPlane {
+				if err := c.CP.Validate(); err != nil {
+					return err
+				}
+			}
+			if !c.SkipFailover {
+				if err := c.Failover.Validate(); err != nil {
+					return err
+				}
+			}
 			return bench.RunSuite(cmd.Context(), c, cmd.ErrOrStderr())
 		},
 	}
@@ -178,6 +191,10 @@ apt-get install -y nginx haproxy`,
 	f.BoolVar(&c.SkipOverhead, "no-overhead", false, "skip the proxy-overhead benchmark")
 	f.DurationVar(&c.Overhead.Duration, "overhead-duration", c.Overhead.Duration, "proxy-overhead: duration per target")
 	f.IntVar(&c.Overhead.Concurrency, "overhead-concurrency", c.Overhead.Concurrency, "proxy-overhead: closed-loop concurrency")
+	f.BoolVar(&c.SkipControlPlane, "no-controlplane", false, "skip the control-plane benchmark (cp-* flags)")
+	addCPFlags(f, &c.CP, "cp-")
+	f.BoolVar(&c.SkipFailover, "no-failover", false, "skip the leader-kill failover benchmark (failover-* flags)")
+	addFailoverFlags(f, &c.Failover, "failover-")
 	return cmd
 }
 
@@ -257,4 +274,90 @@ func newOracleCmd() *cobra.Command {
 	f.IntVar(&c.PoolCacheTokens, "pool-cache-tokens", 0, "total cache capacity of the pool in tokens (0 = unbounded)")
 	f.IntVar(&c.BlockTokens, "block-tokens", c.BlockTokens, "cache block size in tokens")
 	return cmd
+}
+
+// sectionCmd is a subcommand that runs one suite section on its own:
+// validate, start an environment, run, print, optionally write the JSON.
+// run returns the result, its text and why it did not run ("" if it did).
+func sectionCmd(use, short, long string, c *bench.SuiteConfig, validate func() error,
+	run func(context.Context, *bench.Env) (res any, text, skipped string)) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use: use, Short: short, Long: long, Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := validate(); err != nil {
+				return err
+			}
+			env, err := bench.NewEnv(*c, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			defer env.Close()
+			res, text, skipped := run(cmd.Context(), env)
+			fmt.Fprint(cmd.OutOrStdout(), text)
+			if out != "" {
+				if err := bench.WriteJSON(out, res); err != nil {
+					return err
+				}
+			}
+			if skipped != "" {
+				return fmt.Errorf("%s did not run: %s", use, skipped)
+			}
+			return cmd.Context().Err()
+		},
+	}
+	cmd.Flags().StringVar(&c.BinDir, "bin", c.BinDir, "directory holding cart")
+	cmd.Flags().StringVarP(&out, "out", "o", "", "write the JSON result here")
+	return cmd
+}
+
+func newCPCmd() *cobra.Command {
+	c := bench.DefaultSuiteConfig(repoRoot())
+	cmd := sectionCmd("cp", "Control plane: Route load on a three-node cluster through in-process data planes",
+		`Starts three `+"`cart controlplane`"+` processes and drives Route (and Complete) through
+the data plane's own control-plane client: open loop at each --rates, closed
+loop at each --concurrency. Reports routes/s, latency, the leader's decide
+and lock-hold p99, CPU per route per node, fallbacks and leader step-downs.`,
+		&c, func() error { return c.CP.Validate() }, func(ctx context.Context, env *bench.Env) (any, string, string) {
+			res := bench.RunCP(ctx, env, c.CP)
+			return res, bench.FormatCP(res), res.Skipped
+		})
+	addCPFlags(cmd.Flags(), &c.CP, "")
+	return cmd
+}
+
+// addCPFlags registers the control-plane benchmark's settings, with prefix
+// before each name (the suite's copies are "cp-...").
+func addCPFlags(f *pflag.FlagSet, c *bench.CPConfig, prefix string) {
+	f.IntSliceVar(&c.Rates, prefix+"rates", c.Rates, "open-loop runs, routes/s each")
+	f.IntSliceVar(&c.Concurrency, prefix+"concurrency", c.Concurrency, "closed-loop runs, concurrent callers each")
+	f.DurationVar(&c.Duration, prefix+"duration", c.Duration, "duration of each run")
+	f.IntVar(&c.DataPlanes, prefix+"dataplanes", c.DataPlanes, "data planes (each its own connection to the leader)")
+	f.DurationVar(&c.RouteTimeout, prefix+"route-timeout", c.RouteTimeout, "data planes' Route deadline (0 = the config default, as in production)")
+}
+
+func newFailoverCmd() *cobra.Command {
+	c := bench.DefaultSuiteConfig(repoRoot())
+	cmd := sectionCmd("failover", "Leader kill under load: hit ratio of the window containing the kill vs steady state",
+		`Starts three `+"`cart controlplane`"+` processes and data planes (the data plane's own
+router, shadow index and breaker on) routing a prefix-group workload whose
+workers' caches are modelled as LRUs; measures a steady window, kills the
+leader with SIGKILL and measures the window that starts with the kill:
+hit ratio against steady state, client errors, fallbacks and their causes,
+time to the new leader and to its first answered route.`,
+		&c, func() error { return c.Failover.Validate() }, func(ctx context.Context, env *bench.Env) (any, string, string) {
+			res := bench.RunFailover(ctx, env, c.Failover)
+			return res, bench.FormatFailover(res), res.Skipped
+		})
+	addFailoverFlags(cmd.Flags(), &c.Failover, "")
+	return cmd
+}
+
+func addFailoverFlags(f *pflag.FlagSet, c *bench.FailoverConfig, prefix string) {
+	f.IntVar(&c.Runs, prefix+"runs", c.Runs, "leader kills, each on a fresh cluster")
+	f.DurationVar(&c.Window, prefix+"window", c.Window, "length of the steady window, the kill window and the window after it")
+	f.DurationVar(&c.Settle, prefix+"settle", c.Settle, "load before the steady window, so that it starts from equilibrium")
+	f.IntVar(&c.DataPlanes, prefix+"dataplanes", c.DataPlanes, "data planes")
+	f.IntVar(&c.Clients, prefix+"clients", c.Clients, "concurrent clients, each keeping two requests open")
+	f.DurationVar(&c.RouteTimeout, prefix+"route-timeout", c.RouteTimeout, "data planes' Route deadline (0 = the config default, as in production)")
 }

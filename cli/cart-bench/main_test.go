@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cartrouter/cart/bench"
@@ -55,3 +56,27 @@ func TestSplitList(t *testing.T) {
 type nopWriter struct{}
 
 func (*nopWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+// The section subcommands and the suite refuse settings that would measure
+// nothing, from the parsed flags, before starting any process.
+func TestSectionFlagsValidated(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"cp", "--rates", "0", "--concurrency", "0"}, "no run"},
+		{[]string{"cp", "--duration", "0s"}, "duration"},
+		{[]string{"failover", "--window", "0s"}, "window"},
+		{[]string{"failover", "--runs", "0"}, "runs"},
+		{[]string{"suite", "--cp-dataplanes", "0", "--out", t.TempDir()}, "dataplanes"},
+		{[]string{"suite", "--no-controlplane", "--failover-clients", "0", "--out", t.TempDir()}, "clients"},
+	} {
+		cmd := newRootCmd()
+		cmd.SetOut(new(nopWriter))
+		cmd.SetErr(new(nopWriter))
+		cmd.SetArgs(c.args)
+		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want one about %q", c.args, err, c.want)
+		}
+	}
+}

@@ -1,0 +1,317 @@
+package bench
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cartrouter/cart/config"
+)
+
+// exposition is a /metrics excerpt as client_golang writes it: two lock
+// hold series (one of them with a hold past the last bucket), the decide
+// histogram, and metrics whose names share their prefixes.
+const exposition = `# HELP cart_decider_lock_hold_seconds How long...
+# TYPE cart_decider_lock_hold_seconds histogram
+cart_decider_lock_hold_seconds_bucket{op="route",le="0.0001"} 90
+cart_decider_lock_hold_seconds_bucket{op="route",le="0.001"} 100
+cart_decider_lock_hold_seconds_bucket{op="route",le="+Inf"} 100
+cart_decider_lock_hold_seconds_sum{op="route"} 0.005
+cart_decider_lock_hold_seconds_count{op="route"} 100
+cart_decider_lock_hold_seconds_bucket{op="snapshot_capture",le="0.0001"} 0
+cart_decider_lock_hold_seconds_bucket{op="snapshot_capture",le="0.001"} 0
+cart_decider_lock_hold_seconds_bucket{op="snapshot_capture",le="+Inf"} 1
+cart_decider_lock_hold_seconds_sum{op="snapshot_capture"} 0.17
+cart_decider_lock_hold_seconds_count{op="snapshot_capture"} 1
+cart_decider_rejected_tickets_total 0
+# TYPE cart_cp_route_seconds histogram
+cart_cp_route_seconds_bucket{le="1e-05"} 50
+cart_cp_route_seconds_bucket{le="0.0001"} 100
+cart_cp_route_seconds_bucket{le="+Inf"} 100
+cart_cp_route_seconds_sum 0.003
+cart_cp_route_seconds_count 100
+cart_cp_routes_total{reason="cache_hit"} 7
+`
+
+func TestParseHistograms(t *testing.T) {
+	holds := ParseHistograms(exposition, "cart_decider_lock_hold_seconds")
+	if len(holds) != 2 {
+		t.Fatalf("series %v, want route and snapshot_capture", holds)
+	}
+	r := holds[`op="route"`]
+	if r == nil || len(r.Bounds) != 3 || r.Bounds[0] != 1e-4 || !math.IsInf(r.Bounds[2], 1) || r.Counts[1] != 100 || r.Count != 100 || r.Sum != 0.005 {
+		t.Fatalf("route series %+v", r)
+	}
+	dec := ParseHistograms(exposition, "cart_cp_route_seconds")
+	if len(dec) != 1 || dec[""] == nil || dec[""].Count != 100 || len(dec[""].Bounds) != 3 {
+		t.Fatalf("decide %v: want one unlabelled series, cart_cp_routes_total left out", dec)
+	}
+	if got := ParseHistograms("garbage\ncart_cp_route_seconds_bucket{le=\"x\"} 1\ncart_cp_route_seconds_bucket{le=\"1\"} nope\n", "cart_cp_route_seconds"); len(got) != 0 {
+		t.Errorf("unparsable lines gave %v", got)
+	}
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	h := &Histogram{Bounds: []float64{1, 2, math.Inf(1)}, Counts: []float64{10, 20, 20}, Count: 20}
+	for _, c := range []struct{ q, want float64 }{{0.5, 1}, {0.75, 1.5}, {0.25, 0.5}, {1, 2}} {
+		if got := h.Quantile(c.q); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("q%.2f = %v, want %v", c.q, got, c.want)
+		}
+	}
+	over := &Histogram{Bounds: []float64{1, 2, math.Inf(1)}, Counts: []float64{0, 0, 3}, Count: 3}
+	if got := over.Quantile(0.99); got != 2 {
+		t.Errorf("a quantile in +Inf = %v, want the last finite bound", got)
+	}
+	if !math.IsNaN((&Histogram{Bounds: []float64{1}, Counts: []float64{0}}).Quantile(0.5)) || !math.IsNaN((*Histogram)(nil).Quantile(0.5)) {
+		t.Error("an empty histogram has no quantile")
+	}
+	if h.Beyond(0.99) || !over.Beyond(0.5) || (*Histogram)(nil).Beyond(0.5) {
+		t.Error("Beyond: only a quantile in the +Inf bucket lies beyond the buckets")
+	}
+	if got := h.MaxBound(); got != 2 {
+		t.Errorf("MaxBound %v, want 2 (the +Inf bucket is empty)", got)
+	}
+	if got := over.MaxBound(); !math.IsInf(got, 1) {
+		t.Errorf("MaxBound %v, want +Inf", got)
+	}
+}
+
+func TestHistogramSubAdd(t *testing.T) {
+	before := &Histogram{Bounds: []float64{1, math.Inf(1)}, Counts: []float64{5, 6}, Count: 6, Sum: 3}
+	after := &Histogram{Bounds: []float64{1, math.Inf(1)}, Counts: []float64{5, 9}, Count: 9, Sum: 10}
+	d := after.Sub(before)
+	if d.Counts[0] != 0 || d.Counts[1] != 3 || d.Count != 3 || d.Sum != 7 {
+		t.Fatalf("delta %+v", d)
+	}
+	if after.Counts[1] != 9 {
+		t.Fatal("Sub changed its receiver")
+	}
+	// A restarted process counts from zero: the later scrape stands alone.
+	if r := before.Sub(after); r.Count != 6 {
+		t.Errorf("a counter reset gave %+v", r)
+	}
+	sum := d.Add(after)
+	if sum.Count != 12 || sum.Counts[1] != 12 {
+		t.Errorf("sum %+v", sum)
+	}
+	if (&Histogram{Bounds: []float64{2, math.Inf(1)}, Counts: []float64{1, 1}}).Add(after) != nil {
+		t.Error("adding differently bucketed series must fail")
+	}
+	var none *Histogram
+	if none.Add(d) != d {
+		t.Error("nil + h is h")
+	}
+}
+
+func TestSummarizeCP(t *testing.T) {
+	var samples []cpSample
+	for i := range 100 {
+		samples = append(samples, cpSample{lat: time.Duration(i+1) * time.Millisecond})
+	}
+	samples = append(samples, cpSample{lat: 20 * time.Millisecond, fallback: true}, cpSample{lat: time.Millisecond, err: true})
+	parse := func(text string) cpScrape {
+		return cpScrape{decide: ParseHistograms(text, "cart_cp_route_seconds")[""], holds: ParseHistograms(text, "cart_decider_lock_hold_seconds")}
+	}
+	before := parse("")
+	before.self, before.nodes = time.Second, []time.Duration{time.Second, time.Second, time.Second}
+	after := parse(exposition)
+	after.self, after.nodes = time.Second+100*time.Millisecond, []time.Duration{time.Second + 50*time.Millisecond, time.Second + 20*time.Millisecond, time.Second + 10*time.Millisecond}
+	var r CPRun
+	summarizeCP(&r, samples, 2*time.Second, before, after, 1)
+	if r.Sent != 102 || r.Answered != 100 || r.Fallbacks != 1 || r.Errors != 1 || r.RoutesPerS != 50 {
+		t.Fatalf("counts %+v", r)
+	}
+	if r.LatencyMs.P50 < 50 || r.LatencyMs.P50 > 51 || r.LatencyMs.Max != 100 {
+		t.Errorf("answered latency %+v", r.LatencyMs)
+	}
+	if r.AllLatencyMs == r.LatencyMs {
+		t.Error("all-call latency should include the fallback")
+	}
+	// CPU per answered route: node 1 (leader) 20 ms / 100, followers 60 ms.
+	if r.CPULeaderUs != 200 || r.CPUFollowersUs != 600 || r.CPUBenchUs != 1000 {
+		t.Errorf("CPU µs/route %v / %v / %v", r.CPULeaderUs, r.CPUFollowersUs, r.CPUBenchUs)
+	}
+	if r.DecideP99Us < 90 || r.DecideP99Us > 100 {
+		t.Errorf("decide p99 %v µs, want within the 10-100 µs bucket", r.DecideP99Us)
+	}
+	// 100 route holds ≤ 1 ms and one snapshot capture past the buckets:
+	// the p99 stays in the route buckets, the maximum is flagged.
+	if r.LockHoldP99Us <= 100 || r.LockHoldP99Us > 1000 || r.LockHoldP99Beyond || !r.LockHoldOverflow || r.LockHoldMaxUs != 1000 || r.DecideP99Beyond {
+		t.Errorf("lock hold p99 %v, max %v overflow %v", r.LockHoldP99Us, r.LockHoldMaxUs, r.LockHoldOverflow)
+	}
+	if len(r.LockHoldP99ByOpUs) != 2 || r.LockHoldP99ByOpUs["snapshot_capture"] != 1000 {
+		t.Errorf("by op %v", r.LockHoldP99ByOpUs)
+	}
+	if _, err := json.Marshal(r); err != nil {
+		t.Errorf("not JSON: %v", err)
+	}
+	var empty CPRun
+	summarizeCP(&empty, nil, time.Second, cpScrape{}, cpScrape{}, -1)
+	if _, err := json.Marshal(empty); err != nil || empty.DecideP99Us != 0 {
+		t.Errorf("a run without data: %+v %v", empty, err)
+	}
+}
+
+func TestCPLevelsAndValidate(t *testing.T) {
+	var names []string
+	for _, l := range cpLevels(CPConfig{Rates: []int{5000, 1000, 0, 2000}, Concurrency: []int{32}}) {
+		names = append(names, l.name)
+	}
+	if got := strings.Join(names, ","); got != "open 1000/s,open 2000/s,closed c=32,open 5000/s" {
+		t.Errorf("order %s: the highest rate goes last", got)
+	}
+	if err := DefaultCPConfig().Validate(); err != nil {
+		t.Errorf("default: %v", err)
+	}
+	for name, c := range map[string]CPConfig{
+		"no run":        {Duration: time.Second, DataPlanes: 1},
+		"zero duration": {Rates: []int{1}, DataPlanes: 1},
+		"rate":          {Rates: []int{-1, 5}, Duration: time.Second, DataPlanes: 1},
+		"dataplanes":    {Rates: []int{5}, Duration: time.Second},
+		"timeout":       {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, RouteTimeout: -1},
+	} {
+		if c.Validate() == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if err := DefaultFailoverConfig().Validate(); err != nil {
+		t.Errorf("default failover: %v", err)
+	}
+	bad := DefaultFailoverConfig()
+	bad.Window = 0
+	if bad.Validate() == nil {
+		t.Error("failover with no window accepted")
+	}
+}
+
+func TestFailoverWorkloadLRU(t *testing.T) {
+	w := newFOWorkload(5, 2, 1)
+	steps := []struct {
+		g           int
+		repeat, hit bool
+		worker      string
+		explanation string
+	}{
+		{0, false, false, "a", "first sight"},
+		{0, true, true, "a", "cached on a"},
+		{0, true, false, "b", "not on b"},
+		{1, false, false, "a", "a now holds 0, 1"},
+		{2, false, false, "a", "evicts 0 from a"},
+		{0, true, false, "a", "0 was evicted"},
+		{2, true, true, "a", "2 still there"},
+	}
+	for _, s := range steps {
+		if r, h := w.landed(s.g, s.worker); r != s.repeat || h != s.hit {
+			t.Fatalf("%s: repeat %v hit %v", s.explanation, r, h)
+		}
+	}
+	if g, key := w.next(); !strings.HasPrefix(key, w.groups[g]) {
+		t.Errorf("key %q does not start with its group", key)
+	}
+}
+
+func TestSummarizeFailover(t *testing.T) {
+	kill := time.Unix(1000, 0)
+	window := 6 * time.Second
+	at := func(s float64) time.Time { return kill.Add(time.Duration(s * float64(time.Second))) }
+	rec := func(start, took float64, fallback, hit bool) foRecord {
+		return foRecord{start: at(start), end: at(start + took), fallback: fallback, repeat: true, hit: hit, answeredByControlPlane: !fallback}
+	}
+	records := []foRecord{
+		rec(-20, 0.01, false, true), // before the steady window: ignored
+		rec(-5, 0.01, false, true), rec(-4, 0.01, false, true), rec(-3, 0.01, false, true), rec(-2, 0.01, false, false),
+		// A call sent before the kill, answered after it, is not the new
+		// leader's first route.
+		rec(-0.1, 0.2, false, true),
+		rec(0.5, 0.02, true, false), rec(1, 0.02, true, true),
+		rec(1.5, 0.01, false, true), rec(3, 0.01, false, true),
+		{start: at(4), end: at(4.1), err: true},
+		rec(7, 0.01, false, true), rec(13, 0.01, false, true), // next window, then past it
+	}
+	causes := []foCause{{at(-1), "timeout"}, {at(0.5), "unavailable"}, {at(1), "cp_breaker"}, {at(7), "cp_breaker"}}
+	r := summarizeFailover(records, causes, kill, at(1.2), window)
+	if r.Steady.Requests != 5 || r.Steady.Hits != 4 || r.Window.Requests != 5 || r.Window.Errors != 1 || r.Window.Fallbacks != 2 || r.Post.Requests != 1 {
+		t.Fatalf("windows: steady %+v kill %+v next %+v", r.Steady, r.Window, r.Post)
+	}
+	if math.Abs(r.Steady.HitRatio()-0.8) > 1e-9 || math.Abs(r.Window.HitRatio()-0.75) > 1e-9 || math.Abs(r.Ratio-0.75/0.8) > 1e-9 {
+		t.Errorf("hit ratios %v %v ratio %v", r.Steady.HitRatio(), r.Window.HitRatio(), r.Ratio)
+	}
+	if math.Abs(r.FirstLeaderRouteS-1.51) > 1e-6 || math.Abs(r.ElectionS-1.2) > 1e-6 {
+		t.Errorf("first leader route %v, election %v", r.FirstLeaderRouteS, r.ElectionS)
+	}
+	if r.BeforeLeader.Requests != 3 || r.AfterLeader.Requests != 2 {
+		t.Errorf("split at the first leader route: before %+v after %+v", r.BeforeLeader, r.AfterLeader)
+	}
+	if len(r.Causes) != 2 || r.Causes["unavailable"] != 1 || r.Causes["cp_breaker"] != 1 {
+		t.Errorf("causes in the kill window %v", r.Causes)
+	}
+	none := summarizeFailover(records[:5], nil, kill, time.Time{}, window)
+	if none.ElectionS != -1 || none.FirstLeaderRouteS != -1 || none.Ratio != 0 {
+		t.Errorf("no leader, no kill-window data: %+v", none)
+	}
+}
+
+func TestReportControlPlaneSections(t *testing.T) {
+	dir := t.TempDir()
+	res := &SuiteResults{StartedAt: time.Now(), FinishedAt: time.Now(), Config: DefaultSuiteConfig("/repo"),
+		ControlPlane: &CPResult{Config: DefaultCPConfig(), Runs: []CPRun{
+			{Name: "open 1000/s", RoutesPerS: 998, LatencyMs: Latency{P50: 1.1, P90: 3, P99: 17.25}, DecideP99Us: 150, LockHoldP99Us: 80, LockHoldMaxUs: 1000,
+				CPULeaderUs: 170, CPUFollowersUs: 80, CPUBenchUs: 120, Fallbacks: 3, FallbackCauses: map[string]int{"timeout": 3}, Leader: "cp1", LeaderAfter: "cp1",
+				LockHoldP99ByOpUs: map[string]float64{"route": 40, "apply_batch": 900}},
+			{Name: "open 5000/s", RoutesPerS: 4000, StepDowns: 1, DecideP99Us: 10000, DecideP99Beyond: true, Leader: "cp1", LeaderAfter: "cp2", LockHoldP99Us: 900, LockHoldMaxUs: 100000, LockHoldOverflow: true,
+				Note: "leader changed during the run"},
+		}},
+		Failover: &FailoverResult{Config: DefaultFailoverConfig(), Runs: []FailoverRun{{Killed: "cp1", Ratio: 0.953,
+			Steady: FailoverWindow{Requests: 100, Repeats: 100, Hits: 80}, Window: FailoverWindow{Requests: 100, Repeats: 100, Hits: 76, Fallbacks: 30},
+			ElectionS: 1.2, FirstLeaderRouteS: -1, Causes: map[string]int{"cp_breaker": 30}}}},
+	}
+	if err := WriteReport(dir, res); err != nil {
+		t.Fatal(err)
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, "summary.md"))
+	for _, want := range []string{
+		"## Control plane", "| open 1000/s | 998 | 1.10 ms | 3.00 ms | 17 ms | 150 µs | 80 µs / ≤ 1.0 ms | 170 / 80 / 120 | 3 (timeout 3) | 0 | 0 |",
+		"900 µs / > 100.0 ms", "| ≥ 10.0 ms |", "1 (cp1 → cp2)", "apply_batch 900 µs, route 40 µs", "- open 5000/s: leader changed during the run",
+		"## Failover", "| 1 (killed cp1) | 80.0% (100 req, 0% fallback) | 76.0% (100 req, 30% fallback) | 0.953 | 0 | 1.20 s | none in window |",
+		"30 (cp_breaker 30)",
+	} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("summary.md lacks %q:\n%s", want, md)
+		}
+	}
+	var back SuiteResults
+	b, _ := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err := json.Unmarshal(b, &back); err != nil || back.ControlPlane == nil || len(back.ControlPlane.Runs) != 2 || back.Failover == nil || back.Failover.Runs[0].Ratio != 0.953 {
+		t.Errorf("results.json round trip: %v %+v", err, back.ControlPlane)
+	}
+
+	skipped := mdSection("Failover", "no leader | ever", "intro", table{}, "")
+	if !strings.Contains(skipped, "Skipped: no leader \\| ever") || strings.Contains(skipped, "intro") {
+		t.Errorf("skipped section %q", skipped)
+	}
+}
+
+// The failover cluster's nodes run with the workload's block size, balance
+// threshold and modelled cache capacity: the config must carry them.
+func TestFailoverNodeConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cp.yaml")
+	c := CartRouterConfig{Workers: []string{"http://127.0.0.1:1"}, CacheTokens: 288, BlockChars: failoverBlockChars, BalanceAbs: 4,
+		NodeID: "cp1", APIAddr: "127.0.0.1:7001", RaftAddr: "127.0.0.1:7002", DataDir: filepath.Join(t.TempDir(), "d"), Bootstrap: true}
+	if err := os.WriteFile(path, []byte(CartConfig(c)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err == nil {
+		err = cfg.Validate(config.RoleControlPlane)
+	}
+	if err != nil {
+		t.Fatalf("%v\n%s", err, CartConfig(c))
+	}
+	if cfg.Cache.BlockChars != failoverBlockChars || cfg.Cache.BalanceAbsThreshold != 4 || cfg.Workers[0].CacheCapacityTokens != 288 {
+		t.Errorf("cache %+v, worker %+v", cfg.Cache, cfg.Workers[0])
+	}
+}
