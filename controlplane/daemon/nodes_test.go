@@ -21,7 +21,6 @@ import (
 const cartPkg = "github.com/cartrouter/cart/cli/cart"
 
 func TestMain(m *testing.M) {
-	benchBinary()
 	proc.Main(m)
 }
 
