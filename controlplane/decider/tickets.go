@@ -258,6 +258,19 @@ type Completion struct {
 // matched a live ticket. Completions of tickets settled already, or issued
 // by an earlier leader, are skipped: Sync reconciles their load.
 func (d *Decider) Complete(dp string, cs []Completion) (settled int) {
+	// A batch is a flush interval's completions, hundreds at thousands of
+	// routes/s, each possibly withdrawing placements: settled in chunks so
+	// decisions never wait behind a whole batch.
+	for chunk := range slices.Chunk(cs, completeChunk) {
+		settled += d.complete(dp, chunk)
+	}
+	return settled
+}
+
+// completeChunk bounds the completions settled in one lock hold.
+const completeChunk = 64
+
+func (d *Decider) complete(dp string, cs []Completion) (settled int) {
 	t := d.lock()
 	defer d.unlock(OpSettle, t)
 	d.dataPlane(dp, d.o.Now())

@@ -137,3 +137,25 @@ func BenchmarkSweep(b *testing.B) {
 		})
 	}
 }
+
+// A large completion batch is settled in bounded lock holds, all of it.
+func TestCompleteSettlesInChunks(t *testing.T) {
+	now := time.Unix(1000, 0)
+	d := newTestDecider(&now, 1<<16, -1)
+	d.Lead(true)
+	n := 2*completeChunk + 2
+	cs := make([]Completion, n)
+	for i := range cs {
+		cs[i] = Completion{Ticket: routeFor(t, d, "x", "a", fmt.Sprintf("prompt %d", i)), Worker: "a", Outcome: Outcome{Delivered: true}}
+	}
+	before := holdCount(t, d, OpSettle)
+	if got := d.Complete("x", cs); got != n {
+		t.Fatalf("settled %d, want %d", got, n)
+	}
+	if holds := holdCount(t, d, OpSettle) - before; holds != 3 {
+		t.Fatalf("settle lock holds = %d, want 3 (chunks of %d)", holds, completeChunk)
+	}
+	if got := d.Stats().Unsettled; got != 0 || d.Load("a") != 0 {
+		t.Fatalf("after the batch: unsettled %d, load %d", got, d.Load("a"))
+	}
+}
