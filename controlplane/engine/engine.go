@@ -207,7 +207,7 @@ func (e *Engine) SetWorkers(specs []WorkerSpec) (removed []string) {
 		removed = append(removed, w.spec.URL)
 		delete(e.byURL, w.spec.URL)
 		delete(e.byID, w.id)
-		e.idx.RemoveWorker(w.id)
+		e.idx.RetireWorker(w.id) // ids are never reused; MaintainStep purges
 	}
 	e.workers = next
 	return removed

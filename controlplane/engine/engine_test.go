@@ -534,6 +534,15 @@ func TestSetWorkers(t *testing.T) {
 	if got := e.Workers(); !slices.Equal(got, want) {
 		t.Errorf("Workers %+v want %+v", got, want)
 	}
+	// Before the purge, c's holdings are still in the index but count for
+	// nobody: tc, which only c held, is a miss.
+	if e.idx.Retiring() != 1 {
+		t.Errorf("retiring %d workers, want 1", e.idx.Retiring())
+	}
+	if d, err := e.Route(Request{Hashes: req(tc).Hashes, KeyLen: 50, DryRun: true}, 8); err != nil || d.Reason == ReasonCacheHit {
+		t.Errorf("a removed worker's holding counted: %+v %v", d, err)
+	}
+	purge(t, e)
 	// Kept workers keep their entries; c's are gone (tc entirely, ta now
 	// held by a only).
 	if holds(t, e, "a", ta) != 5 || holds(t, e, "b", tb) != 5 {
@@ -571,11 +580,26 @@ func TestSetWorkers(t *testing.T) {
 	if holds(t, e, "c", tc) != 0 || e.Load("c") != 0 {
 		t.Error("re-added worker inherited state")
 	}
-	if removed := e.SetWorkers(nil); len(removed) != 4 || e.idx.Len() != 0 {
+	removed = e.SetWorkers(nil)
+	purge(t, e)
+	if len(removed) != 4 || e.idx.Len() != 0 {
 		t.Errorf("SetWorkers(nil): removed %v, index len %d", removed, e.idx.Len())
 	}
 	if _, err := e.Route(Request{}, 1); !errors.Is(err, ErrNoWorkers) {
 		t.Errorf("err %v", err)
+	}
+}
+
+// purge runs maintenance steps until removed workers' holdings are gone.
+func purge(t *testing.T, e *Engine) {
+	t.Helper()
+	for i := 0; !e.MaintainStep(0, 1<<30, 1); i++ {
+		if i > 1000 {
+			t.Fatal("purge did not finish")
+		}
+	}
+	if e.idx.Retiring() != 0 {
+		t.Fatalf("still retiring %d workers", e.idx.Retiring())
 	}
 }
 

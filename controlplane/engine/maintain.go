@@ -1,11 +1,23 @@
 package engine
 
-// MaintainStep does one bounded step of index upkeep at now: LRU eviction
+// purgePerEvict: slots a purge step visits per entry an eviction step
+// removes. A 2,048-slot step holds the lock 90-200 µs (CPU, 1M entries,
+// `go test -run '^$' -bench RemoveWorker ./controlplane/index`), against
+// 46 ms for removing the worker at once.
+const purgePerEvict = 16
+
+// MaintainStep does one bounded step of index upkeep at now: the purge of
+// removed workers' holdings, LRU eviction
 // down to maxEntries, then expiry of placements past the TTL, then of idle
 // sessions, touching at most chunk entries. Callers hold their lock for
 // one step at a time and repeat until it reports done, so routing never
 // waits behind a whole pass.
 func (e *Engine) MaintainStep(now int64, maxEntries, chunk int) (done bool) {
+	// Purging a removed worker only reads most slots it visits, hence
+	// more of them per step than evictions.
+	if !e.idx.PurgeStep(chunk * purgePerEvict) {
+		return false
+	}
 	if _, done := e.idx.Evict(maxEntries, chunk); !done {
 		return false
 	}

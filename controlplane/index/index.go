@@ -61,6 +61,10 @@ type Index struct {
 	// onRelease is told every (hash, worker) pair the index stops
 	// recording, whatever the cause (see OnRelease).
 	onRelease func(hash uint64, w WorkerID)
+	// retired workers' holdings are purged in steps (RetireWorker,
+	// PurgeStep); purgeAt is the next slot the purge looks at.
+	retired map[WorkerID]struct{}
+	purgeAt int32
 }
 
 // Options bound the index.
@@ -314,7 +318,68 @@ func (x *Index) RemoveHolder(hashes []uint64, w WorkerID) {
 	}
 }
 
-// RemoveWorker forgets everything worker w holds. O(entries).
+// RetireWorker marks worker w gone for good in O(1): its holdings are
+// dropped by later PurgeSteps, so removing a worker never holds its
+// caller's lock for a pass over the index (RemoveWorker took 30-40 ms at a
+// million entries). Until purged they still appear in Lookup's Match and in
+// Walk, which is why w must never be used again: callers skip workers they
+// no longer know (the engine and the snapshot writer do).
+func (x *Index) RetireWorker(w WorkerID) {
+	if x.retired == nil {
+		x.retired = make(map[WorkerID]struct{})
+	}
+	x.retired[w] = struct{}{}
+	x.purgeAt = 0 // a full pass from here covers w
+}
+
+// PurgeStep drops retired workers' holdings from at most limit slots and
+// reports whether none are left (then the retired set is forgotten).
+func (x *Index) PurgeStep(limit int) (done bool) {
+	if len(x.retired) == 0 {
+		return true
+	}
+	end := min(x.purgeAt+int32(max(1, limit)), x.nslots)
+	for s := x.purgeAt; s < end; s++ {
+		if e := x.at(s); e.nholders == 0 || !x.holdsRetired(e) {
+			continue
+		}
+		e := x.mut(s)
+		for w := range x.retired {
+			if e.removeHolder(w) && x.onRelease != nil {
+				x.onRelease(e.hash, w)
+			}
+		}
+		if e.nholders == 0 {
+			x.drop(s)
+		}
+	}
+	x.purgeAt = end
+	if end < x.nslots {
+		return false
+	}
+	clear(x.retired)
+	x.purgeAt = 0
+	return true
+}
+
+func (x *Index) holdsRetired(e *entry) bool {
+	if _, ok := x.retired[e.first.w]; ok {
+		return true
+	}
+	for _, h := range e.more {
+		if _, ok := x.retired[h.w]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Retiring reports how many retired workers still have holdings to purge.
+func (x *Index) Retiring() int { return len(x.retired) }
+
+// RemoveWorker forgets everything worker w holds at once. O(entries):
+// for a worker that stays (its cache was cleared); one that leaves is
+// retired instead.
 func (x *Index) RemoveWorker(w WorkerID) {
 	for s := x.head; s != nilSlot; {
 		next := x.at(s).next
@@ -380,6 +445,8 @@ func (x *Index) Clear() {
 	x.nslots = 0
 	x.free = x.free[:0]
 	x.head, x.tail = nilSlot, nilSlot
+	clear(x.retired)
+	x.purgeAt = 0
 }
 
 // Walk calls fn for every entry from most to least recently used, with its

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // A snapshot taken while placements, withdrawals, refreshes and eviction
@@ -50,6 +53,7 @@ func TestSnapshotWhileInsertsContinueRestoresCaptureTime(t *testing.T) {
 	snap := src.Capture()
 
 	var wg sync.WaitGroup
+	var applied atomic.Int64
 	stop := make(chan struct{})
 	wg.Go(func() {
 		for i := 0; ; i++ {
@@ -62,8 +66,12 @@ func TestSnapshotWhileInsertsContinueRestoresCaptureTime(t *testing.T) {
 			if i%5 == 0 {
 				locked(src, func() { srcEng.Index().Evict(srcEng.Index().Len()-100, 0) })
 			}
+			applied.Add(1)
 		}
 	})
+	// At least one change lands after the capture, whatever the scheduler
+	// does; more run while the snapshot is written.
+	testkit.WaitFor(t, 10*time.Second, "a batch applied after the capture", func() bool { return applied.Load() > 0 })
 	var buf bytes.Buffer
 	err := snap.Write(&buf)
 	close(stop)
