@@ -114,3 +114,16 @@ func lruOrder(x *Index) []uint64 {
 	})
 	return out
 }
+
+// insertShortPaths inserts n short random paths over a three-letter
+// alphabet (so they share prefixes) for four workers.
+func insertShortPaths(x *Index, seed uint64, n int) {
+	r := newRand(seed)
+	for i := range n {
+		text := make([]byte, 2+r.IntN(10))
+		for j := range text {
+			text[j] = 'a' + byte(r.IntN(3))
+		}
+		x.Insert(Hash(nil, "m", text, 2), WorkerID(r.IntN(4)), int64(i))
+	}
+}

@@ -509,14 +509,7 @@ func TestRemoveHolder(t *testing.T) {
 
 func TestRemoveWorker(t *testing.T) {
 	x := New(Options{MaxEntries: 1000})
-	r := newRand(1)
-	for i := range 200 {
-		text := make([]byte, 2+r.IntN(10))
-		for j := range text {
-			text[j] = 'a' + byte(r.IntN(3))
-		}
-		x.Insert(Hash(nil, "m", text, 2), WorkerID(r.IntN(4)), int64(i))
-	}
+	insertShortPaths(x, 1, 200)
 	checkInvariants(t, x)
 	before := map[uint64]map[WorkerID]int64{}
 	x.Walk(func(h uint64, _ int64, hs []Holder) bool { before[h] = holderMap(hs); return true })

@@ -18,14 +18,7 @@ func TestRetireAndPurgeMatchRemoveWorker(t *testing.T) {
 	for _, frozen := range []bool{false, true} {
 		build := func() *Index {
 			x := New(Options{MaxEntries: 5000})
-			r := newRand(3)
-			for i := range 600 {
-				text := make([]byte, 2+r.IntN(10))
-				for j := range text {
-					text[j] = 'a' + byte(r.IntN(3))
-				}
-				x.Insert(Hash(nil, "m", text, 2), WorkerID(r.IntN(4)), int64(i))
-			}
+			insertShortPaths(x, 3, 600)
 			return x
 		}
 		want, got := build(), build()
