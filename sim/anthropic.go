@@ -122,14 +122,9 @@ func (s *Server) serveMessages(ctx context.Context, w http.ResponseWriter, r *ht
 		if err != nil {
 			return nil, badRequest(err.Error(), "messages")
 		}
-		j, aerr := s.newJob(r, req.Model, prompt)
-		if aerr != nil {
-			return nil, aerr
-		}
-		j.stream = req.Stream
 		// Anthropic requires max_tokens; accepting its absence keeps hand-written
 		// curl tests short and costs nothing.
-		return j, s.outputBudget(j, namedLimit{"max_tokens", req.MaxTokens})
+		return s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
 	}
 	return s.serveGeneration(ctx, w, r, styleAnthropic, &req, prepare, func(j *job) reply {
 		id := newID("msg_")

@@ -140,14 +140,12 @@ func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.R
 		if err != nil {
 			return nil, badRequest(err.Error(), "messages")
 		}
-		j, aerr := s.newJob(r, req.Model, prompt)
-		if aerr != nil {
-			return nil, aerr
-		}
-		j.stream = req.Stream
-		j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 		// max_completion_tokens supersedes the deprecated max_tokens.
-		return j, s.outputBudget(j, namedLimit{"max_completion_tokens", req.MaxCompletionTokens}, namedLimit{"max_tokens", req.MaxTokens})
+		j, aerr := s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_completion_tokens", req.MaxCompletionTokens}, namedLimit{"max_tokens", req.MaxTokens})
+		if j != nil {
+			j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		}
+		return j, aerr
 	}
 	return s.serveGeneration(ctx, w, r, styleOpenAI, &req, prepare, func(j *job) reply {
 		id, created := newID("chatcmpl-"), time.Now().Unix()
@@ -198,13 +196,11 @@ func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r 
 		if err != nil {
 			return nil, badRequest(err.Error(), "prompt")
 		}
-		j, aerr := s.newJob(r, req.Model, prompt)
-		if aerr != nil {
-			return nil, aerr
+		j, aerr := s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
+		if j != nil {
+			j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 		}
-		j.stream = req.Stream
-		j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-		return j, s.outputBudget(j, namedLimit{"max_tokens", req.MaxTokens})
+		return j, aerr
 	}
 	return s.serveGeneration(ctx, w, r, styleOpenAI, &req, prepare, func(j *job) reply {
 		id, created := newID("cmpl-"), time.Now().Unix()

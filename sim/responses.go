@@ -225,12 +225,7 @@ func (s *Server) serveResponses(ctx context.Context, w http.ResponseWriter, r *h
 		if err != nil {
 			return nil, badRequest(err.Error(), "input")
 		}
-		j, aerr := s.newJob(r, req.Model, prompt)
-		if aerr != nil {
-			return nil, aerr
-		}
-		j.stream = req.Stream
-		return j, s.outputBudget(j, namedLimit{"max_output_tokens", req.MaxOutputTokens})
+		return s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_output_tokens", req.MaxOutputTokens})
 	}
 	return s.serveGeneration(ctx, w, r, styleOpenAI, &req, prepare, func(j *job) reply {
 		return s.responsesReply(j, &req, msgs)
