@@ -11,17 +11,37 @@ import (
 // encoding/json checks it.
 
 type chatRequest struct {
+	openAIFields
+	Messages []chatMessage `json:"messages"`
+}
+
+// openAIFields are the fields of chat and completions requests that
+// Request reports.
+type openAIFields struct {
 	Model          string         `json:"model"`
 	Stream         bool           `json:"stream"`
 	StreamOptions  *streamOptions `json:"stream_options"`
 	User           string         `json:"user"`
 	PromptCacheKey string         `json:"prompt_cache_key"`
 	CacheSalt      string         `json:"cache_salt"`
-	Messages       []chatMessage  `json:"messages"`
 }
 
 type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
+}
+
+func (f *openAIFields) request() *Request {
+	out := &Request{
+		Model:          f.Model,
+		Stream:         f.Stream,
+		User:           f.User,
+		PromptCacheKey: f.PromptCacheKey,
+		CacheSalt:      f.CacheSalt,
+	}
+	if f.StreamOptions != nil {
+		out.IncludeUsage = f.StreamOptions.IncludeUsage
+	}
+	return out
 }
 
 type chatMessage struct {
@@ -134,17 +154,7 @@ func (b *builder) chat(body []byte) (*Request, error) {
 			return nil, err
 		}
 	}
-	out := &Request{
-		Model:          req.Model,
-		Stream:         req.Stream,
-		User:           req.User,
-		PromptCacheKey: req.PromptCacheKey,
-		CacheSalt:      req.CacheSalt,
-	}
-	if req.StreamOptions != nil {
-		out.IncludeUsage = req.StreamOptions.IncludeUsage
-	}
-	return out, nil
+	return req.request(), nil
 }
 
 func checkMessages(n int, absent bool, p *path) error {
