@@ -9,6 +9,7 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // withExitCodes appends the exit code table to a command's long help, so
@@ -58,9 +59,7 @@ With -o json the output is the ListWorkersResponse message.`),
 }
 
 func listWorkers(ctx context.Context, cp *controlPlane) (*cartv1.ListWorkersResponse, error) {
-	return call(ctx, cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.ListWorkersResponse], error) {
-		return e.admin.ListWorkers(ctx, connect.NewRequest(&cartv1.ListWorkersRequest{}))
-	})
+	return adminCall(ctx, cp, cartv1connect.AdminServiceClient.ListWorkers, &cartv1.ListWorkersRequest{})
 }
 
 // workerFlags are the tunables of one worker.
@@ -122,17 +121,11 @@ other settings it fails with exit code 4 (use 'cartctl workers update').`),
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
 				w := &cartv1.Worker{Url: u, MaxLoad: f.maxLoad, LoadPenalty: f.loadPenalty, CacheCapacityTokens: f.capacity}
-				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.AddWorkerResponse], error) {
-					return e.admin.AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: w}))
-				})
+				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.AddWorker, &cartv1.AddWorkerRequest{Worker: w})
 				if err != nil {
 					return err
 				}
-				if s.output == outputJSON {
-					return writeJSON(s.out, resp)
-				}
-				_, err = fmt.Fprintf(s.out, "added worker %s: %s\n", u, workerSummary(resp.GetWorker()))
-				return err
+				return s.report(resp, "added worker %s: %s", u, workerSummary(resp.GetWorker()))
 			})
 		},
 	}
@@ -190,17 +183,11 @@ therefore overwrite each other's change to a different setting.`),
 				if fl.Changed(flagCapacity) {
 					w.CacheCapacityTokens = f.capacity
 				}
-				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.UpdateWorkerResponse], error) {
-					return e.admin.UpdateWorker(ctx, connect.NewRequest(&cartv1.UpdateWorkerRequest{Worker: w}))
-				})
+				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.UpdateWorker, &cartv1.UpdateWorkerRequest{Worker: w})
 				if err != nil {
 					return err
 				}
-				if s.output == outputJSON {
-					return writeJSON(s.out, resp)
-				}
-				_, err = fmt.Fprintf(s.out, "updated worker %s: %s\n", u, workerSummary(resp.GetWorker()))
-				return err
+				return s.report(resp, "updated worker %s: %s", u, workerSummary(resp.GetWorker()))
 			})
 		},
 	}
@@ -221,17 +208,11 @@ are routed to it once the removal is committed.`),
 				return err
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
-				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.RemoveWorkerResponse], error) {
-					return e.admin.RemoveWorker(ctx, connect.NewRequest(&cartv1.RemoveWorkerRequest{Url: u}))
-				})
+				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.RemoveWorker, &cartv1.RemoveWorkerRequest{Url: u})
 				if err != nil {
 					return err
 				}
-				if s.output == outputJSON {
-					return writeJSON(s.out, resp)
-				}
-				_, err = fmt.Fprintf(s.out, "removed worker %s\n", u)
-				return err
+				return s.report(resp, "removed worker %s", u)
 			})
 		},
 	}
