@@ -81,11 +81,18 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	cmd.Flags().Int64Var(&f.capacity, flagCapacity, 0, "modelled KV cache capacity in tokens (0 = pool default)")
 }
 
-func (f *workerFlags) validate() error {
-	if f.capacity < 0 {
-		return usagef("--%s must not be negative", flagCapacity)
+// parse checks the worker URL argument and the flags, so that a mistake is
+// a usage error before any call is made, and returns the URL in the form
+// the control plane stores.
+func (f *workerFlags) parse(rawURL string) (string, error) {
+	u, err := workerURL(rawURL)
+	if err != nil {
+		return "", err
 	}
-	return nil
+	if f.capacity < 0 {
+		return "", usagef("--%s must not be negative", flagCapacity)
+	}
+	return u, nil
 }
 
 // workerURL validates a worker URL with the control plane's own rule, so a
@@ -112,11 +119,8 @@ other settings it fails with exit code 4 (use 'cartctl workers update').`),
 		Example: "  cartctl workers add http://10.0.0.5:8000 --max-load 32 --load-penalty 2",
 		Args:    checkArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			u, err := workerURL(args[0])
+			u, err := f.parse(args[0])
 			if err != nil {
-				return err
-			}
-			if err := f.validate(); err != nil {
 				return err
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
@@ -147,11 +151,8 @@ therefore overwrite each other's change to a different setting.`),
 		Example: "  cartctl workers update http://10.0.0.5:8000 --max-load 64",
 		Args:    checkArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			u, err := workerURL(args[0])
+			u, err := f.parse(args[0])
 			if err != nil {
-				return err
-			}
-			if err := f.validate(); err != nil {
 				return err
 			}
 			fl := cmd.Flags()
