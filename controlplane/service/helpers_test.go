@@ -174,6 +174,22 @@ func (n *fakeNode) commands() []*cartv1.RaftCommand {
 }
 
 // placeBatches and unplaceBatches return the batch commands applied so far.
+// placementsOf lists the placements that batches carry, in order.
+func placementsOf[B interface{ GetPlacements() []*cartv1.Placement }](batches []B) []*cartv1.Placement {
+	var out []*cartv1.Placement
+	for _, b := range batches {
+		out = append(out, b.GetPlacements()...)
+	}
+	return out
+}
+
+// placesOn is whether one of ps places exactly hs on worker.
+func placesOn(ps []*cartv1.Placement, worker string, hs []uint64) bool {
+	return slices.ContainsFunc(ps, func(p *cartv1.Placement) bool {
+		return p.GetWorker() == worker && slices.Equal(p.GetBlockHashes(), hs)
+	})
+}
+
 func (n *fakeNode) placeBatches() []*cartv1.PlaceBatchCommand {
 	var out []*cartv1.PlaceBatchCommand
 	for _, c := range n.commands() {

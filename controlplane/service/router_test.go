@@ -143,11 +143,7 @@ func TestRouteDryRun(t *testing.T) {
 	// queued would be too. Only the marker's placement may be there.
 	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 99), DataplaneId: "dp1"})
 	testkit.WaitFor(t, 5*time.Second, "the marker's placement replicated", func() bool { return len(cp.node.placeBatches()) > 0 })
-	var placed int
-	for _, b := range cp.node.placeBatches() {
-		placed += len(b.GetPlacements())
-	}
-	if placed != 1 {
+	if len(placementsOf(cp.node.placeBatches())) != 1 {
 		t.Fatalf("dry run replicated placements: %v", cp.node.placeBatches())
 	}
 	// A dry run settles nothing either: ticket 0 is not a ticket.
@@ -267,14 +263,7 @@ func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
 	}
 	// The placement is replicated in a batch.
 	testkit.WaitFor(t, 5*time.Second, "PlaceBatch with the placement", func() bool {
-		for _, b := range cp.node.placeBatches() {
-			for _, p := range b.GetPlacements() {
-				if p.GetWorker() == d.GetWorker() && slices.Equal(p.GetBlockHashes(), hs) {
-					return true
-				}
-			}
-		}
-		return false
+		return placesOn(placementsOf(cp.node.placeBatches()), d.GetWorker(), hs)
 	})
 	if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: false}); n != 1 {
 		t.Fatalf("Complete(delivered=false) settled %d", n)
@@ -287,14 +276,7 @@ func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
 		t.Fatalf("withdrawn placement still routes by cache: %v", probe)
 	}
 	testkit.WaitFor(t, 5*time.Second, "UnplaceBatch withdrawing the placement", func() bool {
-		for _, b := range cp.node.unplaceBatches() {
-			for _, p := range b.GetPlacements() {
-				if p.GetWorker() == d.GetWorker() && slices.Equal(p.GetBlockHashes(), hs) {
-					return true
-				}
-			}
-		}
-		return false
+		return placesOn(placementsOf(cp.node.unplaceBatches()), d.GetWorker(), hs)
 	})
 	probe = route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DryRun: true})
 	if probe.GetReason() == "cache_hit" {
@@ -358,13 +340,13 @@ func replayReason(t *testing.T, cp *testCP, txt string) string {
 func TestUnplaceThenPlaceInOneWindow(t *testing.T) {
 	for _, crossWindow := range []bool{false, true} {
 		t.Run(fmt.Sprintf("placed in an earlier window=%v", crossWindow), func(t *testing.T) {
-			cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+			cp := newHeldCP(t)
 			cp.addWorkers(t, w1)
 			rc := cp.router()
 			txt := text(64, 8)
 			a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
 			if crossWindow {
-				cp.core.batch.flush(context.Background())
+				cp.flushBatch()
 				if n := len(cp.node.placeBatches()); n != 1 {
 					t.Fatalf("%d place batches after the first window", n)
 				}
@@ -377,42 +359,36 @@ func TestUnplaceThenPlaceInOneWindow(t *testing.T) {
 			if d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DryRun: true}); d.GetReason() != "cache_hit" {
 				t.Fatalf("before the flush: %v, want cache_hit", d)
 			}
-			cp.core.batch.flush(context.Background())
+			cp.flushBatch()
 			if crossWindow && len(cp.node.unplaceBatches()) != 1 {
 				t.Fatalf("unplace batches = %v, want 1", cp.node.unplaceBatches())
 			}
 			if d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DryRun: true}); d.GetReason() != "cache_hit" {
 				t.Fatalf("after the flush: %v, want cache_hit (the replicated batches undid a live placement)", d)
 			}
-			if r := replayReason(t, cp, txt); r != "cache_hit" {
-				t.Fatalf("replayed log: %s, want cache_hit", r)
-			}
+			wantReason(t, replayReason(t, cp, txt), "cache_hit", "replayed log")
 		})
 	}
 }
 
 // A placement withdrawn within its own window never reaches the log.
 func TestPlaceThenUnplaceInOneWindow(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp := newHeldCP(t)
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt, keep := text(64, 11), text(64, 12)
 	a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
 	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: keep, DataplaneId: "dp1"})
 	complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: a.GetWorker(), Delivered: false})
-	cp.core.batch.flush(context.Background())
+	cp.flushBatch()
 	if u := cp.node.unplaceBatches(); len(u) != 0 {
 		t.Fatalf("unplace batches = %v, want none", u)
 	}
 	if p := cp.node.placeBatches(); len(p) != 1 || len(p[0].GetPlacements()) != 1 {
 		t.Fatalf("place batches = %v, want only the kept placement", p)
 	}
-	if r := replayReason(t, cp, txt); r != "cache_miss" {
-		t.Fatalf("replayed log: withdrawn prefix is %s", r)
-	}
-	if r := replayReason(t, cp, keep); r != "cache_hit" {
-		t.Fatalf("replayed log: kept prefix is %s", r)
-	}
+	wantReason(t, replayReason(t, cp, txt), "cache_miss", "replayed log, withdrawn prefix")
+	wantReason(t, replayReason(t, cp, keep), "cache_hit", "replayed log, kept prefix")
 }
 
 func TestSyncReconcilesAbsoluteCounts(t *testing.T) {
@@ -570,13 +546,7 @@ func TestPlacementBatching(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	total := func() int {
-		k := 0
-		for _, b := range cp.node.placeBatches() {
-			k += len(b.GetPlacements())
-		}
-		return k
-	}
+	total := func() int { return len(placementsOf(cp.node.placeBatches())) }
 	testkit.WaitFor(t, 5*time.Second, "all placements replicated", func() bool { return total() >= n })
 	batches := cp.node.placeBatches()
 	if limit := int(elapsed/interval) + 3; len(batches) > limit || len(batches) >= n/2 {
@@ -616,17 +586,13 @@ func TestPlacementMaxFlushesEarly(t *testing.T) {
 		route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(32, 2000+i), DataplaneId: "dp1"})
 	}
 	testkit.WaitFor(t, 5*time.Second, "full batches flushed before the interval", func() bool {
-		k := 0
-		for _, b := range cp.node.placeBatches() {
-			k += len(b.GetPlacements())
-		}
-		return k >= 20
+		return len(placementsOf(cp.node.placeBatches())) >= 20
 	})
 }
 
 // Stopping the leader loops hands the last window to Raft.
 func TestBatcherFlushesOnStepDown(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp := newHeldCP(t)
 	cp.addWorkers(t, w1)
 	route(t, cp.router(), &cartv1.RouteRequest{Model: "m", Text: text(32, 9), DataplaneId: "dp1"})
 	if len(cp.node.placeBatches()) != 0 {
