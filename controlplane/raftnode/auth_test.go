@@ -167,37 +167,17 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 	logBuf := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logBuf, nil))
 	fatals := &fatalRecorder{}
-	type member struct {
-		id   string
-		rep  *replica
-		node *Node
-	}
-	start := func(id string, bootstrap bool) *member {
+	start := func(id string, bootstrap bool) *tcpMember {
 		t.Helper()
-		mem := raft.NewInmemStore()
-		m := &member{id: id, rep: newReplica()}
-		n, err := Start(Config{
-			NodeID:       id,
-			BindAddr:     "127.0.0.1:0",
-			Bootstrap:    bootstrap,
-			ClusterToken: testToken,
-			Stores:       &Stores{Log: mem, Stable: mem, Snap: raft.NewInmemSnapshotStore()},
-			Timeouts:     &tcpTimeouts,
-			Logger:       log,
-			Fatal:        fatals.fatal,
-		}, m.rep.st, nil)
-		if err != nil {
-			t.Fatalf("start %s: %v", id, err)
-		}
-		m.node = n
-		t.Cleanup(func() { _ = n.Shutdown() })
+		m := startTCPMember(t, id, bootstrap, log, fatals, func(c *Config) { c.ClusterToken = testToken })
+		t.Cleanup(func() { _ = m.node.Shutdown() })
 		return m
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	n1 := start("n1", true)
 	testkit.WaitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
-	members := []*member{n1, start("n2", false), start("n3", false)}
+	members := []*tcpMember{n1, start("n2", false), start("n3", false)}
 	// A loaded machine can cost the leader its lease mid-change: retry on
 	// whoever leads (AddVoter is idempotent).
 	for _, m := range members[1:] {

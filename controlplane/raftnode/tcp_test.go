@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"log/slog"
 	"math/big"
 	mrand "math/rand/v2"
 	"net"
@@ -120,6 +121,38 @@ func TestDiskRestart(t *testing.T) {
 	}
 }
 
+// tcpMember is one node of a test cluster on the TCP transport, with the
+// replica its state machine applies to.
+type tcpMember struct {
+	id   string
+	rep  *replica
+	node *Node
+}
+
+// startTCPMember starts a node on a loopback port with in-memory stores;
+// secure adds the credentials its cluster authenticates peers with.
+func startTCPMember(t *testing.T, id string, bootstrap bool, log *slog.Logger, fatals *fatalRecorder, secure func(*Config)) *tcpMember {
+	t.Helper()
+	mem := raft.NewInmemStore()
+	m := &tcpMember{id: id, rep: newReplica()}
+	cfg := Config{
+		NodeID:    id,
+		BindAddr:  "127.0.0.1:0",
+		Bootstrap: bootstrap,
+		Stores:    &Stores{Log: mem, Stable: mem, Snap: raft.NewInmemSnapshotStore()},
+		Timeouts:  &tcpTimeouts,
+		Logger:    log,
+		Fatal:     fatals.fatal,
+	}
+	secure(&cfg)
+	n, err := Start(cfg, m.rep.st, nil)
+	if err != nil {
+		t.Fatalf("start %s: %v", id, err)
+	}
+	m.node = n
+	return m
+}
+
 // Three nodes over mutually authenticated TLS elect a leader and
 // replicate; a peer without a certificate from the cluster's CA can neither
 // talk to the members nor receive the log when added.
@@ -127,33 +160,15 @@ func TestTLSCluster(t *testing.T) {
 	ca := newTestCA(t)
 	log := testLogger(t)
 	fatals := &fatalRecorder{}
-	type member struct {
-		id   string
-		rep  *replica
-		node *Node
-	}
-	start := func(id string, ca *testCA, bootstrap bool) *member {
+	start := func(id string, ca *testCA, bootstrap bool) *tcpMember {
 		t.Helper()
 		cert := ca.issue(t, id)
-		mem := raft.NewInmemStore()
-		m := &member{id: id, rep: newReplica()}
-		n, err := Start(Config{
-			NodeID:    id,
-			BindAddr:  "127.0.0.1:0",
-			Bootstrap: bootstrap,
-			ServerTLS: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.pool, MinVersion: tls.VersionTLS13},
-			ClientTLS: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
-			Stores:    &Stores{Log: mem, Stable: mem, Snap: raft.NewInmemSnapshotStore()},
-			Timeouts:  &tcpTimeouts,
-			Logger:    log,
-			Fatal:     fatals.fatal,
-		}, m.rep.st, nil)
-		if err != nil {
-			t.Fatalf("start %s: %v", id, err)
-		}
-		m.node = n
+		m := startTCPMember(t, id, bootstrap, log, fatals, func(c *Config) {
+			c.ServerTLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.pool, MinVersion: tls.VersionTLS13}
+			c.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13}
+		})
 		t.Cleanup(func() {
-			if err := n.Shutdown(); err != nil {
+			if err := m.node.Shutdown(); err != nil {
 				t.Errorf("shutdown %s: %v", id, err)
 			}
 		})
@@ -164,13 +179,13 @@ func TestTLSCluster(t *testing.T) {
 
 	n1 := start("n1", ca, true)
 	testkit.WaitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
-	members := []*member{n1, start("n2", ca, false), start("n3", ca, false)}
+	members := []*tcpMember{n1, start("n2", ca, false), start("n3", ca, false)}
 	// onLeader runs op on the current leader, again if leadership moves.
-	onLeader := func(what string, op func(ld *member) error) {
+	onLeader := func(what string, op func(ld *tcpMember) error) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			var ld *member
+			var ld *tcpMember
 			testkit.WaitFor(t, 5*time.Second, "a leader", func() bool {
 				for _, m := range members {
 					if m.node.IsLeader() {
@@ -192,9 +207,9 @@ func TestTLSCluster(t *testing.T) {
 	// A loaded machine can cost the leader its lease mid-change: retry on
 	// whoever leads (AddVoter is idempotent).
 	for _, m := range members[1:] {
-		onLeader("add voter "+m.id, func(ld *member) error { return ld.node.AddVoter(ctx, m.id, m.node.Addr()) })
+		onLeader("add voter "+m.id, func(ld *tcpMember) error { return ld.node.AddVoter(ctx, m.id, m.node.Addr()) })
 	}
-	onLeader("apply over TLS", func(ld *member) error {
+	onLeader("apply over TLS", func(ld *tcpMember) error {
 		_, err := ld.node.Apply(ctx, upsertCmd("http://w1:8000", 1))
 		return err
 	})
@@ -251,7 +266,7 @@ func TestTLSCluster(t *testing.T) {
 		m.node.Raft().RegisterObserver(ob)
 		t.Cleanup(func() { m.node.Raft().DeregisterObserver(ob) })
 	}
-	onLeader("add rogue voter", func(ld *member) error { return ld.node.AddVoter(ctx, "rogue", rogue.node.Addr()) })
+	onLeader("add rogue voter", func(ld *tcpMember) error { return ld.node.AddVoter(ctx, "rogue", rogue.node.Addr()) })
 	for i := range 2 {
 		select {
 		case <-failed:
@@ -265,7 +280,7 @@ func TestTLSCluster(t *testing.T) {
 	if ws, _ := rogue.rep.st.Workers(); len(ws) != 0 {
 		t.Errorf("rogue node learnt the worker set: %v", ws)
 	}
-	onLeader("remove rogue", func(ld *member) error { return ld.node.RemoveServer(ctx, "rogue") })
+	onLeader("remove rogue", func(ld *tcpMember) error { return ld.node.RemoveServer(ctx, "rogue") })
 	if errs := fatals.get(); len(errs) > 0 {
 		t.Errorf("unexpected Fatal calls: %v", errs)
 	}
