@@ -23,15 +23,15 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/server"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		// zmq4 v0.17.0 leaves one idle writer per closed PUB socket (the
-		// simulated engines' KV event publishers; see package kvevents).
-		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+		// The simulated engines' KV event publishers.
+		testkit.IgnoreZMQPubWriter)
 }
 
 // baseYAML is the part of the config every test shares: loopback only, no
