@@ -258,22 +258,24 @@ func (b *builder) toolCall(tc *toolCall, p *path) error {
 	b.field()
 	switch {
 	case tc.Function != nil:
-		b.key = appendEscaped(b.key, tc.Function.Name)
-		b.field()
-		fp := p.field("function")
-		ap := fp.field("arguments")
-		return b.arguments(tc.Function.Arguments, &ap)
+		return b.namedCall(tc.Function.Name, tc.Function.Arguments, p, "function", "arguments")
 	case tc.Custom != nil:
-		b.key = appendEscaped(b.key, tc.Custom.Name)
-		b.field()
-		cp := p.field("custom")
-		ip := cp.field("input")
-		return b.arguments(tc.Custom.Input, &ip)
+		return b.namedCall(tc.Custom.Name, tc.Custom.Input, p, "custom", "input")
 	}
 	// A call type this package does not know: its type at least tells
 	// calls apart.
 	b.key = appendEscaped(b.key, tc.Type)
 	return nil
+}
+
+// namedCall appends a call's name and its arguments, which the request
+// holds at p.field(kind).field(argsField).
+func (b *builder) namedCall(name string, args json.RawMessage, p *path, kind, argsField string) error {
+	b.key = appendEscaped(b.key, name)
+	b.field()
+	kp := p.field(kind)
+	ap := kp.field(argsField)
+	return b.arguments(args, &ap)
 }
 
 func (b *builder) arguments(raw json.RawMessage, p *path) error {
