@@ -73,36 +73,14 @@ func (b *builder) responses(body []byte) (*Request, error) {
 		p := path{name: "previous_response_id"}
 		return nil, errType(&p, "a string", req.PreviousResponseID)
 	}
-	ip := path{name: "instructions"}
-	switch firstByte(req.Instructions) {
-	case 0, 'n':
-	case '"':
-		b.key = append(b.key, "system"...)
-		b.text(req.Instructions)
-		b.key = append(b.key, sepRecord)
-	case '[':
-		// Response objects echo instructions as a list of input items.
-		if err := b.responsesItems(req.Instructions, &ip); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, errType(&ip, "a string", req.Instructions)
+	// Response objects echo instructions as a list of input items.
+	if err := b.textOrItems(req.Instructions, "instructions", "system", "a string"); err != nil {
+		return nil, err
 	}
-	in := path{name: "input"}
-	switch firstByte(req.Input) {
-	case 0, 'n':
-		// Input may be left out when previous_response_id or a stored
-		// prompt supplies the conversation.
-	case '"':
-		b.key = append(b.key, "user"...)
-		b.text(req.Input)
-		b.key = append(b.key, sepRecord)
-	case '[':
-		if err := b.responsesItems(req.Input, &in); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, errType(&in, "a string or an array of input items", req.Input)
+	// Input may be left out when previous_response_id or a stored prompt
+	// supplies the conversation.
+	if err := b.textOrItems(req.Input, "input", "user", "a string or an array of input items"); err != nil {
+		return nil, err
 	}
 	out := &Request{
 		Model:          req.Model,
@@ -114,6 +92,25 @@ func (b *builder) responses(body []byte) (*Request, error) {
 		out.PreviousResponseID = string(b.decode(req.PreviousResponseID))
 	}
 	return out, nil
+}
+
+// textOrItems appends the top-level field name: absent, a string (one turn
+// of role) or a list of input items. want names the accepted types in the
+// error for anything else.
+func (b *builder) textOrItems(raw json.RawMessage, name, role, want string) error {
+	p := path{name: name}
+	switch firstByte(raw) {
+	case 0, 'n':
+	case '"':
+		b.key = append(b.key, role...)
+		b.text(raw)
+		b.key = append(b.key, sepRecord)
+	case '[':
+		return b.responsesItems(raw, &p)
+	default:
+		return errType(&p, want, raw)
+	}
+	return nil
 }
 
 func (b *builder) responsesItems(raw json.RawMessage, p *path) error {
