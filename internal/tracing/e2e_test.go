@@ -266,23 +266,13 @@ func TestAllInOneTracingOffPassesTraceparent(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // startControlPlane runs a one-node control plane (real Raft, temp data
 // dir) with replica as its worker until ctx ends; done reports Serve's end.
 func startControlPlane(ctx context.Context, t *testing.T, replica string, edit func(*config.Config), opts ...server.Option) (url string, done chan error) {
 	t.Helper()
 	cfg := config.Default()
 	cfg.ControlPlane.NodeID, cfg.ControlPlane.DataDir, cfg.ControlPlane.Bootstrap = "n1", t.TempDir(), true
-	cfg.ControlPlane.APIAddr, cfg.ControlPlane.RaftAddr = freeAddr(t), freeAddr(t)
+	cfg.ControlPlane.APIAddr, cfg.ControlPlane.RaftAddr = testkit.FreeAddr(t), testkit.FreeAddr(t)
 	cfg.Workers = []config.Worker{{URL: replica}}
 	cfg.Health.IntervalSecs, cfg.Health.TimeoutSecs = 0.2, 0.2
 	cfg.Log.Level = "error"
@@ -436,7 +426,7 @@ func TestRolesExportFromConfig(t *testing.T) {
 				run = a.Run
 			case config.RoleDataPlane:
 				// No control plane answers: the data plane routes locally.
-				cfg.DataPlane.ControlPlane = []string{"http://" + freeAddr(t)}
+				cfg.DataPlane.ControlPlane = []string{"http://" + testkit.FreeAddr(t)}
 				if err := cfg.Validate(config.RoleDataPlane); err != nil {
 					t.Fatal(err)
 				}
