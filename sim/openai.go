@@ -57,12 +57,18 @@ func (s *Server) usageOf(j *job, completion int) *usage {
 }
 
 type chatCompletion struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
+	openAIHead
 	Choices []chatChoice `json:"choices"`
 	Usage   *usage       `json:"usage"`
+}
+
+// openAIHead leads every OpenAI completion object and chunk; encoding/json
+// writes its fields in place, first.
+type openAIHead struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
 }
 
 type chatChoice struct {
@@ -79,10 +85,7 @@ type chatOutMessage struct {
 }
 
 type chatChunk struct {
-	ID      string            `json:"id"`
-	Object  string            `json:"object"`
-	Created int64             `json:"created"`
-	Model   string            `json:"model"`
+	openAIHead
 	Choices []chatChunkChoice `json:"choices"`
 	Usage   *usage            `json:"usage,omitempty"`
 }
@@ -100,10 +103,7 @@ type chatDelta struct {
 }
 
 type textCompletion struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
+	openAIHead
 	Choices []textChoice `json:"choices"`
 	Usage   *usage       `json:"usage,omitempty"`
 }
@@ -149,16 +149,17 @@ func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.R
 	}
 	return s.serveGeneration(ctx, w, r, styleOpenAI, &req, prepare, func(j *job) reply {
 		id, created := newID("chatcmpl-"), time.Now().Unix()
+		chunkHead := openAIHead{ID: id, Object: "chat.completion.chunk", Created: created, Model: j.model}
 		chunk := func(d chatDelta, finish *string) chatChunk {
 			return chatChunk{
-				ID: id, Object: "chat.completion.chunk", Created: created, Model: j.model,
-				Choices: []chatChunkChoice{{Delta: d, Logprobs: jsonNull, FinishReason: finish}},
+				openAIHead: chunkHead,
+				Choices:    []chatChunkChoice{{Delta: d, Logprobs: jsonNull, FinishReason: finish}},
 			}
 		}
 		return reply{
 			whole: func(out string) any {
 				return chatCompletion{
-					ID: id, Object: "chat.completion", Created: created, Model: j.model,
+					openAIHead: openAIHead{ID: id, Object: "chat.completion", Created: created, Model: j.model},
 					Choices: []chatChoice{{
 						Message:      chatOutMessage{Role: "assistant", Content: out},
 						Logprobs:     jsonNull,
@@ -181,8 +182,9 @@ func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.R
 					return err
 				}
 				return endOpenAIStream(sw, j, chatChunk{
-					ID: id, Object: "chat.completion.chunk", Created: created, Model: j.model,
-					Choices: []chatChunkChoice{}, Usage: s.usageOf(j, j.maxTokens),
+					openAIHead: chunkHead,
+					Choices:    []chatChunkChoice{},
+					Usage:      s.usageOf(j, j.maxTokens),
 				})
 			},
 		}
@@ -203,12 +205,12 @@ func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r 
 		return j, aerr
 	}
 	return s.serveGeneration(ctx, w, r, styleOpenAI, &req, prepare, func(j *job) reply {
-		id, created := newID("cmpl-"), time.Now().Unix()
+		head := openAIHead{ID: newID("cmpl-"), Object: "text_completion", Created: time.Now().Unix(), Model: j.model}
 		reason := finishReason(j)
 		chunk := func(t string, finish *string) textCompletion {
 			return textCompletion{
-				ID: id, Object: "text_completion", Created: created, Model: j.model,
-				Choices: []textChoice{{Text: t, Logprobs: jsonNull, FinishReason: finish}},
+				openAIHead: head,
+				Choices:    []textChoice{{Text: t, Logprobs: jsonNull, FinishReason: finish}},
 			}
 		}
 		return reply{
@@ -225,8 +227,9 @@ func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r 
 					return err
 				}
 				return endOpenAIStream(sw, j, textCompletion{
-					ID: id, Object: "text_completion", Created: created, Model: j.model,
-					Choices: []textChoice{}, Usage: s.usageOf(j, j.maxTokens),
+					openAIHead: head,
+					Choices:    []textChoice{},
+					Usage:      s.usageOf(j, j.maxTokens),
 				})
 			},
 		}
