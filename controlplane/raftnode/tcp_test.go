@@ -2,15 +2,9 @@ package raftnode
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"log/slog"
-	"math/big"
 	mrand "math/rand/v2"
 	"net"
 	"os"
@@ -157,15 +151,15 @@ func startTCPMember(t *testing.T, id string, bootstrap bool, log *slog.Logger, f
 // replicate; a peer without a certificate from the cluster's CA can neither
 // talk to the members nor receive the log when added.
 func TestTLSCluster(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testkit.NewCA(t)
 	log := testLogger(t)
 	fatals := &fatalRecorder{}
-	start := func(id string, ca *testCA, bootstrap bool) *tcpMember {
+	start := func(id string, ca *testkit.CA, bootstrap bool) *tcpMember {
 		t.Helper()
-		cert := ca.issue(t, id)
+		cert := ca.Issue(t, id)
 		m := startTCPMember(t, id, bootstrap, log, fatals, func(c *Config) {
-			c.ServerTLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.pool, MinVersion: tls.VersionTLS13}
-			c.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13}
+			c.ServerTLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.Pool, MinVersion: tls.VersionTLS13}
+			c.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool, MinVersion: tls.VersionTLS13}
 		})
 		t.Cleanup(func() {
 			if err := m.node.Shutdown(); err != nil {
@@ -227,10 +221,10 @@ func TestTLSCluster(t *testing.T) {
 	// request with a huge term does not disturb anyone.
 	target := members[1]
 	term := target.node.Raft().CurrentTerm()
-	other := newTestCA(t)
+	other := testkit.NewCA(t)
 	for name, clientTLS := range map[string]*tls.Config{
-		"no client certificate": {RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
-		"foreign certificate":   {Certificates: []tls.Certificate{other.issue(t, "rogue")}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
+		"no client certificate": {RootCAs: ca.Pool, MinVersion: tls.VersionTLS13},
+		"foreign certificate":   {Certificates: []tls.Certificate{other.Issue(t, "rogue")}, RootCAs: ca.Pool, MinVersion: tls.VersionTLS13},
 	} {
 		stream, err := newStreamLayer("127.0.0.1:0", "", nil, clientTLS, streamOptions{})
 		if err != nil {
@@ -317,66 +311,4 @@ func TestStreamLayerRejectsWildcardAdvertise(t *testing.T) {
 	if _, err := accepted.Read(make([]byte, 1)); err == nil {
 		t.Error("accepted connection still open after Close")
 	}
-}
-
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "cart test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
-}
-
-// issue makes a certificate for a node, valid as server and client for
-// 127.0.0.1 (peers dial IP addresses in these tests).
-func (ca *testCA) issue(t *testing.T, name string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
