@@ -128,24 +128,6 @@ func TestHandshakeReplayFails(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink tests can read while nodes write to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func authStream(t *testing.T, token string, opts streamOptions) *streamLayer {
 	t.Helper()
 	if token != "" {
@@ -164,7 +146,7 @@ func authStream(t *testing.T, token string, opts streamOptions) *streamLayer {
 // protocol, or the handshake with a wrong token — is refused before its
 // first RPC: no vote, no term change, no forged entry appended.
 func TestTokenClusterRefusesRogues(t *testing.T) {
-	logBuf := &syncBuffer{}
+	logBuf := &testkit.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logBuf, nil))
 	fatals := &fatalRecorder{}
 	start := func(id string, bootstrap bool) *tcpMember {
@@ -300,7 +282,7 @@ func TestHandshakeDeadlineClosesSilentConnection(t *testing.T) {
 // admits the next one, and a genuine peer then completes the handshake.
 func TestConnectionCap(t *testing.T) {
 	const max = 4
-	logBuf := &syncBuffer{}
+	logBuf := &testkit.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logBuf, nil))
 	s := authStream(t, testToken, streamOptions{handshakeTimeout: time.Minute, maxInbound: max, log: log})
 	addr := s.ln.Addr().String()
@@ -363,7 +345,7 @@ func isTimeout(err error) bool {
 
 // Refusals are rate limited; what was dropped is counted in the next line.
 func TestLimitedLog(t *testing.T) {
-	buf := &syncBuffer{}
+	buf := &testkit.SyncBuffer{}
 	l := newLimitedLog(slog.New(slog.NewTextHandler(buf, nil)), 2, 1)
 	now := time.Unix(1000, 0)
 	l.now = func() time.Time { return now }
