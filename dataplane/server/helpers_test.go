@@ -208,16 +208,11 @@ func chatBody(system, user string, stream bool, maxTokens int) string {
 // the body.
 func chat(t *testing.T, base, body string) (int, string, string) {
 	t.Helper()
-	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	resp, b, err := testkit.PostJSON(t, base+"/v1/chat/completions", body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, resp.Header.Get(proxy.HeaderRoutedPeer), string(b)
+	return resp.StatusCode, resp.Header.Get(proxy.HeaderRoutedPeer), b
 }
 
 func getJSON(t *testing.T, url string, v any) int {
