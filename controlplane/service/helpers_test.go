@@ -362,6 +362,19 @@ func route(t testing.TB, c cartv1connect.RouterServiceClient, req *cartv1.RouteR
 	return resp.Msg
 }
 
+// liveRoute routes txt for model "m" from data plane "dp1", taking load.
+func liveRoute(t testing.TB, c cartv1connect.RouterServiceClient, txt string) *cartv1.RouteResponse {
+	t.Helper()
+	return route(t, c, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+}
+
+// settle completes decision d for data plane "dp1" and returns how many
+// decisions that settled.
+func settle(t testing.TB, c cartv1connect.RouterServiceClient, d *cartv1.RouteResponse, delivered bool) uint32 {
+	t.Helper()
+	return complete(t, c, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: delivered})
+}
+
 func complete(t testing.TB, c cartv1connect.RouterServiceClient, dp string, comps ...*cartv1.Completion) uint32 {
 	t.Helper()
 	resp, err := c.Complete(context.Background(), connect.NewRequest(&cartv1.CompleteRequest{DataplaneId: dp, Completions: comps}))

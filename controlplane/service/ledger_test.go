@@ -50,9 +50,9 @@ func TestFailedBatchWithdrawsItsPlacements(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	kept, lost := text(64, 30), text(64, 31)
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: kept, DataplaneId: "dp1"})
+	liveRoute(t, rc, kept)
 	cp.flushBatch()
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: lost, DataplaneId: "dp1"})
+	liveRoute(t, rc, lost)
 	wantReason(t, reasonOf(t, cp, lost), "cache_hit", "before the flush")
 	cp.node.setApplyErr(raftnode.ErrNotLeader)
 	cp.flushBatch()
@@ -61,7 +61,7 @@ func TestFailedBatchWithdrawsItsPlacements(t *testing.T) {
 	wantReason(t, replayReason(t, cp, kept), "cache_hit", "replayed log")
 	cp.node.setApplyErr(nil)
 	// The failed batch is forgotten: a later batch carries only new work.
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 32), DataplaneId: "dp1"})
+	liveRoute(t, rc, text(64, 32))
 	cp.flushBatch()
 	if b := cp.node.placeBatches(); len(b) != 2 || len(b[1].GetPlacements()) != 1 {
 		t.Fatalf("place batches = %v", b)
@@ -75,9 +75,9 @@ func TestFailedBatchRestoresItsWithdrawals(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt := text(64, 33)
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+	d := liveRoute(t, rc, txt)
 	cp.flushBatch()
-	complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: false})
+	settle(t, rc, d, false)
 	wantReason(t, reasonOf(t, cp, txt), "cache_miss", "after the withdrawal")
 	cp.node.setApplyErr(raftnode.ErrNotLeader)
 	cp.flushBatch()
@@ -92,8 +92,8 @@ func TestFailedBatchKeepsWhatALaterCommitSet(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt, other := text(64, 34), text(64, 35)
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: other, DataplaneId: "dp1"})
+	d := liveRoute(t, rc, txt)
+	liveRoute(t, rc, other)
 	// The same placement, committed by someone else (a new leader).
 	foreign := &cartv1.RaftCommand{Ignorable: true, RequestId: "batch-elsewhere-1", Body: &cartv1.RaftCommand_PlaceBatch{PlaceBatch: &cartv1.PlaceBatchCommand{
 		Placements: []*cartv1.Placement{{Worker: d.GetWorker(), BlockHashes: hashes("m", txt), AtUnixNanos: 1}}}}}
@@ -191,11 +191,11 @@ func TestSnapshotLeavesOutUncommittedChanges(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	committed, withdrawn, pending := text(64, 40), text(64, 41), text(64, 42)
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: committed, DataplaneId: "dp1"})
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: withdrawn, DataplaneId: "dp1"})
+	liveRoute(t, rc, committed)
+	d := liveRoute(t, rc, withdrawn)
 	cp.flushBatch()
-	complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: false})
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: pending, DataplaneId: "dp1"})
+	settle(t, rc, d, false)
+	liveRoute(t, rc, pending)
 
 	var buf bytes.Buffer
 	if err := cp.st.Capture().Write(&buf); err != nil {

@@ -52,11 +52,11 @@ func TestRouteProtocols(t *testing.T) {
 
 			// By text: the control plane hashes.
 			txt := text(100, 1)
-			first := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+			first := liveRoute(t, rc, txt)
 			if first.GetReason() != "cache_miss" || first.GetTicket() == 0 || !first.GetFromLeader() || first.GetLeaderId() != "n1" || first.GetWorker() == "" {
 				t.Fatalf("first route = %v", first)
 			}
-			second := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+			second := liveRoute(t, rc, txt)
 			if second.GetReason() != "cache_hit" || second.GetWorker() != first.GetWorker() {
 				t.Fatalf("second route = %v, want cache_hit on %s", second, first.GetWorker())
 			}
@@ -78,7 +78,7 @@ func TestRouteProtocols(t *testing.T) {
 			if again.GetReason() != "cache_hit" || again.GetWorker() != byHash.GetWorker() || again.GetMatchedChars() != 80 {
 				t.Fatalf("second hash route = %v, want cache_hit on %s", again, byHash.GetWorker())
 			}
-			viaText := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt2, DataplaneId: "dp1"})
+			viaText := liveRoute(t, rc, txt2)
 			if viaText.GetReason() != "cache_hit" || viaText.GetWorker() != byHash.GetWorker() {
 				t.Fatalf("text route after hash route = %v, want cache_hit on %s", viaText, byHash.GetWorker())
 			}
@@ -141,7 +141,7 @@ func TestRouteDryRun(t *testing.T) {
 	// A real route after the dry runs is a barrier: windows are proposed in
 	// order, so once its placement is replicated, anything the dry runs had
 	// queued would be too. Only the marker's placement may be there.
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 99), DataplaneId: "dp1"})
+	liveRoute(t, rc, text(64, 99))
 	testkit.WaitFor(t, 5*time.Second, "the marker's placement replicated", func() bool { return len(cp.node.placeBatches()) > 0 })
 	if len(placementsOf(cp.node.placeBatches())) != 1 {
 		t.Fatalf("dry run replicated placements: %v", cp.node.placeBatches())
@@ -157,7 +157,7 @@ func TestRouteExclude(t *testing.T) {
 	cp.addWorkers(t, w1, w2, w3)
 	rc := cp.router()
 	txt := text(96, 4)
-	first := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+	first := liveRoute(t, rc, txt)
 	for range 10 {
 		d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1", ExcludeWorkers: []string{first.GetWorker()}, DryRun: true})
 		if d.GetWorker() == first.GetWorker() {
@@ -202,7 +202,7 @@ func TestLoadAccountingComplete(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true})
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(40, 5), DataplaneId: "dp1"})
+	d := liveRoute(t, rc, text(40, 5))
 	if got := cp.loads(t)[d.GetWorker()]; got != 1 {
 		t.Fatalf("load after route = %d, want 1", got)
 	}
@@ -237,7 +237,7 @@ func TestLoadAccountingComplete(t *testing.T) {
 	// Many decisions settled in one batch, one of them twice.
 	var comps []*cartv1.Completion
 	for i := range 5 {
-		r := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(40, 100+i), DataplaneId: "dp1"})
+		r := liveRoute(t, rc, text(40, 100+i))
 		comps = append(comps, &cartv1.Completion{Ticket: r.GetTicket(), Worker: r.GetWorker(), Delivered: true})
 	}
 	comps = append(comps, comps[0])
@@ -257,7 +257,7 @@ func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
 	rc := cp.router()
 	txt := text(64, 6)
 	hs := hashes("m", txt)
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+	d := liveRoute(t, rc, txt)
 	if d.GetReason() != "cache_miss" {
 		t.Fatalf("first route = %v", d)
 	}
@@ -265,7 +265,7 @@ func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
 	testkit.WaitFor(t, 5*time.Second, "PlaceBatch with the placement", func() bool {
 		return placesOn(placementsOf(cp.node.placeBatches()), d.GetWorker(), hs)
 	})
-	if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: false}); n != 1 {
+	if n := settle(t, rc, d, false); n != 1 {
 		t.Fatalf("Complete(delivered=false) settled %d", n)
 	}
 	if got := cp.loads(t)[d.GetWorker()]; got != 0 {
@@ -291,17 +291,17 @@ func TestCompleteUndeliveredKeepsEarlierPlacement(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt := text(64, 7)
-	a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
-	complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: a.GetWorker(), Delivered: true})
-	b := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+	a := liveRoute(t, rc, txt)
+	settle(t, rc, a, true)
+	b := liveRoute(t, rc, txt)
 	if b.GetReason() != "cache_hit" {
 		t.Fatalf("second route = %v", b)
 	}
-	complete(t, rc, "dp1", &cartv1.Completion{Ticket: b.GetTicket(), Worker: b.GetWorker(), Delivered: false})
+	settle(t, rc, b, false)
 	// Barrier: a new placement after the completion is replicated in the
 	// same window as any withdrawal it caused, or a later one.
 	before := len(cp.node.placeBatches())
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 98), DataplaneId: "dp1"})
+	liveRoute(t, rc, text(64, 98))
 	testkit.WaitFor(t, 5*time.Second, "the marker's placement replicated", func() bool {
 		for _, pb := range cp.node.placeBatches()[before:] {
 			if len(pb.GetPlacements()) > 0 {
@@ -344,7 +344,7 @@ func TestUnplaceThenPlaceInOneWindow(t *testing.T) {
 			cp.addWorkers(t, w1)
 			rc := cp.router()
 			txt := text(64, 8)
-			a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+			a := liveRoute(t, rc, txt)
 			if crossWindow {
 				cp.flushBatch()
 				if n := len(cp.node.placeBatches()); n != 1 {
@@ -352,7 +352,7 @@ func TestUnplaceThenPlaceInOneWindow(t *testing.T) {
 				}
 			}
 			complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: w1, Delivered: false})
-			b := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+			b := liveRoute(t, rc, txt)
 			if b.GetReason() != "cache_miss" {
 				t.Fatalf("route after withdrawal = %v, want cache_miss", b)
 			}
@@ -377,9 +377,9 @@ func TestPlaceThenUnplaceInOneWindow(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt, keep := text(64, 11), text(64, 12)
-	a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: keep, DataplaneId: "dp1"})
-	complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: a.GetWorker(), Delivered: false})
+	a := liveRoute(t, rc, txt)
+	liveRoute(t, rc, keep)
+	settle(t, rc, a, false)
 	cp.flushBatch()
 	if u := cp.node.unplaceBatches(); len(u) != 0 {
 		t.Fatalf("unplace batches = %v, want none", u)
@@ -583,7 +583,7 @@ func TestPlacementMaxFlushesEarly(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	for i := range 25 {
-		route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(32, 2000+i), DataplaneId: "dp1"})
+		liveRoute(t, rc, text(32, 2000+i))
 	}
 	testkit.WaitFor(t, 5*time.Second, "full batches flushed before the interval", func() bool {
 		return len(placementsOf(cp.node.placeBatches())) >= 20
@@ -609,7 +609,7 @@ func TestLeaderChangeResetsSoftState(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt := text(64, 10)
-	a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+	a := liveRoute(t, rc, txt)
 	syncLoads(t, rc, "dp2", map[string]uint32{w1: 2, w2: 2})
 	testkit.WaitFor(t, 5*time.Second, "placement replicated", func() bool { return len(cp.node.placeBatches()) > 0 })
 	status := func() *cartv1.ClusterStatusResponse {
@@ -638,7 +638,7 @@ func TestLeaderChangeResetsSoftState(t *testing.T) {
 	if st := status(); st.GetDataplanes() != 0 || st.GetHealthyWorkers() != 2 {
 		t.Fatalf("after leader change: %v", st)
 	}
-	if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: a.GetWorker(), Delivered: true}); n != 0 {
+	if n := settle(t, rc, a, true); n != 0 {
 		t.Fatalf("earlier leader's ticket settled %d", n)
 	}
 	// The index is replicated state, not soft state: it survives.
@@ -647,8 +647,8 @@ func TestLeaderChangeResetsSoftState(t *testing.T) {
 	}
 	// Tickets restart but never collide with a settled one in a way that
 	// matters: a new decision settles normally.
-	b := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
-	if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: b.GetTicket(), Worker: b.GetWorker(), Delivered: true}); n != 1 {
+	b := liveRoute(t, rc, txt)
+	if n := settle(t, rc, b, true); n != 1 {
 		t.Fatalf("new leader's ticket settled %d", n)
 	}
 }
