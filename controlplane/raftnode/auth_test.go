@@ -254,7 +254,7 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 		return strings.Contains(out, "inbound peer failed authentication") && strings.Contains(out, "audit=true") &&
 			strings.Contains(out, "remote=127.0.0.1:") && strings.Contains(out, `claimed_id=probe`)
 	})
-	if errs := fatals.get(); len(errs) > 0 {
+	if errs := fatals.all(); len(errs) > 0 {
 		t.Errorf("unexpected Fatal calls: %v", errs)
 	}
 }

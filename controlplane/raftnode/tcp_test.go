@@ -33,7 +33,7 @@ func TestDiskRestart(t *testing.T) {
 		t.Fatalf("HasExistingState on a missing dir = %v, %v", ok, err)
 	}
 	fatals := &fatalRecorder{}
-	cfg := Config{NodeID: "solo", BindAddr: "127.0.0.1:0", DataDir: dir, Bootstrap: true, Timeouts: &tcpTimeouts, Logger: testLogger(t), Fatal: fatals.fatal}
+	cfg := Config{NodeID: "solo", BindAddr: "127.0.0.1:0", DataDir: dir, Bootstrap: true, Timeouts: &tcpTimeouts, Logger: testLogger(t), Fatal: fatals.add}
 	rep := newReplica()
 	n, err := Start(cfg, rep.st, nil)
 	if err != nil {
@@ -88,7 +88,7 @@ func TestDiskRestart(t *testing.T) {
 	lead := &leadership{}
 	cfg.Bootstrap = false
 	cfg.BindAddr = addr // the configuration stored in the log names this address
-	n2, err := Start(cfg, rep2.st, lead.on)
+	n2, err := Start(cfg, rep2.st, lead.add)
 	if err != nil {
 		t.Fatalf("restart: %v", err)
 	}
@@ -100,7 +100,7 @@ func TestDiskRestart(t *testing.T) {
 	if n2.restores() != 1 {
 		t.Errorf("restores = %d, want 1 (the snapshot)", n2.restores())
 	}
-	if ev := lead.snapshot(); !slices.Equal(ev, []bool{true}) {
+	if ev := lead.all(); !slices.Equal(ev, []bool{true}) {
 		t.Errorf("onLeadership calls = %v, want [true]", ev)
 	}
 	apply(n2, upsertCmd("http://w4:8000", 4))
@@ -110,7 +110,7 @@ func TestDiskRestart(t *testing.T) {
 	if err := n2.Shutdown(); err != nil {
 		t.Fatalf("shutdown after restart: %v", err)
 	}
-	if errs := fatals.get(); len(errs) > 0 {
+	if errs := fatals.all(); len(errs) > 0 {
 		t.Errorf("unexpected Fatal calls: %v", errs)
 	}
 }
@@ -136,7 +136,7 @@ func startTCPMember(t *testing.T, id string, bootstrap bool, log *slog.Logger, f
 		Stores:    &Stores{Log: mem, Stable: mem, Snap: raft.NewInmemSnapshotStore()},
 		Timeouts:  &tcpTimeouts,
 		Logger:    log,
-		Fatal:     fatals.fatal,
+		Fatal:     fatals.add,
 	}
 	secure(&cfg)
 	n, err := Start(cfg, m.rep.st, nil)
@@ -275,7 +275,7 @@ func TestTLSCluster(t *testing.T) {
 		t.Errorf("rogue node learnt the worker set: %v", ws)
 	}
 	onLeader("remove rogue", func(ld *tcpMember) error { return ld.node.RemoveServer(ctx, "rogue") })
-	if errs := fatals.get(); len(errs) > 0 {
+	if errs := fatals.all(); len(errs) > 0 {
 		t.Errorf("unexpected Fatal calls: %v", errs)
 	}
 }
