@@ -585,30 +585,28 @@ func (c *Config) RaftPeerAuthenticated() bool {
 // LoopbackHostPort reports whether host:port names a loopback address
 // ("localhost" or a loopback IP). A wildcard or any other name is not.
 func LoopbackHostPort(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return hostIs(addr, "localhost", net.IP.IsLoopback)
 }
 
 // unspecifiedHost reports whether a host:port binds to all interfaces
 // (empty host, 0.0.0.0 or ::), which is fine to listen on but not to
 // advertise.
 func unspecifiedHost(addr string) bool {
+	return hostIs(addr, "", net.IP.IsUnspecified)
+}
+
+// hostIs reports whether the host of host:port is name, or an IP for which
+// ipIs holds.
+func hostIs(addr, name string, ipIs func(net.IP) bool) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false
 	}
-	if host == "" {
+	if host == name {
 		return true
 	}
 	ip := net.ParseIP(host)
-	return ip != nil && ip.IsUnspecified()
+	return ip != nil && ipIs(ip)
 }
 
 func (v *validator) dataPlane(role Role) {

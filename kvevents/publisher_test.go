@@ -11,10 +11,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// zmq4 v0.17.0's PUB socket starts a writer goroutine that its Close
-	// never stops (pubSocket.Close does not close its pubMWriter); it idles
-	// on a sync.Cond. Everything else must be gone.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, testkit.IgnoreZMQPubWriter)
 }
 
 func newPublisher(t *testing.T, cfg PublisherConfig) *Publisher {

@@ -53,6 +53,14 @@ func (r *recSink) waitLen(t *testing.T, n int) []string {
 	return r.entries()
 }
 
+// want waits until the sink holds as many entries as want and checks them.
+func (r *recSink) want(t *testing.T, want ...string) {
+	t.Helper()
+	if got := r.waitLen(t, len(want)); !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
 func storedEv(h uint64) []Event {
 	return []Event{{Kind: BlockStored, BlockHashes: []uint64{h}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: MediumGPU}}
 }
@@ -93,11 +101,7 @@ func TestSubscriberReceivesBothEncodingsInOrder(t *testing.T) {
 			p.Publish(storedEv(7))
 			p.Publish([]Event{{Kind: BlockRemoved, BlockHashes: []uint64{7}}})
 			p.Publish(cleared())
-			got := sink.waitLen(t, 3)
-			want := []string{"BlockStored:7:true", "BlockRemoved:7:true", "AllBlocksCleared:0:true"}
-			if !slices.Equal(got, want) {
-				t.Fatalf("got %v, want %v", got, want)
-			}
+			sink.want(t, "BlockStored:7:true", "BlockRemoved:7:true", "AllBlocksCleared:0:true")
 		})
 	}
 }
@@ -114,11 +118,7 @@ func TestSubscriberReplaysAGap(t *testing.T) {
 	p.Publish(storedEv(2))
 	p.Publish(storedEv(3))
 	p.Publish(storedEv(4))
-	got := sink.waitLen(t, 5)
-	want := []string{"BlockStored:1:true", "BlockStored:2:true", "BlockStored:3:true", "replayed:1-3", "BlockStored:4:true"}
-	if !slices.Equal(got, want) {
-		t.Fatalf("got %v, want %v", got, want)
-	}
+	sink.want(t, "BlockStored:1:true", "BlockStored:2:true", "BlockStored:3:true", "replayed:1-3", "BlockStored:4:true")
 }
 
 func TestSubscriberJoiningLateReplaysFromZero(t *testing.T) {
@@ -128,10 +128,7 @@ func TestSubscriberJoiningLateReplaysFromZero(t *testing.T) {
 	sink := &recSink{}
 	connected(t, p, "", sink)
 	p.Publish(storedEv(3))
-	got := sink.waitLen(t, 4)
-	if want := []string{"BlockStored:1:true", "BlockStored:2:true", "replayed:0-2", "BlockStored:3:true"}; !slices.Equal(got, want) {
-		t.Fatalf("got %v, want %v", got, want)
-	}
+	sink.want(t, "BlockStored:1:true", "BlockStored:2:true", "replayed:0-2", "BlockStored:3:true")
 }
 
 func TestSubscriberGapBeyondReplayIsLost(t *testing.T) {
@@ -146,13 +143,10 @@ func TestSubscriberGapBeyondReplayIsLost(t *testing.T) {
 	for h := uint64(2); h <= 6; h++ {
 		p.Publish(storedEv(h))
 	}
-	got := sink.waitLen(t, 3)
 	// Seq 1-4 are missing and the buffer starts at 4: nothing can be
 	// applied out of order, so all four are lost and the stream is no
 	// longer synced.
-	if want := []string{"BlockStored:1:true", "lost:1-5", "BlockStored:6:false"}; !slices.Equal(got, want) {
-		t.Fatalf("got %v, want %v", got, want)
-	}
+	sink.want(t, "BlockStored:1:true", "lost:1-5", "BlockStored:6:false")
 	// A clear does not make it synced by itself (the sink decides); the
 	// stream stays unsynced until the publisher restarts.
 	p.Publish(cleared())
@@ -193,17 +187,12 @@ func TestSubscriberListenRoutesTopicsAndDetectsRestart(t *testing.T) {
 	a.Publish(storedEv(2))
 	b.Publish(storedEv(9))
 	sinks["http://a"].waitLen(t, 2)
-	if got := sinks["http://b"].waitLen(t, 1); !slices.Equal(got, []string{"BlockStored:9:true"}) {
-		t.Fatalf("b got %v", got)
-	}
+	sinks["http://b"].want(t, "BlockStored:9:true")
 	_ = a.Close()
 	a2 := newPublisher(t, PublisherConfig{Endpoint: ep, Connect: true, Topic: "kv@a@m"})
 	testkit.WaitFor(t, 10*time.Second, "resubscription", func() bool { return a2.Subscribed("kv@a@m") })
 	a2.Publish(storedEv(3))
-	got := sinks["http://a"].waitLen(t, 4)
-	if want := []string{"BlockStored:1:true", "BlockStored:2:true", "restarted", "BlockStored:3:true"}; !slices.Equal(got, want) {
-		t.Fatalf("a got %v, want %v", got, want)
-	}
+	sinks["http://a"].want(t, "BlockStored:1:true", "BlockStored:2:true", "restarted", "BlockStored:3:true")
 }
 
 func TestSubscriberReplayFailureAndRanks(t *testing.T) {
@@ -303,10 +292,7 @@ func TestSubscriberRedialsARestartedEngine(t *testing.T) {
 	t.Cleanup(func() { _ = p2.Close() })
 	testkit.WaitFor(t, 10*time.Second, "the subscriber back", func() bool { return p2.Subscribed("") })
 	p2.Publish(storedEv(3))
-	got := sink.waitLen(t, 4)
-	if want := []string{"BlockStored:1:true", "BlockStored:2:true", "restarted", "BlockStored:3:true"}; !slices.Equal(got, want) {
-		t.Fatalf("got %v, want %v", got, want)
-	}
+	sink.want(t, "BlockStored:1:true", "BlockStored:2:true", "restarted", "BlockStored:3:true")
 }
 
 // A replay whose buffer starts past the requested sequence stops at its

@@ -330,27 +330,38 @@ func (r *reader) arrayLen() (int, error) { return r.length(r.d.DecodeArrayLen())
 
 func (r *reader) mapLen() (int, error) { return r.length(r.d.DecodeMapLen()) }
 
-func (r *reader) batch() (Batch, error) {
-	var b Batch
+// mapFields reads a map, when one is next, calling field for each key
+// with the reader at its value; isMap is false (and nothing is read) for
+// any other value.
+func (r *reader) mapFields(field func(key string) error) (isMap bool, err error) {
 	c, err := r.peek()
 	if err != nil {
-		return b, err
+		return false, err
 	}
-	if msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 {
-		n, err := r.mapLen()
+	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
+		return false, nil
+	}
+	n, err := r.mapLen()
+	if err != nil {
+		return true, err
+	}
+	for range n {
+		key, err := r.d.DecodeString()
 		if err != nil {
-			return b, err
+			return true, err
 		}
-		for range n {
-			key, err := r.d.DecodeString()
-			if err != nil {
-				return b, err
-			}
-			if err := r.batchField(&b, key); err != nil {
-				return b, err
-			}
+		if err := field(key); err != nil {
+			return true, err
 		}
-		return b, nil
+	}
+	return true, nil
+}
+
+func (r *reader) batch() (Batch, error) {
+	var b Batch
+	isMap, err := r.mapFields(func(key string) error { return r.batchField(&b, key) })
+	if err != nil || isMap {
+		return b, err
 	}
 	n, err := r.arrayLen()
 	if err != nil {
@@ -422,34 +433,23 @@ var (
 
 func (r *reader) event() (Event, error) {
 	var ev Event
-	c, err := r.peek()
-	if err != nil {
+	isMap, err := r.mapFields(func(key string) error {
+		if key != "type" {
+			return r.eventField(&ev, key)
+		}
+		var err error
+		if ev.Tag, err = r.d.DecodeString(); err != nil {
+			return fmt.Errorf("type: %w", err)
+		}
+		ev.Kind = kindOf(ev.Tag)
+		return nil
+	})
+	switch {
+	case err != nil:
 		return ev, err
-	}
-	if msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 {
-		n, err := r.mapLen()
-		if err != nil {
-			return ev, err
-		}
-		for range n {
-			key, err := r.d.DecodeString()
-			if err != nil {
-				return ev, err
-			}
-			if key == "type" {
-				if ev.Tag, err = r.d.DecodeString(); err != nil {
-					return ev, fmt.Errorf("type: %w", err)
-				}
-				ev.Kind = kindOf(ev.Tag)
-				continue
-			}
-			if err := r.eventField(&ev, key); err != nil {
-				return ev, err
-			}
-		}
-		if ev.Tag == "" {
-			return ev, errors.New(`event map without a "type"`)
-		}
+	case isMap && ev.Tag == "":
+		return ev, errors.New(`event map without a "type"`)
+	case isMap:
 		return ev, nil
 	}
 	n, err := r.arrayLen()

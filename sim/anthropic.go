@@ -114,99 +114,65 @@ func anthropicStopReason(j *job) string {
 
 func (s *Server) serveMessages(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
 	var req messagesRequest
-	if aerr, err := readJSON(ctx, w, r, &req); err != nil {
-		return err
-	} else if aerr != nil {
-		aerr.write(w, styleAnthropic)
-		return nil
-	}
-	if len(req.Messages) == 0 {
-		badRequest("messages: at least one message is required", "messages").write(w, styleAnthropic)
-		return nil
-	}
-	prompt, err := renderAnthropic(req.Tools, req.System, req.Messages)
-	if err != nil {
-		badRequest(err.Error(), "messages").write(w, styleAnthropic)
-		return nil
-	}
-	j, aerr := s.newJob(r, req.Model, prompt)
-	if aerr != nil {
-		aerr.write(w, styleAnthropic)
-		return nil
-	}
-	j.stream = req.Stream
-	// Anthropic requires max_tokens; accepting its absence keeps hand-written
-	// curl tests short and costs nothing.
-	if aerr := s.outputBudget(j, namedLimit{"max_tokens", req.MaxTokens}); aerr != nil {
-		aerr.write(w, styleAnthropic)
-		return nil
-	}
-
-	done, err := s.admit(ctx, j)
-	if err != nil {
-		return err
-	}
-	defer done()
-	setUsageHeaders(w, j)
-
-	id := newID("msg_")
-	text := newFillerText(s.textSeed(j))
-	dec := s.newDecoder(ctx)
-	stop := anthropicStopReason(j)
-	if !j.stream {
-		out, err := dec.generate(text, j.maxTokens)
+	prepare := func() (*job, *apiError) {
+		if len(req.Messages) == 0 {
+			return nil, badRequest("messages: at least one message is required", "messages")
+		}
+		prompt, err := renderAnthropic(req.Tools, req.System, req.Messages)
 		if err != nil {
-			return err
+			return nil, badRequest(err.Error(), "messages")
 		}
-		writeJSON(w, http.StatusOK, anthropicResponse{
-			ID: id, Type: "message", Role: "assistant", Model: j.model,
-			Content:    []anthropicText{{Type: "text", Text: out}},
-			StopReason: &stop,
-			Usage:      s.anthropicUsageOf(j, j.maxTokens),
-		})
-		return nil
+		// Anthropic requires max_tokens; accepting its absence keeps hand-written
+		// curl tests short and costs nothing.
+		return s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
 	}
-
-	sw, err := startSSE(w)
-	if err != nil {
-		return err
-	}
-	if err := sw.event("message_start", anthropicMessageStart{
-		Type: "message_start",
-		Message: anthropicResponse{
-			ID: id, Type: "message", Role: "assistant", Model: j.model,
-			Content: []anthropicText{},
-			Usage:   s.anthropicUsageOf(j, 0),
-		},
-	}); err != nil {
-		return err
-	}
-	if err := sw.event("content_block_start", anthropicBlockStart{
-		Type: "content_block_start", ContentBlock: anthropicText{Type: "text", Text: ""},
-	}); err != nil {
-		return err
-	}
-	for range j.maxTokens {
-		if err := dec.step(); err != nil {
-			return err
+	return s.serveGeneration(ctx, w, r, styleAnthropic, &req, prepare, func(j *job) reply {
+		id := newID("msg_")
+		stop := anthropicStopReason(j)
+		return reply{
+			whole: func(out string) any {
+				return anthropicResponse{
+					ID: id, Type: "message", Role: "assistant", Model: j.model,
+					Content:    []anthropicText{{Type: "text", Text: out}},
+					StopReason: &stop,
+					Usage:      s.anthropicUsageOf(j, j.maxTokens),
+				}
+			},
+			open: func(sw *sseWriter) error {
+				if err := sw.event("message_start", anthropicMessageStart{
+					Type: "message_start",
+					Message: anthropicResponse{
+						ID: id, Type: "message", Role: "assistant", Model: j.model,
+						Content: []anthropicText{},
+						Usage:   s.anthropicUsageOf(j, 0),
+					},
+				}); err != nil {
+					return err
+				}
+				return sw.event("content_block_start", anthropicBlockStart{
+					Type: "content_block_start", ContentBlock: anthropicText{Type: "text", Text: ""},
+				})
+			},
+			token: func(sw *sseWriter, tok string) error {
+				return sw.event("content_block_delta", anthropicBlockDelta{
+					Type: "content_block_delta", Delta: anthropicTextDelta{Type: "text_delta", Text: tok},
+				})
+			},
+			close: func(sw *sseWriter) error {
+				if err := sw.event("content_block_stop", anthropicBlockStop{Type: "content_block_stop"}); err != nil {
+					return err
+				}
+				// message_delta carries cumulative usage; the SDK overwrites its
+				// message_start values with these.
+				if err := sw.event("message_delta", anthropicMessageDelta{
+					Type:  "message_delta",
+					Delta: anthropicStop{StopReason: stop},
+					Usage: s.anthropicUsageOf(j, j.maxTokens),
+				}); err != nil {
+					return err
+				}
+				return sw.event("message_stop", anthropicMessageStop{Type: "message_stop"})
+			},
 		}
-		if err := sw.event("content_block_delta", anthropicBlockDelta{
-			Type: "content_block_delta", Delta: anthropicTextDelta{Type: "text_delta", Text: text.next()},
-		}); err != nil {
-			return err
-		}
-	}
-	if err := sw.event("content_block_stop", anthropicBlockStop{Type: "content_block_stop"}); err != nil {
-		return err
-	}
-	// message_delta carries cumulative usage; the SDK overwrites its
-	// message_start values with these.
-	if err := sw.event("message_delta", anthropicMessageDelta{
-		Type:  "message_delta",
-		Delta: anthropicStop{StopReason: stop},
-		Usage: s.anthropicUsageOf(j, j.maxTokens),
-	}); err != nil {
-		return err
-	}
-	return sw.event("message_stop", anthropicMessageStop{Type: "message_stop"})
+	})
 }

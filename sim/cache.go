@@ -25,6 +25,13 @@ func newPrefixCache(capacityBlocks int) *prefixCache {
 func (c *prefixCache) match(hashes []uint64) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	n := c.prefixLocked(hashes)
+	c.touchLocked(hashes[:n])
+	return n
+}
+
+// prefixLocked counts the leading hashes that are cached.
+func (c *prefixCache) prefixLocked(hashes []uint64) int {
 	n := 0
 	for n < len(hashes) {
 		if _, ok := c.blocks[hashes[n]]; !ok {
@@ -32,7 +39,6 @@ func (c *prefixCache) match(hashes []uint64) int {
 		}
 		n++
 	}
-	c.touchLocked(hashes[:n])
 	return n
 }
 

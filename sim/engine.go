@@ -31,7 +31,9 @@ type job struct {
 
 // newJob prepares the engine's view of a rendered prompt, or answers vLLM's
 // 404 when the replica does not serve the model.
-func (s *Server) newJob(r *http.Request, model string, prompt []byte) (*job, *apiError) {
+// Its output length comes from the first of limits the client set (see
+// outputBudget).
+func (s *Server) newJob(r *http.Request, model string, prompt []byte, stream bool, limits ...namedLimit) (*job, *apiError) {
 	adapter, ok := s.models.resolve(model)
 	if !ok {
 		return nil, modelNotFound(model)
@@ -39,14 +41,16 @@ func (s *Server) newJob(r *http.Request, model string, prompt []byte) (*job, *ap
 	if model == "" {
 		model = s.cfg.Model
 	}
-	return &job{
+	j := &job{
 		requestID:    r.Header.Get("X-Request-Id"),
 		model:        model,
 		adapter:      adapter,
 		prompt:       prompt,
 		promptTokens: tokenCount(prompt),
 		hashes:       blockHashes(prompt, s.cfg.BlockTokens, adapter),
-	}, nil
+		stream:       stream,
+	}
+	return j, s.outputBudget(j, limits...)
 }
 
 // textSeed derives the filler-text seed from the replica seed and the prompt,

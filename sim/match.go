@@ -10,14 +10,7 @@ import (
 func (c *prefixCache) peek(hashes []uint64) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := 0
-	for n < len(hashes) {
-		if _, ok := c.blocks[hashes[n]]; !ok {
-			break
-		}
-		n++
-	}
-	return n
+	return c.prefixLocked(hashes)
 }
 
 // MatchReport is what POST /sim/match answers: how much of a chat

@@ -104,36 +104,38 @@ func invalidUserInput(message string) *apiError {
 }
 
 func (s *Server) serveLoadLoRA(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
-	var req loraRequest
-	if aerr, err := readJSON(ctx, w, r, &req); err != nil {
-		return err
-	} else if aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-	if aerr := s.models.load(req); aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-	s.log.Info("loaded LoRA adapter", "name", req.Name, "path", req.Path)
-	writeText(w, fmt.Sprintf("Success: LoRA adapter '%s' added successfully.", req.Name))
-	return nil
+	return s.serveLoRAChange(ctx, w, r, func(req loraRequest) (string, *apiError) {
+		if aerr := s.models.load(req); aerr != nil {
+			return "", aerr
+		}
+		s.log.Info("loaded LoRA adapter", "name", req.Name, "path", req.Path)
+		return "added", nil
+	})
 }
 
 func (s *Server) serveUnloadLoRA(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
+	return s.serveLoRAChange(ctx, w, r, func(req loraRequest) (string, *apiError) {
+		if aerr := s.models.unload(req.Name); aerr != nil {
+			return "", aerr
+		}
+		s.log.Info("unloaded LoRA adapter", "name", req.Name)
+		return "removed", nil
+	})
+}
+
+// serveLoRAChange decodes an adapter request, applies change and answers
+// with vLLM's plain-text success line, naming what change did.
+func (s *Server) serveLoRAChange(ctx context.Context, w http.ResponseWriter, r *http.Request, change func(loraRequest) (string, *apiError)) error {
 	var req loraRequest
-	if aerr, err := readJSON(ctx, w, r, &req); err != nil {
+	if ok, err := decodeRequest(ctx, w, r, styleOpenAI, &req); !ok {
 		return err
-	} else if aerr != nil {
+	}
+	done, aerr := change(req)
+	if aerr != nil {
 		aerr.write(w, styleOpenAI)
 		return nil
 	}
-	if aerr := s.models.unload(req.Name); aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-	s.log.Info("unloaded LoRA adapter", "name", req.Name)
-	writeText(w, fmt.Sprintf("Success: LoRA adapter '%s' removed successfully.", req.Name))
+	writeText(w, fmt.Sprintf("Success: LoRA adapter '%s' %s successfully.", req.Name, done))
 	return nil
 }
 

@@ -57,12 +57,18 @@ func (s *Server) usageOf(j *job, completion int) *usage {
 }
 
 type chatCompletion struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
+	openAIHead
 	Choices []chatChoice `json:"choices"`
 	Usage   *usage       `json:"usage"`
+}
+
+// openAIHead leads every OpenAI completion object and chunk; encoding/json
+// writes its fields in place, first.
+type openAIHead struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
 }
 
 type chatChoice struct {
@@ -79,10 +85,7 @@ type chatOutMessage struct {
 }
 
 type chatChunk struct {
-	ID      string            `json:"id"`
-	Object  string            `json:"object"`
-	Created int64             `json:"created"`
-	Model   string            `json:"model"`
+	openAIHead
 	Choices []chatChunkChoice `json:"choices"`
 	Usage   *usage            `json:"usage,omitempty"`
 }
@@ -100,10 +103,7 @@ type chatDelta struct {
 }
 
 type textCompletion struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
+	openAIHead
 	Choices []textChoice `json:"choices"`
 	Usage   *usage       `json:"usage,omitempty"`
 }
@@ -132,177 +132,115 @@ func newID(prefix string) string { return prefix + rand.Text() }
 
 func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
 	var req chatRequest
-	if aerr, err := readJSON(ctx, w, r, &req); err != nil {
-		return err
-	} else if aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-	if len(req.Messages) == 0 {
-		badRequest("messages must be a non-empty array", "messages").write(w, styleOpenAI)
-		return nil
-	}
-	prompt, err := renderChat(req.Tools, req.Messages)
-	if err != nil {
-		badRequest(err.Error(), "messages").write(w, styleOpenAI)
-		return nil
-	}
-	j, aerr := s.newJob(r, req.Model, prompt)
-	if aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-	j.stream = req.Stream
-	j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-	// max_completion_tokens supersedes the deprecated max_tokens.
-	if aerr := s.outputBudget(j, namedLimit{"max_completion_tokens", req.MaxCompletionTokens}, namedLimit{"max_tokens", req.MaxTokens}); aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-
-	done, err := s.admit(ctx, j)
-	if err != nil {
-		return err
-	}
-	defer done()
-	setUsageHeaders(w, j)
-
-	id, created := newID("chatcmpl-"), time.Now().Unix()
-	text := newFillerText(s.textSeed(j))
-	dec := s.newDecoder(ctx)
-	if !j.stream {
-		out, err := dec.generate(text, j.maxTokens)
+	prepare := func() (*job, *apiError) {
+		if len(req.Messages) == 0 {
+			return nil, badRequest("messages must be a non-empty array", "messages")
+		}
+		prompt, err := renderChat(req.Tools, req.Messages)
 		if err != nil {
-			return err
+			return nil, badRequest(err.Error(), "messages")
 		}
-		writeJSON(w, http.StatusOK, chatCompletion{
-			ID: id, Object: "chat.completion", Created: created, Model: j.model,
-			Choices: []chatChoice{{
-				Message:      chatOutMessage{Role: "assistant", Content: out},
-				Logprobs:     jsonNull,
-				FinishReason: finishReason(j),
-			}},
-			Usage: s.usageOf(j, j.maxTokens),
-		})
-		return nil
-	}
-
-	sw, err := startSSE(w)
-	if err != nil {
-		return err
-	}
-	chunk := func(d chatDelta, finish *string) chatChunk {
-		return chatChunk{
-			ID: id, Object: "chat.completion.chunk", Created: created, Model: j.model,
-			Choices: []chatChunkChoice{{Delta: d, Logprobs: jsonNull, FinishReason: finish}},
+		// max_completion_tokens supersedes the deprecated max_tokens.
+		j, aerr := s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_completion_tokens", req.MaxCompletionTokens}, namedLimit{"max_tokens", req.MaxTokens})
+		if j != nil {
+			j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 		}
+		return j, aerr
 	}
-	// Like OpenAI, the first chunk only announces the role.
-	empty := ""
-	if err := sw.event("", chunk(chatDelta{Role: "assistant", Content: &empty}, nil)); err != nil {
-		return err
-	}
-	for range j.maxTokens {
-		if err := dec.step(); err != nil {
-			return err
+	return s.serveGeneration(ctx, w, r, styleOpenAI, &req, prepare, func(j *job) reply {
+		id, created := newID("chatcmpl-"), time.Now().Unix()
+		chunkHead := openAIHead{ID: id, Object: "chat.completion.chunk", Created: created, Model: j.model}
+		chunk := func(d chatDelta, finish *string) chatChunk {
+			return chatChunk{
+				openAIHead: chunkHead,
+				Choices:    []chatChunkChoice{{Delta: d, Logprobs: jsonNull, FinishReason: finish}},
+			}
 		}
-		tok := text.next()
-		if err := sw.event("", chunk(chatDelta{Content: &tok}, nil)); err != nil {
-			return err
+		return reply{
+			whole: func(out string) any {
+				return chatCompletion{
+					openAIHead: openAIHead{ID: id, Object: "chat.completion", Created: created, Model: j.model},
+					Choices: []chatChoice{{
+						Message:      chatOutMessage{Role: "assistant", Content: out},
+						Logprobs:     jsonNull,
+						FinishReason: finishReason(j),
+					}},
+					Usage: s.usageOf(j, j.maxTokens),
+				}
+			},
+			// Like OpenAI, the first chunk only announces the role.
+			open: func(sw *sseWriter) error {
+				empty := ""
+				return sw.event("", chunk(chatDelta{Role: "assistant", Content: &empty}, nil))
+			},
+			token: func(sw *sseWriter, tok string) error {
+				return sw.event("", chunk(chatDelta{Content: &tok}, nil))
+			},
+			close: func(sw *sseWriter) error {
+				reason := finishReason(j)
+				if err := sw.event("", chunk(chatDelta{}, &reason)); err != nil {
+					return err
+				}
+				return endOpenAIStream(sw, j, chatChunk{
+					openAIHead: chunkHead,
+					Choices:    []chatChunkChoice{},
+					Usage:      s.usageOf(j, j.maxTokens),
+				})
+			},
 		}
-	}
-	reason := finishReason(j)
-	if err := sw.event("", chunk(chatDelta{}, &reason)); err != nil {
-		return err
-	}
-	if j.includeUsage {
-		final := chatChunk{
-			ID: id, Object: "chat.completion.chunk", Created: created, Model: j.model,
-			Choices: []chatChunkChoice{}, Usage: s.usageOf(j, j.maxTokens),
-		}
-		if err := sw.event("", final); err != nil {
-			return err
-		}
-	}
-	return sw.send("", []byte("[DONE]"))
+	})
 }
 
 func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
 	var req completionRequest
-	if aerr, err := readJSON(ctx, w, r, &req); err != nil {
-		return err
-	} else if aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-	prompt, err := renderCompletionPrompt(req.Prompt)
-	if err != nil {
-		badRequest(err.Error(), "prompt").write(w, styleOpenAI)
-		return nil
-	}
-	j, aerr := s.newJob(r, req.Model, prompt)
-	if aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-	j.stream = req.Stream
-	j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-	if aerr := s.outputBudget(j, namedLimit{"max_tokens", req.MaxTokens}); aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-
-	done, err := s.admit(ctx, j)
-	if err != nil {
-		return err
-	}
-	defer done()
-	setUsageHeaders(w, j)
-
-	id, created := newID("cmpl-"), time.Now().Unix()
-	text := newFillerText(s.textSeed(j))
-	dec := s.newDecoder(ctx)
-	reason := finishReason(j)
-	if !j.stream {
-		out, err := dec.generate(text, j.maxTokens)
+	prepare := func() (*job, *apiError) {
+		prompt, err := renderCompletionPrompt(req.Prompt)
 		if err != nil {
-			return err
+			return nil, badRequest(err.Error(), "prompt")
 		}
-		writeJSON(w, http.StatusOK, textCompletion{
-			ID: id, Object: "text_completion", Created: created, Model: j.model,
-			Choices: []textChoice{{Text: out, Logprobs: jsonNull, FinishReason: &reason}},
-			Usage:   s.usageOf(j, j.maxTokens),
-		})
-		return nil
+		j, aerr := s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
+		if j != nil {
+			j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		}
+		return j, aerr
 	}
+	return s.serveGeneration(ctx, w, r, styleOpenAI, &req, prepare, func(j *job) reply {
+		head := openAIHead{ID: newID("cmpl-"), Object: "text_completion", Created: time.Now().Unix(), Model: j.model}
+		reason := finishReason(j)
+		chunk := func(t string, finish *string) textCompletion {
+			return textCompletion{
+				openAIHead: head,
+				Choices:    []textChoice{{Text: t, Logprobs: jsonNull, FinishReason: finish}},
+			}
+		}
+		return reply{
+			whole: func(out string) any {
+				whole := chunk(out, &reason)
+				whole.Usage = s.usageOf(j, j.maxTokens)
+				return whole
+			},
+			token: func(sw *sseWriter, tok string) error {
+				return sw.event("", chunk(tok, nil))
+			},
+			close: func(sw *sseWriter) error {
+				if err := sw.event("", chunk("", &reason)); err != nil {
+					return err
+				}
+				return endOpenAIStream(sw, j, textCompletion{
+					openAIHead: head,
+					Choices:    []textChoice{},
+					Usage:      s.usageOf(j, j.maxTokens),
+				})
+			},
+		}
+	})
+}
 
-	sw, err := startSSE(w)
-	if err != nil {
-		return err
-	}
-	chunk := func(t string, finish *string) textCompletion {
-		return textCompletion{
-			ID: id, Object: "text_completion", Created: created, Model: j.model,
-			Choices: []textChoice{{Text: t, Logprobs: jsonNull, FinishReason: finish}},
-		}
-	}
-	for range j.maxTokens {
-		if err := dec.step(); err != nil {
-			return err
-		}
-		if err := sw.event("", chunk(text.next(), nil)); err != nil {
-			return err
-		}
-	}
-	if err := sw.event("", chunk("", &reason)); err != nil {
-		return err
-	}
+// endOpenAIStream sends the usage chunk when the client asked for one, then
+// the [DONE] line that ends every OpenAI stream.
+func endOpenAIStream(sw *sseWriter, j *job, usageChunk any) error {
 	if j.includeUsage {
-		final := textCompletion{
-			ID: id, Object: "text_completion", Created: created, Model: j.model,
-			Choices: []textChoice{}, Usage: s.usageOf(j, j.maxTokens),
-		}
-		if err := sw.event("", final); err != nil {
+		if err := sw.event("", usageChunk); err != nil {
 			return err
 		}
 	}

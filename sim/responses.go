@@ -197,63 +197,45 @@ func withoutSystem(msgs []chatMessage) []chatMessage {
 
 func (s *Server) serveResponses(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
 	var req responsesRequest
-	if aerr, err := readJSON(ctx, w, r, &req); err != nil {
-		return err
-	} else if aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-	if _, ok := s.models.resolve(req.Model); !ok {
-		modelNotFound(req.Model).write(w, styleOpenAI)
-		return nil
-	}
-	var history []chatMessage
-	if req.PreviousResponseID != nil {
-		prev := s.stored.get(*req.PreviousResponseID)
-		if prev == nil {
-			responseNotFound(*req.PreviousResponseID).write(w, styleOpenAI)
-			return nil
-		}
-		history = prev.history
-	}
-	input, err := responsesInput(req.Input)
-	if err != nil {
-		badRequest(err.Error(), "input").write(w, styleOpenAI)
-		return nil
-	}
-	if len(input) == 0 {
-		badRequest("input must be a non-empty string or array of input items", "input").write(w, styleOpenAI)
-		return nil
-	}
 	var msgs []chatMessage
-	if req.Instructions != nil && *req.Instructions != "" {
-		msgs = append(msgs, chatMessage{Role: "system", Content: mustJSON(*req.Instructions)})
+	prepare := func() (*job, *apiError) {
+		if _, ok := s.models.resolve(req.Model); !ok {
+			return nil, modelNotFound(req.Model)
+		}
+		var history []chatMessage
+		if req.PreviousResponseID != nil {
+			prev := s.stored.get(*req.PreviousResponseID)
+			if prev == nil {
+				return nil, responseNotFound(*req.PreviousResponseID)
+			}
+			history = prev.history
+		}
+		input, err := responsesInput(req.Input)
+		if err != nil {
+			return nil, badRequest(err.Error(), "input")
+		}
+		if len(input) == 0 {
+			return nil, badRequest("input must be a non-empty string or array of input items", "input")
+		}
+		if req.Instructions != nil && *req.Instructions != "" {
+			msgs = append(msgs, chatMessage{Role: "system", Content: mustJSON(*req.Instructions)})
+		}
+		msgs = append(append(msgs, history...), input...)
+		prompt, err := renderChat(req.Tools, msgs)
+		if err != nil {
+			return nil, badRequest(err.Error(), "input")
+		}
+		return s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_output_tokens", req.MaxOutputTokens})
 	}
-	msgs = append(append(msgs, history...), input...)
-	prompt, err := renderChat(req.Tools, msgs)
-	if err != nil {
-		badRequest(err.Error(), "input").write(w, styleOpenAI)
-		return nil
-	}
-	j, aerr := s.newJob(r, req.Model, prompt)
-	if aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
-	j.stream = req.Stream
-	if aerr := s.outputBudget(j, namedLimit{"max_output_tokens", req.MaxOutputTokens}); aerr != nil {
-		aerr.write(w, styleOpenAI)
-		return nil
-	}
+	return s.serveGeneration(ctx, w, r, styleOpenAI, &req, prepare, func(j *job) reply {
+		return s.responsesReply(j, &req, msgs)
+	})
+}
 
-	done, err := s.admit(ctx, j)
-	if err != nil {
-		return err
-	}
-	defer done()
-	setUsageHeaders(w, j)
-
-	resp := newResponseObject(j, &req)
+// responsesReply shapes a Response for the conversation msgs and, once it is
+// complete, stores it for previous_response_id.
+func (s *Server) responsesReply(j *job, req *responsesRequest, msgs []chatMessage) reply {
+	resp := newResponseObject(j, req)
 	msg := outputMessage{ID: newID("msg_"), Type: "message", Role: "assistant", Status: "in_progress", Content: []outputText{}}
 	// finish completes resp with the generated text and stores it, together
 	// with the conversation so far, for previous_response_id.
@@ -278,66 +260,44 @@ func (s *Server) serveResponses(ctx context.Context, w http.ResponseWriter, r *h
 		}
 	}
 
-	text := newFillerText(s.textSeed(j))
-	dec := s.newDecoder(ctx)
-	if !j.stream {
-		out, err := dec.generate(text, j.maxTokens)
-		if err != nil {
-			return err
-		}
-		finish(out)
-		writeJSON(w, http.StatusOK, resp)
-		return nil
-	}
-
-	sw, err := startSSE(w)
-	if err != nil {
-		return err
-	}
-	es := &responseEvents{sw: sw}
+	var es *responseEvents
 	zero := 0
-	snapshot := *resp
-	if err := es.send(responseEvent{Type: "response.created", Response: &snapshot}); err != nil {
-		return err
+	var streamed strings.Builder
+	return reply{
+		whole: func(out string) any {
+			finish(out)
+			return resp
+		},
+		open: func(sw *sseWriter) error {
+			es = &responseEvents{sw: sw}
+			snapshot := *resp
+			added := msg
+			empty := newOutputText("")
+			return es.sendAll(
+				responseEvent{Type: "response.created", Response: &snapshot},
+				responseEvent{Type: "response.in_progress", Response: &snapshot},
+				responseEvent{Type: "response.output_item.added", OutputIndex: &zero, Item: &added},
+				responseEvent{Type: "response.content_part.added", OutputIndex: &zero, ItemID: msg.ID, ContentIndex: &zero, Part: &empty},
+			)
+		},
+		token: func(_ *sseWriter, tok string) error {
+			streamed.WriteString(tok)
+			return es.send(responseEvent{Type: "response.output_text.delta", OutputIndex: &zero, ItemID: msg.ID, ContentIndex: &zero, Delta: &tok, Logprobs: jsonEmptyList})
+		},
+		close: func(*sseWriter) error {
+			full := streamed.String()
+			finish(full)
+			part := newOutputText(full)
+			return es.sendAll(
+				responseEvent{Type: "response.output_text.done", OutputIndex: &zero, ItemID: msg.ID, ContentIndex: &zero, Text: &full, Logprobs: jsonEmptyList},
+				responseEvent{Type: "response.content_part.done", OutputIndex: &zero, ItemID: msg.ID, ContentIndex: &zero, Part: &part},
+				responseEvent{Type: "response.output_item.done", OutputIndex: &zero, Item: &msg},
+				// vLLM ends every stream with response.completed, even when the
+				// response is incomplete; the status inside says which.
+				responseEvent{Type: "response.completed", Response: resp},
+			)
+		},
 	}
-	if err := es.send(responseEvent{Type: "response.in_progress", Response: &snapshot}); err != nil {
-		return err
-	}
-	added := msg
-	if err := es.send(responseEvent{Type: "response.output_item.added", OutputIndex: &zero, Item: &added}); err != nil {
-		return err
-	}
-	empty := newOutputText("")
-	if err := es.send(responseEvent{Type: "response.content_part.added", OutputIndex: &zero, ItemID: msg.ID, ContentIndex: &zero, Part: &empty}); err != nil {
-		return err
-	}
-	var out strings.Builder
-	for range j.maxTokens {
-		if err := dec.step(); err != nil {
-			return err
-		}
-		tok := text.next()
-		out.WriteString(tok)
-		if err := es.send(responseEvent{Type: "response.output_text.delta", OutputIndex: &zero, ItemID: msg.ID, ContentIndex: &zero, Delta: &tok, Logprobs: jsonEmptyList}); err != nil {
-			return err
-		}
-	}
-	full := out.String()
-	finish(full)
-	part := newOutputText(full)
-	for _, ev := range []responseEvent{
-		{Type: "response.output_text.done", OutputIndex: &zero, ItemID: msg.ID, ContentIndex: &zero, Text: &full, Logprobs: jsonEmptyList},
-		{Type: "response.content_part.done", OutputIndex: &zero, ItemID: msg.ID, ContentIndex: &zero, Part: &part},
-		{Type: "response.output_item.done", OutputIndex: &zero, Item: &msg},
-		// vLLM ends every stream with response.completed, even when the
-		// response is incomplete; the status inside says which.
-		{Type: "response.completed", Response: resp},
-	} {
-		if err := es.send(ev); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func newOutputText(text string) outputText {
@@ -392,6 +352,16 @@ func (es *responseEvents) send(ev responseEvent) error {
 	ev.SequenceNumber = es.seq
 	es.seq++
 	return es.sw.event(ev.Type, ev)
+}
+
+// sendAll sends evs in order, stopping at the first that fails.
+func (es *responseEvents) sendAll(evs ...responseEvent) error {
+	for _, ev := range evs {
+		if err := es.send(ev); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // serveGetResponse answers GET /v1/responses/{id} from the store.

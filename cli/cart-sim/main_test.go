@@ -13,13 +13,13 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/kvevents"
 	"github.com/cartrouter/cart/sim"
 )
 
 func TestMain(m *testing.M) {
-	// zmq4 v0.17.0 never stops a closed PUB socket's idle writer goroutine.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, testkit.IgnoreZMQPubWriter)
 }
 
 // parse runs the command with a stand-in serve func and returns what it

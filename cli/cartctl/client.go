@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/cpclient"
@@ -105,11 +106,30 @@ func call[Res any](ctx context.Context, cp *controlPlane, rpc func(context.Conte
 	return nil, &rpcError{attempts: attempts, timeout: cp.timeout}
 }
 
+// adminCall is call for one admin RPC, named by its method expression
+// (cartv1connect.AdminServiceClient.AddWorker, ...).
+func adminCall[Req, Res any](ctx context.Context, cp *controlPlane,
+	rpc func(cartv1connect.AdminServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), req *Req) (*Res, error) {
+	return call(ctx, cp, func(ctx context.Context, e endpoint) (*connect.Response[Res], error) {
+		return rpc(e.admin, ctx, connect.NewRequest(req))
+	})
+}
+
 // session is what a command that talks to the control plane works with.
 type session struct {
 	*settings
 	cp  *controlPlane
 	out io.Writer
+}
+
+// report writes resp as JSON under -o json, and otherwise the one-line
+// summary that format and args make.
+func (s *session) report(resp proto.Message, format string, args ...any) error {
+	if s.output == outputJSON {
+		return writeJSON(s.out, resp)
+	}
+	_, err := fmt.Fprintf(s.out, format+"\n", args...)
+	return err
 }
 
 // withSession resolves settings, dials and runs fn under the --timeout

@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"fmt"
 
-	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 func (a *app) clusterCmd() *cobra.Command {
@@ -35,9 +34,7 @@ ClusterStatusResponse message.`),
 		Args: checkArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
-				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.ClusterStatusResponse], error) {
-					return e.admin.ClusterStatus(ctx, connect.NewRequest(&cartv1.ClusterStatusRequest{}))
-				})
+				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.ClusterStatus, &cartv1.ClusterStatusRequest{})
 				if err != nil {
 					return err
 				}
@@ -66,17 +63,11 @@ node fails until it publishes its URL itself.`),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, addr := args[0], args[1]
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
-				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.AddVoterResponse], error) {
-					return e.admin.AddVoter(ctx, connect.NewRequest(&cartv1.AddVoterRequest{Id: id, RaftAddress: addr, ApiUrl: apiURL}))
-				})
+				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.AddVoter, &cartv1.AddVoterRequest{Id: id, RaftAddress: addr, ApiUrl: apiURL})
 				if err != nil {
 					return err
 				}
-				if s.output == outputJSON {
-					return writeJSON(s.out, resp)
-				}
-				_, err = fmt.Fprintf(s.out, "node %s (raft %s) joined as a voter\n", id, addr)
-				return err
+				return s.report(resp, "node %s (raft %s) joined as a voter", id, addr)
 			})
 		},
 	}
@@ -95,17 +86,11 @@ throughout.`),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := args[0]
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
-				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.RemoveServerResponse], error) {
-					return e.admin.RemoveServer(ctx, connect.NewRequest(&cartv1.RemoveServerRequest{Id: id}))
-				})
+				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.RemoveServer, &cartv1.RemoveServerRequest{Id: id})
 				if err != nil {
 					return err
 				}
-				if s.output == outputJSON {
-					return writeJSON(s.out, resp)
-				}
-				_, err = fmt.Fprintf(s.out, "node %s removed from the cluster\n", id)
-				return err
+				return s.report(resp, "node %s removed from the cluster", id)
 			})
 		},
 	}
@@ -124,17 +109,11 @@ Without NODE_ID, Raft picks the most up-to-date follower.`),
 				id = args[0]
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
-				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.TransferLeadershipResponse], error) {
-					return e.admin.TransferLeadership(ctx, connect.NewRequest(&cartv1.TransferLeadershipRequest{Id: id}))
-				})
+				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.TransferLeadership, &cartv1.TransferLeadershipRequest{Id: id})
 				if err != nil {
 					return err
 				}
-				if s.output == outputJSON {
-					return writeJSON(s.out, resp)
-				}
-				_, err = fmt.Fprintf(s.out, "leadership transferred to %s\n", resp.GetLeaderId())
-				return err
+				return s.report(resp, "leadership transferred to %s", resp.GetLeaderId())
 			})
 		},
 	}

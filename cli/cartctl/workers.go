@@ -9,6 +9,7 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // withExitCodes appends the exit code table to a command's long help, so
@@ -58,9 +59,7 @@ With -o json the output is the ListWorkersResponse message.`),
 }
 
 func listWorkers(ctx context.Context, cp *controlPlane) (*cartv1.ListWorkersResponse, error) {
-	return call(ctx, cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.ListWorkersResponse], error) {
-		return e.admin.ListWorkers(ctx, connect.NewRequest(&cartv1.ListWorkersRequest{}))
-	})
+	return adminCall(ctx, cp, cartv1connect.AdminServiceClient.ListWorkers, &cartv1.ListWorkersRequest{})
 }
 
 // workerFlags are the tunables of one worker.
@@ -82,11 +81,18 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	cmd.Flags().Int64Var(&f.capacity, flagCapacity, 0, "modelled KV cache capacity in tokens (0 = pool default)")
 }
 
-func (f *workerFlags) validate() error {
-	if f.capacity < 0 {
-		return usagef("--%s must not be negative", flagCapacity)
+// parse checks the worker URL argument and the flags, so that a mistake is
+// a usage error before any call is made, and returns the URL in the form
+// the control plane stores.
+func (f *workerFlags) parse(rawURL string) (string, error) {
+	u, err := workerURL(rawURL)
+	if err != nil {
+		return "", err
 	}
-	return nil
+	if f.capacity < 0 {
+		return "", usagef("--%s must not be negative", flagCapacity)
+	}
+	return u, nil
 }
 
 // workerURL validates a worker URL with the control plane's own rule, so a
@@ -113,26 +119,17 @@ other settings it fails with exit code 4 (use 'cartctl workers update').`),
 		Example: "  cartctl workers add http://10.0.0.5:8000 --max-load 32 --load-penalty 2",
 		Args:    checkArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			u, err := workerURL(args[0])
+			u, err := f.parse(args[0])
 			if err != nil {
-				return err
-			}
-			if err := f.validate(); err != nil {
 				return err
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
 				w := &cartv1.Worker{Url: u, MaxLoad: f.maxLoad, LoadPenalty: f.loadPenalty, CacheCapacityTokens: f.capacity}
-				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.AddWorkerResponse], error) {
-					return e.admin.AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: w}))
-				})
+				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.AddWorker, &cartv1.AddWorkerRequest{Worker: w})
 				if err != nil {
 					return err
 				}
-				if s.output == outputJSON {
-					return writeJSON(s.out, resp)
-				}
-				_, err = fmt.Fprintf(s.out, "added worker %s: %s\n", u, workerSummary(resp.GetWorker()))
-				return err
+				return s.report(resp, "added worker %s: %s", u, workerSummary(resp.GetWorker()))
 			})
 		},
 	}
@@ -154,11 +151,8 @@ therefore overwrite each other's change to a different setting.`),
 		Example: "  cartctl workers update http://10.0.0.5:8000 --max-load 64",
 		Args:    checkArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			u, err := workerURL(args[0])
+			u, err := f.parse(args[0])
 			if err != nil {
-				return err
-			}
-			if err := f.validate(); err != nil {
 				return err
 			}
 			fl := cmd.Flags()
@@ -190,17 +184,11 @@ therefore overwrite each other's change to a different setting.`),
 				if fl.Changed(flagCapacity) {
 					w.CacheCapacityTokens = f.capacity
 				}
-				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.UpdateWorkerResponse], error) {
-					return e.admin.UpdateWorker(ctx, connect.NewRequest(&cartv1.UpdateWorkerRequest{Worker: w}))
-				})
+				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.UpdateWorker, &cartv1.UpdateWorkerRequest{Worker: w})
 				if err != nil {
 					return err
 				}
-				if s.output == outputJSON {
-					return writeJSON(s.out, resp)
-				}
-				_, err = fmt.Fprintf(s.out, "updated worker %s: %s\n", u, workerSummary(resp.GetWorker()))
-				return err
+				return s.report(resp, "updated worker %s: %s", u, workerSummary(resp.GetWorker()))
 			})
 		},
 	}
@@ -221,17 +209,11 @@ are routed to it once the removal is committed.`),
 				return err
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
-				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.RemoveWorkerResponse], error) {
-					return e.admin.RemoveWorker(ctx, connect.NewRequest(&cartv1.RemoveWorkerRequest{Url: u}))
-				})
+				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.RemoveWorker, &cartv1.RemoveWorkerRequest{Url: u})
 				if err != nil {
 					return err
 				}
-				if s.output == outputJSON {
-					return writeJSON(s.out, resp)
-				}
-				_, err = fmt.Fprintf(s.out, "removed worker %s\n", u)
-				return err
+				return s.report(resp, "removed worker %s", u)
 			})
 		},
 	}

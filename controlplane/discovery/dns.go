@@ -129,22 +129,21 @@ func (r *DNSResolver) resolveSRV(ctx context.Context) Answer {
 func (r *DNSResolver) addrs(ctx context.Context, name string, extra []dns.RR) ([]net.IP, time.Duration, error) {
 	ttl := time.Duration(-1)
 	var ips []net.IP
-	collect := func(rrs []dns.RR) {
-		for _, rr := range rrs {
-			if !strings.EqualFold(rr.Header().Name, name) {
-				continue
-			}
-			switch v := rr.(type) {
-			case *dns.A:
-				ips = append(ips, v.A)
-				ttl = minTTL(ttl, v.Hdr.Ttl)
-			case *dns.AAAA:
-				ips = append(ips, v.AAAA)
-				ttl = minTTL(ttl, v.Hdr.Ttl)
-			}
+	add := func(rr dns.RR) {
+		switch v := rr.(type) {
+		case *dns.A:
+			ips = append(ips, v.A)
+			ttl = minTTL(ttl, v.Hdr.Ttl)
+		case *dns.AAAA:
+			ips = append(ips, v.AAAA)
+			ttl = minTTL(ttl, v.Hdr.Ttl)
 		}
 	}
-	collect(extra)
+	for _, rr := range extra {
+		if strings.EqualFold(rr.Header().Name, name) {
+			add(rr)
+		}
+	}
 	if len(ips) > 0 {
 		return ips, ttl, nil
 	}
@@ -157,14 +156,7 @@ func (r *DNSResolver) addrs(ctx context.Context, name string, extra []dns.RR) ([
 		// final name would need following them, so take every address
 		// record of the answer instead.
 		for _, rr := range resp.Answer {
-			switch v := rr.(type) {
-			case *dns.A:
-				ips = append(ips, v.A)
-				ttl = minTTL(ttl, v.Hdr.Ttl)
-			case *dns.AAAA:
-				ips = append(ips, v.AAAA)
-				ttl = minTTL(ttl, v.Hdr.Ttl)
-			}
+			add(rr)
 		}
 	}
 	return ips, max(ttl, 0), nil

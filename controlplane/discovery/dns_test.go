@@ -21,21 +21,27 @@ func resolver(t *testing.T, o DNSOptions) *DNSResolver {
 	return r
 }
 
-func TestDNSResolverARecords(t *testing.T) {
-	s := dnstest.Start(t)
-	s.Set(t, "sim. 7 IN A 127.0.0.2", "sim. 3 IN A 127.0.0.1", "sim. 9 IN AAAA ::1", "other. 1 IN A 10.0.0.1")
-	r := resolver(t, DNSOptions{Name: "sim", Port: 8000, Server: s.Addr, Timeout: time.Second})
+// wantResolved resolves once and checks the answer's endpoints and TTL.
+func wantResolved(t *testing.T, r *DNSResolver, want []string, ttl time.Duration) {
+	t.Helper()
 	a := r.Resolve(context.Background())
 	if a.Err != nil {
 		t.Fatal(a.Err)
 	}
-	want := []string{"http://127.0.0.1:8000", "http://127.0.0.2:8000", "http://[::1]:8000"}
 	if !reflect.DeepEqual(a.Endpoints, want) {
 		t.Fatalf("endpoints = %v, want %v", a.Endpoints, want)
 	}
-	if a.TTL != 3*time.Second {
-		t.Fatalf("TTL = %v, want the smallest, 3s", a.TTL)
+	if a.TTL != ttl {
+		t.Fatalf("TTL = %v, want %v", a.TTL, ttl)
 	}
+}
+
+func TestDNSResolverARecords(t *testing.T) {
+	s := dnstest.Start(t)
+	s.Set(t, "sim. 7 IN A 127.0.0.2", "sim. 3 IN A 127.0.0.1", "sim. 9 IN AAAA ::1", "other. 1 IN A 10.0.0.1")
+	r := resolver(t, DNSOptions{Name: "sim", Port: 8000, Server: s.Addr, Timeout: time.Second})
+	// The TTL is the smallest of the records'.
+	wantResolved(t, r, []string{"http://127.0.0.1:8000", "http://127.0.0.2:8000", "http://[::1]:8000"}, 3*time.Second)
 }
 
 func TestDNSResolverSRVRecords(t *testing.T) {
@@ -47,17 +53,8 @@ func TestDNSResolverSRVRecords(t *testing.T) {
 		"b.pool. 2 IN A 127.0.0.1",
 	)
 	r := resolver(t, DNSOptions{Name: "_w._tcp.pool", SRV: true, Scheme: "https", Server: s.Addr, Timeout: time.Second})
-	a := r.Resolve(context.Background())
-	if a.Err != nil {
-		t.Fatal(a.Err)
-	}
-	want := []string{"https://127.0.0.1:8001", "https://127.0.0.1:8002"}
-	if !reflect.DeepEqual(a.Endpoints, want) {
-		t.Fatalf("endpoints = %v, want %v", a.Endpoints, want)
-	}
-	if a.TTL != 2*time.Second {
-		t.Fatalf("TTL = %v, want 2s (smallest of SRV and target records)", a.TTL)
-	}
+	// The TTL is the smallest of the SRV and the target records'.
+	wantResolved(t, r, []string{"https://127.0.0.1:8001", "https://127.0.0.1:8002"}, 2*time.Second)
 }
 
 func TestDNSResolverFailures(t *testing.T) {

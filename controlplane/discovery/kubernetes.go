@@ -236,6 +236,22 @@ func (k *KubernetesSource) poke() {
 	}
 }
 
+// selectedListWatch lists and watches the objects that the label selector
+// sel picks.
+func selectedListWatch[L runtime.Object](sel string, list func(context.Context, metav1.ListOptions) (L, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *cache.ListWatch {
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, lo metav1.ListOptions) (runtime.Object, error) {
+			lo.LabelSelector = sel
+			return list(ctx, lo)
+		},
+		WatchFuncWithContext: func(ctx context.Context, lo metav1.ListOptions) (watch.Interface, error) {
+			lo.LabelSelector = sel
+			return watchFn(ctx, lo)
+		},
+	}
+}
+
 // Start implements Starter: it starts a fresh informer (a stopped one
 // cannot be restarted) and returns the function that stops it and waits
 // for its goroutines.
@@ -246,32 +262,13 @@ func (k *KubernetesSource) Start(ctx context.Context) (stop func()) {
 	if k.o.Service != "" {
 		// The label the EndpointSlice controller puts on a Service's slices.
 		sel := labels.Set{discoveryv1.LabelServiceName: k.o.Service}.String()
-		c := k.o.Client.DiscoveryV1()
+		eps := k.o.Client.DiscoveryV1().EndpointSlices(ns)
 		example = &discoveryv1.EndpointSlice{}
-		lw = &cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, lo metav1.ListOptions) (runtime.Object, error) {
-				lo.LabelSelector = sel
-				return c.EndpointSlices(ns).List(ctx, lo)
-			},
-			WatchFuncWithContext: func(ctx context.Context, lo metav1.ListOptions) (watch.Interface, error) {
-				lo.LabelSelector = sel
-				return c.EndpointSlices(ns).Watch(ctx, lo)
-			},
-		}
+		lw = selectedListWatch(sel, eps.List, eps.Watch)
 	} else {
-		sel := k.selector.String()
-		c := k.o.Client.CoreV1()
+		pods := k.o.Client.CoreV1().Pods(ns)
 		example = &corev1.Pod{}
-		lw = &cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, lo metav1.ListOptions) (runtime.Object, error) {
-				lo.LabelSelector = sel
-				return c.Pods(ns).List(ctx, lo)
-			},
-			WatchFuncWithContext: func(ctx context.Context, lo metav1.ListOptions) (watch.Interface, error) {
-				lo.LabelSelector = sel
-				return c.Pods(ns).Watch(ctx, lo)
-			},
-		}
+		lw = selectedListWatch(k.selector.String(), pods.List, pods.Watch)
 	}
 	// The wrapper lets a fake clientset say it cannot stream lists, as
 	// client-go's generated informers do.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cartrouter/cart/controlplane/index"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 const (
@@ -70,19 +71,7 @@ func benchEngine(n int) *Engine {
 }
 
 func benchText(n int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, 0))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = ' ' + byte(r.IntN(95))
-	}
-	return b
-}
-
-func sizeName(n int) string {
-	if n >= 1_000_000 {
-		return fmt.Sprintf("%dM", n/1_000_000)
-	}
-	return fmt.Sprintf("%dk", n/1_000)
+	return testkit.PrintableText(n, rand.New(rand.NewPCG(seed, 0)))
 }
 
 // BenchmarkEngineRoute is the full per-request decision (match, decide,
@@ -95,7 +84,7 @@ func sizeName(n int) string {
 func BenchmarkEngineRoute(b *testing.B) {
 	for _, size := range benchSizes {
 		for _, n := range benchPrompts {
-			name := fmt.Sprintf("entries=%s/chars=%s", sizeName(size), sizeName(n))
+			name := fmt.Sprintf("entries=%s/chars=%s", testkit.SizeName(size), testkit.SizeName(n))
 			b.Run("hit/"+name, func(b *testing.B) {
 				e := benchEngine(size)
 				r := Request{Hashes: index.Hash(nil, "bench-model", benchText(n, uint64(n)), benchBlockChars), KeyLen: n}

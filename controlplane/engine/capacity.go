@@ -40,14 +40,7 @@ func (l *blockLRU) touch(hashes []uint64, dst []uint64) []uint64 {
 			l.pushFront(n)
 			continue
 		}
-		var n int32
-		if k := len(l.free); k > 0 {
-			n = l.free[k-1]
-			l.free = l.free[:k-1]
-		} else {
-			l.nodes = append(l.nodes, lruNode{})
-			n = int32(len(l.nodes) - 1)
-		}
+		n := takeSlot(&l.nodes, &l.free)
 		l.nodes[n] = lruNode{hash: h, prev: -1, next: -1}
 		l.byHash[h] = n
 		l.pushFront(n)

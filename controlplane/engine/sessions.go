@@ -99,14 +99,7 @@ func (t *sessionTable) set(key sessionHash, w index.WorkerID, now int64, max int
 	if max > 0 && len(t.byKey) >= max {
 		t.remove(t.tail)
 	}
-	var i int32
-	if n := len(t.free); n > 0 {
-		i = t.free[n-1]
-		t.free = t.free[:n-1]
-	} else {
-		t.slab = append(t.slab, sessionEntry{})
-		i = int32(len(t.slab) - 1)
-	}
+	i := takeSlot(&t.slab, &t.free)
 	t.slab[i] = sessionEntry{key: key, w: w, last: now}
 	t.byKey[key] = i
 	t.pushFront(i)
@@ -163,3 +156,16 @@ func (e *Engine) ExpireSessions(now int64, max int) (n int, done bool) {
 
 // Sessions is the number of sessions remembered, live or not yet expired.
 func (e *Engine) Sessions() int { return len(e.sessions.byKey) }
+
+// takeSlot returns the index of an unused element of *slab: the last freed
+// one in *free if any, else a new one appended.
+func takeSlot[T any](slab *[]T, free *[]int32) int32 {
+	if k := len(*free); k > 0 {
+		i := (*free)[k-1]
+		*free = (*free)[:k-1]
+		return i
+	}
+	var zero T
+	*slab = append(*slab, zero)
+	return int32(len(*slab) - 1)
+}

@@ -41,25 +41,11 @@ func benchIndex(b *testing.B, n int) *Index {
 	return x
 }
 
-func benchText(n int, seed uint64) []byte {
-	r := newRand(seed)
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = ' ' + byte(r.IntN(95))
-	}
-	return b
-}
-
-func sizeName(n int) string {
-	if n >= 1_000_000 {
-		return fmt.Sprintf("%dM", n/1_000_000)
-	}
-	return fmt.Sprintf("%dk", n/1_000)
-}
+func benchText(n int, seed uint64) []byte { return testkit.PrintableText(n, newRand(seed)) }
 
 func BenchmarkHash(b *testing.B) {
 	for _, n := range benchPrompts {
-		b.Run(fmt.Sprintf("chars=%s", sizeName(n)), func(b *testing.B) {
+		b.Run(fmt.Sprintf("chars=%s", testkit.SizeName(n)), func(b *testing.B) {
 			text := benchText(n, 1)
 			dst := make([]uint64, 0, NumBlocks(n, benchBlockChars))
 			b.SetBytes(int64(n))
@@ -77,7 +63,7 @@ func BenchmarkHash(b *testing.B) {
 func BenchmarkLookup(b *testing.B) {
 	for _, size := range benchSizes {
 		for _, n := range benchPrompts {
-			b.Run(fmt.Sprintf("entries=%s/chars=%s", sizeName(size), sizeName(n)), func(b *testing.B) {
+			b.Run(fmt.Sprintf("entries=%s/chars=%s", testkit.SizeName(size), testkit.SizeName(n)), func(b *testing.B) {
 				x := benchIndex(b, size)
 				p := Hash(nil, "bench-model", benchText(n, uint64(n)), benchBlockChars)
 				x.Insert(p, 3, 1<<40)
@@ -102,7 +88,7 @@ func BenchmarkLookup(b *testing.B) {
 func BenchmarkInsert(b *testing.B) {
 	for _, size := range benchSizes {
 		for _, n := range benchPrompts {
-			name := fmt.Sprintf("entries=%s/chars=%s", sizeName(size), sizeName(n))
+			name := fmt.Sprintf("entries=%s/chars=%s", testkit.SizeName(size), testkit.SizeName(n))
 			b.Run("refresh/"+name, func(b *testing.B) {
 				x := benchIndex(b, size)
 				p := Hash(nil, "bench-model", benchText(n, uint64(n)), benchBlockChars)
@@ -165,7 +151,7 @@ func BenchmarkFreeze(b *testing.B) {
 func BenchmarkInsertAfterFreeze(b *testing.B) {
 	for _, n := range []int{1_000, 10_000} {
 		for _, frozen := range []bool{false, true} {
-			b.Run(fmt.Sprintf("chars=%s/frozen=%v", sizeName(n), frozen), func(b *testing.B) {
+			b.Run(fmt.Sprintf("chars=%s/frozen=%v", testkit.SizeName(n), frozen), func(b *testing.B) {
 				runtime.LockOSThread()
 				defer runtime.UnlockOSThread()
 				x := benchIndex(b, 1_000_000)

@@ -16,20 +16,20 @@ import (
 // steady-state price of the copy-on-write slab.
 func BenchmarkHotPathCPU(b *testing.B) {
 	for _, n := range []int{1_000, 10_000} {
-		b.Run(fmt.Sprintf("lookup/chars=%s", sizeName(n)), func(b *testing.B) {
+		b.Run(fmt.Sprintf("lookup/chars=%s", testkit.SizeName(n)), func(b *testing.B) {
 			x := benchIndex(b, 1_000_000)
 			p := Hash(nil, "bench-model", benchText(n, uint64(n)+21), benchBlockChars)
 			x.Insert(p, 3, 1<<40)
 			var m Match
 			cpuLoop(b, func(uint64) { x.Lookup(p, &m) })
 		})
-		b.Run(fmt.Sprintf("refresh/chars=%s", sizeName(n)), func(b *testing.B) {
+		b.Run(fmt.Sprintf("refresh/chars=%s", testkit.SizeName(n)), func(b *testing.B) {
 			x := benchIndex(b, 1_000_000)
 			p := Hash(nil, "bench-model", benchText(n, uint64(n)+22), benchBlockChars)
 			x.Insert(p, 3, 1<<40)
 			cpuLoop(b, func(i uint64) { x.Insert(p, 3, int64(1<<40+i)) })
 		})
-		b.Run(fmt.Sprintf("new/chars=%s", sizeName(n)), func(b *testing.B) {
+		b.Run(fmt.Sprintf("new/chars=%s", testkit.SizeName(n)), func(b *testing.B) {
 			x := benchIndex(b, 1_000_000)
 			base := Hash(nil, "bench-model", benchText(n, uint64(n)+23), benchBlockChars)
 			p := make([]uint64, len(base))

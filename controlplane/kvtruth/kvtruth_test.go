@@ -24,9 +24,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// zmq4 v0.17.0 leaves one idle writer goroutine per closed PUB socket
-	// (see package kvevents); everything else must be gone.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, testkit.IgnoreZMQPubWriter)
 }
 
 // fakeApplier records what the tracker asks of the engine.

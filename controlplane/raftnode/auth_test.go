@@ -128,24 +128,6 @@ func TestHandshakeReplayFails(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink tests can read while nodes write to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func authStream(t *testing.T, token string, opts streamOptions) *streamLayer {
 	t.Helper()
 	if token != "" {
@@ -164,40 +146,20 @@ func authStream(t *testing.T, token string, opts streamOptions) *streamLayer {
 // protocol, or the handshake with a wrong token — is refused before its
 // first RPC: no vote, no term change, no forged entry appended.
 func TestTokenClusterRefusesRogues(t *testing.T) {
-	logBuf := &syncBuffer{}
+	logBuf := &testkit.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logBuf, nil))
 	fatals := &fatalRecorder{}
-	type member struct {
-		id   string
-		rep  *replica
-		node *Node
-	}
-	start := func(id string, bootstrap bool) *member {
+	start := func(id string, bootstrap bool) *tcpMember {
 		t.Helper()
-		mem := raft.NewInmemStore()
-		m := &member{id: id, rep: newReplica()}
-		n, err := Start(Config{
-			NodeID:       id,
-			BindAddr:     "127.0.0.1:0",
-			Bootstrap:    bootstrap,
-			ClusterToken: testToken,
-			Stores:       &Stores{Log: mem, Stable: mem, Snap: raft.NewInmemSnapshotStore()},
-			Timeouts:     &tcpTimeouts,
-			Logger:       log,
-			Fatal:        fatals.fatal,
-		}, m.rep.st, nil)
-		if err != nil {
-			t.Fatalf("start %s: %v", id, err)
-		}
-		m.node = n
-		t.Cleanup(func() { _ = n.Shutdown() })
+		m := startTCPMember(t, id, bootstrap, log, fatals, func(c *Config) { c.ClusterToken = testToken })
+		t.Cleanup(func() { _ = m.node.Shutdown() })
 		return m
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	n1 := start("n1", true)
 	testkit.WaitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
-	members := []*member{n1, start("n2", false), start("n3", false)}
+	members := []*tcpMember{n1, start("n2", false), start("n3", false)}
 	// A loaded machine can cost the leader its lease mid-change: retry on
 	// whoever leads (AddVoter is idempotent).
 	for _, m := range members[1:] {
@@ -292,7 +254,7 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 		return strings.Contains(out, "inbound peer failed authentication") && strings.Contains(out, "audit=true") &&
 			strings.Contains(out, "remote=127.0.0.1:") && strings.Contains(out, `claimed_id=probe`)
 	})
-	if errs := fatals.get(); len(errs) > 0 {
+	if errs := fatals.all(); len(errs) > 0 {
 		t.Errorf("unexpected Fatal calls: %v", errs)
 	}
 }
@@ -320,7 +282,7 @@ func TestHandshakeDeadlineClosesSilentConnection(t *testing.T) {
 // admits the next one, and a genuine peer then completes the handshake.
 func TestConnectionCap(t *testing.T) {
 	const max = 4
-	logBuf := &syncBuffer{}
+	logBuf := &testkit.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logBuf, nil))
 	s := authStream(t, testToken, streamOptions{handshakeTimeout: time.Minute, maxInbound: max, log: log})
 	addr := s.ln.Addr().String()
@@ -383,7 +345,7 @@ func isTimeout(err error) bool {
 
 // Refusals are rate limited; what was dropped is counted in the next line.
 func TestLimitedLog(t *testing.T) {
-	buf := &syncBuffer{}
+	buf := &testkit.SyncBuffer{}
 	l := newLimitedLog(slog.New(slog.NewTextHandler(buf, nil)), 2, 1)
 	now := time.Unix(1000, 0)
 	l.now = func() time.Time { return now }

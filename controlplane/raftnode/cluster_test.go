@@ -135,10 +135,10 @@ func checkRoles(c *cluster, ld *testNode) []string {
 	}
 	// Leadership may have moved before; what must hold is that gains and
 	// losses alternate and each node's last call matches its role.
-	if ev := ld.lead.snapshot(); !alternating(ev) || len(ev) == 0 || !ev[len(ev)-1] {
+	if ev := ld.lead.all(); !alternating(ev) || len(ev) == 0 || !ev[len(ev)-1] {
 		fail("leader's onLeadership calls = %v, want alternating, ending with true", ev)
 	}
-	if ev := follower.lead.snapshot(); !alternating(ev) || (len(ev) > 0 && ev[len(ev)-1]) {
+	if ev := follower.lead.all(); !alternating(ev) || (len(ev) > 0 && ev[len(ev)-1]) {
 		fail("follower's onLeadership calls = %v, want alternating, ending with false", ev)
 	}
 	return problems
@@ -310,10 +310,10 @@ func TestShutdownTransfersLeadership(t *testing.T) {
 	if took > slow/2 {
 		t.Errorf("successor took %v; a transfer should beat the %v failure detection by far", took, slow)
 	}
-	if ev := ld.lead.snapshot(); !alternating(ev) || len(ev) == 0 || ev[len(ev)-1] {
+	if ev := ld.lead.all(); !alternating(ev) || len(ev) == 0 || ev[len(ev)-1] {
 		t.Errorf("old leader's onLeadership calls = %v, want alternating, ending with false", ev)
 	}
-	if ev := nl.lead.snapshot(); !alternating(ev) || len(ev) == 0 || !ev[len(ev)-1] {
+	if ev := nl.lead.all(); !alternating(ev) || len(ev) == 0 || !ev[len(ev)-1] {
 		t.Errorf("new leader's onLeadership calls = %v, want alternating, ending with true", ev)
 	}
 	c.apply(upsertCmd("http://w2:8000", 0), others...)

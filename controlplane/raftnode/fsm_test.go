@@ -44,7 +44,7 @@ func TestFSMStopsOnUnknownEntry(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rep := newReplica()
 			rec := &fatalRecorder{}
-			f := &fsm{st: rep.st, fatal: rec.fatal}
+			f := &fsm{st: rep.st, fatal: rec.add}
 			if _, ok := f.Apply(commandLog(1, encode(t, upsertCmd("http://w1:1", 0)))).(state.Result); !ok {
 				t.Fatal("a valid entry was not applied")
 			}
@@ -53,7 +53,7 @@ func TestFSMStopsOnUnknownEntry(t *testing.T) {
 			if !errors.Is(err, state.ErrUnknownCommand) {
 				t.Fatalf("response = %v, want ErrUnknownCommand", resp)
 			}
-			errs := rec.get()
+			errs := rec.all()
 			if len(errs) != 1 || !errors.Is(errs[0], state.ErrUnknownCommand) || !strings.Contains(errs[0].Error(), "index 2") {
 				t.Fatalf("Fatal calls = %v, want one naming index 2", errs)
 			}
@@ -77,7 +77,7 @@ func TestFSMStopsOnUnknownEntry(t *testing.T) {
 func TestFSMSkipsIgnorableAndNonCommandEntries(t *testing.T) {
 	rep := newReplica()
 	rec := &fatalRecorder{}
-	f := &fsm{st: rep.st, fatal: rec.fatal}
+	f := &fsm{st: rep.st, fatal: rec.add}
 	f.Apply(commandLog(1, encode(t, upsertCmd("http://w1:1", 0))))
 	if _, ok := f.Apply(commandLog(2, encode(t, &cartv1.RaftCommand{Ignorable: true}))).(state.Result); !ok {
 		t.Fatal("ignorable entry without body not skipped")
@@ -91,7 +91,7 @@ func TestFSMSkipsIgnorableAndNonCommandEntries(t *testing.T) {
 			t.Errorf("%v entry: response %v", typ, resp)
 		}
 	}
-	if errs := rec.get(); len(errs) != 0 {
+	if errs := rec.all(); len(errs) != 0 {
 		t.Fatalf("Fatal called: %v", errs)
 	}
 	if ws, _ := rep.st.Workers(); len(ws) != 1 || ws[0].URL != "http://w1:1" {
@@ -113,7 +113,7 @@ func TestNodeCallsFatalOnUnknownEntry(t *testing.T) {
 	_, trans := raft.NewInmemTransport("")
 	rep := newReplica()
 	rec := &fatalRecorder{}
-	n, err := Start(Config{NodeID: "solo", Bootstrap: true, Transport: trans, Timeouts: &fastTimeouts, Logger: testLogger(t), Fatal: rec.fatal}, rep.st, nil)
+	n, err := Start(Config{NodeID: "solo", Bootstrap: true, Transport: trans, Timeouts: &fastTimeouts, Logger: testLogger(t), Fatal: rec.add}, rep.st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,14 +124,14 @@ func TestNodeCallsFatalOnUnknownEntry(t *testing.T) {
 	if _, err := n.Apply(ctx, &cartv1.RaftCommand{Ignorable: true}); err != nil {
 		t.Fatalf("ignorable entry: %v", err)
 	}
-	if len(rec.get()) != 0 {
+	if len(rec.all()) != 0 {
 		t.Fatal("Fatal called for an ignorable entry")
 	}
 	_, err = n.Apply(ctx, &cartv1.RaftCommand{RequestId: "bad"})
 	if !errors.Is(err, state.ErrUnknownCommand) {
 		t.Fatalf("apply of an entry without body: %v, want ErrUnknownCommand", err)
 	}
-	if errs := rec.get(); len(errs) != 1 {
+	if errs := rec.all(); len(errs) != 1 {
 		t.Fatalf("Fatal calls = %v, want 1", errs)
 	}
 	if _, err := n.Apply(ctx, upsertCmd("http://w1:1", 0)); !errors.Is(err, errHalted) {

@@ -49,41 +49,30 @@ func newReplica() *replica {
 	return &replica{dec: dec, st: state.New(dec)}
 }
 
+// callbackLog keeps what a callback reports from Raft's goroutines, for the
+// test to read.
+type callbackLog[T any] struct {
+	mu   sync.Mutex
+	vals []T
+}
+
+func (r *callbackLog[T]) add(v T) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.vals = append(r.vals, v)
+}
+
+func (r *callbackLog[T]) all() []T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.vals)
+}
+
 // leadership records onLeadership calls.
-type leadership struct {
-	mu     sync.Mutex
-	events []bool
-}
-
-func (l *leadership) on(v bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.events = append(l.events, v)
-}
-
-func (l *leadership) snapshot() []bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.events)
-}
+type leadership = callbackLog[bool]
 
 // fatalRecorder stands in for the process exit.
-type fatalRecorder struct {
-	mu   sync.Mutex
-	errs []error
-}
-
-func (f *fatalRecorder) fatal(err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.errs = append(f.errs, err)
-}
-
-func (f *fatalRecorder) get() []error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.errs)
-}
+type fatalRecorder = callbackLog[error]
 
 type testNode struct {
 	id    string
@@ -160,8 +149,8 @@ func newCluster(t *testing.T, n int, o clusterOpts) *cluster {
 			SnapshotThreshold: o.snapshotThreshold,
 			TrailingLogs:      o.trailingLogs,
 			Logger:            log,
-			Fatal:             tn.fatals.fatal,
-		}, tn.st, tn.lead.on)
+			Fatal:             tn.fatals.add,
+		}, tn.st, tn.lead.add)
 		if err != nil {
 			t.Fatalf("start %s: %v", tn.id, err)
 		}
@@ -196,7 +185,7 @@ func (c *cluster) shutdown() {
 		for _, o := range c.nodes {
 			o.trans.Disconnect(tn.addr)
 		}
-		if errs := tn.fatals.get(); len(errs) > 0 {
+		if errs := tn.fatals.all(); len(errs) > 0 {
 			c.t.Errorf("%s: unexpected Fatal calls: %v", tn.id, errs)
 		}
 	}

@@ -2,14 +2,9 @@ package raftnode
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
-	"math/big"
+	"log/slog"
 	mrand "math/rand/v2"
 	"net"
 	"os"
@@ -38,7 +33,7 @@ func TestDiskRestart(t *testing.T) {
 		t.Fatalf("HasExistingState on a missing dir = %v, %v", ok, err)
 	}
 	fatals := &fatalRecorder{}
-	cfg := Config{NodeID: "solo", BindAddr: "127.0.0.1:0", DataDir: dir, Bootstrap: true, Timeouts: &tcpTimeouts, Logger: testLogger(t), Fatal: fatals.fatal}
+	cfg := Config{NodeID: "solo", BindAddr: "127.0.0.1:0", DataDir: dir, Bootstrap: true, Timeouts: &tcpTimeouts, Logger: testLogger(t), Fatal: fatals.add}
 	rep := newReplica()
 	n, err := Start(cfg, rep.st, nil)
 	if err != nil {
@@ -93,7 +88,7 @@ func TestDiskRestart(t *testing.T) {
 	lead := &leadership{}
 	cfg.Bootstrap = false
 	cfg.BindAddr = addr // the configuration stored in the log names this address
-	n2, err := Start(cfg, rep2.st, lead.on)
+	n2, err := Start(cfg, rep2.st, lead.add)
 	if err != nil {
 		t.Fatalf("restart: %v", err)
 	}
@@ -105,7 +100,7 @@ func TestDiskRestart(t *testing.T) {
 	if n2.restores() != 1 {
 		t.Errorf("restores = %d, want 1 (the snapshot)", n2.restores())
 	}
-	if ev := lead.snapshot(); !slices.Equal(ev, []bool{true}) {
+	if ev := lead.all(); !slices.Equal(ev, []bool{true}) {
 		t.Errorf("onLeadership calls = %v, want [true]", ev)
 	}
 	apply(n2, upsertCmd("http://w4:8000", 4))
@@ -115,45 +110,59 @@ func TestDiskRestart(t *testing.T) {
 	if err := n2.Shutdown(); err != nil {
 		t.Fatalf("shutdown after restart: %v", err)
 	}
-	if errs := fatals.get(); len(errs) > 0 {
+	if errs := fatals.all(); len(errs) > 0 {
 		t.Errorf("unexpected Fatal calls: %v", errs)
 	}
+}
+
+// tcpMember is one node of a test cluster on the TCP transport, with the
+// replica its state machine applies to.
+type tcpMember struct {
+	id   string
+	rep  *replica
+	node *Node
+}
+
+// startTCPMember starts a node on a loopback port with in-memory stores;
+// secure adds the credentials its cluster authenticates peers with.
+func startTCPMember(t *testing.T, id string, bootstrap bool, log *slog.Logger, fatals *fatalRecorder, secure func(*Config)) *tcpMember {
+	t.Helper()
+	mem := raft.NewInmemStore()
+	m := &tcpMember{id: id, rep: newReplica()}
+	cfg := Config{
+		NodeID:    id,
+		BindAddr:  "127.0.0.1:0",
+		Bootstrap: bootstrap,
+		Stores:    &Stores{Log: mem, Stable: mem, Snap: raft.NewInmemSnapshotStore()},
+		Timeouts:  &tcpTimeouts,
+		Logger:    log,
+		Fatal:     fatals.add,
+	}
+	secure(&cfg)
+	n, err := Start(cfg, m.rep.st, nil)
+	if err != nil {
+		t.Fatalf("start %s: %v", id, err)
+	}
+	m.node = n
+	return m
 }
 
 // Three nodes over mutually authenticated TLS elect a leader and
 // replicate; a peer without a certificate from the cluster's CA can neither
 // talk to the members nor receive the log when added.
 func TestTLSCluster(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testkit.NewCA(t)
 	log := testLogger(t)
 	fatals := &fatalRecorder{}
-	type member struct {
-		id   string
-		rep  *replica
-		node *Node
-	}
-	start := func(id string, ca *testCA, bootstrap bool) *member {
+	start := func(id string, ca *testkit.CA, bootstrap bool) *tcpMember {
 		t.Helper()
-		cert := ca.issue(t, id)
-		mem := raft.NewInmemStore()
-		m := &member{id: id, rep: newReplica()}
-		n, err := Start(Config{
-			NodeID:    id,
-			BindAddr:  "127.0.0.1:0",
-			Bootstrap: bootstrap,
-			ServerTLS: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.pool, MinVersion: tls.VersionTLS13},
-			ClientTLS: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
-			Stores:    &Stores{Log: mem, Stable: mem, Snap: raft.NewInmemSnapshotStore()},
-			Timeouts:  &tcpTimeouts,
-			Logger:    log,
-			Fatal:     fatals.fatal,
-		}, m.rep.st, nil)
-		if err != nil {
-			t.Fatalf("start %s: %v", id, err)
-		}
-		m.node = n
+		cert := ca.Issue(t, id)
+		m := startTCPMember(t, id, bootstrap, log, fatals, func(c *Config) {
+			c.ServerTLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.Pool, MinVersion: tls.VersionTLS13}
+			c.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool, MinVersion: tls.VersionTLS13}
+		})
 		t.Cleanup(func() {
-			if err := n.Shutdown(); err != nil {
+			if err := m.node.Shutdown(); err != nil {
 				t.Errorf("shutdown %s: %v", id, err)
 			}
 		})
@@ -164,13 +173,13 @@ func TestTLSCluster(t *testing.T) {
 
 	n1 := start("n1", ca, true)
 	testkit.WaitFor(t, 5*time.Second, "bootstrap leader", n1.node.IsLeader)
-	members := []*member{n1, start("n2", ca, false), start("n3", ca, false)}
+	members := []*tcpMember{n1, start("n2", ca, false), start("n3", ca, false)}
 	// onLeader runs op on the current leader, again if leadership moves.
-	onLeader := func(what string, op func(ld *member) error) {
+	onLeader := func(what string, op func(ld *tcpMember) error) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			var ld *member
+			var ld *tcpMember
 			testkit.WaitFor(t, 5*time.Second, "a leader", func() bool {
 				for _, m := range members {
 					if m.node.IsLeader() {
@@ -192,9 +201,9 @@ func TestTLSCluster(t *testing.T) {
 	// A loaded machine can cost the leader its lease mid-change: retry on
 	// whoever leads (AddVoter is idempotent).
 	for _, m := range members[1:] {
-		onLeader("add voter "+m.id, func(ld *member) error { return ld.node.AddVoter(ctx, m.id, m.node.Addr()) })
+		onLeader("add voter "+m.id, func(ld *tcpMember) error { return ld.node.AddVoter(ctx, m.id, m.node.Addr()) })
 	}
-	onLeader("apply over TLS", func(ld *member) error {
+	onLeader("apply over TLS", func(ld *tcpMember) error {
 		_, err := ld.node.Apply(ctx, upsertCmd("http://w1:8000", 1))
 		return err
 	})
@@ -212,10 +221,10 @@ func TestTLSCluster(t *testing.T) {
 	// request with a huge term does not disturb anyone.
 	target := members[1]
 	term := target.node.Raft().CurrentTerm()
-	other := newTestCA(t)
+	other := testkit.NewCA(t)
 	for name, clientTLS := range map[string]*tls.Config{
-		"no client certificate": {RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
-		"foreign certificate":   {Certificates: []tls.Certificate{other.issue(t, "rogue")}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13},
+		"no client certificate": {RootCAs: ca.Pool, MinVersion: tls.VersionTLS13},
+		"foreign certificate":   {Certificates: []tls.Certificate{other.Issue(t, "rogue")}, RootCAs: ca.Pool, MinVersion: tls.VersionTLS13},
 	} {
 		stream, err := newStreamLayer("127.0.0.1:0", "", nil, clientTLS, streamOptions{})
 		if err != nil {
@@ -251,7 +260,7 @@ func TestTLSCluster(t *testing.T) {
 		m.node.Raft().RegisterObserver(ob)
 		t.Cleanup(func() { m.node.Raft().DeregisterObserver(ob) })
 	}
-	onLeader("add rogue voter", func(ld *member) error { return ld.node.AddVoter(ctx, "rogue", rogue.node.Addr()) })
+	onLeader("add rogue voter", func(ld *tcpMember) error { return ld.node.AddVoter(ctx, "rogue", rogue.node.Addr()) })
 	for i := range 2 {
 		select {
 		case <-failed:
@@ -265,8 +274,8 @@ func TestTLSCluster(t *testing.T) {
 	if ws, _ := rogue.rep.st.Workers(); len(ws) != 0 {
 		t.Errorf("rogue node learnt the worker set: %v", ws)
 	}
-	onLeader("remove rogue", func(ld *member) error { return ld.node.RemoveServer(ctx, "rogue") })
-	if errs := fatals.get(); len(errs) > 0 {
+	onLeader("remove rogue", func(ld *tcpMember) error { return ld.node.RemoveServer(ctx, "rogue") })
+	if errs := fatals.all(); len(errs) > 0 {
 		t.Errorf("unexpected Fatal calls: %v", errs)
 	}
 }
@@ -302,66 +311,4 @@ func TestStreamLayerRejectsWildcardAdvertise(t *testing.T) {
 	if _, err := accepted.Read(make([]byte, 1)); err == nil {
 		t.Error("accepted connection still open after Close")
 	}
-}
-
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "cart test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
-}
-
-// issue makes a certificate for a node, valid as server and client for
-// 127.0.0.1 (peers dial IP addresses in these tests).
-func (ca *testCA) issue(t *testing.T, name string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }

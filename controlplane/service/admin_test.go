@@ -127,7 +127,7 @@ func TestClusterStatus(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true})
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 30), DataplaneId: "dp1"})
+	liveRoute(t, rc, text(64, 30))
 	syncLoads(t, rc, "dp2", nil)
 	ac := cp.admin()
 	if _, err := ac.AddVoter(context.Background(), connect.NewRequest(&cartv1.AddVoterRequest{Id: "n2", RaftAddress: "127.0.0.1:7001", ApiUrl: "http://n2.test:7070"})); err != nil {

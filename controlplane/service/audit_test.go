@@ -1,35 +1,17 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // Worker-set changes carry who asked into the replicated command (so
 // every node's state machine logs the same actor), through a follower's
@@ -38,7 +20,7 @@ func (l *lockedBuffer) String() string {
 // handles the call.
 func TestAdminAuditActor(t *testing.T) {
 	auth := AuthOptions{Token: "cluster", AdminToken: "admin"}
-	logs := &lockedBuffer{}
+	logs := &testkit.SyncBuffer{}
 	leader := newTestCP(t, cpConfig{id: "n2", leader: true, auth: auth, opts: func(o *Options) {
 		o.Token, o.AdminToken = "cluster", "admin"
 		o.Logger = slog.New(slog.NewTextHandler(logs, nil))

@@ -243,8 +243,8 @@ func TestMetrics(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt := text(64, 40)
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+	liveRoute(t, rc, txt)
+	liveRoute(t, rc, txt)
 	scrape := func() string {
 		resp, err := cp.client.Get(cp.url + "/metrics")
 		if err != nil {

@@ -34,7 +34,7 @@ func TestFollowerForwards(t *testing.T) {
 		t.Run(p.name, func(t *testing.T) {
 			rc := follower.router(p.opts...)
 			txt := text(64, 20)
-			d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+			d := liveRoute(t, rc, txt)
 			if !d.GetFromLeader() || d.GetLeaderId() != "n2" || d.GetTicket() == 0 || d.GetWorker() == "" {
 				t.Fatalf("forwarded Route = %v", d)
 			}
@@ -44,7 +44,7 @@ func TestFollowerForwards(t *testing.T) {
 			if again := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DryRun: true}); again.GetReason() != "cache_hit" {
 				t.Fatalf("forwarded repeat = %v, want cache_hit", again)
 			}
-			if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: true}); n != 1 {
+			if n := settle(t, rc, d, true); n != 1 {
 				t.Fatalf("forwarded Complete settled %d", n)
 			}
 			if got := leader.loads(t)[d.GetWorker()]; got != 0 {

@@ -174,6 +174,22 @@ func (n *fakeNode) commands() []*cartv1.RaftCommand {
 }
 
 // placeBatches and unplaceBatches return the batch commands applied so far.
+// placementsOf lists the placements that batches carry, in order.
+func placementsOf[B interface{ GetPlacements() []*cartv1.Placement }](batches []B) []*cartv1.Placement {
+	var out []*cartv1.Placement
+	for _, b := range batches {
+		out = append(out, b.GetPlacements()...)
+	}
+	return out
+}
+
+// placesOn is whether one of ps places exactly hs on worker.
+func placesOn(ps []*cartv1.Placement, worker string, hs []uint64) bool {
+	return slices.ContainsFunc(ps, func(p *cartv1.Placement) bool {
+		return p.GetWorker() == worker && slices.Equal(p.GetBlockHashes(), hs)
+	})
+}
+
 func (n *fakeNode) placeBatches() []*cartv1.PlaceBatchCommand {
 	var out []*cartv1.PlaceBatchCommand
 	for _, c := range n.commands() {
@@ -344,6 +360,19 @@ func route(t testing.TB, c cartv1connect.RouterServiceClient, req *cartv1.RouteR
 		t.Fatalf("Route(%v): %v", req, err)
 	}
 	return resp.Msg
+}
+
+// liveRoute routes txt for model "m" from data plane "dp1", taking load.
+func liveRoute(t testing.TB, c cartv1connect.RouterServiceClient, txt string) *cartv1.RouteResponse {
+	t.Helper()
+	return route(t, c, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+}
+
+// settle completes decision d for data plane "dp1" and returns how many
+// decisions that settled.
+func settle(t testing.TB, c cartv1connect.RouterServiceClient, d *cartv1.RouteResponse, delivered bool) uint32 {
+	t.Helper()
+	return complete(t, c, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: delivered})
 }
 
 func complete(t testing.TB, c cartv1connect.RouterServiceClient, dp string, comps ...*cartv1.Completion) uint32 {

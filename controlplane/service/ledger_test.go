@@ -25,34 +25,44 @@ func reasonOf(t *testing.T, cp *testCP, txt string) string {
 	return route(t, cp.router(), &cartv1.RouteRequest{Model: "m", Text: txt, DryRun: true}).GetReason()
 }
 
+// wantReason fails the test when got, the reason a prompt routes with, is
+// not want.
+func wantReason(t *testing.T, got, want, what string) {
+	t.Helper()
+	if got != want {
+		t.Fatalf("%s: routes as %s, want %s", what, got, want)
+	}
+}
+
+// newHeldCP is a leader whose placement batches go out only when the test
+// calls flushBatch.
+func newHeldCP(t *testing.T) *testCP {
+	return newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+}
+
+// flushBatch proposes the placement window now.
+func (cp *testCP) flushBatch() { cp.core.batch.flush(context.Background()) }
+
 // A batch that fails to commit takes its placements out of the leader's
 // index again, and the window queued behind it with them.
 func TestFailedBatchWithdrawsItsPlacements(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp := newHeldCP(t)
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	kept, lost := text(64, 30), text(64, 31)
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: kept, DataplaneId: "dp1"})
-	cp.core.batch.flush(context.Background())
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: lost, DataplaneId: "dp1"})
-	if r := reasonOf(t, cp, lost); r != "cache_hit" {
-		t.Fatalf("before the flush: %s", r)
-	}
+	liveRoute(t, rc, kept)
+	cp.flushBatch()
+	liveRoute(t, rc, lost)
+	wantReason(t, reasonOf(t, cp, lost), "cache_hit", "before the flush")
 	cp.node.setApplyErr(raftnode.ErrNotLeader)
-	cp.core.batch.flush(context.Background())
-	if r := reasonOf(t, cp, lost); r != "cache_miss" {
-		t.Fatalf("placement of a failed batch still routes as %s", r)
-	}
-	if r := reasonOf(t, cp, kept); r != "cache_hit" {
-		t.Fatalf("committed placement routes as %s after a later batch failed", r)
-	}
-	if r := replayReason(t, cp, kept); r != "cache_hit" {
-		t.Fatalf("replayed log: %s", r)
-	}
+	cp.flushBatch()
+	wantReason(t, reasonOf(t, cp, lost), "cache_miss", "placement of a failed batch")
+	wantReason(t, reasonOf(t, cp, kept), "cache_hit", "committed placement after a later batch failed")
+	wantReason(t, replayReason(t, cp, kept), "cache_hit", "replayed log")
 	cp.node.setApplyErr(nil)
 	// The failed batch is forgotten: a later batch carries only new work.
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 32), DataplaneId: "dp1"})
-	cp.core.batch.flush(context.Background())
+	liveRoute(t, rc, text(64, 32))
+	cp.flushBatch()
 	if b := cp.node.placeBatches(); len(b) != 2 || len(b[1].GetPlacements()) != 1 {
 		t.Fatalf("place batches = %v", b)
 	}
@@ -61,35 +71,29 @@ func TestFailedBatchWithdrawsItsPlacements(t *testing.T) {
 // A withdrawal (undelivered request) that fails to commit is undone too:
 // the rest of the cluster still holds the placement it withdrew.
 func TestFailedBatchRestoresItsWithdrawals(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp := newHeldCP(t)
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt := text(64, 33)
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
-	cp.core.batch.flush(context.Background())
-	complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: false})
-	if r := reasonOf(t, cp, txt); r != "cache_miss" {
-		t.Fatalf("after the withdrawal: %s", r)
-	}
+	d := liveRoute(t, rc, txt)
+	cp.flushBatch()
+	settle(t, rc, d, false)
+	wantReason(t, reasonOf(t, cp, txt), "cache_miss", "after the withdrawal")
 	cp.node.setApplyErr(raftnode.ErrNotLeader)
-	cp.core.batch.flush(context.Background())
-	if r := reasonOf(t, cp, txt); r != "cache_hit" {
-		t.Fatalf("failed withdrawal left the placement out: %s, want cache_hit as on the log", r)
-	}
-	if r := replayReason(t, cp, txt); r != "cache_hit" {
-		t.Fatalf("replayed log: %s", r)
-	}
+	cp.flushBatch()
+	wantReason(t, reasonOf(t, cp, txt), "cache_hit", "after a failed withdrawal, as on the log")
+	wantReason(t, replayReason(t, cp, txt), "cache_hit", "replayed log")
 }
 
 // What a committed entry of another proposer decided after a pending
 // change is the log's word: undoing the failed batch must not touch it.
 func TestFailedBatchKeepsWhatALaterCommitSet(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp := newHeldCP(t)
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt, other := text(64, 34), text(64, 35)
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: other, DataplaneId: "dp1"})
+	d := liveRoute(t, rc, txt)
+	liveRoute(t, rc, other)
 	// The same placement, committed by someone else (a new leader).
 	foreign := &cartv1.RaftCommand{Ignorable: true, RequestId: "batch-elsewhere-1", Body: &cartv1.RaftCommand_PlaceBatch{PlaceBatch: &cartv1.PlaceBatchCommand{
 		Placements: []*cartv1.Placement{{Worker: d.GetWorker(), BlockHashes: hashes("m", txt), AtUnixNanos: 1}}}}}
@@ -97,26 +101,20 @@ func TestFailedBatchKeepsWhatALaterCommitSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp.node.setApplyErr(raftnode.ErrNotLeader)
-	cp.core.batch.flush(context.Background())
-	if r := reasonOf(t, cp, txt); r != "cache_hit" {
-		t.Fatalf("undo removed a placement the log holds: %s", r)
-	}
-	if r := reasonOf(t, cp, other); r != "cache_miss" {
-		t.Fatalf("uncommitted placement survived: %s", r)
-	}
+	cp.flushBatch()
+	wantReason(t, reasonOf(t, cp, txt), "cache_hit", "placement the log holds, after the undo")
+	wantReason(t, reasonOf(t, cp, other), "cache_miss", "uncommitted placement")
 }
 
 // A decision that raced the step-down is queued after the last flush:
 // it is never proposed, so it is undone.
 func TestDiscardUndoesTheWindow(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp := newHeldCP(t)
 	cp.addWorkers(t, w1)
 	txt := text(64, 36)
 	route(t, cp.router(), &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
 	cp.core.batch.discard()
-	if r := reasonOf(t, cp, txt); r != "cache_miss" {
-		t.Fatalf("discarded placement routes as %s", r)
-	}
+	wantReason(t, reasonOf(t, cp, txt), "cache_miss", "discarded placement")
 }
 
 func TestWriteOutcomeUnknown(t *testing.T) {
@@ -189,15 +187,15 @@ func TestForwardedWriteWithoutAnswer(t *testing.T) {
 // with placements (and withdrawals) still uncommitted, it must leave them
 // out, or a restart from it, or a follower installing it, keeps them.
 func TestSnapshotLeavesOutUncommittedChanges(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp := newHeldCP(t)
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	committed, withdrawn, pending := text(64, 40), text(64, 41), text(64, 42)
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: committed, DataplaneId: "dp1"})
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: withdrawn, DataplaneId: "dp1"})
-	cp.core.batch.flush(context.Background())
-	complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: false})
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: pending, DataplaneId: "dp1"})
+	liveRoute(t, rc, committed)
+	d := liveRoute(t, rc, withdrawn)
+	cp.flushBatch()
+	settle(t, rc, d, false)
+	liveRoute(t, rc, pending)
 
 	var buf bytes.Buffer
 	if err := cp.st.Capture().Write(&buf); err != nil {
@@ -213,19 +211,15 @@ func TestSnapshotLeavesOutUncommittedChanges(t *testing.T) {
 		}
 	}
 	// The leader's own index is untouched by the snapshot.
-	if r := reasonOf(t, cp, pending); r != "cache_hit" {
-		t.Fatalf("leader lost its pending placement: %s", r)
-	}
-	if r := reasonOf(t, cp, withdrawn); r != "cache_miss" {
-		t.Fatalf("leader's withdrawal undone by the snapshot: %s", r)
-	}
+	wantReason(t, reasonOf(t, cp, pending), "cache_hit", "leader's pending placement")
+	wantReason(t, reasonOf(t, cp, withdrawn), "cache_miss", "leader's withdrawal, after the snapshot")
 }
 
 // Response origins of a batch that fails to commit are proposed again (they
 // are facts, not decisions), but while commits keep failing the queue keeps
 // only the newest maxPendingOrigins.
 func TestFailedBatchKeepsBoundedOrigins(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp := newHeldCP(t)
 	// A batcher of the test's own, not the core's: the core's run loop
 	// flushes as soon as a queue reaches the batch size, concurrently with
 	// the test's flushes, and only one flush may be in flight.

@@ -32,11 +32,11 @@ func TestCompleteOnlySettlesOwnTickets(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true})
 	cp.addWorkers(t, w1)
 	rc := cp.router()
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 1), DataplaneId: "dp1"})
+	d := liveRoute(t, rc, text(64, 1))
 	if n := complete(t, rc, "dp2", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: true}); n != 0 {
 		t.Fatalf("dp2 settled dp1's ticket")
 	}
-	if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: true}); n != 1 {
+	if n := settle(t, rc, d, true); n != 1 {
 		t.Fatalf("dp1 could not settle its own ticket")
 	}
 }

@@ -52,11 +52,11 @@ func TestRouteProtocols(t *testing.T) {
 
 			// By text: the control plane hashes.
 			txt := text(100, 1)
-			first := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+			first := liveRoute(t, rc, txt)
 			if first.GetReason() != "cache_miss" || first.GetTicket() == 0 || !first.GetFromLeader() || first.GetLeaderId() != "n1" || first.GetWorker() == "" {
 				t.Fatalf("first route = %v", first)
 			}
-			second := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+			second := liveRoute(t, rc, txt)
 			if second.GetReason() != "cache_hit" || second.GetWorker() != first.GetWorker() {
 				t.Fatalf("second route = %v, want cache_hit on %s", second, first.GetWorker())
 			}
@@ -78,7 +78,7 @@ func TestRouteProtocols(t *testing.T) {
 			if again.GetReason() != "cache_hit" || again.GetWorker() != byHash.GetWorker() || again.GetMatchedChars() != 80 {
 				t.Fatalf("second hash route = %v, want cache_hit on %s", again, byHash.GetWorker())
 			}
-			viaText := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt2, DataplaneId: "dp1"})
+			viaText := liveRoute(t, rc, txt2)
 			if viaText.GetReason() != "cache_hit" || viaText.GetWorker() != byHash.GetWorker() {
 				t.Fatalf("text route after hash route = %v, want cache_hit on %s", viaText, byHash.GetWorker())
 			}
@@ -141,13 +141,9 @@ func TestRouteDryRun(t *testing.T) {
 	// A real route after the dry runs is a barrier: windows are proposed in
 	// order, so once its placement is replicated, anything the dry runs had
 	// queued would be too. Only the marker's placement may be there.
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 99), DataplaneId: "dp1"})
+	liveRoute(t, rc, text(64, 99))
 	testkit.WaitFor(t, 5*time.Second, "the marker's placement replicated", func() bool { return len(cp.node.placeBatches()) > 0 })
-	var placed int
-	for _, b := range cp.node.placeBatches() {
-		placed += len(b.GetPlacements())
-	}
-	if placed != 1 {
+	if len(placementsOf(cp.node.placeBatches())) != 1 {
 		t.Fatalf("dry run replicated placements: %v", cp.node.placeBatches())
 	}
 	// A dry run settles nothing either: ticket 0 is not a ticket.
@@ -161,7 +157,7 @@ func TestRouteExclude(t *testing.T) {
 	cp.addWorkers(t, w1, w2, w3)
 	rc := cp.router()
 	txt := text(96, 4)
-	first := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+	first := liveRoute(t, rc, txt)
 	for range 10 {
 		d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1", ExcludeWorkers: []string{first.GetWorker()}, DryRun: true})
 		if d.GetWorker() == first.GetWorker() {
@@ -206,7 +202,7 @@ func TestLoadAccountingComplete(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true})
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(40, 5), DataplaneId: "dp1"})
+	d := liveRoute(t, rc, text(40, 5))
 	if got := cp.loads(t)[d.GetWorker()]; got != 1 {
 		t.Fatalf("load after route = %d, want 1", got)
 	}
@@ -241,7 +237,7 @@ func TestLoadAccountingComplete(t *testing.T) {
 	// Many decisions settled in one batch, one of them twice.
 	var comps []*cartv1.Completion
 	for i := range 5 {
-		r := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(40, 100+i), DataplaneId: "dp1"})
+		r := liveRoute(t, rc, text(40, 100+i))
 		comps = append(comps, &cartv1.Completion{Ticket: r.GetTicket(), Worker: r.GetWorker(), Delivered: true})
 	}
 	comps = append(comps, comps[0])
@@ -261,22 +257,15 @@ func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
 	rc := cp.router()
 	txt := text(64, 6)
 	hs := hashes("m", txt)
-	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+	d := liveRoute(t, rc, txt)
 	if d.GetReason() != "cache_miss" {
 		t.Fatalf("first route = %v", d)
 	}
 	// The placement is replicated in a batch.
 	testkit.WaitFor(t, 5*time.Second, "PlaceBatch with the placement", func() bool {
-		for _, b := range cp.node.placeBatches() {
-			for _, p := range b.GetPlacements() {
-				if p.GetWorker() == d.GetWorker() && slices.Equal(p.GetBlockHashes(), hs) {
-					return true
-				}
-			}
-		}
-		return false
+		return placesOn(placementsOf(cp.node.placeBatches()), d.GetWorker(), hs)
 	})
-	if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: false}); n != 1 {
+	if n := settle(t, rc, d, false); n != 1 {
 		t.Fatalf("Complete(delivered=false) settled %d", n)
 	}
 	if got := cp.loads(t)[d.GetWorker()]; got != 0 {
@@ -287,14 +276,7 @@ func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
 		t.Fatalf("withdrawn placement still routes by cache: %v", probe)
 	}
 	testkit.WaitFor(t, 5*time.Second, "UnplaceBatch withdrawing the placement", func() bool {
-		for _, b := range cp.node.unplaceBatches() {
-			for _, p := range b.GetPlacements() {
-				if p.GetWorker() == d.GetWorker() && slices.Equal(p.GetBlockHashes(), hs) {
-					return true
-				}
-			}
-		}
-		return false
+		return placesOn(placementsOf(cp.node.unplaceBatches()), d.GetWorker(), hs)
 	})
 	probe = route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DryRun: true})
 	if probe.GetReason() == "cache_hit" {
@@ -309,17 +291,17 @@ func TestCompleteUndeliveredKeepsEarlierPlacement(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt := text(64, 7)
-	a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
-	complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: a.GetWorker(), Delivered: true})
-	b := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+	a := liveRoute(t, rc, txt)
+	settle(t, rc, a, true)
+	b := liveRoute(t, rc, txt)
 	if b.GetReason() != "cache_hit" {
 		t.Fatalf("second route = %v", b)
 	}
-	complete(t, rc, "dp1", &cartv1.Completion{Ticket: b.GetTicket(), Worker: b.GetWorker(), Delivered: false})
+	settle(t, rc, b, false)
 	// Barrier: a new placement after the completion is replicated in the
 	// same window as any withdrawal it caused, or a later one.
 	before := len(cp.node.placeBatches())
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 98), DataplaneId: "dp1"})
+	liveRoute(t, rc, text(64, 98))
 	testkit.WaitFor(t, 5*time.Second, "the marker's placement replicated", func() bool {
 		for _, pb := range cp.node.placeBatches()[before:] {
 			if len(pb.GetPlacements()) > 0 {
@@ -358,61 +340,55 @@ func replayReason(t *testing.T, cp *testCP, txt string) string {
 func TestUnplaceThenPlaceInOneWindow(t *testing.T) {
 	for _, crossWindow := range []bool{false, true} {
 		t.Run(fmt.Sprintf("placed in an earlier window=%v", crossWindow), func(t *testing.T) {
-			cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+			cp := newHeldCP(t)
 			cp.addWorkers(t, w1)
 			rc := cp.router()
 			txt := text(64, 8)
-			a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+			a := liveRoute(t, rc, txt)
 			if crossWindow {
-				cp.core.batch.flush(context.Background())
+				cp.flushBatch()
 				if n := len(cp.node.placeBatches()); n != 1 {
 					t.Fatalf("%d place batches after the first window", n)
 				}
 			}
 			complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: w1, Delivered: false})
-			b := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+			b := liveRoute(t, rc, txt)
 			if b.GetReason() != "cache_miss" {
 				t.Fatalf("route after withdrawal = %v, want cache_miss", b)
 			}
 			if d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DryRun: true}); d.GetReason() != "cache_hit" {
 				t.Fatalf("before the flush: %v, want cache_hit", d)
 			}
-			cp.core.batch.flush(context.Background())
+			cp.flushBatch()
 			if crossWindow && len(cp.node.unplaceBatches()) != 1 {
 				t.Fatalf("unplace batches = %v, want 1", cp.node.unplaceBatches())
 			}
 			if d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DryRun: true}); d.GetReason() != "cache_hit" {
 				t.Fatalf("after the flush: %v, want cache_hit (the replicated batches undid a live placement)", d)
 			}
-			if r := replayReason(t, cp, txt); r != "cache_hit" {
-				t.Fatalf("replayed log: %s, want cache_hit", r)
-			}
+			wantReason(t, replayReason(t, cp, txt), "cache_hit", "replayed log")
 		})
 	}
 }
 
 // A placement withdrawn within its own window never reaches the log.
 func TestPlaceThenUnplaceInOneWindow(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp := newHeldCP(t)
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt, keep := text(64, 11), text(64, 12)
-	a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
-	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: keep, DataplaneId: "dp1"})
-	complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: a.GetWorker(), Delivered: false})
-	cp.core.batch.flush(context.Background())
+	a := liveRoute(t, rc, txt)
+	liveRoute(t, rc, keep)
+	settle(t, rc, a, false)
+	cp.flushBatch()
 	if u := cp.node.unplaceBatches(); len(u) != 0 {
 		t.Fatalf("unplace batches = %v, want none", u)
 	}
 	if p := cp.node.placeBatches(); len(p) != 1 || len(p[0].GetPlacements()) != 1 {
 		t.Fatalf("place batches = %v, want only the kept placement", p)
 	}
-	if r := replayReason(t, cp, txt); r != "cache_miss" {
-		t.Fatalf("replayed log: withdrawn prefix is %s", r)
-	}
-	if r := replayReason(t, cp, keep); r != "cache_hit" {
-		t.Fatalf("replayed log: kept prefix is %s", r)
-	}
+	wantReason(t, replayReason(t, cp, txt), "cache_miss", "replayed log, withdrawn prefix")
+	wantReason(t, replayReason(t, cp, keep), "cache_hit", "replayed log, kept prefix")
 }
 
 func TestSyncReconcilesAbsoluteCounts(t *testing.T) {
@@ -570,13 +546,7 @@ func TestPlacementBatching(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	total := func() int {
-		k := 0
-		for _, b := range cp.node.placeBatches() {
-			k += len(b.GetPlacements())
-		}
-		return k
-	}
+	total := func() int { return len(placementsOf(cp.node.placeBatches())) }
 	testkit.WaitFor(t, 5*time.Second, "all placements replicated", func() bool { return total() >= n })
 	batches := cp.node.placeBatches()
 	if limit := int(elapsed/interval) + 3; len(batches) > limit || len(batches) >= n/2 {
@@ -613,20 +583,16 @@ func TestPlacementMaxFlushesEarly(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	for i := range 25 {
-		route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(32, 2000+i), DataplaneId: "dp1"})
+		liveRoute(t, rc, text(32, 2000+i))
 	}
 	testkit.WaitFor(t, 5*time.Second, "full batches flushed before the interval", func() bool {
-		k := 0
-		for _, b := range cp.node.placeBatches() {
-			k += len(b.GetPlacements())
-		}
-		return k >= 20
+		return len(placementsOf(cp.node.placeBatches())) >= 20
 	})
 }
 
 // Stopping the leader loops hands the last window to Raft.
 func TestBatcherFlushesOnStepDown(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
+	cp := newHeldCP(t)
 	cp.addWorkers(t, w1)
 	route(t, cp.router(), &cartv1.RouteRequest{Model: "m", Text: text(32, 9), DataplaneId: "dp1"})
 	if len(cp.node.placeBatches()) != 0 {
@@ -643,7 +609,7 @@ func TestLeaderChangeResetsSoftState(t *testing.T) {
 	cp.addWorkers(t, w1, w2)
 	rc := cp.router()
 	txt := text(64, 10)
-	a := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
+	a := liveRoute(t, rc, txt)
 	syncLoads(t, rc, "dp2", map[string]uint32{w1: 2, w2: 2})
 	testkit.WaitFor(t, 5*time.Second, "placement replicated", func() bool { return len(cp.node.placeBatches()) > 0 })
 	status := func() *cartv1.ClusterStatusResponse {
@@ -672,7 +638,7 @@ func TestLeaderChangeResetsSoftState(t *testing.T) {
 	if st := status(); st.GetDataplanes() != 0 || st.GetHealthyWorkers() != 2 {
 		t.Fatalf("after leader change: %v", st)
 	}
-	if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: a.GetWorker(), Delivered: true}); n != 0 {
+	if n := settle(t, rc, a, true); n != 0 {
 		t.Fatalf("earlier leader's ticket settled %d", n)
 	}
 	// The index is replicated state, not soft state: it survives.
@@ -681,8 +647,8 @@ func TestLeaderChangeResetsSoftState(t *testing.T) {
 	}
 	// Tickets restart but never collide with a settled one in a way that
 	// matters: a new decision settles normally.
-	b := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1"})
-	if n := complete(t, rc, "dp1", &cartv1.Completion{Ticket: b.GetTicket(), Worker: b.GetWorker(), Delivered: true}); n != 1 {
+	b := liveRoute(t, rc, txt)
+	if n := settle(t, rc, b, true); n != 1 {
 		t.Fatalf("new leader's ticket settled %d", n)
 	}
 }

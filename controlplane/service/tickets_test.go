@@ -173,7 +173,7 @@ func TestTicketCapDropsOldest(t *testing.T) {
 	rc := cp.router()
 	var got []*cartv1.RouteResponse
 	for i := range 5 {
-		got = append(got, route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(64, 10+i), DataplaneId: "dp1"}))
+		got = append(got, liveRoute(t, rc, text(64, 10+i)))
 	}
 	if n := cp.unsettled(); n != 3 {
 		t.Fatalf("unsettled tickets = %d, want the cap 3", n)

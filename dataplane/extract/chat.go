@@ -11,17 +11,37 @@ import (
 // encoding/json checks it.
 
 type chatRequest struct {
+	openAIFields
+	Messages []chatMessage `json:"messages"`
+}
+
+// openAIFields are the fields of chat and completions requests that
+// Request reports.
+type openAIFields struct {
 	Model          string         `json:"model"`
 	Stream         bool           `json:"stream"`
 	StreamOptions  *streamOptions `json:"stream_options"`
 	User           string         `json:"user"`
 	PromptCacheKey string         `json:"prompt_cache_key"`
 	CacheSalt      string         `json:"cache_salt"`
-	Messages       []chatMessage  `json:"messages"`
 }
 
 type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
+}
+
+func (f *openAIFields) request() *Request {
+	out := &Request{
+		Model:          f.Model,
+		Stream:         f.Stream,
+		User:           f.User,
+		PromptCacheKey: f.PromptCacheKey,
+		CacheSalt:      f.CacheSalt,
+	}
+	if f.StreamOptions != nil {
+		out.IncludeUsage = f.StreamOptions.IncludeUsage
+	}
+	return out
 }
 
 type chatMessage struct {
@@ -134,17 +154,7 @@ func (b *builder) chat(body []byte) (*Request, error) {
 			return nil, err
 		}
 	}
-	out := &Request{
-		Model:          req.Model,
-		Stream:         req.Stream,
-		User:           req.User,
-		PromptCacheKey: req.PromptCacheKey,
-		CacheSalt:      req.CacheSalt,
-	}
-	if req.StreamOptions != nil {
-		out.IncludeUsage = req.StreamOptions.IncludeUsage
-	}
-	return out, nil
+	return req.request(), nil
 }
 
 func checkMessages(n int, absent bool, p *path) error {
@@ -248,22 +258,24 @@ func (b *builder) toolCall(tc *toolCall, p *path) error {
 	b.field()
 	switch {
 	case tc.Function != nil:
-		b.key = appendEscaped(b.key, tc.Function.Name)
-		b.field()
-		fp := p.field("function")
-		ap := fp.field("arguments")
-		return b.arguments(tc.Function.Arguments, &ap)
+		return b.namedCall(tc.Function.Name, tc.Function.Arguments, p, "function", "arguments")
 	case tc.Custom != nil:
-		b.key = appendEscaped(b.key, tc.Custom.Name)
-		b.field()
-		cp := p.field("custom")
-		ip := cp.field("input")
-		return b.arguments(tc.Custom.Input, &ip)
+		return b.namedCall(tc.Custom.Name, tc.Custom.Input, p, "custom", "input")
 	}
 	// A call type this package does not know: its type at least tells
 	// calls apart.
 	b.key = appendEscaped(b.key, tc.Type)
 	return nil
+}
+
+// namedCall appends a call's name and its arguments, which the request
+// holds at p.field(kind).field(argsField).
+func (b *builder) namedCall(name string, args json.RawMessage, p *path, kind, argsField string) error {
+	b.key = appendEscaped(b.key, name)
+	b.field()
+	kp := p.field(kind)
+	ap := kp.field(argsField)
+	return b.arguments(args, &ap)
 }
 
 func (b *builder) arguments(raw json.RawMessage, p *path) error {

@@ -9,14 +9,9 @@ import (
 // OpenAI completions.
 
 type completionRequest struct {
-	Model          string          `json:"model"`
-	Stream         bool            `json:"stream"`
-	StreamOptions  *streamOptions  `json:"stream_options"`
-	User           string          `json:"user"`
-	PromptCacheKey string          `json:"prompt_cache_key"`
-	CacheSalt      string          `json:"cache_salt"`
-	Prompt         json.RawMessage `json:"prompt"`
-	PromptEmbeds   json.RawMessage `json:"prompt_embeds"`
+	openAIFields
+	Prompt       json.RawMessage `json:"prompt"`
+	PromptEmbeds json.RawMessage `json:"prompt_embeds"`
 }
 
 const promptTypes = "a string, an array of strings, an array of token ids or an array of arrays of token ids"
@@ -51,17 +46,7 @@ func (b *builder) completions(body []byte) (*Request, error) {
 		b.marker("embeds")
 		b.canonicalHash(req.PromptEmbeds)
 	}
-	out := &Request{
-		Model:          req.Model,
-		Stream:         req.Stream,
-		User:           req.User,
-		PromptCacheKey: req.PromptCacheKey,
-		CacheSalt:      req.CacheSalt,
-	}
-	if req.StreamOptions != nil {
-		out.IncludeUsage = req.StreamOptions.IncludeUsage
-	}
-	return out, nil
+	return req.request(), nil
 }
 
 // promptArray appends an array prompt, whose kind its first element decides.

@@ -41,6 +41,28 @@ func key(t *testing.T, e Endpoint, body string) string {
 	return string(mustExtract(t, e, body).Key)
 }
 
+// keyCase is one body and the key it must give: exact, or a regexp when
+// want starts with "re:".
+type keyCase struct{ name, body, want string }
+
+func checkKeys(t *testing.T, e Endpoint, cases []keyCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := key(t, e, tc.body)
+			if re, ok := strings.CutPrefix(tc.want, "re:"); ok {
+				if !regexp.MustCompile(re).MatchString(got) {
+					t.Errorf("key %q does not match %q", got, re)
+				}
+				return
+			}
+			if got != tc.want {
+				t.Errorf("key\n got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestEndpointForPath(t *testing.T) {
 	for _, tc := range []struct {
 		path string
@@ -109,11 +131,7 @@ func TestRequestFields(t *testing.T) {
 }
 
 func TestChatKey(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		body string
-		want string // exact key, or a regexp if it starts with "re:"
-	}{
+	checkKeys(t, ChatCompletions, []keyCase{
 		{"string content",
 			`{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]}`,
 			"system" + US + "Be brief." + RS + "user" + US + "Hi" + RS},
@@ -195,28 +213,11 @@ func TestChatKey(t *testing.T) {
 		{"unknown part type with clashing fields",
 			`{"messages":[{"type":"x","role":"user","content":[{"type":"future","text":{"rich":true},"image_url":5}]}]}`,
 			"re:^user" + US + NUL + "part:future:" + hashRE + RS + "$"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := key(t, ChatCompletions, tc.body)
-			if re, ok := strings.CutPrefix(tc.want, "re:"); ok {
-				if !regexp.MustCompile(re).MatchString(got) {
-					t.Errorf("key %q does not match %q", got, re)
-				}
-				return
-			}
-			if got != tc.want {
-				t.Errorf("key\n got %q\nwant %q", got, tc.want)
-			}
-		})
-	}
+	})
 }
 
 func TestMessagesKey(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		body string
-		want string
-	}{
+	checkKeys(t, Messages, []keyCase{
 		{"system string",
 			`{"model":"c","max_tokens":9,"system":"Be brief.","messages":[{"role":"user","content":"Hi"}]}`,
 			"system" + US + "Be brief." + RS + "user" + US + "Hi" + RS},
@@ -248,28 +249,11 @@ func TestMessagesKey(t *testing.T) {
 		{"unknown block and source types",
 			`{"messages":[{"role":"assistant","content":[{"type":"server_tool_use","id":"s1","name":"web_search","input":{"q":"x"}},{"type":"image","source":{"type":"s3","bucket":"b"}}]}]}`,
 			"re:^assistant" + US + NUL + "part:server_tool_use:" + hashRE + US + NUL + "img:" + hashRE + RS + "$"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := key(t, Messages, tc.body)
-			if re, ok := strings.CutPrefix(tc.want, "re:"); ok {
-				if !regexp.MustCompile(re).MatchString(got) {
-					t.Errorf("key %q does not match %q", got, re)
-				}
-				return
-			}
-			if got != tc.want {
-				t.Errorf("key\n got %q\nwant %q", got, tc.want)
-			}
-		})
-	}
+	})
 }
 
 func TestCompletionsKey(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		body string
-		want string
-	}{
+	checkKeys(t, Completions, []keyCase{
 		{"string", `{"model":"m","prompt":"Once upon a time","max_tokens":5}`, "Once upon a time"},
 		{"empty string", `{"prompt":""}`, ""},
 		{"escapes", `{"prompt":"a\nb\u0003"}`, "a\nb\x1bC"},
@@ -279,13 +263,7 @@ func TestCompletionsKey(t *testing.T) {
 		{"arrays of token ids", `{"prompt":[[1,2],[3],[]]}`, "1" + US + "2" + US + RS + "3" + US + RS},
 		{"empty array", `{"prompt":[]}`, ""},
 		{"whitespace", "{\"prompt\": [ [ 1 ,\n2 ] , [3] ] }", "1" + US + "2" + US + RS + "3" + US},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := key(t, Completions, tc.body); got != tc.want {
-				t.Errorf("key\n got %q\nwant %q", got, tc.want)
-			}
-		})
-	}
+	})
 	// Token ids and the same digits as text must not share a key.
 	if key(t, Completions, `{"prompt":[1,2]}`) == key(t, Completions, `{"prompt":"1\u001f2\u001f"}`) {
 		t.Error("token ids and text collide")

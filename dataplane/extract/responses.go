@@ -73,36 +73,14 @@ func (b *builder) responses(body []byte) (*Request, error) {
 		p := path{name: "previous_response_id"}
 		return nil, errType(&p, "a string", req.PreviousResponseID)
 	}
-	ip := path{name: "instructions"}
-	switch firstByte(req.Instructions) {
-	case 0, 'n':
-	case '"':
-		b.key = append(b.key, "system"...)
-		b.text(req.Instructions)
-		b.key = append(b.key, sepRecord)
-	case '[':
-		// Response objects echo instructions as a list of input items.
-		if err := b.responsesItems(req.Instructions, &ip); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, errType(&ip, "a string", req.Instructions)
+	// Response objects echo instructions as a list of input items.
+	if err := b.textOrItems(req.Instructions, "instructions", "system", "a string"); err != nil {
+		return nil, err
 	}
-	in := path{name: "input"}
-	switch firstByte(req.Input) {
-	case 0, 'n':
-		// Input may be left out when previous_response_id or a stored
-		// prompt supplies the conversation.
-	case '"':
-		b.key = append(b.key, "user"...)
-		b.text(req.Input)
-		b.key = append(b.key, sepRecord)
-	case '[':
-		if err := b.responsesItems(req.Input, &in); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, errType(&in, "a string or an array of input items", req.Input)
+	// Input may be left out when previous_response_id or a stored prompt
+	// supplies the conversation.
+	if err := b.textOrItems(req.Input, "input", "user", "a string or an array of input items"); err != nil {
+		return nil, err
 	}
 	out := &Request{
 		Model:          req.Model,
@@ -114,6 +92,25 @@ func (b *builder) responses(body []byte) (*Request, error) {
 		out.PreviousResponseID = string(b.decode(req.PreviousResponseID))
 	}
 	return out, nil
+}
+
+// textOrItems appends the top-level field name: absent, a string (one turn
+// of role) or a list of input items. want names the accepted types in the
+// error for anything else.
+func (b *builder) textOrItems(raw json.RawMessage, name, role, want string) error {
+	p := path{name: name}
+	switch firstByte(raw) {
+	case 0, 'n':
+	case '"':
+		b.key = append(b.key, role...)
+		b.text(raw)
+		b.key = append(b.key, sepRecord)
+	case '[':
+		return b.responsesItems(raw, &p)
+	default:
+		return errType(&p, want, raw)
+	}
+	return nil
 }
 
 func (b *builder) responsesItems(raw json.RawMessage, p *path) error {
@@ -129,16 +126,23 @@ func knownItemType(t string) bool {
 }
 
 func (b *builder) responsesItemsLoose(raw json.RawMessage, p *path) error {
+	return eachLoose(raw, p, b.responsesItem)
+}
+
+// eachLoose decodes a JSON array of objects element by element and hands
+// each to one, so that the first element that does not decode is named
+// exactly.
+func eachLoose[T any](raw json.RawMessage, p *path, one func(*T, json.RawMessage, *path) error) error {
 	for i, elem := range splitArray(raw) {
 		ep := p.index(i)
 		if firstByte(elem) != '{' {
 			return errType(&ep, "an object", elem)
 		}
-		var it responsesItem
-		if err := json.Unmarshal(elem, &it); err != nil {
+		var x T
+		if err := json.Unmarshal(elem, &x); err != nil {
 			return decodeError(err, elem, &ep)
 		}
-		if err := b.responsesItem(&it, elem, &ep); err != nil {
+		if err := one(&x, elem, &ep); err != nil {
 			return err
 		}
 	}
@@ -235,45 +239,17 @@ func (b *builder) responsesContent(raw json.RawMessage, p *path) error {
 }
 
 func (b *builder) responsesParts(raw json.RawMessage, p *path) error {
-	var parts []responsesPart
-	if json.Unmarshal(raw, &parts) != nil {
-		return b.responsesPartsLoose(raw, p)
-	}
-	var elems []json.RawMessage
-	for j := range parts {
-		if t := parts[j].Type; t != nil && !knownChatType(*t) && *t != "input_file" && *t != "reasoning_text" && *t != "summary_text" {
-			elems = splitArray(raw)
-			break
-		}
-	}
-	for j := range parts {
-		var elem json.RawMessage
-		if j < len(elems) {
-			elem = elems[j]
-		}
-		pp := p.index(j)
-		if err := b.responsesPart(&parts[j], elem, &pp); err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachTyped(raw, p, func(rp *responsesPart) *string { return rp.Type }, knownResponsesPartType, b.responsesPart, b.responsesPartsLoose)
+}
+
+// knownResponsesPartType is true for the part types responsesPart handles
+// itself: chat's, and the Responses API's own.
+func knownResponsesPartType(t string) bool {
+	return knownChatType(t) || t == "input_file" || t == "reasoning_text" || t == "summary_text"
 }
 
 func (b *builder) responsesPartsLoose(raw json.RawMessage, p *path) error {
-	for j, elem := range splitArray(raw) {
-		pp := p.index(j)
-		if firstByte(elem) != '{' {
-			return errType(&pp, "an object", elem)
-		}
-		var rp responsesPart
-		if err := json.Unmarshal(elem, &rp); err != nil {
-			return decodeError(err, elem, &pp)
-		}
-		if err := b.responsesPart(&rp, elem, &pp); err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachLoose(raw, p, b.responsesPart)
 }
 
 // responsesPart appends one content part; elem is its JSON, needed only

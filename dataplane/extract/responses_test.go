@@ -17,7 +17,7 @@ func TestResponsesEndpoint(t *testing.T) {
 }
 
 func TestResponsesKey(t *testing.T) {
-	for _, tc := range []struct{ name, body, want string }{
+	checkKeys(t, Responses, []keyCase{
 		{"string input", `{"model":"m","input":"hi"}`, "user" + US + "hi" + RS},
 		{"instructions", `{"instructions":"be terse","input":"hi"}`, "system" + US + "be terse" + RS + "user" + US + "hi" + RS},
 		{"easy message list", `{"input":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}`,
@@ -29,13 +29,7 @@ func TestResponsesKey(t *testing.T) {
 		{"reasoning summary", `{"input":[{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"thought"}]}]}`,
 			"reasoning" + US + NUL + "think:thought" + RS},
 		{"no input", `{"previous_response_id":"resp_1"}`, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := key(t, Responses, tc.body); got != tc.want {
-				t.Fatalf("key = %q, want %q", got, tc.want)
-			}
-		})
-	}
+	})
 }
 
 // A string input routes like the same chat user message: vLLM renders both

@@ -132,18 +132,9 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.Metrics.SetHealthy(w.URL, true)
 		a.Metrics.SetBreaker(w.URL, "closed")
 	}
-	po := ProxyOptions(cfg, router.Traced(a.Tracer, a.Router), a.Break, a.Metrics, log)
-	po.Models, po.Tracer = a.Models, a.Tracer
-	if err := applyAuth(&po, cfg); err != nil {
+	if a.Proxy, a.HTTP, a.MetricsHTTP, err = newFront(cfg, a.Router, a.Break, a.Metrics, a.Models, a.Tracer, log); err != nil {
 		return nil, err
 	}
-	a.Proxy = proxy.New(po)
-	srv, err := HTTPServer(cfg, a.Tracer.Handler(a.Proxy), log)
-	if err != nil {
-		return nil, err
-	}
-	a.HTTP = srv
-	a.MetricsHTTP = MetricsServer(cfg, a.Metrics, log)
 	if len(kvtruth.SourcesFrom(cfg)) > 0 {
 		a.kvMetrics = kvtruth.NewMetrics(a.Metrics.Registry)
 	}
@@ -204,13 +195,8 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 	a.mu.Lock()
 	cfg := a.cfg
 	a.mu.Unlock()
-	if err := CheckExposure(cfg, ln.Addr(), a.log); err != nil {
-		_ = ln.Close()
-		return err
-	}
-	mln, err := listenMetrics(a.MetricsHTTP)
+	mln, err := openMetrics(cfg, ln, a.MetricsHTTP, a.log)
 	if err != nil {
-		_ = ln.Close()
 		return err
 	}
 	if a.kvMetrics != nil {
@@ -222,22 +208,15 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 		}
 		defer kv.Close()
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() { defer wg.Done(); serveMetrics(ctx, a.MetricsHTTP, mln, a.log) }()
-	go func() { defer wg.Done(); a.Health.Run(ctx) }()
-	go func() { defer wg.Done(); a.Router.Run(ctx, config.Seconds(cfg.Cache.EvictionIntervalSecs)) }()
+	tasks := []func(context.Context){
+		a.Health.Run,
+		func(ctx context.Context) { a.Router.Run(ctx, config.Seconds(cfg.Cache.EvictionIntervalSecs)) },
+	}
 	for _, w := range a.watchers {
-		wg.Add(1)
-		go func() { defer wg.Done(); w.Run(ctx) }()
+		tasks = append(tasks, w.Run)
 	}
 	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers))
-	err = Serve(ctx, a.HTTP, ln, config.Seconds(cfg.Server.ShutdownGraceSecs))
-	cancel()
-	wg.Wait()
-	return err
+	return serveAlongside(ctx, a.HTTP, ln, config.Seconds(cfg.Server.ShutdownGraceSecs), a.MetricsHTTP, mln, a.log, tasks...)
 }
 
 // Reload re-reads the config files. Only the worker list may change; any

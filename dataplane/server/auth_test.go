@@ -61,21 +61,8 @@ func (k *keyedReplica) requests() []string {
 
 func post(t *testing.T, url, body string, hdr ...string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	resp, b, _ := testkit.PostJSON(t, url, body, hdr...)
+	return resp.StatusCode, b
 }
 
 // TestAllInOneClientAndWorkerKeysFromConfig: client keys and worker keys

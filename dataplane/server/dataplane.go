@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync"
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/models"
@@ -103,18 +102,9 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client, opt
 		d.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()
 		log.Warn("circuit breaker", "worker", t.Worker, "from", t.From.String(), "to", t.To.String())
 	})
-	po := ProxyOptions(cfg, router.Traced(d.Tracer, d.Router), d.Break, d.Metrics, log)
-	po.Models, po.Tracer = d.Models, d.Tracer
-	if err := applyAuth(&po, cfg); err != nil {
+	if d.Proxy, d.HTTP, d.MetricsHTTP, err = newFront(cfg, d.Router, d.Break, d.Metrics, d.Models, d.Tracer, log); err != nil {
 		return nil, err
 	}
-	d.Proxy = proxy.New(po)
-	srv, err := HTTPServer(cfg, d.Tracer.Handler(d.Proxy), log)
-	if err != nil {
-		return nil, err
-	}
-	d.HTTP = srv
-	d.MetricsHTTP = MetricsServer(cfg, d.Metrics, log)
 	return d, nil
 }
 
@@ -123,24 +113,10 @@ func (d *DataPlane) Run(ctx context.Context, ln net.Listener) error {
 	if d.ownTracer {
 		defer closeTracer(d.Tracer, d.log)
 	}
-	if err := CheckExposure(d.cfg, ln.Addr(), d.log); err != nil {
-		_ = ln.Close()
-		return err
-	}
-	mln, err := listenMetrics(d.MetricsHTTP)
+	mln, err := openMetrics(d.cfg, ln, d.MetricsHTTP, d.log)
 	if err != nil {
-		_ = ln.Close()
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); serveMetrics(ctx, d.MetricsHTTP, mln, d.log) }()
-	go func() { defer wg.Done(); d.Router.Run(ctx) }()
 	d.log.Info("cart data plane listening", "addr", ln.Addr().String(), "control_plane", d.cfg.DataPlane.ControlPlane)
-	err = Serve(ctx, d.HTTP, ln, config.Seconds(d.cfg.Server.ShutdownGraceSecs))
-	cancel()
-	wg.Wait()
-	return err
+	return serveAlongside(ctx, d.HTTP, ln, config.Seconds(d.cfg.Server.ShutdownGraceSecs), d.MetricsHTTP, mln, d.log, d.Router.Run)
 }

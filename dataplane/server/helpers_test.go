@@ -23,15 +23,15 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/server"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		// zmq4 v0.17.0 leaves one idle writer per closed PUB socket (the
-		// simulated engines' KV event publishers; see package kvevents).
-		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+		// The simulated engines' KV event publishers.
+		testkit.IgnoreZMQPubWriter)
 }
 
 // baseYAML is the part of the config every test shares: loopback only, no
@@ -208,16 +208,11 @@ func chatBody(system, user string, stream bool, maxTokens int) string {
 // the body.
 func chat(t *testing.T, base, body string) (int, string, string) {
 	t.Helper()
-	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	resp, b, err := testkit.PostJSON(t, base+"/v1/chat/completions", body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, resp.Header.Get(proxy.HeaderRoutedPeer), string(b)
+	return resp.StatusCode, resp.Header.Get(proxy.HeaderRoutedPeer), b
 }
 
 func getJSON(t *testing.T, url string, v any) int {

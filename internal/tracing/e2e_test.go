@@ -90,20 +90,8 @@ func newTraceparent() (traceID, parent string) {
 func post(t *testing.T, base, traceparent string) (int, string) {
 	t.Helper()
 	body := `{"model":"m","messages":[{"role":"system","content":"You are a tracing test."},{"role":"user","content":"hello"}]}`
-	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Traceparent", traceparent)
-	req.Header.Set("Tracestate", "client=1")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	resp, b, _ := testkit.PostJSON(t, base+"/v1/chat/completions", body, "Traceparent", traceparent, "Tracestate", "client=1")
+	return resp.StatusCode, b
 }
 
 func inTrace(rec *tracetest.SpanRecorder, traceID string) []sdktrace.ReadOnlySpan {

@@ -1,0 +1,31 @@
+package testkit
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// PostJSON posts body to url as JSON, with the header pairs hdr (name,
+// value, name, value, ...), and returns the response, its body (read and
+// closed) and the error that cut reading it short, if any: a test of a
+// cut connection may expect one.
+func PostJSON(t testing.TB, url, body string, hdr ...string) (*http.Response, string, error) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp, string(b), err
+}

@@ -1,0 +1,90 @@
+package sim
+
+import (
+	"context"
+	"net/http"
+)
+
+// reply is how one API shapes a generated answer. Admission, the usage
+// headers and the pacing of tokens are the same for every API and live in
+// serveGeneration.
+type reply struct {
+	// whole is the body of a non-streamed answer holding all of out.
+	whole func(out string) any
+	// open sends what a stream carries before its first token; nil when
+	// nothing does.
+	open func(sw *sseWriter) error
+	// token sends one generated token.
+	token func(sw *sseWriter, tok string) error
+	// close sends what follows the last token.
+	close func(sw *sseWriter) error
+}
+
+// serveGeneration serves one generation request: it decodes the body into
+// req, lets prepare check it and make the job, admits the job and answers
+// in the shape answer gives. answer runs once the job is admitted, so ids
+// and creation times date from the start of generation, not from arrival.
+func (s *Server) serveGeneration(ctx context.Context, w http.ResponseWriter, r *http.Request, style apiStyle, req any,
+	prepare func() (*job, *apiError), answer func(j *job) reply) error {
+	if ok, err := decodeRequest(ctx, w, r, style, req); !ok {
+		return err
+	}
+	j, aerr := prepare()
+	if aerr != nil {
+		aerr.write(w, style)
+		return nil
+	}
+
+	done, err := s.admit(ctx, j)
+	if err != nil {
+		return err
+	}
+	defer done()
+	setUsageHeaders(w, j)
+
+	rp := answer(j)
+	text := newFillerText(s.textSeed(j))
+	dec := s.newDecoder(ctx)
+	if !j.stream {
+		out, err := dec.generate(text, j.maxTokens)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, rp.whole(out))
+		return nil
+	}
+
+	sw, err := startSSE(w)
+	if err != nil {
+		return err
+	}
+	if rp.open != nil {
+		if err := rp.open(sw); err != nil {
+			return err
+		}
+	}
+	for range j.maxTokens {
+		if err := dec.step(); err != nil {
+			return err
+		}
+		if err := rp.token(sw, text.next()); err != nil {
+			return err
+		}
+	}
+	return rp.close(sw)
+}
+
+// decodeRequest decodes the request body into v. When the body is not
+// acceptable it answers the client in style and returns false with a nil
+// error; a non-nil error means the client left or the replica stopped.
+func decodeRequest(ctx context.Context, w http.ResponseWriter, r *http.Request, style apiStyle, v any) (bool, error) {
+	aerr, err := readJSON(ctx, w, r, v)
+	if err != nil {
+		return false, err
+	}
+	if aerr != nil {
+		aerr.write(w, style)
+		return false, nil
+	}
+	return true, nil
+}
