@@ -66,7 +66,7 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	}
 	now := c.o.Now()
 	d, err := c.dec.RouteFor(ctx, decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId()}, decider.Request{
-		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, DryRun: m.GetDryRun(), Session: session},
+		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, Avoid: m.GetAvoidWorkers(), DryRun: m.GetDryRun(), Session: session},
 		PinTo:   c.pinnedWorker(m.GetResponseIdHash(), now),
 	})
 	if err != nil {
@@ -89,6 +89,7 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		LeaderId:       id,
 		LeaderUrl:      c.o.APIURL, // this node's own, as published by ensureMember
 		Pinned:         d.Pinned,
+		AvoidIgnored:   d.AvoidIgnored,
 	}), nil
 }
 

@@ -236,7 +236,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		rctx, cancel := context.WithTimeout(ctx, r.o.RouteTimeout)
 		resp, err := r.client(target).Route(rctx, connect.NewRequest(&cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: req.Hashes, KeyLength: uint32(req.KeyLen),
-			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
+			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, AvoidWorkers: req.Avoid, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID),
 		}))
 		cancel()
@@ -267,6 +267,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				MatchedRatio: m.GetMatchedRatio(), Candidate: m.GetCandidate(), ChosenChars: int(m.GetChosenChars()),
 				Latency: time.Since(start), FromLeader: m.GetFromLeader(),
 				Ticket: router.Ticket{ID: m.GetTicket(), Worker: m.GetWorker()}, Pinned: m.GetPinned(),
+				AvoidIgnored: m.GetAvoidIgnored(),
 			}, nil
 		}
 		if req.ResponseID != "" && connect.CodeOf(err) == connect.CodeFailedPrecondition {
@@ -359,17 +360,45 @@ func (u *unavailable) Unwrap() []error { return []error{u.err, router.ErrUnavail
 // in-flight counts, breaking ties at random so that data planes falling
 // back together do not stampede onto one replica; or, when the shadow
 // index remembers a good enough prefix match on a worker that is not
-// overloaded by the control plane's balance rule, that worker.
+// overloaded by the control plane's balance rule, that worker. Avoided
+// workers are kept out as the leader would: unless nobody else is usable.
 func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var best string
-	bestLoad, ties := 0, 0
-	known := 0
-	var usable []usableWorker
+	best, bestLoad, usable, known := r.leastLoaded(req.Exclude, req.Avoid)
+	avoidIgnored := false
+	if best == "" && len(req.Avoid) > 0 {
+		best, bestLoad, usable, _ = r.leastLoaded(req.Exclude, nil)
+		avoidIgnored = best != ""
+	}
+	if best == "" {
+		msg := "no usable worker known to this data plane (control plane unreachable)"
+		if known == 0 {
+			msg = "no workers configured"
+		}
+		return router.Decision{}, &unavailable{connect.NewError(connect.CodeResourceExhausted, errors.New(msg))}
+	}
+	d := router.Decision{Reason: ReasonFallbackLocal, AvoidIgnored: avoidIgnored}
+	if c, chars := r.shadow.pick(req.Hashes, req.KeyLen, r.o.BlockChars, usable, best, bestLoad); c != "" {
+		best, d.Candidate, d.MatchedChars, d.ChosenChars = c, c, chars, chars
+		d.MatchedRatio = float64(chars) / float64(req.KeyLen)
+	}
+	d.Worker, d.Ticket = best, router.Ticket{Worker: best} // no control-plane ticket
+	if !req.DryRun {
+		r.local[best]++
+		r.fallbacks++
+	}
+	return d, nil
+}
+
+// leastLoaded returns the least-loaded usable worker outside exclude and
+// avoid ("" when none), its effective load, the usable workers for the
+// shadow (nil when it is off) and how many workers are known. r.mu held.
+func (r *Router) leastLoaded(exclude, avoid []string) (best string, bestLoad int, usable []usableWorker, known int) {
+	ties := 0
 	for _, w := range r.workers {
 		known++
-		if !w.Healthy || w.Draining || contains(req.Exclude, w.URL) {
+		if !w.Healthy || w.Draining || contains(exclude, w.URL) || contains(avoid, w.URL) {
 			continue
 		}
 		load := r.local[w.URL]
@@ -390,24 +419,7 @@ func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 			}
 		}
 	}
-	if best == "" {
-		msg := "no usable worker known to this data plane (control plane unreachable)"
-		if known == 0 {
-			msg = "no workers configured"
-		}
-		return router.Decision{}, &unavailable{connect.NewError(connect.CodeResourceExhausted, errors.New(msg))}
-	}
-	d := router.Decision{Reason: ReasonFallbackLocal}
-	if c, chars := r.shadow.pick(req.Hashes, req.KeyLen, r.o.BlockChars, usable, best, bestLoad); c != "" {
-		best, d.Candidate, d.MatchedChars, d.ChosenChars = c, c, chars, chars
-		d.MatchedRatio = float64(chars) / float64(req.KeyLen)
-	}
-	d.Worker, d.Ticket = best, router.Ticket{Worker: best} // no control-plane ticket
-	if !req.DryRun {
-		r.local[best]++
-		r.fallbacks++
-	}
-	return d, nil
+	return best, bestLoad, usable, known
 }
 
 func contains(list []string, s string) bool {

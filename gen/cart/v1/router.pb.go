@@ -57,8 +57,12 @@ type RouteRequest struct {
 	// is the only candidate (pinned is set in the answer); when that worker
 	// left the pool the call fails with NOT_FOUND.
 	ResponseIdHash uint64 `protobuf:"fixed64,12,opt,name=response_id_hash,json=responseIdHash,proto3" json:"response_id_hash,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Worker URLs to keep out unless that leaves no usable worker (the data
+	// plane's open circuit breakers): then they are ignored, the decision
+	// is a trial request, and the answer's avoid_ignored says so.
+	AvoidWorkers  []string `protobuf:"bytes,13,rep,name=avoid_workers,json=avoidWorkers,proto3" json:"avoid_workers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteRequest) Reset() {
@@ -175,6 +179,13 @@ func (x *RouteRequest) GetResponseIdHash() uint64 {
 	return 0
 }
 
+func (x *RouteRequest) GetAvoidWorkers() []string {
+	if x != nil {
+		return x.AvoidWorkers
+	}
+	return nil
+}
+
 type RouteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// URL of the chosen worker.
@@ -214,7 +225,9 @@ type RouteResponse struct {
 	// API URL of the leader that decided. A data plane whose call a
 	// follower forwarded switches to it for its next call, instead of
 	// paying the forwarding hop until its next Sync.
-	LeaderUrl     string `protobuf:"bytes,12,opt,name=leader_url,json=leaderUrl,proto3" json:"leader_url,omitempty"`
+	LeaderUrl string `protobuf:"bytes,12,opt,name=leader_url,json=leaderUrl,proto3" json:"leader_url,omitempty"`
+	// Every usable worker was in avoid_workers, so the list was ignored.
+	AvoidIgnored  bool `protobuf:"varint,13,opt,name=avoid_ignored,json=avoidIgnored,proto3" json:"avoid_ignored,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -331,6 +344,13 @@ func (x *RouteResponse) GetLeaderUrl() string {
 		return x.LeaderUrl
 	}
 	return ""
+}
+
+func (x *RouteResponse) GetAvoidIgnored() bool {
+	if x != nil {
+		return x.AvoidIgnored
+	}
+	return false
 }
 
 type Completion struct {
@@ -1114,7 +1134,7 @@ var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x14cart/v1/router.proto\x12\acart.v1\"\x80\x03\n" +
+	"\x14cart/v1/router.proto\x12\acart.v1\"\xa5\x03\n" +
 	"\fRouteRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
@@ -1131,7 +1151,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"request_id\x18\n" +
 	" \x01(\tR\trequestId\x12\x19\n" +
 	"\broute_id\x18\v \x01(\x04R\arouteId\x12(\n" +
-	"\x10response_id_hash\x18\f \x01(\x06R\x0eresponseIdHash\"\x80\x03\n" +
+	"\x10response_id_hash\x18\f \x01(\x06R\x0eresponseIdHash\x12#\n" +
+	"\ravoid_workers\x18\r \x03(\tR\favoidWorkers\"\xa5\x03\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -1147,7 +1168,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	" \x01(\tR\bleaderId\x12\x16\n" +
 	"\x06pinned\x18\v \x01(\bR\x06pinned\x12\x1d\n" +
 	"\n" +
-	"leader_url\x18\f \x01(\tR\tleaderUrl\"\xdd\x01\n" +
+	"leader_url\x18\f \x01(\tR\tleaderUrl\x12#\n" +
+	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\"\xdd\x01\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +
