@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -188,8 +189,8 @@ type streamer struct {
 	maxInFlight int
 	kick        chan struct{} // the target may have changed
 
-	mu  sync.Mutex
-	cur *routeStream
+	// cur is the live stream, if any; read on every call, hence atomic.
+	cur atomic.Pointer[routeStream]
 
 	open      prometheus.GaugeFunc
 	fallbacks *prometheus.CounterVec
@@ -217,9 +218,7 @@ func (s *streamer) live(target string) *routeStream {
 	if s == nil {
 		return nil
 	}
-	s.mu.Lock()
-	cur := s.cur
-	s.mu.Unlock()
+	cur := s.cur.Load()
 	if cur == nil || target != "" && cur.target != target {
 		return nil
 	}
@@ -281,17 +280,11 @@ func (s *streamer) run(ctx context.Context) {
 			continue
 		}
 		redirected = false
-		s.mu.Lock()
-		s.cur = st
-		s.mu.Unlock()
+		s.cur.Store(st)
 		s.hold(ctx, st)
+		s.cur.CompareAndSwap(st, nil)
 		st.fail(errors.New("stream closed"))
 		<-recvDone
-		s.mu.Lock()
-		if s.cur == st {
-			s.cur = nil
-		}
-		s.mu.Unlock()
 		if time.Since(st.opened) >= streamStable {
 			backoff = streamBackoffMin
 		}

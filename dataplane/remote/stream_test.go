@@ -237,7 +237,8 @@ func TestStreamBrokenMidFlight(t *testing.T) {
 }
 
 // A stream opened on a follower is refused with the leader's URL, and the
-// data plane opens it on the leader.
+// data plane opens it on the leader; when leadership moves, the stream
+// follows it.
 func TestStreamFollowerRedirectsToLeader(t *testing.T) {
 	nodes := newCPCluster(t, service.HandoverOptions{})
 	ld := cpLeader(nodes)
@@ -255,6 +256,13 @@ func TestStreamFollowerRedirectsToLeader(t *testing.T) {
 	if err != nil || !d.FromLeader {
 		t.Fatalf("route: %+v %v", d, err)
 	}
+	// The leader hands over: its stream ends naming the successor, and the
+	// data plane reopens it there.
+	if _, err := ld.node.TransferLeadership(context.Background(), ""); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 10*time.Second, "a new leader", func() bool { n := cpLeader(nodes); return n != nil && n != ld })
+	streamLive(t, r, cpLeader(nodes).url)
 }
 
 // The stream passes the same authentication as the unary calls: without
