@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	dto "github.com/prometheus/client_model/go"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -40,6 +41,10 @@ func TestStreamCalls(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true})
 	cp.addWorkers(t, w1, w2)
 	st := openStream(t, cp)
+	var open dto.Metric
+	if err := cp.core.metrics.streams.Write(&open); err != nil || open.GetGauge().GetValue() != 1 {
+		t.Fatalf("cart_cp_route_streams_open = %v (%v) with one stream open", open.GetGauge().GetValue(), err)
+	}
 	send := func(m *cartv1.StreamRequest) *cartv1.StreamResponse {
 		t.Helper()
 		if err := st.Send(m); err != nil {

@@ -333,6 +333,11 @@ func cpOutcome(ctx context.Context, err error) int {
 		return cpAnswered
 	case ctx.Err() != nil:
 		return cpUnknown // the client left: says nothing of the control plane
+	case errors.Is(err, errStreamBroken):
+		// Every call in flight fails together when a stream breaks, also
+		// when the leader merely stepped down: one event, not a run of
+		// failures. Calls to a leader that is really gone fail on their own.
+		return cpUnknown
 	}
 	switch connect.CodeOf(err) {
 	case connect.CodeResourceExhausted, connect.CodeNotFound, connect.CodeFailedPrecondition:

@@ -197,7 +197,7 @@ func TestStreamHTTP1OnlyFallsBackToUnary(t *testing.T) {
 }
 
 // Calls in flight on a stream that breaks fail at once (local fallback,
-// not a wait for the route timeout); later calls are answered again (here
+// not a wait for the route timeout, and no breaker verdict); later calls are answered again (here
 // by the unary calls: this leader refuses every stream from then on).
 func TestStreamBrokenMidFlight(t *testing.T) {
 	cp, _ := newStreamCP(t)
@@ -207,7 +207,8 @@ func TestStreamBrokenMidFlight(t *testing.T) {
 		}
 	}
 	var fb fallbacks
-	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, RouteTimeout: time.Minute, OnFallback: fb.on})
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, RouteTimeout: time.Minute, OnFallback: fb.on,
+		RouteBreakerFailures: 1, RouteBreakerCooloff: time.Hour})
 	run(t, r)
 	streamLive(t, r, cp.url)
 	type result struct {
@@ -229,6 +230,11 @@ func TestStreamBrokenMidFlight(t *testing.T) {
 	}
 	if c := fb.list(); len(c) != 1 || c[0] != "unavailable" {
 		t.Fatalf("fallback causes %v, want [unavailable]", c)
+	}
+	// All calls on a stream fail together when it breaks: one event, which
+	// must not open the control-plane breaker (here, at one failure).
+	if r.cpb.isOpen() {
+		t.Fatal("a broken stream opened the control-plane breaker")
 	}
 	testkit.WaitFor(t, 10*time.Second, "an answer from the leader after the break", func() bool {
 		d, err := r.Route(context.Background(), &router.Request{ID: "after", DryRun: true})
