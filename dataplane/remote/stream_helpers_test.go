@@ -77,7 +77,7 @@ type oneNodeCP struct {
 func newOneNodeCP(t testing.TB, auth service.AuthOptions) *oneNodeCP {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	addr, trans := raft.NewInmemTransport("")
+	_, trans := raft.NewInmemTransport("")
 	dec := decider.New(decider.Options{Policy: engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 4, BalanceRelThreshold: 1.5, BlockChars: 64},
 		MaxEntries: 1 << 16, Rand: rand.New(rand.NewPCG(1, 2)), LoadLease: 5 * time.Second})
 	st := state.New(dec)
@@ -101,7 +101,6 @@ func newOneNodeCP(t testing.TB, auth service.AuthOptions) *oneNodeCP {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = addr
 	x.core.SetNode(nd)
 	t.Cleanup(func() {
 		if err := nd.Shutdown(); err != nil {
