@@ -541,6 +541,11 @@ type DataPlane struct {
 	// stop Route calls for RouteBreakerCooloffMs (0 disables the breaker).
 	RouteBreakerFailures  int `yaml:"route_breaker_failures"`
 	RouteBreakerCooloffMs int `yaml:"route_breaker_cooloff_ms"`
+	// RouteStream carries Route, Complete and Sync on one long-lived
+	// stream to the leader, with the unary calls as the fallback;
+	// RouteStreamMaxInFlight bounds the calls in flight on it.
+	RouteStream            bool `yaml:"route_stream"`
+	RouteStreamMaxInFlight int  `yaml:"route_stream_max_in_flight"`
 }
 
 // Default returns a new Config with every default filled in. Each call
@@ -631,11 +636,13 @@ func Default() *Config {
 			SlowLeaderHandover:     SlowLeaderHandover{Enabled: false, ThresholdMs: 15, WindowSecs: 3, MinIntervalSecs: 60},
 		},
 		DataPlane: DataPlane{
-			RouteTimeoutMs:        20,
-			ReportIntervalMs:      10,
-			WorkerSyncIntervalMs:  500,
-			RouteBreakerFailures:  5,
-			RouteBreakerCooloffMs: 1000,
+			RouteTimeoutMs:         20,
+			ReportIntervalMs:       10,
+			WorkerSyncIntervalMs:   500,
+			RouteBreakerFailures:   5,
+			RouteBreakerCooloffMs:  1000,
+			RouteStream:            true,
+			RouteStreamMaxInFlight: 128,
 		},
 		KVEvents: KVEvents{ReplayTimeoutMs: 2000},
 		Discovery: Discovery{

@@ -431,3 +431,23 @@ func TestRouteBreakerZeroDisables(t *testing.T) {
 		t.Fatalf("0 (disabled) refused: %v", err)
 	}
 }
+
+// The Route stream is on by default, can be turned off, and its in-flight
+// bound is checked.
+func TestRouteStreamKeys(t *testing.T) {
+	c := mustLoad(t, "dataplane:\n  route_timeout_ms: 20\n")
+	if !c.DataPlane.RouteStream || c.DataPlane.RouteStreamMaxInFlight != 128 {
+		t.Fatalf("defaults: route_stream %v, max in flight %d", c.DataPlane.RouteStream, c.DataPlane.RouteStreamMaxInFlight)
+	}
+	c = mustLoad(t, "workers:\n  - url: http://w1:8000\ndataplane:\n  route_stream: false\n  route_stream_max_in_flight: 257\n")
+	if c.DataPlane.RouteStream {
+		t.Fatal("route_stream: false loaded as true")
+	}
+	if err := c.Validate(RoleAllInOne); err == nil || !strings.Contains(err.Error(), "dataplane.route_stream_max_in_flight") {
+		t.Fatalf("route_stream_max_in_flight 257: %v", err)
+	}
+	c.DataPlane.RouteStreamMaxInFlight = 256
+	if err := c.Validate(RoleAllInOne); err != nil {
+		t.Fatalf("256 refused: %v", err)
+	}
+}

@@ -625,6 +625,7 @@ func (v *validator) dataPlane(role Role) {
 	v.intAtLeast("dataplane.worker_sync_interval_ms", int64(dp.WorkerSyncIntervalMs), 50)
 	v.intRange("dataplane.route_breaker_failures", int64(dp.RouteBreakerFailures), 0, 1000)
 	v.intRange("dataplane.route_breaker_cooloff_ms", int64(dp.RouteBreakerCooloffMs), 1, 600000)
+	v.intRange("dataplane.route_stream_max_in_flight", int64(dp.RouteStreamMaxInFlight), 1, 256)
 	v.keyPair("dataplane.tls", dp.ClientTLS.CertFile, dp.ClientTLS.KeyFile)
 }
 

@@ -239,6 +239,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 	protos.SetHTTP2(true)
 	protos.SetUnencryptedHTTP2(true)
 	api.Protocols = &protos
+	// Data planes' Route streams never end on their own: a graceful
+	// shutdown ends them rather than waiting out its deadline.
+	api.RegisterOnShutdown(d.Core.CloseStreams)
 	if cfg.Server.TLS.Enabled() {
 		if api.TLSConfig, err = cfg.Server.TLS.ServerConfig(); err != nil {
 			_ = node.Shutdown()

@@ -98,6 +98,12 @@ type Request struct {
 	// Exclude lists worker URLs this request must not go to: replicas that
 	// already failed it, or whose circuit breaker is open at the caller.
 	Exclude []string
+	// Avoid lists worker URLs to keep out unless that leaves no usable
+	// worker (a caller's open circuit breakers): then they are ignored and
+	// Decision.AvoidIgnored says so. Refusing every client would be worse
+	// than a trial request to a replica that may have recovered, and
+	// deciding it here costs the caller one decision instead of two.
+	Avoid []string
 	// DryRun decides without taking load or recording a placement.
 	DryRun bool
 	// Session is the request's session key ("" = none).
@@ -124,6 +130,9 @@ type Decision struct {
 	// PlacedAgo is how long ago (nanoseconds) the chosen worker was sent
 	// the predicted prefix; -1 when nothing was predicted.
 	PlacedAgo int64
+	// AvoidIgnored: every usable worker was in Request.Avoid, so the
+	// decision ignored the list (the request is a trial).
+	AvoidIgnored bool
 }
 
 // MaxRouteBlocks bounds the blocks one decision matches and records: 64k
@@ -293,12 +302,21 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 	if len(req.Hashes) > MaxRouteBlocks {
 		req.Hashes = req.Hashes[:MaxRouteBlocks]
 	}
-	if err := e.collectUsable(req.Exclude); err != nil {
-		return Decision{}, err
+	avoidIgnored := false
+	if err := e.collectUsable(req.Exclude, req.Avoid); err != nil {
+		if len(req.Avoid) == 0 {
+			return Decision{}, err
+		}
+		// The avoid list is soft, so the error, if any, is the one of
+		// the request without it (saturated, not "all excluded").
+		if err := e.collectUsable(req.Exclude, nil); err != nil {
+			return Decision{}, err
+		}
+		avoidIgnored = true
 	}
 	least := e.leastLoaded()
 
-	d := Decision{PlacedAgo: -1}
+	d := Decision{PlacedAgo: -1, AvoidIgnored: avoidIgnored}
 	var chosen *worker
 	var chosenBlocks int
 	if req.KeyLen == 0 || len(req.Hashes) == 0 {
@@ -363,7 +381,9 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 	return d, nil
 }
 
-func (e *Engine) collectUsable(exclude []string) error {
+// collectUsable fills e.usable with the healthy, not draining, not
+// saturated workers in neither exclude nor avoid.
+func (e *Engine) collectUsable(exclude, avoid []string) error {
 	e.usable = e.usable[:0]
 	if len(e.workers) == 0 {
 		return ErrNoWorkers
@@ -376,7 +396,7 @@ func (e *Engine) collectUsable(exclude []string) error {
 			continue
 		}
 		healthy++
-		if contains(exclude, w.spec.URL) {
+		if contains(exclude, w.spec.URL) || contains(avoid, w.spec.URL) {
 			continue
 		}
 		notExcluded++

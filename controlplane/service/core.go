@@ -85,6 +85,7 @@ type Core struct {
 	fwd      *forwarder
 	metrics  *cpMetrics
 	handover *handover // nil when the slow-leader handover is off
+	streams  streamScope
 
 	ready      chan struct{} // closed by SetNode; leadership waits for it
 	lifeMu     sync.Mutex    // serialises leadership transitions
@@ -111,6 +112,7 @@ func New(o Options, dec *decider.Decider, st *state.State) *Core {
 		}
 	})
 	c.ready = make(chan struct{})
+	c.streams.init()
 	// The batcher and the state's own-batch check exist before the Raft
 	// node starts applying entries; SetNode only supplies the node.
 	c.batch = newBatcher(nil, o.PlacementBatch, o.PlacementMax, c.log, dec)
@@ -148,6 +150,9 @@ func (c *Core) OnLeadership(leader bool) {
 	}
 	// Load, health and tickets are soft state: a new term starts clean.
 	c.dec.Lead(leader)
+	// Streams opened in the old term end, so their data planes reconnect
+	// to whoever leads now.
+	c.streams.leading(leader)
 	if !leader {
 		c.log.Info("control plane: follower", "node", c.o.NodeID)
 		return

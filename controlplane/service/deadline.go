@@ -4,6 +4,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // BodyReadDeadline bounds the time to receive each request body: a caller
@@ -12,12 +14,17 @@ import (
 // once the body has been read, so a slow handler is never cut off by it,
 // and it applies per request (per stream under HTTP/2), unlike
 // http.Server.ReadTimeout, which for HTTP/1 also runs during the handler.
+//
+// A data plane's Route stream (RouterService.Stream) is exempt: its body
+// is a stream of small messages that lasts as long as the data plane, so
+// any deadline would cut it off. Its callers are authenticated before the
+// body is read, and each message is bounded by MaxMessageBytes.
 func BodyReadDeadline(next http.Handler, d time.Duration) http.Handler {
 	if d <= 0 {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Body != nil && r.Body != http.NoBody {
+		if r.Body != nil && r.URL.Path != cartv1connect.RouterServiceStreamProcedure && r.Body != http.NoBody {
 			rc := http.NewResponseController(w)
 			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
 				b := &deadlineBody{ReadCloser: r.Body, rc: rc}

@@ -18,6 +18,8 @@ type cpMetrics struct {
 	routeTime prometheus.Histogram
 	// forwarded counts calls this node passed on to the leader.
 	forwarded *prometheus.CounterVec
+	// streams counts open RouterService.Stream calls (leader only).
+	streams prometheus.Gauge
 }
 
 func newCPMetrics(c *Core) *cpMetrics {
@@ -28,7 +30,9 @@ func newCPMetrics(c *Core) *cpMetrics {
 		Buckets: []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 5e-2, 0.25, 1}})
 	m.forwarded = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_forwarded_total",
 		Help: "Calls this node forwarded to the leader because it is a follower, by procedure. Route calls here mean data planes are not yet calling the leader directly."}, []string{"procedure"})
-	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded)
+	m.streams = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cart_cp_route_streams_open",
+		Help: "Data planes' Route streams (RouterService.Stream) open on this node; only the leader serves them."})
+	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded, m.streams)
 	// The decider counts drops; exported here under the control plane's name.
 	for _, cause := range decider.DropCauses {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_tickets_dropped_total",

@@ -34,8 +34,16 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Route); done {
 		return resp, err
 	}
+	resp, err := c.route(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// route is the leader's Route, for the unary call and the stream.
+func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest) (*cartv1.RouteResponse, error) {
 	start := time.Now()
-	m := req.Msg
 	hashes, keyLen := m.GetBlockHashes(), int(m.GetKeyLength())
 	if text := m.GetText(); len(hashes) == 0 && text != "" {
 		keyLen = len(text)
@@ -66,7 +74,7 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	}
 	now := c.o.Now()
 	d, err := c.dec.RouteFor(ctx, decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId()}, decider.Request{
-		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, DryRun: m.GetDryRun(), Session: session},
+		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, Avoid: m.GetAvoidWorkers(), DryRun: m.GetDryRun(), Session: session},
 		PinTo:   c.pinnedWorker(m.GetResponseIdHash(), now),
 	})
 	if err != nil {
@@ -76,7 +84,7 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	c.metrics.routes.WithLabelValues(string(d.Reason)).Inc()
 	c.metrics.routeTime.Observe(elapsed.Seconds())
 	id, _ := c.node.Leader()
-	return connect.NewResponse(&cartv1.RouteResponse{
+	return &cartv1.RouteResponse{
 		Worker:         d.Worker,
 		Reason:         string(d.Reason),
 		MatchedChars:   uint32(d.MatchedChars),
@@ -89,7 +97,8 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 		LeaderId:       id,
 		LeaderUrl:      c.o.APIURL, // this node's own, as published by ensureMember
 		Pinned:         d.Pinned,
-	}), nil
+		AvoidIgnored:   d.AvoidIgnored,
+	}, nil
 }
 
 // pinnedWorker resolves a request for a stored response: when this leader
@@ -134,10 +143,15 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Complete); done {
 		return resp, err
 	}
+	return connect.NewResponse(c.complete(req.Msg)), nil
+}
+
+// complete is the leader's Complete, for the unary call and the stream.
+func (c *Core) complete(m *cartv1.CompleteRequest) *cartv1.CompleteResponse {
 	now := c.o.Now()
-	dpID := req.Msg.GetDataplaneId()
+	dpID := m.GetDataplaneId()
 	var origins []*cartv1.ResponseOrigin
-	for _, o := range req.Msg.GetResponseOrigins() {
+	for _, o := range m.GetResponseOrigins() {
 		if o.GetIdHash() != 0 && o.GetWorker() != "" {
 			c.responses.Learn(o.GetIdHash(), o.GetWorker(), now)
 			origins = append(origins, &cartv1.ResponseOrigin{IdHash: o.GetIdHash(), Worker: o.GetWorker()})
@@ -147,13 +161,12 @@ func (h *RouterHandler) Complete(ctx context.Context, req *connect.Request[cartv
 		// Replicated with the placements, so a new leader keeps them.
 		c.batch.Origins(origins)
 	}
-	comps := make([]decider.Completion, len(req.Msg.GetCompletions()))
-	for i, comp := range req.Msg.GetCompletions() {
+	comps := make([]decider.Completion, len(m.GetCompletions()))
+	for i, comp := range m.GetCompletions() {
 		comps[i] = decider.Completion{Ticket: comp.GetTicket(), Worker: comp.GetWorker(), Abandoned: comp.GetAbandoned(), RouteID: comp.GetRouteId(),
 			Outcome: decider.Outcome{Delivered: comp.GetDelivered(), PromptTokens: int(comp.GetPromptTokens()), CachedTokens: int(comp.GetCachedTokens())}}
 	}
-	settled := uint32(c.dec.Complete(dpID, comps))
-	return connect.NewResponse(&cartv1.CompleteResponse{Settled: settled}), nil
+	return &cartv1.CompleteResponse{Settled: uint32(c.dec.Complete(dpID, comps))}
 }
 
 // Sync implements RouterService.Sync: the data plane's absolute in-flight
@@ -164,25 +177,34 @@ func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.Sy
 	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Sync); done {
 		return resp, err
 	}
-	c.handover.report(req.Msg, c.o.Now())
-	reported := make(map[string]int, len(req.Msg.GetLoads()))
-	for _, l := range req.Msg.GetLoads() {
+	resp, err := c.sync(req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// sync is the leader's Sync, for the unary call and the stream.
+func (c *Core) sync(m *cartv1.SyncRequest) (*cartv1.SyncResponse, error) {
+	c.handover.report(m, c.o.Now())
+	reported := make(map[string]int, len(m.GetLoads()))
+	for _, l := range m.GetLoads() {
 		reported[l.GetWorker()] = int(l.GetInFlight())
 	}
 	_, version := c.st.Workers()
-	c.dec.SyncLoads(req.Msg.GetDataplaneId(), version, reported, req.Msg.GetFallbacks())
+	c.dec.SyncLoads(m.GetDataplaneId(), version, reported, m.GetFallbacks())
 	resp, err := c.workerList()
 	if err != nil {
 		return nil, err
 	}
 	id, _ := c.node.Leader()
-	return connect.NewResponse(&cartv1.SyncResponse{
+	return &cartv1.SyncResponse{
 		Workers:        resp.Workers,
 		WorkersVersion: resp.WorkersVersion,
 		BlockChars:     uint32(c.o.BlockChars),
 		LeaderId:       id,
 		LeaderUrl:      c.st.Members()[id],
-	}), nil
+	}, nil
 }
 
 // workerList merges the replicated worker set with this node's live

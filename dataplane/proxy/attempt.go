@@ -16,22 +16,19 @@ import (
 )
 
 // begin asks the router, keeping breaker-open workers out unless that
-// would leave nobody: then the open breakers are ignored and a trial
-// request goes through, because refusing every client is worse than
-// probing a replica that may have recovered. The decision comes back as
-// an attempt, which owes the router its one settlement.
+// would leave nobody: they go to the router as its soft avoid list, so a
+// trial request to a replica that may have recovered costs the same one
+// Route call, because refusing every client is worse than probing. The
+// decision comes back as an attempt, which owes the router its one
+// settlement.
 func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
-	base := c.failed
+	exclude := c.failed
 	if c.pin != "" {
-		base = p.pinExclude(c)
+		exclude = p.pinExclude(c)
 	} else if len(c.modelExclude) > 0 {
-		base = append(append(make([]string, 0, len(c.failed)+len(c.modelExclude)), c.failed...), c.modelExclude...)
+		exclude = append(append(make([]string, 0, len(c.failed)+len(c.modelExclude)), c.failed...), c.modelExclude...)
 	}
-	exclude := base
-	if blocked := p.o.Breakers.Blocked(p.o.Now()); len(blocked) > 0 {
-		exclude = append(append(make([]string, 0, len(base)+len(blocked)), base...), blocked...)
-	}
-	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude}
+	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude, Avoid: p.o.Breakers.Blocked(p.o.Now())}
 	if c.pin == "" {
 		req.ResponseID = c.responseID
 	}
@@ -39,12 +36,8 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 		req.Endpoint, req.Hashes, req.KeyLen, req.Session = c.endpoint, c.hashes, c.keyLen, c.session
 	}
 	d, err := p.o.Router.Route(ctx, req)
-	if err != nil && len(exclude) > len(base) && errors.Is(err, router.ErrUnavailable) {
-		req.Exclude = base
-		d, err = p.o.Router.Route(ctx, req)
-		if err == nil {
-			p.log.Warn("every usable worker has an open circuit breaker; sending a trial request anyway", "request_id", c.id, "worker", d.Worker)
-		}
+	if err == nil && d.AvoidIgnored {
+		p.log.Warn("every usable worker has an open circuit breaker; sending a trial request anyway", "request_id", c.id, "worker", d.Worker)
 	}
 	if errors.Is(err, router.ErrResponseGone) {
 		return nil, responseGone(c.responseID, c.responseParam)

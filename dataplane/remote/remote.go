@@ -65,6 +65,12 @@ type Options struct {
 	Now func() time.Time
 	// Interceptors wrap every control-plane call (tracing); nil: none.
 	Interceptors []connect.Interceptor
+	// RouteStream carries Route, Complete and Sync on one long-lived
+	// stream to the leader while one is live (see stream.go); the unary
+	// calls are the fallback. RouteStreamMaxInFlight bounds the calls in
+	// flight on it (0: DefaultStreamInFlight).
+	RouteStream            bool
+	RouteStreamMaxInFlight int
 }
 
 // Router implements router.Router against the control plane.
@@ -99,6 +105,7 @@ type Router struct {
 
 	shadow       *shadow      // nil when disabled
 	cpb          *cpBreaker   // nil when disabled
+	streams      *streamer    // nil when Options.RouteStream is off
 	lastAuthWarn atomic.Int64 // unix nanos of the last rejected-token warning
 }
 
@@ -123,6 +130,9 @@ func New(o Options) *Router {
 		flushNow: make(chan struct{}, 1),
 		shadow:   newShadow(o.Shadow),
 		cpb:      newCPBreaker(o.RouteBreakerFailures, o.RouteBreakerCooloff, o.Now),
+	}
+	if o.RouteStream {
+		r.streams = newStreamer(r, o.RouteStreamMaxInFlight)
 	}
 	// A random start keeps a restarted data plane (same id) from naming
 	// its calls like its predecessor's still-unsettled ones.
@@ -177,6 +187,7 @@ func (r *Router) rotate(failed string) {
 	if len(r.targets) > 0 && r.targets[r.target%len(r.targets)] == failed {
 		r.target = (r.target + 1) % len(r.targets)
 	}
+	r.streams.poke()
 }
 
 // follow makes url, named by a control-plane answer as the leader, the
@@ -189,8 +200,12 @@ func (r *Router) follow(url string) {
 	}
 	r.mu.Lock()
 	changed := url != r.lastLeader
+	moved := url != r.leaderURL
 	r.leaderURL, r.lastLeader = url, url
 	r.mu.Unlock()
+	if moved {
+		r.streams.poke()
+	}
 	if changed {
 		r.cpb.reset()
 	}
@@ -234,11 +249,11 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			routeID = r.routeIDs.Add(1)
 		}
 		rctx, cancel := context.WithTimeout(ctx, r.o.RouteTimeout)
-		resp, err := r.client(target).Route(rctx, connect.NewRequest(&cartv1.RouteRequest{
+		m, err := r.routeCall(rctx, target, &cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: req.Hashes, KeyLength: uint32(req.KeyLen),
-			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
+			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, AvoidWorkers: req.Avoid, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID),
-		}))
+		})
 		cancel()
 		outcome := cpOutcome(ctx, err)
 		r.cpb.done(probe, outcome)
@@ -252,7 +267,6 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			r.abandon(routeID)
 		}
 		if err == nil {
-			m := resp.Msg
 			// A follower forwarded this call: go to the leader directly
 			// from the next one on, not after the next sync.
 			r.follow(m.GetLeaderUrl())
@@ -267,6 +281,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				MatchedRatio: m.GetMatchedRatio(), Candidate: m.GetCandidate(), ChosenChars: int(m.GetChosenChars()),
 				Latency: time.Since(start), FromLeader: m.GetFromLeader(),
 				Ticket: router.Ticket{ID: m.GetTicket(), Worker: m.GetWorker()}, Pinned: m.GetPinned(),
+				AvoidIgnored: m.GetAvoidIgnored(),
 			}, nil
 		}
 		if req.ResponseID != "" && connect.CodeOf(err) == connect.CodeFailedPrecondition {
@@ -318,6 +333,11 @@ func cpOutcome(ctx context.Context, err error) int {
 		return cpAnswered
 	case ctx.Err() != nil:
 		return cpUnknown // the client left: says nothing of the control plane
+	case errors.Is(err, errStreamBroken):
+		// Every call in flight fails together when a stream breaks, also
+		// when the leader merely stepped down: one event, not a run of
+		// failures. Calls to a leader that is really gone fail on their own.
+		return cpUnknown
 	}
 	switch connect.CodeOf(err) {
 	case connect.CodeResourceExhausted, connect.CodeNotFound, connect.CodeFailedPrecondition:
@@ -359,17 +379,45 @@ func (u *unavailable) Unwrap() []error { return []error{u.err, router.ErrUnavail
 // in-flight counts, breaking ties at random so that data planes falling
 // back together do not stampede onto one replica; or, when the shadow
 // index remembers a good enough prefix match on a worker that is not
-// overloaded by the control plane's balance rule, that worker.
+// overloaded by the control plane's balance rule, that worker. Avoided
+// workers are kept out as the leader would: unless nobody else is usable.
 func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var best string
-	bestLoad, ties := 0, 0
-	known := 0
-	var usable []usableWorker
+	best, bestLoad, usable, known := r.leastLoaded(req.Exclude, req.Avoid)
+	avoidIgnored := false
+	if best == "" && len(req.Avoid) > 0 {
+		best, bestLoad, usable, _ = r.leastLoaded(req.Exclude, nil)
+		avoidIgnored = best != ""
+	}
+	if best == "" {
+		msg := "no usable worker known to this data plane (control plane unreachable)"
+		if known == 0 {
+			msg = "no workers configured"
+		}
+		return router.Decision{}, &unavailable{connect.NewError(connect.CodeResourceExhausted, errors.New(msg))}
+	}
+	d := router.Decision{Reason: ReasonFallbackLocal, AvoidIgnored: avoidIgnored}
+	if c, chars := r.shadow.pick(req.Hashes, req.KeyLen, r.o.BlockChars, usable, best, bestLoad); c != "" {
+		best, d.Candidate, d.MatchedChars, d.ChosenChars = c, c, chars, chars
+		d.MatchedRatio = float64(chars) / float64(req.KeyLen)
+	}
+	d.Worker, d.Ticket = best, router.Ticket{Worker: best} // no control-plane ticket
+	if !req.DryRun {
+		r.local[best]++
+		r.fallbacks++
+	}
+	return d, nil
+}
+
+// leastLoaded returns the least-loaded usable worker outside exclude and
+// avoid ("" when none), its effective load, the usable workers for the
+// shadow (nil when it is off) and how many workers are known. r.mu held.
+func (r *Router) leastLoaded(exclude, avoid []string) (best string, bestLoad int, usable []usableWorker, known int) {
+	ties := 0
 	for _, w := range r.workers {
 		known++
-		if !w.Healthy || w.Draining || contains(req.Exclude, w.URL) {
+		if !w.Healthy || w.Draining || contains(exclude, w.URL) || contains(avoid, w.URL) {
 			continue
 		}
 		load := r.local[w.URL]
@@ -390,24 +438,7 @@ func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 			}
 		}
 	}
-	if best == "" {
-		msg := "no usable worker known to this data plane (control plane unreachable)"
-		if known == 0 {
-			msg = "no workers configured"
-		}
-		return router.Decision{}, &unavailable{connect.NewError(connect.CodeResourceExhausted, errors.New(msg))}
-	}
-	d := router.Decision{Reason: ReasonFallbackLocal}
-	if c, chars := r.shadow.pick(req.Hashes, req.KeyLen, r.o.BlockChars, usable, best, bestLoad); c != "" {
-		best, d.Candidate, d.MatchedChars, d.ChosenChars = c, c, chars, chars
-		d.MatchedRatio = float64(chars) / float64(req.KeyLen)
-	}
-	d.Worker, d.Ticket = best, router.Ticket{Worker: best} // no control-plane ticket
-	if !req.DryRun {
-		r.local[best]++
-		r.fallbacks++
-	}
-	return d, nil
+	return best, bestLoad, usable, known
 }
 
 func contains(list []string, s string) bool {
@@ -443,9 +474,9 @@ func (r *Router) LearnResponse(ctx context.Context, id, worker string) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	_, err := r.client(target).Complete(ctx, connect.NewRequest(&cartv1.CompleteRequest{
+	_, err := r.completeCall(ctx, target, &cartv1.CompleteRequest{
 		DataplaneId: r.o.ID, ResponseOrigins: []*cartv1.ResponseOrigin{{IdHash: affinity.HashID(id), Worker: worker}},
-	}))
+	})
 	if err != nil {
 		r.logRPCError("report response origin failed", target, err)
 	}
@@ -508,12 +539,17 @@ func (r *Router) Synced() bool {
 	return r.synced
 }
 
-// Run syncs and flushes completions until ctx ends.
+// Run syncs and flushes completions, and keeps the Route stream open
+// when it is on, until ctx ends.
 func (r *Router) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); r.syncLoop(ctx) }()
 	go func() { defer wg.Done(); r.flushLoop(ctx) }()
+	if r.streams != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.streams.run(ctx) }()
+	}
 	wg.Wait()
 }
 
@@ -547,13 +583,12 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	sctx, cancel := context.WithTimeout(ctx, max(r.o.SyncInterval, time.Second))
-	resp, err := r.client(target).Sync(sctx, connect.NewRequest(req))
+	m, err := r.syncCall(sctx, target, req)
 	cancel()
 	if err != nil {
 		r.rotate(target)
 		return fmt.Errorf("sync with %s: %w", target, err)
 	}
-	m := resp.Msg
 	if bc := int(m.GetBlockChars()); bc != 0 && r.o.BlockChars != 0 && bc != r.o.BlockChars {
 		r.log.Error("block size differs from the control plane's: prefixes will not match; set cache.block_chars to match", "local", r.o.BlockChars, "control_plane", bc)
 	}
@@ -632,7 +667,7 @@ func (r *Router) flush(ctx context.Context) {
 	}
 	fctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	if _, err := r.client(target).Complete(fctx, connect.NewRequest(&cartv1.CompleteRequest{DataplaneId: r.o.ID, Completions: batch})); err != nil {
+	if _, err := r.completeCall(fctx, target, &cartv1.CompleteRequest{DataplaneId: r.o.ID, Completions: batch}); err != nil {
 		r.logRPCError("report completions failed", target, err, "completions", len(batch))
 		if causeOf(err) != "timeout" {
 			r.rotate(target) // a dead node must not keep receiving every report

@@ -49,6 +49,7 @@ func (l *Local) Route(_ context.Context, req *Request) (Decision, error) {
 		Hashes:  req.Hashes,
 		KeyLen:  req.KeyLen,
 		Exclude: req.Exclude,
+		Avoid:   req.Avoid,
 		DryRun:  req.DryRun,
 		Session: req.Session,
 	}})
@@ -65,6 +66,7 @@ func (l *Local) Route(_ context.Context, req *Request) (Decision, error) {
 		Latency:      time.Since(start),
 		FromLeader:   true,
 		Ticket:       d.Ticket,
+		AvoidIgnored: d.AvoidIgnored,
 	}, nil
 }
 

@@ -24,7 +24,11 @@ type Request struct {
 	KeyLen int
 	// Exclude are worker URLs this request must not go to.
 	Exclude []string
-	DryRun  bool
+	// Avoid are worker URLs to keep out unless nobody else can take the
+	// request (open circuit breakers): then the router ignores them and
+	// sets Decision.AvoidIgnored, in the same call.
+	Avoid  []string
+	DryRun bool
 	// Session is the request's session key ("" = none).
 	Session string
 	// ResponseID names the stored Responses API response the request
@@ -56,6 +60,9 @@ type Decision struct {
 	// Pinned: Worker holds the stored response named by
 	// Request.ResponseID, and only it can serve the request.
 	Pinned bool
+	// AvoidIgnored: every usable worker was in Request.Avoid, so the
+	// router ignored it and this decision is a trial.
+	AvoidIgnored bool
 }
 
 // Ticket is a decision's claim to settle (decider.Ticket): a router fills

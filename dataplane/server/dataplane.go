@@ -93,10 +93,13 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client, opt
 		OnHealthy: func(url string) { d.Break.HealthRecovered(url) },
 		Shadow: remote.ShadowOptions{Entries: remote.DefaultShadowEntries, Threshold: cfg.Cache.Threshold, MatchAbsChars: cfg.Cache.MatchAbsThreshold,
 			BalanceAbs: cfg.Cache.BalanceAbsThreshold, BalanceRel: cfg.Cache.BalanceRelThreshold},
-		RouteBreakerFailures: cfg.DataPlane.RouteBreakerFailures,
-		RouteBreakerCooloff:  cfg.DataPlane.RouteBreakerCooloff(),
-		Interceptors:         d.Tracer.Interceptors(),
+		RouteBreakerFailures:   cfg.DataPlane.RouteBreakerFailures,
+		RouteBreakerCooloff:    cfg.DataPlane.RouteBreakerCooloff(),
+		Interceptors:           d.Tracer.Interceptors(),
+		RouteStream:            cfg.DataPlane.RouteStream,
+		RouteStreamMaxInFlight: cfg.DataPlane.RouteStreamMaxInFlight,
 	})
+	d.Metrics.Registry.MustRegister(d.Router.Collectors()...)
 	d.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {
 		d.Metrics.SetBreaker(t.Worker, t.To.String())
 		d.Metrics.BreakerTrans.WithLabelValues(t.Worker, t.To.String()).Inc()

@@ -21,6 +21,302 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// StreamRequest is one call on RouterService.Stream.
+type StreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Names the call; its answer carries the same id. 0 = the hello.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// How long the data plane waits for the answer, in microseconds (0 =
+	// no limit): a Route past it is undone, as with a unary call's deadline.
+	TimeoutMicros uint32 `protobuf:"varint,2,opt,name=timeout_micros,json=timeoutMicros,proto3" json:"timeout_micros,omitempty"`
+	// Types that are valid to be assigned to Call:
+	//
+	//	*StreamRequest_Route
+	//	*StreamRequest_Complete
+	//	*StreamRequest_Sync
+	Call          isStreamRequest_Call `protobuf_oneof:"call"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamRequest) Reset() {
+	*x = StreamRequest{}
+	mi := &file_cart_v1_router_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamRequest) ProtoMessage() {}
+
+func (x *StreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamRequest.ProtoReflect.Descriptor instead.
+func (*StreamRequest) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *StreamRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamRequest) GetTimeoutMicros() uint32 {
+	if x != nil {
+		return x.TimeoutMicros
+	}
+	return 0
+}
+
+func (x *StreamRequest) GetCall() isStreamRequest_Call {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetRoute() *RouteRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Route); ok {
+			return x.Route
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetComplete() *CompleteRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetSync() *SyncRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Sync); ok {
+			return x.Sync
+		}
+	}
+	return nil
+}
+
+type isStreamRequest_Call interface {
+	isStreamRequest_Call()
+}
+
+type StreamRequest_Route struct {
+	Route *RouteRequest `protobuf:"bytes,3,opt,name=route,proto3,oneof"`
+}
+
+type StreamRequest_Complete struct {
+	Complete *CompleteRequest `protobuf:"bytes,4,opt,name=complete,proto3,oneof"`
+}
+
+type StreamRequest_Sync struct {
+	Sync *SyncRequest `protobuf:"bytes,5,opt,name=sync,proto3,oneof"`
+}
+
+func (*StreamRequest_Route) isStreamRequest_Call() {}
+
+func (*StreamRequest_Complete) isStreamRequest_Call() {}
+
+func (*StreamRequest_Sync) isStreamRequest_Call() {}
+
+// StreamResponse answers the StreamRequest with the same id.
+type StreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*StreamResponse_Route
+	//	*StreamResponse_Complete
+	//	*StreamResponse_Sync
+	//	*StreamResponse_Error
+	Result        isStreamResponse_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamResponse) Reset() {
+	*x = StreamResponse{}
+	mi := &file_cart_v1_router_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamResponse) ProtoMessage() {}
+
+func (x *StreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamResponse.ProtoReflect.Descriptor instead.
+func (*StreamResponse) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *StreamResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamResponse) GetResult() isStreamResponse_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetRoute() *RouteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Route); ok {
+			return x.Route
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetComplete() *CompleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetSync() *SyncResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Sync); ok {
+			return x.Sync
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetError() *StreamError {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isStreamResponse_Result interface {
+	isStreamResponse_Result()
+}
+
+type StreamResponse_Route struct {
+	Route *RouteResponse `protobuf:"bytes,2,opt,name=route,proto3,oneof"`
+}
+
+type StreamResponse_Complete struct {
+	Complete *CompleteResponse `protobuf:"bytes,3,opt,name=complete,proto3,oneof"`
+}
+
+type StreamResponse_Sync struct {
+	Sync *SyncResponse `protobuf:"bytes,4,opt,name=sync,proto3,oneof"`
+}
+
+type StreamResponse_Error struct {
+	// The call failed as the unary call would have, with this code.
+	Error *StreamError `protobuf:"bytes,5,opt,name=error,proto3,oneof"`
+}
+
+func (*StreamResponse_Route) isStreamResponse_Result() {}
+
+func (*StreamResponse_Complete) isStreamResponse_Result() {}
+
+func (*StreamResponse_Sync) isStreamResponse_Result() {}
+
+func (*StreamResponse_Error) isStreamResponse_Result() {}
+
+// StreamError is a failed call on the stream.
+type StreamError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Connect code, as a number (connectrpc.com/connect Code).
+	Code          uint32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamError) Reset() {
+	*x = StreamError{}
+	mi := &file_cart_v1_router_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamError) ProtoMessage() {}
+
+func (x *StreamError) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamError.ProtoReflect.Descriptor instead.
+func (*StreamError) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *StreamError) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *StreamError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type RouteRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Endpoint the request arrived on, e.g. "chat_completions".
@@ -57,13 +353,17 @@ type RouteRequest struct {
 	// is the only candidate (pinned is set in the answer); when that worker
 	// left the pool the call fails with NOT_FOUND.
 	ResponseIdHash uint64 `protobuf:"fixed64,12,opt,name=response_id_hash,json=responseIdHash,proto3" json:"response_id_hash,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Worker URLs to keep out unless that leaves no usable worker (the data
+	// plane's open circuit breakers): then they are ignored, the decision
+	// is a trial request, and the answer's avoid_ignored says so.
+	AvoidWorkers  []string `protobuf:"bytes,13,rep,name=avoid_workers,json=avoidWorkers,proto3" json:"avoid_workers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteRequest) Reset() {
 	*x = RouteRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[0]
+	mi := &file_cart_v1_router_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -75,7 +375,7 @@ func (x *RouteRequest) String() string {
 func (*RouteRequest) ProtoMessage() {}
 
 func (x *RouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[0]
+	mi := &file_cart_v1_router_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -88,7 +388,7 @@ func (x *RouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteRequest.ProtoReflect.Descriptor instead.
 func (*RouteRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{0}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RouteRequest) GetEndpoint() string {
@@ -175,6 +475,13 @@ func (x *RouteRequest) GetResponseIdHash() uint64 {
 	return 0
 }
 
+func (x *RouteRequest) GetAvoidWorkers() []string {
+	if x != nil {
+		return x.AvoidWorkers
+	}
+	return nil
+}
+
 type RouteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// URL of the chosen worker.
@@ -214,14 +521,16 @@ type RouteResponse struct {
 	// API URL of the leader that decided. A data plane whose call a
 	// follower forwarded switches to it for its next call, instead of
 	// paying the forwarding hop until its next Sync.
-	LeaderUrl     string `protobuf:"bytes,12,opt,name=leader_url,json=leaderUrl,proto3" json:"leader_url,omitempty"`
+	LeaderUrl string `protobuf:"bytes,12,opt,name=leader_url,json=leaderUrl,proto3" json:"leader_url,omitempty"`
+	// Every usable worker was in avoid_workers, so the list was ignored.
+	AvoidIgnored  bool `protobuf:"varint,13,opt,name=avoid_ignored,json=avoidIgnored,proto3" json:"avoid_ignored,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteResponse) Reset() {
 	*x = RouteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[1]
+	mi := &file_cart_v1_router_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -233,7 +542,7 @@ func (x *RouteResponse) String() string {
 func (*RouteResponse) ProtoMessage() {}
 
 func (x *RouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[1]
+	mi := &file_cart_v1_router_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -246,7 +555,7 @@ func (x *RouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteResponse.ProtoReflect.Descriptor instead.
 func (*RouteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{1}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RouteResponse) GetWorker() string {
@@ -333,6 +642,13 @@ func (x *RouteResponse) GetLeaderUrl() string {
 	return ""
 }
 
+func (x *RouteResponse) GetAvoidIgnored() bool {
+	if x != nil {
+		return x.AvoidIgnored
+	}
+	return false
+}
+
 type Completion struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Ticket from RouteResponse.
@@ -357,7 +673,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_cart_v1_router_proto_msgTypes[2]
+	mi := &file_cart_v1_router_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -369,7 +685,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[2]
+	mi := &file_cart_v1_router_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -382,7 +698,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{2}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Completion) GetTicket() uint64 {
@@ -447,7 +763,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[3]
+	mi := &file_cart_v1_router_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +775,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[3]
+	mi := &file_cart_v1_router_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +788,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{3}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CompleteRequest) GetDataplaneId() string {
@@ -508,7 +824,7 @@ type ResponseOrigin struct {
 
 func (x *ResponseOrigin) Reset() {
 	*x = ResponseOrigin{}
-	mi := &file_cart_v1_router_proto_msgTypes[4]
+	mi := &file_cart_v1_router_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +836,7 @@ func (x *ResponseOrigin) String() string {
 func (*ResponseOrigin) ProtoMessage() {}
 
 func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[4]
+	mi := &file_cart_v1_router_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +849,7 @@ func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseOrigin.ProtoReflect.Descriptor instead.
 func (*ResponseOrigin) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{4}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ResponseOrigin) GetIdHash() uint64 {
@@ -560,7 +876,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[5]
+	mi := &file_cart_v1_router_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -572,7 +888,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[5]
+	mi := &file_cart_v1_router_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -585,7 +901,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{5}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CompleteResponse) GetSettled() uint32 {
@@ -606,7 +922,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_cart_v1_router_proto_msgTypes[6]
+	mi := &file_cart_v1_router_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -618,7 +934,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[6]
+	mi := &file_cart_v1_router_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -631,7 +947,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{6}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WorkerLoad) GetWorker() string {
@@ -671,7 +987,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[7]
+	mi := &file_cart_v1_router_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +999,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[7]
+	mi := &file_cart_v1_router_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +1012,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{7}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SyncRequest) GetDataplaneId() string {
@@ -764,7 +1080,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[8]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +1092,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[8]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +1105,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{8}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SyncResponse) GetWorkers() []*Worker {
@@ -847,7 +1163,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_cart_v1_router_proto_msgTypes[9]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -859,7 +1175,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[9]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -872,7 +1188,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NotLeader) GetLeaderId() string {
@@ -930,7 +1246,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1258,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1271,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Worker) GetUrl() string {
@@ -1068,7 +1384,7 @@ type KVCache struct {
 
 func (x *KVCache) Reset() {
 	*x = KVCache{}
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1396,7 @@ func (x *KVCache) String() string {
 func (*KVCache) ProtoMessage() {}
 
 func (x *KVCache) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1409,7 @@ func (x *KVCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCache.ProtoReflect.Descriptor instead.
 func (*KVCache) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *KVCache) GetOccupiedTokens() int64 {
@@ -1114,7 +1430,24 @@ var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x14cart/v1/router.proto\x12\acart.v1\"\x80\x03\n" +
+	"\x14cart/v1/router.proto\x12\acart.v1\"\xe1\x01\n" +
+	"\rStreamRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12%\n" +
+	"\x0etimeout_micros\x18\x02 \x01(\rR\rtimeoutMicros\x12-\n" +
+	"\x05route\x18\x03 \x01(\v2\x15.cart.v1.RouteRequestH\x00R\x05route\x126\n" +
+	"\bcomplete\x18\x04 \x01(\v2\x18.cart.v1.CompleteRequestH\x00R\bcomplete\x12*\n" +
+	"\x04sync\x18\x05 \x01(\v2\x14.cart.v1.SyncRequestH\x00R\x04syncB\x06\n" +
+	"\x04call\"\xee\x01\n" +
+	"\x0eStreamResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
+	"\x05route\x18\x02 \x01(\v2\x16.cart.v1.RouteResponseH\x00R\x05route\x127\n" +
+	"\bcomplete\x18\x03 \x01(\v2\x19.cart.v1.CompleteResponseH\x00R\bcomplete\x12+\n" +
+	"\x04sync\x18\x04 \x01(\v2\x15.cart.v1.SyncResponseH\x00R\x04sync\x12,\n" +
+	"\x05error\x18\x05 \x01(\v2\x14.cart.v1.StreamErrorH\x00R\x05errorB\b\n" +
+	"\x06result\";\n" +
+	"\vStreamError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xa5\x03\n" +
 	"\fRouteRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
@@ -1131,7 +1464,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"request_id\x18\n" +
 	" \x01(\tR\trequestId\x12\x19\n" +
 	"\broute_id\x18\v \x01(\x04R\arouteId\x12(\n" +
-	"\x10response_id_hash\x18\f \x01(\x06R\x0eresponseIdHash\"\x80\x03\n" +
+	"\x10response_id_hash\x18\f \x01(\x06R\x0eresponseIdHash\x12#\n" +
+	"\ravoid_workers\x18\r \x03(\tR\favoidWorkers\"\xa5\x03\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -1147,7 +1481,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	" \x01(\tR\bleaderId\x12\x16\n" +
 	"\x06pinned\x18\v \x01(\bR\x06pinned\x12\x1d\n" +
 	"\n" +
-	"leader_url\x18\f \x01(\tR\tleaderUrl\"\xdd\x01\n" +
+	"leader_url\x18\f \x01(\tR\tleaderUrl\x12#\n" +
+	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\"\xdd\x01\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +
@@ -1209,11 +1544,12 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\bkv_cache\x18\x0e \x01(\v2\x10.cart.v1.KVCacheR\akvCache\"[\n" +
 	"\aKVCache\x12'\n" +
 	"\x0foccupied_tokens\x18\x01 \x01(\x03R\x0eoccupiedTokens\x12'\n" +
-	"\x0fcapacity_tokens\x18\x02 \x01(\x03R\x0ecapacityTokens2\xc3\x01\n" +
+	"\x0fcapacity_tokens\x18\x02 \x01(\x03R\x0ecapacityTokens2\x84\x02\n" +
 	"\rRouterService\x128\n" +
 	"\x05Route\x12\x15.cart.v1.RouteRequest\x1a\x16.cart.v1.RouteResponse\"\x00\x12A\n" +
 	"\bComplete\x12\x18.cart.v1.CompleteRequest\x1a\x19.cart.v1.CompleteResponse\"\x00\x125\n" +
-	"\x04Sync\x12\x14.cart.v1.SyncRequest\x1a\x15.cart.v1.SyncResponse\"\x00B/Z-github.com/cartrouter/cart/gen/cart/v1;cartv1b\x06proto3"
+	"\x04Sync\x12\x14.cart.v1.SyncRequest\x1a\x15.cart.v1.SyncResponse\"\x00\x12?\n" +
+	"\x06Stream\x12\x16.cart.v1.StreamRequest\x1a\x17.cart.v1.StreamResponse\"\x00(\x010\x01B/Z-github.com/cartrouter/cart/gen/cart/v1;cartv1b\x06proto3"
 
 var (
 	file_cart_v1_router_proto_rawDescOnce sync.Once
@@ -1227,38 +1563,50 @@ func file_cart_v1_router_proto_rawDescGZIP() []byte {
 	return file_cart_v1_router_proto_rawDescData
 }
 
-var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_cart_v1_router_proto_goTypes = []any{
-	(*RouteRequest)(nil),     // 0: cart.v1.RouteRequest
-	(*RouteResponse)(nil),    // 1: cart.v1.RouteResponse
-	(*Completion)(nil),       // 2: cart.v1.Completion
-	(*CompleteRequest)(nil),  // 3: cart.v1.CompleteRequest
-	(*ResponseOrigin)(nil),   // 4: cart.v1.ResponseOrigin
-	(*CompleteResponse)(nil), // 5: cart.v1.CompleteResponse
-	(*WorkerLoad)(nil),       // 6: cart.v1.WorkerLoad
-	(*SyncRequest)(nil),      // 7: cart.v1.SyncRequest
-	(*SyncResponse)(nil),     // 8: cart.v1.SyncResponse
-	(*NotLeader)(nil),        // 9: cart.v1.NotLeader
-	(*Worker)(nil),           // 10: cart.v1.Worker
-	(*KVCache)(nil),          // 11: cart.v1.KVCache
+	(*StreamRequest)(nil),    // 0: cart.v1.StreamRequest
+	(*StreamResponse)(nil),   // 1: cart.v1.StreamResponse
+	(*StreamError)(nil),      // 2: cart.v1.StreamError
+	(*RouteRequest)(nil),     // 3: cart.v1.RouteRequest
+	(*RouteResponse)(nil),    // 4: cart.v1.RouteResponse
+	(*Completion)(nil),       // 5: cart.v1.Completion
+	(*CompleteRequest)(nil),  // 6: cart.v1.CompleteRequest
+	(*ResponseOrigin)(nil),   // 7: cart.v1.ResponseOrigin
+	(*CompleteResponse)(nil), // 8: cart.v1.CompleteResponse
+	(*WorkerLoad)(nil),       // 9: cart.v1.WorkerLoad
+	(*SyncRequest)(nil),      // 10: cart.v1.SyncRequest
+	(*SyncResponse)(nil),     // 11: cart.v1.SyncResponse
+	(*NotLeader)(nil),        // 12: cart.v1.NotLeader
+	(*Worker)(nil),           // 13: cart.v1.Worker
+	(*KVCache)(nil),          // 14: cart.v1.KVCache
 }
 var file_cart_v1_router_proto_depIdxs = []int32{
-	2,  // 0: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
-	4,  // 1: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
-	6,  // 2: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	10, // 3: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	11, // 4: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
-	0,  // 5: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	3,  // 6: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	7,  // 7: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
-	1,  // 8: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	5,  // 9: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	8,  // 10: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
-	8,  // [8:11] is the sub-list for method output_type
-	5,  // [5:8] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	3,  // 0: cart.v1.StreamRequest.route:type_name -> cart.v1.RouteRequest
+	6,  // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
+	10, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
+	4,  // 3: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
+	8,  // 4: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
+	11, // 5: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
+	2,  // 6: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
+	5,  // 7: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
+	7,  // 8: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
+	9,  // 9: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
+	13, // 10: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	14, // 11: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	3,  // 12: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
+	6,  // 13: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	10, // 14: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	0,  // 15: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
+	4,  // 16: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	8,  // 17: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	11, // 18: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	1,  // 19: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
+	16, // [16:20] is the sub-list for method output_type
+	12, // [12:16] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_router_proto_init() }
@@ -1266,13 +1614,24 @@ func file_cart_v1_router_proto_init() {
 	if File_cart_v1_router_proto != nil {
 		return
 	}
+	file_cart_v1_router_proto_msgTypes[0].OneofWrappers = []any{
+		(*StreamRequest_Route)(nil),
+		(*StreamRequest_Complete)(nil),
+		(*StreamRequest_Sync)(nil),
+	}
+	file_cart_v1_router_proto_msgTypes[1].OneofWrappers = []any{
+		(*StreamResponse_Route)(nil),
+		(*StreamResponse_Complete)(nil),
+		(*StreamResponse_Sync)(nil),
+		(*StreamResponse_Error)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_router_proto_rawDesc), len(file_cart_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,6 +39,8 @@ const (
 	RouterServiceCompleteProcedure = "/cart.v1.RouterService/Complete"
 	// RouterServiceSyncProcedure is the fully-qualified name of the RouterService's Sync RPC.
 	RouterServiceSyncProcedure = "/cart.v1.RouterService/Sync"
+	// RouterServiceStreamProcedure is the fully-qualified name of the RouterService's Stream RPC.
+	RouterServiceStreamProcedure = "/cart.v1.RouterService/Stream"
 )
 
 // RouterServiceClient is a client for the cart.v1.RouterService service.
@@ -58,6 +60,15 @@ type RouterServiceClient interface {
 	// the worker set with health, so data planes learn changes within one
 	// sync interval.
 	Sync(context.Context, *connect.Request[v1.SyncRequest]) (*connect.Response[v1.SyncResponse], error)
+	// Stream carries a data plane's Route, Complete and Sync calls on one
+	// long-lived bidirectional stream (HTTP/2 only), matched by id, so a
+	// route costs one stream message instead of one HTTP/2 request. Only the
+	// leader serves it: a follower, or a leader that loses leadership, ends
+	// the stream with UNAVAILABLE and a NotLeader detail, and the data plane
+	// reconnects to leader_url (using the unary calls meanwhile). The first
+	// message is a hello (id 0, no call) that the leader answers with id 0,
+	// so the data plane knows the stream works before it sends calls on it.
+	Stream(context.Context) *connect.BidiStreamForClient[v1.StreamRequest, v1.StreamResponse]
 }
 
 // NewRouterServiceClient constructs a client for the cart.v1.RouterService service. By default, it
@@ -89,6 +100,12 @@ func NewRouterServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(routerServiceMethods.ByName("Sync")),
 			connect.WithClientOptions(opts...),
 		),
+		stream: connect.NewClient[v1.StreamRequest, v1.StreamResponse](
+			httpClient,
+			baseURL+RouterServiceStreamProcedure,
+			connect.WithSchema(routerServiceMethods.ByName("Stream")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -97,6 +114,7 @@ type routerServiceClient struct {
 	route    *connect.Client[v1.RouteRequest, v1.RouteResponse]
 	complete *connect.Client[v1.CompleteRequest, v1.CompleteResponse]
 	sync     *connect.Client[v1.SyncRequest, v1.SyncResponse]
+	stream   *connect.Client[v1.StreamRequest, v1.StreamResponse]
 }
 
 // Route calls cart.v1.RouterService.Route.
@@ -112,6 +130,11 @@ func (c *routerServiceClient) Complete(ctx context.Context, req *connect.Request
 // Sync calls cart.v1.RouterService.Sync.
 func (c *routerServiceClient) Sync(ctx context.Context, req *connect.Request[v1.SyncRequest]) (*connect.Response[v1.SyncResponse], error) {
 	return c.sync.CallUnary(ctx, req)
+}
+
+// Stream calls cart.v1.RouterService.Stream.
+func (c *routerServiceClient) Stream(ctx context.Context) *connect.BidiStreamForClient[v1.StreamRequest, v1.StreamResponse] {
+	return c.stream.CallBidiStream(ctx)
 }
 
 // RouterServiceHandler is an implementation of the cart.v1.RouterService service.
@@ -131,6 +154,15 @@ type RouterServiceHandler interface {
 	// the worker set with health, so data planes learn changes within one
 	// sync interval.
 	Sync(context.Context, *connect.Request[v1.SyncRequest]) (*connect.Response[v1.SyncResponse], error)
+	// Stream carries a data plane's Route, Complete and Sync calls on one
+	// long-lived bidirectional stream (HTTP/2 only), matched by id, so a
+	// route costs one stream message instead of one HTTP/2 request. Only the
+	// leader serves it: a follower, or a leader that loses leadership, ends
+	// the stream with UNAVAILABLE and a NotLeader detail, and the data plane
+	// reconnects to leader_url (using the unary calls meanwhile). The first
+	// message is a hello (id 0, no call) that the leader answers with id 0,
+	// so the data plane knows the stream works before it sends calls on it.
+	Stream(context.Context, *connect.BidiStream[v1.StreamRequest, v1.StreamResponse]) error
 }
 
 // NewRouterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -158,6 +190,12 @@ func NewRouterServiceHandler(svc RouterServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(routerServiceMethods.ByName("Sync")),
 		connect.WithHandlerOptions(opts...),
 	)
+	routerServiceStreamHandler := connect.NewBidiStreamHandler(
+		RouterServiceStreamProcedure,
+		svc.Stream,
+		connect.WithSchema(routerServiceMethods.ByName("Stream")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/cart.v1.RouterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RouterServiceRouteProcedure:
@@ -166,6 +204,8 @@ func NewRouterServiceHandler(svc RouterServiceHandler, opts ...connect.HandlerOp
 			routerServiceCompleteHandler.ServeHTTP(w, r)
 		case RouterServiceSyncProcedure:
 			routerServiceSyncHandler.ServeHTTP(w, r)
+		case RouterServiceStreamProcedure:
+			routerServiceStreamHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -185,4 +225,8 @@ func (UnimplementedRouterServiceHandler) Complete(context.Context, *connect.Requ
 
 func (UnimplementedRouterServiceHandler) Sync(context.Context, *connect.Request[v1.SyncRequest]) (*connect.Response[v1.SyncResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cart.v1.RouterService.Sync is not implemented"))
+}
+
+func (UnimplementedRouterServiceHandler) Stream(context.Context, *connect.BidiStream[v1.StreamRequest, v1.StreamResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("cart.v1.RouterService.Stream is not implemented"))
 }

@@ -1,0 +1,25 @@
+package service
+
+import (
+	"testing"
+
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// The leader keeps avoid_workers out while others can take the request,
+// and decides a trial on them (avoid_ignored) when nobody else can.
+func TestRouteAvoidWorkers(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true})
+	cp.addWorkers(t, w1, w2)
+	rc := cp.router()
+	for range 5 {
+		got := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(100, 3), AvoidWorkers: []string{w1}, DryRun: true})
+		if got.GetWorker() != w2 || got.GetAvoidIgnored() {
+			t.Fatalf("w1 avoided: %v", got)
+		}
+	}
+	got := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(100, 3), ExcludeWorkers: []string{w2}, AvoidWorkers: []string{w1}, DryRun: true})
+	if got.GetWorker() != w1 || !got.GetAvoidIgnored() {
+		t.Fatalf("w2 excluded, w1 avoided: %v; want a trial on w1", got)
+	}
+}

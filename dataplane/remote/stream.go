@@ -1,0 +1,459 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// The Route stream (Options.RouteStream): one long-lived RouterService.Stream
+// call to the leader carries this data plane's Route, Complete and Sync
+// calls, matched by id, instead of one HTTP/2 request each. The unary calls
+// stay, and every call uses them while no stream is live: before the first
+// one opened, while a broken one reconnects, and for good against a control
+// plane without the Stream RPC (it is retried with backoff). A stream goes
+// live only once the leader answered its hello, so a call never waits for
+// a connection to be set up, and a call on a stream that breaks fails at
+// once, like a unary call to a node that died, so the caller falls back.
+
+// DefaultStreamInFlight bounds the calls in flight on the stream when
+// Options.RouteStreamMaxInFlight is 0.
+const DefaultStreamInFlight = 128
+
+// Reconnection backoff of the stream loop.
+const (
+	streamBackoffMin = 50 * time.Millisecond
+	streamBackoffMax = 30 * time.Second
+	// streamHelloTimeout bounds the wait for the leader's hello answer.
+	streamHelloTimeout = 2 * time.Second
+	// streamStable is how long a stream must have lived for the next one
+	// to start over from the shortest backoff: a leader that accepts and
+	// then drops streams at once must not be redialled in a tight loop.
+	streamStable = time.Second
+)
+
+// errStreamBroken is what calls in flight on a stream that broke get: the
+// Unavailable of a unary call whose node went away.
+var errStreamBroken = errors.New("route stream to the control plane broke")
+
+// routeStream is one live stream.
+type routeStream struct {
+	target string
+	conn   *connect.BidiStreamForClient[cartv1.StreamRequest, cartv1.StreamResponse]
+	cancel context.CancelFunc
+	slots  chan struct{} // flow control: one per call in flight
+	opened time.Time
+
+	sendMu sync.Mutex // Send is not safe for concurrent use
+
+	mu      sync.Mutex
+	nextID  uint64
+	pending map[uint64]chan *cartv1.StreamResponse
+	err     error         // why it broke, once it did
+	done    chan struct{} // closed when it broke
+}
+
+// fail breaks the stream: every call in flight and every later call on it
+// fails with errStreamBroken.
+func (s *routeStream) fail(err error) {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.err = err
+	s.pending = nil
+	close(s.done)
+	s.mu.Unlock()
+	s.sendMu.Lock()
+	abort(s.conn, s.cancel)
+	s.sendMu.Unlock()
+}
+
+// abort ends a stream so that a Receive blocked on it returns. Cancelling
+// its context alone does not: the HTTP/2 transport notices the context
+// only once the request body (the send side, open for the stream's whole
+// life) is closed.
+func abort(conn *connect.BidiStreamForClient[cartv1.StreamRequest, cartv1.StreamResponse], cancel context.CancelFunc) {
+	cancel()
+	_ = conn.CloseRequest()
+}
+
+// cause is why the stream broke (nil while it has not).
+func (s *routeStream) cause() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *routeStream) brokenErr() error {
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %v", errStreamBroken, s.cause()))
+}
+
+// receive delivers answers to their calls until the stream breaks.
+func (s *routeStream) receive() {
+	for {
+		m, err := s.conn.Receive()
+		if err != nil {
+			s.fail(err)
+			return
+		}
+		s.mu.Lock()
+		ch := s.pending[m.GetId()]
+		delete(s.pending, m.GetId())
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- m // buffered: a caller that gave up does not block this
+		}
+	}
+}
+
+// ctxError is what a unary call returns when ctx ends first.
+func ctxError(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+	}
+	return connect.NewError(connect.CodeCanceled, ctx.Err())
+}
+
+// do sends one call and waits for its answer, within ctx. A call that
+// finds every slot taken waits for one (flow control) no longer than ctx
+// allows, and then times out as a unary call would.
+func (s *routeStream) do(ctx context.Context, req *cartv1.StreamRequest) (*cartv1.StreamResponse, error) {
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctxError(ctx)
+	case <-s.done:
+		return nil, s.brokenErr()
+	}
+	defer func() { <-s.slots }()
+	ch := make(chan *cartv1.StreamResponse, 1)
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return nil, s.brokenErr()
+	}
+	s.nextID++
+	id := s.nextID
+	s.pending[id] = ch
+	s.mu.Unlock()
+	req.Id = id
+	if dl, ok := ctx.Deadline(); ok {
+		// The leader undoes a decision that took longer than this, as it
+		// does for a unary call's deadline.
+		req.TimeoutMicros = uint32(min(max(time.Until(dl).Microseconds(), 1), 1<<32-1))
+	}
+	s.sendMu.Lock()
+	err := s.conn.Send(req)
+	s.sendMu.Unlock()
+	if err != nil {
+		s.fail(err)
+		return nil, s.brokenErr()
+	}
+	select {
+	case m := <-ch:
+		return m, nil
+	case <-ctx.Done():
+		s.forget(id)
+		return nil, ctxError(ctx)
+	case <-s.done:
+		select {
+		case m := <-ch: // answered just before the break
+			return m, nil
+		default:
+		}
+		return nil, s.brokenErr()
+	}
+}
+
+func (s *routeStream) forget(id uint64) {
+	s.mu.Lock()
+	delete(s.pending, id)
+	s.mu.Unlock()
+}
+
+// streamer owns the data plane's stream: the loop that opens it to the
+// current target and the live one, if any.
+type streamer struct {
+	r           *Router
+	maxInFlight int
+	kick        chan struct{} // the target may have changed
+
+	// cur is the live stream, if any; read on every call, hence atomic.
+	cur atomic.Pointer[routeStream]
+
+	open      prometheus.GaugeFunc
+	fallbacks *prometheus.CounterVec
+}
+
+func newStreamer(r *Router, maxInFlight int) *streamer {
+	if maxInFlight <= 0 {
+		maxInFlight = DefaultStreamInFlight
+	}
+	s := &streamer{r: r, maxInFlight: maxInFlight, kick: make(chan struct{}, 1)}
+	s.open = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cart_route_stream_open",
+		Help: "1 while this data plane's Route stream to the control-plane leader is live."}, func() float64 {
+		if s.live("") != nil {
+			return 1
+		}
+		return 0
+	})
+	s.fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_route_stream_fallbacks_total",
+		Help: "Control-plane calls made unary because no Route stream was live (starting, reconnecting, or a control plane without it), by call."}, []string{"call"})
+	return s
+}
+
+// live returns the live stream to target ("" = any), or nil.
+func (s *streamer) live(target string) *routeStream {
+	if s == nil {
+		return nil
+	}
+	cur := s.cur.Load()
+	if cur == nil || target != "" && cur.target != target {
+		return nil
+	}
+	select {
+	case <-cur.done:
+		return nil
+	default:
+		return cur
+	}
+}
+
+// unary counts a call that could not use a stream.
+func (s *streamer) unary(call string) {
+	if s != nil {
+		s.fallbacks.WithLabelValues(call).Inc()
+	}
+}
+
+// poke tells the loop the target may have changed.
+func (s *streamer) poke() {
+	if s == nil {
+		return
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run keeps a stream open to the current target until ctx ends.
+func (s *streamer) run(ctx context.Context) {
+	backoff := streamBackoffMin
+	redirected := false
+	for ctx.Err() == nil {
+		target := s.r.current()
+		if target == "" {
+			if !s.wait(ctx, streamBackoffMax) {
+				return
+			}
+			continue
+		}
+		st, recvDone, err := s.dial(ctx, target)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// A follower names the leader: go there at once, once.
+			if url := notLeaderURL(err); url != "" && url != target && !redirected {
+				redirected = true
+				s.r.follow(url)
+				continue
+			}
+			redirected = false
+			s.r.logRPCError("route stream to the control plane not available; using unary calls", target, err, "retry_in", backoff.String())
+			if !s.wait(ctx, backoff) {
+				return
+			}
+			backoff = min(2*backoff, streamBackoffMax)
+			continue
+		}
+		redirected = false
+		s.cur.Store(st)
+		s.hold(ctx, st)
+		s.cur.CompareAndSwap(st, nil)
+		st.fail(errors.New("stream closed"))
+		<-recvDone
+		if time.Since(st.opened) >= streamStable {
+			backoff = streamBackoffMin
+		}
+		if url := notLeaderURL(st.cause()); url != "" && url != target {
+			s.r.follow(url) // the leader stepped down and named its successor
+			continue
+		}
+		if ctx.Err() == nil && !s.wait(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, streamBackoffMax)
+	}
+}
+
+// hold returns when st breaks, the target changes or ctx ends.
+func (s *streamer) hold(ctx context.Context, st *routeStream) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-st.done:
+			return
+		case <-s.kick:
+			if s.r.current() != st.target {
+				return
+			}
+		}
+	}
+}
+
+// wait sleeps d, or less when poked; false when ctx ended.
+func (s *streamer) wait(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-s.kick:
+	}
+	return true
+}
+
+// dial opens a stream to target and waits for the leader's hello answer.
+// recvDone is closed when the stream's receiver has returned.
+func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan struct{}, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	conn := s.r.client(target).Stream(sctx)
+	hello := make(chan error, 1)
+	go func() {
+		if err := conn.Send(&cartv1.StreamRequest{}); err != nil && !errors.Is(err, io.EOF) {
+			hello <- err
+			return
+		}
+		m, err := conn.Receive()
+		switch {
+		case err != nil:
+			hello <- err
+		case m.GetId() != 0 || m.GetResult() != nil:
+			hello <- fmt.Errorf("unexpected answer to the stream hello: id %d", m.GetId())
+		default:
+			hello <- nil
+		}
+	}()
+	t := time.NewTimer(streamHelloTimeout)
+	defer t.Stop()
+	var err error
+	select {
+	case err = <-hello:
+	case <-t.C:
+		abort(conn, cancel)
+		<-hello
+		return nil, nil, connect.NewError(connect.CodeDeadlineExceeded, errors.New("no answer to the route stream hello"))
+	}
+	if err != nil {
+		abort(conn, cancel)
+		_ = conn.CloseResponse()
+		return nil, nil, err
+	}
+	st := &routeStream{target: target, conn: conn, cancel: cancel, slots: make(chan struct{}, s.maxInFlight),
+		opened: time.Now(), pending: map[uint64]chan *cartv1.StreamResponse{}, done: make(chan struct{})}
+	recvDone := make(chan struct{})
+	go func() {
+		defer close(recvDone)
+		st.receive()
+		_ = conn.CloseResponse()
+	}()
+	return st, recvDone, nil
+}
+
+// answer unpacks a stream answer into the unary call's result or error.
+func answer[T any](m *cartv1.StreamResponse, get func(*cartv1.StreamResponse) *T) (*T, error) {
+	if e := m.GetError(); e != nil {
+		return nil, connect.NewError(connect.Code(e.GetCode()), errors.New(e.GetMessage()))
+	}
+	if v := get(m); v != nil {
+		return v, nil
+	}
+	return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("stream answer %d of the wrong kind", m.GetId()))
+}
+
+// routeCall is Route on the live stream to target, or unary.
+func (r *Router) routeCall(ctx context.Context, target string, m *cartv1.RouteRequest) (*cartv1.RouteResponse, error) {
+	if st := r.streams.live(target); st != nil {
+		a, err := st.do(ctx, &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Route{Route: m}})
+		if err != nil {
+			return nil, err
+		}
+		return answer(a, (*cartv1.StreamResponse).GetRoute)
+	}
+	r.streams.unary("route")
+	resp, err := r.client(target).Route(ctx, connect.NewRequest(m))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+// completeCall is Complete on the live stream to target, or unary.
+func (r *Router) completeCall(ctx context.Context, target string, m *cartv1.CompleteRequest) (*cartv1.CompleteResponse, error) {
+	if st := r.streams.live(target); st != nil {
+		a, err := st.do(ctx, &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Complete{Complete: m}})
+		if err == nil {
+			return answer(a, (*cartv1.StreamResponse).GetComplete)
+		}
+		if !errors.Is(err, errStreamBroken) {
+			return nil, err
+		}
+		// Unlike a route, whose caller falls back to local routing at
+		// once, this report is worth its unary retry: it is idempotent
+		// (a ticket settles once, sync counts are absolute), and a lost
+		// one leaves load on the leader until the next one.
+	}
+	r.streams.unary("complete")
+	resp, err := r.client(target).Complete(ctx, connect.NewRequest(m))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+// syncCall is Sync on the live stream to target, or unary.
+func (r *Router) syncCall(ctx context.Context, target string, m *cartv1.SyncRequest) (*cartv1.SyncResponse, error) {
+	if st := r.streams.live(target); st != nil {
+		a, err := st.do(ctx, &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Sync{Sync: m}})
+		if err == nil {
+			return answer(a, (*cartv1.StreamResponse).GetSync)
+		}
+		if !errors.Is(err, errStreamBroken) {
+			return nil, err
+		}
+		// Unlike a route, whose caller falls back to local routing at
+		// once, this report is worth its unary retry: it is idempotent
+		// (a ticket settles once, sync counts are absolute), and a lost
+		// one leaves load on the leader until the next one.
+	}
+	r.streams.unary("sync")
+	resp, err := r.client(target).Sync(ctx, connect.NewRequest(m))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+// Collectors are the Route stream's metrics (none when it is off), for
+// the data plane's /metrics.
+func (r *Router) Collectors() []prometheus.Collector {
+	if r.streams == nil {
+		return nil
+	}
+	return []prometheus.Collector{r.streams.open, r.streams.fallbacks}
+}
