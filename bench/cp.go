@@ -33,6 +33,9 @@ type CPConfig struct {
 	// RouteTimeout is the data planes' Route deadline (0: the config
 	// default, as in production): slower answers fall back locally.
 	RouteTimeout time.Duration `json:"route_timeout_ns"`
+	// Unary makes the data planes call Route, Complete and Sync one call
+	// at a time instead of on the stream (dataplane.route_stream: false).
+	Unary        bool          `json:"unary,omitempty"`
 	StartTimeout time.Duration `json:"start_timeout_ns"`
 }
 
@@ -421,7 +424,9 @@ func RunCP(ctx context.Context, env *Env, cfg CPConfig) CPResult {
 	defer cl.close()
 	causes := &causeCounter{}
 	dps, err := startDataPlanes(ctx, env, max(cfg.DataPlanes, 1), max(cfg.Workers, 1), func(i int, client *http.Client) remote.Options {
-		return dataPlaneOptions(fmt.Sprintf("bench-dp-%d", i+1), cl.urls(), blockChars, 0, cfg.RouteTimeout, client, causes.add)
+		o := dataPlaneOptions(fmt.Sprintf("bench-dp-%d", i+1), cl.urls(), blockChars, 0, cfg.RouteTimeout, client, causes.add)
+		o.RouteStream = o.RouteStream && !cfg.Unary
+		return o
 	}, cfg.StartTimeout)
 	if err != nil {
 		res.Skipped = "data planes: " + err.Error()

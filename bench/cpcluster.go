@@ -221,6 +221,7 @@ func dataPlaneOptions(id string, cps []string, blockChars, balanceAbs int, route
 			BalanceAbs: balance, BalanceRel: d.Cache.BalanceRelThreshold},
 		RouteBreakerFailures: d.DataPlane.RouteBreakerFailures,
 		RouteBreakerCooloff:  d.DataPlane.RouteBreakerCooloff(),
+		RouteStream:          d.DataPlane.RouteStream, RouteStreamMaxInFlight: d.DataPlane.RouteStreamMaxInFlight,
 	}
 }
 

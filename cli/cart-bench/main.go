@@ -334,6 +334,7 @@ func addCPFlags(f *pflag.FlagSet, c *bench.CPConfig, prefix string) {
 	f.DurationVar(&c.Duration, prefix+"duration", c.Duration, "duration of each run")
 	f.IntVar(&c.DataPlanes, prefix+"dataplanes", c.DataPlanes, "data planes (each its own connection to the leader)")
 	f.DurationVar(&c.RouteTimeout, prefix+"route-timeout", c.RouteTimeout, "data planes' Route deadline (0 = the config default, as in production)")
+	f.BoolVar(&c.Unary, prefix+"unary", c.Unary, "data planes make one call per Route instead of using the stream (dataplane.route_stream: false)")
 }
 
 func newFailoverCmd() *cobra.Command {
