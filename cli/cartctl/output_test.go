@@ -169,6 +169,7 @@ was chosen. The least-loaded worker was http://w2.
   "leader_id": "n1",
   "pinned": false,
   "leader_url": "",
+  "avoid_ignored": false,
   "explanation": "because"
 }
 `},

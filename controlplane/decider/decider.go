@@ -274,8 +274,23 @@ func (d *Decider) KVStates() map[string]engine.KVState {
 // and cache entries.
 func (d *Decider) SetWorkers(specs []engine.WorkerSpec) (removed []string) {
 	t := d.lock()
-	defer d.unlock(OpAdmin, t)
-	return d.eng.SetWorkers(specs)
+	removed = d.eng.SetWorkers(specs)
+	d.unlock(OpAdmin, t)
+	if len(removed) > 0 {
+		d.Purge()
+	}
+	return removed
+}
+
+// Purge drops removed workers' holdings from the index now, in short lock
+// holds (the engine retires a removed worker in O(1); the maintenance pass
+// would purge it later otherwise).
+func (d *Decider) Purge() {
+	for done := false; !done; {
+		t := d.lock()
+		done = d.eng.PurgeStep(maintainChunk)
+		d.unlock(OpMaintain, t)
+	}
 }
 
 // SetHealthy records a health-check verdict.

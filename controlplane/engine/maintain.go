@@ -15,7 +15,7 @@ const purgePerEvict = 16
 func (e *Engine) MaintainStep(now int64, maxEntries, chunk int) (done bool) {
 	// Purging a removed worker only reads most slots it visits, hence
 	// more of them per step than evictions.
-	if !e.idx.PurgeStep(chunk * purgePerEvict) {
+	if !e.PurgeStep(chunk) {
 		return false
 	}
 	if _, done := e.idx.Evict(maxEntries, chunk); !done {
@@ -32,4 +32,10 @@ func (e *Engine) MaintainStep(now int64, maxEntries, chunk int) (done bool) {
 		}
 	}
 	return true
+}
+
+// PurgeStep drops removed workers' holdings from a step's worth of index
+// slots (chunk times purgePerEvict) and reports whether none are left.
+func (e *Engine) PurgeStep(chunk int) (done bool) {
+	return e.idx.PurgeStep(chunk * purgePerEvict)
 }

@@ -167,6 +167,9 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 	var res Result
 	var ev *auditEvent
 	s.dec.Do(decider.OpApply, func(eng *engine.Engine) { res, ev = s.applyLocked(eng, index, &cmd) })
+	if cmd.GetRemoveWorker() != nil || cmd.GetSetWorkers() != nil {
+		s.dec.Purge() // a removed worker's holdings, in short lock holds
+	}
 	if al := s.audit.Load(); ev != nil && al != nil {
 		// Logged outside the engine lock: routing must not wait on log I/O.
 		al.Info(ev.msg, append([]any{"audit", true, "index", index, "actor", cmd.GetActor(), "request_id", cmd.GetRequestId()}, ev.args...)...)
