@@ -143,7 +143,7 @@ func (a *attempt) send(ctx context.Context, out *http.Request) (*http.Response, 
 	a.w = w
 	actx, cancel := context.WithCancel(ctx)
 	a.cancel = cancel
-	// out is already ReverseProxy's private copy, and no attempt changes
+	// out is the call's own outbound request, and no attempt changes
 	// its headers: a shallow copy with its own URL is enough per attempt.
 	req := out.WithContext(actx)
 	u := *out.URL
@@ -211,7 +211,7 @@ func (a *attempt) deliver(resp *http.Response) *http.Response {
 	inner := resp.Body.(*attemptBody)
 	tb := &trackedBody{rc: inner, idle: a.p.o.StreamIdleTimeout, cancel: func() {
 		a.cancel()
-		// A client that stopped reading blocks ReverseProxy in Write,
+		// A client that stopped reading blocks relay in Write,
 		// where cancelling the upstream cannot reach it: expire the write
 		// too, so the stream ends and its load is released.
 		if c.client != nil {
@@ -241,7 +241,7 @@ func (a *attempt) finish() {
 }
 
 // attemptBody is an attempt's upstream response body: closing it, on
-// whichever of ReverseProxy's paths (normal end, client abort, error) gets
+// whichever of relay's paths (normal end, client abort, error) gets
 // there first, finishes the attempt once.
 type attemptBody struct {
 	io.ReadCloser

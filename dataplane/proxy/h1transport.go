@@ -167,8 +167,8 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 			return fail(err)
 		}
 		// Interim answers (100 Continue, 103 Early Hints) are not the
-		// response (101 is, and modifyResponse refuses it): they go to
-		// ReverseProxy's trace hook, which passes them to the client, as
+		// response (101 is, and relay refuses it): they go to the trace
+		// hook (forward.go's interim), which passes them to the client, as
 		// net/http's Transport does, up to its limit of 5.
 		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
 			break

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strings"
 	"sync"
 	"time"
@@ -48,13 +47,6 @@ type call struct {
 	// responseID is the stored response the call names, responseParam the
 	// field it came from ("" for /v1/responses/{id}).
 	responseID, responseParam string
-}
-
-type callKey struct{}
-
-func callFrom(ctx context.Context) *call {
-	c, _ := ctx.Value(callKey{}).(*call)
-	return c
 }
 
 // maxPooledHashes bounds the hash buffers kept for reuse (64k blocks = a
@@ -205,8 +197,14 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 			panic(v) // http.ErrAbortHandler: let the server drop the connection
 		}
 	}()
-	ctx := context.WithValue(r.Context(), callKey{}, c)
-	p.rp.ServeHTTP(sw, r.WithContext(ctx))
+	ctx, hints := withInterim(r.Context(), sw)
+	resp, err := p.roundTrip(c, p.outbound(ctx, r, c))
+	hints.close()
+	if err != nil {
+		p.errorHandler(sw, r, c, err)
+		return
+	}
+	p.relay(sw, r, c, resp)
 }
 
 // finish records the request's final status. A client that went away is
@@ -254,34 +252,8 @@ func (p *Proxy) fail(w http.ResponseWriter, c *call, err error) {
 	p.log.Info("request refused", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "code", ae.Code, "error", clip(err.Error()))
 }
 
-func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
-	pr.SetXForwarded()
-	pr.Out.Header.Del(HeaderRoutedPeer)
-	pr.Out.Header.Del("Upgrade") // see modifyResponse: no upgraded connections
-	for _, h := range clientCredentialHeaders {
-		pr.Out.Header.Del(h)
-	}
-	c := callFrom(pr.In.Context())
-	pr.Out.Header.Set(HeaderRequestID, c.id)
-}
-
-func (p *Proxy) modifyResponse(resp *http.Response) error {
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		// An upgraded connection would outlive the body wrapper that
-		// settles the decision; returning an error makes ReverseProxy
-		// close the body (settling it) and answer 502.
-		return errors.New("protocol upgrades are not proxied")
-	}
-	c := callFrom(resp.Request.Context())
-	resp.Header.Del(HeaderRoutedPeer)
-	if p.o.AddRoutedPeerHeader && c != nil {
-		resp.Header.Set(HeaderRoutedPeer, c.final.Worker)
-	}
-	return nil
-}
-
-func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
-	c := callFrom(r.Context())
+// errorHandler answers a call that got no usable response.
+func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, c *call, err error) {
 	if r.Context().Err() != nil {
 		// The client left; nobody is listening for an error body.
 		return
@@ -291,9 +263,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		w.Header().Set("Retry-After", "1")
 	}
 	apierr.WriteFor(w, r, ae)
-	if c != nil {
-		p.log.Warn("request failed", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "attempts", c.attempts, "error", err.Error())
-	}
+	p.log.Warn("request failed", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "attempts", c.attempts, "error", err.Error())
 }
 
 // upstreamError is what a client is told about a failure behind the proxy.

@@ -14,16 +14,15 @@ import (
 	"time"
 )
 
-// roundTrip is the ReverseProxy's transport: it routes, dispatches, and
-// retries on another worker while the response has not started. Returning
-// from here is the last moment a retry is possible: after it ReverseProxy
-// starts writing to the client.
+// roundTrip routes, dispatches, and retries on another worker while the
+// response has not started. Returning from here is the last moment a retry
+// is possible: after it relay starts writing to the client.
 //
 // When no other worker can take a retry, the client gets the last real
 // failure (the worker's own retryable answer, or a 504/502 for a timeout or
 // connection error), not a generic "no worker available".
-func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
-	l := retryLoop{c: callFrom(out.Context())}
+func (p *Proxy) roundTrip(c *call, out *http.Request) (*http.Response, error) {
+	l := retryLoop{c: c}
 	defer func() { p.retryTokens.Add(-l.tokens) }()
 	for n := 0; ; n++ {
 		if resp, done, err := p.tryOnce(out, &l, n); done {
