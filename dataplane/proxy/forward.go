@@ -48,6 +48,9 @@ var requestReplaced = map[string]bool{
 	"X-Forwarded-Proto": true,
 	HeaderRoutedPeer:    true,
 	HeaderRequestID:     true,
+	// The body is in hand before any worker is asked (the client's 100
+	// Continue came from CART): a worker's own 100 would be a second one.
+	"Expect": true,
 }
 
 func init() {
