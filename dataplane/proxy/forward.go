@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/textproto"
 	"net/url"
 	"strings"
@@ -76,13 +75,14 @@ func connectionNamed(h http.Header) map[string]bool {
 	return named
 }
 
-// outbound builds the request the attempts send (each on its own copy with
-// the worker's address): the client's end-to-end headers, without its
-// credentials or hop-by-hop ones, plus the forwarding headers and the
-// request id. The header values are shared with the inbound request, which
-// is never modified afterwards, so nothing may append to them in place
-// (Set replaces a value; Clone is used where keys differ per worker).
-func (p *Proxy) outbound(ctx context.Context, r *http.Request, c *call) *http.Request {
+// outbound builds c.out, the request the attempts send (each on its own
+// copy with the worker's address): the client's end-to-end headers,
+// without its credentials or hop-by-hop ones, plus the forwarding headers
+// and the request id. The header values are shared with the inbound
+// request, which is never modified afterwards, so nothing may append to
+// them in place (Set replaces a value; Clone is used where keys differ per
+// worker).
+func (p *Proxy) outbound(r *http.Request, c *call) {
 	named := connectionNamed(r.Header)
 	h := make(http.Header, len(r.Header)+5)
 	for k, vv := range r.Header {
@@ -117,15 +117,15 @@ func (p *Proxy) outbound(ctx context.Context, r *http.Request, c *call) *http.Re
 		// Present but empty: net/http would otherwise write its own.
 		set("User-Agent", "")
 	}
-	out := &http.Request{
+	c.outURL = url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: cleanQuery(r.URL.RawQuery)}
+	c.out = http.Request{
 		Method:     r.Method,
-		URL:        &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: cleanQuery(r.URL.RawQuery)},
+		URL:        &c.outURL,
 		Proto:      "HTTP/1.1",
 		ProtoMajor: 1,
 		ProtoMinor: 1,
 		Header:     h,
 	}
-	return out.WithContext(ctx)
 }
 
 // teTrailers reports whether a TE header accepts trailers.
@@ -317,9 +317,3 @@ func isEventStream(ct string) bool {
 
 // copyBufferPool recycles the 32 KiB buffers bodies are copied through.
 var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
-// withInterim makes ctx relay 1xx answers to w.
-func withInterim(ctx context.Context, w http.ResponseWriter) (context.Context, *interim) {
-	i := &interim{w: w}
-	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{Got1xxResponse: i.got1xx}), i
-}

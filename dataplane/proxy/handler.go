@@ -8,6 +8,8 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +39,16 @@ type call struct {
 	start     time.Time
 	client    *http.ResponseController // the client's connection, for deadlines
 	hold      bodyHold                 // body bytes reserved in the budget
+
+	// out is the request the attempts send, each on its own copy with its
+	// worker's address (built by outbound). It, the writer and the 1xx
+	// hook live here, not on their own, to save allocations per request.
+	out    http.Request
+	outURL url.URL
+	sw     statusWriter
+	rc     http.ResponseController
+	hints  interim
+	trace  httptrace.ClientTrace
 
 	// modelExclude are the workers that do not serve the request's model.
 	modelExclude []string
@@ -188,8 +200,10 @@ func tooLarge(limit int64) error {
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 	p.active.Add(1)
 	defer p.active.Add(-1)
-	sw := &statusWriter{ResponseWriter: w}
-	c.client = http.NewResponseController(sw)
+	c.sw.ResponseWriter = w
+	sw := &c.sw
+	c.rc = *http.NewResponseController(sw)
+	c.client = &c.rc
 	defer func() {
 		v := recover()
 		p.finish(r, c, sw, v != nil)
@@ -197,9 +211,12 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 			panic(v) // http.ErrAbortHandler: let the server drop the connection
 		}
 	}()
-	ctx, hints := withInterim(r.Context(), sw)
-	resp, err := p.roundTrip(c, p.outbound(ctx, r, c))
-	hints.close()
+	c.hints.w = sw
+	c.trace.Got1xxResponse = c.hints.got1xx
+	ctx := httptrace.WithClientTrace(r.Context(), &c.trace)
+	p.outbound(r, c)
+	resp, err := p.roundTrip(ctx, c)
+	c.hints.close()
 	if err != nil {
 		p.errorHandler(sw, r, c, err)
 		return
