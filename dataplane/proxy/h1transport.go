@@ -186,7 +186,9 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 	if t.headerTimeout > 0 {
 		_ = pc.SetReadDeadline(time.Time{})
 		if ctx.Err() != nil { // as above: the clear may have undone a cancellation
-			_ = resp.Body.Close()
+			// Not resp.Body.Close: that reads the body to its end, with no
+			// deadline left, which for a stream is never. fail closes the
+			// connection, which ends the body too.
 			return fail(ctx.Err())
 		}
 	}

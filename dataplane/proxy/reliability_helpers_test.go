@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -37,7 +38,7 @@ func defaultWiring() wiring {
 }
 
 // newWiredRig is newRig with wiring.
-func newWiredRig(t *testing.T, urls []string, w wiring, opts ...rigOpt) *rig {
+func newWiredRig(t testing.TB, urls []string, w wiring, opts ...rigOpt) *rig {
 	t.Helper()
 	o := defaultOptions()
 	pol := defaultPolicy()
@@ -63,11 +64,34 @@ func newWiredRig(t *testing.T, urls []string, w wiring, opts ...rigOpt) *rig {
 		r.metrics.SetBreaker(tr.Worker, tr.To.String())
 		r.metrics.BreakerTrans.WithLabelValues(tr.Worker, tr.To.String()).Inc()
 	})
-	o.Router, o.Breakers, o.Metrics, o.Now = r.router, r.breaks, r.metrics, w.now
+	o.Router, o.Breakers, o.Metrics = r.router, r.breaks, r.metrics
+	if w.now != nil {
+		o.Now = w.now
+	}
 	r.proxy = proxy.New(o)
 	r.front = httptest.NewServer(r.proxy)
 	t.Cleanup(r.front.Close)
 	return r
+}
+
+// rigWithOpenBreaker returns a rig on a, which answers 503, and b, tried
+// in that order, once three requests have opened a's breaker, with the
+// clock the rig runs on.
+func rigWithOpenBreaker(t *testing.T) (a, b *backend, r *rig, clock *fakeClock) {
+	t.Helper()
+	a, b = newBackend(t, "a"), newBackend(t, "b")
+	a.set(answer503("a"))
+	clock = &fakeClock{}
+	w := defaultWiring()
+	w.now = clock.now
+	r = newWiredRig(t, []string{a.URL, b.URL}, w, preferOrder(10))
+	for i := range 3 {
+		readAll(t, r.post("/v1/chat/completions", chatBody("s", fmt.Sprint("q", i), false)))
+	}
+	if got := r.workerViews()[a.URL].BreakerState; got != "open" {
+		t.Fatalf("a's breaker %q, want open", got)
+	}
+	return a, b, r, clock
 }
 
 // preferOrder makes the router try workers in the given order on a cache
@@ -111,6 +135,42 @@ func hangUntilGone(stop <-chan struct{}, cancelled chan<- time.Time) http.Handle
 				}
 			}
 		case <-stop:
+		}
+	}
+}
+
+// streamUntilGone streams chunk after chunk, pause apart, until the
+// request is cancelled or stop is closed.
+func streamUntilGone(stop <-chan struct{}, chunk string, pause time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-stop:
+				return
+			case <-time.After(pause):
+			}
+		}
+	}
+}
+
+// oneEventThenWait streams one event and then waits for the request to be
+// cancelled or release to be closed.
+func oneEventThenWait(release <-chan struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: 1\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
 		}
 	}
 }
