@@ -140,7 +140,7 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 		}
 		return nil, err
 	}
-	err := req.Write(pc.bw)
+	err := writeRequest(pc.bw, req)
 	if err == nil {
 		err = pc.bw.Flush()
 	}
