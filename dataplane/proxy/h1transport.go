@@ -162,7 +162,7 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 	for n1xx := 0; ; n1xx++ {
 		// Bytes already buffered were counted when read.
 		pc.lim.n = t.maxHeaderBytes
-		resp, err = http.ReadResponse(pc.br, req)
+		resp, err = readResponse(pc.br, req)
 		if err != nil {
 			return fail(err)
 		}

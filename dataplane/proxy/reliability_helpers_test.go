@@ -211,6 +211,21 @@ func (r *rig) postCtx(ctx context.Context, body string) (*http.Response, error) 
 	return http.DefaultClient.Do(req)
 }
 
+// timedPost posts a chat request and reads its answer, reporting how long
+// that took; 10 s bound it, should the timeout under test fail.
+func (r *rig) timedPost(t *testing.T, body string) (*http.Response, string, time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	resp, err := r.postCtx(ctx, body)
+	if err != nil {
+		t.Fatalf("after %v: %v", time.Since(start), err)
+	}
+	got := readAll(t, resp)
+	return resp, got, time.Since(start)
+}
+
 // fakeClock is a settable clock for Options.Now.
 type fakeClock struct{ off atomic.Int64 }
 
