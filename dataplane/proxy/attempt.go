@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"sync/atomic"
 	"time"
 
@@ -91,6 +92,7 @@ type attempt struct {
 	n int // 1-based, within the call
 
 	w      *workerInfo
+	url    url.URL            // the request's, with the worker's address
 	cancel context.CancelFunc // ends the upstream exchange; set by send
 	// rejected: the worker answered a retryable status, so the worker did
 	// not process the request, even if that answer is delivered in the end.
@@ -126,7 +128,7 @@ func (e *retryableStatus) Error() string { return fmt.Sprintf("worker answered %
 // settles at once and reports the failure; on a retryable status it
 // reports the failure with the answer still open (closing it settles); on
 // success it delivers the response, whose end settles.
-func (a *attempt) send(ctx context.Context, out *http.Request) (*http.Response, error) {
+func (a *attempt) send(ctx context.Context) (*http.Response, error) {
 	p, c, d := a.p, a.c, a.d
 	w, err := p.worker(d.Worker)
 	if err != nil {
@@ -136,11 +138,12 @@ func (a *attempt) send(ctx context.Context, out *http.Request) (*http.Response, 
 	a.w = w
 	actx, cancel := context.WithCancel(ctx)
 	a.cancel = cancel
-	// out is already ReverseProxy's private copy, and no attempt changes
-	// its headers: a shallow copy with its own URL is enough per attempt.
+	// No attempt changes the call's outbound headers: a shallow copy with
+	// its own URL is enough per attempt.
+	out := &c.out
 	req := out.WithContext(actx)
-	u := *out.URL
-	req.URL = &u
+	a.url = *out.URL
+	req.URL = &a.url
 	req.URL.Scheme, req.URL.Host = w.url.Scheme, w.url.Host
 	req.URL.Path = singleJoin(w.url.Path, out.URL.Path)
 	req.URL.RawPath = ""
@@ -204,7 +207,7 @@ func (a *attempt) deliver(resp *http.Response) *http.Response {
 	inner := resp.Body.(*attemptBody)
 	tb := &trackedBody{rc: inner, idle: a.p.o.StreamIdleTimeout, cancel: func() {
 		a.cancel()
-		// A client that stopped reading blocks ReverseProxy in Write,
+		// A client that stopped reading blocks relay in Write,
 		// where cancelling the upstream cannot reach it: expire the write
 		// too, so the stream ends and its load is released.
 		if c.client != nil {
@@ -234,7 +237,7 @@ func (a *attempt) finish() {
 }
 
 // attemptBody is an attempt's upstream response body: closing it, on
-// whichever of ReverseProxy's paths (normal end, client abort, error) gets
+// whichever of relay's paths (normal end, client abort, error) gets
 // there first, finishes the attempt once.
 type attemptBody struct {
 	io.ReadCloser

@@ -1,10 +1,8 @@
 package proxy_test
 
 import (
-	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -18,12 +16,7 @@ import (
 // the response.
 func rawChunkedPost(t *testing.T, front, body string, chunk int) (*http.Response, string) {
 	t.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(front, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	conn := dialFront(t, front, 10*time.Second)
 	var sb strings.Builder
 	sb.WriteString("POST /v1/chat/completions HTTP/1.1\r\nHost: cart\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
 	for rest := body; len(rest) > 0; {
@@ -37,15 +30,7 @@ func rawChunkedPost(t *testing.T, front, body string, chunk int) (*http.Response
 	if _, err := io.WriteString(conn, sb.String()); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, string(b)
+	return readResponse(t, conn)
 }
 
 // The body limit holds for chunked bodies, which carry no Content-Length:
@@ -74,60 +59,42 @@ func TestBodyLimitChunked(t *testing.T) {
 	r.waitLoadZero()
 }
 
-// A body that trickles in slower than the body read timeout is refused
-// with 408 instead of holding a connection and a buffer forever.
-func TestSlowBodyTimesOut(t *testing.T) {
-	a := newBackend(t, "a")
-	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) { o.BodyReadTimeout = 300 * time.Millisecond }))
-	conn, err := net.Dial("tcp", strings.TrimPrefix(r.front.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+// A body that is not coming is refused at once, and nothing reaches the
+// replica: one that trickles in slower than the body read timeout gets 408
+// instead of holding a connection and a buffer forever, and one declared
+// larger than the limit gets 413 without waiting for it.
+func TestBodyNotComingRefusedEarly(t *testing.T) {
 	body := chatBody("s", "q", false)
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: cart\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:10])
-	start := time.Now()
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name    string
+		opt     func(*proxy.Options)
+		request string
+		status  int
+		message string
+	}{
+		{"slow body", func(o *proxy.Options) { o.BodyReadTimeout = 300 * time.Millisecond },
+			fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(body), body[:10]), http.StatusRequestTimeout, "not received"},
+		{"declared oversized", func(o *proxy.Options) { o.MaxBodyBytes = 4096 },
+			"Content-Length: 100000\r\n\r\n{\"model\":", http.StatusRequestEntityTooLarge, "max_body_bytes"},
 	}
-	got, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusRequestTimeout {
-		t.Fatalf("status %d body %s, want 408", resp.StatusCode, got)
-	}
-	assertOpenAIError(t, string(got), "not received")
-	if d := time.Since(start); d > 3*time.Second {
-		t.Fatalf("refused after %v with a 300ms body timeout", d)
-	}
-	if a.hits.Load() != 0 {
-		t.Fatal("a partial body reached the replica")
-	}
-}
-
-// A body declared larger than the limit is refused at once, even when the
-// client never sends it.
-func TestDeclaredOversizedBodyRefusedWithoutWaitingForIt(t *testing.T) {
-	a := newBackend(t, "a")
-	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) { o.MaxBodyBytes = 4096 }))
-	conn, err := net.Dial("tcp", strings.TrimPrefix(r.front.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprint(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: cart\r\nContent-Length: 100000\r\n\r\n{\"model\":")
-	start := time.Now()
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("no answer after %v: %v", time.Since(start), err)
-	}
-	got, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusRequestEntityTooLarge {
-		t.Fatalf("status %d body %s, want 413", resp.StatusCode, got)
-	}
-	assertOpenAIError(t, string(got), "max_body_bytes")
-	if d := time.Since(start); d > 3*time.Second {
-		t.Fatalf("refused after %v", d)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newBackend(t, "a")
+			r := newRig(t, []string{a.URL}, withOptions(tc.opt))
+			conn := dialFront(t, r.front.URL, 10*time.Second)
+			fmt.Fprint(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: cart\r\n"+tc.request)
+			start := time.Now()
+			resp, got := readResponse(t, conn)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d body %s, want %d", resp.StatusCode, got, tc.status)
+			}
+			assertOpenAIError(t, got, tc.message)
+			if d := time.Since(start); d > 3*time.Second {
+				t.Fatalf("refused after %v", d)
+			}
+			if a.hits.Load() != 0 {
+				t.Fatal("a partial body reached the replica")
+			}
+		})
 	}
 }

@@ -19,27 +19,9 @@ import (
 // finishes or abandons it.
 func stalledPost(t *testing.T, front string, body string) net.Conn {
 	t.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(front, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	conn := dialFront(t, front, 10*time.Second)
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: cart\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:100])
 	return conn
-}
-
-func readResponse(t *testing.T, conn net.Conn) (*http.Response, string) {
-	t.Helper()
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, string(b)
 }
 
 // The budget of body bytes in flight holds against stalled uploads: a

@@ -60,18 +60,7 @@ func TestBreakerOpensOnRepeatedFailuresAndTrafficAvoidsReplica(t *testing.T) {
 // After the breaker timeout the replica gets a trial (half-open); a
 // success closes the breaker again.
 func TestBreakerHalfOpenTrialClosesIt(t *testing.T) {
-	a, b := newBackend(t, "a"), newBackend(t, "b")
-	a.set(answer503("a"))
-	var clock fakeClock
-	w := defaultWiring()
-	w.now = clock.now
-	r := newWiredRig(t, []string{a.URL, b.URL}, w, preferOrder(10))
-	for i := range 3 {
-		readAll(t, r.post("/v1/chat/completions", chatBody("s", fmt.Sprint("q", i), false)))
-	}
-	if got := r.workerViews()[a.URL].BreakerState; got != "open" {
-		t.Fatalf("a's breaker %q, want open", got)
-	}
+	a, _, r, clock := rigWithOpenBreaker(t)
 	a.set(nil) // a recovers
 	clock.advance(30 * time.Second)
 	readAll(t, r.post("/v1/chat/completions", chatBody("s", "before timeout", false)))

@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"io"
-	"net"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 )
@@ -15,12 +13,7 @@ import (
 // until the server closes it or stops answering.
 func pipelined(t *testing.T, front, raw string, want int) []*http.Response {
 	t.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(front, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	conn := dialFront(t, front, 5*time.Second)
 	if _, err := io.WriteString(conn, raw); err != nil {
 		t.Fatal(err)
 	}

@@ -140,7 +140,7 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 		}
 		return nil, err
 	}
-	err := req.Write(pc.bw)
+	err := writeRequest(pc.bw, req)
 	if err == nil {
 		err = pc.bw.Flush()
 	}
@@ -162,13 +162,13 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 	for n1xx := 0; ; n1xx++ {
 		// Bytes already buffered were counted when read.
 		pc.lim.n = t.maxHeaderBytes
-		resp, err = http.ReadResponse(pc.br, req)
+		resp, err = readResponse(pc.br, req)
 		if err != nil {
 			return fail(err)
 		}
 		// Interim answers (100 Continue, 103 Early Hints) are not the
-		// response (101 is, and modifyResponse refuses it): they go to
-		// ReverseProxy's trace hook, which passes them to the client, as
+		// response (101 is, and relay refuses it): they go to the trace
+		// hook (forward.go's interim), which passes them to the client, as
 		// net/http's Transport does, up to its limit of 5.
 		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
 			break
@@ -186,7 +186,9 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 	if t.headerTimeout > 0 {
 		_ = pc.SetReadDeadline(time.Time{})
 		if ctx.Err() != nil { // as above: the clear may have undone a cancellation
-			_ = resp.Body.Close()
+			// Not resp.Body.Close: that reads the body to its end, with no
+			// deadline left, which for a stream is never. fail closes the
+			// connection, which ends the body too.
 			return fail(ctx.Err())
 		}
 	}

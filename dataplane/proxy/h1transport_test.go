@@ -97,16 +97,10 @@ func TestUpstreamIdleConnectionClosedByWorker(t *testing.T) {
 func TestUpstreamConnectionDroppedAfterAbort(t *testing.T) {
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
+	stream := oneEventThenWait(release)
 	s := newConnServer(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
 		if r.Header.Get("X-Test") == "stream" {
-			w.Header().Set("Content-Type", "text/event-stream")
-			_, _ = io.WriteString(w, "data: 1\n\n")
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-			case <-release:
-			}
+			stream(w, r)
 			return
 		}
 		answerChat(w, r)

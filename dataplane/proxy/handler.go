@@ -8,7 +8,8 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"net/http/httputil"
+	"net/http/httptrace"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +40,16 @@ type call struct {
 	client    *http.ResponseController // the client's connection, for deadlines
 	hold      bodyHold                 // body bytes reserved in the budget
 
+	// out is the request the attempts send, each on its own copy with its
+	// worker's address (built by outbound). It, the writer and the 1xx
+	// hook live here, not on their own, to save allocations per request.
+	out    http.Request
+	outURL url.URL
+	sw     statusWriter
+	rc     http.ResponseController
+	hints  interim
+	trace  httptrace.ClientTrace
+
 	// modelExclude are the workers that do not serve the request's model.
 	modelExclude []string
 	// pin is the only worker this call may go to (the one storing the
@@ -48,13 +59,6 @@ type call struct {
 	// responseID is the stored response the call names, responseParam the
 	// field it came from ("" for /v1/responses/{id}).
 	responseID, responseParam string
-}
-
-type callKey struct{}
-
-func callFrom(ctx context.Context) *call {
-	c, _ := ctx.Value(callKey{}).(*call)
-	return c
 }
 
 // maxPooledHashes bounds the hash buffers kept for reuse (64k blocks = a
@@ -196,8 +200,10 @@ func tooLarge(limit int64) error {
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 	p.active.Add(1)
 	defer p.active.Add(-1)
-	sw := &statusWriter{ResponseWriter: w}
-	c.client = http.NewResponseController(sw)
+	c.sw.ResponseWriter = w
+	sw := &c.sw
+	c.rc = *http.NewResponseController(sw)
+	c.client = &c.rc
 	defer func() {
 		v := recover()
 		p.finish(r, c, sw, v != nil)
@@ -205,8 +211,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 			panic(v) // http.ErrAbortHandler: let the server drop the connection
 		}
 	}()
-	ctx := context.WithValue(r.Context(), callKey{}, c)
-	p.rp.ServeHTTP(sw, r.WithContext(ctx))
+	c.hints.w = sw
+	c.trace.Got1xxResponse = c.hints.got1xx
+	ctx := httptrace.WithClientTrace(r.Context(), &c.trace)
+	p.outbound(r, c)
+	resp, err := p.roundTrip(ctx, c)
+	c.hints.close()
+	if err != nil {
+		p.errorHandler(sw, r, c, err)
+		return
+	}
+	p.relay(sw, r, c, resp)
 }
 
 // finish records the request's final status. A client that went away is
@@ -254,34 +269,8 @@ func (p *Proxy) fail(w http.ResponseWriter, c *call, err error) {
 	p.log.Info("request refused", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "code", ae.Code, "error", clip(err.Error()))
 }
 
-func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
-	pr.SetXForwarded()
-	pr.Out.Header.Del(HeaderRoutedPeer)
-	pr.Out.Header.Del("Upgrade") // see modifyResponse: no upgraded connections
-	for _, h := range clientCredentialHeaders {
-		pr.Out.Header.Del(h)
-	}
-	c := callFrom(pr.In.Context())
-	pr.Out.Header.Set(HeaderRequestID, c.id)
-}
-
-func (p *Proxy) modifyResponse(resp *http.Response) error {
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		// An upgraded connection would outlive the body wrapper that
-		// settles the decision; returning an error makes ReverseProxy
-		// close the body (settling it) and answer 502.
-		return errors.New("protocol upgrades are not proxied")
-	}
-	c := callFrom(resp.Request.Context())
-	resp.Header.Del(HeaderRoutedPeer)
-	if p.o.AddRoutedPeerHeader && c != nil {
-		resp.Header.Set(HeaderRoutedPeer, c.final.Worker)
-	}
-	return nil
-}
-
-func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
-	c := callFrom(r.Context())
+// errorHandler answers a call that got no usable response.
+func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, c *call, err error) {
 	if r.Context().Err() != nil {
 		// The client left; nobody is listening for an error body.
 		return
@@ -291,9 +280,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		w.Header().Set("Retry-After", "1")
 	}
 	apierr.WriteFor(w, r, ae)
-	if c != nil {
-		p.log.Warn("request failed", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "attempts", c.attempts, "error", err.Error())
-	}
+	p.log.Warn("request failed", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "attempts", c.attempts, "error", err.Error())
 }
 
 // upstreamError is what a client is told about a failure behind the proxy.

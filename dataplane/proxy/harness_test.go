@@ -1,11 +1,12 @@
 package proxy_test
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -100,30 +101,7 @@ func defaultPolicy() engine.Policy {
 
 func newRig(t testing.TB, urls []string, opts ...rigOpt) *rig {
 	t.Helper()
-	o := defaultOptions()
-	pol := defaultPolicy()
-	specs := make([]engine.WorkerSpec, len(urls))
-	for i, u := range urls {
-		specs[i] = engine.WorkerSpec{URL: u}
-	}
-	for _, f := range opts {
-		f(&o, &pol, specs)
-	}
-	r := &rig{t: t}
-	r.router = router.NewLocal(router.LocalOptions{Policy: pol, MaxEntries: 1 << 16, CleanupHour: -1, Seed: 1}, specs)
-	r.metrics = metrics.New(func() (int, uint64, uint64, uint64) {
-		st, u := r.router.IndexStats()
-		return st.Entries, st.Evicted, st.SkippedInserts, u
-	})
-	r.breaks = breaker.NewSet(breaker.Config{Enabled: true, FailureThreshold: 3, SuccessThreshold: 1, Timeout: time.Minute}, nil)
-	o.Router, o.Breakers, o.Metrics = r.router, r.breaks, r.metrics
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	r.proxy = proxy.New(o)
-	r.front = httptest.NewServer(r.proxy)
-	t.Cleanup(r.front.Close)
-	return r
+	return newWiredRig(t, urls, defaultWiring(), opts...)
 }
 
 func chatBody(system, user string, stream bool) string {
@@ -186,6 +164,36 @@ func (r *rig) waitLoadZero() {
 		time.Sleep(5 * time.Millisecond)
 	}
 	r.t.Fatalf("load did not return to 0: %+v", r.router.Workers())
+}
+
+// dialFront opens a raw connection to the proxy, for requests an
+// http.Client would not send; it is closed when the test ends, and every
+// read and write on it fails after d (no bound when 0).
+func dialFront(t testing.TB, front string, d time.Duration) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(front, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if d > 0 {
+		_ = conn.SetDeadline(time.Now().Add(d))
+	}
+	return conn
+}
+
+// readResponse reads one answer and its whole body from conn.
+func readResponse(t *testing.T, conn net.Conn) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
 }
 
 func longText(seed string, n int) string {

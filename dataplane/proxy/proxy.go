@@ -14,7 +14,6 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -129,7 +128,6 @@ type Options struct {
 // Proxy is the data plane's request handler.
 type Proxy struct {
 	o         Options
-	rp        *httputil.ReverseProxy
 	upstream  http.RoundTripper
 	retryable [600]bool
 	mux       *http.ServeMux
@@ -186,19 +184,6 @@ func New(o Options) *Proxy {
 	p.upstream = o.Transport
 	if p.upstream == nil {
 		p.upstream = newH1Transport(o.ConnectTimeout, o.RequestTimeout, NewTransport(o.ConnectTimeout, o.RequestTimeout))
-	}
-	p.rp = &httputil.ReverseProxy{
-		Rewrite:   p.rewrite,
-		Transport: roundTripFunc(p.roundTrip),
-		// 0, not -1: ReverseProxy already flushes every chunk of
-		// text/event-stream and unknown-length (chunked) responses at once,
-		// so streams keep their time to first token, while fixed-length
-		// JSON answers go out in one write instead of a flush per read.
-		FlushInterval:  0,
-		ModifyResponse: p.modifyResponse,
-		ErrorHandler:   p.errorHandler,
-		BufferPool:     copyBuffers{},
-		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
 	p.predictedFraction = p.m.CachedFraction.WithLabelValues("predicted")
 	p.actualFraction = p.m.CachedFraction.WithLabelValues("actual")
@@ -261,19 +246,6 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mux.ServeHTTP(w, r)
 }
-
-// copyBuffers recycles ReverseProxy's 32 KiB copy buffers, which it would
-// otherwise allocate for every response.
-type copyBuffers struct{}
-
-var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
-func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
-func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // workerInfo is what every attempt on a worker needs: its parsed URL and
 // its metric children, looked up once instead of hashing the label on

@@ -200,28 +200,10 @@ func TestStreamingFirstByteBeforeReplicaFinishes(t *testing.T) {
 
 func TestClientDisconnectMidStreamReleasesLoad(t *testing.T) {
 	a := newBackend(t, "a")
-	stop := make(chan struct{})
-	t.Cleanup(func() { close(stop) })
-	a.set(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		for {
-			if _, err := fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n"); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	})
+	a.set(streamUntilGone(stopChan(t), "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n", 5*time.Millisecond))
 	r := newRig(t, []string{a.URL})
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.front.URL+"/v1/chat/completions", strings.NewReader(chatBody("s", "endless", true)))
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := r.postCtx(ctx, chatBody("s", "endless", true))
 	if err != nil {
 		t.Fatal(err)
 	}

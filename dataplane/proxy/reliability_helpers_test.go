@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -37,7 +38,7 @@ func defaultWiring() wiring {
 }
 
 // newWiredRig is newRig with wiring.
-func newWiredRig(t *testing.T, urls []string, w wiring, opts ...rigOpt) *rig {
+func newWiredRig(t testing.TB, urls []string, w wiring, opts ...rigOpt) *rig {
 	t.Helper()
 	o := defaultOptions()
 	pol := defaultPolicy()
@@ -63,11 +64,34 @@ func newWiredRig(t *testing.T, urls []string, w wiring, opts ...rigOpt) *rig {
 		r.metrics.SetBreaker(tr.Worker, tr.To.String())
 		r.metrics.BreakerTrans.WithLabelValues(tr.Worker, tr.To.String()).Inc()
 	})
-	o.Router, o.Breakers, o.Metrics, o.Now = r.router, r.breaks, r.metrics, w.now
+	o.Router, o.Breakers, o.Metrics = r.router, r.breaks, r.metrics
+	if w.now != nil {
+		o.Now = w.now
+	}
 	r.proxy = proxy.New(o)
 	r.front = httptest.NewServer(r.proxy)
 	t.Cleanup(r.front.Close)
 	return r
+}
+
+// rigWithOpenBreaker returns a rig on a, which answers 503, and b, tried
+// in that order, once three requests have opened a's breaker, with the
+// clock the rig runs on.
+func rigWithOpenBreaker(t *testing.T) (a, b *backend, r *rig, clock *fakeClock) {
+	t.Helper()
+	a, b = newBackend(t, "a"), newBackend(t, "b")
+	a.set(answer503("a"))
+	clock = &fakeClock{}
+	w := defaultWiring()
+	w.now = clock.now
+	r = newWiredRig(t, []string{a.URL, b.URL}, w, preferOrder(10))
+	for i := range 3 {
+		readAll(t, r.post("/v1/chat/completions", chatBody("s", fmt.Sprint("q", i), false)))
+	}
+	if got := r.workerViews()[a.URL].BreakerState; got != "open" {
+		t.Fatalf("a's breaker %q, want open", got)
+	}
+	return a, b, r, clock
 }
 
 // preferOrder makes the router try workers in the given order on a cache
@@ -115,6 +139,42 @@ func hangUntilGone(stop <-chan struct{}, cancelled chan<- time.Time) http.Handle
 	}
 }
 
+// streamUntilGone streams chunk after chunk, pause apart, until the
+// request is cancelled or stop is closed.
+func streamUntilGone(stop <-chan struct{}, chunk string, pause time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-stop:
+				return
+			case <-time.After(pause):
+			}
+		}
+	}
+}
+
+// oneEventThenWait streams one event and then waits for the request to be
+// cancelled or release to be closed.
+func oneEventThenWait(release <-chan struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: 1\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}
+}
+
 // stopChan is closed when the test ends, to release handlers that wait.
 func stopChan(t *testing.T) chan struct{} {
 	c := make(chan struct{})
@@ -149,6 +209,21 @@ func (r *rig) postCtx(ctx context.Context, body string) (*http.Response, error) 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	return http.DefaultClient.Do(req)
+}
+
+// timedPost posts a chat request and reads its answer, reporting how long
+// that took; 10 s bound it, should the timeout under test fail.
+func (r *rig) timedPost(t *testing.T, body string) (*http.Response, string, time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	resp, err := r.postCtx(ctx, body)
+	if err != nil {
+		t.Fatalf("after %v: %v", time.Since(start), err)
+	}
+	got := readAll(t, resp)
+	return resp, got, time.Since(start)
 }
 
 // fakeClock is a settable clock for Options.Now.

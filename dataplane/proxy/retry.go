@@ -14,19 +14,18 @@ import (
 	"time"
 )
 
-// roundTrip is the ReverseProxy's transport: it routes, dispatches, and
-// retries on another worker while the response has not started. Returning
-// from here is the last moment a retry is possible: after it ReverseProxy
-// starts writing to the client.
+// roundTrip routes, dispatches, and retries on another worker while the
+// response has not started. Returning from here is the last moment a retry
+// is possible: after it relay starts writing to the client.
 //
 // When no other worker can take a retry, the client gets the last real
 // failure (the worker's own retryable answer, or a 504/502 for a timeout or
 // connection error), not a generic "no worker available".
-func (p *Proxy) roundTrip(out *http.Request) (*http.Response, error) {
-	l := retryLoop{c: callFrom(out.Context())}
+func (p *Proxy) roundTrip(ctx context.Context, c *call) (*http.Response, error) {
+	l := retryLoop{c: c}
 	defer func() { p.retryTokens.Add(-l.tokens) }()
 	for n := 0; ; n++ {
-		if resp, done, err := p.tryOnce(out, &l, n); done {
+		if resp, done, err := p.tryOnce(ctx, &l, n); done {
 			return resp, err
 		}
 	}
@@ -54,8 +53,8 @@ func (l *retryLoop) drop() {
 // tryOnce is one turn of the retry loop (attempt n, 0-based): wait out the
 // backoff, get a decision, send it. done reports that resp or err is the
 // call's answer; otherwise the loop goes on to attempt n+1.
-func (p *Proxy) tryOnce(out *http.Request, l *retryLoop, n int) (resp *http.Response, done bool, err error) {
-	c, ctx := l.c, out.Context()
+func (p *Proxy) tryOnce(ctx context.Context, l *retryLoop, n int) (resp *http.Response, done bool, err error) {
+	c := l.c
 	// A worker that refused the connection says nothing about the
 	// others: retry elsewhere at once rather than back off.
 	if n > 0 && !l.unsent {
@@ -76,7 +75,7 @@ func (p *Proxy) tryOnce(out *http.Request, l *retryLoop, n int) (resp *http.Resp
 		return nil, true, err
 	}
 	l.drop()
-	resp, err = a.send(ctx, out)
+	resp, err = a.send(ctx)
 	if err == nil {
 		return p.sniffResponseID(c, resp), true, nil
 	}

@@ -334,15 +334,7 @@ func TestConnectTimeoutFailsFast(t *testing.T) {
 				o.ConnectTimeout = 200 * time.Millisecond
 				o.RequestTimeout = 30 * time.Second
 			}))
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			start := time.Now()
-			resp, err := r.postCtx(ctx, chatBody("s", "q", false))
-			if err != nil {
-				t.Fatalf("after %v: %v", time.Since(start), err)
-			}
-			body := readAll(t, resp)
-			elapsed := time.Since(start)
+			resp, body, elapsed := r.timedPost(t, chatBody("s", "q", false))
 			if resp.StatusCode != http.StatusOK || !strings.Contains(body, "hi from b") {
 				t.Fatalf("status %d body %s", resp.StatusCode, body)
 			}

@@ -2,8 +2,6 @@ package proxy_test
 
 import (
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -66,34 +64,12 @@ func TestEncodedSlashIsStillRouted(t *testing.T) {
 // stall timer ends the stream even while the write to the client blocks.
 func TestStalledClientReleasesLoad(t *testing.T) {
 	a := newBackend(t, "a")
-	stop := make(chan struct{})
-	t.Cleanup(func() { close(stop) })
-	chunk := "data: " + strings.Repeat("x", 32<<10) + "\n\n"
-	a.set(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		for {
-			if _, err := io.WriteString(w, chunk); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-stop:
-				return
-			default:
-			}
-		}
-	})
+	a.set(streamUntilGone(stopChan(t), "data: "+strings.Repeat("x", 32<<10)+"\n\n", 0))
 	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
 		o.StreamIdleTimeout = 300 * time.Millisecond
 	})
 	// A raw client that sends a request and never reads the answer.
-	conn, err := net.Dial("tcp", strings.TrimPrefix(r.front.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialFront(t, r.front.URL, 0)
 	body := chatBody("s", "stream forever", true)
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	testkit.WaitFor(t, 5*time.Second, "r.totalLoad() == 1", func() bool { return r.totalLoad() == 1 })

@@ -118,16 +118,7 @@ func TestEveryDecisionSettledOnce(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	release := make(chan struct{})
-	streamForever := func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, "data: {}\n\n")
-		w.(http.Flusher).Flush()
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
-	}
+	streamForever := oneEventThenWait(release)
 	defer close(release)
 	refused := func(t *testing.T) string {
 		s := httptest.NewServer(http.NotFoundHandler())
