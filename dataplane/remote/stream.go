@@ -191,6 +191,11 @@ type streamer struct {
 
 	// cur is the live stream, if any; read on every call, hence atomic.
 	cur atomic.Pointer[routeStream]
+	// synced: a unary Sync was answered since the last failed dial. The
+	// dial failed because the node had no leader or was unreachable; now
+	// that one answers, retry at once rather than after a backoff that
+	// grew during an election (up to streamBackoffMax).
+	synced atomic.Bool
 
 	open      prometheus.GaugeFunc
 	fallbacks *prometheus.CounterVec
@@ -237,6 +242,15 @@ func (s *streamer) unary(call string) {
 	}
 }
 
+// syncedUnary tells the loop a unary Sync was answered: a leader is there.
+// Sync runs once a sync interval, which bounds the redials this causes.
+func (s *streamer) syncedUnary() {
+	if s != nil && s.live("") == nil {
+		s.synced.Store(true)
+		s.poke()
+	}
+}
+
 // poke tells the loop the target may have changed.
 func (s *streamer) poke() {
 	if s == nil {
@@ -273,10 +287,16 @@ func (s *streamer) run(ctx context.Context) {
 			}
 			redirected = false
 			s.r.logRPCError("route stream to the control plane not available; using unary calls", target, err, "retry_in", backoff.String())
+			transient := connect.CodeOf(err) == connect.CodeUnavailable
+			s.synced.Store(false)
 			if !s.wait(ctx, backoff) {
 				return
 			}
-			backoff = min(2*backoff, streamBackoffMax)
+			if transient && s.synced.Load() {
+				backoff = streamBackoffMin
+			} else {
+				backoff = min(2*backoff, streamBackoffMax)
+			}
 			continue
 		}
 		redirected = false
@@ -446,6 +466,7 @@ func (r *Router) syncCall(ctx context.Context, target string, m *cartv1.SyncRequ
 	if err != nil {
 		return nil, err
 	}
+	r.streams.syncedUnary()
 	return resp.Msg, nil
 }
 

@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -155,6 +156,8 @@ type streamCP struct {
 	calls   atomic.Int64
 	streams atomic.Int64
 	kill    chan struct{} // closed: every open stream ends with an error
+	// electing: streams are refused as by a node with no leader yet.
+	electing atomic.Bool
 }
 
 func newStreamCP(t testing.TB) (*streamCP, *pathCounter) {
@@ -168,6 +171,9 @@ func newStreamCP(t testing.TB) (*streamCP, *pathCounter) {
 }
 
 func (f *streamCP) Stream(ctx context.Context, st *connect.BidiStream[cartv1.StreamRequest, cartv1.StreamResponse]) error {
+	if f.electing.Load() {
+		return connect.NewError(connect.CodeUnavailable, errors.New("no leader: election in progress"))
+	}
 	select {
 	case <-f.kill:
 		return connect.NewError(connect.CodeUnavailable, context.Canceled)

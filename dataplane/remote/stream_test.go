@@ -2,11 +2,14 @@ package remote
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/service"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -284,4 +287,28 @@ func TestStreamRefusedWithoutCredential(t *testing.T) {
 	good := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, Token: "tok", RouteStream: true})
 	run(t, good)
 	streamLive(t, good, cp.url)
+}
+
+// A stream refused during an election backs off, but once a unary Sync is
+// answered (a leader is there) the stream is retried at once instead of
+// after a backoff grown through the election.
+func TestStreamRetriesWhenALeaderAnswers(t *testing.T) {
+	cp, pc := newStreamCP(t)
+	cp.electing.Store(true)
+	cp.mu.Lock()
+	cp.syncErr = connect.NewError(connect.CodeUnavailable, errors.New("no leader"))
+	cp.mu.Unlock()
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, SyncInterval: 50 * time.Millisecond})
+	run(t, r)
+	// Attempts at 0, 50, 150, 350, 750, 1550 ms...: the sixth waits 1.6 s.
+	testkit.WaitFor(t, 10*time.Second, "the backoff to grow", func() bool { return pc.count(cartv1connect.RouterServiceStreamProcedure) >= 6 })
+	cp.electing.Store(false)
+	cp.mu.Lock()
+	cp.syncErr = nil
+	cp.mu.Unlock()
+	start := time.Now()
+	streamLive(t, r, cp.url)
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("the stream came back %v after the leader answered; want within about a sync interval", d)
+	}
 }
