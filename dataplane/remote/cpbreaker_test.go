@@ -36,7 +36,10 @@ func (c *fakeClock) advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-const breakerTimeout = 100 * time.Millisecond
+// breakerTimeout is the route timeout of these tests: long enough that an
+// answered call fits in it under -race on a loaded 2-core box (100 ms did
+// not: 158 ms seen), short enough to keep the stalled calls quick.
+const breakerTimeout = 300 * time.Millisecond
 
 func breakerRouter(t *testing.T, cp *fakeCP, failures int, clock *fakeClock, fb *fallbacks) (*Router, *sentRoutes) {
 	// Calls are counted as the router sends them: a call the route timeout
