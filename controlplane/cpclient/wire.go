@@ -98,3 +98,22 @@ func BearerToken(h http.Header) (string, bool) {
 	tok = strings.TrimSpace(tok)
 	return tok, tok != ""
 }
+
+// StreamTracer traces one call carried on the Route stream as an
+// interceptor traces a unary call, the trace context travelling in
+// carrier (the stream message's trace map). tracing's interceptor
+// implements it; client and server find it among their interceptors.
+type StreamTracer interface {
+	StreamCall(ctx context.Context, procedure, protocol, peer string, client bool, carrier map[string]string, req any, next func(context.Context) (any, error)) (any, error)
+}
+
+// FindStreamTracer returns the first interceptor that traces stream calls,
+// or nil.
+func FindStreamTracer(interceptors []connect.Interceptor) StreamTracer {
+	for _, i := range interceptors {
+		if t, ok := i.(StreamTracer); ok {
+			return t
+		}
+	}
+	return nil
+}

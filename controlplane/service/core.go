@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/models"
@@ -69,11 +70,14 @@ type Options struct {
 
 // Core is one control-plane node's service state.
 type Core struct {
-	o    Options
-	log  *slog.Logger
-	dec  *decider.Decider // decisions, load, tickets; shared with the state machine
-	st   *state.State
-	node Node
+	// streamTracer traces the Route calls a stream carries (set by
+	// HandlerWith from its interceptors); nil: off.
+	streamTracer cpclient.StreamTracer
+	o            Options
+	log          *slog.Logger
+	dec          *decider.Decider // decisions, load, tickets; shared with the state machine
+	st           *state.State
+	node         Node
 
 	// models are the workers' model lists the leader's prober learned.
 	models *models.Registry

@@ -54,6 +54,7 @@ func (c *Core) Handler(auth AuthOptions) http.Handler { return c.HandlerWith(aut
 // HandlerWith is Handler with interceptors around the RouterService and
 // AdminService calls (tracing).
 func (c *Core) HandlerWith(auth AuthOptions, interceptors ...connect.Interceptor) http.Handler {
+	c.streamTracer = cpclient.FindStreamTracer(interceptors)
 	mux := http.NewServeMux()
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(MaxMessageBytes),

@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // maxStreamInFlight bounds the calls one stream has in progress on the
@@ -127,7 +128,7 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 			go func() {
 				defer calls.Done()
 				defer func() { <-slots }()
-				send(c.streamCall(ctx, m))
+				send(c.streamCall(ctx, st.Peer().Protocol, m))
 			}()
 		}
 	}()
@@ -161,7 +162,7 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 }
 
 // streamCall serves one call of a stream.
-func (c *Core) streamCall(ctx context.Context, m *cartv1.StreamRequest) *cartv1.StreamResponse {
+func (c *Core) streamCall(ctx context.Context, protocol string, m *cartv1.StreamRequest) *cartv1.StreamResponse {
 	resp := &cartv1.StreamResponse{Id: m.GetId()}
 	if t := m.GetTimeoutMicros(); t > 0 {
 		var cancel context.CancelFunc
@@ -172,7 +173,15 @@ func (c *Core) streamCall(ctx context.Context, m *cartv1.StreamRequest) *cartv1.
 	switch call := m.GetCall().(type) {
 	case *cartv1.StreamRequest_Route:
 		var r *cartv1.RouteResponse
-		if r, err = c.route(ctx, call.Route); err == nil {
+		if c.streamTracer != nil && len(m.GetTrace()) > 0 {
+			var a any
+			a, err = c.streamTracer.StreamCall(ctx, cartv1connect.RouterServiceRouteProcedure, protocol, "", false, m.GetTrace(), call.Route,
+				func(ctx context.Context) (any, error) { return c.route(ctx, call.Route) })
+			r, _ = a.(*cartv1.RouteResponse)
+		} else {
+			r, err = c.route(ctx, call.Route)
+		}
+		if err == nil {
 			resp.Result = &cartv1.StreamResponse_Route{Route: r}
 		}
 	case *cartv1.StreamRequest_Complete:

@@ -12,7 +12,9 @@ import (
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // The Route stream (Options.RouteStream): one long-lived RouterService.Stream
@@ -187,7 +189,8 @@ func (s *routeStream) forget(id uint64) {
 type streamer struct {
 	r           *Router
 	maxInFlight int
-	kick        chan struct{} // the target may have changed
+	kick        chan struct{}         // the target may have changed
+	tracer      cpclient.StreamTracer // traces the Route calls it carries; nil: off
 
 	// cur is the live stream, if any; read on every call, hence atomic.
 	cur atomic.Pointer[routeStream]
@@ -205,7 +208,7 @@ func newStreamer(r *Router, maxInFlight int) *streamer {
 	if maxInFlight <= 0 {
 		maxInFlight = DefaultStreamInFlight
 	}
-	s := &streamer{r: r, maxInFlight: maxInFlight, kick: make(chan struct{}, 1)}
+	s := &streamer{r: r, maxInFlight: maxInFlight, kick: make(chan struct{}, 1), tracer: cpclient.FindStreamTracer(r.o.Interceptors)}
 	s.open = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cart_route_stream_open",
 		Help: "1 while this data plane's Route stream to the control-plane leader is live."}, func() float64 {
 		if s.live("") != nil {
@@ -409,11 +412,27 @@ func answer[T any](m *cartv1.StreamResponse, get func(*cartv1.StreamResponse) *T
 // routeCall is Route on the live stream to target, or unary.
 func (r *Router) routeCall(ctx context.Context, target string, m *cartv1.RouteRequest) (*cartv1.RouteResponse, error) {
 	if st := r.streams.live(target); st != nil {
-		a, err := st.do(ctx, &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Route{Route: m}})
+		req := &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Route{Route: m}}
+		do := func(ctx context.Context) (any, error) {
+			a, err := st.do(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			return answer(a, (*cartv1.StreamResponse).GetRoute)
+		}
+		var resp any
+		var err error
+		if r.streams.tracer == nil {
+			resp, err = do(ctx)
+		} else {
+			req.Trace = map[string]string{}
+			resp, err = r.streams.tracer.StreamCall(ctx, cartv1connect.RouterServiceRouteProcedure, st.conn.Peer().Protocol, st.conn.Peer().Addr, true, req.Trace, m, do)
+		}
 		if err != nil {
 			return nil, err
 		}
-		return answer(a, (*cartv1.StreamResponse).GetRoute)
+		rr, _ := resp.(*cartv1.RouteResponse)
+		return rr, nil
 	}
 	r.streams.unary("route")
 	resp, err := r.client(target).Route(ctx, connect.NewRequest(m))

@@ -34,60 +34,83 @@ type interceptor struct{ t *Tracer }
 func (i *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		spec := req.Spec()
-		kind := trace.SpanKindClient
-		if spec.IsClient {
-			if !trace.SpanContextFromContext(ctx).IsValid() {
-				return next(ctx, req)
-			}
-		} else {
-			ctx = i.t.prop.Extract(ctx, propagation.HeaderCarrier(req.Header()))
-			if !trace.SpanContextFromContext(ctx).IsRemote() {
-				return next(ctx, req)
-			}
-			kind = trace.SpanKindServer
-		}
-		name := strings.TrimPrefix(spec.Procedure, "/")
-		service, method, _ := strings.Cut(name, "/")
-		ctx, sp := i.t.tr.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(
-			attribute.String("rpc.system", rpcSystem(req.Peer().Protocol)),
-			attribute.String("rpc.service", service),
-			attribute.String("rpc.method", method),
-		))
-		defer sp.End()
-		if spec.IsClient {
-			sp.SetAttributes(attribute.String("server.address", req.Peer().Addr))
-			i.t.prop.Inject(ctx, propagation.HeaderCarrier(req.Header()))
-		}
-		if m, ok := req.Any().(*cartv1.RouteRequest); ok && !spec.IsClient {
-			sp.SetAttributes(
-				attribute.String("cart.dataplane_id", clip(m.GetDataplaneId())),
-				attribute.String("cart.endpoint", clip(m.GetEndpoint())),
-				attribute.String("cart.model", clip(m.GetModel())),
-				attribute.Int("cart.route.blocks", len(m.GetBlockHashes())),
-			)
-		}
-		resp, err := next(ctx, req)
-		if err != nil {
-			sp.SetAttributes(attribute.String("rpc.connect_rpc.error_code", connect.CodeOf(err).String()))
-			sp.SetStatus(codes.Error, err.Error())
-			return resp, err
-		}
-		if m, ok := resp.Any().(*cartv1.RouteResponse); ok {
-			sp.SetAttributes(
-				attribute.String("cart.route.worker", m.GetWorker()),
-				attribute.String("cart.route.reason", m.GetReason()),
-				attribute.Float64("cart.route.matched_ratio", m.GetMatchedRatio()),
-				attribute.Bool("cart.route.from_leader", m.GetFromLeader()),
-				attribute.String("cart.leader_id", m.GetLeaderId()),
-			)
-		}
-		return resp, nil
+		var out connect.AnyResponse
+		_, err := i.call(ctx, spec.Procedure, rpcSystem(req.Peer().Protocol), req.Peer().Addr, spec.IsClient,
+			propagation.HeaderCarrier(req.Header()), req.Any(), func(ctx context.Context) (any, error) {
+				var err error
+				if out, err = next(ctx, req); out == nil {
+					return nil, err
+				}
+				return out.Any(), err
+			})
+		return out, err
 	}
 }
 
-// Streaming calls are not traced per message: the Route stream (one per
-// data plane, carrying every route) would make one span of hours. The
-// proxy's cart.route span still times each decision.
+// StreamCall traces one call carried on a stream (the data plane's Route
+// stream) as WrapUnary traces a unary one, the trace context travelling in
+// carrier (the message's trace map) instead of headers: on the client side
+// it is injected into carrier before next sends the message, on the
+// server side extracted from it.
+func (i *interceptor) StreamCall(ctx context.Context, procedure, protocol, peer string, client bool, carrier map[string]string, req any, next func(context.Context) (any, error)) (any, error) {
+	return i.call(ctx, procedure, rpcSystem(protocol), peer, client, propagation.MapCarrier(carrier), req, next)
+}
+
+// call is one traced RPC: only part of a trace when the client side is
+// inside a span or the server side received a remote span context.
+func (i *interceptor) call(ctx context.Context, procedure, system, peer string, client bool, carrier propagation.TextMapCarrier, req any, next func(context.Context) (any, error)) (any, error) {
+	kind := trace.SpanKindClient
+	if client {
+		if !trace.SpanContextFromContext(ctx).IsValid() {
+			return next(ctx)
+		}
+	} else {
+		ctx = i.t.prop.Extract(ctx, carrier)
+		if !trace.SpanContextFromContext(ctx).IsRemote() {
+			return next(ctx)
+		}
+		kind = trace.SpanKindServer
+	}
+	name := strings.TrimPrefix(procedure, "/")
+	service, method, _ := strings.Cut(name, "/")
+	ctx, sp := i.t.tr.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(
+		attribute.String("rpc.system", system),
+		attribute.String("rpc.service", service),
+		attribute.String("rpc.method", method),
+	))
+	defer sp.End()
+	if client {
+		sp.SetAttributes(attribute.String("server.address", peer))
+		i.t.prop.Inject(ctx, carrier)
+	}
+	if m, ok := req.(*cartv1.RouteRequest); ok && !client {
+		sp.SetAttributes(
+			attribute.String("cart.dataplane_id", clip(m.GetDataplaneId())),
+			attribute.String("cart.endpoint", clip(m.GetEndpoint())),
+			attribute.String("cart.model", clip(m.GetModel())),
+			attribute.Int("cart.route.blocks", len(m.GetBlockHashes())),
+		)
+	}
+	resp, err := next(ctx)
+	if err != nil {
+		sp.SetAttributes(attribute.String("rpc.connect_rpc.error_code", connect.CodeOf(err).String()))
+		sp.SetStatus(codes.Error, err.Error())
+		return resp, err
+	}
+	if m, ok := resp.(*cartv1.RouteResponse); ok {
+		sp.SetAttributes(
+			attribute.String("cart.route.worker", m.GetWorker()),
+			attribute.String("cart.route.reason", m.GetReason()),
+			attribute.Float64("cart.route.matched_ratio", m.GetMatchedRatio()),
+			attribute.Bool("cart.route.from_leader", m.GetFromLeader()),
+			attribute.String("cart.leader_id", m.GetLeaderId()),
+		)
+	}
+	return resp, nil
+}
+
+// A stream itself is not traced (the Route stream lives for hours); the
+// calls it carries are, through StreamCall.
 func (i *interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return next
 }

@@ -288,7 +288,14 @@ func startControlPlane(ctx context.Context, t *testing.T, replica string, edit f
 // replica's traceparent all belong to the client's trace, linked parent to
 // child across both hops. The two processes' tracers are separate, so the
 // link can only have travelled in headers.
+// Over the Route stream (the default), the trace context travels in each
+// stream message; over unary calls, in the headers.
 func TestDistributedTrace(t *testing.T) {
+	t.Run("stream", func(t *testing.T) { distributedTrace(t, true) })
+	t.Run("unary", func(t *testing.T) { distributedTrace(t, false) })
+}
+
+func distributedTrace(t *testing.T, stream bool) {
 	pool := &replicaPool{}
 	replica := pool.start(t)
 	cpRec, dpRec := tracetest.NewSpanRecorder(), tracetest.NewSpanRecorder()
@@ -308,6 +315,7 @@ func TestDistributedTrace(t *testing.T) {
 	// plane out of the trace (the loop below would then try again).
 	dpCfg.DataPlane.RouteTimeoutMs = 5000
 	dpCfg.DataPlane.WorkerSyncIntervalMs = 100
+	dpCfg.DataPlane.RouteStream = stream
 	dpCfg.Log.Level = "error"
 	dpCfg.Normalize()
 	if err := dpCfg.Validate(config.RoleDataPlane); err != nil {
@@ -341,6 +349,19 @@ func TestDistributedTrace(t *testing.T) {
 	// Until the leader answers Route (election, first health probe), the
 	// data plane routes locally and the trace has no control-plane part.
 	var traceID string
+	if stream {
+		// Routes before the stream is live go unary: wait, so the stream
+		// carries the traced one.
+		testkit.WaitFor(t, 20*time.Second, "the Route stream live", func() bool {
+			resp, err := http.Get(base + "/metrics")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return strings.Contains(string(b), "\ncart_route_stream_open 1\n")
+		})
+	}
 	testkit.WaitFor(t, 20*time.Second, "a request routed by the leader", func() bool {
 		id, parent := newTraceparent()
 		if code, body := post(t, base, parent); code != http.StatusOK {

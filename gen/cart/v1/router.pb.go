@@ -34,7 +34,10 @@ type StreamRequest struct {
 	//	*StreamRequest_Route
 	//	*StreamRequest_Complete
 	//	*StreamRequest_Sync
-	Call          isStreamRequest_Call `protobuf_oneof:"call"`
+	Call isStreamRequest_Call `protobuf_oneof:"call"`
+	// W3C trace context (traceparent, tracestate) of a call made inside a
+	// trace, as a unary call carries it in its headers. Empty otherwise.
+	Trace         map[string]string `protobuf:"bytes,6,rep,name=trace,proto3" json:"trace,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -113,6 +116,13 @@ func (x *StreamRequest) GetSync() *SyncRequest {
 		if x, ok := x.Call.(*StreamRequest_Sync); ok {
 			return x.Sync
 		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetTrace() map[string]string {
+	if x != nil {
+		return x.Trace
 	}
 	return nil
 }
@@ -1430,13 +1440,18 @@ var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x14cart/v1/router.proto\x12\acart.v1\"\xe1\x01\n" +
+	"\x14cart/v1/router.proto\x12\acart.v1\"\xd4\x02\n" +
 	"\rStreamRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12%\n" +
 	"\x0etimeout_micros\x18\x02 \x01(\rR\rtimeoutMicros\x12-\n" +
 	"\x05route\x18\x03 \x01(\v2\x15.cart.v1.RouteRequestH\x00R\x05route\x126\n" +
 	"\bcomplete\x18\x04 \x01(\v2\x18.cart.v1.CompleteRequestH\x00R\bcomplete\x12*\n" +
-	"\x04sync\x18\x05 \x01(\v2\x14.cart.v1.SyncRequestH\x00R\x04syncB\x06\n" +
+	"\x04sync\x18\x05 \x01(\v2\x14.cart.v1.SyncRequestH\x00R\x04sync\x127\n" +
+	"\x05trace\x18\x06 \x03(\v2!.cart.v1.StreamRequest.TraceEntryR\x05trace\x1a8\n" +
+	"\n" +
+	"TraceEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x06\n" +
 	"\x04call\"\xee\x01\n" +
 	"\x0eStreamResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
@@ -1563,7 +1578,7 @@ func file_cart_v1_router_proto_rawDescGZIP() []byte {
 	return file_cart_v1_router_proto_rawDescData
 }
 
-var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_cart_v1_router_proto_goTypes = []any{
 	(*StreamRequest)(nil),    // 0: cart.v1.StreamRequest
 	(*StreamResponse)(nil),   // 1: cart.v1.StreamResponse
@@ -1580,33 +1595,35 @@ var file_cart_v1_router_proto_goTypes = []any{
 	(*NotLeader)(nil),        // 12: cart.v1.NotLeader
 	(*Worker)(nil),           // 13: cart.v1.Worker
 	(*KVCache)(nil),          // 14: cart.v1.KVCache
+	nil,                      // 15: cart.v1.StreamRequest.TraceEntry
 }
 var file_cart_v1_router_proto_depIdxs = []int32{
 	3,  // 0: cart.v1.StreamRequest.route:type_name -> cart.v1.RouteRequest
 	6,  // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
 	10, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
-	4,  // 3: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
-	8,  // 4: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
-	11, // 5: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
-	2,  // 6: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
-	5,  // 7: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
-	7,  // 8: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
-	9,  // 9: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	13, // 10: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	14, // 11: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
-	3,  // 12: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	6,  // 13: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	10, // 14: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
-	0,  // 15: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
-	4,  // 16: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	8,  // 17: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	11, // 18: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
-	1,  // 19: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
-	16, // [16:20] is the sub-list for method output_type
-	12, // [12:16] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	15, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
+	4,  // 4: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
+	8,  // 5: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
+	11, // 6: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
+	2,  // 7: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
+	5,  // 8: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
+	7,  // 9: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
+	9,  // 10: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
+	13, // 11: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	14, // 12: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	3,  // 13: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
+	6,  // 14: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	10, // 15: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	0,  // 16: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
+	4,  // 17: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	8,  // 18: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	11, // 19: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	1,  // 20: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
+	17, // [17:21] is the sub-list for method output_type
+	13, // [13:17] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_router_proto_init() }
@@ -1631,7 +1648,7 @@ func file_cart_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_router_proto_rawDesc), len(file_cart_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
