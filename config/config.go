@@ -474,6 +474,10 @@ type ControlPlane struct {
 	LoadLeaseSecs     float64 `yaml:"load_lease_secs"`
 	SnapshotThreshold uint64  `yaml:"snapshot_threshold"`
 	TrailingLogs      uint64  `yaml:"trailing_logs"`
+	// DebugPprof serves Go's profiler under /debug/pprof/ on the API
+	// address, to loopback callers (or, with auth.admin_token set, to
+	// holders of the admin token only).
+	DebugPprof bool `yaml:"debug_pprof"`
 	// Raft timing. Election happens HeartbeatTimeoutMs after the leader
 	// goes silent; shorter means faster failover but more spurious
 	// elections on a starved host.

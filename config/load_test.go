@@ -451,3 +451,13 @@ func TestRouteStreamKeys(t *testing.T) {
 		t.Fatalf("256 refused: %v", err)
 	}
 }
+
+// The control plane's profiler is off unless asked for.
+func TestDebugPprofKey(t *testing.T) {
+	if c := mustLoad(t, "controlplane:\n  node_id: a\n"); c.ControlPlane.DebugPprof {
+		t.Fatal("debug_pprof is on by default")
+	}
+	if c := mustLoad(t, "controlplane:\n  debug_pprof: true\n"); !c.ControlPlane.DebugPprof {
+		t.Fatal("debug_pprof: true loaded as false")
+	}
+}

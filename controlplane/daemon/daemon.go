@@ -225,7 +225,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 		_ = node.Shutdown()
 		return nil, err
 	}
-	h := d.Core.HandlerWith(service.AuthOptions{Token: token, AdminToken: adminToken, AllowUnauthenticatedRemote: cfg.Auth.AllowUnauthenticatedRemote},
+	h := d.Core.HandlerWith(service.AuthOptions{Token: token, AdminToken: adminToken, AllowUnauthenticatedRemote: cfg.Auth.AllowUnauthenticatedRemote, DebugPprof: cp.DebugPprof},
 		d.Tracer.Interceptors()...)
 	api := &http.Server{
 		Handler:           service.BodyReadDeadline(h, time.Duration(cp.APIBodyReadTimeoutSecs*float64(time.Second))),

@@ -117,6 +117,14 @@ func TestAuthzCheck(t *testing.T) {
 		{"metrics are open", AuthOptions{Token: "t"}, "/metrics", "10.1.2.3:5555", nil, 0},
 		{"reflection needs the cluster token", AuthOptions{Token: "t"}, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "10.1.2.3:5555", nil, connect.CodeUnauthenticated},
 		{"unknown path needs the cluster token", AuthOptions{Token: "t"}, "/cart.v2.Future/Thing", "10.1.2.3:5555", nil, connect.CodeUnauthenticated},
+		{"pprof from loopback", AuthOptions{}, "/debug/pprof/profile", "127.0.0.1:1", nil, 0},
+		{"pprof from loopback with a cluster token only", AuthOptions{Token: "t"}, "/debug/pprof/", "127.0.0.1:1", nil, 0},
+		{"pprof remote", AuthOptions{}, "/debug/pprof/", "10.1.2.3:5555", nil, connect.CodePermissionDenied},
+		{"pprof is not opened by allow remote", AuthOptions{AllowUnauthenticatedRemote: true}, "/debug/pprof/", "10.1.2.3:5555", nil, connect.CodePermissionDenied},
+		{"pprof remote with the cluster token", AuthOptions{Token: "t"}, "/debug/pprof/", "10.1.2.3:5555", bearer("t"), connect.CodePermissionDenied},
+		{"pprof needs the admin token even on loopback", AuthOptions{AdminToken: "a"}, "/debug/pprof/", "127.0.0.1:1", nil, connect.CodeUnauthenticated},
+		{"pprof cluster token is not admin", AuthOptions{Token: "t", AdminToken: "a"}, "/debug/pprof/", "127.0.0.1:1", bearer("t"), connect.CodeUnauthenticated},
+		{"pprof remote with the admin token", AuthOptions{AdminToken: "a"}, "/debug/pprof/", "10.1.2.3:5555", bearer("a"), 0},
 		{"admin prefix is exact", AuthOptions{Token: "t", AdminToken: "a"}, "/" + cartv1connect.AdminServiceName + "X/AddWorker", "10.1.2.3:5555", bearer("t"), 0},
 	}
 	for _, tc := range cases {
@@ -290,6 +298,28 @@ func TestMetrics(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("POST /metrics = %d", resp.StatusCode)
+	}
+}
+
+// TestDebugPprof: the profiler is served only when asked for.
+func TestDebugPprof(t *testing.T) {
+	get := func(cp *testCP) int {
+		resp, err := cp.client.Get(cp.url + "/debug/pprof/cmdline")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode
+	}
+	if code := get(newTestCP(t, cpConfig{leader: true})); code != http.StatusNotFound {
+		t.Errorf("pprof off: GET /debug/pprof/cmdline = %d, want 404", code)
+	}
+	if code := get(newTestCP(t, cpConfig{leader: true, auth: AuthOptions{DebugPprof: true}})); code != http.StatusOK {
+		t.Errorf("pprof on, loopback: GET /debug/pprof/cmdline = %d, want 200", code)
+	}
+	if code := get(newTestCP(t, cpConfig{leader: true, auth: AuthOptions{DebugPprof: true, AdminToken: "a"}})); code != http.StatusUnauthorized {
+		t.Errorf("pprof on, admin token set, none sent: GET /debug/pprof/cmdline = %d, want 401", code)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -37,6 +38,10 @@ type AuthOptions struct {
 	// and AdminService too when both tokens are empty. Without it, a node
 	// serves unauthenticated callers on loopback only: secure by default.
 	AllowUnauthenticatedRemote bool
+	// DebugPprof serves net/http/pprof under /debug/pprof/, to loopback
+	// callers and admin-token holders only: a profile shows prompts'
+	// hashes and can keep a core busy for its whole duration.
+	DebugPprof bool
 }
 
 // CompressMinBytes is the smallest message worth compressing.
@@ -70,6 +75,13 @@ func (c *Core) HandlerWith(auth AuthOptions, interceptors ...connect.Interceptor
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.Handle(grpchealth.NewHandler(&healthChecker{c}))
 	mux.Handle("GET /metrics", c.metrics.handler())
+	if auth.DebugPprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return &authn{z: authz{auth}, next: mux, errw: connect.NewErrorWriter()}
 }
 
@@ -128,12 +140,15 @@ const (
 	roleOpen    role = iota // health checks and metrics: probes carry no credentials
 	roleCluster             // RouterService, reflection and anything unknown
 	roleAdmin               // AdminService
+	roleDebug               // pprof: loopback or the admin token, whatever else is allowed
 )
 
 func roleOf(path string) role {
 	switch {
 	case path == "/metrics", strings.HasPrefix(path, "/grpc.health.v1.Health/"):
 		return roleOpen
+	case strings.HasPrefix(path, "/debug/"):
+		return roleDebug
 	case strings.HasPrefix(path, "/"+cartv1connect.AdminServiceName+"/"):
 		return roleAdmin
 	default:
@@ -151,6 +166,17 @@ func (z *authz) check(path, peer string, h http.Header) error {
 	tok, hasTok := cpclient.BearerToken(h)
 	if z.a.AdminToken != "" && hasTok && equalSecret(tok, z.a.AdminToken) {
 		return nil // the admin role may do everything
+	}
+	if r == roleDebug {
+		// Not opened by allow_unauthenticated_remote, unlike AdminService:
+		// nothing a remote operator needs, and a profile costs CPU.
+		if isLoopback(peer) && z.a.AdminToken == "" {
+			return nil
+		}
+		if z.a.AdminToken != "" {
+			return connect.NewError(connect.CodeUnauthenticated, errors.New("/debug/ needs the admin token (auth.admin_token)"))
+		}
+		return connect.NewError(connect.CodePermissionDenied, errors.New("no admin token is configured, so /debug/ serves loopback callers only"))
 	}
 	if r == roleAdmin {
 		switch {
