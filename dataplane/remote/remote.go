@@ -26,6 +26,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // ReasonFallbackLocal marks decisions made locally without the control
@@ -636,18 +637,8 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 }
 
 func (r *Router) flushLoop(ctx context.Context) {
-	t := time.NewTicker(r.o.FlushInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			r.flush(context.Background())
-			return
-		case <-t.C:
-		case <-r.flushNow:
-		}
-		r.flush(ctx)
-	}
+	every.Tick(ctx, r.o.FlushInterval, r.flushNow, func() { r.flush(ctx) })
+	r.flush(context.Background()) // what was queued when ctx ended
 }
 
 // flush sends queued completions. If the control plane cannot take them
