@@ -857,6 +857,12 @@ func (s *suite) startSplit(ctx context.Context, dir, name string, n int, d *depl
 		backends = append(backends, hostPort(port))
 		d.routers = append(d.routers, port)
 	}
+	return s.front(ctx, dir, name, backends, d)
+}
+
+// front puts HAProxy in front of the deployment's routers; d keeps the
+// process even when it fails to become ready, so that it is stopped.
+func (s *suite) front(ctx context.Context, dir, name string, backends []string, d *deployment) error {
 	target, p, err := s.startHAProxy(ctx, dir, name, backends)
 	if p != nil {
 		d.procs = append(d.procs, p)
@@ -917,12 +923,7 @@ func (s *suite) startDistributed(ctx context.Context, dir, name string, n int, d
 		backends = append(backends, hostPort(port))
 		d.routers = append(d.routers, port)
 	}
-	target, p, err := s.startHAProxy(ctx, dir, name, backends)
-	if p != nil {
-		d.procs = append(d.procs, p)
-	}
-	d.target = target
-	return err
+	return s.front(ctx, dir, name, backends, d)
 }
 
 // clusterReady asks a control-plane node for its cluster status (Connect
