@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cartrouter/cart/sim"
 )
 
 // Scenario names, in the order the suite runs them.
@@ -197,16 +199,9 @@ type ScenarioResult struct {
 	WallS         float64            `json:"wall_s"`
 }
 
-// SimStats is GET /sim/stats.
-type SimStats struct {
-	Requests         int64 `json:"requests"`
-	PromptTokens     int64 `json:"prompt_tokens"`
-	CachedTokens     int64 `json:"cached_tokens"`
-	CompletionTokens int64 `json:"completion_tokens"`
-	CacheBlocks      int   `json:"cache_blocks"`
-	Running          int64 `json:"running"`
-	Queued           int64 `json:"queued"`
-}
+// SimStats is GET /sim/stats, decoded into the simulator's own type so
+// that a counter added there reaches the report.
+type SimStats = sim.Stats
 
 // SuiteResults is results.json.
 type SuiteResults struct {
