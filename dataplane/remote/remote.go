@@ -215,18 +215,8 @@ func (r *Router) follow(url string) {
 // notLeaderURL returns the leader URL named by a control-plane node's
 // NotLeader error detail, or "".
 func notLeaderURL(err error) string {
-	ce, ok := errors.AsType[*connect.Error](err)
-	if !ok || !connect.IsWireError(ce) {
-		return ""
-	}
-	for _, d := range ce.Details() {
-		if v, err := d.Value(); err == nil {
-			if nl, ok := v.(*cartv1.NotLeader); ok {
-				return nl.GetLeaderUrl()
-			}
-		}
-	}
-	return ""
+	nl, _ := cpclient.NotLeaderOf(err)
+	return nl.GetLeaderUrl()
 }
 
 // Route implements router.Router.
