@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
-	"strings"
 	"testing"
 	"time"
 
@@ -85,24 +84,16 @@ type blockTexts map[int64]string
 func newBlockTexts() blockTexts { return blockTexts{} }
 
 func (t blockTexts) prompt(ids []int64, inputTokens int) string {
-	want := inputTokens * BytesPerToken
-	var sb strings.Builder
-	sb.Grow(min(want, len(ids)*TraceBlockChars))
-	for _, id := range ids {
-		if sb.Len() >= want {
-			break
-		}
-		s, ok := t[id]
-		if !ok {
-			s = BlockText(id)
-			t[id] = s
-		}
-		if rest := want - sb.Len(); len(s) > rest {
-			s = s[:rest]
-		}
-		sb.WriteString(s)
+	return tracePrompt(ids, inputTokens, t.text)
+}
+
+func (t blockTexts) text(id int64) string {
+	s, ok := t[id]
+	if !ok {
+		s = BlockText(id)
+		t[id] = s
 	}
-	return sb.String()
+	return s
 }
 
 type replayResult struct {

@@ -188,32 +188,6 @@ func TestCPLevelsAndValidate(t *testing.T) {
 	}
 }
 
-func TestFailoverWorkloadLRU(t *testing.T) {
-	w := newFOWorkload(5, 2, 1)
-	steps := []struct {
-		g           int
-		repeat, hit bool
-		worker      string
-		explanation string
-	}{
-		{0, false, false, "a", "first sight"},
-		{0, true, true, "a", "cached on a"},
-		{0, true, false, "b", "not on b"},
-		{1, false, false, "a", "a now holds 0, 1"},
-		{2, false, false, "a", "evicts 0 from a"},
-		{0, true, false, "a", "0 was evicted"},
-		{2, true, true, "a", "2 still there"},
-	}
-	for _, s := range steps {
-		if r, h := w.landed(s.g, s.worker); r != s.repeat || h != s.hit {
-			t.Fatalf("%s: repeat %v hit %v", s.explanation, r, h)
-		}
-	}
-	if g, key := w.next(); !strings.HasPrefix(key, w.groups[g]) {
-		t.Errorf("key %q does not start with its group", key)
-	}
-}
-
 func TestSummarizeFailover(t *testing.T) {
 	kill := time.Unix(1000, 0)
 	window := 6 * time.Second

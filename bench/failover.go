@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/dataplane/remote"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/prefixload"
 )
 
 // FailoverConfig is the leader-kill benchmark (the measurement of
@@ -124,51 +124,6 @@ type FailoverResult struct {
 
 const failoverBlockChars = 16
 
-// foWorkload is the prefix-group workload with each worker's cache
-// modelled as an LRU of cacheGroups groups: the pool holds every group
-// once but not everywhere, so routing blind thrashes it, as on replicas.
-type foWorkload struct {
-	mu          sync.Mutex
-	rng         *rand.Rand
-	groups      []string
-	cacheGroups int
-	caches      map[string][]int // worker -> groups cached, most recent last
-	seen        map[int]bool
-}
-
-func newFOWorkload(groups, cacheGroups int, seed uint64) *foWorkload {
-	w := &foWorkload{rng: rand.New(rand.NewPCG(seed, 8)), cacheGroups: cacheGroups, caches: map[string][]int{}, seen: map[int]bool{}}
-	for g := range groups {
-		w.groups = append(w.groups, fmt.Sprintf("group-%04d: system prompt shared by every request of this group, about eight blocks", g))
-	}
-	return w
-}
-
-func (w *foWorkload) next() (int, string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	g := w.rng.IntN(len(w.groups))
-	return g, fmt.Sprintf("%s|question %08d", w.groups[g], w.rng.Uint32())
-}
-
-// landed sends group g's request to worker and reports whether the group
-// was seen before (a repeat) and whether the worker still had it (a hit).
-func (w *foWorkload) landed(g int, worker string) (repeat, hit bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	repeat = w.seen[g]
-	w.seen[g] = true
-	c := w.caches[worker]
-	if i := slices.Index(c, g); i >= 0 {
-		hit = true
-		c = slices.Delete(c, i, i+1)
-	} else if len(c) >= w.cacheGroups {
-		c = c[1:]
-	}
-	w.caches[worker] = append(c, g)
-	return repeat, hit
-}
-
 // foRecord is one decision.
 type foRecord struct {
 	start, end             time.Time
@@ -222,7 +177,7 @@ func (w *FailoverWindow) add(r foRecord) {
 // dps[i%len(dps)]) from clients concurrent clients until done(i), each
 // keeping two requests open (a request completes two decisions later) and
 // pausing pace in between.
-func foDrive(ctx context.Context, dps []*remote.Router, wl *foWorkload, model string, clients int, pace time.Duration, done func(i int) bool, log *foLog) {
+func foDrive(ctx context.Context, dps []*remote.Router, wl *prefixload.Workload, model string, clients int, pace time.Duration, done func(i int) bool, log *foLog) {
 	const inFlight = 2
 	type open struct {
 		r *remote.Router
@@ -236,7 +191,7 @@ func foDrive(ctx context.Context, dps []*remote.Router, wl *foWorkload, model st
 			var held []open
 			for i := c; !done(i) && ctx.Err() == nil; i += clients {
 				r := dps[i%len(dps)]
-				g, key := wl.next()
+				g, key := wl.Next()
 				rec := foRecord{start: time.Now()}
 				d, err := r.Route(ctx, &router.Request{Model: model, Hashes: index.Hash(nil, model, []byte(key), failoverBlockChars), KeyLen: len(key)})
 				rec.end = time.Now()
@@ -245,7 +200,7 @@ func foDrive(ctx context.Context, dps []*remote.Router, wl *foWorkload, model st
 				} else {
 					rec.fallback = d.Reason == remote.ReasonFallbackLocal
 					rec.answeredByControlPlane = !rec.fallback && d.FromLeader
-					rec.repeat, rec.hit = wl.landed(g, d.Worker)
+					rec.repeat, rec.hit = wl.Landed(g, d.Worker)
 					held = append(held, open{r, d})
 				}
 				log.add(rec)
@@ -358,7 +313,7 @@ func failoverOnce(ctx context.Context, env *Env, cfg FailoverConfig, seed uint64
 		return nil, fmt.Errorf("data planes: %w", err)
 	}
 	defer dps.stop()
-	wl := newFOWorkload(cfg.Groups, cfg.CacheGroups, seed)
+	wl := prefixload.New(cfg.Groups, cfg.CacheGroups, seed)
 	// Warm-up: one client, a bounded number of requests.
 	foDrive(ctx, dps.routers, wl, model, 1, 0, func(i int) bool { return i >= cfg.WarmRequests }, &foLog{})
 

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cartrouter/cart/sim"
 )
 
 // Scenario names, in the order the suite runs them.
@@ -197,16 +199,9 @@ type ScenarioResult struct {
 	WallS         float64            `json:"wall_s"`
 }
 
-// SimStats is GET /sim/stats.
-type SimStats struct {
-	Requests         int64 `json:"requests"`
-	PromptTokens     int64 `json:"prompt_tokens"`
-	CachedTokens     int64 `json:"cached_tokens"`
-	CompletionTokens int64 `json:"completion_tokens"`
-	CacheBlocks      int   `json:"cache_blocks"`
-	Running          int64 `json:"running"`
-	Queued           int64 `json:"queued"`
-}
+// SimStats is GET /sim/stats, decoded into the simulator's own type so
+// that a counter added there reaches the report.
+type SimStats = sim.Stats
 
 // SuiteResults is results.json.
 type SuiteResults struct {
@@ -857,6 +852,12 @@ func (s *suite) startSplit(ctx context.Context, dir, name string, n int, d *depl
 		backends = append(backends, hostPort(port))
 		d.routers = append(d.routers, port)
 	}
+	return s.front(ctx, dir, name, backends, d)
+}
+
+// front puts HAProxy in front of the deployment's routers; d keeps the
+// process even when it fails to become ready, so that it is stopped.
+func (s *suite) front(ctx context.Context, dir, name string, backends []string, d *deployment) error {
 	target, p, err := s.startHAProxy(ctx, dir, name, backends)
 	if p != nil {
 		d.procs = append(d.procs, p)
@@ -917,12 +918,7 @@ func (s *suite) startDistributed(ctx context.Context, dir, name string, n int, d
 		backends = append(backends, hostPort(port))
 		d.routers = append(d.routers, port)
 	}
-	target, p, err := s.startHAProxy(ctx, dir, name, backends)
-	if p != nil {
-		d.procs = append(d.procs, p)
-	}
-	d.target = target
-	return err
+	return s.front(ctx, dir, name, backends, d)
 }
 
 // clusterReady asks a control-plane node for its cluster status (Connect

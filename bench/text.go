@@ -57,6 +57,12 @@ func seededText(seed, stream uint64, n int) string {
 // blocks' texts truncated to inputTokens worth of characters. When the ids
 // cover fewer tokens than inputTokens the whole concatenation is returned.
 func TracePrompt(hashIDs []int64, inputTokens int) string {
+	return tracePrompt(hashIDs, inputTokens, BlockText)
+}
+
+// tracePrompt is TracePrompt with block texts from text, so that a replay
+// of millions of requests can memoise them.
+func tracePrompt(hashIDs []int64, inputTokens int, text func(int64) string) string {
 	want := inputTokens * BytesPerToken
 	var b strings.Builder
 	b.Grow(min(want, len(hashIDs)*TraceBlockChars))
@@ -64,7 +70,7 @@ func TracePrompt(hashIDs []int64, inputTokens int) string {
 		if b.Len() >= want {
 			break
 		}
-		t := BlockText(id)
+		t := text(id)
 		if rest := want - b.Len(); len(t) > rest {
 			t = t[:rest]
 		}

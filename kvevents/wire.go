@@ -183,11 +183,7 @@ func Encode(b Batch, enc Encoding) ([]byte, error) {
 	for i := range b.Events {
 		w.event(&b.Events[i], enc)
 	}
-	if b.DPRank == nil {
-		w.check(e.EncodeNil())
-	} else {
-		w.check(e.EncodeInt(int64(*b.DPRank)))
-	}
+	encodeOpt(w, b.DPRank, func(r int) error { return e.EncodeInt(int64(r)) })
 	if w.err != nil {
 		return nil, w.err
 	}
@@ -239,11 +235,7 @@ func (w *writer) event(ev *Event, enc Encoding) {
 		w.field(enc, "block_hashes")
 		w.hashes(ev.BlockHashes)
 		w.field(enc, "parent_block_hash")
-		if ev.ParentBlockHash == nil {
-			w.check(w.e.EncodeNil())
-		} else {
-			w.check(w.e.EncodeUint(*ev.ParentBlockHash))
-		}
+		encodeOpt(w, ev.ParentBlockHash, w.e.EncodeUint)
 		w.field(enc, "token_ids")
 		w.arrayLen(len(ev.TokenIDs))
 		for _, t := range ev.TokenIDs {
@@ -252,11 +244,7 @@ func (w *writer) event(ev *Event, enc Encoding) {
 		w.field(enc, "block_size")
 		w.check(w.e.EncodeInt(int64(ev.BlockSize)))
 		w.field(enc, "lora_id")
-		if ev.LoRAID == nil {
-			w.check(w.e.EncodeNil())
-		} else {
-			w.check(w.e.EncodeInt(*ev.LoRAID))
-		}
+		encodeOpt(w, ev.LoRAID, w.e.EncodeInt)
 		w.field(enc, "medium")
 		w.optString(ev.Medium)
 		w.field(enc, "lora_name")
@@ -274,6 +262,16 @@ func (w *writer) hashes(hs []uint64) {
 	for _, h := range hs {
 		w.check(w.e.EncodeUint(h))
 	}
+}
+
+// encodeOpt writes an unset optional field as nil, as msgspec does for
+// a None, and a set one with enc.
+func encodeOpt[T any](w *writer, p *T, enc func(T) error) {
+	if p == nil {
+		w.check(w.e.EncodeNil())
+		return
+	}
+	w.check(enc(*p))
 }
 
 // optString writes "" as nil, as vLLM sends an absent medium or adapter.

@@ -20,15 +20,14 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/server"
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.Cleanup(proc.Exit)) // removes the cart binary sighup_test.go builds
+	goleak.VerifyTestMain(m, append(testkit.IdleHTTPConns(),
+		goleak.Cleanup(proc.Exit))...) // removes the cart binary sighup_test.go builds
 }
 
 // startAllInOne runs the real all-in-one server (config → NewAllInOne →

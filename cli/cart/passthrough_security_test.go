@@ -2,23 +2,18 @@ package main
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func postJSON(t *testing.T, url, body string) (int, string) {
 	t.Helper()
-	resp, err := http.Post(url, "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	resp, b, _ := testkit.PostJSON(t, url, body)
+	return resp.StatusCode, b
 }
 
 func simState(t *testing.T, replica, what string) map[string]any {

@@ -11,7 +11,6 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/cpclient"
-	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
 // Exit codes. They are documented in the root command's help and are an
@@ -104,29 +103,12 @@ func unknownOutcome(err error) bool {
 	return ok && connect.IsWireError(ce) && (ce.Code() == connect.CodeAborted || ce.Meta().Get(cpclient.HeaderWriteOutcome) == cpclient.OutcomeUnknown)
 }
 
-// notLeaderOf returns the server's NotLeader detail: the node could not
-// serve the call because it is not the leader, and names the leader when
-// it knows one. Only an answer from a server carries it.
-func notLeaderOf(ce *connect.Error) (*cartv1.NotLeader, bool) {
-	if !connect.IsWireError(ce) {
-		return nil, false
-	}
-	for _, d := range ce.Details() {
-		if v, err := d.Value(); err == nil {
-			if nl, ok := v.(*cartv1.NotLeader); ok {
-				return nl, true
-			}
-		}
-	}
-	return nil, false
-}
-
 // noLeader reports whether a server answered that it cannot reach the
 // leader (the cluster has none, or this node cannot tell where it is): an
 // Unavailable with the NotLeader detail. A client-side Unavailable
 // (connection refused) is never it.
 func noLeader(ce *connect.Error) bool {
-	_, ok := notLeaderOf(ce)
+	_, ok := cpclient.NotLeaderOf(ce)
 	return ok
 }
 
@@ -177,7 +159,7 @@ func describe(at attempt, timeout time.Duration) string {
 	case connect.CodeNotFound, connect.CodeAlreadyExists:
 		return msg
 	case connect.CodeFailedPrecondition:
-		nl, _ := notLeaderOf(ce)
+		nl, _ := cpclient.NotLeaderOf(ce)
 		leader := nl.GetLeaderUrl()
 		if leader == "" {
 			return fmt.Sprintf("%s: %s", at.server, msg)

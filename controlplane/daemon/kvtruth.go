@@ -12,6 +12,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/kvtruth"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // kvFlushEvery is how often the leader proposes the index corrections its
@@ -73,17 +74,7 @@ func (a *kvApplier) ApplyKVReport(worker string, r engine.KVReport) {
 // run proposes pending corrections until ctx ends; what is pending then is
 // dropped (the next leader's consumer starts from its engines' streams).
 func (a *kvApplier) run(ctx context.Context) {
-	t := time.NewTicker(kvFlushEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-a.kick:
-		}
-		a.flush(ctx)
-	}
+	every.Tick(ctx, kvFlushEvery, a.kick, func() { a.flush(ctx) })
 }
 
 // flush proposes the pending clears, then the pending trims. A proposal

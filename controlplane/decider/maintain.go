@@ -3,6 +3,8 @@ package decider
 import (
 	"context"
 	"time"
+
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // maintainChunk bounds how many entries one lock hold evicts or expires,
@@ -23,16 +25,7 @@ func (d *Decider) Run(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = time.Minute // TTL, session expiry and the daily reset still need a tick
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		d.Maintain()
-	}
+	every.Tick(ctx, interval, nil, func() { d.Maintain() })
 }
 
 // Maintain runs one pass: LRU eviction to MaxEntries, expiry of placements

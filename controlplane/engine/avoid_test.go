@@ -35,13 +35,7 @@ func TestAvoid(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newTestEngine(t, testPolicy(), tt.specs...)
-			for url, n := range tt.load {
-				setLoad(t, e, url, n)
-			}
-			for _, u := range tt.unhealthy {
-				e.SetHealthy(u, false)
-			}
+			e := engineIn(t, tt.specs, tt.load, tt.unhealthy)
 			for _, text := range []string{"", textOf(40, 0)} {
 				r := req(text)
 				if text == "" {

@@ -308,13 +308,7 @@ func TestErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newTestEngine(t, testPolicy(), tt.specs...)
-			for url, n := range tt.load {
-				setLoad(t, e, url, n)
-			}
-			for _, u := range tt.unhealthy {
-				e.SetHealthy(u, false)
-			}
+			e := engineIn(t, tt.specs, tt.load, tt.unhealthy)
 			before := loads(e)
 			for _, dry := range []bool{true, false} {
 				r := req(textOf(40, 0))

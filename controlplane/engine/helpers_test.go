@@ -76,6 +76,20 @@ func setLoad(t testing.TB, e *Engine, url string, n int) {
 	}
 }
 
+// engineIn is a test engine over specs in a given state: load[url] in
+// flight on each worker and the unhealthy ones marked down.
+func engineIn(t testing.TB, specs []WorkerSpec, load map[string]int, unhealthy []string) *Engine {
+	t.Helper()
+	e := newTestEngine(t, testPolicy(), specs...)
+	for url, n := range load {
+		setLoad(t, e, url, n)
+	}
+	for _, u := range unhealthy {
+		e.SetHealthy(u, false)
+	}
+	return e
+}
+
 // place records text's prefix for url without changing its load.
 func place(t testing.TB, e *Engine, url, text string) {
 	t.Helper()

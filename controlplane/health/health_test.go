@@ -153,19 +153,25 @@ func TestCheckerRoundAppliesThresholdsBothWays(t *testing.T) {
 	}
 }
 
+// judgeOnce runs one round on url alone, with thresholds of one so that
+// the round's probe is the verdict, and returns the verdicts it gave.
+func judgeOnce(url string, timeout time.Duration) []string {
+	var v verdicts
+	c := NewChecker(Config{Endpoint: "/health", Interval: time.Hour, Timeout: timeout, FailureThreshold: 1, SuccessThreshold: 1}, nil, v.record)
+	c.SetWorkers([]string{url})
+	c.Round(context.Background())
+	return v.list()
+}
+
 func TestCheckerProbeTimeoutCountsAsFailure(t *testing.T) {
 	a := newFakeWorker(t)
 	a.hang = make(chan struct{})
 	t.Cleanup(func() { close(a.hang) })
-	var v verdicts
-	c := NewChecker(Config{Endpoint: "/health", Interval: time.Hour, Timeout: 150 * time.Millisecond, FailureThreshold: 1, SuccessThreshold: 1}, nil, v.record)
-	c.SetWorkers([]string{a.URL})
 	start := time.Now()
-	c.Round(context.Background())
+	got := judgeOnce(a.URL, 150*time.Millisecond)
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("a hanging probe held the round for %v (timeout 150ms)", d)
 	}
-	got := v.list()
 	if len(got) != 1 || !strings.HasPrefix(got[0], a.URL+"=false") {
 		t.Fatalf("verdicts: %v, want the hanging worker unhealthy", got)
 	}
@@ -175,11 +181,7 @@ func TestCheckerUnreachableWorkerFails(t *testing.T) {
 	a := newFakeWorker(t)
 	url := a.URL
 	a.Close()
-	var v verdicts
-	c := NewChecker(Config{Endpoint: "/health", Interval: time.Hour, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1}, nil, v.record)
-	c.SetWorkers([]string{url})
-	c.Round(context.Background())
-	if got := v.list(); len(got) != 1 || !strings.HasPrefix(got[0], url+"=false") {
+	if got := judgeOnce(url, time.Second); len(got) != 1 || !strings.HasPrefix(got[0], url+"=false") {
 		t.Fatalf("verdicts: %v, want the closed worker unhealthy", got)
 	}
 }

@@ -93,15 +93,9 @@ func TestOccupancyFromStoredAndRemovedBlocks(t *testing.T) {
 	if f.last().OccupiedTokens != 48 {
 		t.Fatalf("a CPU block counted: %+v", f.last())
 	}
-	if got := value(m.occupied.WithLabelValues("w")); got != 48 {
-		t.Fatalf("occupancy metric %v", got)
-	}
-	if got := value(m.events.WithLabelValues("w", "BlockStored")); got != 3 {
-		t.Fatalf("stored events %v", got)
-	}
-	if got := value(m.lag.WithLabelValues("w")); got != 2 {
-		t.Fatalf("lag %v, want 2 s (batch at 1 s, applied at 3 s)", got)
-	}
+	wantMetric(t, "occupancy metric", m.occupied.WithLabelValues("w"), 48)
+	wantMetric(t, "stored events", m.events.WithLabelValues("w", "BlockStored"), 3)
+	wantMetric(t, "lag in seconds (batch at 1 s, applied at 3 s)", m.lag.WithLabelValues("w"), 2)
 }
 
 // A loss degrades the worker until its engine's state is known again: a
@@ -128,12 +122,8 @@ func TestLossDegradesUntilClearOrRestart(t *testing.T) {
 	if r := f.last(); !r.Synced || r.OccupiedTokens != 0 || len(f.clears) != 2 {
 		t.Fatalf("after a restart: %+v, clears %v", r, f.clears)
 	}
-	if got := value(m.gaps.WithLabelValues("w", "lost")); got != 2 {
-		t.Fatalf("lost gaps %v", got)
-	}
-	if got := value(m.synced.WithLabelValues("w")); got != 1 {
-		t.Fatalf("synced gauge %v", got)
-	}
+	wantMetric(t, "lost gaps", m.gaps.WithLabelValues("w", "lost"), 2)
+	wantMetric(t, "synced gauge", m.synced.WithLabelValues("w"), 1)
 }
 
 // Data-parallel ranks add up; the worker is synced only when every rank is
@@ -341,6 +331,14 @@ func TestValidate(t *testing.T) {
 		if err := Validate(c.sources, c.listen); (err == nil) != c.ok {
 			t.Errorf("Validate(%+v, %q) = %v", c.sources, c.listen, err)
 		}
+	}
+}
+
+// wantMetric fails the test unless counter or gauge c reads want.
+func wantMetric(t *testing.T, what string, c prometheus.Metric, want float64) {
+	t.Helper()
+	if got := value(c); got != want {
+		t.Fatalf("%s = %v, want %v", what, got, want)
 	}
 }
 

@@ -134,11 +134,21 @@ func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv
 		}
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("worker %s already exists with other settings; use update", spec.GetUrl()))
 	}
+	w, err := c.upsertWorker(ctx, who, spec)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&cartv1.AddWorkerResponse{Worker: w}), nil
+}
+
+// upsertWorker commits spec and returns the worker as the applied log
+// now has it, which is what add and update both answer with.
+func (c *Core) upsertWorker(ctx context.Context, who string, spec *cartv1.WorkerSpec) (*cartv1.Worker, error) {
 	if err := c.apply(ctx, &cartv1.RaftCommand{Actor: who, Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}}); err != nil {
 		return nil, err
 	}
 	w, _ := c.findWorker(spec.GetUrl())
-	return connect.NewResponse(&cartv1.AddWorkerResponse{Worker: w}), nil
+	return w, nil
 }
 
 // UpdateWorker implements AdminService.UpdateWorker.
@@ -159,10 +169,10 @@ func (h *AdminHandler) UpdateWorker(ctx context.Context, req *connect.Request[ca
 	// Tuning a worker does not change where it came from: a discovered
 	// worker stays under its source's control.
 	spec.Source = cur.GetSource()
-	if err := c.apply(ctx, &cartv1.RaftCommand{Actor: who, Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}}); err != nil {
+	w, err := c.upsertWorker(ctx, who, spec)
+	if err != nil {
 		return nil, err
 	}
-	w, _ := c.findWorker(spec.GetUrl())
 	return connect.NewResponse(&cartv1.UpdateWorkerResponse{Worker: w}), nil
 }
 

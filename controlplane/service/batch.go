@@ -12,6 +12,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // batcher replicates the leader's placements in batches: one Raft entry
@@ -172,18 +173,8 @@ func (b *batcher) add(eng *engine.Engine, place bool, worker string, hashes []ui
 }
 
 func (b *batcher) run(ctx context.Context) {
-	t := time.NewTicker(b.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			b.flush(context.Background()) // best effort: hand the last window to Raft
-			return
-		case <-t.C:
-		case <-b.full:
-		}
-		b.flush(ctx)
-	}
+	every.Tick(ctx, b.interval, b.full, func() { b.flush(ctx) })
+	b.flush(context.Background()) // best effort: hand the last window to Raft
 }
 
 // flush proposes the window as one entry and waits for its fate. Only the

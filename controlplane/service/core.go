@@ -22,6 +22,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // Node is the Raft side the service needs (raftnode.Node implements it).
@@ -219,19 +220,11 @@ func (c *Core) ensureMember(ctx context.Context) {
 // sweep drops data planes whose syncs stopped (their load leaves the view
 // after the lease) and decisions never settled.
 func (c *Core) sweep(ctx context.Context) {
-	every := max(c.dec.LoadLease()/4, 50*time.Millisecond)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every.Tick(ctx, max(c.dec.LoadLease()/4, 50*time.Millisecond), nil, func() {
 		for _, id := range c.dec.Sweep() {
 			c.log.Warn("data plane lease expired: its load left the view", "dataplane", id)
 		}
-	}
+	})
 }
 
 // probe runs the pool's health checks on the leader only: one prober per

@@ -179,19 +179,11 @@ func TestForwardCarriesToken(t *testing.T) {
 // when it has none.
 func notLeaderDetail(t *testing.T, err error) *cartv1.NotLeader {
 	t.Helper()
-	ce, ok := errors.AsType[*connect.Error](err)
+	nl, ok := cpclient.NotLeaderOf(err)
 	if !ok {
-		t.Fatalf("error %v is not a connect error", err)
+		t.Fatalf("error %v has no NotLeader detail from the server", err)
 	}
-	for _, d := range ce.Details() {
-		if v, err := d.Value(); err == nil {
-			if nl, ok := v.(*cartv1.NotLeader); ok {
-				return nl
-			}
-		}
-	}
-	t.Fatalf("error %v has no NotLeader detail (details %v)", err, ce.Details())
-	return nil
+	return nl
 }
 
 // "Not leader" travels as a structured detail naming what the node knows

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // HandoverOptions configure the slow-leader handover
@@ -120,16 +121,7 @@ func (h *handover) run(ctx context.Context) {
 	clear(h.reports) // reports of an earlier term judged another leader
 	h.slowSince = time.Time{}
 	h.mu.Unlock()
-	t := time.NewTicker(max(h.o.Window/8, 10*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		h.tick(ctx, h.c.o.Now(), leaderSince)
-	}
+	every.Tick(ctx, max(h.o.Window/8, 10*time.Millisecond), nil, func() { h.tick(ctx, h.c.o.Now(), leaderSince) })
 }
 
 // tick hands leadership to the most up-to-date healthy follower when due,

@@ -73,11 +73,17 @@ func (e *Error) JSON() []byte {
 // internal details never decide the status code by accident.
 func Write(w http.ResponseWriter, err error) {
 	e := asError(err)
+	writeBody(w, e.Status, e.JSON())
+}
+
+// writeBody sends an error body; nosniff keeps a browser from rendering
+// a message that echoes client input as anything but JSON.
+func writeBody(w http.ResponseWriter, status int, body []byte) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(e.Status)
-	_, _ = w.Write(e.JSON())
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
 }
 
 // Anthropic error types, by the HTTP status the Messages API uses them with.
@@ -154,11 +160,7 @@ func WriteFor(w http.ResponseWriter, r *http.Request, err error) {
 // WriteAnthropic is Write in the Anthropic error shape.
 func WriteAnthropic(w http.ResponseWriter, err error) {
 	e := asError(err)
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(e.Status)
-	_, _ = w.Write(e.AnthropicJSON())
+	writeBody(w, e.Status, e.AnthropicJSON())
 }
 
 func asError(err error) *Error {

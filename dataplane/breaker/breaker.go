@@ -86,10 +86,7 @@ func (s *Set) Allow(w string, now time.Time) bool {
 	}
 	s.mu.Lock()
 	c := s.get(w)
-	var tr *Transition
-	if c.state == Open && now.Sub(c.openedAt) >= s.cfg.Timeout {
-		tr = s.move(w, c, HalfOpen)
-	}
+	tr := s.expire(w, c, now)
 	ok := c.state != Open
 	s.mu.Unlock()
 	s.notify(tr)
@@ -114,8 +111,8 @@ func (s *Set) Blocked(now time.Time) []string {
 		if c.state != Open {
 			continue
 		}
-		if now.Sub(c.openedAt) >= s.cfg.Timeout {
-			trs = append(trs, s.move(w, c, HalfOpen))
+		if tr := s.expire(w, c, now); tr != nil {
+			trs = append(trs, tr)
 			continue
 		}
 		out = append(out, w)
@@ -150,8 +147,8 @@ func (s *Set) Abandon(w string) {
 		return
 	}
 	s.mu.Lock()
-	if c, ok := s.b[w]; ok && c.trials > 0 {
-		c.trials--
+	if c, ok := s.b[w]; ok {
+		c.endTrial()
 	}
 	s.mu.Unlock()
 }
@@ -163,9 +160,7 @@ func (s *Set) Success(w string) {
 	}
 	s.mu.Lock()
 	c := s.get(w)
-	if c.trials > 0 {
-		c.trials--
-	}
+	c.endTrial()
 	var tr *Transition
 	switch c.state {
 	case Closed:
@@ -188,20 +183,16 @@ func (s *Set) Failure(w string, now time.Time) {
 	}
 	s.mu.Lock()
 	c := s.get(w)
-	if c.trials > 0 {
-		c.trials--
-	}
+	c.endTrial()
 	var tr *Transition
 	switch c.state {
 	case Closed:
 		c.failures++
 		if c.failures >= s.cfg.FailureThreshold {
-			tr = s.move(w, c, Open)
-			c.openedAt = now
+			tr = s.open(w, c, now)
 		}
 	case HalfOpen:
-		tr = s.move(w, c, Open)
-		c.openedAt = now
+		tr = s.open(w, c, now)
 	case Open:
 		// A request that was already in flight when the breaker opened:
 		// extend nothing, the timeout runs from the first opening.
@@ -224,10 +215,7 @@ func (s *Set) StateAt(w string, now time.Time) State {
 		s.mu.Unlock()
 		return Closed
 	}
-	var tr *Transition
-	if c.state == Open && now.Sub(c.openedAt) >= s.cfg.Timeout {
-		tr = s.move(w, c, HalfOpen)
-	}
+	tr := s.expire(w, c, now)
 	st := c.state
 	s.mu.Unlock()
 	s.notify(tr)
@@ -276,6 +264,31 @@ func (s *Set) move(w string, c *cb, to State) *Transition {
 	c.state = to
 	c.failures, c.successes, c.trials = 0, 0, 0
 	return tr
+}
+
+// expire moves c to half-open if it is open and its timeout has passed at
+// now; every reader that looks at an open breaker goes through here so that
+// they agree on when the timeout ends.
+func (s *Set) expire(w string, c *cb, now time.Time) *Transition {
+	if c.state == Open && now.Sub(c.openedAt) >= s.cfg.Timeout {
+		return s.move(w, c, HalfOpen)
+	}
+	return nil
+}
+
+// open moves c to open; the timeout runs from now.
+func (s *Set) open(w string, c *cb, now time.Time) *Transition {
+	tr := s.move(w, c, Open)
+	c.openedAt = now
+	return tr
+}
+
+// endTrial counts down a trial that reported; a request begun while the
+// breaker was in another state (trials reset by move) finds none to end.
+func (c *cb) endTrial() {
+	if c.trials > 0 {
+		c.trials--
+	}
 }
 
 func (s *Set) notify(tr *Transition) {

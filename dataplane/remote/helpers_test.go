@@ -47,13 +47,7 @@ func newFakeCP(t testing.TB) *fakeCP {
 	t.Helper()
 	f := &fakeCP{}
 	_, h := cartv1connect.NewRouterServiceHandler(f)
-	srv := httptest.NewUnstartedServer(h)
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
-	srv.Start()
-	t.Cleanup(srv.Close)
+	srv := serveH2C(t, h)
 	f.srv, f.url = srv, srv.URL
 	return f
 }

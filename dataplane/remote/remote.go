@@ -26,6 +26,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // ReasonFallbackLocal marks decisions made locally without the control
@@ -214,18 +215,8 @@ func (r *Router) follow(url string) {
 // notLeaderURL returns the leader URL named by a control-plane node's
 // NotLeader error detail, or "".
 func notLeaderURL(err error) string {
-	ce, ok := errors.AsType[*connect.Error](err)
-	if !ok || !connect.IsWireError(ce) {
-		return ""
-	}
-	for _, d := range ce.Details() {
-		if v, err := d.Value(); err == nil {
-			if nl, ok := v.(*cartv1.NotLeader); ok {
-				return nl.GetLeaderUrl()
-			}
-		}
-	}
-	return ""
+	nl, _ := cpclient.NotLeaderOf(err)
+	return nl.GetLeaderUrl()
 }
 
 // Route implements router.Router.
@@ -636,18 +627,8 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 }
 
 func (r *Router) flushLoop(ctx context.Context) {
-	t := time.NewTicker(r.o.FlushInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			r.flush(context.Background())
-			return
-		case <-t.C:
-		case <-r.flushNow:
-		}
-		r.flush(ctx)
-	}
+	every.Tick(ctx, r.o.FlushInterval, r.flushNow, func() { r.flush(ctx) })
+	r.flush(context.Background()) // what was queued when ctx ended
 }
 
 // flush sends queued completions. If the control plane cannot take them

@@ -13,6 +13,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/prefixload"
 )
 
 const shadowBlockChars = 16
@@ -96,54 +97,6 @@ func TestShadowIsBounded(t *testing.T) {
 	}
 }
 
-// workload is a repeated-prefix workload: groups (a system prompt or a
-// conversation) that requests share, each request with its own tail. Each
-// worker's prefix cache is modelled as an LRU of cacheGroups groups, so the
-// pool can hold every group once but not everywhere: routing blind thrashes
-// it, as on real replicas.
-type workload struct {
-	mu     sync.Mutex
-	rng    *rand.Rand
-	groups []string
-	caches map[string][]int // worker -> groups cached, most recent last
-	seen   map[int]bool
-}
-
-const cacheGroups = 12
-
-func newWorkload(groups int) *workload {
-	w := &workload{rng: rand.New(rand.NewPCG(7, 8)), caches: map[string][]int{}, seen: map[int]bool{}}
-	for g := range groups {
-		w.groups = append(w.groups, fmt.Sprintf("group-%04d: system prompt shared by every request of this group, about eight blocks", g))
-	}
-	return w
-}
-
-func (w *workload) next() (int, string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	g := w.rng.IntN(len(w.groups))
-	return g, fmt.Sprintf("%s|question %08d", w.groups[g], w.rng.Uint32())
-}
-
-// landed sends group g's request to worker and reports whether the group
-// was seen before (a repeat) and whether worker still had it cached (hit).
-func (w *workload) landed(g int, worker string) (repeat, hit bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	repeat = w.seen[g]
-	w.seen[g] = true
-	c := w.caches[worker]
-	if i := slices.Index(c, g); i >= 0 {
-		hit = true
-		c = slices.Delete(c, i, i+1)
-	} else if len(c) >= cacheGroups {
-		c = c[1:]
-	}
-	w.caches[worker] = append(c, g)
-	return repeat, hit
-}
-
 type faultResult struct {
 	requests, fallbacks, repeats, hits int
 	latencies                          []time.Duration // of each fault-phase Route call
@@ -167,7 +120,7 @@ func (r *faultResult) add(d router.Decision, repeat, hit bool) {
 // dps[i%len(dps)]) from clients concurrent clients until stop(i), each
 // client keeping two requests open (a request completes two decisions
 // later) and pausing pace between requests; record sees every decision.
-func drive(t *testing.T, dps []*Router, wl *workload, clients int, pace time.Duration, stop func(i int) bool,
+func drive(t *testing.T, dps []*Router, wl *prefixload.Workload, clients int, pace time.Duration, stop func(i int) bool,
 	record func(dp *Router, d router.Decision, took time.Duration, repeat, hit bool)) {
 	t.Helper()
 	const inFlight = 2
@@ -180,7 +133,7 @@ func drive(t *testing.T, dps []*Router, wl *workload, clients int, pace time.Dur
 			var openDP []*Router
 			for i := c; !stop(i); i += clients {
 				dp := dps[i%len(dps)]
-				g, key := wl.next()
+				g, key := wl.Next()
 				start := time.Now()
 				d, err := dp.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(key), KeyLen: len(key)})
 				took := time.Since(start)
@@ -188,7 +141,7 @@ func drive(t *testing.T, dps []*Router, wl *workload, clients int, pace time.Dur
 					t.Error(err)
 					return
 				}
-				repeat, hit := wl.landed(g, d.Worker)
+				repeat, hit := wl.Landed(g, d.Worker)
 				record(dp, d, took, repeat, hit)
 				open, openDP = append(open, d), append(openDP, dp)
 				if len(open) > inFlight {
@@ -285,7 +238,7 @@ func runFaultWith(t *testing.T, mode string, shadowOn bool, breakerFailures int)
 		}
 		dps = append(dps, dp)
 	}
-	wl := newWorkload(40)
+	wl := prefixload.New(40, 12, 7)
 	phase := func(n, clients int) faultResult {
 		var mu sync.Mutex
 		var res faultResult

@@ -27,6 +27,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/prefixload"
 	"github.com/cartrouter/cart/internal/testkit"
 )
 
@@ -210,7 +211,7 @@ func runSlowLeaderWith(t *testing.T, handover service.HandoverOptions, phase tim
 		}
 		return true
 	})
-	wl := newWorkload(40)
+	wl := prefixload.New(40, 12, 7)
 	var fromOther atomic.Int64 // unix nanos of the first answer from a leader other than the slowed one
 	var slowed atomic.Pointer[cpNode]
 	var after faultResult // requests routed once another leader answered

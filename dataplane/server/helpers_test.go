@@ -27,11 +27,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	goleak.VerifyTestMain(m, append(testkit.IdleHTTPConns(),
 		// The simulated engines' KV event publishers.
-		testkit.IgnoreZMQPubWriter)
+		testkit.IgnoreZMQPubWriter)...)
 }
 
 // baseYAML is the part of the config every test shares: loopback only, no

@@ -69,13 +69,8 @@ func chatModel(model, user string) string {
 
 func postRaw(t *testing.T, url, body string) (int, string, []byte) {
 	t.Helper()
-	resp, err := http.Post(url, "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header.Get(proxy.HeaderRoutedPeer), b
+	resp, b, _ := testkit.PostJSON(t, url, body)
+	return resp.StatusCode, resp.Header.Get(proxy.HeaderRoutedPeer), []byte(b)
 }
 
 // A LoRA adapter loaded at run time on one of three replicas is learned by

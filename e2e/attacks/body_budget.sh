@@ -12,14 +12,8 @@ cart=${1:?path to the cart binary}
 sim=${2:?path to the cart-sim binary}
 phase=${3:-all}
 extra=${4:-}
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	rm -rf "$dir"
-}
-trap cleanup EXIT
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 for i in 1 2; do
 	"$sim" --listen 127.0.0.1:1880$i --name "s$i" --time-scale 0 >/dev/null 2>&1 &
@@ -40,7 +34,6 @@ for _ in $(seq 100); do
 	sleep 0.1
 done
 
-rss() { awk '/^(VmRSS|VmHWM)/{printf "%s %d MB  ", $1, $2/1024}' "/proc/$cpid/status"; echo; }
 echo "idle:            $(rss)"
 
 # 1.1M empty messages: 30 MiB of JSON.

@@ -9,14 +9,8 @@
 # Loopback only; ports 18810 (API) and 18811 (Raft).
 set -euo pipefail
 cart=${1:?path to the cart binary}
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	rm -rf "$dir"
-}
-trap cleanup EXIT
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 cat >"$dir/c.yaml" <<EOF
 server: {min_open_files: 0}
@@ -29,7 +23,6 @@ cpid=$!
 pids+=("$cpid")
 sleep 3
 
-rss() { awk '/^(VmRSS|VmHWM)/{printf "%s %d MB  ", $1, $2/1024}' "/proc/$cpid/status"; }
 held() { ss -Htn state established '( sport = :18810 )' | wc -l; }
 echo "idle: $(rss)"
 for _ in $(seq 40); do

@@ -18,14 +18,12 @@ import (
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/internal/tracing"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+	goleak.VerifyTestMain(m, testkit.IdleHTTPConns()...)
 }
 
 // recorded builds a Tracer that keeps every finished span in memory.

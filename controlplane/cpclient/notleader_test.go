@@ -1,0 +1,43 @@
+package cpclient
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+func TestNotLeaderOf(t *testing.T) {
+	detailed := func(ce *connect.Error, nl *cartv1.NotLeader) *connect.Error {
+		d, err := connect.NewErrorDetail(nl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ce.AddDetail(d)
+		return ce
+	}
+	cause := errors.New("not the leader")
+	tests := []struct {
+		name   string
+		err    error
+		want   bool
+		leader string
+	}{
+		{"server's answer naming the leader", detailed(connect.NewWireError(connect.CodeFailedPrecondition, cause), &cartv1.NotLeader{LeaderUrl: "http://l:1"}), true, "http://l:1"},
+		{"wrapped server's answer", fmt.Errorf("route: %w", detailed(connect.NewWireError(connect.CodeUnavailable, cause), &cartv1.NotLeader{})), true, ""},
+		{"server's answer without the detail", connect.NewWireError(connect.CodeUnavailable, cause), false, ""},
+		{"client-side error with the detail", detailed(connect.NewError(connect.CodeFailedPrecondition, cause), &cartv1.NotLeader{LeaderUrl: "http://l:1"}), false, ""},
+		{"not a connect error", cause, false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			nl, ok := NotLeaderOf(tt.err)
+			if ok != tt.want || nl.GetLeaderUrl() != tt.leader {
+				t.Fatalf("NotLeaderOf = %v, %v; want ok %v, leader %q", nl, ok, tt.want, tt.leader)
+			}
+		})
+	}
+}
