@@ -69,6 +69,9 @@ func newSeqWorker(t *testing.T, answer func(i int) []string) *seqWorker {
 						return
 					}
 					for _, p := range parts {
+						if p == closeConn {
+							return
+						}
 						if p == "" { // a pause until the test releases it
 							select {
 							case <-w.hold:
@@ -113,6 +116,9 @@ func onlyIdle(t *testing.T, tr *h1Transport) *h1Conn {
 	t.Fatalf("want one idle connection, have %v", tr.idle)
 	return nil
 }
+
+// closeConn, as a part of an answer, closes the connection there.
+const closeConn = "\x00close"
 
 const small = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -209,4 +215,70 @@ func TestH1HeaderTimeoutOnKeptDeadline(t *testing.T) {
 	if took := time.Since(start); took < timeout {
 		t.Fatalf("timed out after %v, before the header timeout %v", took, timeout)
 	}
+}
+
+// A worker that closes the connection with nothing said back, on a
+// connection reused without a check moments after its last answer: a
+// request that may be sent twice goes again, once, on a new connection.
+func TestH1ClosedBeforeAnswerRetried(t *testing.T) {
+	w := newSeqWorker(t, func(i int) []string {
+		if i == 1 {
+			return []string{closeConn}
+		}
+		return []string{small}
+	})
+	tr := newH1Transport(time.Second, 5*time.Second, http.DefaultTransport)
+	for i := range 2 {
+		if b, err := roundTrip(t, tr, w.url); err != nil || b != "ok" {
+			t.Fatalf("request %d: %q %v", i, b, err)
+		}
+	}
+	if n, c := w.n.Load(), w.opened.Load(); n != 3 || c != 2 {
+		t.Fatalf("%d requests on %d connections, want 3 on 2", n, c)
+	}
+}
+
+// A request that must not be sent twice is not resent, and one that got
+// part of an answer back is not either: the worker saw it.
+func TestH1ClosedBeforeAnswerNotRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		partial  string
+		noResend bool
+	}{
+		{name: "no resend", noResend: true},
+		{name: "partial answer", partial: "HTTP/1.1 200 OK\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newSeqWorker(t, func(i int) []string {
+				if i == 1 {
+					return []string{tc.partial, closeConn}[boolIndex(tc.partial == ""):]
+				}
+				return []string{small}
+			})
+			tr := newH1Transport(time.Second, 5*time.Second, http.DefaultTransport)
+			if b, err := roundTrip(t, tr, w.url); err != nil || b != "ok" {
+				t.Fatalf("%q %v", b, err)
+			}
+			ctx := context.Background()
+			if tc.noResend {
+				ctx = context.WithValue(ctx, noResendKey{}, true)
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, w.url+"/v1/x", strings.NewReader("{}"))
+			if resp, err := tr.RoundTrip(req); err == nil {
+				resp.Body.Close()
+				t.Fatal("the request was sent again")
+			}
+			if n := w.n.Load(); n != 2 {
+				t.Fatalf("the worker got %d requests, want 2", n)
+			}
+		})
+	}
+}
+
+func boolIndex(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
