@@ -136,6 +136,10 @@ func (a *attempt) send(ctx context.Context) (*http.Response, error) {
 		return nil, err
 	}
 	a.w = w
+	if c.noResend {
+		// The transport must not send it twice either.
+		ctx = context.WithValue(ctx, noResendKey{}, true)
+	}
 	actx, cancel := context.WithCancel(ctx)
 	a.cancel = cancel
 	// No attempt changes the call's outbound headers: a shallow copy with

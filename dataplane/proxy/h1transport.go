@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"net/textproto"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -59,6 +60,9 @@ type h1Conn struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	lastUsed time.Time
+	// rdl is the read deadline set on the connection by exchange (zero:
+	// none), kept across requests.
+	rdl time.Time
 }
 
 // maxH1Body is the largest request body sent here. The request is written
@@ -87,16 +91,19 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Port() == "" {
 		addr = net.JoinHostPort(req.URL.Hostname(), "80")
 	}
-	pc, reused, err := t.get(ctx, addr)
+	resendable := req.GetBody != nil && ctx.Value(noResendKey{}) == nil
+	pc, reused, err := t.get(ctx, addr, resendable)
 	if err != nil {
 		closeBody(req)
 		return nil, err
 	}
 	resp, err := t.exchange(ctx, addr, pc, req)
-	if err != nil && reused && errors.Is(err, errWriteFailed) && req.GetBody != nil && ctx.Err() == nil {
+	if err != nil && reused && req.GetBody != nil && ctx.Err() == nil &&
+		(errors.Is(err, errWriteFailed) || resendable && errors.Is(err, errNothingBack)) {
 		// The worker had closed the idle connection before it got a
-		// byte of this request (a failed write, not a failed read): the
-		// request is unseen, so it goes again on a new connection.
+		// byte of this request (a failed write), or closed it with
+		// nothing said back on a connection not checked before use (see
+		// get): it goes again, once, on a new connection.
 		body, gerr := req.GetBody()
 		if gerr != nil {
 			return nil, err
@@ -120,6 +127,30 @@ func closeBody(req *http.Request) {
 
 // errWriteFailed marks an error from writing the request.
 var errWriteFailed = errors.New("writing the request")
+
+// errNothingBack marks a connection that ended, or was reset, before a
+// byte of the answer came.
+var errNothingBack = errors.New("connection closed before any answer")
+
+type nothingBackError struct{ err error }
+
+func (e *nothingBackError) Error() string   { return e.err.Error() }
+func (e *nothingBackError) Unwrap() []error { return []error{e.err, errNothingBack} }
+
+// noResendKey, in a request's context, marks a request that must not be
+// sent twice (a call that is not resendable): its connection is always
+// checked before use, and it is never retried once written.
+type noResendKey struct{}
+
+// closedBeforeAnswer reports whether a failed read of the answer got
+// nothing at all from the connection: an end of stream or a reset, with
+// the header budget untouched and nothing buffered.
+func closedBeforeAnswer(err error, pc *h1Conn, budget int64) bool {
+	if pc.lim.n != budget || pc.br.Buffered() > 0 {
+		return false
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
 
 type writeError struct{ err error }
 
@@ -148,7 +179,15 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 		return fail(&writeError{err})
 	}
 	if t.headerTimeout > 0 {
-		_ = pc.SetReadDeadline(time.Now().Add(t.headerTimeout))
+		// Moving a deadline is a timer change in the runtime's poller,
+		// twice per request it was 3% of the proxy's CPU: a deadline
+		// still at least headerTimeout away (left by the previous
+		// request, see below) is kept, so the wait for the headers is
+		// bounded by headerTimeout to headerTimeout+headerSlack.
+		if now := time.Now(); pc.rdl.Sub(now) < t.headerTimeout {
+			pc.rdl = now.Add(t.headerTimeout + t.headerTimeout/headerSlack)
+			_ = pc.SetReadDeadline(pc.rdl)
+		}
 		// A cancellation whose expired deadline this call just replaced
 		// would be lost, and the read would wait out the header timeout
 		// with the worker still holding the request: ctx.Err is set
@@ -164,6 +203,9 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 		pc.lim.n = t.maxHeaderBytes
 		resp, err = readResponse(pc.br, req)
 		if err != nil {
+			if n1xx == 0 && closedBeforeAnswer(err, pc, t.maxHeaderBytes) {
+				err = &nothingBackError{err}
+			}
 			return fail(err)
 		}
 		// Interim answers (100 Continue, 103 Early Hints) are not the
@@ -183,7 +225,11 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 		}
 	}
 	pc.lim.n = math.MaxInt64
-	if t.headerTimeout > 0 {
+	// A body already read whole into the buffer is read from there, never
+	// from the socket: the header deadline can stay for the next request.
+	// Any other body may take longer than the header timeout.
+	if t.headerTimeout > 0 && !bodyBuffered(resp, pc.br) {
+		pc.rdl = time.Time{}
 		_ = pc.SetReadDeadline(time.Time{})
 		if ctx.Err() != nil { // as above: the clear may have undone a cancellation
 			// Not resp.Body.Close: that reads the body to its end, with no
@@ -198,6 +244,21 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 	}
 	resp.Body = b
 	return resp, nil
+}
+
+// headerSlack sets how much later than headerTimeout a kept deadline may
+// fire: headerTimeout/headerSlack.
+const headerSlack = 16
+
+// bodyBuffered reports whether resp's body is all in br already (or there
+// is none), so reading it makes no read on the connection.
+func bodyBuffered(resp *http.Response, br *bufio.Reader) bool {
+	if resp.Body == http.NoBody {
+		return true
+	}
+	// With a Content-Length and no transfer coding, net/http reads exactly
+	// that many bytes from br and nothing after them.
+	return resp.ContentLength >= 0 && len(resp.TransferEncoding) == 0 && int64(br.Buffered()) >= resp.ContentLength
 }
 
 // h1Body is a response body on a pooled connection. Close may race with
@@ -238,8 +299,8 @@ func (b *h1Body) Close() error {
 	// stop reports false when the context already expired the
 	// connection's deadlines: it cannot be used again.
 	if b.stop() && eof && b.reusable {
-		// Its deadlines are clear: the header timeout was lifted once the
-		// headers came, and the context never fired.
+		// The context never fired: the only deadline it may still carry
+		// is a header deadline the next exchange keeps or moves (pc.rdl).
 		_ = b.rc.Close()
 		b.t.put(b.addr, b.pc)
 		return nil
@@ -249,8 +310,17 @@ func (b *h1Body) Close() error {
 	return b.pc.Close()
 }
 
-// get returns an idle connection to addr, or a new one.
-func (t *h1Transport) get(ctx context.Context, addr string) (pc *h1Conn, reused bool, err error) {
+// checkAfter is how long a connection may sit idle and still be used
+// without the peek of open. A worker closes idle connections after
+// seconds, not milliseconds, so one back from a request moments ago is
+// almost always still open; the peek is a syscall per request, and the
+// rare connection found closed is caught by the retry in RoundTrip,
+// which only a request that may be sent twice takes.
+const checkAfter = time.Second
+
+// get returns an idle connection to addr, or a new one. Unless
+// resendable, a connection is always checked with open before use.
+func (t *h1Transport) get(ctx context.Context, addr string, resendable bool) (pc *h1Conn, reused bool, err error) {
 	for {
 		t.mu.Lock()
 		list := t.idle[addr]
@@ -262,7 +332,11 @@ func (t *h1Transport) get(ctx context.Context, addr string) (pc *h1Conn, reused 
 		list[len(list)-1] = nil
 		t.idle[addr] = list[:len(list)-1]
 		t.mu.Unlock()
-		if time.Since(pc.lastUsed) < t.idleTimeout && pc.open() {
+		idle := time.Since(pc.lastUsed)
+		if idle < checkAfter && resendable && pc.br.Buffered() == 0 && !pc.deadlinePassed() {
+			return pc, true, nil
+		}
+		if idle < t.idleTimeout && pc.open() {
 			return pc, true, nil
 		}
 		_ = pc.Close()
@@ -311,7 +385,19 @@ func (pc *h1Conn) open() bool {
 	if pc.br.Buffered() > 0 {
 		return false
 	}
+	if pc.deadlinePassed() {
+		// A header deadline kept from the last request has passed while
+		// idle: the peek would fail on it rather than look at the socket.
+		pc.rdl = time.Time{}
+		_ = pc.SetReadDeadline(time.Time{})
+	}
 	return connOpen(pc.Conn)
+}
+
+// deadlinePassed reports whether a header deadline kept from the last
+// request has passed: a peek would fail on it.
+func (pc *h1Conn) deadlinePassed() bool {
+	return !pc.rdl.IsZero() && !time.Now().Before(pc.rdl)
 }
 
 // put returns a connection to the pool, closing the ones idle too long.
