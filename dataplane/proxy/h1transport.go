@@ -60,9 +60,6 @@ type h1Conn struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	lastUsed time.Time
-	// rdl is the read deadline set on the connection by exchange (zero:
-	// none), kept across requests.
-	rdl time.Time
 }
 
 // maxH1Body is the largest request body sent here. The request is written
@@ -179,15 +176,7 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 		return fail(&writeError{err})
 	}
 	if t.headerTimeout > 0 {
-		// Moving a deadline is a timer change in the runtime's poller,
-		// twice per request it was 3% of the proxy's CPU: a deadline
-		// still at least headerTimeout away (left by the previous
-		// request, see below) is kept, so the wait for the headers is
-		// bounded by headerTimeout to headerTimeout+headerSlack.
-		if now := time.Now(); pc.rdl.Sub(now) < t.headerTimeout {
-			pc.rdl = now.Add(t.headerTimeout + t.headerTimeout/headerSlack)
-			_ = pc.SetReadDeadline(pc.rdl)
-		}
+		_ = pc.SetReadDeadline(time.Now().Add(t.headerTimeout))
 		// A cancellation whose expired deadline this call just replaced
 		// would be lost, and the read would wait out the header timeout
 		// with the worker still holding the request: ctx.Err is set
@@ -225,11 +214,7 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 		}
 	}
 	pc.lim.n = math.MaxInt64
-	// A body already read whole into the buffer is read from there, never
-	// from the socket: the header deadline can stay for the next request.
-	// Any other body may take longer than the header timeout.
-	if t.headerTimeout > 0 && !bodyBuffered(resp, pc.br) {
-		pc.rdl = time.Time{}
+	if t.headerTimeout > 0 {
 		_ = pc.SetReadDeadline(time.Time{})
 		if ctx.Err() != nil { // as above: the clear may have undone a cancellation
 			// Not resp.Body.Close: that reads the body to its end, with no
@@ -244,21 +229,6 @@ func (t *h1Transport) exchange(ctx context.Context, addr string, pc *h1Conn, req
 	}
 	resp.Body = b
 	return resp, nil
-}
-
-// headerSlack sets how much later than headerTimeout a kept deadline may
-// fire: headerTimeout/headerSlack.
-const headerSlack = 16
-
-// bodyBuffered reports whether resp's body is all in br already (or there
-// is none), so reading it makes no read on the connection.
-func bodyBuffered(resp *http.Response, br *bufio.Reader) bool {
-	if resp.Body == http.NoBody {
-		return true
-	}
-	// With a Content-Length and no transfer coding, net/http reads exactly
-	// that many bytes from br and nothing after them.
-	return resp.ContentLength >= 0 && len(resp.TransferEncoding) == 0 && int64(br.Buffered()) >= resp.ContentLength
 }
 
 // h1Body is a response body on a pooled connection. Close may race with
@@ -299,8 +269,8 @@ func (b *h1Body) Close() error {
 	// stop reports false when the context already expired the
 	// connection's deadlines: it cannot be used again.
 	if b.stop() && eof && b.reusable {
-		// The context never fired: the only deadline it may still carry
-		// is a header deadline the next exchange keeps or moves (pc.rdl).
+		// Its deadlines are clear: the header timeout was lifted once the
+		// headers came, and the context never fired.
 		_ = b.rc.Close()
 		b.t.put(b.addr, b.pc)
 		return nil
@@ -333,7 +303,7 @@ func (t *h1Transport) get(ctx context.Context, addr string, resendable bool) (pc
 		t.idle[addr] = list[:len(list)-1]
 		t.mu.Unlock()
 		idle := time.Since(pc.lastUsed)
-		if idle < checkAfter && resendable && pc.br.Buffered() == 0 && !pc.deadlinePassed() {
+		if idle < checkAfter && resendable && pc.br.Buffered() == 0 {
 			return pc, true, nil
 		}
 		if idle < t.idleTimeout && pc.open() {
@@ -385,19 +355,7 @@ func (pc *h1Conn) open() bool {
 	if pc.br.Buffered() > 0 {
 		return false
 	}
-	if pc.deadlinePassed() {
-		// A header deadline kept from the last request has passed while
-		// idle: the peek would fail on it rather than look at the socket.
-		pc.rdl = time.Time{}
-		_ = pc.SetReadDeadline(time.Time{})
-	}
 	return connOpen(pc.Conn)
-}
-
-// deadlinePassed reports whether a header deadline kept from the last
-// request has passed: a peek would fail on it.
-func (pc *h1Conn) deadlinePassed() bool {
-	return !pc.rdl.IsZero() && !time.Now().Before(pc.rdl)
 }
 
 // put returns a connection to the pool, closing the ones idle too long.
