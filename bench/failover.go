@@ -23,8 +23,10 @@ import (
 // whose workers' caches are modelled as LRUs, so that the hit ratio of a
 // window says how cache-aware routing stayed.
 type FailoverConfig struct {
-	Runs       int `json:"runs"`
-	DataPlanes int `json:"dataplanes"`
+	Runs int `json:"runs"`
+	// Unary: the data planes make one call per Route (no stream).
+	Unary      bool `json:"unary,omitempty"`
+	DataPlanes int  `json:"dataplanes"`
 	// Clients each keep two requests open and pause Pace between requests.
 	Clients int           `json:"clients"`
 	Pace    time.Duration `json:"pace_ns"`
@@ -307,7 +309,9 @@ func failoverOnce(ctx context.Context, env *Env, cfg FailoverConfig, seed uint64
 	defer cl.close()
 	log := &foLog{}
 	dps, err := startDataPlanes(ctx, env, cfg.DataPlanes, 4, func(i int, client *http.Client) remote.Options {
-		return dataPlaneOptions(fmt.Sprintf("dp%d", i+1), cl.urls(), failoverBlockChars, balanceAbs, cfg.RouteTimeout, client, log.cause)
+		o := dataPlaneOptions(fmt.Sprintf("dp%d", i+1), cl.urls(), failoverBlockChars, balanceAbs, cfg.RouteTimeout, client, log.cause)
+		o.RouteStream = o.RouteStream && !cfg.Unary
+		return o
 	}, cfg.StartTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("data planes: %w", err)

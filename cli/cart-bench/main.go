@@ -356,6 +356,7 @@ time to the new leader and to its first answered route.`,
 
 func addFailoverFlags(f *pflag.FlagSet, c *bench.FailoverConfig, prefix string) {
 	f.IntVar(&c.Runs, prefix+"runs", c.Runs, "leader kills, each on a fresh cluster")
+	f.BoolVar(&c.Unary, prefix+"unary", c.Unary, "data planes make one call per Route instead of using the stream (dataplane.route_stream: false)")
 	f.DurationVar(&c.Window, prefix+"window", c.Window, "length of the steady window, the kill window and the window after it")
 	f.DurationVar(&c.Settle, prefix+"settle", c.Settle, "load before the steady window, so that it starts from equilibrium")
 	f.IntVar(&c.DataPlanes, prefix+"dataplanes", c.DataPlanes, "data planes")
