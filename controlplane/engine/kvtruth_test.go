@@ -20,6 +20,17 @@ func TestClearHoldingsDropsEveryHoldingOfTheWorker(t *testing.T) {
 	if holds(t, e, "b", p1) != 4 {
 		t.Fatal("b lost its holding with a's clear")
 	}
+	// The old holdings go in purge steps: p2, held by a only, leaves the
+	// index; p1 stays with b.
+	purge(t, e)
+	if n := e.idx.Len(); n != 4 {
+		t.Fatalf("index holds %d entries after the purge, want p1's 4", n)
+	}
+	// The cleared worker is a worker like any other afterwards.
+	place(t, e, "a", p2)
+	if holds(t, e, "a", p2) != 4 {
+		t.Fatal("a placed after its clear does not hold the prefix")
+	}
 	if e.ClearHoldings("nobody") {
 		t.Fatal("unknown worker reported cleared")
 	}

@@ -377,9 +377,9 @@ func (x *Index) holdsRetired(e *entry) bool {
 // Retiring reports how many retired workers still have holdings to purge.
 func (x *Index) Retiring() int { return len(x.retired) }
 
-// RemoveWorker forgets everything worker w holds at once. O(entries):
-// for a worker that stays (its cache was cleared); one that leaves is
-// retired instead.
+// RemoveWorker forgets everything worker w holds at once. O(entries): the
+// engine retires workers instead (removed ones, and cleared ones under a
+// fresh id); this is the reference RetireWorker's purge is tested against.
 func (x *Index) RemoveWorker(w WorkerID) {
 	for s := x.head; s != nilSlot; {
 		next := x.at(s).next

@@ -3,6 +3,7 @@ package state
 import (
 	"testing"
 
+	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -20,6 +21,13 @@ func TestClearHoldingsCommand(t *testing.T) {
 	got := lookupByURL(st, eng, hashes)
 	if got["http://a"] != 0 || got["http://b"] != 2 {
 		t.Fatalf("holders after the clear: %v", got)
+	}
+	// Applying the command also purged a's old entries: block 3, held
+	// by a only, is gone from the index.
+	var left []index.Holder
+	locked(st, func() { left = eng.Index().Holders(3) })
+	if left != nil {
+		t.Fatalf("block 3 still held by %v after the clear was applied", left)
 	}
 	if st.Applied() != a.i {
 		t.Fatalf("applied %d, want %d", st.Applied(), a.i)

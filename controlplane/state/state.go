@@ -167,8 +167,8 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 	var res Result
 	var ev *auditEvent
 	s.dec.Do(decider.OpApply, func(eng *engine.Engine) { res, ev = s.applyLocked(eng, index, &cmd) })
-	if cmd.GetRemoveWorker() != nil || cmd.GetSetWorkers() != nil {
-		s.dec.Purge() // a removed worker's holdings, in short lock holds
+	if cmd.GetRemoveWorker() != nil || cmd.GetSetWorkers() != nil || cmd.GetClearHoldings() != nil {
+		s.dec.Purge() // a removed or cleared worker's holdings, in short lock holds
 	}
 	if al := s.audit.Load(); ev != nil && al != nil {
 		// Logged outside the engine lock: routing must not wait on log I/O.

@@ -9,6 +9,7 @@ import (
 // cache cleared); the all-in-one router's side of controlplane/kvtruth.
 func (l *Local) ClearHoldings(worker string) {
 	l.dec.Do(decider.OpKV, func(eng *engine.Engine) { eng.ClearHoldings(worker) })
+	l.dec.Purge() // the old holdings, in short lock holds
 }
 
 // ApplyKVReport makes worker's model follow its engine's reported cache and
