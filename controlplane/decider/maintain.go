@@ -67,6 +67,6 @@ func (d *Decider) maybeDailyReset() {
 	// On a control plane this is each node's own cache decision, like
 	// eviction: a leader's pending placements still replicate, and the
 	// ledger may put back what a failed batch withdraws.
-	d.eng.Index().Clear()
+	d.eng.ClearIndex()
 	d.lastReset = now
 }

@@ -111,3 +111,36 @@ func TestKVReportSeedsTheModelFromTheIndex(t *testing.T) {
 		t.Fatalf("old %d recent %d, want 0 and 4", holds(t, e, "a", old), holds(t, e, "a", recent))
 	}
 }
+
+// The daily reset empties the index and the models that follow it, with
+// no release reported per entry; routing goes on from empty.
+func TestClearIndexEmptiesIndexAndModels(t *testing.T) {
+	pol := testPolicy()
+	pol.CapacityBlocks = 100
+	e := newTestEngine(t, pol, urls("a", "b")...)
+	p1, p2 := textOf(4*testBC, 1), textOf(4*testBC, 2)
+	place(t, e, "a", p1)
+	place(t, e, "b", p2)
+	e.ClearIndex()
+	if n := e.idx.Len(); n != 0 {
+		t.Fatalf("index holds %d entries after the reset", n)
+	}
+	for _, w := range e.workers {
+		if w.model == nil || w.model.len() != 0 || w.model.capacity != 100 {
+			t.Fatalf("worker %s: model %+v after the reset, want empty with capacity 100", w.spec.URL, w.model)
+		}
+	}
+	place(t, e, "a", p1)
+	if holds(t, e, "a", p1) != 4 || workerOf(t, e, "a").model.len() != 4 {
+		t.Fatal("placing after the reset did not record the prefix in index and model")
+	}
+}
+
+func workerOf(t *testing.T, e *Engine, url string) *worker {
+	t.Helper()
+	wk, ok := e.byURL[url]
+	if !ok {
+		t.Fatalf("no worker %s", url)
+	}
+	return wk
+}

@@ -34,6 +34,17 @@ func (e *Engine) MaintainStep(now int64, maxEntries, chunk int) (done bool) {
 	return true
 }
 
+// ClearIndex empties the index, and every worker's model with it (the
+// daily reset), without a pass over the index under the caller's lock.
+func (e *Engine) ClearIndex() {
+	for _, w := range e.workers {
+		if w.model != nil {
+			w.model = newBlockLRU(w.model.capacity)
+		}
+	}
+	e.idx.Reset()
+}
+
 // PurgeStep drops removed workers' holdings from a step's worth of index
 // slots (chunk times purgePerEvict) and reports whether none are left.
 func (e *Engine) PurgeStep(chunk int) (done bool) {

@@ -428,15 +428,24 @@ func (x *Index) ExpireBefore(cutoff int64, limit int) (removed int, done bool) {
 	return removed, true
 }
 
-// Clear drops every entry (the daily cleanup).
+// Clear drops every entry, reporting each release: O(entries) with a
+// release hook.
 func (x *Index) Clear() {
 	if x.onRelease != nil {
 		for s := x.head; s != nilSlot; s = x.at(s).next {
 			x.released(s)
 		}
 	}
+	x.Reset()
+}
+
+// Reset drops every entry without reporting releases, for a caller that
+// resets what it keeps beside the index itself: O(pages), the entries
+// are left to the garbage collector (the daily reset of a million entries
+// must not hold the routing lock for a pass over them).
+func (x *Index) Reset() {
 	x.stats.Evicted += uint64(len(x.byHash))
-	clear(x.byHash)
+	x.byHash = make(map[uint64]int32)
 	// Pages may be shared with frozen views: drop them rather than reuse.
 	clear(x.pages)
 	x.pages = x.pages[:0]
