@@ -236,9 +236,16 @@ func (s *stream) Batch(b kvevents.Batch, _ bool) {
 	m := s.t.o.Metrics
 	name := s.w.name
 	removed := false
+	// Counted per kind and added once per batch: a label lookup per event
+	// would cost more than applying the event.
+	var kinds [kvevents.AllBlocksCleared + 1]int
 	s.w.mu.Lock()
 	for _, ev := range b.Events {
-		m.events.WithLabelValues(name, ev.Kind.String()).Inc()
+		k := ev.Kind
+		if int(k) >= len(kinds) {
+			k = kvevents.Unknown
+		}
+		kinds[k]++
 		if !onGPU(ev.Medium) {
 			continue // offloaded tiers are not the prefix cache CART models
 		}
@@ -272,6 +279,11 @@ func (s *stream) Batch(b kvevents.Batch, _ bool) {
 	rep := s.w.report(s.t.o.BlockChars)
 	rep.Evicted = removed
 	s.w.mu.Unlock()
+	for k, n := range kinds {
+		if n > 0 {
+			m.events.WithLabelValues(name, kvevents.Kind(k).String()).Add(float64(n))
+		}
+	}
 	if b.TS > 0 {
 		lag := s.t.o.Now().Sub(time.Unix(0, int64(b.TS*1e9))).Seconds()
 		m.lag.WithLabelValues(name).Set(max(lag, 0))
