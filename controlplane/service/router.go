@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -27,6 +28,13 @@ func (c *Core) Router() *RouterHandler { return &RouterHandler{c} }
 // 32-character hash; a longer key is hashed here, before the routing lock,
 // so that hashing it inside the engine costs nothing.
 const maxSessionKey = 64
+
+// maxListedWorkers bounds exclude_workers plus avoid_workers: the engine
+// checks each candidate against both lists under the routing lock, so a
+// caller naming thousands would hold it for every route. A data plane
+// names the workers of its own failed attempts and open breakers, far
+// fewer.
+const maxListedWorkers = 1024
 
 // Route implements RouterService.Route.
 func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.RouteRequest]) (*connect.Response[cartv1.RouteResponse], error) {
@@ -67,6 +75,9 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest) (*cartv1.Route
 		session = hex.EncodeToString(sum[:16])
 	}
 	exclude := m.GetExcludeWorkers()
+	if n := len(exclude) + len(m.GetAvoidWorkers()); n > maxListedWorkers {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exclude_workers and avoid_workers name %d workers, at most %d", n, maxListedWorkers))
+	}
 	if ex, err := c.models.Exclude(m.GetModel()); err != nil {
 		return nil, connect.NewError(connect.CodeNotFound, err)
 	} else if len(ex) > 0 {
