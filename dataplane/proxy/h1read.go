@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"strconv"
+	"strings"
 )
 
 // readResponse reads a response head from br. The common answer of a
@@ -40,7 +41,7 @@ func fastResponse(br *bufio.Reader, req *http.Request) *http.Response {
 		return nil
 	}
 	head := string(buf[:end+2]) // lines, each ending in CRLF
-	line, rest, _ := cut(head)
+	line, rest, _ := strings.Cut(head, "\r\n")
 	// "HTTP/1.1 200 OK"
 	if len(line) < 12 || line[:9] != "HTTP/1.1 " || len(line) > 12 && line[12] != ' ' {
 		return nil
@@ -52,35 +53,25 @@ func fastResponse(br *bufio.Reader, req *http.Request) *http.Response {
 		}
 		code = code*10 + int(c-'0')
 	}
-	if code < 200 || code == http.StatusNoContent || code == http.StatusNotModified || code > 999 {
+	if code < 200 || code == http.StatusNoContent || code == http.StatusNotModified {
 		return nil
 	}
 	if !printable(line) {
 		return nil
 	}
-	n := 0
-	for i := 0; i < len(rest); i++ {
-		if rest[i] == '\n' {
-			n++
-		}
-	}
+	status := line[9:] // "200 OK"
+	n := strings.Count(rest, "\n")
 	h := make(http.Header, n)
 	vals := make([]string, n) // one backing array, as textproto does
 	length := int64(-1)
 	for rest != "" {
-		line, rest, _ = cut(rest)
-		colon := -1
-		for i := 0; i < len(line); i++ {
-			if line[i] == ':' {
-				colon = i
-				break
-			}
-		}
+		line, rest, _ = strings.Cut(rest, "\r\n")
+		colon := strings.IndexByte(line, ':')
 		if colon <= 0 || !validFieldName(line[:colon]) || !printable(line[colon+1:]) {
 			return nil
 		}
 		k := textproto.CanonicalMIMEHeaderKey(line[:colon])
-		v := trimOWS(line[colon+1:])
+		v := textproto.TrimString(line[colon+1:]) // no CR or LF left to trim: printable
 		switch k {
 		case "Transfer-Encoding", "Connection", "Trailer":
 			return nil
@@ -104,7 +95,7 @@ func fastResponse(br *bufio.Reader, req *http.Request) *http.Response {
 	}
 	_, _ = br.Discard(end + 4)
 	resp := &http.Response{
-		Status: line0(head), StatusCode: code,
+		Status: status, StatusCode: code,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: h, ContentLength: length, Request: req,
 		Body: http.NoBody,
@@ -113,22 +104,6 @@ func fastResponse(br *bufio.Reader, req *http.Request) *http.Response {
 		resp.Body = &fixedBody{br: br, n: length}
 	}
 	return resp
-}
-
-// line0 is the status of a status line: "200 OK".
-func line0(head string) string {
-	line, _, _ := cut(head)
-	return line[9:]
-}
-
-// cut splits s at its first CRLF.
-func cut(s string) (line, rest string, ok bool) {
-	for i := 0; i+1 < len(s); i++ {
-		if s[i] == '\r' && s[i+1] == '\n' {
-			return s[:i], s[i+2:], true
-		}
-	}
-	return s, "", false
 }
 
 // printable: no control bytes but HTAB (which also rules out a bare CR or
@@ -149,22 +124,12 @@ func validFieldName(s string) bool {
 		c := s[i]
 		switch {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), c) >= 0:
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
 		default:
 			return false
 		}
 	}
 	return true
-}
-
-func trimOWS(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 // fixedBody is a body of known length read from the connection's buffer.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/metrics"
@@ -114,7 +115,7 @@ func serveMetrics(ctx context.Context, srv *http.Server, ln net.Listener, log *s
 		return
 	}
 	log.Info("metrics listening", "addr", ln.Addr().String())
-	if err := Serve(ctx, srv, ln, config.Seconds(1)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := Serve(ctx, srv, ln, time.Second); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Error("metrics listener", "error", err.Error())
 	}
 }
