@@ -375,12 +375,7 @@ func scrapeDataPlaneMetrics(t *testing.T) map[string]bool {
 	replica := httptest.NewServer(sim.New(sim.Config{Name: "s"}).Handler())
 	t.Cleanup(replica.Close)
 	// A worker that refuses connections makes retries and opens a breaker.
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadURL := "http://" + dead.Addr().String()
-	dead.Close()
+	deadURL := "http://" + testkit.FreeAddr(t)
 
 	cfg := config.Default()
 	cfg.Workers = []config.Worker{{URL: replica.URL}, {URL: deadURL}}

@@ -332,9 +332,15 @@ func addCPFlags(f *pflag.FlagSet, c *bench.CPConfig, prefix string) {
 	f.IntSliceVar(&c.Rates, prefix+"rates", c.Rates, "open-loop runs, routes/s each")
 	f.IntSliceVar(&c.Concurrency, prefix+"concurrency", c.Concurrency, "closed-loop runs, concurrent callers each")
 	f.DurationVar(&c.Duration, prefix+"duration", c.Duration, "duration of each run")
-	f.IntVar(&c.DataPlanes, prefix+"dataplanes", c.DataPlanes, "data planes (each its own connection to the leader)")
-	f.DurationVar(&c.RouteTimeout, prefix+"route-timeout", c.RouteTimeout, "data planes' Route deadline (0 = the config default, as in production)")
-	f.BoolVar(&c.Unary, prefix+"unary", c.Unary, "data planes make one call per Route instead of using the stream (dataplane.route_stream: false)")
+	addDataPlaneFlags(f, prefix, &c.DataPlanes, "data planes (each its own connection to the leader)", &c.RouteTimeout, &c.Unary)
+}
+
+// addDataPlaneFlags registers the data-plane settings the cp and failover
+// benchmarks share, so that their names and meaning stay the same in both.
+func addDataPlaneFlags(f *pflag.FlagSet, prefix string, dataPlanes *int, dataPlanesHelp string, routeTimeout *time.Duration, unary *bool) {
+	f.IntVar(dataPlanes, prefix+"dataplanes", *dataPlanes, dataPlanesHelp)
+	f.DurationVar(routeTimeout, prefix+"route-timeout", *routeTimeout, "data planes' Route deadline (0 = the config default, as in production)")
+	f.BoolVar(unary, prefix+"unary", *unary, "data planes make one call per Route instead of using the stream (dataplane.route_stream: false)")
 }
 
 func newFailoverCmd() *cobra.Command {
@@ -356,10 +362,8 @@ time to the new leader and to its first answered route.`,
 
 func addFailoverFlags(f *pflag.FlagSet, c *bench.FailoverConfig, prefix string) {
 	f.IntVar(&c.Runs, prefix+"runs", c.Runs, "leader kills, each on a fresh cluster")
-	f.BoolVar(&c.Unary, prefix+"unary", c.Unary, "data planes make one call per Route instead of using the stream (dataplane.route_stream: false)")
 	f.DurationVar(&c.Window, prefix+"window", c.Window, "length of the steady window, the kill window and the window after it")
 	f.DurationVar(&c.Settle, prefix+"settle", c.Settle, "load before the steady window, so that it starts from equilibrium")
-	f.IntVar(&c.DataPlanes, prefix+"dataplanes", c.DataPlanes, "data planes")
 	f.IntVar(&c.Clients, prefix+"clients", c.Clients, "concurrent clients, each keeping two requests open")
-	f.DurationVar(&c.RouteTimeout, prefix+"route-timeout", c.RouteTimeout, "data planes' Route deadline (0 = the config default, as in production)")
+	addDataPlaneFlags(f, prefix, &c.DataPlanes, "data planes", &c.RouteTimeout, &c.Unary)
 }

@@ -70,6 +70,10 @@ func TestSectionFlagsValidated(t *testing.T) {
 		{[]string{"failover", "--runs", "0"}, "runs"},
 		{[]string{"suite", "--cp-dataplanes", "0", "--out", t.TempDir()}, "dataplanes"},
 		{[]string{"suite", "--no-controlplane", "--failover-clients", "0", "--out", t.TempDir()}, "clients"},
+		// The data-plane flags both sections share land in each section's own settings.
+		{[]string{"failover", "--dataplanes", "0"}, "failover benchmark: dataplanes"},
+		{[]string{"cp", "--route-timeout", "-1s"}, "control-plane benchmark: negative route timeout"},
+		{[]string{"suite", "--no-controlplane", "--failover-dataplanes", "65", "--out", t.TempDir()}, "failover benchmark: dataplanes 65"},
 	} {
 		cmd := newRootCmd()
 		cmd.SetOut(new(nopWriter))

@@ -23,6 +23,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/extract"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // fakeCP is an in-memory control plane: enough of AdminService and
@@ -248,13 +249,7 @@ func serve(t *testing.T, f *fakeCP) string {
 // deadURL returns a loopback URL nothing listens on.
 func deadURL(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return "http://" + addr
+	return "http://" + testkit.FreeAddr(t)
 }
 
 type result struct {
