@@ -35,8 +35,10 @@ type CPConfig struct {
 	RouteTimeout time.Duration `json:"route_timeout_ns"`
 	// Unary makes the data planes call Route, Complete and Sync one call
 	// at a time instead of on the stream (dataplane.route_stream: false).
-	Unary        bool          `json:"unary,omitempty"`
-	StartTimeout time.Duration `json:"start_timeout_ns"`
+	Unary bool `json:"unary,omitempty"`
+	// NoPlacementFeed turns off dataplane.route_stream_placement_feed.
+	NoPlacementFeed bool          `json:"no_placement_feed,omitempty"`
+	StartTimeout    time.Duration `json:"start_timeout_ns"`
 }
 
 // DefaultCPConfig is sized so the section takes about a minute and a half:
@@ -426,6 +428,7 @@ func RunCP(ctx context.Context, env *Env, cfg CPConfig) CPResult {
 	dps, err := startDataPlanes(ctx, env, max(cfg.DataPlanes, 1), max(cfg.Workers, 1), func(i int, client *http.Client) remote.Options {
 		o := dataPlaneOptions(fmt.Sprintf("bench-dp-%d", i+1), cl.urls(), blockChars, 0, cfg.RouteTimeout, client, causes.add)
 		o.RouteStream = o.RouteStream && !cfg.Unary
+		o.PlacementFeed = o.PlacementFeed && !cfg.NoPlacementFeed
 		return o
 	}, cfg.StartTimeout)
 	if err != nil {

@@ -105,11 +105,30 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 	slots := make(chan struct{}, maxStreamInFlight)
 	recvDone := make(chan error, 1)
 	go func() {
+		feeding := false
 		for {
 			m, err := st.Receive()
 			if err != nil {
 				recvDone <- err
 				return
+			}
+			if m.GetId() == 0 && m.GetCall() == nil {
+				// The hello: answered before anything else is sent, so
+				// the data plane's first message is its answer.
+				send(&cartv1.StreamResponse{})
+				if m.GetPlacementFeed() != nil && !feeding {
+					feeding = true
+					callsMu.Lock()
+					if !closed {
+						calls.Add(1)
+						go func() {
+							defer calls.Done()
+							c.feed(ctx, send)
+						}()
+					}
+					callsMu.Unlock()
+				}
+				continue
 			}
 			select {
 			case slots <- struct{}{}:
