@@ -35,52 +35,40 @@ func NextCheckpoint(p int) int {
 }
 
 // LookupCheckpoints is Lookup for an index that also stores prompts by
-// their checkpoints only, and whose holders do not always hold a prefix's
-// earlier blocks (the data plane's shadow keeps only a prefix's latest
-// holder, so an older holder of a longer prompt keeps its deeper blocks
-// alone). Past the first hash missing from the index it goes on from
-// checkpoint to checkpoint while they are present, then probes the blocks
-// before the next one for a prompt that ended between two checkpoints (its
-// last block is stored). A worker is credited with a block only if it was
-// credited at every block probed before it: a deeper block held by a
-// worker that no longer holds the prefix says nothing about that worker's
-// cache. A match found so is short of the truth by at most
-// CheckpointStride-1 blocks.
+// their checkpoints only: past the first hash missing from the index it
+// goes on from checkpoint to checkpoint while they are present, then
+// probes the blocks before the next one for a prompt that ended between
+// two checkpoints (its last block is stored). Every holder of a block
+// found is credited with it, as Lookup does. A match found so is short of
+// the truth by at most CheckpointStride-1 blocks.
 func (x *Index) LookupCheckpoints(hashes []uint64, m *Match) {
-	m.Reset()
-	prev := 0 // the depth credited at the last block found
-	probe := func(q int) bool {
-		s, ok := x.byHash[hashes[q]]
-		if !ok {
-			return false
-		}
-		e := x.at(s)
-		if e.nholders == 0 {
-			return false
-		}
-		credit := func(w WorkerID) {
-			if prev == 0 || m.BlocksFor(w) == prev {
-				m.set(w, q+1)
-				m.Longest = q + 1
-			}
-		}
-		credit(e.first.w)
-		for _, hd := range e.more {
-			credit(hd.w)
-		}
-		prev = q + 1
-		return true
-	}
-	p := 0
-	for p < len(hashes) && probe(p) {
-		p++
-	}
-	for q := NextCheckpoint(p); q < len(hashes) && probe(q); q = NextCheckpoint(q + 1) {
+	x.Lookup(hashes, m)
+	p := m.Longest
+	for q := NextCheckpoint(p); q < len(hashes) && x.creditAt(hashes, q, m); q = NextCheckpoint(q + 1) {
 		p = q + 1
 	}
 	for q := min(NextCheckpoint(p), len(hashes)) - 1; q >= p; q-- {
-		if probe(q) {
+		if x.creditAt(hashes, q, m) {
 			break
 		}
 	}
+}
+
+// creditAt credits every holder of block q with q+1 blocks; false when the
+// block is not stored.
+func (x *Index) creditAt(hashes []uint64, q int, m *Match) bool {
+	s, ok := x.byHash[hashes[q]]
+	if !ok {
+		return false
+	}
+	e := x.at(s)
+	if e.nholders == 0 {
+		return false
+	}
+	m.set(e.first.w, q+1)
+	for _, hd := range e.more {
+		m.set(hd.w, q+1)
+	}
+	m.Longest = q + 1
+	return true
 }

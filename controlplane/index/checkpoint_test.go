@@ -80,23 +80,3 @@ func TestLookupCheckpoints(t *testing.T) {
 	}
 }
 
-// A worker that holds a prompt's deeper block but no longer its prefix (the
-// shadow moved the prefix to its latest holder) is not credited with it.
-func TestLookupCheckpointsNeedsTheWholePrefix(t *testing.T) {
-	x := New(Options{MaxEntries: 100, InlineEvict: true})
-	older := []uint64{1, 2, 3, 4, 5, 6}
-	x.Insert(older, 2, 1)
-	x.RemoveHolder(older[:5], 2)
-	x.Insert(older[:5], 1, 2)
-	var m Match
-	x.LookupCheckpoints([]uint64{1, 2, 3, 4, 5, 6, 7}, &m)
-	if m.BlocksFor(1) != 5 || m.BlocksFor(2) != 0 || m.Longest != 5 {
-		t.Fatalf("worker 1: %d, worker 2: %d, longest %d; want 5, 0, 5", m.BlocksFor(1), m.BlocksFor(2), m.Longest)
-	}
-	// Plain Lookup credits the deeper block (the control plane's index
-	// never separates a holder from its prefix).
-	x.Lookup([]uint64{1, 2, 3, 4, 5, 6, 7}, &m)
-	if m.BlocksFor(2) != 6 {
-		t.Fatalf("Lookup: worker 2: %d, want 6", m.BlocksFor(2))
-	}
-}

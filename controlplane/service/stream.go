@@ -113,21 +113,27 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 				return
 			}
 			if m.GetId() == 0 && m.GetCall() == nil {
-				// The hello: answered before anything else is sent, so
-				// the data plane's first message is its answer.
+				// The hello, answered here so that nothing the feed sends
+				// can come before its answer. It counts as a call, so the
+				// handler does not return while it sends.
+				callsMu.Lock()
+				if closed {
+					callsMu.Unlock()
+					recvDone <- context.Canceled
+					return
+				}
+				calls.Add(1)
+				callsMu.Unlock()
 				send(&cartv1.StreamResponse{})
 				if m.GetPlacementFeed() != nil && !feeding {
 					feeding = true
-					callsMu.Lock()
-					if !closed {
-						calls.Add(1)
-						go func() {
-							defer calls.Done()
-							c.feed(ctx, send)
-						}()
-					}
-					callsMu.Unlock()
+					calls.Add(1) // while the hello's count is held: Wait has not returned
+					go func() {
+						defer calls.Done()
+						c.feed(ctx, send)
+					}()
 				}
+				calls.Done()
 				continue
 			}
 			select {
