@@ -37,10 +37,11 @@ import (
 //     one by an arbitrary length; one of 40 system prompts (Zipf(1.1),
 //     16..4096 characters); each replica's cache 16k tokens.
 //
-// Each workload runs with several seeds (sub-benchmark seed=N) so that the
-// differences between block sizes can be compared with the differences
-// between seeds; block=blind routes without hashes (least-loaded), the
-// floor. The replicas' prefix caches are LRU in 16-token blocks (vLLM's
+// Each workload runs with several seeds (sub-benchmark seed=N), and the
+// short and multi-turn ones also at 64 and 128 with the engine's
+// tie-breaks drawn from other seeds (tiebreak=N): the spread that causes
+// is the noise a difference between block sizes must beat. block=blind
+// routes without hashes (least-loaded), the floor. The replicas' prefix caches are LRU in 16-token blocks (vLLM's
 // block size), or per token (cache=1tok, SGLang's radix cache), where a
 // prefix shorter than 16 tokens can hit too.
 //
@@ -90,15 +91,27 @@ func BenchmarkBlockSizePrecision(b *testing.B) {
 			_, _ = fmt.Sscanf(wl.name[i:], "seed=%d", &seed)
 		}
 		w := wl.make(seed)
-		for _, bc := range []int{64, 128, 256, blind} {
-			label := fmt.Sprint(bc)
-			if bc == blind {
+		type variant struct {
+			bc       int
+			tieBreak uint64
+		}
+		vs := []variant{{64, 1}, {128, 1}, {256, 1}, {blind, 1}}
+		if !strings.HasPrefix(wl.name, "cut-") {
+			// The noise: the same block size with other tie-breaks.
+			vs = append(vs, variant{64, 2}, variant{64, 3}, variant{128, 2}, variant{128, 3})
+		}
+		for _, v := range vs {
+			label := fmt.Sprint(v.bc)
+			if v.bc == blind {
 				label = "blind"
+			}
+			if v.tieBreak != 1 {
+				label += fmt.Sprintf("/tiebreak=%d", v.tieBreak)
 			}
 			b.Run(fmt.Sprintf("%s/block=%s", wl.name, label), func(b *testing.B) {
 				var r replayResult
 				for b.Loop() {
-					r = replay(w, bc)
+					r = replayTieBreak(w, v.bc, v.tieBreak)
 				}
 				b.ReportMetric(r.hit(), "hit")
 				b.ReportMetric(r.oracle, "oracle-hit")

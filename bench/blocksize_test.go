@@ -170,14 +170,19 @@ func replayBlocks(recs []TraceRecord, blockChars int, texts blockTexts) replayRe
 // against.
 const blind = 0
 
-func replay(w simWorkload, blockChars int) replayResult {
+func replay(w simWorkload, blockChars int) replayResult { return replayTieBreak(w, blockChars, 1) }
+
+// replayTieBreak is replay with the engine's tie-breaks drawn from
+// another seed: the spread it causes at one block size is the noise a
+// difference between block sizes must beat.
+func replayTieBreak(w simWorkload, blockChars int, tieBreak uint64) replayResult {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	cfg := config.Default()
 	cfg.Cache.BlockChars = max(blockChars, 1)
 	pol := decider.PolicyFrom(cfg)
 	idx := index.New(index.Options{MaxEntries: cfg.Cache.MaxTreeSize, InlineEvict: true})
-	eng := engine.New(pol, idx, rand.New(rand.NewPCG(1, 2)))
+	eng := engine.New(pol, idx, rand.New(rand.NewPCG(tieBreak, 2)))
 	const replicas = 8
 	var specs []engine.WorkerSpec
 	caches := map[string]*Oracle{}
