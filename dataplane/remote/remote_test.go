@@ -819,7 +819,9 @@ func TestBlockCharsMismatchRoutesLocally(t *testing.T) {
 	var fb fallbacks
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BlockChars: 64, OnFallback: fb.on})
 	workers := []*cartv1.Worker{{Url: wA, Healthy: true}}
-	cp.set(func(f *fakeCP) { f.syncResp = &cartv1.SyncResponse{Workers: workers, WorkersVersion: 1, BlockChars: 128} })
+	cp.set(func(f *fakeCP) {
+		f.syncResp = &cartv1.SyncResponse{Workers: workers, WorkersVersion: 1, BlockChars: 128}
+	})
 	if err := r.SyncOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -835,7 +837,9 @@ func TestBlockCharsMismatchRoutesLocally(t *testing.T) {
 	}
 	// Agreement (or a control plane that does not say) lifts it.
 	for _, bc := range []uint32{64, 0} {
-		cp.set(func(f *fakeCP) { f.syncResp = &cartv1.SyncResponse{Workers: workers, WorkersVersion: 2, BlockChars: bc} })
+		cp.set(func(f *fakeCP) {
+			f.syncResp = &cartv1.SyncResponse{Workers: workers, WorkersVersion: 2, BlockChars: bc}
+		})
 		if err := r.SyncOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
