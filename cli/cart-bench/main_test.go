@@ -73,6 +73,7 @@ func TestSectionFlagsValidated(t *testing.T) {
 		// The data-plane flags both sections share land in each section's own settings.
 		{[]string{"failover", "--dataplanes", "0"}, "failover benchmark: dataplanes"},
 		{[]string{"cp", "--route-timeout", "-1s"}, "control-plane benchmark: negative route timeout"},
+		{[]string{"cp", "--block-chars", "-1"}, "control-plane benchmark: block chars -1"},
 		{[]string{"suite", "--no-controlplane", "--failover-dataplanes", "65", "--out", t.TempDir()}, "failover benchmark: dataplanes 65"},
 	} {
 		cmd := newRootCmd()

@@ -108,7 +108,16 @@ type Router struct {
 	cpb          *cpBreaker   // nil when disabled
 	streams      *streamer    // nil when Options.RouteStream is off
 	lastAuthWarn atomic.Int64 // unix nanos of the last rejected-token warning
+	// cpBlockChars is the control plane's cache.block_chars when its last
+	// Sync named one different from ours (0: they agree, or it did not
+	// say): our hashes would never match its index and would fill it with
+	// entries no other data plane can match, so Route stays local.
+	cpBlockChars atomic.Int64
 }
+
+// CauseBlockChars is the fallback cause of decisions made locally because
+// the control plane hashes prompts in blocks of another size.
+const CauseBlockChars = "block_chars_mismatch"
 
 // New builds the router. Call Run to start syncing.
 func New(o Options) *Router {
@@ -225,11 +234,14 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	target := r.current()
 	var cause string
 	allowed, probe := true, false
-	if target != "" {
+	mismatch := r.cpBlockChars.Load() != 0
+	if target != "" && !mismatch { // a probe the breaker allows must be made
 		allowed, probe = r.cpb.allow()
 	}
 	if target == "" {
 		cause = "no_control_plane"
+	} else if mismatch {
+		cause = CauseBlockChars
 	} else if !allowed {
 		// The control plane keeps failing to answer in time: waiting out
 		// the route timeout again would only add it to this request.
@@ -581,7 +593,10 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		return fmt.Errorf("sync with %s: %w", target, err)
 	}
 	if bc := int(m.GetBlockChars()); bc != 0 && r.o.BlockChars != 0 && bc != r.o.BlockChars {
-		r.log.Error("block size differs from the control plane's: prefixes will not match; set cache.block_chars to match", "local", r.o.BlockChars, "control_plane", bc)
+		r.cpBlockChars.Store(int64(bc))
+		r.log.Error("block size differs from the control plane's: routing locally until cache.block_chars matches", "local", r.o.BlockChars, "control_plane", bc)
+	} else {
+		r.cpBlockChars.Store(0)
 	}
 	ws := make([]router.WorkerStatus, len(m.GetWorkers()))
 	for i, w := range m.GetWorkers() {
