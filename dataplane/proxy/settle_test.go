@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -151,21 +150,14 @@ func TestEveryDecisionSettledOnce(t *testing.T) {
 				b.set(h)
 				urls = append(urls, b.URL)
 			}
-			r := newRig(t, urls, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
-				o.StreamIdleTimeout = tc.idle
-				o.Logger = slog.New(slog.DiscardHandler)
-			})
-			ledger := newLedger(r.router)
-			o := defaultOptions()
-			o.Router, o.Breakers, o.Metrics, o.Logger = ledger, r.breaks, r.metrics, slog.New(slog.DiscardHandler)
-			o.StreamIdleTimeout = tc.idle
-			front := httptest.NewServer(proxy.New(o))
-			t.Cleanup(front.Close)
+			var ledger *ledgerRouter
+			r := newWiredRig(t, urls, wrapped(func(inner router.Router) router.Router { ledger = newLedger(inner); return ledger }),
+				func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.StreamIdleTimeout = tc.idle })
 			// Each request a new prompt, so that the routes spread over the
 			// workers and the retried cases reach their second worker.
 			for i := range 4 {
 				ctx, cancel := context.WithCancel(context.Background())
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL+"/v1/chat/completions",
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.front.URL+"/v1/chat/completions",
 					strings.NewReader(chatBody(fmt.Sprint("system ", tc.name, i), "hello", tc.abort || tc.idle > 0)))
 				req.Header.Set("Content-Type", "application/json")
 				resp, err := http.DefaultClient.Do(req)

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -12,8 +11,6 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/engine"
-	"github.com/cartrouter/cart/dataplane/breaker"
-	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
 	"github.com/cartrouter/cart/sim"
@@ -22,26 +19,9 @@ import (
 // newClosedLoopRig is newRig with the closed loop on and a fake clock.
 func newClosedLoopRig(t *testing.T, urls []string, clock *fakeClock) *rig {
 	t.Helper()
-	o := defaultOptions()
-	pol := defaultPolicy()
-	pol.ClosedLoop = true
-	specs := make([]engine.WorkerSpec, len(urls))
-	for i, u := range urls {
-		specs[i] = engine.WorkerSpec{URL: u}
-	}
-	r := &rig{t: t}
-	r.router = router.NewLocal(router.LocalOptions{Policy: pol, MaxEntries: 1 << 16, CleanupHour: -1, Seed: 1, Now: clock.now}, specs)
-	r.metrics = metrics.New(func() (int, uint64, uint64, uint64) {
-		st, u := r.router.IndexStats()
-		return st.Entries, st.Evicted, st.SkippedInserts, u
-	})
-	r.breaks = breaker.NewSet(breaker.Config{Enabled: true, FailureThreshold: 3, SuccessThreshold: 1, Timeout: time.Minute}, nil)
-	o.Router, o.Breakers, o.Metrics = r.router, r.breaks, r.metrics
-	o.Logger = slog.New(slog.DiscardHandler)
-	r.proxy = proxy.New(o)
-	r.front = httptest.NewServer(r.proxy)
-	t.Cleanup(r.front.Close)
-	return r
+	w := defaultWiring()
+	w.now = clock.now
+	return newWiredRig(t, urls, w, func(_ *proxy.Options, p *engine.Policy, _ []engine.WorkerSpec) { p.ClosedLoop = true })
 }
 
 func usageBody(path, prompt string, stream bool) string {
@@ -194,13 +174,8 @@ func TestUsageSniffing(t *testing.T) {
 				_, _ = io.Copy(io.Discard, r.Body)
 				_, _ = io.WriteString(w, c.resp)
 			})
-			r := newRig(t, []string{b.URL})
-			rec := &recordingRouter{Router: r.router}
-			o := defaultOptions()
-			o.Router, o.Breakers, o.Metrics, o.Logger = rec, r.breaks, r.metrics, slog.New(slog.DiscardHandler)
-			front := httptest.NewServer(proxy.New(o))
-			t.Cleanup(front.Close)
-			r.front = front
+			var rec *recordingRouter
+			r := newWiredRig(t, []string{b.URL}, wrapped(func(inner router.Router) router.Router { rec = &recordingRouter{Router: inner}; return rec }))
 			resp := r.post(c.path, usageBody(c.path, "hello", false))
 			readAll(t, resp)
 			r.waitLoadZero()
