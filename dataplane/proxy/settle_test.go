@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
 )
@@ -152,7 +151,7 @@ func TestEveryDecisionSettledOnce(t *testing.T) {
 			}
 			var ledger *ledgerRouter
 			r := newWiredRig(t, urls, wrapped(func(inner router.Router) router.Router { ledger = newLedger(inner); return ledger }),
-				func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.StreamIdleTimeout = tc.idle })
+				withOptions(func(o *proxy.Options) { o.StreamIdleTimeout = tc.idle }))
 			// Each request a new prompt, so that the routes spread over the
 			// workers and the retried cases reach their second worker.
 			for i := range 4 {
