@@ -247,9 +247,7 @@ func TestGRPCHealth(t *testing.T) {
 }
 
 func TestMetrics(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2)
 	txt := text(64, 40)
 	liveRoute(t, rc, txt)
 	liveRoute(t, rc, txt)

@@ -315,6 +315,15 @@ func (cp *testCP) addWorkers(t testing.TB, urls ...string) {
 	}
 }
 
+// leaderWith is a leader routing to workers, and a data plane's client of
+// it: the setup most routing tests start from.
+func leaderWith(t testing.TB, workers ...string) (*testCP, cartv1connect.RouterServiceClient) {
+	t.Helper()
+	cp := newTestCP(t, cpConfig{leader: true})
+	cp.addWorkers(t, workers...)
+	return cp, cp.router()
+}
+
 func (cp *testCP) setMember(t testing.TB, id, url string) {
 	t.Helper()
 	cmd := &cartv1.RaftCommand{Body: &cartv1.RaftCommand_SetMember{SetMember: &cartv1.SetMemberCommand{NodeId: id, ApiUrl: url}}}

@@ -17,6 +17,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 )
 
 // reasonOf is where txt would route now, without taking load.
@@ -40,15 +41,21 @@ func newHeldCP(t *testing.T) *testCP {
 	return newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
 }
 
+// heldWith is leaderWith on a held leader (newHeldCP).
+func heldWith(t *testing.T, workers ...string) (*testCP, cartv1connect.RouterServiceClient) {
+	t.Helper()
+	cp := newHeldCP(t)
+	cp.addWorkers(t, workers...)
+	return cp, cp.router()
+}
+
 // flushBatch proposes the placement window now.
 func (cp *testCP) flushBatch() { cp.core.batch.flush(context.Background()) }
 
 // A batch that fails to commit takes its placements out of the leader's
 // index again, and the window queued behind it with them.
 func TestFailedBatchWithdrawsItsPlacements(t *testing.T) {
-	cp := newHeldCP(t)
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := heldWith(t, w1, w2)
 	kept, lost := text(64, 30), text(64, 31)
 	liveRoute(t, rc, kept)
 	cp.flushBatch()
@@ -71,9 +78,7 @@ func TestFailedBatchWithdrawsItsPlacements(t *testing.T) {
 // A withdrawal (undelivered request) that fails to commit is undone too:
 // the rest of the cluster still holds the placement it withdrew.
 func TestFailedBatchRestoresItsWithdrawals(t *testing.T) {
-	cp := newHeldCP(t)
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := heldWith(t, w1, w2)
 	txt := text(64, 33)
 	d := liveRoute(t, rc, txt)
 	cp.flushBatch()
@@ -88,9 +93,7 @@ func TestFailedBatchRestoresItsWithdrawals(t *testing.T) {
 // What a committed entry of another proposer decided after a pending
 // change is the log's word: undoing the failed batch must not touch it.
 func TestFailedBatchKeepsWhatALaterCommitSet(t *testing.T) {
-	cp := newHeldCP(t)
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := heldWith(t, w1, w2)
 	txt, other := text(64, 34), text(64, 35)
 	d := liveRoute(t, rc, txt)
 	liveRoute(t, rc, other)
@@ -187,9 +190,7 @@ func TestForwardedWriteWithoutAnswer(t *testing.T) {
 // with placements (and withdrawals) still uncommitted, it must leave them
 // out, or a restart from it, or a follower installing it, keeps them.
 func TestSnapshotLeavesOutUncommittedChanges(t *testing.T) {
-	cp := newHeldCP(t)
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := heldWith(t, w1, w2)
 	committed, withdrawn, pending := text(64, 40), text(64, 41), text(64, 42)
 	liveRoute(t, rc, committed)
 	d := liveRoute(t, rc, withdrawn)
