@@ -421,6 +421,17 @@ func wantCode(t testing.TB, err error, code connect.Code) *connect.Error {
 	return ce
 }
 
+// wantCodeOrNil is wantCode where code 0 (a table's "allowed") wants no
+// error at all.
+func wantCodeOrNil(t testing.TB, err error, code connect.Code) {
+	t.Helper()
+	if code != 0 {
+		wantCode(t, err, code)
+	} else if err != nil {
+		t.Fatalf("want no error, got %v", err)
+	}
+}
+
 // text returns n deterministic characters; texts of different seeds differ
 // in their first block, so they share no prefix.
 func text(n int, seed int) string {
