@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 func workerURLs(t *testing.T, url string) []string {
@@ -41,10 +41,7 @@ func replica(t *testing.T, name string) string {
 	t.Helper()
 	// Serving "m", the model the tests route: the leader routes a model
 	// only to workers whose /v1/models lists it.
-	s := sim.New(sim.Config{Name: name, Models: []string{"m"}})
-	ts := httptest.NewServer(s.Handler())
-	t.Cleanup(func() { ts.Close(); _ = s.Close() })
-	return ts.URL
+	return simtest.Start(t, sim.Config{Name: name, Models: []string{"m"}}).URL
 }
 
 // TestLeaderKillAndFullRestart runs three real `cart controlplane`

@@ -222,14 +222,6 @@ func (okTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader("ok")), Header: http.Header{}, Request: r}, nil
 }
 
-// h2cClient speaks HTTP/2 with prior knowledge, as gRPC over plaintext
-// needs.
-func h2cClient() *http.Client {
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	return &http.Client{Transport: &http.Transport{Protocols: &p}}
-}
-
 // testCP is one control-plane node under test.
 type testCP struct {
 	core   *Core
@@ -262,14 +254,10 @@ func newTestCP(t testing.TB, cfg cpConfig) *testCP {
 	st := state.New(dec)
 	cp := &testCP{st: st, dec: dec}
 	var handler http.Handler
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
+	srv := testkit.H2CServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
 	cp.url = "http://" + srv.Listener.Addr().String()
-	cp.client = h2cClient()
-	fwd := h2cClient()
+	cp.client = testkit.H2CClient()
+	fwd := testkit.H2CClient()
 	o := Options{
 		NodeID:         cfg.id,
 		APIURL:         cp.url,

@@ -18,6 +18,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // reasonOf is where txt would route now, without taking load.
@@ -158,17 +159,14 @@ func TestForwardedWriteWithoutAnswer(t *testing.T) {
 		_, err := follower.admin().AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w1}}))
 		return err
 	}
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
 	reached := make(chan struct{}, 1)
-	dropper := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	dropper := testkit.H2CServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case reached <- struct{}{}:
 		default:
 		}
 		panic(http.ErrAbortHandler) // the leader died mid-call
 	}))
-	dropper.Config.Protocols = &p
 	dropper.Start()
 	defer dropper.Close()
 	follower.setMember(t, "n2", dropper.URL)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // newClosedLoopRig is newRig with the closed loop on and a fake clock.
@@ -70,11 +70,9 @@ func TestUsageWithoutCacheDetailsIsUnknown(t *testing.T) {
 		for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/v1/messages"} {
 			for _, stream := range []bool{false, true} {
 				t.Run(fmt.Sprintf("details=%v%s/stream=%v", details, path, stream), func(t *testing.T) {
-					s := sim.New(sim.Config{Name: "s", NoCacheDetails: !details, MaxConcurrency: 4})
-					srv := httptest.NewServer(s.Handler())
-					t.Cleanup(func() { srv.Close(); _ = s.Close() })
+					replica := simtest.Start(t, sim.Config{Name: "s", NoCacheDetails: !details, MaxConcurrency: 4})
 					clock := &fakeClock{}
-					r := newClosedLoopRig(t, []string{srv.URL}, clock)
+					r := newClosedLoopRig(t, []string{replica.URL}, clock)
 					body := usageBody(path, longText("system prompt", 3000), stream)
 					send := func() {
 						t.Helper()
@@ -86,13 +84,13 @@ func TestUsageWithoutCacheDetailsIsUnknown(t *testing.T) {
 					}
 					send() // miss: placed
 					send() // hit, and the replica has it cached
-					if got := s.Stats().CachedTokens; got == 0 {
+					if got := replica.Stats().CachedTokens; got == 0 {
 						t.Fatal("the replica reported no cache hit on a repeated prompt")
 					}
 					// The replica loses its cache after the placement settled:
 					// the index predicts a hit the replica does not have.
 					clock.advance(3 * time.Second)
-					s.Reset()
+					replica.Reset()
 					send()
 
 					w := r.workerView(t)

@@ -86,18 +86,14 @@ func newCPClusterCap(t *testing.T, handover service.HandoverOptions, capacityBlo
 	timeouts := raftnode.Timeouts{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 500 * time.Millisecond, Commit: 5 * time.Millisecond}
 	var nodes []*cpNode
 	for i := range 3 {
-		x := &cpNode{id: fmt.Sprintf("n%d", i+1), fwd: h2cClient()}
+		x := &cpNode{id: fmt.Sprintf("n%d", i+1), fwd: testkit.H2CClient()}
 		x.addr, x.trans = raft.NewInmemTransport("")
 		dec := decider.New(decider.Options{Policy: engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 4, BalanceRelThreshold: 1.5, BlockChars: shadowBlockChars, CapacityBlocks: capacityBlocks},
 			MaxEntries: 1 << 16, Rand: rand.New(rand.NewPCG(1, uint64(i))), LoadLease: 5 * time.Second})
 		st := state.New(dec)
 		x.dec = dec
 		x.slow = &slowRoute{delay: 200 * time.Millisecond}
-		x.srv = httptest.NewUnstartedServer(x.slow)
-		var p http.Protocols
-		p.SetHTTP1(true)
-		p.SetUnencryptedHTTP2(true)
-		x.srv.Config.Protocols = &p
+		x.srv = testkit.H2CServer(x.slow)
 		x.url = "http://" + x.srv.Listener.Addr().String()
 		x.core = service.New(service.Options{
 			NodeID: x.id, APIURL: x.url, BlockChars: shadowBlockChars,
