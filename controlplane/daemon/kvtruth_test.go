@@ -3,9 +3,7 @@ package daemon_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,17 +19,8 @@ import (
 
 // indexEntries reads cart_cp_index_entries from a node (-1 when it cannot).
 func indexEntries(url string) float64 {
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "cart_cp_index_entries "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
+	if v, ok, err := testkit.MetricSample(nil, url+"/metrics", "cart_cp_index_entries"); ok && err == nil {
+		return v
 	}
 	return -1
 }

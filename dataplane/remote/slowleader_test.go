@@ -304,24 +304,13 @@ func TestSlowLeaderHandoverBench(t *testing.T) {
 
 // forwardedRoutes scrapes a node's count of Route calls it forwarded to
 // the leader.
-func (x *cpNode) forwardedRoutes(t *testing.T) string {
+func (x *cpNode) forwardedRoutes(t *testing.T) float64 {
 	t.Helper()
-	resp, err := x.fwd.Get(x.url + "/metrics")
+	v, _, err := testkit.MetricSample(x.fwd, x.url+"/metrics", fmt.Sprintf("cart_cp_forwarded_total{procedure=%q}", cartv1connect.RouterServiceRouteProcedure))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prefix := fmt.Sprintf("cart_cp_forwarded_total{procedure=%q} ", cartv1connect.RouterServiceRouteProcedure)
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, prefix); ok {
-			return v
-		}
-	}
-	return "0"
+	return v
 }
 
 // After a leadership change the data plane's first Route goes to the old
@@ -354,8 +343,8 @@ func TestDataPlaneFollowsNewLeaderAfterOneForward(t *testing.T) {
 			t.Fatalf("route %d after the change: %+v", i, d)
 		}
 	}
-	if got := old.forwardedRoutes(t); got != "1" {
-		t.Fatalf("the old leader forwarded %s Route calls, want 1", got)
+	if got := old.forwardedRoutes(t); got != 1 {
+		t.Fatalf("the old leader forwarded %v Route calls, want 1", got)
 	}
 	if dp.current() != next.url {
 		t.Fatalf("data plane calls %s, want the new leader %s", dp.current(), next.url)
