@@ -2,11 +2,10 @@ package simtest
 
 import (
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"testing"
 
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
 )
 
@@ -16,14 +15,9 @@ func TestURLsServeOneReplicaEach(t *testing.T) {
 		t.Fatalf("URLs = %v, want two distinct", urls)
 	}
 	for i, u := range urls {
-		resp, err := http.Post(u+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":1}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if got, want := resp.Header.Get("X-Sim-Replica"), fmt.Sprint("r", i); resp.StatusCode != http.StatusOK || got != want {
-			t.Fatalf("%s: status %d, replica %q, want 200 from %q", u, resp.StatusCode, got, want)
+		resp, _, err := testkit.PostJSON(t, u+"/v1/completions", `{"model":"m","prompt":"hi","max_tokens":1}`)
+		if got, want := resp.Header.Get("X-Sim-Replica"), fmt.Sprint("r", i); err != nil || resp.StatusCode != http.StatusOK || got != want {
+			t.Fatalf("%s: status %d, replica %q (%v), want 200 from %q", u, resp.StatusCode, got, err, want)
 		}
 	}
 }
