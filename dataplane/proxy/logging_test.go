@@ -20,13 +20,9 @@ func loggedProxy(t *testing.T, urls []string) (string, *testkit.SyncBuffer) {
 // A worker that cannot be reached is logged with its address; the client
 // hears only that the upstream is unavailable.
 func TestUpstreamErrorsDoNotNameWorkers(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close() // nothing listens there now: connection refused
-	front, logs := loggedProxy(t, []string{"http://" + dead})
+	deadURL := closedURL(t)
+	dead := strings.TrimPrefix(deadURL, "http://")
+	front, logs := loggedProxy(t, []string{deadURL})
 	for _, path := range []string{"/v1/chat/completions", "/v1/embeddings"} {
 		resp, err := http.Post(front+path, "application/json", strings.NewReader(chatBody("s", "q", false)))
 		if err != nil {

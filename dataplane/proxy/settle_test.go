@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -118,11 +117,6 @@ func TestEveryDecisionSettledOnce(t *testing.T) {
 	release := make(chan struct{})
 	streamForever := oneEventThenWait(release)
 	defer close(release)
-	refused := func(t *testing.T) string {
-		s := httptest.NewServer(http.NotFoundHandler())
-		s.Close()
-		return s.URL
-	}
 	cases := []struct {
 		name      string
 		handlers  []http.HandlerFunc // nil entry: a worker that refuses connections
@@ -142,7 +136,7 @@ func TestEveryDecisionSettledOnce(t *testing.T) {
 			var urls []string
 			for i, h := range tc.handlers {
 				if h == nil {
-					urls = append(urls, refused(t))
+					urls = append(urls, closedURL(t))
 					continue
 				}
 				b := newBackend(t, fmt.Sprint("w", i))
