@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,15 +9,13 @@ import (
 
 	"github.com/cartrouter/cart/bench"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // TestRunCommandAgainstReplica runs `cart-bench run` with a small gsp
 // workload against an in-process cart-sim and checks the JSON it writes.
 func TestRunCommandAgainstReplica(t *testing.T) {
-	replica := sim.New(sim.Config{Name: "only", TimeScale: 0})
-	defer func() { _ = replica.Close() }()
-	srv := httptest.NewServer(replica.Handler())
-	defer srv.Close()
+	srv := simtest.Start(t, sim.Config{Name: "only", TimeScale: 0})
 	out := filepath.Join(t.TempDir(), "run.json")
 	cmd := newRootCmd()
 	cmd.SetOut(new(nopWriter))

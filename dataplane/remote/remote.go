@@ -97,9 +97,8 @@ type Router struct {
 	synced    bool
 	rng       *rand.Rand
 
-	clientsMu sync.Mutex
-	clients   map[string]cartv1connect.RouterServiceClient
-	flushNow  chan struct{}
+	clients  *cpclient.ByURL[cartv1connect.RouterServiceClient]
+	flushNow chan struct{}
 	// routeIDs names each Route call, so one given up on can be reported
 	// abandoned (it has no ticket to name it by).
 	routeIDs atomic.Uint64
@@ -136,11 +135,11 @@ func New(o Options) *Router {
 		local:    map[string]int{},
 		targets:  append([]string(nil), o.ControlPlanes...),
 		rng:      rand.New(rand.NewPCG(o.Seed, uint64(time.Now().UnixNano()))),
-		clients:  map[string]cartv1connect.RouterServiceClient{},
 		flushNow: make(chan struct{}, 1),
 		shadow:   newShadow(o.Shadow),
 		cpb:      newCPBreaker(o.RouteBreakerFailures, o.RouteBreakerCooloff, o.Now),
 	}
+	r.clients = cpclient.NewByURL(r.newClient)
 	if o.RouteStream {
 		r.streams = newStreamer(r, o.RouteStreamMaxInFlight)
 	}
@@ -155,22 +154,18 @@ func New(o Options) *Router {
 	return r
 }
 
-func (r *Router) client(url string) cartv1connect.RouterServiceClient {
-	r.clientsMu.Lock()
-	defer r.clientsMu.Unlock()
-	c, ok := r.clients[url]
-	if !ok {
-		// Route requests are a few hundred bytes: no compression, and no
-		// gzip for the small answers either (see service.CompressMinBytes).
-		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096)}
-		if r.o.Token != "" {
-			opts = append(opts, connect.WithInterceptors(cpclient.Bearer(r.o.Token)))
-		}
-		opts = append(opts, connect.WithInterceptors(r.o.Interceptors...))
-		c = cartv1connect.NewRouterServiceClient(r.o.HTTPClient, url, opts...)
-		r.clients[url] = c
+func (r *Router) client(url string) cartv1connect.RouterServiceClient { return r.clients.Get(url) }
+
+// newClient is the client to the control-plane node at url.
+func (r *Router) newClient(url string) cartv1connect.RouterServiceClient {
+	// Route requests are a few hundred bytes: no compression, and no
+	// gzip for the small answers either (see service.CompressMinBytes).
+	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096)}
+	if r.o.Token != "" {
+		opts = append(opts, connect.WithInterceptors(cpclient.Bearer(r.o.Token)))
 	}
-	return c
+	opts = append(opts, connect.WithInterceptors(r.o.Interceptors...))
+	return cartv1connect.NewRouterServiceClient(r.o.HTTPClient, url, opts...)
 }
 
 // current returns the node to call: the leader when known.
