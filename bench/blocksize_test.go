@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/internal/testkit"
@@ -78,29 +79,37 @@ func BenchmarkBlockSize(b *testing.B) {
 	}
 }
 
-// blockTexts memoises BlockText: trace blocks repeat across requests.
-type blockTexts map[int64]string
+// blockTexts memoises a trace's block texts: blocks repeat across
+// requests.
+type blockTexts struct {
+	m      map[int64]string
+	gen    func(int64) string
+	prompt func(ids []int64, inputTokens int) string
+}
 
-func newBlockTexts() blockTexts { return blockTexts{} }
-
-func (t blockTexts) prompt(ids []int64, inputTokens int) string {
-	return tracePrompt(ids, inputTokens, t.text)
+func newBlockTexts() blockTexts {
+	t := blockTexts{m: map[int64]string{}, gen: BlockText}
+	t.prompt = func(ids []int64, inputTokens int) string { return tracePrompt(ids, inputTokens, t.text) }
+	return t
 }
 
 func (t blockTexts) text(id int64) string {
-	s, ok := t[id]
+	s, ok := t.m[id]
 	if !ok {
-		s = BlockText(id)
-		t[id] = s
+		s = t.gen(id)
+		t.m[id] = s
 	}
 	return s
 }
 
 type replayResult struct {
 	n, blocks, entries, cacheHits int
-	prompt, cached                int64
-	oracle                        float64
-	hashCPU, decideCPU            time.Duration
+	// oneBlock: requests whose key is one block, which matches only an
+	// identical earlier prompt; short: shorter than 256 characters.
+	oneBlock, short    int
+	prompt, cached     int64
+	oracle             float64
+	hashCPU, decideCPU time.Duration
 }
 
 func (r replayResult) hit() float64 {
@@ -128,44 +137,80 @@ func (h *busyHeap) Pop() any {
 	return x
 }
 
+// simRequest is one request of a replay.
+type simRequest struct {
+	at   int64  // arrival, ms since the start
+	text string // the key text the proxy hashes, and the prompt the replica caches
+	out  int    // output tokens
+}
+
+// simWorkload is what a replay needs: requests in arrival order, built on
+// demand (a trace's prompts do not fit in memory at once), and the
+// replicas' prefix caches.
+type simWorkload struct {
+	n   int
+	req func(i int) simRequest
+	// capTokens is each replica's cache, in cacheBlockTokens-token blocks.
+	capTokens, cacheBlockTokens int
+}
+
+func traceWorkload(recs []TraceRecord, texts blockTexts) simWorkload {
+	return simWorkload{n: len(recs), capTokens: 200_000, cacheBlockTokens: 16, req: func(i int) simRequest {
+		rec := recs[i]
+		return simRequest{at: rec.Timestamp, text: texts.prompt(rec.HashIDs, rec.InputLength), out: rec.OutputLength}
+	}}
+}
+
 func replayBlocks(recs []TraceRecord, blockChars int, texts blockTexts) replayResult {
+	return replay(traceWorkload(recs, texts), blockChars)
+}
+
+// blind is the block size of a cache-blind replay: no hashes, every
+// request routed least-loaded, the floor a block size's loss is measured
+// against.
+const blind = 0
+
+func replay(w simWorkload, blockChars int) replayResult { return replayTieBreak(w, blockChars, 1) }
+
+// replayTieBreak is replay with the engine's tie-breaks drawn from
+// another seed: the spread it causes at one block size is the noise a
+// difference between block sizes must beat.
+func replayTieBreak(w simWorkload, blockChars int, tieBreak uint64) replayResult {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	c := config.Default().Cache
-	pol := engine.Policy{
-		Threshold:           c.Threshold,
-		MatchAbsThreshold:   c.MatchAbsThreshold,
-		BalanceAbsThreshold: c.BalanceAbsThreshold,
-		BalanceRelThreshold: c.BalanceRelThreshold,
-		BlockChars:          blockChars,
-	}
-	idx := index.New(index.Options{MaxEntries: c.MaxTreeSize, InlineEvict: true})
-	eng := engine.New(pol, idx, rand.New(rand.NewPCG(1, 2)))
-	const replicas, capacityTokens, cacheBlockTokens = 8, 200_000, 16
+	cfg := config.Default()
+	cfg.Cache.BlockChars = max(blockChars, 1)
+	pol := decider.PolicyFrom(cfg)
+	idx := index.New(index.Options{MaxEntries: cfg.Cache.MaxTreeSize, InlineEvict: true})
+	eng := engine.New(pol, idx, rand.New(rand.NewPCG(tieBreak, 2)))
+	const replicas = 8
 	var specs []engine.WorkerSpec
 	caches := map[string]*Oracle{}
 	// The ceiling: one LRU cache the size of the whole pool.
-	pool := NewOracle(replicas*capacityTokens, cacheBlockTokens)
+	pool := NewOracle(replicas*w.capTokens, w.cacheBlockTokens)
 	for i := range replicas {
 		u := fmt.Sprintf("http://r%d", i)
 		specs = append(specs, engine.WorkerSpec{URL: u})
-		caches[u] = NewOracle(capacityTokens, cacheBlockTokens)
+		caches[u] = NewOracle(w.capTokens, w.cacheBlockTokens)
 	}
 	eng.SetWorkers(specs)
 	var r replayResult
 	var pending busyHeap
 	var hashes []uint64
-	for _, rec := range recs {
-		for len(pending) > 0 && pending[0].end <= rec.Timestamp {
+	for i := range w.n {
+		rq := w.req(i)
+		for len(pending) > 0 && pending[0].end <= rq.at {
 			eng.Release(heap.Pop(&pending).(busy).worker)
 		}
-		text := texts.prompt(rec.HashIDs, rec.InputLength)
-		// The proxy hashes only what a decision can use.
-		key := text[:min(len(text), engine.MaxRouteBlocks*blockChars)]
 		t0 := testkit.ThreadCPU()
-		hashes = index.Hash(hashes[:0], "m", []byte(key), blockChars)
+		hashes = hashes[:0]
+		if blockChars != blind {
+			// The proxy hashes only what a decision can use.
+			key := rq.text[:min(len(rq.text), engine.MaxRouteBlocks*blockChars)]
+			hashes = index.Hash(hashes, "m", []byte(key), blockChars)
+		}
 		t1 := testkit.ThreadCPU()
-		d, err := eng.Route(engine.Request{Hashes: hashes, KeyLen: len(text)}, rec.Timestamp*int64(time.Millisecond))
+		d, err := eng.Route(engine.Request{Hashes: hashes, KeyLen: len(rq.text)}, rq.at*int64(time.Millisecond))
 		t2 := testkit.ThreadCPU()
 		if err != nil {
 			panic(err) // no max_load, every replica healthy: cannot happen
@@ -174,17 +219,23 @@ func replayBlocks(recs []TraceRecord, blockChars int, texts blockTexts) replayRe
 		r.decideCPU += t2 - t1
 		r.n++
 		r.blocks += len(hashes)
+		if len(hashes) == 1 {
+			r.oneBlock++
+		}
 		if d.Reason == engine.ReasonCacheHit {
 			r.cacheHits++
 		}
-		prompt := PromptTokens([]byte(text))
-		ch := BlockHashes([]byte(text), cacheBlockTokens)
+		prompt := PromptTokens([]byte(rq.text))
+		ch := BlockHashes([]byte(rq.text), w.cacheBlockTokens)
 		cached := caches[d.Worker].Access(ch, prompt)
 		pool.Access(ch, prompt)
 		r.prompt += int64(prompt)
 		r.cached += int64(cached)
-		dur := 20 + int64(prompt-cached)/10 + 5*int64(rec.OutputLength)
-		heap.Push(&pending, busy{end: rec.Timestamp + dur, worker: d.Worker})
+		if len(rq.text) < 256 {
+			r.short++
+		}
+		dur := 20 + int64(prompt-cached)/10 + 5*int64(rq.out)
+		heap.Push(&pending, busy{end: rq.at + dur, worker: d.Worker})
 	}
 	r.entries = idx.Len()
 	r.oracle = pool.HitRatio()

@@ -37,8 +37,11 @@ type CPConfig struct {
 	// at a time instead of on the stream (dataplane.route_stream: false).
 	Unary bool `json:"unary,omitempty"`
 	// NoPlacementFeed turns off dataplane.route_stream_placement_feed.
-	NoPlacementFeed bool          `json:"no_placement_feed,omitempty"`
-	StartTimeout    time.Duration `json:"start_timeout_ns"`
+	NoPlacementFeed bool `json:"no_placement_feed,omitempty"`
+	// BlockChars sets cache.block_chars on every control-plane node and
+	// data plane (0: the config default), for the block-size study.
+	BlockChars   int           `json:"block_chars,omitempty"`
+	StartTimeout time.Duration `json:"start_timeout_ns"`
 }
 
 // DefaultCPConfig is sized so the section takes about a minute and a half:
@@ -417,8 +420,8 @@ func cpLevels(cfg CPConfig) []cpLevel {
 func RunCP(ctx context.Context, env *Env, cfg CPConfig) CPResult {
 	res := CPResult{Config: cfg, LoadAvg: LoadAvg()}
 	bin := filepath.Join(env.Cfg.BinDir, "cart")
-	blockChars := config.Default().Cache.BlockChars // what the nodes run with
-	cl, err := startCPCluster(ctx, env, bin, cpClusterSpec{Nodes: max(cfg.Nodes, 1), Workers: max(cfg.Workers, 1), Model: cpModel, StartTimeout: cfg.StartTimeout})
+	blockChars := cfg.blockChars()
+	cl, err := startCPCluster(ctx, env, bin, cfg.clusterSpec())
 	if err != nil {
 		res.Skipped = err.Error()
 		return res
@@ -491,6 +494,20 @@ func RunCP(ctx context.Context, env *Env, cfg CPConfig) CPResult {
 	return res
 }
 
+// blockChars is the block size the nodes run with, which the data planes
+// and the workload must hash with too.
+func (c CPConfig) blockChars() int {
+	if c.BlockChars > 0 {
+		return c.BlockChars
+	}
+	return config.Default().Cache.BlockChars
+}
+
+func (c CPConfig) clusterSpec() cpClusterSpec {
+	return cpClusterSpec{Nodes: max(c.Nodes, 1), Workers: max(c.Workers, 1), Model: cpModel,
+		Base: CartRouterConfig{BlockChars: c.BlockChars}, StartTimeout: c.StartTimeout}
+}
+
 // Validate refuses settings that would measure nothing or never end.
 func (c CPConfig) Validate() error {
 	if len(cpLevels(c)) == 0 {
@@ -513,6 +530,9 @@ func (c CPConfig) Validate() error {
 		return fmt.Errorf("control-plane benchmark: dataplanes %d out of range 1..64", c.DataPlanes)
 	case c.RouteTimeout < 0:
 		return fmt.Errorf("control-plane benchmark: negative route timeout %s", c.RouteTimeout)
+	case c.BlockChars < 0 || c.BlockChars > 65536:
+		// cache.block_chars' own range: a node would refuse to start.
+		return fmt.Errorf("control-plane benchmark: block chars %d out of range 0..65536 (0 = the config default)", c.BlockChars)
 	}
 	return nil
 }

@@ -156,6 +156,28 @@ func TestSummarizeCP(t *testing.T) {
 	}
 }
 
+// --block-chars reaches the nodes' config, the data planes and the
+// workload alike: a mismatch would measure a cache-blind cluster.
+func TestCPBlockChars(t *testing.T) {
+	c := DefaultCPConfig()
+	if got, want := c.blockChars(), config.Default().Cache.BlockChars; got != want {
+		t.Errorf("default: %d, want the config default %d", got, want)
+	}
+	if spec := c.clusterSpec(); strings.Contains(CartConfig(spec.Base), "block_chars") {
+		t.Errorf("default: the nodes' config sets block_chars:\n%s", CartConfig(spec.Base))
+	}
+	c.BlockChars = 256
+	if got := c.blockChars(); got != 256 {
+		t.Errorf("set: %d", got)
+	}
+	if conf := CartConfig(c.clusterSpec().Base); !strings.Contains(conf, "block_chars: 256\n") {
+		t.Errorf("set: the nodes' config lacks block_chars 256:\n%s", conf)
+	}
+	if !strings.Contains(cpIntro(CPResult{Config: c}), "cache.block_chars 256") {
+		t.Error("the section's intro does not say the block size")
+	}
+}
+
 func TestCPLevelsAndValidate(t *testing.T) {
 	var names []string
 	for _, l := range cpLevels(CPConfig{Rates: []int{5000, 1000, 0, 2000}, Concurrency: []int{32}}) {
@@ -173,6 +195,8 @@ func TestCPLevelsAndValidate(t *testing.T) {
 		"rate":          {Rates: []int{-1, 5}, Duration: time.Second, DataPlanes: 1},
 		"dataplanes":    {Rates: []int{5}, Duration: time.Second},
 		"timeout":       {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, RouteTimeout: -1},
+		"block chars":   {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, BlockChars: -1},
+		"block chars+":  {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, BlockChars: 65537},
 	} {
 		if c.Validate() == nil {
 			t.Errorf("%s: accepted", name)

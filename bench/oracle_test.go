@@ -3,11 +3,11 @@ package bench
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // promptOf returns a prompt of n 16-token blocks built from letters, so the
@@ -91,12 +91,8 @@ func TestRenderAndBlocks(t *testing.T) {
 // (one unbounded replica) and checks that the oracle, which models the same
 // pool, predicts exactly the prompt and cached tokens the replica reports.
 func TestOracleMatchesReplica(t *testing.T) {
-	cfg := sim.Config{Name: "r1", TimeScale: 0}
-	replica := sim.New(cfg)
-	defer func() { _ = replica.Close() }()
-	srv := httptest.NewServer(replica.Handler())
-	defer srv.Close()
-	sender := NewOpenAISender(srv.URL, "cart-sim", srv.Client())
+	replica := simtest.Start(t, sim.Config{Name: "r1", TimeScale: 0})
+	sender := NewOpenAISender(replica.URL, "cart-sim", replica.HTTP.Client())
 	o := NewOracle(0, 16)
 	w := TraceWorkload("t", []TraceRecord{
 		{InputLength: 700, OutputLength: 4, HashIDs: []int64{0, 1}},

@@ -576,7 +576,7 @@ func Default() *Config {
 			MaxTreeSize:          1 << 20,
 			EvictionIntervalSecs: 60,
 			DailyCleanupHourUTC:  -1,
-			BlockChars:           64,
+			BlockChars:           128, // ~32 tokens: bench/results/2026-12-01-blocksize
 		},
 		Health: Health{
 			Endpoint:         "/health",

@@ -31,6 +31,7 @@ import (
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // controlPlaneMetrics are the names the control plane exports on its API
@@ -356,13 +357,7 @@ func chat(t *testing.T, base, text string) {
 		"model":    "cart-sim",
 		"messages": []any{map[string]string{"role": "user", "content": text}},
 	})
-	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	if resp, _, _ := testkit.PostJSON(t, base+"/v1/chat/completions", string(body)); resp.StatusCode != http.StatusOK {
 		t.Fatalf("chat completion through CART: %s", resp.Status)
 	}
 }
@@ -372,8 +367,7 @@ func chat(t *testing.T, base, text string) {
 // once a label set was used), then scrapes both.
 func scrapeDataPlaneMetrics(t *testing.T) map[string]bool {
 	t.Helper()
-	replica := httptest.NewServer(sim.New(sim.Config{Name: "s"}).Handler())
-	t.Cleanup(replica.Close)
+	replica := simtest.Start(t, sim.Config{Name: "s"})
 	// A worker that refuses connections makes retries and opens a breaker.
 	deadURL := "http://" + testkit.FreeAddr(t)
 
@@ -480,9 +474,8 @@ func scrapeControlPlaneMetrics(t *testing.T) (names map[string]bool, served bool
 	base := "http://" + cfg.ControlPlane.APIAddr
 
 	// gRPC health over cleartext HTTP/2, as the kubelet's grpc probe asks.
-	var protos http.Protocols
-	protos.SetUnencryptedHTTP2(true)
-	h2c := &http.Client{Transport: &http.Transport{Protocols: &protos}, Timeout: 5 * time.Second}
+	h2c := testkit.H2CClient()
+	h2c.Timeout = 5 * time.Second
 	health := grpchealth.NewClient(h2c, base, connect.WithGRPC())
 	testkit.WaitForMsg(t, 20*time.Second, "the control plane to report SERVING on gRPC health", func() (bool, string) {
 		resp, err := health.Check(ctx, &grpchealth.CheckRequest{})

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,15 +9,13 @@ import (
 
 	"github.com/cartrouter/cart/bench"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // TestRunCommandAgainstReplica runs `cart-bench run` with a small gsp
 // workload against an in-process cart-sim and checks the JSON it writes.
 func TestRunCommandAgainstReplica(t *testing.T) {
-	replica := sim.New(sim.Config{Name: "only", TimeScale: 0})
-	defer func() { _ = replica.Close() }()
-	srv := httptest.NewServer(replica.Handler())
-	defer srv.Close()
+	srv := simtest.Start(t, sim.Config{Name: "only", TimeScale: 0})
 	out := filepath.Join(t.TempDir(), "run.json")
 	cmd := newRootCmd()
 	cmd.SetOut(new(nopWriter))
@@ -73,6 +70,7 @@ func TestSectionFlagsValidated(t *testing.T) {
 		// The data-plane flags both sections share land in each section's own settings.
 		{[]string{"failover", "--dataplanes", "0"}, "failover benchmark: dataplanes"},
 		{[]string{"cp", "--route-timeout", "-1s"}, "control-plane benchmark: negative route timeout"},
+		{[]string{"cp", "--block-chars", "-1"}, "control-plane benchmark: block chars -1"},
 		{[]string{"suite", "--no-controlplane", "--failover-dataplanes", "65", "--out", t.TempDir()}, "failover benchmark: dataplanes 65"},
 	} {
 		cmd := newRootCmd()

@@ -23,6 +23,7 @@ import (
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 func TestMain(m *testing.M) {
@@ -51,11 +52,9 @@ func startWithSims(t *testing.T, sims []sim.Config, mutate func(*config.Config))
 			// /v1/models; the names these tests send.
 			sc.Models = []string{"sim", "claude-sim"}
 		}
-		s := sim.New(sc)
-		ts := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { ts.Close(); _ = s.Close() })
-		reps = append(reps, ts)
-		cfg.Workers = append(cfg.Workers, config.Worker{URL: ts.URL})
+		r := simtest.Start(t, sc)
+		reps = append(reps, r.HTTP)
+		cfg.Workers = append(cfg.Workers, config.Worker{URL: r.URL})
 	}
 	cfg.Server.Host, cfg.Server.MinOpenFiles = "127.0.0.1", 0 // the test listens on its own port
 	cfg.Proxy.AddRoutedPeerHeader = true

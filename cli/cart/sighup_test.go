@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -14,6 +13,7 @@ import (
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // TestSIGHUPReloadsWorkers runs the real binary: SIGHUP after editing the
@@ -24,13 +24,7 @@ func TestSIGHUPReloadsWorkers(t *testing.T) {
 		t.Skip("builds and runs the cart binary")
 	}
 	bin := proc.Build(t, ".")
-	var reps []string
-	for i := range 2 {
-		s := sim.New(sim.Config{Name: fmt.Sprint("r", i)})
-		ts := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { ts.Close(); _ = s.Close() })
-		reps = append(reps, ts.URL)
-	}
+	reps := simtest.URLs(t, 2, func(i int) sim.Config { return sim.Config{Name: fmt.Sprint("r", i)} })
 	port := testkit.FreePort(t)
 	cfgPath := filepath.Join(t.TempDir(), "cart.yaml")
 	write := func(threshold string, workers ...string) {

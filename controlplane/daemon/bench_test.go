@@ -26,7 +26,7 @@ import (
 const (
 	benchWorkers     = 4
 	benchGroups      = 100
-	benchBlockChars  = 64 // cache.block_chars default
+	benchBlockChars  = 128 // cache.block_chars default: the nodes run config.Default()
 	benchPrefixChars = 2048
 	benchMinChars    = 2500
 	benchMaxChars    = 10000

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +17,6 @@ import (
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/internal/testkit/proc"
-	"github.com/cartrouter/cart/sim"
 )
 
 func workerURLs(t *testing.T, url string) []string {
@@ -35,16 +32,6 @@ func workerURLs(t *testing.T, url string) []string {
 		out = append(out, w.GetUrl())
 	}
 	return out
-}
-
-func replica(t *testing.T, name string) string {
-	t.Helper()
-	// Serving "m", the model the tests route: the leader routes a model
-	// only to workers whose /v1/models lists it.
-	s := sim.New(sim.Config{Name: name, Models: []string{"m"}})
-	ts := httptest.NewServer(s.Handler())
-	t.Cleanup(func() { ts.Close(); _ = s.Close() })
-	return ts.URL
 }
 
 // TestLeaderKillAndFullRestart runs three real `cart controlplane`
@@ -207,17 +194,9 @@ func TestBufCurl(t *testing.T) {
 			t.Fatalf("reflection does not list %s:\n%s", m, r.Output)
 		}
 	}
-	// gRPC health answers through the same port.
-	hreq, _ := http.NewRequest(http.MethodGet, leader.url()+"/metrics", nil)
-	hresp, err := http.DefaultClient.Do(hreq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hresp.Body.Close()
-	var body bytes.Buffer
-	_, _ = body.ReadFrom(hresp.Body)
-	if !strings.Contains(body.String(), "cart_raft_leader 1") {
-		t.Fatalf("leader metrics lack cart_raft_leader 1:\n%.2000s", body.String())
+	// /metrics answers through the same port, and names this node leader.
+	if v, ok, err := testkit.MetricSample(nil, leader.url()+"/metrics", "cart_raft_leader"); err != nil || !ok || v != 1 {
+		t.Fatalf("leader's cart_raft_leader = %v (present %v, error %v), want 1", v, ok, err)
 	}
 }
 

@@ -3,9 +3,6 @@ package daemon_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -89,17 +86,6 @@ func TestLeaderRunsDNSDiscovery(t *testing.T) {
 // discoveryErrors reads cart_discovery_errors_total{source="dns"} from a
 // node's /metrics (0 when absent or unreachable).
 func discoveryErrors(base string) float64 {
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, `cart_discovery_errors_total{source="dns"} `); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	return 0
+	v, _, _ := testkit.MetricSample(nil, base+"/metrics", `cart_discovery_errors_total{source="dns"}`)
+	return v
 }

@@ -3,10 +3,7 @@ package daemon_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,21 +14,13 @@ import (
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/kvevents"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // indexEntries reads cart_cp_index_entries from a node (-1 when it cannot).
 func indexEntries(url string) float64 {
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "cart_cp_index_entries "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
+	if v, ok, err := testkit.MetricSample(nil, url+"/metrics", "cart_cp_index_entries"); ok && err == nil {
+		return v
 	}
 	return -1
 }
@@ -45,13 +34,11 @@ func TestLeaderConsumesKVEventsThroughTheLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	engine := sim.New(sim.Config{Name: "w1", Models: []string{"m"}, KVEvents: pub})
-	ts := httptest.NewServer(engine.Handler())
-	t.Cleanup(func() { ts.Close(); _ = engine.Close() })
+	engine := simtest.Start(t, sim.Config{Name: "w1", Models: []string{"m"}, KVEvents: pub})
 
 	// Every node that may lead knows the engine's event endpoints.
 	procs := startCluster(t, nil, fmt.Sprintf("workers:\n  - url: %s\n    kv_events: {endpoint: \"tcp://%s\", replay_endpoint: \"tcp://%s\"}\n",
-		ts.URL, pub.Addr(), pub.ReplayAddr()))
+		engine.URL, pub.Addr(), pub.ReplayAddr()))
 
 	placeAndClear := func(leader *node, live []*node, prompt string) {
 		t.Helper()
@@ -67,7 +54,7 @@ func TestLeaderConsumesKVEventsThroughTheLog(t *testing.T) {
 				return n > 0, fmt.Sprint(n)
 			})
 		}
-		resp, err := http.Post(ts.URL+"/sim/reset", "application/json", nil)
+		resp, err := http.Post(engine.URL+"/sim/reset", "application/json", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,8 @@ import (
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/internal/testkit/proc"
+	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 const cartPkg = "github.com/cartrouter/cart/cli/cart"
@@ -166,6 +168,13 @@ func statusWith(url, token string) (*cartv1.ClusterStatusResponse, error) {
 }
 
 func status(url string) (*cartv1.ClusterStatusResponse, error) { return statusWith(url, "") }
+
+func replica(t *testing.T, name string) string {
+	t.Helper()
+	// Serving "m", the model the tests route: the leader routes a model
+	// only to workers whose /v1/models lists it.
+	return simtest.Start(t, sim.Config{Name: name, Models: []string{"m"}}).URL
+}
 
 func writeFile(t *testing.T, path, body string) {
 	t.Helper()

@@ -12,7 +12,7 @@ import (
 )
 
 const (
-	benchBlockChars = 64 // the default cache.block_chars
+	benchBlockChars = 128 // the default cache.block_chars
 	benchWorkers    = 8
 )
 

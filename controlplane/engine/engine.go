@@ -135,15 +135,15 @@ type Decision struct {
 	AvoidIgnored bool
 }
 
-// MaxRouteBlocks bounds the blocks one decision matches and records: 64k
-// characters (about 16k tokens) at the default 64-character blocks. Route
+// MaxRouteBlocks bounds the blocks one decision matches and records: 128k
+// characters (about 32k tokens) at the default 128-character blocks. Route
 // ignores the blocks past it: prefix matching needs only the prefix, and
 // a decision runs under the caller's routing lock, so its cost must not
 // grow with the prompt. Measured on a 1M-entry index (BenchmarkRouteMaxBlocks,
 // CPU time on a busy 2-core VM): 1024 blocks cost about 40 us as a hit and
 // 0.5 ms as a miss with inline eviction; 4096 blocks cost 0.5 ms and 2.2 ms.
-// The price is that prompts sharing their first 64k characters are not
-// told apart by what follows. Callers that hash prompts stop there too.
+// The price is that prompts sharing their first 1024 blocks are not told
+// apart by what follows. Callers that hash prompts stop there too.
 const MaxRouteBlocks = 1024
 
 // Engine is the routing state. Not safe for concurrent use.

@@ -10,7 +10,7 @@ import (
 	"github.com/cartrouter/cart/internal/testkit"
 )
 
-const benchBlockChars = 64 // the default cache.block_chars
+const benchBlockChars = 128 // the default cache.block_chars
 
 var (
 	benchSizes   = []int{10_000, 1_000_000}

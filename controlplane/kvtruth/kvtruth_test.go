@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +20,7 @@ import (
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/kvevents"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 func TestMain(m *testing.M) {
@@ -243,35 +243,32 @@ func complete(t *testing.T, url, prompt string) {
 // and its stored blocks show as the worker's occupancy.
 func TestAllBlocksClearedStopsHoldingWithin100ms(t *testing.T) {
 	pub := newPublisher(t, kvevents.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0"})
-	replica := sim.New(sim.Config{BlockTokens: 16, KVEvents: pub})
-	ts := httptest.NewServer(replica.Handler())
-	t.Cleanup(ts.Close)
-	t.Cleanup(func() { _ = replica.Close() })
+	replica := simtest.Start(t, sim.Config{BlockTokens: 16, KVEvents: pub})
 	other := "http://127.0.0.1:1"
-	l := newLocal(ts.URL, other)
+	l := newLocal(replica.URL, other)
 	runFor(t, Options{
-		Sources:    []Source{{Worker: ts.URL, Endpoint: "tcp://" + pub.Addr().String(), ReplayEndpoint: "tcp://" + pub.ReplayAddr().String()}},
+		Sources:    []Source{{Worker: replica.URL, Endpoint: "tcp://" + pub.Addr().String(), ReplayEndpoint: "tcp://" + pub.ReplayAddr().String()}},
 		BlockChars: testBlockChars, Applier: l, Metrics: NewMetrics(nil),
 	})
 	testkit.WaitFor(t, 10*time.Second, "the subscription", func() bool { return pub.Subscribed("") })
 
 	prompt := strings.Repeat("the same long system prompt, ", 40)
-	if d := route(t, l, prompt, false, other); d.Worker != ts.URL {
+	if d := route(t, l, prompt, false, other); d.Worker != replica.URL {
 		t.Fatalf("first route went to %s", d.Worker)
 	}
-	complete(t, ts.URL, prompt)
+	complete(t, replica.URL, prompt)
 	if err := l.dec.Settle(route(t, l, prompt, false).Ticket, decider.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1}); err != nil {
 		t.Fatal(err)
 	}
 	testkit.WaitForMsg(t, 10*time.Second, "the replica's occupancy", func() (bool, string) {
-		k := l.kv(ts.URL)
+		k := l.kv(replica.URL)
 		return k.On && k.OccupiedTokens > 0, fmt.Sprintf("%+v", k)
 	})
-	if d := route(t, l, prompt, true); d.Worker != ts.URL || d.Reason != engine.ReasonCacheHit {
+	if d := route(t, l, prompt, true); d.Worker != replica.URL || d.Reason != engine.ReasonCacheHit {
 		t.Fatalf("before the reset: %+v", d)
 	}
 
-	resp, err := http.Post(ts.URL+"/sim/reset", "application/json", nil)
+	resp, err := http.Post(replica.URL+"/sim/reset", "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

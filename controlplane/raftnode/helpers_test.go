@@ -18,6 +18,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/engine/enginetest"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -248,18 +249,11 @@ func (r *replica) dump() dump {
 		parts = append(parts, fmt.Sprintf("%s/%d/%d/%d", w.URL, w.MaxLoad, w.LoadPenalty, w.CacheCapacityTokens))
 	}
 	d := dump{workers: strings.Join(parts, ","), workersVersion: ver, members: r.st.Members(), entries: map[uint64]string{}}
-	r.dec.Do(decider.OpRead, func(eng *engine.Engine) {
-		eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
-			hs := make([]string, 0, len(holders))
-			for _, h := range holders {
-				url, _ := eng.WorkerURL(uint32(h.Worker))
-				hs = append(hs, fmt.Sprintf("%s@%d", url, h.At))
-			}
-			slices.Sort(hs)
-			d.entries[hash] = fmt.Sprintf("%d:%s", used, strings.Join(hs, ","))
-			return true
-		})
-	})
+	var entries map[uint64]enginetest.Entry
+	r.dec.Do(decider.OpRead, func(eng *engine.Engine) { entries = enginetest.Entries(eng) })
+	for hash, e := range entries {
+		d.entries[hash] = fmt.Sprintf("%d:%v", e.Used, e.Holders)
+	}
 	return d
 }
 

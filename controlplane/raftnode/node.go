@@ -648,6 +648,22 @@ func (n *Node) servers() ([]raft.Server, error) {
 	return f.Configuration().Servers, nil
 }
 
+// changeMembership proposes the configuration change start makes, given
+// the time left to enqueue it, and waits for its commit (default 5 s);
+// what names the change in errors.
+func (n *Node) changeMembership(ctx context.Context, what string, start func(enqueue time.Duration) raft.IndexFuture) error {
+	ctx, cancel := withDefaultTimeout(ctx, defaultApplyTimeout)
+	defer cancel()
+	enqueue, err := remaining(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if err := await(ctx, start(enqueue)); err != nil {
+		return n.mapApplyErr(what, err)
+	}
+	return nil
+}
+
 // AddVoter adds (or re-addresses) a voting member. A server that already
 // is a voter at addr is success, so a joining node can simply retry.
 func (n *Node) AddVoter(ctx context.Context, id, addr string) error {
@@ -666,14 +682,10 @@ func (n *Node) AddVoter(ctx context.Context, id, addr string) error {
 			return nil
 		}
 	}
-	ctx, cancel := withDefaultTimeout(ctx, defaultApplyTimeout)
-	defer cancel()
-	enqueue, err := remaining(ctx)
-	if err != nil {
-		return fmt.Errorf("add voter %s: %w", id, err)
-	}
-	if err := await(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, enqueue)); err != nil {
-		return n.mapApplyErr("add voter "+id, err)
+	if err := n.changeMembership(ctx, "add voter "+id, func(enqueue time.Duration) raft.IndexFuture {
+		return n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, enqueue)
+	}); err != nil {
+		return err
 	}
 	n.log.Info("raft: voter added", "id", id, "addr", addr)
 	return nil
@@ -696,14 +708,10 @@ func (n *Node) RemoveServer(ctx context.Context, id string) error {
 	if !found {
 		return nil
 	}
-	ctx, cancel := withDefaultTimeout(ctx, defaultApplyTimeout)
-	defer cancel()
-	enqueue, err := remaining(ctx)
-	if err != nil {
-		return fmt.Errorf("remove server %s: %w", id, err)
-	}
-	if err := await(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, enqueue)); err != nil {
-		return n.mapApplyErr("remove server "+id, err)
+	if err := n.changeMembership(ctx, "remove server "+id, func(enqueue time.Duration) raft.IndexFuture {
+		return n.raft.RemoveServer(raft.ServerID(id), 0, enqueue)
+	}); err != nil {
+		return err
 	}
 	n.log.Info("raft: server removed", "id", id)
 	return nil

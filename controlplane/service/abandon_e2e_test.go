@@ -25,7 +25,7 @@ import (
 func TestTimedOutRoutesLeaveNoTickets(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true}) // load lease 1 minute: not what settles them
 	cp.addWorkers(t, w1, w2)
-	client := h2cClient()
+	client := testkit.H2CClient()
 	t.Cleanup(client.CloseIdleConnections)
 	var timeouts atomic.Int64
 	dp := remote.New(remote.Options{

@@ -124,9 +124,7 @@ func TestAdminNotLeader(t *testing.T) {
 }
 
 func TestClusterStatus(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2)
 	liveRoute(t, rc, text(64, 30))
 	syncLoads(t, rc, "dp2", nil)
 	ac := cp.admin()

@@ -12,9 +12,7 @@ import (
 // The leader keeps avoid_workers out while others can take the request,
 // and decides a trial on them (avoid_ignored) when nobody else can.
 func TestRouteAvoidWorkers(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	_, rc := leaderWith(t, w1, w2)
 	for range 5 {
 		got := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(100, 3), AvoidWorkers: []string{w1}, DryRun: true})
 		if got.GetWorker() != w2 || got.GetAvoidIgnored() {
@@ -30,9 +28,7 @@ func TestRouteAvoidWorkers(t *testing.T) {
 // The lists a caller may name are bounded: the engine walks them for every
 // candidate under the routing lock.
 func TestRouteListedWorkersBounded(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	_, rc := leaderWith(t, w1, w2)
 	names := func(n int) []string {
 		out := make([]string, n)
 		for i := range out {

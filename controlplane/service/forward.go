@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"sync"
 
 	"connectrpc.com/connect"
 
@@ -17,22 +16,28 @@ import (
 
 // forwarder keeps Connect clients to the current leader.
 type forwarder struct {
-	client      *http.Client
-	routerToken string // for RouterService calls
-	adminToken  string // for AdminService calls
-	mu          sync.Mutex
-	router      map[string]cartv1connect.RouterServiceClient
-	admin       map[string]cartv1connect.AdminServiceClient
+	router *cpclient.ByURL[cartv1connect.RouterServiceClient]
+	admin  *cpclient.ByURL[cartv1connect.AdminServiceClient]
 }
 
 func newForwarder(c *http.Client, routerToken, adminToken string) *forwarder {
 	if c == nil {
 		c = http.DefaultClient
 	}
-	return &forwarder{client: c, routerToken: routerToken, adminToken: adminToken, router: map[string]cartv1connect.RouterServiceClient{}, admin: map[string]cartv1connect.AdminServiceClient{}}
+	return &forwarder{
+		router: cpclient.NewByURL(func(url string) cartv1connect.RouterServiceClient {
+			return cartv1connect.NewRouterServiceClient(c, url, connect.WithGRPC(), connect.WithSendCompression("identity"), forwardHeaders(routerToken))
+		}),
+		admin: cpclient.NewByURL(func(url string) cartv1connect.AdminServiceClient {
+			return cartv1connect.NewAdminServiceClient(c, url, connect.WithGRPC(), forwardHeaders(adminToken))
+		}),
+	}
 }
 
-func (f *forwarder) headers(token string) connect.ClientOption {
+func (f *forwarder) routerTo(url string) cartv1connect.RouterServiceClient { return f.router.Get(url) }
+func (f *forwarder) adminTo(url string) cartv1connect.AdminServiceClient   { return f.admin.Get(url) }
+
+func forwardHeaders(token string) connect.ClientOption {
 	return connect.WithInterceptors(cpclient.Bearer(token), connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			req.Header().Set(cpclient.HeaderForwarded, "1")
@@ -42,28 +47,6 @@ func (f *forwarder) headers(token string) connect.ClientOption {
 			return next(ctx, req)
 		}
 	}))
-}
-
-func (f *forwarder) routerTo(url string) cartv1connect.RouterServiceClient {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	c, ok := f.router[url]
-	if !ok {
-		c = cartv1connect.NewRouterServiceClient(f.client, url, connect.WithGRPC(), connect.WithSendCompression("identity"), f.headers(f.routerToken))
-		f.router[url] = c
-	}
-	return c
-}
-
-func (f *forwarder) adminTo(url string) cartv1connect.AdminServiceClient {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	c, ok := f.admin[url]
-	if !ok {
-		c = cartv1connect.NewAdminServiceClient(f.client, url, connect.WithGRPC(), f.headers(f.adminToken))
-		f.admin[url] = c
-	}
-	return c
 }
 
 // errNoLeader is what a node without a reachable leader answers: in a

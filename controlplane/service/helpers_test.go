@@ -222,14 +222,6 @@ func (okTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader("ok")), Header: http.Header{}, Request: r}, nil
 }
 
-// h2cClient speaks HTTP/2 with prior knowledge, as gRPC over plaintext
-// needs.
-func h2cClient() *http.Client {
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	return &http.Client{Transport: &http.Transport{Protocols: &p}}
-}
-
 // testCP is one control-plane node under test.
 type testCP struct {
 	core   *Core
@@ -262,14 +254,10 @@ func newTestCP(t testing.TB, cfg cpConfig) *testCP {
 	st := state.New(dec)
 	cp := &testCP{st: st, dec: dec}
 	var handler http.Handler
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
+	srv := testkit.H2CServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
 	cp.url = "http://" + srv.Listener.Addr().String()
-	cp.client = h2cClient()
-	fwd := h2cClient()
+	cp.client = testkit.H2CClient()
+	fwd := testkit.H2CClient()
 	o := Options{
 		NodeID:         cfg.id,
 		APIURL:         cp.url,
@@ -313,6 +301,15 @@ func (cp *testCP) addWorkers(t testing.TB, urls ...string) {
 			t.Fatalf("add worker %s: %v", u, err)
 		}
 	}
+}
+
+// leaderWith is a leader routing to workers, and a data plane's client of
+// it: the setup most routing tests start from.
+func leaderWith(t testing.TB, workers ...string) (*testCP, cartv1connect.RouterServiceClient) {
+	t.Helper()
+	cp := newTestCP(t, cpConfig{leader: true})
+	cp.addWorkers(t, workers...)
+	return cp, cp.router()
 }
 
 func (cp *testCP) setMember(t testing.TB, id, url string) {
@@ -410,6 +407,17 @@ func wantCode(t testing.TB, err error, code connect.Code) *connect.Error {
 		t.Fatalf("got code %v (%v), want %v", ce.Code(), err, code)
 	}
 	return ce
+}
+
+// wantCodeOrNil is wantCode where code 0 (a table's "allowed") wants no
+// error at all.
+func wantCodeOrNil(t testing.TB, err error, code connect.Code) {
+	t.Helper()
+	if code != 0 {
+		wantCode(t, err, code)
+	} else if err != nil {
+		t.Fatalf("want no error, got %v", err)
+	}
 }
 
 // text returns n deterministic characters; texts of different seeds differ

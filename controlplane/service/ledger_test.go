@@ -17,6 +17,8 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // reasonOf is where txt would route now, without taking load.
@@ -40,15 +42,21 @@ func newHeldCP(t *testing.T) *testCP {
 	return newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
 }
 
+// heldWith is leaderWith on a held leader (newHeldCP).
+func heldWith(t *testing.T, workers ...string) (*testCP, cartv1connect.RouterServiceClient) {
+	t.Helper()
+	cp := newHeldCP(t)
+	cp.addWorkers(t, workers...)
+	return cp, cp.router()
+}
+
 // flushBatch proposes the placement window now.
 func (cp *testCP) flushBatch() { cp.core.batch.flush(context.Background()) }
 
 // A batch that fails to commit takes its placements out of the leader's
 // index again, and the window queued behind it with them.
 func TestFailedBatchWithdrawsItsPlacements(t *testing.T) {
-	cp := newHeldCP(t)
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := heldWith(t, w1, w2)
 	kept, lost := text(64, 30), text(64, 31)
 	liveRoute(t, rc, kept)
 	cp.flushBatch()
@@ -71,9 +79,7 @@ func TestFailedBatchWithdrawsItsPlacements(t *testing.T) {
 // A withdrawal (undelivered request) that fails to commit is undone too:
 // the rest of the cluster still holds the placement it withdrew.
 func TestFailedBatchRestoresItsWithdrawals(t *testing.T) {
-	cp := newHeldCP(t)
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := heldWith(t, w1, w2)
 	txt := text(64, 33)
 	d := liveRoute(t, rc, txt)
 	cp.flushBatch()
@@ -88,9 +94,7 @@ func TestFailedBatchRestoresItsWithdrawals(t *testing.T) {
 // What a committed entry of another proposer decided after a pending
 // change is the log's word: undoing the failed batch must not touch it.
 func TestFailedBatchKeepsWhatALaterCommitSet(t *testing.T) {
-	cp := newHeldCP(t)
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := heldWith(t, w1, w2)
 	txt, other := text(64, 34), text(64, 35)
 	d := liveRoute(t, rc, txt)
 	liveRoute(t, rc, other)
@@ -155,17 +159,14 @@ func TestForwardedWriteWithoutAnswer(t *testing.T) {
 		_, err := follower.admin().AddWorker(ctx, connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w1}}))
 		return err
 	}
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
 	reached := make(chan struct{}, 1)
-	dropper := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	dropper := testkit.H2CServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case reached <- struct{}{}:
 		default:
 		}
 		panic(http.ErrAbortHandler) // the leader died mid-call
 	}))
-	dropper.Config.Protocols = &p
 	dropper.Start()
 	defer dropper.Close()
 	follower.setMember(t, "n2", dropper.URL)
@@ -187,9 +188,7 @@ func TestForwardedWriteWithoutAnswer(t *testing.T) {
 // with placements (and withdrawals) still uncommitted, it must leave them
 // out, or a restart from it, or a follower installing it, keeps them.
 func TestSnapshotLeavesOutUncommittedChanges(t *testing.T) {
-	cp := newHeldCP(t)
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := heldWith(t, w1, w2)
 	committed, withdrawn, pending := text(64, 40), text(64, 41), text(64, 42)
 	liveRoute(t, rc, committed)
 	d := liveRoute(t, rc, withdrawn)

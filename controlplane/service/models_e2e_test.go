@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -21,6 +20,7 @@ import (
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // The leader's prober learns each worker's models, including a LoRA
@@ -30,19 +30,14 @@ import (
 // data plane turns into 404 model_not_found) even before the data plane's
 // next sync.
 func TestLeaderLearnsModelsAndDataPlaneFilters(t *testing.T) {
-	var urls []string
-	for _, name := range []string{"a", "b", "c"} {
-		s := sim.New(sim.Config{Name: name, Models: []string{"base"}})
-		ts := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { ts.Close(); _ = s.Close() })
-		urls = append(urls, ts.URL)
-	}
+	names := []string{"a", "b", "c"}
+	urls := simtest.URLs(t, len(names), func(i int) sim.Config { return sim.Config{Name: names[i], Models: []string{"base"}} })
 	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) {
 		o.HealthClient = nil // probe the sims for real
 		o.Health.Interval, o.Health.Timeout = 20*time.Millisecond, 2*time.Second
 	}})
 	cp.addWorkers(t, urls...)
-	client := h2cClient()
+	client := testkit.H2CClient()
 	t.Cleanup(client.CloseIdleConnections)
 	reg := models.New()
 	dp := remote.New(remote.Options{
@@ -134,17 +129,13 @@ func TestLeaderDeclaredModels(t *testing.T) {
 // A worker added between probe rounds has its models read at once: until
 // then an adapter it holds would be routed as if nobody served it there.
 func TestLeaderReadsAddedWorkersModelsAtOnce(t *testing.T) {
-	var urls []string
-	for i, name := range []string{"a", "b"} {
-		sc := sim.Config{Name: name, Models: []string{"base"}}
+	urls := simtest.URLs(t, 2, func(i int) sim.Config {
+		sc := sim.Config{Name: []string{"a", "b"}[i], Models: []string{"base"}}
 		if i == 1 {
 			sc.LoRAModules = []sim.LoRAModule{{Name: "lora", Path: "/adapters/lora"}}
 		}
-		s := sim.New(sc)
-		ts := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { ts.Close(); _ = s.Close() })
-		urls = append(urls, ts.URL)
-	}
+		return sc
+	})
 	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) {
 		o.HealthClient = nil                                           // probe the sims for real
 		o.Health.Interval, o.Health.Timeout = time.Hour, 2*time.Second // no second round during the test

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,8 +18,8 @@ import (
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/engine/enginetest"
 	"github.com/cartrouter/cart/controlplane/health"
-	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -159,19 +158,16 @@ func (c *raftCluster) heal() {
 // entry set per worker, which every node must agree on (times and LRU
 // order are each node's own).
 func (x *raftCP) entries() map[uint64]string {
+	var entries map[uint64]enginetest.Entry
+	x.dec.Do(decider.OpRead, func(eng *engine.Engine) { entries = enginetest.Entries(eng) })
 	out := map[uint64]string{}
-	x.dec.Do(decider.OpRead, func(eng *engine.Engine) {
-		eng.Index().Walk(func(hash uint64, _ int64, holders []index.Holder) bool {
-			var hs []string
-			for _, h := range holders {
-				url, _ := eng.WorkerURL(uint32(h.Worker))
-				hs = append(hs, url)
-			}
-			slices.Sort(hs)
-			out[hash] = strings.Join(hs, ",")
-			return true
-		})
-	})
+	for hash, e := range entries {
+		var urls []string
+		for _, h := range e.Holders {
+			urls = append(urls, h.URL)
+		}
+		out[hash] = strings.Join(urls, ",")
+	}
 	return out
 }
 

@@ -23,6 +23,7 @@ import (
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // TestResponsesChainAcrossDataPlanes: a previous_response_id chain sent
@@ -33,13 +34,7 @@ import (
 // another data plane delivered only through the leader.
 func TestResponsesChainAcrossDataPlanes(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true})
-	var urls []string
-	for i := range 3 {
-		s := sim.New(sim.Config{Name: fmt.Sprint("r", i), OutputTokens: 4, TimeScale: 0.01})
-		ts := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { ts.Close(); _ = s.Close() })
-		urls = append(urls, ts.URL)
-	}
+	urls := simtest.URLs(t, 3, func(i int) sim.Config { return sim.Config{Name: fmt.Sprint("r", i), OutputTokens: 4, TimeScale: 0.01} })
 	cp.addWorkers(t, urls...)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -49,7 +44,7 @@ func TestResponsesChainAcrossDataPlanes(t *testing.T) {
 	var clients []*openai.Client
 	var closers []func()
 	for i := range 2 {
-		rpc := h2cClient()
+		rpc := testkit.H2CClient()
 		dp := remote.New(remote.Options{
 			ID: fmt.Sprint("dp", i), ControlPlanes: []string{cp.url}, RouteTimeout: 2 * time.Second,
 			SyncInterval: 50 * time.Millisecond, FlushInterval: 5 * time.Millisecond, HTTPClient: rpc,

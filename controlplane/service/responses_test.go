@@ -16,9 +16,7 @@ import (
 // worker that produced it, whatever the prefix says, and answers NOT_FOUND
 // once that worker has left; an unknown response routes normally.
 func TestLeaderResponsePinning(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2)
 	ctx := context.Background()
 	h := affinity.HashID("resp_1")
 	if _, err := rc.Complete(ctx, connect.NewRequest(&cartv1.CompleteRequest{DataplaneId: "dp1",

@@ -12,9 +12,7 @@ import (
 // A worker removed and added again starts with load 0 in the engine; the
 // data planes' counts must be folded back in, not lost.
 func TestLoadSurvivesWorkerRemoveAndReAdd(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2)
 	syncLoads(t, rc, "dp1", map[string]uint32{w1: 3})
 	ctx := context.Background()
 	if _, err := cp.admin().RemoveWorker(ctx, connect.NewRequest(&cartv1.RemoveWorkerRequest{Url: w1})); err != nil {
@@ -29,9 +27,7 @@ func TestLoadSurvivesWorkerRemoveAndReAdd(t *testing.T) {
 
 // A data plane can settle only its own tickets.
 func TestCompleteOnlySettlesOwnTickets(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1)
-	rc := cp.router()
+	_, rc := leaderWith(t, w1)
 	d := liveRoute(t, rc, text(64, 1))
 	if n := complete(t, rc, "dp2", &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: true}); n != 0 {
 		t.Fatalf("dp2 settled dp1's ticket")

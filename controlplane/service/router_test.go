@@ -116,9 +116,7 @@ func TestRouteEmptyText(t *testing.T) {
 }
 
 func TestRouteDryRun(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2)
 	txt := text(64, 3)
 	for range 3 {
 		d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1", DryRun: true})
@@ -153,9 +151,7 @@ func TestRouteDryRun(t *testing.T) {
 }
 
 func TestRouteExclude(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2, w3)
-	rc := cp.router()
+	_, rc := leaderWith(t, w1, w2, w3)
 	txt := text(96, 4)
 	first := liveRoute(t, rc, txt)
 	for range 10 {
@@ -199,9 +195,7 @@ func TestRouteSaturated(t *testing.T) {
 }
 
 func TestLoadAccountingComplete(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2)
 	d := liveRoute(t, rc, text(40, 5))
 	if got := cp.loads(t)[d.GetWorker()]; got != 1 {
 		t.Fatalf("load after route = %d, want 1", got)
@@ -252,9 +246,7 @@ func TestLoadAccountingComplete(t *testing.T) {
 }
 
 func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2)
 	txt := text(64, 6)
 	hs := hashes("m", txt)
 	d := liveRoute(t, rc, txt)
@@ -287,9 +279,7 @@ func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
 // A request that went to a worker already holding its whole prefix placed
 // nothing new; failing to deliver it must not withdraw the older placement.
 func TestCompleteUndeliveredKeepsEarlierPlacement(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2)
 	txt := text(64, 7)
 	a := liveRoute(t, rc, txt)
 	settle(t, rc, a, true)
@@ -340,9 +330,7 @@ func replayReason(t *testing.T, cp *testCP, txt string) string {
 func TestUnplaceThenPlaceInOneWindow(t *testing.T) {
 	for _, crossWindow := range []bool{false, true} {
 		t.Run(fmt.Sprintf("placed in an earlier window=%v", crossWindow), func(t *testing.T) {
-			cp := newHeldCP(t)
-			cp.addWorkers(t, w1)
-			rc := cp.router()
+			cp, rc := heldWith(t, w1)
 			txt := text(64, 8)
 			a := liveRoute(t, rc, txt)
 			if crossWindow {
@@ -373,9 +361,7 @@ func TestUnplaceThenPlaceInOneWindow(t *testing.T) {
 
 // A placement withdrawn within its own window never reaches the log.
 func TestPlaceThenUnplaceInOneWindow(t *testing.T) {
-	cp := newHeldCP(t)
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := heldWith(t, w1, w2)
 	txt, keep := text(64, 11), text(64, 12)
 	a := liveRoute(t, rc, txt)
 	liveRoute(t, rc, keep)
@@ -392,9 +378,7 @@ func TestPlaceThenUnplaceInOneWindow(t *testing.T) {
 }
 
 func TestSyncReconcilesAbsoluteCounts(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2)
 	check := func(what string, want map[string]uint32) {
 		t.Helper()
 		got := cp.loads(t)
@@ -439,9 +423,7 @@ func TestSyncReconcilesAbsoluteCounts(t *testing.T) {
 // must not take the load a second time — in particular not from another
 // data plane's share.
 func TestCompleteAfterSyncDoesNotDoubleRelease(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1)
 	a := route(t, rc, &cartv1.RouteRequest{Text: "x", DataplaneId: "dp1"})
 	route(t, rc, &cartv1.RouteRequest{Text: "y", DataplaneId: "dp2"})
 	if got := cp.loads(t)[w1]; got != 2 {
@@ -605,9 +587,7 @@ func TestBatcherFlushesOnStepDown(t *testing.T) {
 }
 
 func TestLeaderChangeResetsSoftState(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2)
 	txt := text(64, 10)
 	a := liveRoute(t, rc, txt)
 	syncLoads(t, rc, "dp2", map[string]uint32{w1: 2, w2: 2})
@@ -654,9 +634,7 @@ func TestLeaderChangeResetsSoftState(t *testing.T) {
 }
 
 func TestConcurrentRouteCompleteSync(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1, w2, w3)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1, w2, w3)
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Add(1)
@@ -697,9 +675,7 @@ func TestConcurrentRouteCompleteSync(t *testing.T) {
 // unknown: the leader's accuracy counters ignore it, and count the next
 // completion that does report them.
 func TestCompleteWithUnknownCacheIsNotScored(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1)
 	accuracy := func() (predicted, actual uint64) {
 		t.Helper()
 		list, err := cp.admin().ListWorkers(context.Background(), connect.NewRequest(&cartv1.ListWorkersRequest{}))

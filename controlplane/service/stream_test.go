@@ -3,8 +3,6 @@ package service
 import (
 	"context"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // openStream opens a Stream on cp and checks the hello.
@@ -144,10 +143,7 @@ func leaderOf(err error) string {
 func TestStreamOutlivesBodyReadDeadline(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true})
 	cp.addWorkers(t, w1)
-	srv := httptest.NewUnstartedServer(BodyReadDeadline(cp.core.Handler(AuthOptions{}), 20*time.Millisecond))
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
+	srv := testkit.H2CServer(BodyReadDeadline(cp.core.Handler(AuthOptions{}), 20*time.Millisecond))
 	srv.Start()
 	t.Cleanup(srv.Close)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -57,9 +57,7 @@ func (cp *testCP) dropped(cause decider.DropCause) float64 {
 // leader releases the load and withdraws the placement of the decision it
 // had made, instead of keeping both until an hour-long timeout.
 func TestAbandonedRouteIsSettled(t *testing.T) {
-	cp := newTestCP(t, cpConfig{leader: true})
-	cp.addWorkers(t, w1)
-	rc := cp.router()
+	cp, rc := leaderWith(t, w1)
 	txt := text(64, 1)
 	route(t, rc, &cartv1.RouteRequest{Model: "m", Text: txt, DataplaneId: "dp1", RouteId: 42})
 	if l := cp.loads(t)[w1]; l != 1 || !cp.holds("m", txt, w1) || cp.unsettled() != 1 {

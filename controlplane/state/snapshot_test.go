@@ -15,6 +15,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/engine/enginetest"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
@@ -71,18 +72,11 @@ func fingerprint(st *State, eng *engine.Engine) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "v%d %v %v\n", ver, ws, st.Members())
 	var lines []string
-	locked(st, func() {
-		eng.Index().Walk(func(hash uint64, used int64, holders []index.Holder) bool {
-			hs := make([]string, 0, len(holders))
-			for _, h := range holders {
-				u, _ := eng.WorkerURL(uint32(h.Worker))
-				hs = append(hs, fmt.Sprintf("%s@%d", u, h.At))
-			}
-			slices.Sort(hs)
-			lines = append(lines, fmt.Sprintf("%x %d %v", hash, used, hs))
-			return true
-		})
-	})
+	var entries map[uint64]enginetest.Entry
+	locked(st, func() { entries = enginetest.Entries(eng) })
+	for hash, e := range entries {
+		lines = append(lines, fmt.Sprintf("%x %d %v", hash, e.Used, e.Holders))
+	}
 	slices.Sort(lines)
 	b.WriteString(strings.Join(lines, "\n"))
 	return b.String()

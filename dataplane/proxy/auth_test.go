@@ -1,17 +1,15 @@
 package proxy_test
 
 import (
-	"bytes"
 	"encoding/json"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // headerLog records the credential headers each backend request carried.
@@ -37,28 +35,18 @@ func (h *headerLog) all() []http.Header {
 }
 
 func withClientKeys(keys ...proxy.ClientKey) rigOpt {
-	return func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.ClientKeys = keys }
+	return withOptions(func(o *proxy.Options) { o.ClientKeys = keys })
 }
 
 var teamKeys = []proxy.ClientKey{{Name: "team-a", Key: "key-a-0123456789"}, {Name: "team-b", Key: "key-b-0123456789"}}
 
 func do(t *testing.T, method, url, body string, hdr ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	resp, b, err := testkit.Do(t, method, url, body, hdr...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, readAll(t, resp)
+	return resp, b
 }
 
 // TestClientKeyRequiredOnEveryProxiedPath: with client keys configured, no
@@ -157,7 +145,7 @@ func TestClientKeyRequiredOnEveryProxiedPath(t *testing.T) {
 // 401, is in the shape the Anthropic SDKs parse.
 func TestAnthropicErrorShapeOnMessages(t *testing.T) {
 	b := newBackend(t, "a")
-	r := newRig(t, []string{b.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.MaxBodyBytes = 2048 })
+	r := newRig(t, []string{b.URL}, withOptions(func(o *proxy.Options) { o.MaxBodyBytes = 2048 }))
 	for _, tt := range []struct {
 		body     string
 		status   int
@@ -199,9 +187,9 @@ func TestWorkerKeysReplaceClientCredentials(t *testing.T) {
 			_, _ = w.Write([]byte(`{"object":"list","data":[]}`))
 		})
 	}
-	r := newRig(t, []string{bs[0].URL, bs[1].URL}, withClientKeys(teamKeys...), func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(t, []string{bs[0].URL, bs[1].URL}, withClientKeys(teamKeys...), withOptions(func(o *proxy.Options) {
 		o.WorkerKeys = proxy.WorkerKeys{PerWorker: map[string]string{bs[0].URL: "worker-a-key"}, Default: "pool-key"}
-	})
+	}))
 	for i := 0; i < 8; i++ {
 		// Different prompts spread over both workers (least loaded on a miss).
 		resp, body := do(t, "POST", r.front.URL+"/v1/chat/completions", chatBody(longText("s", 200+i), "u", false),
@@ -235,11 +223,8 @@ func TestWorkerKeysReplaceClientCredentials(t *testing.T) {
 // configured names, and "anonymous" for refusals.
 func TestTenantLabelsLogsAndMetrics(t *testing.T) {
 	b := newBackend(t, "a")
-	var buf bytes.Buffer
-	var mu sync.Mutex
-	r := newRig(t, []string{b.URL}, withClientKeys(teamKeys...), func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
-		o.Logger = slog.New(slog.NewJSONHandler(&lockedWriter{mu: &mu, w: &buf}, nil))
-	})
+	var buf testkit.SyncBuffer
+	r := newRig(t, []string{b.URL}, withClientKeys(teamKeys...), logsTo(&buf))
 	for _, k := range []string{teamKeys[1].Key, teamKeys[1].Key, "attacker-chosen-" + strings.Repeat("x", 40)} {
 		resp, _ := do(t, "POST", r.front.URL+"/v1/chat/completions", chatBody("sys", "hi", false), "X-Api-Key", k)
 		_ = resp
@@ -251,9 +236,7 @@ func TestTenantLabelsLogsAndMetrics(t *testing.T) {
 	if v := counterValue(t, r, "cart_requests_total", `status="4xx",tenant="anonymous"`); v != 1 {
 		t.Errorf("cart_requests_total{tenant=anonymous,4xx} = %v, want 1", v)
 	}
-	mu.Lock()
 	logs := buf.String()
-	mu.Unlock()
 	if !strings.Contains(logs, `"msg":"route"`) || !strings.Contains(logs, `"tenant":"team-b"`) {
 		t.Errorf("route log line lacks the tenant:\n%s", logs)
 	}
@@ -262,24 +245,13 @@ func TestTenantLabelsLogsAndMetrics(t *testing.T) {
 	}
 }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
 // TestWorkersNeedsAdminToken: /workers lists internal URLs, so it takes
 // the admin token; a client key is not enough.
 func TestWorkersNeedsAdminToken(t *testing.T) {
 	b := newBackend(t, "a")
-	r := newRig(t, []string{b.URL}, withClientKeys(teamKeys...), func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(t, []string{b.URL}, withClientKeys(teamKeys...), withOptions(func(o *proxy.Options) {
 		o.AdminToken = "admin-0123456789"
-	})
+	}))
 	for _, h := range [][]string{nil, {"Authorization", "Bearer " + teamKeys[0].Key}, {"X-Api-Key", "admin-0123456789"}, {"Authorization", "Bearer wrong"}} {
 		resp, body := do(t, "GET", r.front.URL+"/workers", "", h...)
 		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" || strings.Contains(body, b.URL) {
@@ -317,7 +289,7 @@ func TestWorkersLoopbackOnlyWithoutAdminToken(t *testing.T) {
 // listener neither serves it nor passes it through to a worker.
 func TestMetricsElsewhere(t *testing.T) {
 	b := newBackend(t, "a")
-	r := newRig(t, []string{b.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.MetricsElsewhere = true })
+	r := newRig(t, []string{b.URL}, withOptions(func(o *proxy.Options) { o.MetricsElsewhere = true }))
 	resp, body := do(t, "GET", r.front.URL+"/metrics", "")
 	if resp.StatusCode != http.StatusNotFound || strings.Contains(body, "cart_") || b.hits.Load() != 0 {
 		t.Fatalf("/metrics: %d, worker hits %d, body %.80s", resp.StatusCode, b.hits.Load(), body)

@@ -2,20 +2,16 @@ package proxy_test
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/breaker"
-	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // countingRouter counts Route calls and keeps the requests' avoid lists.
@@ -46,18 +42,15 @@ func (c *countingRouter) seen() (int, [][]string) {
 // second one), with the warning still logged.
 func TestBreakerTrialIsOneRouteCall(t *testing.T) {
 	a, b := newBackend(t, "a"), newBackend(t, "b")
-	specs := []engine.WorkerSpec{{URL: a.URL}, {URL: b.URL}}
-	rt := &countingRouter{Router: router.NewLocal(router.LocalOptions{Policy: defaultPolicy(), MaxEntries: 1 << 16, CleanupHour: -1, Seed: 1}, specs)}
-	logs := &syncBuffer{}
-	breaks := breaker.NewSet(breaker.Config{Enabled: true, FailureThreshold: 1, SuccessThreshold: 1, Timeout: time.Hour}, nil)
-	o := defaultOptions()
-	o.Router, o.Breakers, o.Metrics = rt, breaks, metrics.New(nil)
-	o.Logger = slog.New(slog.NewJSONHandler(logs, nil))
-	front := httptest.NewServer(proxy.New(o))
-	t.Cleanup(front.Close)
+	var rt *countingRouter
+	w := wrapped(func(inner router.Router) router.Router { rt = &countingRouter{Router: inner}; return rt })
+	w.breaker = breaker.Config{Enabled: true, FailureThreshold: 1, SuccessThreshold: 1, Timeout: time.Hour}
+	logs := &testkit.SyncBuffer{}
+	r := newWiredRig(t, []string{a.URL, b.URL}, w, logsTo(logs))
+	breaks := r.breaks
 	post := func(user string) string {
 		t.Helper()
-		resp, err := http.Post(front.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s", user, false)))
+		resp, err := http.Post(r.front.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s", user, false)))
 		if err != nil {
 			t.Fatal(err)
 		}

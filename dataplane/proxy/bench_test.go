@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
 )
 
@@ -77,12 +76,12 @@ func BenchmarkProxyHandler(b *testing.B) {
 			Request:       r,
 		}, nil
 	})
-	r := newRig(b, []string{"http://127.0.0.1:1"}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(b, []string{"http://127.0.0.1:1"}, withOptions(func(o *proxy.Options) {
 		o.Transport = worker
 		o.MaxItems = 1024
 		// As the overhead bench runs cart: warnings only.
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	})
+	}))
 	body := []byte(chatBody("You are a helpful assistant. "+longText("sys", 400), "hello there", false))
 	w := &discardWriter{h: make(http.Header)}
 	b.ReportAllocs()

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
 )
 
@@ -308,9 +307,9 @@ func TestRoutedPeerHeaderIsCARTs(t *testing.T) {
 		w.Header().Set("X-Routed-Peer", "forged")
 		_, _ = io.WriteString(w, `{}`)
 	})
-	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) {
 		o.AddRoutedPeerHeader = true
-	})
+	}))
 	resp := r.post("/v1/chat/completions", chatBody("s", "u", false))
 	readAll(t, resp)
 	if got := resp.Header.Values("X-Routed-Peer"); len(got) != 1 || got[0] != a.URL {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // outcome of one client request in the steady-load test.
@@ -58,17 +58,15 @@ func TestSteadyLoadWithOneOfThreeReplicasKilled(t *testing.T) {
 	var sims []*sim.Server
 	var urls []string
 	for i := range 3 {
-		s := sim.New(sim.Config{
+		r := simtest.Start(t, sim.Config{
 			Name:              fmt.Sprint("r", i),
 			TimeScale:         1,
 			DecodeMsPerToken:  tokenDur,
 			PrefillUsPerToken: 20,
 			MaxConcurrency:    2,
 		})
-		srv := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { srv.Close(); _ = s.Close() })
-		sims = append(sims, s)
-		urls = append(urls, srv.URL)
+		sims = append(sims, r.Server)
+		urls = append(urls, r.URL)
 	}
 	r := newRig(t, urls, withOptions(func(o *proxy.Options) {
 		o.AddRoutedPeerHeader = true

@@ -1,70 +1,28 @@
 package proxy_test
 
 import (
-	"bytes"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/cartrouter/cart/controlplane/engine"
-	"github.com/cartrouter/cart/dataplane/breaker"
-	"github.com/cartrouter/cart/dataplane/metrics"
-	"github.com/cartrouter/cart/dataplane/proxy"
-	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
-// syncBuffer is a log sink safe for the proxy's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // loggedProxy is a proxy over urls whose log is kept.
-func loggedProxy(t *testing.T, urls []string) (string, *syncBuffer) {
+func loggedProxy(t *testing.T, urls []string) (string, *testkit.SyncBuffer) {
 	t.Helper()
-	specs := make([]engine.WorkerSpec, len(urls))
-	for i, u := range urls {
-		specs[i] = engine.WorkerSpec{URL: u}
-	}
-	logs := &syncBuffer{}
-	o := defaultOptions()
-	o.Router = router.NewLocal(router.LocalOptions{Policy: defaultPolicy(), MaxEntries: 1 << 16, CleanupHour: -1, Seed: 1}, specs)
-	o.Breakers = breaker.NewSet(breaker.Config{Enabled: true, FailureThreshold: 3, SuccessThreshold: 1, Timeout: time.Minute}, nil)
-	o.Metrics = metrics.New(nil)
-	o.Logger = slog.New(slog.NewJSONHandler(logs, nil))
-	front := httptest.NewServer(proxy.New(o))
-	t.Cleanup(front.Close)
-	return front.URL, logs
+	logs := &testkit.SyncBuffer{}
+	return newRig(t, urls, logsTo(logs)).front.URL, logs
 }
 
 // A worker that cannot be reached is logged with its address; the client
 // hears only that the upstream is unavailable.
 func TestUpstreamErrorsDoNotNameWorkers(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close() // nothing listens there now: connection refused
-	front, logs := loggedProxy(t, []string{"http://" + dead})
+	deadURL := closedURL(t)
+	dead := strings.TrimPrefix(deadURL, "http://")
+	front, logs := loggedProxy(t, []string{deadURL})
 	for _, path := range []string{"/v1/chat/completions", "/v1/embeddings"} {
 		resp, err := http.Post(front+path, "application/json", strings.NewReader(chatBody("s", "q", false)))
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cartrouter/cart/internal/testkit"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -24,14 +25,7 @@ func counterValue(t *testing.T, r *rig, name, labelSubstr string) float64 {
 			if labelSubstr != "" && !strings.Contains(labelString(m), labelSubstr) {
 				continue
 			}
-			switch {
-			case m.Counter != nil:
-				total += m.Counter.GetValue()
-			case m.Gauge != nil:
-				total += m.Gauge.GetValue()
-			case m.Histogram != nil:
-				total += float64(m.Histogram.GetSampleCount())
-			}
+			total += testkit.SampleValue(m)
 		}
 	}
 	return total

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/proxy"
 )
@@ -122,7 +121,7 @@ func TestBreakerTrialKeepsModelFilter(t *testing.T) {
 	reg := models.New()
 	reg.SetWorkers([]models.Worker{{URL: a.URL, Declared: []string{"m"}}, {URL: b.URL, Declared: []string{"other"}}})
 	a.set(answer503("a"))
-	r := newWiredRig(t, []string{a.URL, b.URL}, defaultWiring(), func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.Models = reg })
+	r := newWiredRig(t, []string{a.URL, b.URL}, defaultWiring(), withOptions(func(o *proxy.Options) { o.Models = reg }))
 	for i := 0; r.workerViews()[a.URL].BreakerState != "open"; i++ {
 		if i == 10 {
 			t.Fatal("a's breaker did not open")
@@ -146,10 +145,10 @@ func TestPassThroughFollowsModels(t *testing.T) {
 	a, b := newBackend(t, "a"), newBackend(t, "b")
 	reg := models.New()
 	reg.SetWorkers([]models.Worker{{URL: a.URL, Declared: []string{"embed"}}, {URL: b.URL, Declared: []string{"m"}}})
-	r := newWiredRig(t, []string{a.URL, b.URL}, defaultWiring(), func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newWiredRig(t, []string{a.URL, b.URL}, defaultWiring(), withOptions(func(o *proxy.Options) {
 		o.Models = reg
 		o.PassThroughPaths = []string{"/v1/embeddings"}
-	})
+	}))
 	for i := range 8 {
 		resp := r.post("/v1/embeddings", fmt.Sprintf(`{"model":"embed","input":"text %d"}`, i))
 		if body := readAll(t, resp); resp.StatusCode != http.StatusOK {

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
 )
 
@@ -58,9 +57,9 @@ func TestPassThroughOnlyAllowlistedPaths(t *testing.T) {
 	a := newBackend(t, "a")
 	rec := &pathRecorder{}
 	a.set(rec.handle)
-	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) {
 		o.PassThroughPaths = append(slices.Clone(o.PassThroughPaths), "/v1/audio/*")
-	})
+	}))
 	for _, tc := range []struct{ method, path string }{
 		{"POST", "/sim/fault"},
 		{"GET", "/sim/stats"},
@@ -105,9 +104,9 @@ func TestNonInferencePassThroughIsNotResent(t *testing.T) {
 	recA, recB := &pathRecorder{status: 503}, &pathRecorder{status: 503}
 	a.set(recA.handle)
 	b.set(recB.handle)
-	r := newRig(t, []string{a.URL, b.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(t, []string{a.URL, b.URL}, withOptions(func(o *proxy.Options) {
 		o.PassThroughPaths = append(slices.Clone(o.PassThroughPaths), "/admin/*")
-	})
+	}))
 	resp, _ := r.do("POST", "/admin/reload", `{}`)
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("status %d, want the worker's own 503", resp.StatusCode)
@@ -147,9 +146,9 @@ func TestRemoteMediaPolicyCoversPassThroughBodies(t *testing.T) {
 	a := newBackend(t, "a")
 	rec := &pathRecorder{}
 	a.set(rec.handle)
-	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) {
 		o.RemoteMediaPolicy = 403
-	})
+	}))
 	for _, tc := range []struct{ name, path, body string }{
 		{"responses input_image string", "/v1/responses", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"http://169.254.169.254/x"}]}]}`},
 		{"responses input_image object", "/v1/responses", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":{"url":"http://169.254.169.254/x"}}]}]}`},
@@ -204,10 +203,10 @@ func TestRemoteMediaPolicyCoversPassThroughBodies(t *testing.T) {
 
 func TestFileMediaURLsCanBeAllowed(t *testing.T) {
 	a := newBackend(t, "a")
-	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) {
 		o.RemoteMediaPolicy = 451
 		o.AllowFileMediaURLs = true
-	})
+	}))
 	body := `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"file:///media/a.png"}}]}]}`
 	if resp, got := r.do("POST", "/v1/chat/completions", body); resp.StatusCode != http.StatusOK {
 		t.Fatalf("file: URL refused although allowed: %d %s", resp.StatusCode, got)

@@ -27,9 +27,9 @@ func TestMain(m *testing.M) {
 
 func TestSamePrefixSticksToOneReplica(t *testing.T) {
 	a, b, c := newBackend(t, "a"), newBackend(t, "b"), newBackend(t, "c")
-	r := newRig(t, []string{a.URL, b.URL, c.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(t, []string{a.URL, b.URL, c.URL}, withOptions(func(o *proxy.Options) {
 		o.AddRoutedPeerHeader = true
-	})
+	}))
 	system := longText("sys", 2000)
 	var peers []string
 	for i := range 10 {
@@ -119,7 +119,7 @@ func TestMaxLoadAnswers503(t *testing.T) {
 
 func TestRemoteMediaRefused(t *testing.T) {
 	a := newBackend(t, "a")
-	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.RemoteMediaPolicy = 403 })
+	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) { o.RemoteMediaPolicy = 403 }))
 	body := `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"http://169.254.169.254/latest/meta-data"}}]}]}`
 	resp := r.post("/v1/chat/completions", body)
 	got := readAll(t, resp)
@@ -141,7 +141,7 @@ func TestRemoteMediaRefused(t *testing.T) {
 
 func TestBadInputGetsClearErrors(t *testing.T) {
 	a := newBackend(t, "a")
-	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.MaxBodyBytes = 4096 })
+	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) { o.MaxBodyBytes = 4096 }))
 	cases := []struct {
 		name, path, body string
 		status           int

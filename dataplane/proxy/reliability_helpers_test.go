@@ -23,6 +23,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // wiring is what newWiredRig sets up beyond newRig: the breaker
@@ -31,6 +32,9 @@ import (
 type wiring struct {
 	breaker breaker.Config
 	now     func() time.Time
+	// wrap, when set, stands between the proxy and the rig's router: a
+	// test's recorder sees every call the proxy makes.
+	wrap func(router.Router) router.Router
 }
 
 func defaultWiring() wiring {
@@ -65,6 +69,9 @@ func newWiredRig(t testing.TB, urls []string, w wiring, opts ...rigOpt) *rig {
 		r.metrics.BreakerTrans.WithLabelValues(tr.Worker, tr.To.String()).Inc()
 	})
 	o.Router, o.Breakers, o.Metrics = r.router, r.breaks, r.metrics
+	if w.wrap != nil {
+		o.Router = w.wrap(r.router)
+	}
 	if w.now != nil {
 		o.Now = w.now
 	}
@@ -72,6 +79,20 @@ func newWiredRig(t testing.TB, urls []string, w wiring, opts ...rigOpt) *rig {
 	r.front = httptest.NewServer(r.proxy)
 	t.Cleanup(r.front.Close)
 	return r
+}
+
+// wrapped is the default wiring with wrap between the proxy and its router.
+func wrapped(wrap func(router.Router) router.Router) wiring {
+	w := defaultWiring()
+	w.wrap = wrap
+	return w
+}
+
+// logsTo makes the proxy log JSON lines to logs.
+func logsTo(logs *testkit.SyncBuffer) rigOpt {
+	return func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+		o.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	}
 }
 
 // rigWithOpenBreaker returns a rig on a, which answers 503, and b, tried

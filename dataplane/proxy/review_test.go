@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/internal/testkit"
 )
@@ -20,9 +19,9 @@ func TestUpgradeResponseDoesNotLeakLoad(t *testing.T) {
 		w.Header().Set("Upgrade", "websocket")
 		w.WriteHeader(http.StatusSwitchingProtocols)
 	})
-	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) {
 		o.PassThroughPaths = []string{"/v1/realtime"}
-	})
+	}))
 	for range 3 {
 		req, _ := http.NewRequest(http.MethodGet, r.front.URL+"/v1/realtime", nil)
 		req.Header.Set("Connection", "Upgrade")
@@ -46,7 +45,7 @@ func TestUpgradeResponseDoesNotLeakLoad(t *testing.T) {
 // the remote-media policy.
 func TestEncodedSlashIsStillRouted(t *testing.T) {
 	a := newBackend(t, "a")
-	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.RemoteMediaPolicy = 403 })
+	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) { o.RemoteMediaPolicy = 403 }))
 	body := `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://169.254.169.254/x"}}]}]}`
 	for _, path := range []string{"/v1/chat%2Fcompletions", "/v1/chat%2fcompletions"} {
 		resp := r.post(path, body)
@@ -65,9 +64,9 @@ func TestEncodedSlashIsStillRouted(t *testing.T) {
 func TestStalledClientReleasesLoad(t *testing.T) {
 	a := newBackend(t, "a")
 	a.set(streamUntilGone(stopChan(t), "data: "+strings.Repeat("x", 32<<10)+"\n\n", 0))
-	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+	r := newRig(t, []string{a.URL}, withOptions(func(o *proxy.Options) {
 		o.StreamIdleTimeout = 300 * time.Millisecond
-	})
+	}))
 	// A raw client that sends a request and never reads the answer.
 	conn := dialFront(t, r.front.URL, 0)
 	body := chatBody("s", "stream forever", true)

@@ -4,10 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -130,23 +127,17 @@ func (s *sessionRecorder) Route(ctx context.Context, req *router.Request) (route
 func TestSessionKeyHashedBeforeRouting(t *testing.T) {
 	a, b := newBackend(t, "a"), newBackend(t, "b")
 	var rec *sessionRecorder
-	r := newRig(t, []string{a.URL, b.URL}, func(o *proxy.Options, p *engine.Policy, _ []engine.WorkerSpec) {
-		o.SessionKeys = []string{"user"}
-		p.SessionTTL = int64(time.Minute)
-	})
-	rec = &sessionRecorder{Router: r.router}
-	o := defaultOptions()
-	o.SessionKeys = []string{"user"}
-	o.Router, o.Breakers, o.Metrics = rec, r.breaks, r.metrics
-	o.MaxBodyBytes = 4 << 20
-	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	front := httptest.NewServer(proxy.New(o))
-	defer front.Close()
+	r := newWiredRig(t, []string{a.URL, b.URL}, wrapped(func(inner router.Router) router.Router { rec = &sessionRecorder{Router: inner}; return rec }),
+		func(o *proxy.Options, p *engine.Policy, _ []engine.WorkerSpec) {
+			o.SessionKeys = []string{"user"}
+			o.MaxBodyBytes = 4 << 20
+			p.SessionTTL = int64(time.Minute)
+		})
 	huge := strings.Repeat("u", 1<<20)
 	for i := range 3 {
 		body, _ := json.Marshal(map[string]any{"model": "m", "user": huge,
 			"messages": []map[string]string{{"role": "user", "content": fmt.Sprintf("prompt %d", i)}}})
-		resp, err := http.Post(front.URL+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+		resp, err := http.Post(r.front.URL+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,15 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
 )
@@ -120,11 +117,6 @@ func TestEveryDecisionSettledOnce(t *testing.T) {
 	release := make(chan struct{})
 	streamForever := oneEventThenWait(release)
 	defer close(release)
-	refused := func(t *testing.T) string {
-		s := httptest.NewServer(http.NotFoundHandler())
-		s.Close()
-		return s.URL
-	}
 	cases := []struct {
 		name      string
 		handlers  []http.HandlerFunc // nil entry: a worker that refuses connections
@@ -144,28 +136,21 @@ func TestEveryDecisionSettledOnce(t *testing.T) {
 			var urls []string
 			for i, h := range tc.handlers {
 				if h == nil {
-					urls = append(urls, refused(t))
+					urls = append(urls, closedURL(t))
 					continue
 				}
 				b := newBackend(t, fmt.Sprint("w", i))
 				b.set(h)
 				urls = append(urls, b.URL)
 			}
-			r := newRig(t, urls, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
-				o.StreamIdleTimeout = tc.idle
-				o.Logger = slog.New(slog.DiscardHandler)
-			})
-			ledger := newLedger(r.router)
-			o := defaultOptions()
-			o.Router, o.Breakers, o.Metrics, o.Logger = ledger, r.breaks, r.metrics, slog.New(slog.DiscardHandler)
-			o.StreamIdleTimeout = tc.idle
-			front := httptest.NewServer(proxy.New(o))
-			t.Cleanup(front.Close)
+			var ledger *ledgerRouter
+			r := newWiredRig(t, urls, wrapped(func(inner router.Router) router.Router { ledger = newLedger(inner); return ledger }),
+				withOptions(func(o *proxy.Options) { o.StreamIdleTimeout = tc.idle }))
 			// Each request a new prompt, so that the routes spread over the
 			// workers and the retried cases reach their second worker.
 			for i := range 4 {
 				ctx, cancel := context.WithCancel(context.Background())
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL+"/v1/chat/completions",
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.front.URL+"/v1/chat/completions",
 					strings.NewReader(chatBody(fmt.Sprint("system ", tc.name, i), "hello", tc.abort || tc.idle > 0)))
 				req.Header.Set("Content-Type", "application/json")
 				resp, err := http.DefaultClient.Do(req)

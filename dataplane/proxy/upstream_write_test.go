@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
 )
 
@@ -38,7 +37,7 @@ func TestSmallRequestOneUpstreamWrite(t *testing.T) {
 		return countingConn{Conn: c, writes: &writes}, nil
 	}
 	t.Cleanup(tr.CloseIdleConnections)
-	r := newRig(t, []string{b.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) { o.Transport = tr })
+	r := newRig(t, []string{b.URL}, withOptions(func(o *proxy.Options) { o.Transport = tr }))
 	for i := range 3 {
 		before := writes.Load()
 		resp := r.post("/v1/chat/completions", chatBody("system", longText("u", 1000), false))

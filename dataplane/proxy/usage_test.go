@@ -4,44 +4,24 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/engine"
-	"github.com/cartrouter/cart/dataplane/breaker"
-	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // newClosedLoopRig is newRig with the closed loop on and a fake clock.
 func newClosedLoopRig(t *testing.T, urls []string, clock *fakeClock) *rig {
 	t.Helper()
-	o := defaultOptions()
-	pol := defaultPolicy()
-	pol.ClosedLoop = true
-	specs := make([]engine.WorkerSpec, len(urls))
-	for i, u := range urls {
-		specs[i] = engine.WorkerSpec{URL: u}
-	}
-	r := &rig{t: t}
-	r.router = router.NewLocal(router.LocalOptions{Policy: pol, MaxEntries: 1 << 16, CleanupHour: -1, Seed: 1, Now: clock.now}, specs)
-	r.metrics = metrics.New(func() (int, uint64, uint64, uint64) {
-		st, u := r.router.IndexStats()
-		return st.Entries, st.Evicted, st.SkippedInserts, u
-	})
-	r.breaks = breaker.NewSet(breaker.Config{Enabled: true, FailureThreshold: 3, SuccessThreshold: 1, Timeout: time.Minute}, nil)
-	o.Router, o.Breakers, o.Metrics = r.router, r.breaks, r.metrics
-	o.Logger = slog.New(slog.DiscardHandler)
-	r.proxy = proxy.New(o)
-	r.front = httptest.NewServer(r.proxy)
-	t.Cleanup(r.front.Close)
-	return r
+	w := defaultWiring()
+	w.now = clock.now
+	return newWiredRig(t, urls, w, func(_ *proxy.Options, p *engine.Policy, _ []engine.WorkerSpec) { p.ClosedLoop = true })
 }
 
 func usageBody(path, prompt string, stream bool) string {
@@ -90,11 +70,9 @@ func TestUsageWithoutCacheDetailsIsUnknown(t *testing.T) {
 		for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/v1/messages"} {
 			for _, stream := range []bool{false, true} {
 				t.Run(fmt.Sprintf("details=%v%s/stream=%v", details, path, stream), func(t *testing.T) {
-					s := sim.New(sim.Config{Name: "s", NoCacheDetails: !details, MaxConcurrency: 4})
-					srv := httptest.NewServer(s.Handler())
-					t.Cleanup(func() { srv.Close(); _ = s.Close() })
+					replica := simtest.Start(t, sim.Config{Name: "s", NoCacheDetails: !details, MaxConcurrency: 4})
 					clock := &fakeClock{}
-					r := newClosedLoopRig(t, []string{srv.URL}, clock)
+					r := newClosedLoopRig(t, []string{replica.URL}, clock)
 					body := usageBody(path, longText("system prompt", 3000), stream)
 					send := func() {
 						t.Helper()
@@ -106,13 +84,13 @@ func TestUsageWithoutCacheDetailsIsUnknown(t *testing.T) {
 					}
 					send() // miss: placed
 					send() // hit, and the replica has it cached
-					if got := s.Stats().CachedTokens; got == 0 {
+					if got := replica.Stats().CachedTokens; got == 0 {
 						t.Fatal("the replica reported no cache hit on a repeated prompt")
 					}
 					// The replica loses its cache after the placement settled:
 					// the index predicts a hit the replica does not have.
 					clock.advance(3 * time.Second)
-					s.Reset()
+					replica.Reset()
 					send()
 
 					w := r.workerView(t)
@@ -194,13 +172,8 @@ func TestUsageSniffing(t *testing.T) {
 				_, _ = io.Copy(io.Discard, r.Body)
 				_, _ = io.WriteString(w, c.resp)
 			})
-			r := newRig(t, []string{b.URL})
-			rec := &recordingRouter{Router: r.router}
-			o := defaultOptions()
-			o.Router, o.Breakers, o.Metrics, o.Logger = rec, r.breaks, r.metrics, slog.New(slog.DiscardHandler)
-			front := httptest.NewServer(proxy.New(o))
-			t.Cleanup(front.Close)
-			r.front = front
+			var rec *recordingRouter
+			r := newWiredRig(t, []string{b.URL}, wrapped(func(inner router.Router) router.Router { rec = &recordingRouter{Router: inner}; return rec }))
 			resp := r.post(c.path, usageBody(c.path, "hello", false))
 			readAll(t, resp)
 			r.waitLoadZero()

@@ -45,7 +45,7 @@ func breakerRouter(t *testing.T, cp *fakeCP, failures int, clock *fakeClock, fb 
 	// Calls are counted as the router sends them: a call the route timeout
 	// cancels may never reach the fake control plane on a loaded machine,
 	// and what the breaker decides is whether a call is made at all.
-	sent := &sentRoutes{next: h2cClient().Transport}
+	sent := &sentRoutes{next: testkit.H2CClient().Transport}
 	hc := &http.Client{Transport: sent}
 	t.Cleanup(hc.CloseIdleConnections)
 	return newTestRouter(t, Options{ControlPlanes: []string{cp.url}, RouteTimeout: breakerTimeout, HTTPClient: hc,

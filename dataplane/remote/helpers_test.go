@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/http/httptest"
 	"slices"
 	"sync"
@@ -18,6 +17,7 @@ import (
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -143,12 +143,6 @@ const (
 	wD = "http://wd.test:8000"
 )
 
-func h2cClient() *http.Client {
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	return &http.Client{Transport: &http.Transport{Protocols: &p}}
-}
-
 // downURL is an address on 127.0.0.1 nobody listens on.
 func downURL(t testing.TB) string {
 	t.Helper()
@@ -191,7 +185,7 @@ func newTestRouter(t testing.TB, o Options) *Router {
 		o.SyncInterval = time.Hour
 	}
 	if o.HTTPClient == nil {
-		c := h2cClient()
+		c := testkit.H2CClient()
 		o.HTTPClient = c
 		t.Cleanup(c.CloseIdleConnections)
 	}

@@ -102,9 +102,8 @@ type Router struct {
 	synced    bool
 	rng       *rand.Rand
 
-	clientsMu sync.Mutex
-	clients   map[string]cartv1connect.RouterServiceClient
-	flushNow  chan struct{}
+	clients  *cpclient.ByURL[cartv1connect.RouterServiceClient]
+	flushNow chan struct{}
 	// routeIDs names each Route call, so one given up on can be reported
 	// abandoned (it has no ticket to name it by).
 	routeIDs atomic.Uint64
@@ -113,7 +112,16 @@ type Router struct {
 	cpb          *cpBreaker   // nil when disabled
 	streams      *streamer    // nil when Options.RouteStream is off
 	lastAuthWarn atomic.Int64 // unix nanos of the last rejected-token warning
+	// cpBlockChars is the control plane's cache.block_chars when its last
+	// Sync named one different from ours (0: they agree, or it did not
+	// say): our hashes would never match its index and would fill it with
+	// entries no other data plane can match, so Route stays local.
+	cpBlockChars atomic.Int64
 }
+
+// CauseBlockChars is the fallback cause of decisions made locally because
+// the control plane hashes prompts in blocks of another size.
+const CauseBlockChars = "block_chars_mismatch"
 
 // New builds the router. Call Run to start syncing.
 func New(o Options) *Router {
@@ -132,11 +140,11 @@ func New(o Options) *Router {
 		local:    map[string]int{},
 		targets:  append([]string(nil), o.ControlPlanes...),
 		rng:      rand.New(rand.NewPCG(o.Seed, uint64(time.Now().UnixNano()))),
-		clients:  map[string]cartv1connect.RouterServiceClient{},
 		flushNow: make(chan struct{}, 1),
 		shadow:   newShadow(o.Shadow),
 		cpb:      newCPBreaker(o.RouteBreakerFailures, o.RouteBreakerCooloff, o.Now),
 	}
+	r.clients = cpclient.NewByURL(r.newClient)
 	if o.RouteStream {
 		r.streams = newStreamer(r, o.RouteStreamMaxInFlight)
 	}
@@ -151,22 +159,18 @@ func New(o Options) *Router {
 	return r
 }
 
-func (r *Router) client(url string) cartv1connect.RouterServiceClient {
-	r.clientsMu.Lock()
-	defer r.clientsMu.Unlock()
-	c, ok := r.clients[url]
-	if !ok {
-		// Route requests are a few hundred bytes: no compression, and no
-		// gzip for the small answers either (see service.CompressMinBytes).
-		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096)}
-		if r.o.Token != "" {
-			opts = append(opts, connect.WithInterceptors(cpclient.Bearer(r.o.Token)))
-		}
-		opts = append(opts, connect.WithInterceptors(r.o.Interceptors...))
-		c = cartv1connect.NewRouterServiceClient(r.o.HTTPClient, url, opts...)
-		r.clients[url] = c
+func (r *Router) client(url string) cartv1connect.RouterServiceClient { return r.clients.Get(url) }
+
+// newClient is the client to the control-plane node at url.
+func (r *Router) newClient(url string) cartv1connect.RouterServiceClient {
+	// Route requests are a few hundred bytes: no compression, and no
+	// gzip for the small answers either (see service.CompressMinBytes).
+	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096)}
+	if r.o.Token != "" {
+		opts = append(opts, connect.WithInterceptors(cpclient.Bearer(r.o.Token)))
 	}
-	return c
+	opts = append(opts, connect.WithInterceptors(r.o.Interceptors...))
+	return cartv1connect.NewRouterServiceClient(r.o.HTTPClient, url, opts...)
 }
 
 // current returns the node to call: the leader when known.
@@ -230,11 +234,14 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	target := r.current()
 	var cause string
 	allowed, probe := true, false
-	if target != "" {
+	mismatch := r.cpBlockChars.Load() != 0
+	if target != "" && !mismatch { // a probe the breaker allows must be made
 		allowed, probe = r.cpb.allow()
 	}
 	if target == "" {
 		cause = "no_control_plane"
+	} else if mismatch {
+		cause = CauseBlockChars
 	} else if !allowed {
 		// The control plane keeps failing to answer in time: waiting out
 		// the route timeout again would only add it to this request.
@@ -589,7 +596,10 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		return fmt.Errorf("sync with %s: %w", target, err)
 	}
 	if bc := int(m.GetBlockChars()); bc != 0 && r.o.BlockChars != 0 && bc != r.o.BlockChars {
-		r.log.Error("block size differs from the control plane's: prefixes will not match; set cache.block_chars to match", "local", r.o.BlockChars, "control_plane", bc)
+		r.cpBlockChars.Store(int64(bc))
+		r.log.Error("block size differs from the control plane's: routing locally until cache.block_chars matches", "local", r.o.BlockChars, "control_plane", bc)
+	} else {
+		r.cpBlockChars.Store(0)
 	}
 	ws := make([]router.WorkerStatus, len(m.GetWorkers()))
 	for i, w := range m.GetWorkers() {

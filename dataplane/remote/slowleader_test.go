@@ -86,18 +86,14 @@ func newCPClusterCap(t *testing.T, handover service.HandoverOptions, capacityBlo
 	timeouts := raftnode.Timeouts{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 500 * time.Millisecond, Commit: 5 * time.Millisecond}
 	var nodes []*cpNode
 	for i := range 3 {
-		x := &cpNode{id: fmt.Sprintf("n%d", i+1), fwd: h2cClient()}
+		x := &cpNode{id: fmt.Sprintf("n%d", i+1), fwd: testkit.H2CClient()}
 		x.addr, x.trans = raft.NewInmemTransport("")
 		dec := decider.New(decider.Options{Policy: engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 4, BalanceRelThreshold: 1.5, BlockChars: shadowBlockChars, CapacityBlocks: capacityBlocks},
 			MaxEntries: 1 << 16, Rand: rand.New(rand.NewPCG(1, uint64(i))), LoadLease: 5 * time.Second})
 		st := state.New(dec)
 		x.dec = dec
 		x.slow = &slowRoute{delay: 200 * time.Millisecond}
-		x.srv = httptest.NewUnstartedServer(x.slow)
-		var p http.Protocols
-		p.SetHTTP1(true)
-		p.SetUnencryptedHTTP2(true)
-		x.srv.Config.Protocols = &p
+		x.srv = testkit.H2CServer(x.slow)
 		x.url = "http://" + x.srv.Listener.Addr().String()
 		x.core = service.New(service.Options{
 			NodeID: x.id, APIURL: x.url, BlockChars: shadowBlockChars,
@@ -308,24 +304,13 @@ func TestSlowLeaderHandoverBench(t *testing.T) {
 
 // forwardedRoutes scrapes a node's count of Route calls it forwarded to
 // the leader.
-func (x *cpNode) forwardedRoutes(t *testing.T) string {
+func (x *cpNode) forwardedRoutes(t *testing.T) float64 {
 	t.Helper()
-	resp, err := x.fwd.Get(x.url + "/metrics")
+	v, _, err := testkit.MetricSample(x.fwd, x.url+"/metrics", fmt.Sprintf("cart_cp_forwarded_total{procedure=%q}", cartv1connect.RouterServiceRouteProcedure))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prefix := fmt.Sprintf("cart_cp_forwarded_total{procedure=%q} ", cartv1connect.RouterServiceRouteProcedure)
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, prefix); ok {
-			return v
-		}
-	}
-	return "0"
+	return v
 }
 
 // After a leadership change the data plane's first Route goes to the old
@@ -358,8 +343,8 @@ func TestDataPlaneFollowsNewLeaderAfterOneForward(t *testing.T) {
 			t.Fatalf("route %d after the change: %+v", i, d)
 		}
 	}
-	if got := old.forwardedRoutes(t); got != "1" {
-		t.Fatalf("the old leader forwarded %s Route calls, want 1", got)
+	if got := old.forwardedRoutes(t); got != 1 {
+		t.Fatalf("the old leader forwarded %v Route calls, want 1", got)
 	}
 	if dp.current() != next.url {
 		t.Fatalf("data plane calls %s, want the new leader %s", dp.current(), next.url)

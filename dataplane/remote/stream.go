@@ -464,48 +464,46 @@ func (r *Router) routeCall(ctx context.Context, target string, m *cartv1.RouteRe
 
 // completeCall is Complete on the live stream to target, or unary.
 func (r *Router) completeCall(ctx context.Context, target string, m *cartv1.CompleteRequest) (*cartv1.CompleteResponse, error) {
-	if st := r.streams.live(target); st != nil {
-		a, err := st.do(ctx, &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Complete{Complete: m}})
-		if err == nil {
-			return answer(a, (*cartv1.StreamResponse).GetComplete)
-		}
-		if !errors.Is(err, errStreamBroken) {
-			return nil, err
-		}
-		// Unlike a route, whose caller falls back to local routing at
-		// once, this report is worth its unary retry: it is idempotent
-		// (a ticket settles once, sync counts are absolute), and a lost
-		// one leaves load on the leader until the next one.
-	}
-	r.streams.unary("complete")
-	resp, err := r.client(target).Complete(ctx, connect.NewRequest(m))
-	if err != nil {
-		return nil, err
-	}
-	return resp.Msg, nil
+	return reportCall(ctx, r, target, "complete", &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Complete{Complete: m}},
+		(*cartv1.StreamResponse).GetComplete, func(c cartv1connect.RouterServiceClient) (*connect.Response[cartv1.CompleteResponse], error) {
+			return c.Complete(ctx, connect.NewRequest(m))
+		})
 }
 
 // syncCall is Sync on the live stream to target, or unary.
 func (r *Router) syncCall(ctx context.Context, target string, m *cartv1.SyncRequest) (*cartv1.SyncResponse, error) {
+	return reportCall(ctx, r, target, "sync", &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Sync{Sync: m}},
+		(*cartv1.StreamResponse).GetSync, func(c cartv1connect.RouterServiceClient) (*connect.Response[cartv1.SyncResponse], error) {
+			resp, err := c.Sync(ctx, connect.NewRequest(m))
+			if err == nil {
+				r.streams.syncedUnary()
+			}
+			return resp, err
+		})
+}
+
+// reportCall sends a report (Complete or Sync) on the live stream to
+// target, or unary as name when there is none or it broke under the call.
+func reportCall[T any](ctx context.Context, r *Router, target, name string, req *cartv1.StreamRequest,
+	get func(*cartv1.StreamResponse) *T, unary func(cartv1connect.RouterServiceClient) (*connect.Response[T], error)) (*T, error) {
 	if st := r.streams.live(target); st != nil {
-		a, err := st.do(ctx, &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Sync{Sync: m}})
+		a, err := st.do(ctx, req)
 		if err == nil {
-			return answer(a, (*cartv1.StreamResponse).GetSync)
+			return answer(a, get)
 		}
 		if !errors.Is(err, errStreamBroken) {
 			return nil, err
 		}
 		// Unlike a route, whose caller falls back to local routing at
-		// once, this report is worth its unary retry: it is idempotent
-		// (a ticket settles once, sync counts are absolute), and a lost
-		// one leaves load on the leader until the next one.
+		// once, a report is worth its unary retry: it is idempotent (a
+		// ticket settles once, sync counts are absolute), and a lost one
+		// leaves load on the leader until the next one.
 	}
-	r.streams.unary("sync")
-	resp, err := r.client(target).Sync(ctx, connect.NewRequest(m))
+	r.streams.unary(name)
+	resp, err := unary(r.client(target))
 	if err != nil {
 		return nil, err
 	}
-	r.streams.syncedUnary()
 	return resp.Msg, nil
 }
 

@@ -55,11 +55,7 @@ func (p *pathCounter) count(path string) int {
 // serveH2C serves h on 127.0.0.1 over HTTP/1.1 and h2c.
 func serveH2C(t testing.TB, h http.Handler) *httptest.Server {
 	t.Helper()
-	srv := httptest.NewUnstartedServer(h)
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
+	srv := testkit.H2CServer(h)
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv
@@ -83,11 +79,7 @@ func newOneNodeCP(t testing.TB, auth service.AuthOptions) *oneNodeCP {
 		MaxEntries: 1 << 16, Rand: rand.New(rand.NewPCG(1, 2)), LoadLease: 5 * time.Second})
 	st := state.New(dec)
 	x := &oneNodeCP{dec: dec, paths: &pathCounter{}}
-	x.srv = httptest.NewUnstartedServer(x.paths)
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	x.srv.Config.Protocols = &p
+	x.srv = testkit.H2CServer(x.paths)
 	x.url = "http://" + x.srv.Listener.Addr().String()
 	x.core = service.New(service.Options{
 		NodeID: "n1", APIURL: x.url, BlockChars: 64, PlacementBatch: 10 * time.Millisecond, PlacementMax: 512,

@@ -5,25 +5,19 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // simPool starts n cart-sim replicas and an all-in-one router over them
 // with extra config appended, and returns the router's base URL.
 func simPool(t *testing.T, n int, extra string) string {
 	t.Helper()
-	var urls []string
-	for i := range n {
-		s := sim.New(sim.Config{Name: fmt.Sprint("sim", i), MaxConcurrency: 4})
-		srv := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { srv.Close(); _ = s.Close() })
-		urls = append(urls, srv.URL)
-	}
+	urls := simtest.URLs(t, n, func(i int) sim.Config { return sim.Config{Name: fmt.Sprint("sim", i), MaxConcurrency: 4} })
 	return runAllInOne(t, newAllInOne(t, configFiles(t, workersYAML(urls...)+extra)))
 }
 

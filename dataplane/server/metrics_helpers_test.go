@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/cartrouter/cart/internal/testkit"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -41,16 +42,7 @@ func sample(mfs map[string]*dto.MetricFamily, name string, want map[string]strin
 			continue
 		}
 		found = true
-		switch {
-		case m.Counter != nil:
-			total += m.Counter.GetValue()
-		case m.Gauge != nil:
-			total += m.Gauge.GetValue()
-		case m.Histogram != nil:
-			total += float64(m.Histogram.GetSampleCount())
-		case m.Untyped != nil:
-			total += m.Untyped.GetValue()
-		}
+		total += testkit.SampleValue(m)
 	}
 	return total, found
 }

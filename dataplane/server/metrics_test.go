@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // After a mixed run through the all-in-one server (cache hits and misses,
@@ -24,11 +24,9 @@ func TestMetricsAfterMixedRun(t *testing.T) {
 	var sims []*sim.Server
 	var urls []string
 	for i := range 3 {
-		s := sim.New(sim.Config{Name: fmt.Sprint("sim", i), TimeScale: 1, DecodeMsPerToken: 5, MaxConcurrency: 8})
-		srv := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { srv.Close(); _ = s.Close() })
-		sims = append(sims, s)
-		urls = append(urls, srv.URL)
+		r := simtest.Start(t, sim.Config{Name: fmt.Sprint("sim", i), TimeScale: 1, DecodeMsPerToken: 5, MaxConcurrency: 8})
+		sims = append(sims, r.Server)
+		urls = append(urls, r.URL)
 	}
 	const maxTree = 60
 	paths := configFiles(t, workersYAML(urls...)+fmt.Sprintf(`

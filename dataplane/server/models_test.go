@@ -17,18 +17,13 @@ import (
 	"github.com/cartrouter/cart/dataplane/server"
 	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/sim"
+	"github.com/cartrouter/cart/sim/simtest"
 )
 
 // modelSims starts n cart-sim replicas serving the base model "base".
 func modelSims(t *testing.T, n int) []string {
 	t.Helper()
-	var urls []string
-	for i := range n {
-		s := sim.New(sim.Config{Name: fmt.Sprint("sim", i), Models: []string{"base"}})
-		srv := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { srv.Close(); _ = s.Close() })
-		urls = append(urls, srv.URL)
-	}
+	urls := simtest.URLs(t, n, func(i int) sim.Config { return sim.Config{Name: fmt.Sprint("sim", i), Models: []string{"base"}} })
 	return urls
 }
 

@@ -13,11 +13,20 @@ import (
 // cut connection may expect one.
 func PostJSON(t testing.TB, url, body string, hdr ...string) (*http.Response, string, error) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	return Do(t, http.MethodPost, url, body, append([]string{"Content-Type", "application/json"}, hdr...)...)
+}
+
+// Do is PostJSON for any method: the body, when there is one, is sent as
+// JSON, and an empty one goes without a Content-Type, as a GET's would.
+func Do(t testing.TB, method, url, body string, hdr ...string) (*http.Response, string, error) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}

@@ -353,13 +353,8 @@ func distributedTrace(t *testing.T, stream bool) {
 		// Routes before the stream is live go unary: wait, so the stream
 		// carries the traced one.
 		testkit.WaitFor(t, 20*time.Second, "the Route stream live", func() bool {
-			resp, err := http.Get(base + "/metrics")
-			if err != nil {
-				return false
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			return strings.Contains(string(b), "\ncart_route_stream_open 1\n")
+			v, _, err := testkit.MetricSample(nil, base+"/metrics", "cart_route_stream_open")
+			return err == nil && v == 1
 		})
 	}
 	testkit.WaitFor(t, 20*time.Second, "a request routed by the leader", func() bool {

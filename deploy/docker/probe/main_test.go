@@ -17,6 +17,7 @@ import (
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func probe(t *testing.T, env map[string]string, args ...string) (int, string) {
@@ -52,11 +53,7 @@ func TestGRPCCheck(t *testing.T) {
 	checker := grpchealth.NewStaticChecker()
 	mux := http.NewServeMux()
 	mux.Handle(grpchealth.NewHandler(checker))
-	srv := httptest.NewUnstartedServer(mux)
-	var protos http.Protocols
-	protos.SetHTTP1(true)
-	protos.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &protos
+	srv := testkit.H2CServer(mux)
 	srv.Start()
 	defer srv.Close()
 	if code, out := probe(t, nil, "grpc", srv.URL); code != 0 {
