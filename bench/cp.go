@@ -36,6 +36,8 @@ type CPConfig struct {
 	// Unary makes the data planes call Route, Complete and Sync one call
 	// at a time instead of on the stream (dataplane.route_stream: false).
 	Unary bool `json:"unary,omitempty"`
+	// NoPlacementFeed turns off dataplane.route_stream_placement_feed.
+	NoPlacementFeed bool `json:"no_placement_feed,omitempty"`
 	// BlockChars sets cache.block_chars on every control-plane node and
 	// data plane (0: the config default), for the block-size study.
 	BlockChars   int           `json:"block_chars,omitempty"`
@@ -429,6 +431,7 @@ func RunCP(ctx context.Context, env *Env, cfg CPConfig) CPResult {
 	dps, err := startDataPlanes(ctx, env, max(cfg.DataPlanes, 1), max(cfg.Workers, 1), func(i int, client *http.Client) remote.Options {
 		o := dataPlaneOptions(fmt.Sprintf("bench-dp-%d", i+1), cl.urls(), blockChars, 0, cfg.RouteTimeout, client, causes.add)
 		o.RouteStream = o.RouteStream && !cfg.Unary
+		o.PlacementFeed = o.PlacementFeed && !cfg.NoPlacementFeed
 		return o
 	}, cfg.StartTimeout)
 	if err != nil {

@@ -222,6 +222,7 @@ func dataPlaneOptions(id string, cps []string, blockChars, balanceAbs int, route
 		RouteBreakerFailures: d.DataPlane.RouteBreakerFailures,
 		RouteBreakerCooloff:  d.DataPlane.RouteBreakerCooloff(),
 		RouteStream:          d.DataPlane.RouteStream, RouteStreamMaxInFlight: d.DataPlane.RouteStreamMaxInFlight,
+		PlacementFeed: d.DataPlane.RouteStreamPlacementFeed,
 	}
 }
 

@@ -130,9 +130,12 @@ func routeTimeoutText(d time.Duration) string {
 func cpIntro(res CPResult) string {
 	c := res.Config
 	timeout := routeTimeoutText(c.RouteTimeout)
-	path := "Route, Complete and Sync on one stream per data plane"
-	if c.Unary {
+	path := "Route, Complete and Sync on one stream per data plane, with the leader's placement feed"
+	switch {
+	case c.Unary:
 		path = "one unary call per Route (--unary)"
+	case c.NoPlacementFeed:
+		path = "Route, Complete and Sync on one stream per data plane, no placement feed"
 	}
 	conf := "default config"
 	if c.BlockChars > 0 {
@@ -251,9 +254,16 @@ func foRunLine(r FailoverRun) string {
 func failoverIntro(res FailoverResult) string {
 	c := res.Config
 	timeout := routeTimeoutText(c.RouteTimeout)
-	return fmt.Sprintf("3 `cart controlplane` processes, %d data planes in the bench process (the data plane's router: shadow index and control-plane breaker at their defaults, route timeout %s), 4 workers whose caches are modelled as LRUs of %d of the %d prefix groups; %d clients keeping two requests open, %s pause. "+
+	feed := "the leader's placement feed on the stream"
+	switch {
+	case c.Unary:
+		feed = "unary calls, no placement feed"
+	case c.NoPlacementFeed:
+		feed = "no placement feed"
+	}
+	return fmt.Sprintf("3 `cart controlplane` processes, %d data planes in the bench process (the data plane's router: shadow index and control-plane breaker at their defaults, %s, route timeout %s), 4 workers whose caches are modelled as LRUs of %d of the %d prefix groups; %d clients keeping two requests open, %s pause. "+
 		"After %s of load, a %s steady window, then SIGKILL to the leader and a %s kill window. Hit = a repeated group landing on a worker caching it. Election: until a survivor says it leads; first leader route: until the first Route sent after the kill that the control plane answered.",
-		c.DataPlanes, timeout, c.CacheGroups, c.Groups, c.Clients, c.Pace, c.Settle, c.Window, c.Window)
+		c.DataPlanes, feed, timeout, c.CacheGroups, c.Groups, c.Clients, c.Pace, c.Settle, c.Window, c.Window)
 }
 
 // FormatFailover renders the failover section for a terminal.

@@ -25,8 +25,10 @@ import (
 type FailoverConfig struct {
 	Runs int `json:"runs"`
 	// Unary: the data planes make one call per Route (no stream).
-	Unary      bool `json:"unary,omitempty"`
-	DataPlanes int  `json:"dataplanes"`
+	Unary bool `json:"unary,omitempty"`
+	// NoPlacementFeed turns off dataplane.route_stream_placement_feed.
+	NoPlacementFeed bool `json:"no_placement_feed,omitempty"`
+	DataPlanes      int  `json:"dataplanes"`
 	// Clients each keep two requests open and pause Pace between requests.
 	Clients int           `json:"clients"`
 	Pace    time.Duration `json:"pace_ns"`
@@ -311,6 +313,7 @@ func failoverOnce(ctx context.Context, env *Env, cfg FailoverConfig, seed uint64
 	dps, err := startDataPlanes(ctx, env, cfg.DataPlanes, 4, func(i int, client *http.Client) remote.Options {
 		o := dataPlaneOptions(fmt.Sprintf("dp%d", i+1), cl.urls(), failoverBlockChars, balanceAbs, cfg.RouteTimeout, client, log.cause)
 		o.RouteStream = o.RouteStream && !cfg.Unary
+		o.PlacementFeed = o.PlacementFeed && !cfg.NoPlacementFeed
 		return o
 	}, cfg.StartTimeout)
 	if err != nil {

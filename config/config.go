@@ -550,6 +550,9 @@ type DataPlane struct {
 	// RouteStreamMaxInFlight bounds the calls in flight on it.
 	RouteStream            bool `yaml:"route_stream"`
 	RouteStreamMaxInFlight int  `yaml:"route_stream_max_in_flight"`
+	// RouteStreamPlacementFeed asks the leader on that stream for every
+	// placement it makes, for the local fallback's shadow index.
+	RouteStreamPlacementFeed bool `yaml:"route_stream_placement_feed"`
 }
 
 // Default returns a new Config with every default filled in. Each call
@@ -640,13 +643,14 @@ func Default() *Config {
 			SlowLeaderHandover:     SlowLeaderHandover{Enabled: false, ThresholdMs: 15, WindowSecs: 3, MinIntervalSecs: 60},
 		},
 		DataPlane: DataPlane{
-			RouteTimeoutMs:         20,
-			ReportIntervalMs:       10,
-			WorkerSyncIntervalMs:   500,
-			RouteBreakerFailures:   5,
-			RouteBreakerCooloffMs:  1000,
-			RouteStream:            true,
-			RouteStreamMaxInFlight: 128,
+			RouteTimeoutMs:           20,
+			ReportIntervalMs:         10,
+			WorkerSyncIntervalMs:     500,
+			RouteBreakerFailures:     5,
+			RouteBreakerCooloffMs:    1000,
+			RouteStream:              true,
+			RouteStreamMaxInFlight:   128,
+			RouteStreamPlacementFeed: true,
 		},
 		KVEvents: KVEvents{ReplayTimeoutMs: 2000},
 		Discovery: Discovery{

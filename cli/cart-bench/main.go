@@ -332,16 +332,17 @@ func addCPFlags(f *pflag.FlagSet, c *bench.CPConfig, prefix string) {
 	f.IntSliceVar(&c.Rates, prefix+"rates", c.Rates, "open-loop runs, routes/s each")
 	f.IntSliceVar(&c.Concurrency, prefix+"concurrency", c.Concurrency, "closed-loop runs, concurrent callers each")
 	f.DurationVar(&c.Duration, prefix+"duration", c.Duration, "duration of each run")
-	addDataPlaneFlags(f, prefix, &c.DataPlanes, "data planes (each its own connection to the leader)", &c.RouteTimeout, &c.Unary)
+	addDataPlaneFlags(f, prefix, &c.DataPlanes, "data planes (each its own connection to the leader)", &c.RouteTimeout, &c.Unary, &c.NoPlacementFeed)
 	f.IntVar(&c.BlockChars, prefix+"block-chars", c.BlockChars, "cache.block_chars of the control-plane nodes and the data planes (0 = the config default)")
 }
 
 // addDataPlaneFlags registers the data-plane settings the cp and failover
 // benchmarks share, so that their names and meaning stay the same in both.
-func addDataPlaneFlags(f *pflag.FlagSet, prefix string, dataPlanes *int, dataPlanesHelp string, routeTimeout *time.Duration, unary *bool) {
+func addDataPlaneFlags(f *pflag.FlagSet, prefix string, dataPlanes *int, dataPlanesHelp string, routeTimeout *time.Duration, unary, noFeed *bool) {
 	f.IntVar(dataPlanes, prefix+"dataplanes", *dataPlanes, dataPlanesHelp)
 	f.DurationVar(routeTimeout, prefix+"route-timeout", *routeTimeout, "data planes' Route deadline (0 = the config default, as in production)")
 	f.BoolVar(unary, prefix+"unary", *unary, "data planes make one call per Route instead of using the stream (dataplane.route_stream: false)")
+	f.BoolVar(noFeed, prefix+"no-placement-feed", *noFeed, "data planes do not ask the leader for its placement feed (dataplane.route_stream_placement_feed: false)")
 }
 
 func newFailoverCmd() *cobra.Command {
@@ -366,5 +367,7 @@ func addFailoverFlags(f *pflag.FlagSet, c *bench.FailoverConfig, prefix string) 
 	f.DurationVar(&c.Window, prefix+"window", c.Window, "length of the steady window, the kill window and the window after it")
 	f.DurationVar(&c.Settle, prefix+"settle", c.Settle, "load before the steady window, so that it starts from equilibrium")
 	f.IntVar(&c.Clients, prefix+"clients", c.Clients, "concurrent clients, each keeping two requests open")
-	addDataPlaneFlags(f, prefix, &c.DataPlanes, "data planes", &c.RouteTimeout, &c.Unary)
+	f.IntVar(&c.Groups, prefix+"groups", c.Groups, "prefix groups the requests share")
+	f.IntVar(&c.CacheGroups, prefix+"cache-groups", c.CacheGroups, "groups each worker's modelled cache holds")
+	addDataPlaneFlags(f, prefix, &c.DataPlanes, "data planes", &c.RouteTimeout, &c.Unary, &c.NoPlacementFeed)
 }

@@ -91,6 +91,8 @@ type Core struct {
 	metrics  *cpMetrics
 	handover *handover // nil when the slow-leader handover is off
 	streams  streamScope
+	// placements feeds data planes' shadow indexes (placementfeed.go).
+	placements *placementFeed
 
 	ready      chan struct{} // closed by SetNode; leadership waits for it
 	lifeMu     sync.Mutex    // serialises leadership transitions
@@ -107,7 +109,7 @@ func New(o Options, dec *decider.Decider, st *state.State) *Core {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	c := &Core{o: o, log: o.Logger, dec: dec, st: st, models: models.New()}
+	c := &Core{o: o, log: o.Logger, dec: dec, st: st, models: models.New(), placements: newPlacementFeed(feedRing)}
 	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
 	c.responses = affinity.New[uint64](o.ResponseAffinityTTL, o.ResponseAffinityMax)
 	st.SetResponseOrigins(func(origins []*cartv1.ResponseOrigin) {

@@ -20,6 +20,8 @@ type cpMetrics struct {
 	forwarded *prometheus.CounterVec
 	// streams counts open RouterService.Stream calls (leader only).
 	streams prometheus.Gauge
+	// feedSent and feedSkipped count the placement feed's placements.
+	feedSent, feedSkipped prometheus.Counter
 }
 
 func newCPMetrics(c *Core) *cpMetrics {
@@ -32,7 +34,11 @@ func newCPMetrics(c *Core) *cpMetrics {
 		Help: "Calls this node forwarded to the leader because it is a follower, by procedure. Route calls here mean data planes are not yet calling the leader directly."}, []string{"procedure"})
 	m.streams = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cart_cp_route_streams_open",
 		Help: "Data planes' Route streams (RouterService.Stream) open on this node; only the leader serves them."})
-	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded, m.streams)
+	m.feedSent = prometheus.NewCounter(prometheus.CounterOpts{Name: "cart_cp_placement_feed_sent_total",
+		Help: "Placements the leader sent on data planes' Route streams (the placement feed of their shadow indexes), summed over streams."})
+	m.feedSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: "cart_cp_placement_feed_skipped_total",
+		Help: "Placements a data plane's stream fell too far behind to be sent on the placement feed."})
+	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded, m.streams, m.feedSent, m.feedSkipped)
 	// The decider counts drops; exported here under the control plane's name.
 	for _, cause := range decider.DropCauses {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_tickets_dropped_total",

@@ -92,6 +92,9 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest) (*cartv1.Route
 		return nil, routeError(ctx, err)
 	}
 	elapsed := time.Since(start)
+	if !m.GetDryRun() {
+		c.placements.add(d.Worker, hashes)
+	}
 	c.metrics.routes.WithLabelValues(string(d.Reason)).Inc()
 	c.metrics.routeTime.Observe(elapsed.Seconds())
 	id, _ := c.node.Leader()

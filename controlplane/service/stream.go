@@ -105,11 +105,36 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 	slots := make(chan struct{}, maxStreamInFlight)
 	recvDone := make(chan error, 1)
 	go func() {
+		feeding := false
 		for {
 			m, err := st.Receive()
 			if err != nil {
 				recvDone <- err
 				return
+			}
+			if m.GetId() == 0 && m.GetCall() == nil {
+				// The hello, answered here so that nothing the feed sends
+				// can come before its answer. It counts as a call, so the
+				// handler does not return while it sends.
+				callsMu.Lock()
+				if closed {
+					callsMu.Unlock()
+					recvDone <- context.Canceled
+					return
+				}
+				calls.Add(1)
+				callsMu.Unlock()
+				send(&cartv1.StreamResponse{})
+				if m.GetPlacementFeed() != nil && !feeding {
+					feeding = true
+					calls.Add(1) // while the hello's count is held: Wait has not returned
+					go func() {
+						defer calls.Done()
+						c.feed(ctx, send)
+					}()
+				}
+				calls.Done()
+				continue
 			}
 			select {
 			case slots <- struct{}{}:

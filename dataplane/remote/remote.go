@@ -58,6 +58,11 @@ type Options struct {
 	Models *models.Registry
 	// Shadow keeps fallback decisions cache-aware (see shadow.go).
 	Shadow ShadowOptions
+	// PlacementFeed asks the leader, in the Route stream's hello, for every
+	// placement it makes, which the shadow then records instead of this
+	// data plane's answers (controlplane/service/placementfeed.go). Needs
+	// RouteStream and a shadow.
+	PlacementFeed bool
 	// RouteBreakerFailures and RouteBreakerCooloff configure the
 	// control-plane breaker (see cpbreaker.go); 0 failures disables it.
 	RouteBreakerFailures int
@@ -272,7 +277,10 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				r.mu.Lock()
 				r.local[m.GetWorker()]++
 				r.mu.Unlock()
-				r.shadow.record(req.Hashes, m.GetWorker())
+				if !r.streams.fed() {
+					// Else the feed brings it, in the leader's order.
+					r.shadow.record(req.Hashes, m.GetWorker())
+				}
 			}
 			return router.Decision{
 				Worker: m.GetWorker(), Reason: m.GetReason(), MatchedChars: int(m.GetMatchedChars()),

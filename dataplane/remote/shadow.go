@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/index"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
 // DefaultShadowEntries bounds the shadow index when the caller does not:
@@ -75,6 +76,28 @@ func (s *shadow) record(hashes []uint64, worker string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.replace(hashes, worker, time.Now().UnixNano())
+}
+
+// recordFed remembers the leader's placements for every data plane (the
+// placement feed), stored by their checkpoint hashes: pick finds them by
+// the same positions of its own prompts (index.LookupCheckpoints).
+func (s *shadow) recordFed(p []*cartv1.RecentPlacement) {
+	if s == nil || len(p) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now().UnixNano()
+	for _, pl := range p {
+		if len(pl.GetHashes()) > 0 && pl.GetWorker() != "" {
+			s.replace(pl.GetHashes(), pl.GetWorker(), now)
+		}
+	}
+}
+
+// replace makes worker the only holder of hashes. s.mu held.
+func (s *shadow) replace(hashes []uint64, worker string, now int64) {
 	id, ok := s.ids[worker]
 	if !ok {
 		if len(s.urls) >= maxShadowWorkers {
@@ -90,7 +113,7 @@ func (s *shadow) record(hashes []uint64, worker string) {
 			s.idx.RemoveHolder(hashes, w)
 		}
 	}
-	s.idx.Insert(hashes, id, time.Now().UnixNano())
+	s.idx.Insert(hashes, id, now)
 }
 
 // usableWorker is a fallback candidate with its effective local load.
@@ -111,7 +134,7 @@ func (s *shadow) pick(hashes []uint64, keyLen, blockChars int, usable []usableWo
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.idx.Lookup(hashes, &s.match)
+	s.idx.LookupCheckpoints(hashes, &s.match)
 	best, bestBlocks, bestEff := "", 0, 0
 	for _, u := range usable {
 		id, ok := s.ids[u.url]

@@ -313,3 +313,4 @@ func TestFallbackLearnsFromItsOwnDecisions(t *testing.T) {
 		}
 	}
 }
+

@@ -57,6 +57,9 @@ type routeStream struct {
 
 	sendMu sync.Mutex // Send is not safe for concurrent use
 
+	// fed takes the leader's placement feed; nil: not asked for.
+	fed func([]*cartv1.RecentPlacement)
+
 	mu      sync.Mutex
 	nextID  uint64
 	pending map[uint64]chan *cartv1.StreamResponse
@@ -108,6 +111,12 @@ func (s *routeStream) receive() {
 		if err != nil {
 			s.fail(err)
 			return
+		}
+		if p := m.GetPlacements(); p != nil && m.GetId() == 0 {
+			if s.fed != nil {
+				s.fed(p.GetPlacements())
+			}
+			continue
 		}
 		s.mu.Lock()
 		ch := s.pending[m.GetId()]
@@ -238,6 +247,12 @@ func (s *streamer) live(target string) *routeStream {
 	}
 }
 
+// fed reports whether a live stream carries the leader's placement feed.
+func (s *streamer) fed() bool {
+	st := s.live("")
+	return st != nil && st.fed != nil
+}
+
 // unary counts a call that could not use a stream.
 func (s *streamer) unary(call string) {
 	if s != nil {
@@ -356,9 +371,14 @@ func (s *streamer) wait(ctx context.Context, d time.Duration) bool {
 func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan struct{}, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	conn := s.r.client(target).Stream(sctx)
+	var feed *cartv1.PlacementFeed
+	var fed func([]*cartv1.RecentPlacement)
+	if s.r.o.PlacementFeed && s.r.shadow != nil {
+		feed, fed = &cartv1.PlacementFeed{}, s.r.shadow.recordFed
+	}
 	hello := make(chan error, 1)
 	go func() {
-		if err := conn.Send(&cartv1.StreamRequest{}); err != nil && !errors.Is(err, io.EOF) {
+		if err := conn.Send(&cartv1.StreamRequest{PlacementFeed: feed}); err != nil && !errors.Is(err, io.EOF) {
 			hello <- err
 			return
 		}
@@ -387,7 +407,7 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 		_ = conn.CloseResponse()
 		return nil, nil, err
 	}
-	st := &routeStream{target: target, conn: conn, cancel: cancel, slots: make(chan struct{}, s.maxInFlight),
+	st := &routeStream{target: target, conn: conn, cancel: cancel, fed: fed, slots: make(chan struct{}, s.maxInFlight),
 		opened: time.Now(), pending: map[uint64]chan *cartv1.StreamResponse{}, done: make(chan struct{})}
 	recvDone := make(chan struct{})
 	go func() {

@@ -98,6 +98,7 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client, opt
 		Interceptors:           d.Tracer.Interceptors(),
 		RouteStream:            cfg.DataPlane.RouteStream,
 		RouteStreamMaxInFlight: cfg.DataPlane.RouteStreamMaxInFlight,
+		PlacementFeed:          cfg.DataPlane.RouteStreamPlacementFeed,
 	})
 	d.Metrics.Registry.MustRegister(d.Router.Collectors()...)
 	d.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {

@@ -34,12 +34,18 @@ func New(groups, cacheGroups int, seed uint64) *Workload {
 	return w
 }
 
-// Next returns a random group and a request key that starts with its prefix.
+// Next returns a random group and a request key that starts with its
+// prefix. The request's own part is random from its first character, so
+// that two requests share exactly the group's prefix: with a few random
+// characters only at the end of the block that straddles the prefix's
+// end ("|question 123"), requests would share that block by chance, and a
+// router would be credited or blamed for a match the workload did not
+// mean to be there.
 func (w *Workload) Next() (int, string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	g := w.rng.IntN(len(w.groups))
-	return g, fmt.Sprintf("%s|question %08d", w.groups[g], w.rng.Uint32())
+	return g, fmt.Sprintf("%s|%016x question", w.groups[g], w.rng.Uint64())
 }
 
 // Prefix is group g's shared prefix.

@@ -29,4 +29,15 @@ func TestWorkloadLRU(t *testing.T) {
 	if g, key := w.Next(); !strings.HasPrefix(key, w.Prefix(g)) {
 		t.Errorf("key %q does not start with its group", key)
 	}
+	// Requests share the prefix and nothing after it.
+	one := New(1, 1, 2)
+	seen := map[string]bool{}
+	for range 2000 {
+		_, key := one.Next()
+		own := key[len(one.Prefix(0)):][:13] // "|" and the first 12 random characters
+		if seen[own] {
+			t.Fatalf("two requests share %q after the prefix", own)
+		}
+		seen[own] = true
+	}
 }

@@ -37,7 +37,13 @@ type StreamRequest struct {
 	Call isStreamRequest_Call `protobuf_oneof:"call"`
 	// W3C trace context (traceparent, tracestate) of a call made inside a
 	// trace, as a unary call carries it in its headers. Empty otherwise.
-	Trace         map[string]string `protobuf:"bytes,6,rep,name=trace,proto3" json:"trace,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Trace map[string]string `protobuf:"bytes,6,rep,name=trace,proto3" json:"trace,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Set in the hello (id 0) only: the leader then pushes, unsolicited and
+	// with id 0, every placement it makes, for any data plane, in the order
+	// it made them (RecentPlacements), so that this data plane's shadow
+	// index, used when the leader cannot answer, knows where every data
+	// plane's prompts went, not only its own.
+	PlacementFeed *PlacementFeed `protobuf:"bytes,7,opt,name=placement_feed,json=placementFeed,proto3" json:"placement_feed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -127,6 +133,13 @@ func (x *StreamRequest) GetTrace() map[string]string {
 	return nil
 }
 
+func (x *StreamRequest) GetPlacementFeed() *PlacementFeed {
+	if x != nil {
+		return x.PlacementFeed
+	}
+	return nil
+}
+
 type isStreamRequest_Call interface {
 	isStreamRequest_Call()
 }
@@ -149,6 +162,155 @@ func (*StreamRequest_Complete) isStreamRequest_Call() {}
 
 func (*StreamRequest_Sync) isStreamRequest_Call() {}
 
+// PlacementFeed asks for the leader's placements on a stream.
+type PlacementFeed struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementFeed) Reset() {
+	*x = PlacementFeed{}
+	mi := &file_cart_v1_router_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementFeed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementFeed) ProtoMessage() {}
+
+func (x *PlacementFeed) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementFeed.ProtoReflect.Descriptor instead.
+func (*PlacementFeed) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{1}
+}
+
+// RecentPlacements are the placements the leader made since the previous
+// frame, oldest first. A hint, not a log: when this data plane falls
+// behind, the oldest are skipped.
+type RecentPlacements struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Placements []*RecentPlacement     `protobuf:"bytes,1,rep,name=placements,proto3" json:"placements,omitempty"`
+	// Placements skipped since the previous frame.
+	Skipped       uint64 `protobuf:"varint,2,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecentPlacements) Reset() {
+	*x = RecentPlacements{}
+	mi := &file_cart_v1_router_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecentPlacements) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecentPlacements) ProtoMessage() {}
+
+func (x *RecentPlacements) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecentPlacements.ProtoReflect.Descriptor instead.
+func (*RecentPlacements) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RecentPlacements) GetPlacements() []*RecentPlacement {
+	if x != nil {
+		return x.Placements
+	}
+	return nil
+}
+
+func (x *RecentPlacements) GetSkipped() uint64 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+// RecentPlacement says worker was sent a prompt. hashes are its chained
+// block hashes at the checkpoint positions only, shallowest first: every
+// position below 8, then every 8th (15, 23, ...), and the prompt's last
+// block; each identifies the whole prefix up to it.
+type RecentPlacement struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Worker        string                 `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	Hashes        []uint64               `protobuf:"fixed64,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecentPlacement) Reset() {
+	*x = RecentPlacement{}
+	mi := &file_cart_v1_router_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecentPlacement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecentPlacement) ProtoMessage() {}
+
+func (x *RecentPlacement) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecentPlacement.ProtoReflect.Descriptor instead.
+func (*RecentPlacement) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RecentPlacement) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
+}
+
+func (x *RecentPlacement) GetHashes() []uint64 {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
 // StreamResponse answers the StreamRequest with the same id.
 type StreamResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -159,6 +321,7 @@ type StreamResponse struct {
 	//	*StreamResponse_Complete
 	//	*StreamResponse_Sync
 	//	*StreamResponse_Error
+	//	*StreamResponse_Placements
 	Result        isStreamResponse_Result `protobuf_oneof:"result"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -166,7 +329,7 @@ type StreamResponse struct {
 
 func (x *StreamResponse) Reset() {
 	*x = StreamResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[1]
+	mi := &file_cart_v1_router_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -178,7 +341,7 @@ func (x *StreamResponse) String() string {
 func (*StreamResponse) ProtoMessage() {}
 
 func (x *StreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[1]
+	mi := &file_cart_v1_router_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -191,7 +354,7 @@ func (x *StreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamResponse.ProtoReflect.Descriptor instead.
 func (*StreamResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{1}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StreamResponse) GetId() uint64 {
@@ -244,6 +407,15 @@ func (x *StreamResponse) GetError() *StreamError {
 	return nil
 }
 
+func (x *StreamResponse) GetPlacements() *RecentPlacements {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Placements); ok {
+			return x.Placements
+		}
+	}
+	return nil
+}
+
 type isStreamResponse_Result interface {
 	isStreamResponse_Result()
 }
@@ -265,6 +437,12 @@ type StreamResponse_Error struct {
 	Error *StreamError `protobuf:"bytes,5,opt,name=error,proto3,oneof"`
 }
 
+type StreamResponse_Placements struct {
+	// Unsolicited (id 0), on a stream whose hello asked for the
+	// placement feed.
+	Placements *RecentPlacements `protobuf:"bytes,6,opt,name=placements,proto3,oneof"`
+}
+
 func (*StreamResponse_Route) isStreamResponse_Result() {}
 
 func (*StreamResponse_Complete) isStreamResponse_Result() {}
@@ -272,6 +450,8 @@ func (*StreamResponse_Complete) isStreamResponse_Result() {}
 func (*StreamResponse_Sync) isStreamResponse_Result() {}
 
 func (*StreamResponse_Error) isStreamResponse_Result() {}
+
+func (*StreamResponse_Placements) isStreamResponse_Result() {}
 
 // StreamError is a failed call on the stream.
 type StreamError struct {
@@ -285,7 +465,7 @@ type StreamError struct {
 
 func (x *StreamError) Reset() {
 	*x = StreamError{}
-	mi := &file_cart_v1_router_proto_msgTypes[2]
+	mi := &file_cart_v1_router_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +477,7 @@ func (x *StreamError) String() string {
 func (*StreamError) ProtoMessage() {}
 
 func (x *StreamError) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[2]
+	mi := &file_cart_v1_router_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +490,7 @@ func (x *StreamError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamError.ProtoReflect.Descriptor instead.
 func (*StreamError) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{2}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StreamError) GetCode() uint32 {
@@ -373,7 +553,7 @@ type RouteRequest struct {
 
 func (x *RouteRequest) Reset() {
 	*x = RouteRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[3]
+	mi := &file_cart_v1_router_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +565,7 @@ func (x *RouteRequest) String() string {
 func (*RouteRequest) ProtoMessage() {}
 
 func (x *RouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[3]
+	mi := &file_cart_v1_router_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +578,7 @@ func (x *RouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteRequest.ProtoReflect.Descriptor instead.
 func (*RouteRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{3}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RouteRequest) GetEndpoint() string {
@@ -540,7 +720,7 @@ type RouteResponse struct {
 
 func (x *RouteResponse) Reset() {
 	*x = RouteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[4]
+	mi := &file_cart_v1_router_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +732,7 @@ func (x *RouteResponse) String() string {
 func (*RouteResponse) ProtoMessage() {}
 
 func (x *RouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[4]
+	mi := &file_cart_v1_router_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +745,7 @@ func (x *RouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteResponse.ProtoReflect.Descriptor instead.
 func (*RouteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{4}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RouteResponse) GetWorker() string {
@@ -683,7 +863,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_cart_v1_router_proto_msgTypes[5]
+	mi := &file_cart_v1_router_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -695,7 +875,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[5]
+	mi := &file_cart_v1_router_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -708,7 +888,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{5}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Completion) GetTicket() uint64 {
@@ -773,7 +953,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[6]
+	mi := &file_cart_v1_router_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +965,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[6]
+	mi := &file_cart_v1_router_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +978,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{6}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CompleteRequest) GetDataplaneId() string {
@@ -834,7 +1014,7 @@ type ResponseOrigin struct {
 
 func (x *ResponseOrigin) Reset() {
 	*x = ResponseOrigin{}
-	mi := &file_cart_v1_router_proto_msgTypes[7]
+	mi := &file_cart_v1_router_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -846,7 +1026,7 @@ func (x *ResponseOrigin) String() string {
 func (*ResponseOrigin) ProtoMessage() {}
 
 func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[7]
+	mi := &file_cart_v1_router_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -859,7 +1039,7 @@ func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseOrigin.ProtoReflect.Descriptor instead.
 func (*ResponseOrigin) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{7}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResponseOrigin) GetIdHash() uint64 {
@@ -886,7 +1066,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[8]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1078,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[8]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1091,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{8}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CompleteResponse) GetSettled() uint32 {
@@ -932,7 +1112,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_cart_v1_router_proto_msgTypes[9]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -944,7 +1124,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[9]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -957,7 +1137,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WorkerLoad) GetWorker() string {
@@ -997,7 +1177,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1189,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1202,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SyncRequest) GetDataplaneId() string {
@@ -1090,7 +1270,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1282,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1295,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SyncResponse) GetWorkers() []*Worker {
@@ -1173,7 +1353,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_cart_v1_router_proto_msgTypes[12]
+	mi := &file_cart_v1_router_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1365,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[12]
+	mi := &file_cart_v1_router_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1378,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NotLeader) GetLeaderId() string {
@@ -1256,7 +1436,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_cart_v1_router_proto_msgTypes[13]
+	mi := &file_cart_v1_router_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1448,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[13]
+	mi := &file_cart_v1_router_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1461,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Worker) GetUrl() string {
@@ -1394,7 +1574,7 @@ type KVCache struct {
 
 func (x *KVCache) Reset() {
 	*x = KVCache{}
-	mi := &file_cart_v1_router_proto_msgTypes[14]
+	mi := &file_cart_v1_router_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1586,7 @@ func (x *KVCache) String() string {
 func (*KVCache) ProtoMessage() {}
 
 func (x *KVCache) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[14]
+	mi := &file_cart_v1_router_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1599,7 @@ func (x *KVCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCache.ProtoReflect.Descriptor instead.
 func (*KVCache) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *KVCache) GetOccupiedTokens() int64 {
@@ -1440,25 +1620,38 @@ var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x14cart/v1/router.proto\x12\acart.v1\"\xd4\x02\n" +
+	"\x14cart/v1/router.proto\x12\acart.v1\"\x93\x03\n" +
 	"\rStreamRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12%\n" +
 	"\x0etimeout_micros\x18\x02 \x01(\rR\rtimeoutMicros\x12-\n" +
 	"\x05route\x18\x03 \x01(\v2\x15.cart.v1.RouteRequestH\x00R\x05route\x126\n" +
 	"\bcomplete\x18\x04 \x01(\v2\x18.cart.v1.CompleteRequestH\x00R\bcomplete\x12*\n" +
 	"\x04sync\x18\x05 \x01(\v2\x14.cart.v1.SyncRequestH\x00R\x04sync\x127\n" +
-	"\x05trace\x18\x06 \x03(\v2!.cart.v1.StreamRequest.TraceEntryR\x05trace\x1a8\n" +
+	"\x05trace\x18\x06 \x03(\v2!.cart.v1.StreamRequest.TraceEntryR\x05trace\x12=\n" +
+	"\x0eplacement_feed\x18\a \x01(\v2\x16.cart.v1.PlacementFeedR\rplacementFeed\x1a8\n" +
 	"\n" +
 	"TraceEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x06\n" +
-	"\x04call\"\xee\x01\n" +
+	"\x04call\"\x0f\n" +
+	"\rPlacementFeed\"f\n" +
+	"\x10RecentPlacements\x128\n" +
+	"\n" +
+	"placements\x18\x01 \x03(\v2\x18.cart.v1.RecentPlacementR\n" +
+	"placements\x12\x18\n" +
+	"\askipped\x18\x02 \x01(\x04R\askipped\"A\n" +
+	"\x0fRecentPlacement\x12\x16\n" +
+	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\x06R\x06hashes\"\xab\x02\n" +
 	"\x0eStreamResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05route\x18\x02 \x01(\v2\x16.cart.v1.RouteResponseH\x00R\x05route\x127\n" +
 	"\bcomplete\x18\x03 \x01(\v2\x19.cart.v1.CompleteResponseH\x00R\bcomplete\x12+\n" +
 	"\x04sync\x18\x04 \x01(\v2\x15.cart.v1.SyncResponseH\x00R\x04sync\x12,\n" +
-	"\x05error\x18\x05 \x01(\v2\x14.cart.v1.StreamErrorH\x00R\x05errorB\b\n" +
+	"\x05error\x18\x05 \x01(\v2\x14.cart.v1.StreamErrorH\x00R\x05error\x12;\n" +
+	"\n" +
+	"placements\x18\x06 \x01(\v2\x19.cart.v1.RecentPlacementsH\x00R\n" +
+	"placementsB\b\n" +
 	"\x06result\";\n" +
 	"\vStreamError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
@@ -1578,52 +1771,58 @@ func file_cart_v1_router_proto_rawDescGZIP() []byte {
 	return file_cart_v1_router_proto_rawDescData
 }
 
-var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_cart_v1_router_proto_goTypes = []any{
 	(*StreamRequest)(nil),    // 0: cart.v1.StreamRequest
-	(*StreamResponse)(nil),   // 1: cart.v1.StreamResponse
-	(*StreamError)(nil),      // 2: cart.v1.StreamError
-	(*RouteRequest)(nil),     // 3: cart.v1.RouteRequest
-	(*RouteResponse)(nil),    // 4: cart.v1.RouteResponse
-	(*Completion)(nil),       // 5: cart.v1.Completion
-	(*CompleteRequest)(nil),  // 6: cart.v1.CompleteRequest
-	(*ResponseOrigin)(nil),   // 7: cart.v1.ResponseOrigin
-	(*CompleteResponse)(nil), // 8: cart.v1.CompleteResponse
-	(*WorkerLoad)(nil),       // 9: cart.v1.WorkerLoad
-	(*SyncRequest)(nil),      // 10: cart.v1.SyncRequest
-	(*SyncResponse)(nil),     // 11: cart.v1.SyncResponse
-	(*NotLeader)(nil),        // 12: cart.v1.NotLeader
-	(*Worker)(nil),           // 13: cart.v1.Worker
-	(*KVCache)(nil),          // 14: cart.v1.KVCache
-	nil,                      // 15: cart.v1.StreamRequest.TraceEntry
+	(*PlacementFeed)(nil),    // 1: cart.v1.PlacementFeed
+	(*RecentPlacements)(nil), // 2: cart.v1.RecentPlacements
+	(*RecentPlacement)(nil),  // 3: cart.v1.RecentPlacement
+	(*StreamResponse)(nil),   // 4: cart.v1.StreamResponse
+	(*StreamError)(nil),      // 5: cart.v1.StreamError
+	(*RouteRequest)(nil),     // 6: cart.v1.RouteRequest
+	(*RouteResponse)(nil),    // 7: cart.v1.RouteResponse
+	(*Completion)(nil),       // 8: cart.v1.Completion
+	(*CompleteRequest)(nil),  // 9: cart.v1.CompleteRequest
+	(*ResponseOrigin)(nil),   // 10: cart.v1.ResponseOrigin
+	(*CompleteResponse)(nil), // 11: cart.v1.CompleteResponse
+	(*WorkerLoad)(nil),       // 12: cart.v1.WorkerLoad
+	(*SyncRequest)(nil),      // 13: cart.v1.SyncRequest
+	(*SyncResponse)(nil),     // 14: cart.v1.SyncResponse
+	(*NotLeader)(nil),        // 15: cart.v1.NotLeader
+	(*Worker)(nil),           // 16: cart.v1.Worker
+	(*KVCache)(nil),          // 17: cart.v1.KVCache
+	nil,                      // 18: cart.v1.StreamRequest.TraceEntry
 }
 var file_cart_v1_router_proto_depIdxs = []int32{
-	3,  // 0: cart.v1.StreamRequest.route:type_name -> cart.v1.RouteRequest
-	6,  // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
-	10, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
-	15, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
-	4,  // 4: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
-	8,  // 5: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
-	11, // 6: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
-	2,  // 7: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
-	5,  // 8: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
-	7,  // 9: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
-	9,  // 10: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	13, // 11: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	14, // 12: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
-	3,  // 13: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	6,  // 14: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	10, // 15: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
-	0,  // 16: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
-	4,  // 17: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	8,  // 18: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	11, // 19: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
-	1,  // 20: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
-	17, // [17:21] is the sub-list for method output_type
-	13, // [13:17] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	6,  // 0: cart.v1.StreamRequest.route:type_name -> cart.v1.RouteRequest
+	9,  // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
+	13, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
+	18, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
+	1,  // 4: cart.v1.StreamRequest.placement_feed:type_name -> cart.v1.PlacementFeed
+	3,  // 5: cart.v1.RecentPlacements.placements:type_name -> cart.v1.RecentPlacement
+	7,  // 6: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
+	11, // 7: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
+	14, // 8: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
+	5,  // 9: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
+	2,  // 10: cart.v1.StreamResponse.placements:type_name -> cart.v1.RecentPlacements
+	8,  // 11: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
+	10, // 12: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
+	12, // 13: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
+	16, // 14: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	17, // 15: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	6,  // 16: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
+	9,  // 17: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	13, // 18: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	0,  // 19: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
+	7,  // 20: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	11, // 21: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	14, // 22: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	4,  // 23: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
+	20, // [20:24] is the sub-list for method output_type
+	16, // [16:20] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_router_proto_init() }
@@ -1636,11 +1835,12 @@ func file_cart_v1_router_proto_init() {
 		(*StreamRequest_Complete)(nil),
 		(*StreamRequest_Sync)(nil),
 	}
-	file_cart_v1_router_proto_msgTypes[1].OneofWrappers = []any{
+	file_cart_v1_router_proto_msgTypes[4].OneofWrappers = []any{
 		(*StreamResponse_Route)(nil),
 		(*StreamResponse_Complete)(nil),
 		(*StreamResponse_Sync)(nil),
 		(*StreamResponse_Error)(nil),
+		(*StreamResponse_Placements)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1648,7 +1848,7 @@ func file_cart_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_router_proto_rawDesc), len(file_cart_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,135 @@
+package service
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cartrouter/cart/controlplane/index"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+)
+
+// The placement feed tells each data plane that asked for it
+// (StreamRequest.placement_feed in its stream's hello) every placement the
+// leader makes, in order. A data plane's shadow index keeps its fallback
+// cache-aware while the leader cannot answer (an election, a cut link),
+// but one fed only its own answers agrees with the pool's caches on only
+// about half of the prompts when two data planes share the traffic: the
+// last placement of a prefix was as likely made for the other one. Its
+// own answers come through the feed too, so the shadow sees every
+// placement in the leader's order (a data plane's answer and a later feed
+// frame naming an earlier placement for another data plane would
+// otherwise arrive out of order). Placements travel as checkpoint hashes
+// (index.Checkpoints), a fraction of the prompt's.
+
+const (
+	// feedRing bounds the placements the leader keeps for its streams: at
+	// 5k routes/s about 3 s of them; a stream further behind skips.
+	feedRing = 16384
+	// feedFrameMax bounds one frame; feedTickMax what one stream is sent
+	// per tick (older ones are skipped: an old hint is worth little).
+	feedFrameMax = 512
+	feedTickMax  = 4096
+	// feedTick is how often a stream is sent what accumulated: how stale
+	// the feed is, and the frames per second per stream.
+	feedTick = 50 * time.Millisecond
+)
+
+type feedEntry struct {
+	worker string
+	hashes []uint64 // checkpoints; the slot's own backing array
+}
+
+// placementFeed is the ring the leader's Route decisions are written to
+// and the streams read from. Decisions are recorded only while a stream
+// reads.
+type placementFeed struct {
+	readers atomic.Int32
+	mu      sync.Mutex
+	ring    []feedEntry
+	next    uint64 // sequence number of the next placement
+}
+
+func newPlacementFeed(size int) *placementFeed {
+	return &placementFeed{ring: make([]feedEntry, size)}
+}
+
+// add records that a prompt of block hashes went to worker.
+func (f *placementFeed) add(worker string, hashes []uint64) {
+	if f.readers.Load() == 0 || worker == "" || len(hashes) == 0 {
+		return
+	}
+	f.mu.Lock()
+	e := &f.ring[f.next%uint64(len(f.ring))]
+	e.worker = worker
+	e.hashes = index.Checkpoints(e.hashes[:0], hashes)
+	f.next++
+	f.mu.Unlock()
+}
+
+// head is the sequence number of the next placement.
+func (f *placementFeed) head() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.next
+}
+
+// read returns up to n placements from cursor on, the cursor to read from
+// next, and how many were skipped because the ring overwrote them.
+func (f *placementFeed) read(cursor uint64, n int) (out []*cartv1.RecentPlacement, next, skipped uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if oldest := f.next - min(f.next, uint64(len(f.ring))); cursor < oldest {
+		skipped, cursor = oldest-cursor, oldest
+	}
+	for ; cursor < f.next && len(out) < n; cursor++ {
+		e := &f.ring[cursor%uint64(len(f.ring))]
+		out = append(out, &cartv1.RecentPlacement{Worker: e.worker, Hashes: append([]uint64(nil), e.hashes...)})
+	}
+	return out, cursor, skipped
+}
+
+// feed sends a stream the leader's placements until ctx ends: every tick,
+// what accumulated, at most feedTickMax (older ones skipped).
+func (c *Core) feed(ctx context.Context, send func(*cartv1.StreamResponse)) {
+	f := c.placements
+	f.readers.Add(1)
+	defer f.readers.Add(-1)
+	cursor := f.head()
+	t := time.NewTicker(feedTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cursor = c.feedTick(cursor, send)
+	}
+}
+
+// feedTick sends what accumulated since cursor and returns the new cursor.
+func (c *Core) feedTick(cursor uint64, send func(*cartv1.StreamResponse)) uint64 {
+	f := c.placements
+	var skipped uint64
+	if behind := f.head() - cursor; behind > feedTickMax {
+		skipped, cursor = behind-feedTickMax, cursor+behind-feedTickMax
+	}
+	for sent := 0; sent < feedTickMax; {
+		batch, next, lost := f.read(cursor, min(feedFrameMax, feedTickMax-sent))
+		cursor, skipped = next, skipped+lost
+		if len(batch) == 0 && skipped == 0 {
+			break
+		}
+		send(&cartv1.StreamResponse{Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{Placements: batch, Skipped: skipped}}})
+		c.metrics.feedSent.Add(float64(len(batch)))
+		c.metrics.feedSkipped.Add(float64(skipped))
+		sent += len(batch)
+		skipped = 0
+		if len(batch) == 0 {
+			break
+		}
+	}
+	return cursor
+}
