@@ -141,8 +141,11 @@ type fileRef struct {
 
 func (b *builder) chat(body []byte) (*Request, error) {
 	var req chatRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, decodeError(err, body, nil)
+	if b.ref || !fastChat(body, &req) {
+		req = chatRequest{}
+		if err := json.Unmarshal(body, &req); err != nil {
+			return nil, decodeError(err, body, nil)
+		}
 	}
 	root := path{name: "messages"}
 	if err := checkMessages(len(req.Messages), req.Messages == nil, &root); err != nil {
