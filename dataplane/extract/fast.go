@@ -351,6 +351,14 @@ func (d *fastDecoder) literal() (lit []byte, plain, ok bool) {
 	plain = true
 	i := d.pos + 1
 	for i < len(d.data) {
+		// Prompt text is long runs of ordinary bytes: skip them with one
+		// table lookup each.
+		for i < len(d.data) && !litSpecial[d.data[i]] {
+			i++
+		}
+		if i >= len(d.data) {
+			break
+		}
 		c := d.data[i]
 		switch {
 		case c == '"':
@@ -383,6 +391,15 @@ func (d *fastDecoder) literal() (lit []byte, plain, ok bool) {
 	}
 	return nil, false, false
 }
+
+// litSpecial marks the bytes literal must look at: the closing quote,
+// escapes, control bytes (invalid in JSON strings) and non-ASCII.
+var litSpecial = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = c == '"' || c == '\\' || c < 0x20 || c >= 0x80
+	}
+	return t
+}()
 
 // skip consumes any JSON value, checking its syntax.
 func (d *fastDecoder) skip(depth int) bool {
