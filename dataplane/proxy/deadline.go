@@ -9,16 +9,18 @@ import (
 
 // A read deadline only matters to a read: one blocked when it is set, or
 // one that starts later. But net/http's server changes the read deadline
-// of a client connection seven times per keep-alive request (idle wait,
-// header wait, cleared; the proxy's body wait, cleared; the background
-// read's abort and clear), and the worker side twice more, while most of
-// them are replaced before any read reaches the socket: the request,
-// body included, usually arrives in one segment that the first read of the
-// idle wait takes whole. Each change costs a lock and a timer update in
-// the runtime's poller. lazyConn records a read deadline and hands it to
-// the socket only when a read needs it (at once when a read is blocked),
-// which leaves three changes on the client side and one on the worker
-// side. Write deadlines are passed on at once.
+// of a client connection about eight times per keep-alive request (idle
+// wait, header wait, cleared; the proxy's body wait, cleared; the
+// background read's start, abort and clear), and the worker side twice
+// more, while most of them are replaced before any read reaches the
+// socket: the request, body included, usually arrives in one segment that
+// the first read of the idle wait takes whole. Each change costs a lock
+// and a timer update in the runtime's poller. lazyConn records a read
+// deadline and hands it to the socket only when a read needs it (at once
+// when a read is blocked): TestLazyReadDeadlinesPerRequest counts 2
+// changes per request left on the client side, and the worker side keeps
+// one (the header timeout; its clear waits for the next request's).
+// Write deadlines are passed on at once.
 
 // LazyReadDeadlines wraps ln so that its connections apply read deadlines
 // only when a read needs them; see lazyConn.
