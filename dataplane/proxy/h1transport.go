@@ -320,10 +320,6 @@ func (t *h1Transport) dial(ctx context.Context, addr string) (*h1Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Worker connections apply read deadlines lazily too: the header
-	// timeout's clear usually has no read after it before the next
-	// request sets a new one (deadline.go).
-	c = newLazyConn(c)
 	lim := &limitReader{r: c, n: math.MaxInt64}
 	return &h1Conn{Conn: c, lim: lim, br: bufio.NewReaderSize(lim, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}, nil
 }
@@ -359,11 +355,7 @@ func (pc *h1Conn) open() bool {
 	if pc.br.Buffered() > 0 {
 		return false
 	}
-	c := pc.Conn
-	if lc, ok := c.(*lazyConn); ok {
-		c = lc.raw()
-	}
-	return connOpen(c)
+	return connOpen(pc.Conn)
 }
 
 // put returns a connection to the pool, closing the ones idle too long.

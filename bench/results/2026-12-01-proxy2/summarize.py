@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Prints the per-run and median figures of the before/after overhead runs."""
-import glob, json, re, statistics
+import glob, json, os, re, statistics
+os.chdir(os.path.dirname(os.path.abspath(__file__)))
 
 rows = {}
 for f in sorted(glob.glob('before-*.json') + glob.glob('after-*.json')):
