@@ -141,8 +141,11 @@ type fileRef struct {
 
 func (b *builder) chat(body []byte) (*Request, error) {
 	var req chatRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, decodeError(err, body, nil)
+	if b.ref || !fastChat(body, &req) {
+		req = chatRequest{}
+		if err := json.Unmarshal(body, &req); err != nil {
+			return nil, decodeError(err, body, nil)
+		}
 	}
 	root := path{name: "messages"}
 	if err := checkMessages(len(req.Messages), req.Messages == nil, &root); err != nil {
@@ -183,7 +186,6 @@ func (b *builder) chatMessage(m *chatMessage, p *path) error {
 		b.marker("call_id")
 		b.key = appendEscaped(b.key, m.ToolCallID)
 	}
-	cp := p.field("content")
 	contentStart := len(b.key)
 	switch firstByte(m.Content) {
 	case '"':
@@ -193,6 +195,11 @@ func (b *builder) chatMessage(m *chatMessage, p *path) error {
 			b.text(m.Content)
 		}
 	case '[':
+		// chatParts keeps the path it is given (its callbacks make it
+		// escape): it gets one built on a copy of p, so that p, and with it
+		// the path of every message, is not moved to the heap for it.
+		mp := *p
+		cp := mp.field("content")
 		if err := b.chatParts(m.Content, &cp); err != nil {
 			return err
 		}
@@ -200,9 +207,11 @@ func (b *builder) chatMessage(m *chatMessage, p *path) error {
 		// Assistant turns carry tool calls instead of content, and the
 		// legacy function role may have none either.
 		if r := string(b.decode(m.Role)); r != "assistant" && r != "function" {
+			cp := p.field("content")
 			return errMissing(&cp)
 		}
 	default:
+		cp := p.field("content")
 		return errType(&cp, "a string or an array of content parts", m.Content)
 	}
 	calls := p.field("tool_calls")

@@ -18,8 +18,11 @@ const promptTypes = "a string, an array of strings, an array of token ids or an 
 
 func (b *builder) completions(body []byte) (*Request, error) {
 	var req completionRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, decodeError(err, body, nil)
+	if b.ref || !fastCompletions(body, &req) {
+		req = completionRequest{}
+		if err := json.Unmarshal(body, &req); err != nil {
+			return nil, decodeError(err, body, nil)
+		}
 	}
 	p := path{name: "prompt"}
 	switch firstByte(req.Prompt) {

@@ -208,6 +208,12 @@ func AppendKey(dst []byte, e Endpoint, body []byte) (*Request, error) {
 
 // AppendKeyOptions is AppendKey with explicit options.
 func AppendKeyOptions(dst []byte, e Endpoint, body []byte, o Options) (*Request, error) {
+	return appendKey(dst, e, body, o, false)
+}
+
+// appendKey is AppendKeyOptions; ref decodes with encoding/json alone, as
+// the reference for the fast decoder's tests.
+func appendKey(dst []byte, e Endpoint, body []byte, o Options, ref bool) (*Request, error) {
 	if cap(dst) == 0 {
 		dst = make([]byte, 0, min(len(body), maxPrealloc))
 	}
@@ -223,7 +229,7 @@ func AppendKeyOptions(dst []byte, e Endpoint, body []byte, o Options) (*Request,
 	if err != nil {
 		return nil, err
 	}
-	b := builder{key: dst, start: len(dst), ignore: o.IgnoreSystemPrefixes}
+	b := builder{key: dst, start: len(dst), ignore: o.IgnoreSystemPrefixes, ref: ref}
 	var req *Request
 	switch e {
 	case ChatCompletions:

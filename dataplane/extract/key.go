@@ -42,6 +42,7 @@ type builder struct {
 	ignore  []string  // Options.IgnoreSystemPrefixes
 	sysMsg  bool      // in the content of a chat message IgnoreSystemPrefixes apply to
 	dropped int       // blocks of the current message left out
+	ref     bool      // decode with encoding/json only: the reference the fast decoder is tested against
 }
 
 // appendEscaped appends content (bytes, or a Go string that a typed field
