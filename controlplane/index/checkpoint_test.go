@@ -79,4 +79,3 @@ func TestLookupCheckpoints(t *testing.T) {
 		})
 	}
 }
-

@@ -313,4 +313,3 @@ func TestFallbackLearnsFromItsOwnDecisions(t *testing.T) {
 		}
 	}
 }
-
