@@ -8,6 +8,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // The placement feed tells each data plane that asked for it
@@ -97,16 +98,7 @@ func (c *Core) feed(ctx context.Context, send func(*cartv1.StreamResponse)) {
 	f.readers.Add(1)
 	defer f.readers.Add(-1)
 	cursor := f.head()
-	t := time.NewTicker(feedTick)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		cursor = c.feedTick(cursor, send)
-	}
+	every.Tick(ctx, feedTick, nil, func() { cursor = c.feedTick(cursor, send) })
 }
 
 // feedTick sends what accumulated since cursor and returns the new cursor.

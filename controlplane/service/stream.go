@@ -102,6 +102,17 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 			}
 		}
 	}
+	// begin counts a call (or the hello, or the feed) the handler must
+	// wait for before it returns; false once it is returning.
+	begin := func() bool {
+		callsMu.Lock()
+		defer callsMu.Unlock()
+		if closed {
+			return false
+		}
+		calls.Add(1)
+		return true
+	}
 	slots := make(chan struct{}, maxStreamInFlight)
 	recvDone := make(chan error, 1)
 	go func() {
@@ -116,14 +127,10 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 				// The hello, answered here so that nothing the feed sends
 				// can come before its answer. It counts as a call, so the
 				// handler does not return while it sends.
-				callsMu.Lock()
-				if closed {
-					callsMu.Unlock()
+				if !begin() {
 					recvDone <- context.Canceled
 					return
 				}
-				calls.Add(1)
-				callsMu.Unlock()
 				send(&cartv1.StreamResponse{})
 				if m.GetPlacementFeed() != nil && !feeding {
 					feeding = true
@@ -142,14 +149,10 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 				recvDone <- ctx.Err()
 				return
 			}
-			callsMu.Lock()
-			if closed {
-				callsMu.Unlock()
+			if !begin() {
 				recvDone <- context.Canceled
 				return
 			}
-			calls.Add(1)
-			callsMu.Unlock()
 			go func() {
 				defer calls.Done()
 				defer func() { <-slots }()

@@ -43,6 +43,10 @@ const (
 	streamStable = time.Second
 )
 
+// feedQueue bounds the placement-feed frames waiting for the shadow (the
+// leader sends at most 512 placements a frame, 20 frames a second).
+const feedQueue = 16
+
 // errStreamBroken is what calls in flight on a stream that broke get: the
 // Unavailable of a unary call whose node went away.
 var errStreamBroken = errors.New("route stream to the control plane broke")
@@ -57,8 +61,12 @@ type routeStream struct {
 
 	sendMu sync.Mutex // Send is not safe for concurrent use
 
-	// fed takes the leader's placement feed; nil: not asked for.
-	fed func([]*cartv1.RecentPlacement)
+	// feed queues the leader's placement feed for the shadow; nil: not
+	// asked for. Frames are applied off the receiving goroutine, so that
+	// answers behind a large frame are not held up by the shadow's
+	// inserts (~2 µs a placement), and dropped when the queue is full:
+	// the shadow is a hint, a Route answer is not.
+	feed chan []*cartv1.RecentPlacement
 
 	mu      sync.Mutex
 	nextID  uint64
@@ -113,8 +121,11 @@ func (s *routeStream) receive() {
 			return
 		}
 		if p := m.GetPlacements(); p != nil && m.GetId() == 0 {
-			if s.fed != nil {
-				s.fed(p.GetPlacements())
+			if s.feed != nil {
+				select {
+				case s.feed <- p.GetPlacements():
+				default:
+				}
 			}
 			continue
 		}
@@ -250,7 +261,7 @@ func (s *streamer) live(target string) *routeStream {
 // fed reports whether a live stream carries the leader's placement feed.
 func (s *streamer) fed() bool {
 	st := s.live("")
-	return st != nil && st.fed != nil
+	return st != nil && st.feed != nil
 }
 
 // unary counts a call that could not use a stream.
@@ -407,13 +418,27 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 		_ = conn.CloseResponse()
 		return nil, nil, err
 	}
-	st := &routeStream{target: target, conn: conn, cancel: cancel, fed: fed, slots: make(chan struct{}, s.maxInFlight),
+	st := &routeStream{target: target, conn: conn, cancel: cancel, slots: make(chan struct{}, s.maxInFlight),
 		opened: time.Now(), pending: map[uint64]chan *cartv1.StreamResponse{}, done: make(chan struct{})}
+	var applied chan struct{}
+	if fed != nil {
+		st.feed, applied = make(chan []*cartv1.RecentPlacement, feedQueue), make(chan struct{})
+		go func() {
+			defer close(applied)
+			for p := range st.feed {
+				fed(p)
+			}
+		}()
+	}
 	recvDone := make(chan struct{})
 	go func() {
 		defer close(recvDone)
 		st.receive()
 		_ = conn.CloseResponse()
+		if st.feed != nil {
+			close(st.feed)
+			<-applied
+		}
 	}()
 	return st, recvDone, nil
 }
