@@ -13,7 +13,10 @@ const CauseCPBreaker = "cp_breaker"
 // being unreachable. Without it every decision first waits out the whole
 // route timeout before falling back, which adds that timeout to every
 // request for as long as the leader stays slow. While open, one probe call
-// per cool-off goes through, so recovery is seen within about a cool-off.
+// per cool-off goes through, so recovery is seen within about a cool-off;
+// after a call that failed at once (refused, no leader: nothing was waited
+// for), the next probe goes after fastProbe instead, so that a new leader
+// is found within about that much of its election.
 type cpBreaker struct {
 	failures int // consecutive failures that open it
 	cooloff  time.Duration
@@ -25,6 +28,9 @@ type cpBreaker struct {
 	nextProbe   time.Time // while open: when the next probe may go
 	probing     bool      // a probe is in flight
 }
+
+// fastProbe is the probe interval after a call that failed at once.
+const fastProbe = 100 * time.Millisecond
 
 // newCPBreaker returns nil (never open) when failures is not positive.
 func newCPBreaker(failures int, cooloff time.Duration, now func() time.Time) *cpBreaker {
@@ -64,7 +70,8 @@ func (b *cpBreaker) allow() (ok, probe bool) {
 // Outcomes of a Route call, as the breaker sees them.
 const (
 	cpAnswered = iota // any answer, errors such as ResourceExhausted included
-	cpFailed          // timeout or unavailable: the control plane did not answer
+	cpFailed          // timeout: the control plane did not answer in time
+	cpRefused         // unavailable: refused before the deadline (no leader, node down)
 	cpUnknown         // neither (the client left, another error): no verdict
 )
 
@@ -83,14 +90,18 @@ func (b *cpBreaker) done(probe bool, outcome int) {
 		// Any answer, even from a call started before the breaker opened,
 		// shows the control plane is answering in time again.
 		b.consecutive, b.open = 0, false
-	case cpFailed:
+	case cpFailed, cpRefused:
 		b.consecutive++
+		wait := b.cooloff
+		if outcome == cpRefused {
+			wait = min(wait, fastProbe)
+		}
 		if probe {
-			b.nextProbe = b.now().Add(b.cooloff)
+			b.nextProbe = b.now().Add(wait)
 		}
 		if !b.open && b.consecutive >= b.failures {
 			b.open = true
-			b.nextProbe = b.now().Add(b.cooloff)
+			b.nextProbe = b.now().Add(wait)
 		}
 	}
 }

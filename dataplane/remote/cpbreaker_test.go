@@ -224,3 +224,50 @@ func TestCPBreakerCutsSlowLeaderLatency(t *testing.T) {
 		t.Fatalf("breaker lost cache awareness: %v", after)
 	}
 }
+
+// A breaker opened by calls that were refused at once (a dead node, a
+// follower with no leader during an election) probes again after
+// fastProbe, not after the whole cool-off: a refusal cost nothing to wait
+// for, and the next probe may find the new leader. Timeouts keep the
+// cool-off.
+func TestCPBreakerProbesSoonAfterRefusals(t *testing.T) {
+	clock := newFakeClock()
+	b := newCPBreaker(2, time.Second, clock.now)
+	for range 2 {
+		if ok, probe := b.allow(); !ok || probe {
+			t.Fatal("closed breaker refused a call")
+		}
+		b.done(false, cpRefused)
+	}
+	if ok, _ := b.allow(); ok {
+		t.Fatal("breaker not open after two refusals")
+	}
+	clock.advance(fastProbe)
+	ok, probe := b.allow()
+	if !ok || !probe {
+		t.Fatalf("no probe %v after refusals (allow %v, probe %v)", fastProbe, ok, probe)
+	}
+	b.done(true, cpRefused)
+	clock.advance(fastProbe - time.Millisecond)
+	if ok, _ := b.allow(); ok {
+		t.Fatal("probed again before fastProbe")
+	}
+	clock.advance(time.Millisecond)
+	if ok, probe := b.allow(); !ok || !probe {
+		t.Fatal("no second probe after a refused one")
+	}
+	// A probe that times out waits the whole cool-off again.
+	b.done(true, cpFailed)
+	clock.advance(time.Second - time.Millisecond)
+	if ok, _ := b.allow(); ok {
+		t.Fatal("probed before the cool-off after a timeout")
+	}
+	clock.advance(time.Millisecond)
+	if ok, probe := b.allow(); !ok || !probe {
+		t.Fatal("no probe after the cool-off")
+	}
+	b.done(true, cpAnswered)
+	if ok, probe := b.allow(); !ok || probe {
+		t.Fatal("an answer did not close the breaker")
+	}
+}

@@ -260,7 +260,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		cancel()
 		outcome := cpOutcome(ctx, err)
 		r.cpb.done(probe, outcome)
-		if outcome == cpAnswered || outcome == cpFailed && causeOf(err) == "timeout" {
+		if outcome == cpAnswered || outcome == cpFailed {
 			r.lat.add(target, time.Since(start))
 		}
 		if err != nil && routeID != 0 && connect.CodeOf(err) != connect.CodeResourceExhausted && connect.CodeOf(err) != connect.CodeNotFound && connect.CodeOf(err) != connect.CodeFailedPrecondition {
@@ -350,8 +350,10 @@ func cpOutcome(ctx context.Context, err error) int {
 		return cpAnswered
 	}
 	switch causeOf(err) {
-	case "timeout", "unavailable":
+	case "timeout":
 		return cpFailed
+	case "unavailable":
+		return cpRefused
 	}
 	return cpUnknown
 }
