@@ -38,8 +38,9 @@ const (
 )
 
 type feedEntry struct {
-	worker string
-	hashes []uint64 // checkpoints; the slot's own backing array
+	worker, dataplane string
+	routeID           uint64
+	hashes            []uint64 // checkpoints; the slot's own backing array
 }
 
 // placementFeed is the ring the leader's Route decisions are written to
@@ -56,14 +57,15 @@ func newPlacementFeed(size int) *placementFeed {
 	return &placementFeed{ring: make([]feedEntry, size)}
 }
 
-// add records that a prompt of block hashes went to worker.
-func (f *placementFeed) add(worker string, hashes []uint64) {
+// add records that a prompt of block hashes went to worker, decided for
+// the data plane's Route call routeID.
+func (f *placementFeed) add(worker, dataplane string, routeID uint64, hashes []uint64) {
 	if f.readers.Load() == 0 || worker == "" || len(hashes) == 0 {
 		return
 	}
 	f.mu.Lock()
 	e := &f.ring[f.next%uint64(len(f.ring))]
-	e.worker = worker
+	e.worker, e.dataplane, e.routeID = worker, dataplane, routeID
 	e.hashes = index.Checkpoints(e.hashes[:0], hashes)
 	f.next++
 	f.mu.Unlock()
@@ -86,7 +88,7 @@ func (f *placementFeed) read(cursor uint64, n int) (out []*cartv1.RecentPlacemen
 	}
 	for ; cursor < f.next && len(out) < n; cursor++ {
 		e := &f.ring[cursor%uint64(len(f.ring))]
-		out = append(out, &cartv1.RecentPlacement{Worker: e.worker, Hashes: append([]uint64(nil), e.hashes...)})
+		out = append(out, &cartv1.RecentPlacement{Worker: e.worker, Hashes: append([]uint64(nil), e.hashes...), DataplaneId: e.dataplane, RouteId: e.routeID})
 	}
 	return out, cursor, skipped
 }

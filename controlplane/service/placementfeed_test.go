@@ -18,16 +18,16 @@ import (
 // many it missed, and nothing is recorded while nobody reads.
 func TestPlacementFeedRing(t *testing.T) {
 	f := newPlacementFeed(4)
-	f.add("w0", []uint64{1})
+	f.add("w0", "dp1", 7, []uint64{1})
 	if f.head() != 0 {
 		t.Fatal("recorded a placement with no reader")
 	}
 	f.readers.Add(1)
 	for i := range 6 {
-		f.add("w"+string(rune('a'+i)), []uint64{uint64(i), uint64(i + 100)})
+		f.add("w"+string(rune('a'+i)), "dp1", 7, []uint64{uint64(i), uint64(i + 100)})
 	}
-	f.add("", []uint64{1})
-	f.add("wz", nil)
+	f.add("", "dp1", 7, []uint64{1})
+	f.add("wz", "dp1", 7, nil)
 	got, next, skipped := f.read(0, 3)
 	if skipped != 2 || next != 5 || len(got) != 3 || got[0].GetWorker() != "wc" || !slices.Equal(got[2].GetHashes(), []uint64{4, 104}) {
 		t.Fatalf("read(0, 3) = %v, next %d, skipped %d", got, next, skipped)
@@ -37,10 +37,10 @@ func TestPlacementFeedRing(t *testing.T) {
 		t.Fatalf("read(5, 10) = %v, next %d, skipped %d", got, next, skipped)
 	}
 	// The copy handed out does not change when the slot is reused.
-	f.add("wg", []uint64{9, 9})
-	f.add("wh", []uint64{9, 9})
-	f.add("wi", []uint64{9, 9})
-	f.add("wj", []uint64{9, 9})
+	f.add("wg", "dp1", 7, []uint64{9, 9})
+	f.add("wh", "dp1", 7, []uint64{9, 9})
+	f.add("wi", "dp1", 7, []uint64{9, 9})
+	f.add("wj", "dp1", 7, []uint64{9, 9})
 	if got[0].GetWorker() != "wf" || !slices.Equal(got[0].GetHashes(), []uint64{5, 105}) {
 		t.Fatalf("handed-out placement changed: %v", got[0])
 	}
@@ -59,8 +59,8 @@ func TestStreamPlacementFeed(t *testing.T) {
 	if err := fed.Send(&cartv1.StreamRequest{PlacementFeed: &cartv1.PlacementFeed{}}); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := fed.Receive(); err != nil || m.GetId() != 0 || m.GetResult() != nil {
-		t.Fatalf("hello answered %v, %v", m, err)
+	if m, err := fed.Receive(); err != nil || m.GetId() != 0 || m.GetPlacements() == nil || len(m.GetPlacements().GetPlacements()) != 0 {
+		t.Fatalf("hello asking for the feed answered %v, %v; want an empty placements frame", m, err)
 	}
 	plain := openStream(t, cp)
 	var hashes []uint64
@@ -75,7 +75,7 @@ func TestStreamPlacementFeed(t *testing.T) {
 	if _, err := cp.router().Route(ctx, connect.NewRequest(&cartv1.RouteRequest{Model: "m", BlockHashes: hashes[:5], KeyLength: 320, DataplaneId: "dp2", DryRun: true})); err != nil {
 		t.Fatal(err)
 	}
-	r, err := cp.router().Route(ctx, connect.NewRequest(&cartv1.RouteRequest{Model: "m", BlockHashes: hashes, KeyLength: 1280, DataplaneId: "dp2"}))
+	r, err := cp.router().Route(ctx, connect.NewRequest(&cartv1.RouteRequest{Model: "m", BlockHashes: hashes, KeyLength: 1280, DataplaneId: "dp2", RouteId: 42}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,8 @@ func TestStreamPlacementFeed(t *testing.T) {
 		t.Fatalf("feed frame %v, %v", m, err)
 	}
 	p := m.GetPlacements().GetPlacements()
-	if len(p) != 1 || p[0].GetWorker() != r.Msg.GetWorker() || !slices.Equal(p[0].GetHashes(), index.Checkpoints(nil, hashes)) || m.GetPlacements().GetSkipped() != 0 {
+	if len(p) != 1 || p[0].GetWorker() != r.Msg.GetWorker() || !slices.Equal(p[0].GetHashes(), index.Checkpoints(nil, hashes)) || m.GetPlacements().GetSkipped() != 0 ||
+		p[0].GetDataplaneId() != "dp2" || p[0].GetRouteId() != 42 {
 		t.Fatalf("feed frame %v; want the one placement on %s", m, r.Msg.GetWorker())
 	}
 	var sent dto.Metric
@@ -114,7 +115,7 @@ func BenchmarkPlacementFeed(b *testing.B) {
 	cursors := make([]uint64, 4)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		f.add("http://worker-1:8000", hashes)
+		f.add("http://worker-1:8000", "dp1", 7, hashes)
 		if i%64 == 63 {
 			for r := range cursors {
 				batch, next, _ := f.read(cursors[r], feedFrameMax)

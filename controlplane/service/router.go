@@ -93,7 +93,7 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest) (*cartv1.Route
 	}
 	elapsed := time.Since(start)
 	if !m.GetDryRun() {
-		c.placements.add(d.Worker, hashes)
+		c.placements.add(d.Worker, m.GetDataplaneId(), m.GetRouteId(), hashes)
 	}
 	c.metrics.routes.WithLabelValues(string(d.Reason)).Inc()
 	c.metrics.routeTime.Observe(elapsed.Seconds())

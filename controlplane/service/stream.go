@@ -131,7 +131,14 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 					recvDone <- context.Canceled
 					return
 				}
-				send(&cartv1.StreamResponse{})
+				if m.GetPlacementFeed() != nil {
+					// An empty frame acknowledges the feed: a data plane
+					// whose leader predates it keeps recording its own
+					// answers.
+					send(&cartv1.StreamResponse{Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{}}})
+				} else {
+					send(&cartv1.StreamResponse{})
+				}
 				if m.GetPlacementFeed() != nil && !feeding {
 					feeding = true
 					calls.Add(1) // while the hello's count is held: Wait has not returned
@@ -220,10 +227,8 @@ func (c *Core) streamCall(ctx context.Context, protocol string, m *cartv1.Stream
 			resp.Result = &cartv1.StreamResponse_Sync{Sync: r}
 		}
 	case nil:
-		if m.GetId() != 0 {
-			err = connect.NewError(connect.CodeInvalidArgument, errors.New("stream call with no route, complete or sync"))
-		}
-		// id 0 with no call is the hello: answered with id 0 and no result.
+		// (The hello, id 0 with no call, is answered by Stream itself.)
+		err = connect.NewError(connect.CodeInvalidArgument, errors.New("stream call with no route, complete or sync"))
 	}
 	if err != nil {
 		resp.Result = &cartv1.StreamResponse_Error{Error: &cartv1.StreamError{Code: uint32(connect.CodeOf(err)), Message: errMessage(err)}}

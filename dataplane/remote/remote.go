@@ -115,13 +115,17 @@ type Router struct {
 	// cpBlockChars is the control plane's cache.block_chars when its last
 	// Sync named one different from ours (0: they agree, or it did not
 	// say): our hashes would never match its index and would fill it with
-	// entries no other data plane can match, so Route stays local.
+	// entries no other data plane can match, so Route calls carry none
+	// (the leader routes by load, sessions and stored responses), and the
+	// placement feed, hashed at its size, is not recorded.
 	cpBlockChars atomic.Int64
+	// abandonedIDs are this data plane's Route calls it gave up on (most
+	// recent maxAbandoned): the leader withdraws those placements, so the
+	// placement feed's copies of them are not recorded.
+	abandonedMu  sync.Mutex
+	abandonedIDs map[uint64]struct{}
+	abandonedLog []uint64
 }
-
-// CauseBlockChars is the fallback cause of decisions made locally because
-// the control plane hashes prompts in blocks of another size.
-const CauseBlockChars = "block_chars_mismatch"
 
 // New builds the router. Call Run to start syncing.
 func New(o Options) *Router {
@@ -234,14 +238,17 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	target := r.current()
 	var cause string
 	allowed, probe := true, false
-	mismatch := r.cpBlockChars.Load() != 0
-	if target != "" && !mismatch { // a probe the breaker allows must be made
+	hashes := req.Hashes
+	if r.cpBlockChars.Load() != 0 {
+		// The leader still balances and pins (sessions, stored
+		// responses); our hashes would never match its index.
+		hashes = nil
+	}
+	if target != "" {
 		allowed, probe = r.cpb.allow()
 	}
 	if target == "" {
 		cause = "no_control_plane"
-	} else if mismatch {
-		cause = CauseBlockChars
 	} else if !allowed {
 		// The control plane keeps failing to answer in time: waiting out
 		// the route timeout again would only add it to this request.
@@ -253,7 +260,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		}
 		rctx, cancel := context.WithTimeout(ctx, r.o.RouteTimeout)
 		m, err := r.routeCall(rctx, target, &cartv1.RouteRequest{
-			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: req.Hashes, KeyLength: uint32(req.KeyLen),
+			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: hashes, KeyLength: uint32(req.KeyLen),
 			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, AvoidWorkers: req.Avoid, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID),
 		})
@@ -495,6 +502,43 @@ func (r *Router) abandon(routeID uint64) {
 	r.mu.Lock()
 	r.pending = append(r.pending, &cartv1.Completion{Abandoned: true, RouteId: routeID, PromptTokens: -1, CachedTokens: -1})
 	r.mu.Unlock()
+	r.abandonedMu.Lock()
+	defer r.abandonedMu.Unlock()
+	if r.abandonedIDs == nil {
+		r.abandonedIDs = make(map[uint64]struct{}, maxAbandoned)
+	}
+	if len(r.abandonedLog) >= maxAbandoned {
+		delete(r.abandonedIDs, r.abandonedLog[0])
+		r.abandonedLog = r.abandonedLog[1:]
+	}
+	r.abandonedIDs[routeID] = struct{}{}
+	r.abandonedLog = append(r.abandonedLog, routeID)
+}
+
+// maxAbandoned bounds the abandoned Route calls remembered for the
+// placement feed: more than a feed's few seconds of them.
+const maxAbandoned = 4096
+
+// applyFeed records the leader's placements in the shadow, except this
+// data plane's abandoned calls (the leader withdraws them, and the local
+// fallback's own choice for that request must stand) and everything while
+// the block sizes differ (the leader's hashes would never match ours).
+func (r *Router) applyFeed(p []*cartv1.RecentPlacement) {
+	if r.cpBlockChars.Load() != 0 {
+		return
+	}
+	kept := p[:0]
+	r.abandonedMu.Lock()
+	for _, pl := range p {
+		if pl.GetRouteId() != 0 && pl.GetDataplaneId() == r.o.ID {
+			if _, gone := r.abandonedIDs[pl.GetRouteId()]; gone {
+				continue
+			}
+		}
+		kept = append(kept, pl)
+	}
+	r.abandonedMu.Unlock()
+	r.shadow.recordFed(kept)
 }
 
 // Done implements router.Router.
@@ -599,7 +643,7 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	}
 	if bc := int(m.GetBlockChars()); bc != 0 && r.o.BlockChars != 0 && bc != r.o.BlockChars {
 		r.cpBlockChars.Store(int64(bc))
-		r.log.Error("block size differs from the control plane's: routing locally until cache.block_chars matches", "local", r.o.BlockChars, "control_plane", bc)
+		r.log.Error("block size differs from the control plane's: routing without prefix matching until cache.block_chars matches", "local", r.o.BlockChars, "control_plane", bc)
 	} else {
 		r.cpBlockChars.Store(0)
 	}

@@ -811,44 +811,39 @@ func TestSyncCarriesTheEngineCache(t *testing.T) {
 	}
 }
 
-// A control plane that hashes in blocks of another size would never match
-// this data plane's prompts, and its index would fill with entries no other
-// data plane can match: Route stays local until the sizes agree again.
-func TestBlockCharsMismatchRoutesLocally(t *testing.T) {
+// A control plane with another cache.block_chars gets Route calls without
+// block hashes (ours would never match its index and would fill it): it
+// still balances and pins. Agreement, or a control plane that does not
+// say, brings the hashes back.
+func TestBlockCharsMismatchRoutesWithoutHashes(t *testing.T) {
 	cp := newFakeCP(t)
 	var fb fallbacks
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BlockChars: 64, OnFallback: fb.on})
 	workers := []*cartv1.Worker{{Url: wA, Healthy: true}}
-	cp.set(func(f *fakeCP) {
-		f.syncResp = &cartv1.SyncResponse{Workers: workers, WorkersVersion: 1, BlockChars: 128}
-	})
-	if err := r.SyncOnce(context.Background()); err != nil {
-		t.Fatal(err)
+	lastRoute := func() *cartv1.RouteRequest {
+		cp.mu.Lock()
+		defer cp.mu.Unlock()
+		return cp.routes[len(cp.routes)-1]
 	}
-	d, err := r.Route(context.Background(), &router.Request{Hashes: []uint64{1, 2}, KeyLen: 100})
-	if err != nil || d.Reason != ReasonFallbackLocal || d.Worker != wA {
-		t.Fatalf("Route with a 128-character control plane = %+v, %v; want a local fallback", d, err)
-	}
-	if n := cp.routeCount(); n != 0 {
-		t.Errorf("%d Route calls reached the mismatched control plane", n)
-	}
-	if got := fb.list(); !slices.Equal(got, []string{CauseBlockChars}) {
-		t.Errorf("fallback causes %v, want [%s]", got, CauseBlockChars)
-	}
-	// Agreement (or a control plane that does not say) lifts it.
-	for _, bc := range []uint32{64, 0} {
+	for _, c := range []struct {
+		bc     uint32
+		hashes int
+	}{{128, 0}, {64, 2}, {128, 0}, {0, 2}} {
 		cp.set(func(f *fakeCP) {
-			f.syncResp = &cartv1.SyncResponse{Workers: workers, WorkersVersion: 2, BlockChars: bc}
+			f.syncResp = &cartv1.SyncResponse{Workers: workers, WorkersVersion: 1, BlockChars: c.bc}
 		})
 		if err := r.SyncOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		before := cp.routeCount()
-		if d, err := r.Route(context.Background(), &router.Request{Hashes: []uint64{1, 2}, KeyLen: 100}); err != nil || d.Reason == ReasonFallbackLocal {
-			t.Fatalf("block_chars %d: Route = %+v, %v; want the control plane's decision", bc, d, err)
+		d, err := r.Route(context.Background(), &router.Request{Hashes: []uint64{1, 2}, KeyLen: 100, Session: "s1"})
+		if err != nil || d.Reason == ReasonFallbackLocal {
+			t.Fatalf("block_chars %d: Route = %+v, %v; want the control plane's decision", c.bc, d, err)
 		}
-		if cp.routeCount() != before+1 {
-			t.Errorf("block_chars %d: the call did not reach the control plane", bc)
+		if m := lastRoute(); len(m.GetBlockHashes()) != c.hashes || m.GetKeyLength() != 100 || m.GetSessionKey() != "s1" {
+			t.Fatalf("block_chars %d: Route call %v; want %d hashes, key length and session kept", c.bc, m, c.hashes)
 		}
+	}
+	if got := fb.list(); len(got) != 0 {
+		t.Errorf("fallbacks %v, want none", got)
 	}
 }

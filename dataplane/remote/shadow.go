@@ -9,8 +9,10 @@ import (
 )
 
 // DefaultShadowEntries bounds the shadow index when the caller does not:
-// about 7.5 MB at the index's ~116 bytes per entry, which at 64-character
-// blocks remembers roughly 4 M characters of recent prompts.
+// about 7.5 MB at the index's ~116 bytes per entry. Prompts are stored by
+// their checkpoint hashes (8 for the first 8 blocks, then one per 8
+// blocks), so at 128-character blocks it remembers roughly 8-60 M
+// characters of recent prompts, short prompts at the low end.
 const DefaultShadowEntries = 1 << 16
 
 // ShadowOptions configure the fallback's shadow index. The thresholds are
@@ -41,6 +43,7 @@ type shadow struct {
 	ids   map[string]index.WorkerID
 	urls  []string // by WorkerID
 	match index.Match
+	cp    []uint64 // scratch: checkpoints of a recorded prompt
 }
 
 // maxShadowWorkers bounds the worker-id registry: a data plane that has
@@ -69,14 +72,19 @@ func (s *shadow) reset() {
 // instead lets a hot prefix, spread over the pool by the balance rule and
 // the control plane's capacity model, end up held by every worker, and
 // pick then breaks the tie by load: cache-blind routing (measured in
-// bench/results/2026-12-01-failover).
+// bench/results/2026-12-01-failover). Like the placement feed's, a prompt
+// is stored by its checkpoint hashes only: were this data plane's records
+// whole paths, a later fed placement of the same prompt would take the
+// checkpoints from the earlier holder and leave it the blocks between
+// them, enough to win a match that ends there.
 func (s *shadow) record(hashes []uint64, worker string) {
 	if s == nil || len(hashes) == 0 || worker == "" {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.replace(hashes, worker, time.Now().UnixNano())
+	s.cp = index.Checkpoints(s.cp[:0], hashes)
+	s.replace(s.cp, worker, time.Now().UnixNano())
 }
 
 // recordFed remembers the leader's placements for every data plane (the

@@ -44,7 +44,7 @@ const (
 )
 
 // feedQueue bounds the placement-feed frames waiting for the shadow (the
-// leader sends at most 512 placements a frame, 20 frames a second).
+// leader sends at most 512 placements a frame, up to 8 frames every 50 ms).
 const feedQueue = 16
 
 // errStreamBroken is what calls in flight on a stream that broke get: the
@@ -385,9 +385,14 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	var feed *cartv1.PlacementFeed
 	var fed func([]*cartv1.RecentPlacement)
 	if s.r.o.PlacementFeed && s.r.shadow != nil {
-		feed, fed = &cartv1.PlacementFeed{}, s.r.shadow.recordFed
+		feed, fed = &cartv1.PlacementFeed{}, s.r.applyFeed
 	}
 	hello := make(chan error, 1)
+	// acked: the leader answered the hello with an (empty) placements
+	// frame, which says it will feed; a leader that predates the feed
+	// ignores the request, and this data plane then records its own
+	// answers as before. Read after hello delivers.
+	acked := false
 	go func() {
 		if err := conn.Send(&cartv1.StreamRequest{PlacementFeed: feed}); err != nil && !errors.Is(err, io.EOF) {
 			hello <- err
@@ -397,9 +402,10 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 		switch {
 		case err != nil:
 			hello <- err
-		case m.GetId() != 0 || m.GetResult() != nil:
+		case m.GetId() != 0 || m.GetResult() != nil && (feed == nil || m.GetPlacements() == nil):
 			hello <- fmt.Errorf("unexpected answer to the stream hello: id %d", m.GetId())
 		default:
+			acked = m.GetPlacements() != nil
 			hello <- nil
 		}
 	}()
@@ -421,7 +427,7 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	st := &routeStream{target: target, conn: conn, cancel: cancel, slots: make(chan struct{}, s.maxInFlight),
 		opened: time.Now(), pending: map[uint64]chan *cartv1.StreamResponse{}, done: make(chan struct{})}
 	var applied chan struct{}
-	if fed != nil {
+	if fed != nil && acked {
 		st.feed, applied = make(chan []*cartv1.RecentPlacement, feedQueue), make(chan struct{})
 		go func() {
 			defer close(applied)

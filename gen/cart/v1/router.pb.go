@@ -162,7 +162,9 @@ func (*StreamRequest_Complete) isStreamRequest_Call() {}
 
 func (*StreamRequest_Sync) isStreamRequest_Call() {}
 
-// PlacementFeed asks for the leader's placements on a stream.
+// PlacementFeed asks for the leader's placements on a stream. A leader
+// that feeds answers the hello with an empty RecentPlacements (a leader
+// without the feed answers it with no result).
 type PlacementFeed struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -260,9 +262,14 @@ func (x *RecentPlacements) GetSkipped() uint64 {
 // position below 8, then every 8th (15, 23, ...), and the prompt's last
 // block; each identifies the whole prefix up to it.
 type RecentPlacement struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Worker        string                 `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
-	Hashes        []uint64               `protobuf:"fixed64,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Worker string                 `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	Hashes []uint64               `protobuf:"fixed64,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	// The data plane and its Route call (RouteRequest.route_id) the
+	// placement was made for: a data plane that abandoned that call (the
+	// leader withdraws the placement) does not record it.
+	DataplaneId   string `protobuf:"bytes,3,opt,name=dataplane_id,json=dataplaneId,proto3" json:"dataplane_id,omitempty"`
+	RouteId       uint64 `protobuf:"varint,4,opt,name=route_id,json=routeId,proto3" json:"route_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -309,6 +316,20 @@ func (x *RecentPlacement) GetHashes() []uint64 {
 		return x.Hashes
 	}
 	return nil
+}
+
+func (x *RecentPlacement) GetDataplaneId() string {
+	if x != nil {
+		return x.DataplaneId
+	}
+	return ""
+}
+
+func (x *RecentPlacement) GetRouteId() uint64 {
+	if x != nil {
+		return x.RouteId
+	}
+	return 0
 }
 
 // StreamResponse answers the StreamRequest with the same id.
@@ -1639,10 +1660,12 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
 	"placements\x18\x01 \x03(\v2\x18.cart.v1.RecentPlacementR\n" +
 	"placements\x12\x18\n" +
-	"\askipped\x18\x02 \x01(\x04R\askipped\"A\n" +
+	"\askipped\x18\x02 \x01(\x04R\askipped\"\x7f\n" +
 	"\x0fRecentPlacement\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
-	"\x06hashes\x18\x02 \x03(\x06R\x06hashes\"\xab\x02\n" +
+	"\x06hashes\x18\x02 \x03(\x06R\x06hashes\x12!\n" +
+	"\fdataplane_id\x18\x03 \x01(\tR\vdataplaneId\x12\x19\n" +
+	"\broute_id\x18\x04 \x01(\x04R\arouteId\"\xab\x02\n" +
 	"\x0eStreamResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05route\x18\x02 \x01(\v2\x16.cart.v1.RouteResponseH\x00R\x05route\x127\n" +
