@@ -144,41 +144,19 @@ func (d *fastDecoder) messages(dst *[]chatMessage) bool {
 		*dst = nil
 		return true
 	}
-	if d.peek() != '[' {
-		return false
-	}
-	d.pos++
 	// encoding/json gives an empty array a non-nil, empty slice.
 	msgs := make([]chatMessage, 0, 4)
-	d.space()
-	if d.peek() == ']' {
-		d.pos++
-		*dst = msgs
-		return true
-	}
-	for {
-		d.space()
+	ok := d.elements(func() bool {
 		if d.peek() != '{' {
 			// A null element would decode to an empty message, and
 			// anything else is a type error: neither is worth a fast path.
 			return false
 		}
 		msgs = append(msgs, chatMessage{})
-		if !d.message(&msgs[len(msgs)-1]) {
-			return false
-		}
-		d.space()
-		switch d.peek() {
-		case ',':
-			d.pos++
-		case ']':
-			d.pos++
-			*dst = msgs
-			return true
-		default:
-			return false
-		}
-	}
+		return d.message(&msgs[len(msgs)-1])
+	})
+	*dst = msgs
+	return ok
 }
 
 func (d *fastDecoder) message(m *chatMessage) bool {
@@ -243,6 +221,37 @@ func (d *fastDecoder) members(member func(key []byte) bool, anyKey bool) bool {
 		case ',':
 			d.pos++
 		case '}':
+			d.pos++
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// elements walks the array at d.pos, calling elem with d.pos at each
+// element; elem must consume it.
+func (d *fastDecoder) elements(elem func() bool) bool {
+	d.space()
+	if d.peek() != '[' {
+		return false
+	}
+	d.pos++
+	d.space()
+	if d.peek() == ']' {
+		d.pos++
+		return true
+	}
+	for {
+		d.space()
+		if !elem() {
+			return false
+		}
+		d.space()
+		switch d.peek() {
+		case ',':
+			d.pos++
+		case ']':
 			d.pos++
 			return true
 		default:
@@ -417,27 +426,7 @@ func (d *fastDecoder) skip(depth int) bool {
 		if depth >= fastMaxDepth {
 			return false
 		}
-		d.pos++
-		d.space()
-		if d.peek() == ']' {
-			d.pos++
-			return true
-		}
-		for {
-			if !d.skip(depth + 1) {
-				return false
-			}
-			d.space()
-			switch d.peek() {
-			case ',':
-				d.pos++
-			case ']':
-				d.pos++
-				return true
-			default:
-				return false
-			}
-		}
+		return d.elements(func() bool { return d.skip(depth + 1) })
 	case c == 't':
 		return d.word("true")
 	case c == 'f':
