@@ -55,7 +55,8 @@ func (x *Index) LookupCheckpoints(hashes []uint64, m *Match) {
 }
 
 // creditAt credits every holder of block q with q+1 blocks; false when the
-// block is not stored.
+// block is not stored. LookupSince does the same inline: made a shared
+// call, it slowed BenchmarkLookup by 10-20% on the routing lock's path.
 func (x *Index) creditAt(hashes []uint64, q int, m *Match) bool {
 	s, ok := x.byHash[hashes[q]]
 	if !ok {
