@@ -37,24 +37,19 @@ const (
 	feedTick = 50 * time.Millisecond
 )
 
-type feedEntry struct {
-	worker, dataplane string
-	routeID           uint64
-	hashes            []uint64 // checkpoints; the slot's own backing array
-}
-
 // placementFeed is the ring the leader's Route decisions are written to
 // and the streams read from. Decisions are recorded only while a stream
-// reads.
+// reads. Each placement's message is built once and never changed, so
+// every stream sends the same one.
 type placementFeed struct {
 	readers atomic.Int32
 	mu      sync.Mutex
-	ring    []feedEntry
+	ring    []*cartv1.RecentPlacement
 	next    uint64 // sequence number of the next placement
 }
 
 func newPlacementFeed(size int) *placementFeed {
-	return &placementFeed{ring: make([]feedEntry, size)}
+	return &placementFeed{ring: make([]*cartv1.RecentPlacement, size)}
 }
 
 // add records that a prompt of block hashes went to worker, decided for
@@ -63,10 +58,9 @@ func (f *placementFeed) add(worker, dataplane string, routeID uint64, hashes []u
 	if f.readers.Load() == 0 || worker == "" || len(hashes) == 0 {
 		return
 	}
+	p := &cartv1.RecentPlacement{Worker: worker, Hashes: index.Checkpoints(nil, hashes), DataplaneId: dataplane, RouteId: routeID}
 	f.mu.Lock()
-	e := &f.ring[f.next%uint64(len(f.ring))]
-	e.worker, e.dataplane, e.routeID = worker, dataplane, routeID
-	e.hashes = index.Checkpoints(e.hashes[:0], hashes)
+	f.ring[f.next%uint64(len(f.ring))] = p
 	f.next++
 	f.mu.Unlock()
 }
@@ -87,8 +81,7 @@ func (f *placementFeed) read(cursor uint64, n int) (out []*cartv1.RecentPlacemen
 		skipped, cursor = oldest-cursor, oldest
 	}
 	for ; cursor < f.next && len(out) < n; cursor++ {
-		e := &f.ring[cursor%uint64(len(f.ring))]
-		out = append(out, &cartv1.RecentPlacement{Worker: e.worker, Hashes: append([]uint64(nil), e.hashes...), DataplaneId: e.dataplane, RouteId: e.routeID})
+		out = append(out, f.ring[cursor%uint64(len(f.ring))])
 	}
 	return out, cursor, skipped
 }
