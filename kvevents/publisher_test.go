@@ -110,7 +110,10 @@ func replayFrom(t *testing.T, endpoint string, start int64, withDelimiter bool) 
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	d := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity("replayer")))
+	// No fixed identity: zmq4's ROUTER answers the first connection whose
+	// identity matches, and a previous call's closing connection with the
+	// same identity would take part of this answer.
+	d := zmq4.NewDealer(ctx)
 	defer d.Close()
 	if err := d.Dial(endpoint); err != nil {
 		t.Fatal(err)
