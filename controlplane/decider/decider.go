@@ -3,6 +3,7 @@ package decider
 import (
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -249,6 +250,24 @@ func (d *Decider) Do(op Op, fn func(e *engine.Engine)) {
 	fn(d.eng)
 }
 
+// Steps runs step inside the critical section, one lock hold per call,
+// until it reports done: for work over the whole index that must not stall
+// routing (eviction, purges, a snapshot's install). Between two holds it
+// yields, so that a decision waiting for the lock takes it then: Go's mutex
+// hands over to a waiter only once it has waited 1 ms, and the next step
+// would otherwise take the lock straight back.
+func (d *Decider) Steps(op Op, step func(e *engine.Engine) (done bool)) {
+	for {
+		t := d.lock()
+		done := step(d.eng)
+		d.unlock(op, t)
+		if done {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
 // Workers lists the workers with their live load and health.
 func (d *Decider) Workers() []engine.WorkerState {
 	t := d.lock()
@@ -286,11 +305,7 @@ func (d *Decider) SetWorkers(specs []engine.WorkerSpec) (removed []string) {
 // holds (the engine retires a removed worker in O(1); the maintenance pass
 // would purge it later otherwise).
 func (d *Decider) Purge() {
-	for done := false; !done; {
-		t := d.lock()
-		done = d.eng.PurgeStep(maintainChunk)
-		d.unlock(OpMaintain, t)
-	}
+	d.Steps(OpMaintain, func(e *engine.Engine) bool { return e.PurgeStep(maintainChunk) })
 }
 
 // SetHealthy records a health-check verdict.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/internal/every"
 )
 
@@ -36,11 +37,9 @@ func (d *Decider) Maintain() (evicted int) {
 	before := d.eng.Index().Stats().Evicted
 	now := d.o.Now()
 	d.unlock(OpRead, t)
-	for done := false; !done; {
-		t := d.lock()
-		done = d.eng.MaintainStep(now.UnixNano(), d.o.MaxEntries, maintainChunk)
-		d.unlock(OpMaintain, t)
-	}
+	d.Steps(OpMaintain, func(e *engine.Engine) bool {
+		return e.MaintainStep(now.UnixNano(), d.o.MaxEntries, maintainChunk)
+	})
 	d.maybeDailyReset()
 	t = d.lock()
 	defer d.unlock(OpRead, t)

@@ -1,9 +1,11 @@
 package state
 
 import (
+	"bytes"
 	"io"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -71,4 +73,60 @@ func BenchmarkCaptureLockHold(b *testing.B) {
 	b.ReportMetric(float64(worstCPU.Microseconds()), "lock-hold-cpu-max-µs")
 	b.ReportMetric(float64(cpuTotal.Microseconds())/float64(n), "lock-hold-cpu-µs")
 	b.ReportMetric(float64(write.Milliseconds())/float64(n), "write-ms")
+}
+
+// BenchmarkRestoreStall measures what installing a 1M-entry snapshot costs
+// routing on the node: a probe goroutine keeps taking the decider's lock
+// (as a decision would) while Restore runs, and probe-wait-* is how long it
+// waited (wall time: on a 2-core box the garbage collector's mark phases,
+// which decoding a snapshot sets off, show in it too). Restore decodes off
+// the lock and puts the entries back restoreChunk at a time; restore-ms is
+// the whole call.
+func BenchmarkRestoreStall(b *testing.B) {
+	src, _ := benchFullState(b, 1_000_000)
+	var buf bytes.Buffer
+	if err := src.Capture().Write(&buf); err != nil {
+		b.Fatal(err)
+	}
+	snapshot := buf.Bytes()
+	var waits []time.Duration
+	var total time.Duration
+	n := 0
+	for b.Loop() {
+		b.StopTimer()
+		dst, _ := newTestState()
+		runtime.GC()
+		stop := make(chan struct{})
+		probed := make(chan []time.Duration)
+		go func() {
+			var ws []time.Duration
+			for {
+				select {
+				case <-stop:
+					probed <- ws
+					return
+				default:
+				}
+				start := time.Now()
+				dst.dec.Do(decider.OpRead, func(*engine.Engine) {})
+				ws = append(ws, time.Since(start))
+				time.Sleep(50 * time.Microsecond)
+			}
+		}()
+		b.StartTimer()
+		start := time.Now()
+		if err := dst.Restore(bytes.NewReader(snapshot)); err != nil {
+			b.Fatal(err)
+		}
+		total += time.Since(start)
+		b.StopTimer()
+		close(stop)
+		waits = append(waits, <-probed...)
+		n++
+		b.StartTimer()
+	}
+	slices.Sort(waits)
+	b.ReportMetric(float64(waits[len(waits)*99/100].Microseconds()), "probe-wait-p99-µs")
+	b.ReportMetric(float64(waits[len(waits)-1].Microseconds()), "probe-wait-max-µs")
+	b.ReportMetric(float64(total.Milliseconds())/float64(n), "restore-ms")
 }

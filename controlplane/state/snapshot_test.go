@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/controlplane/decider"
@@ -18,6 +19,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine/enginetest"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // newTestState returns the state and its decider's engine, which tests
@@ -161,6 +163,11 @@ func TestLargeSnapshotRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("restore: %v", time.Since(start))
+	// One hold for the worker set, then one per restoreChunk entries: a
+	// single hold for all of them stalled routing for up to a second.
+	if got, wantHolds := restoreHolds(t, dst), 1+(want+restoreChunk-1)/restoreChunk; got != wantHolds {
+		t.Fatalf("restore took %d lock holds, want %d", got, wantHolds)
+	}
 
 	if n := dstEng.Index().Len(); n != want {
 		t.Fatalf("restored index holds %d entries, want %d", n, want)
@@ -288,4 +295,25 @@ func TestRestoreReplacesPreviousState(t *testing.T) {
 	if got, want := fingerprint(dst, dstEng), fingerprint(src, srcEng); got != want {
 		t.Fatalf("restored state:\n%s\nwant\n%s", got, want)
 	}
+}
+
+// restoreHolds counts the decider's snapshot_restore lock holds.
+func restoreHolds(t *testing.T, st *State) int {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(st.dec.Collectors()...)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if mf.GetName() == "cart_decider_lock_hold_seconds" && l.GetName() == "op" && l.GetValue() == "snapshot_restore" {
+					return int(testkit.SampleValue(m))
+				}
+			}
+		}
+	}
+	return 0
 }
