@@ -542,8 +542,9 @@ type DataPlane struct {
 	WorkerSyncIntervalMs int       `yaml:"worker_sync_interval_ms"`
 	ClientTLS            ClientTLS `yaml:"tls"`
 	// RouteBreakerFailures consecutive Route timeouts/unavailable answers
-	// stop Route calls for RouteBreakerCooloffMs (0 disables the breaker), 100 ms
-	// after a call that was refused at once.
+	// (calls that were in flight together count once) stop Route calls for
+	// RouteBreakerCooloffMs (0 disables the breaker), 100 ms after a call that
+	// was refused at once.
 	RouteBreakerFailures  int `yaml:"route_breaker_failures"`
 	RouteBreakerCooloffMs int `yaml:"route_breaker_cooloff_ms"`
 	// RouteStream carries Route, Complete and Sync on one long-lived

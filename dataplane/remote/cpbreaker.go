@@ -17,6 +17,16 @@ const CauseCPBreaker = "cp_breaker"
 // after a call that failed at once (refused, no leader: nothing was waited
 // for), the next probe goes after fastProbe instead, so that a new leader
 // is found within about that much of its election.
+//
+// Failures count once per stall: a call that was already in flight when a
+// failure was counted does not count again. A stall of the control plane
+// (or of this host) longer than the route timeout makes every call in
+// flight time out together; counted one by one, a single 20 ms hiccup at
+// a few thousand routes/s opened the breaker and sent a whole cool-off of
+// requests (1,250 per data plane at 5,000/s over four) to the fallback.
+// Now the breaker opens only after failures rounds of calls, each started
+// after the previous round failed: about failures × the route timeout of
+// trouble.
 type cpBreaker struct {
 	failures int // consecutive failures that open it
 	cooloff  time.Duration
@@ -24,6 +34,7 @@ type cpBreaker struct {
 
 	mu          sync.Mutex
 	consecutive int
+	round       uint64 // counted failures so far; a call fails in the round it started in
 	open        bool
 	nextProbe   time.Time // while open: when the next probe may go
 	probing     bool      // a probe is in flight
@@ -46,25 +57,32 @@ func newCPBreaker(failures int, cooloff time.Duration, now func() time.Time) *cp
 	return &cpBreaker{failures: failures, cooloff: cooloff, now: now}
 }
 
-// allow reports whether a Route call may go to the control plane, and
-// whether it is the probe of an open breaker (whose outcome must be given
-// to done).
-func (b *cpBreaker) allow() (ok, probe bool) {
+// cpCall is a call allow let through, as done needs to judge it.
+type cpCall struct {
+	probe bool   // the probe of an open breaker
+	round uint64 // the breaker's round when the call started
+}
+
+// allow reports whether a Route call may go to the control plane; the
+// call's outcome must be given to done with the cpCall.
+func (b *cpBreaker) allow() (ok bool, c cpCall) {
 	if b == nil {
-		return true, false
+		return true, c
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	c.round = b.round
 	if !b.open {
-		return true, false
+		return true, c
 	}
 	now := b.now()
 	if b.probing || now.Before(b.nextProbe) {
-		return false, false
+		return false, c
 	}
 	b.probing = true
 	b.nextProbe = now.Add(b.cooloff)
-	return true, true
+	c.probe = true
+	return true, c
 }
 
 // Outcomes of a Route call, as the breaker sees them.
@@ -76,12 +94,13 @@ const (
 )
 
 // done records the outcome of a call that allow let through.
-func (b *cpBreaker) done(probe bool, outcome int) {
+func (b *cpBreaker) done(c cpCall, outcome int) {
 	if b == nil {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	probe := c.probe
 	if probe {
 		b.probing = false
 	}
@@ -91,7 +110,10 @@ func (b *cpBreaker) done(probe bool, outcome int) {
 		// shows the control plane is answering in time again.
 		b.consecutive, b.open = 0, false
 	case cpFailed, cpRefused:
-		b.consecutive++
+		if c.round == b.round || probe {
+			b.consecutive++
+			b.round++
+		}
 		wait := b.cooloff
 		if outcome == cpRefused {
 			wait = min(wait, fastProbe)

@@ -234,40 +234,83 @@ func TestCPBreakerProbesSoonAfterRefusals(t *testing.T) {
 	clock := newFakeClock()
 	b := newCPBreaker(2, time.Second, clock.now)
 	for range 2 {
-		if ok, probe := b.allow(); !ok || probe {
+		ok, c := b.allow()
+		if !ok || c.probe {
 			t.Fatal("closed breaker refused a call")
 		}
-		b.done(false, cpRefused)
+		b.done(c, cpRefused)
 	}
 	if ok, _ := b.allow(); ok {
 		t.Fatal("breaker not open after two refusals")
 	}
 	clock.advance(fastProbe)
-	ok, probe := b.allow()
-	if !ok || !probe {
-		t.Fatalf("no probe %v after refusals (allow %v, probe %v)", fastProbe, ok, probe)
+	ok, c := b.allow()
+	if !ok || !c.probe {
+		t.Fatalf("no probe %v after refusals (allow %v, probe %v)", fastProbe, ok, c.probe)
 	}
-	b.done(true, cpRefused)
+	b.done(c, cpRefused)
 	clock.advance(fastProbe - time.Millisecond)
 	if ok, _ := b.allow(); ok {
 		t.Fatal("probed again before fastProbe")
 	}
 	clock.advance(time.Millisecond)
-	if ok, probe := b.allow(); !ok || !probe {
+	if ok, c = b.allow(); !ok || !c.probe {
 		t.Fatal("no second probe after a refused one")
 	}
 	// A probe that times out waits the whole cool-off again.
-	b.done(true, cpFailed)
+	b.done(c, cpFailed)
 	clock.advance(time.Second - time.Millisecond)
 	if ok, _ := b.allow(); ok {
 		t.Fatal("probed before the cool-off after a timeout")
 	}
 	clock.advance(time.Millisecond)
-	if ok, probe := b.allow(); !ok || !probe {
+	if ok, c = b.allow(); !ok || !c.probe {
 		t.Fatal("no probe after the cool-off")
 	}
-	b.done(true, cpAnswered)
-	if ok, probe := b.allow(); !ok || probe {
+	b.done(c, cpAnswered)
+	if ok, c := b.allow(); !ok || c.probe {
 		t.Fatal("an answer did not close the breaker")
+	}
+}
+
+// Calls in flight together that time out together are one failure: a
+// single stall longer than the route timeout must not open the breaker,
+// however many calls it catches. Rounds of calls, each started after the
+// previous round failed, still open it.
+func TestCPBreakerCountsAStallOnce(t *testing.T) {
+	b := newCPBreaker(3, time.Second, newFakeClock().now)
+	round := func(n int, outcome int) {
+		calls := make([]cpCall, n)
+		for i := range calls {
+			ok, c := b.allow()
+			if !ok {
+				t.Fatal("breaker refused a call before opening")
+			}
+			calls[i] = c
+		}
+		for _, c := range calls {
+			b.done(c, outcome)
+		}
+	}
+	round(50, cpFailed)
+	round(50, cpRefused)
+	if b.isOpen() {
+		t.Fatal("two stalls of 50 calls each opened a breaker that needs 3 failures")
+	}
+	round(50, cpFailed)
+	if !b.isOpen() {
+		t.Fatal("a third round of failures did not open it")
+	}
+
+	// An answer starts the count again, whatever round it began in.
+	b = newCPBreaker(3, time.Second, newFakeClock().now)
+	_, early := b.allow()
+	round(1, cpFailed)
+	round(1, cpFailed)
+	b.done(early, cpAnswered)
+	round(1, cpFailed)
+	round(1, cpFailed)
+	if b.isOpen() {
+		t.Fatal("failures before an answer still counted")
 	}
 }

@@ -237,7 +237,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	start := time.Now()
 	target := r.current()
 	var cause string
-	allowed, probe := true, false
+	allowed, call := true, cpCall{}
 	hashes := req.Hashes
 	if r.cpBlockChars.Load() != 0 {
 		// The leader still balances and pins (sessions, stored
@@ -245,7 +245,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		hashes = nil
 	}
 	if target != "" {
-		allowed, probe = r.cpb.allow()
+		allowed, call = r.cpb.allow()
 	}
 	if target == "" {
 		cause = "no_control_plane"
@@ -266,7 +266,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		})
 		cancel()
 		outcome := cpOutcome(ctx, err)
-		r.cpb.done(probe, outcome)
+		r.cpb.done(call, outcome)
 		if outcome == cpAnswered || outcome == cpFailed {
 			r.lat.add(target, time.Since(start))
 		}
