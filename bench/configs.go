@@ -104,6 +104,8 @@ type CartRouterConfig struct {
 	// short keys and small pool need both smaller).
 	BlockChars int
 	BalanceAbs int
+	// PlacementBatchMs overrides controlplane.placement_batch_ms when > 0.
+	PlacementBatchMs int
 }
 
 // CartVariant is a set of routing-quality mechanisms to switch on.
@@ -183,6 +185,9 @@ log:
 		}
 		if len(c.Join) > 0 {
 			fmt.Fprintf(&b, "  join: [%s]\n", strings.Join(c.Join, ", "))
+		}
+		if c.PlacementBatchMs > 0 {
+			fmt.Fprintf(&b, "  placement_batch_ms: %d\n", c.PlacementBatchMs)
 		}
 	}
 	if len(c.ControlPlanes) > 0 {

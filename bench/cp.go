@@ -40,8 +40,11 @@ type CPConfig struct {
 	NoPlacementFeed bool `json:"no_placement_feed,omitempty"`
 	// BlockChars sets cache.block_chars on every control-plane node and
 	// data plane (0: the config default), for the block-size study.
-	BlockChars   int           `json:"block_chars,omitempty"`
-	StartTimeout time.Duration `json:"start_timeout_ns"`
+	BlockChars int `json:"block_chars,omitempty"`
+	// PlacementBatchMs sets controlplane.placement_batch_ms on every node
+	// (0: the config default).
+	PlacementBatchMs int           `json:"placement_batch_ms,omitempty"`
+	StartTimeout     time.Duration `json:"start_timeout_ns"`
 }
 
 // DefaultCPConfig is sized so the section takes about a minute and a half:
@@ -505,7 +508,7 @@ func (c CPConfig) blockChars() int {
 
 func (c CPConfig) clusterSpec() cpClusterSpec {
 	return cpClusterSpec{Nodes: max(c.Nodes, 1), Workers: max(c.Workers, 1), Model: cpModel,
-		Base: CartRouterConfig{BlockChars: c.BlockChars}, StartTimeout: c.StartTimeout}
+		Base: CartRouterConfig{BlockChars: c.BlockChars, PlacementBatchMs: c.PlacementBatchMs}, StartTimeout: c.StartTimeout}
 }
 
 // Validate refuses settings that would measure nothing or never end.
@@ -533,6 +536,8 @@ func (c CPConfig) Validate() error {
 	case c.BlockChars < 0 || c.BlockChars > 65536:
 		// cache.block_chars' own range: a node would refuse to start.
 		return fmt.Errorf("control-plane benchmark: block chars %d out of range 0..65536 (0 = the config default)", c.BlockChars)
+	case c.PlacementBatchMs < 0 || c.PlacementBatchMs > 60_000:
+		return fmt.Errorf("control-plane benchmark: placement batch %d ms out of range 0..60000 (0 = the config default)", c.PlacementBatchMs)
 	}
 	return nil
 }

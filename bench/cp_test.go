@@ -178,6 +178,23 @@ func TestCPBlockChars(t *testing.T) {
 	}
 }
 
+// --placement-batch-ms reaches every node's config and the section's intro.
+func TestCPPlacementBatch(t *testing.T) {
+	c := DefaultCPConfig()
+	if conf := CartConfig(c.clusterSpec().Base); strings.Contains(conf, "placement_batch_ms") {
+		t.Errorf("default: the nodes' config sets placement_batch_ms:\n%s", conf)
+	}
+	c.PlacementBatchMs = 25
+	spec := c.clusterSpec()
+	spec.Base.NodeID, spec.Base.DataDir = "cp1", "/tmp/cp1"
+	if conf := CartConfig(spec.Base); !strings.Contains(conf, "\n  placement_batch_ms: 25\n") {
+		t.Errorf("set: the nodes' config lacks placement_batch_ms 25:\n%s", conf)
+	}
+	if !strings.Contains(cpIntro(CPResult{Config: c}), "controlplane.placement_batch_ms 25") {
+		t.Error("the section's intro does not say the batch interval")
+	}
+}
+
 func TestCPLevelsAndValidate(t *testing.T) {
 	var names []string
 	for _, l := range cpLevels(CPConfig{Rates: []int{5000, 1000, 0, 2000}, Concurrency: []int{32}}) {
@@ -197,6 +214,7 @@ func TestCPLevelsAndValidate(t *testing.T) {
 		"timeout":       {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, RouteTimeout: -1},
 		"block chars":   {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, BlockChars: -1},
 		"block chars+":  {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, BlockChars: 65537},
+		"batch":         {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, PlacementBatchMs: -1},
 	} {
 		if c.Validate() == nil {
 			t.Errorf("%s: accepted", name)

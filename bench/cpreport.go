@@ -137,9 +137,16 @@ func cpIntro(res CPResult) string {
 	case c.NoPlacementFeed:
 		path = "Route, Complete and Sync on one stream per data plane, no placement feed"
 	}
-	conf := "default config"
+	var but []string
 	if c.BlockChars > 0 {
-		conf = fmt.Sprintf("default config but cache.block_chars %d, the data planes too", c.BlockChars)
+		but = append(but, fmt.Sprintf("cache.block_chars %d, the data planes too", c.BlockChars))
+	}
+	if c.PlacementBatchMs > 0 {
+		but = append(but, fmt.Sprintf("controlplane.placement_batch_ms %d", c.PlacementBatchMs))
+	}
+	conf := "default config"
+	if len(but) > 0 {
+		conf += " but " + strings.Join(but, " and ")
 	}
 	return fmt.Sprintf("%d `cart controlplane` processes (Raft, %s), %d data planes in the bench process (the data plane's own control-plane client, %s, route timeout %s), %d workers; every call a new 2.5k-10k-character prompt sharing one of %d 2k-character prefixes, settled at once (1 in %d undelivered); %s per run. "+
 		"Routes/s, latency and CPU: the calls the control plane answered, as the data plane saw them (fallbacks counted apart, all-call p99 in results.json). Decide and lock hold: the leader's cart_cp_route_seconds and cart_decider_lock_hold_seconds (every op) over the run. CPU: per answered call; followers summed. Step-downs: Raft terms that passed during the run.",

@@ -334,6 +334,7 @@ func addCPFlags(f *pflag.FlagSet, c *bench.CPConfig, prefix string) {
 	f.DurationVar(&c.Duration, prefix+"duration", c.Duration, "duration of each run")
 	addDataPlaneFlags(f, prefix, &c.DataPlanes, "data planes (each its own connection to the leader)", &c.RouteTimeout, &c.Unary, &c.NoPlacementFeed)
 	f.IntVar(&c.BlockChars, prefix+"block-chars", c.BlockChars, "cache.block_chars of the control-plane nodes and the data planes (0 = the config default)")
+	f.IntVar(&c.PlacementBatchMs, prefix+"placement-batch-ms", c.PlacementBatchMs, "controlplane.placement_batch_ms of the control-plane nodes (0 = the config default)")
 }
 
 // addDataPlaneFlags registers the data-plane settings the cp and failover
