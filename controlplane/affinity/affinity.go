@@ -86,6 +86,53 @@ func (t *Table[K]) Lookup(k K, now time.Time) (string, bool) {
 	return e.worker, true
 }
 
+// Entry is one remembered key, as Entries lists it and Replace takes it.
+type Entry[K comparable] struct {
+	Key     K
+	Worker  string
+	Expires time.Time
+}
+
+// Entries lists the entries not expired at now, most recently used first.
+func (t *Table[K]) Entries(now time.Time) []Entry[K] {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]Entry[K], 0, t.lru.Len())
+	for el := t.lru.Front(); el != nil; el = el.Next() {
+		if e := el.Value.(*entry[K]); now.Before(e.expires) {
+			out = append(out, Entry[K]{Key: e.key, Worker: e.worker, Expires: e.expires})
+		}
+	}
+	return out
+}
+
+// Merge adds es (most recently used first, as Entries lists them) to the
+// table with their own expiry, as more recent than what it holds; a key
+// it holds already keeps the later of the two expiries. Entries expired at
+// now are left out, and the bound holds (the least recently used go).
+func (t *Table[K]) Merge(es []Entry[K], now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := len(es) - 1; i >= 0; i-- { // oldest first, so the newest ends in front
+		e := es[i]
+		if !now.Before(e.Expires) {
+			continue
+		}
+		if el, ok := t.m[e.Key]; ok {
+			old := el.Value.(*entry[K])
+			if e.Expires.After(old.expires) {
+				old.worker, old.expires = e.Worker, e.Expires
+			}
+			t.lru.MoveToFront(el)
+			continue
+		}
+		t.m[e.Key] = t.lru.PushFront(&entry[K]{key: e.Key, worker: e.Worker, expires: e.Expires})
+	}
+	for t.lru.Len() > t.max {
+		t.remove(t.lru.Back())
+	}
+}
+
 // Len is the number of entries, expired ones not yet dropped included.
 func (t *Table[K]) Len() int {
 	t.mu.Lock()

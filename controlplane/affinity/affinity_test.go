@@ -42,3 +42,55 @@ func TestHashID(t *testing.T) {
 		t.Fatal("HashID is not a stable non-zero hash")
 	}
 }
+
+// Entries and Merge carry a table across a snapshot: same entries, same
+// recency order, same expiry; expired entries stay out, the bound holds,
+// and what the table knew already stays.
+func TestEntriesAndMerge(t *testing.T) {
+	now := time.Unix(1000, 0)
+	src := New[uint64](time.Minute, 10)
+	src.Learn(1, "a", now)
+	src.Learn(2, "b", now.Add(time.Second))
+	src.Learn(3, "c", now.Add(2*time.Second))
+	src.Lookup(1, now.Add(3*time.Second)) // 1 is the most recently used now
+	es := src.Entries(now.Add(3 * time.Second))
+	want := []Entry[uint64]{
+		{1, "a", now.Add(3*time.Second + time.Minute)},
+		{3, "c", now.Add(2*time.Second + time.Minute)},
+		{2, "b", now.Add(time.Second + time.Minute)},
+	}
+	if fmt.Sprint(es) != fmt.Sprint(want) {
+		t.Fatalf("entries %v, want %v", es, want)
+	}
+	if got := src.Entries(now.Add(time.Minute + 1500*time.Millisecond)); len(got) != 2 {
+		t.Fatalf("expired entry listed: %v", got)
+	}
+
+	dst := New[uint64](time.Minute, 10)
+	dst.Learn(9, "known", now)
+	dst.Learn(1, "stale", now.Add(-30*time.Second)) // expires before the merged one
+	later := now.Add(59 * time.Second)              // 9 still live; 2 not yet expired
+	dst.Merge(es, later)
+	for k, w := range map[uint64]string{1: "a", 2: "b", 3: "c", 9: "known"} {
+		if got, ok := dst.Lookup(k, later); !ok || got != w {
+			t.Errorf("key %d: %q %v, want %q", k, got, ok, w)
+		}
+	}
+	// Expiry is kept, not renewed: a merged entry goes when its own time
+	// comes, and one already expired is not merged.
+	exp := New[uint64](time.Minute, 10)
+	exp.Merge([]Entry[uint64]{{3, "c", now.Add(time.Minute)}, {4, "d", now}}, now)
+	if exp.Len() != 1 {
+		t.Fatalf("an expired entry was merged: len %d", exp.Len())
+	}
+	if _, ok := exp.Lookup(3, now.Add(time.Minute)); ok {
+		t.Fatal("merged entry outlived its expiry")
+	}
+	// The bound holds: of three live entries a table of two keeps the two
+	// most recent.
+	small := New[uint64](time.Hour, 2)
+	small.Merge([]Entry[uint64]{{1, "a", now.Add(time.Hour)}, {2, "b", now.Add(time.Hour)}, {3, "c", now.Add(time.Hour)}}, now)
+	if _, ok := small.Lookup(3, now); ok || small.Len() != 2 {
+		t.Fatalf("bound not kept: len %d", small.Len())
+	}
+}

@@ -112,12 +112,7 @@ func New(o Options, dec *decider.Decider, st *state.State) *Core {
 	c := &Core{o: o, log: o.Logger, dec: dec, st: st, models: models.New(), placements: newPlacementFeed(feedRing)}
 	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
 	c.responses = affinity.New[uint64](o.ResponseAffinityTTL, o.ResponseAffinityMax)
-	st.SetResponseOrigins(func(origins []*cartv1.ResponseOrigin) {
-		now := c.o.Now()
-		for _, o := range origins {
-			c.responses.Learn(o.GetIdHash(), o.GetWorker(), now)
-		}
-	})
+	st.SetResponseOrigins(originTable{c.responses, c.o.Now})
 	c.ready = make(chan struct{})
 	c.streams.init()
 	// The batcher and the state's own-batch check exist before the Raft
@@ -288,3 +283,34 @@ func (c *Core) probe(ctx context.Context) {
 // workerSetPoll is how often the leader's prober looks for workers added
 // since its last round.
 const workerSetPoll = 250 * time.Millisecond
+
+// originTable is the state machine's view of the Responses API origins
+// table: learned from other nodes' place batches, kept in snapshots.
+type originTable struct {
+	t   *affinity.Table[uint64]
+	now func() time.Time
+}
+
+func (o originTable) Learn(origins []*cartv1.ResponseOrigin) {
+	now := o.now()
+	for _, r := range origins {
+		o.t.Learn(r.GetIdHash(), r.GetWorker(), now)
+	}
+}
+
+func (o originTable) Stored() []*cartv1.StoredOrigin {
+	es := o.t.Entries(o.now())
+	out := make([]*cartv1.StoredOrigin, len(es))
+	for i, e := range es {
+		out[i] = &cartv1.StoredOrigin{IdHash: e.Key, Worker: e.Worker, ExpiresUnixNanos: e.Expires.UnixNano()}
+	}
+	return out
+}
+
+func (o originTable) Restore(stored []*cartv1.StoredOrigin) {
+	es := make([]affinity.Entry[uint64], len(stored))
+	for i, r := range stored {
+		es[i] = affinity.Entry[uint64]{Key: r.GetIdHash(), Worker: r.GetWorker(), Expires: time.Unix(0, r.GetExpiresUnixNanos())}
+	}
+	o.t.Merge(es, o.now())
+}

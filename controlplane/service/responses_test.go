@@ -99,3 +99,25 @@ func TestResponseOriginsSurviveLeaderChange(t *testing.T) {
 		}
 	}
 }
+
+// The origins table crosses a snapshot: what one node stored, a node
+// restored from its snapshot pins, with the same expiry.
+func TestOriginTableThroughSnapshot(t *testing.T) {
+	now := time.Unix(5000, 0)
+	clock := func() time.Time { return now }
+	src := originTable{affinity.New[uint64](time.Minute, 100), clock}
+	src.Learn([]*cartv1.ResponseOrigin{{IdHash: 1, Worker: w1}, {IdHash: 2, Worker: w2}})
+	stored := src.Stored()
+	if len(stored) != 2 || stored[0].GetIdHash() != 2 || stored[0].GetExpiresUnixNanos() != now.Add(time.Minute).UnixNano() {
+		t.Fatalf("stored %v: want 2 first (most recent), expiring in a minute", stored)
+	}
+	dst := originTable{affinity.New[uint64](time.Minute, 100), clock}
+	dst.Learn([]*cartv1.ResponseOrigin{{IdHash: 3, Worker: w1}})
+	dst.Restore(stored)
+	// What the node knew before stays: origins are facts.
+	for id, want := range map[uint64]string{1: w1, 2: w2, 3: w1} {
+		if got, ok := dst.t.Lookup(id, now); !ok || got != want {
+			t.Errorf("id %d: %q %v, want %q", id, got, ok, want)
+		}
+	}
+}

@@ -45,6 +45,11 @@ type Snapshot struct {
 // snapshot will not be written again.
 func (s *State) Capture() (snap *Snapshot) {
 	s.dec.Do(decider.OpSnapshotCapture, func(eng *engine.Engine) { snap = s.capture(eng) })
+	// Off the routing lock: the origins have a lock of their own, and
+	// listing up to their bound (100,000 by default) is not O(1).
+	if s.origins != nil {
+		snap.header.ResponseOrigins = s.origins.Stored()
+	}
 	return snap
 }
 
@@ -270,6 +275,9 @@ func (s *State) Restore(r io.Reader) error {
 	}
 	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
 		return errors.New("snapshot has trailing data")
+	}
+	if s.origins != nil {
+		s.origins.Restore(h.GetResponseOrigins())
 	}
 
 	// The entries go in restoreChunk at a time, each chunk its own lock

@@ -297,6 +297,53 @@ func TestRestoreReplacesPreviousState(t *testing.T) {
 	}
 }
 
+// fakeOrigins records what the state machine does with response origins.
+type fakeOrigins struct {
+	learned  []*cartv1.ResponseOrigin
+	stored   []*cartv1.StoredOrigin
+	replaced [][]*cartv1.StoredOrigin
+}
+
+func (f *fakeOrigins) Learn(o []*cartv1.ResponseOrigin) { f.learned = append(f.learned, o...) }
+func (f *fakeOrigins) Stored() []*cartv1.StoredOrigin   { return f.stored }
+func (f *fakeOrigins) Restore(o []*cartv1.StoredOrigin) { f.replaced = append(f.replaced, o) }
+
+// Response origins travel in snapshots: a node restored from one still
+// knows which worker stored which response (before, it forgot every id
+// made before the snapshot). A corrupt snapshot replaces nothing.
+func TestSnapshotCarriesResponseOrigins(t *testing.T) {
+	src, _ := newTestState()
+	srcO := &fakeOrigins{stored: []*cartv1.StoredOrigin{
+		{IdHash: 7, Worker: "http://a:1", ExpiresUnixNanos: 99},
+		{IdHash: 8, Worker: "http://b:1", ExpiresUnixNanos: 98},
+	}}
+	src.SetResponseOrigins(srcO)
+	a := &testApplier{t: t, st: src}
+	a.apply(setWorkers("http://a:1", "http://b:1"))
+	var buf bytes.Buffer
+	if err := src.Capture().Write(&buf); err != nil {
+		t.Fatal(err)
+	}
+	good := slices.Clone(buf.Bytes())
+
+	dst, _ := newTestState()
+	dstO := &fakeOrigins{}
+	dst.SetResponseOrigins(dstO)
+	if err := dst.Restore(bytes.NewReader(good[:len(good)-1])); err == nil {
+		t.Fatal("truncated snapshot restored")
+	}
+	if len(dstO.replaced) != 0 {
+		t.Fatalf("a corrupt snapshot replaced the origins: %v", dstO.replaced)
+	}
+	if err := dst.Restore(bytes.NewReader(good)); err != nil {
+		t.Fatal(err)
+	}
+	if len(dstO.replaced) != 1 || len(dstO.replaced[0]) != 2 ||
+		!proto.Equal(dstO.replaced[0][0], srcO.stored[0]) || !proto.Equal(dstO.replaced[0][1], srcO.stored[1]) {
+		t.Fatalf("restored origins %v, want %v in order", dstO.replaced, srcO.stored)
+	}
+}
+
 // restoreHolds counts the decider's snapshot_restore lock holds.
 func restoreHolds(t *testing.T, st *State) int {
 	t.Helper()

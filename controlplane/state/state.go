@@ -53,8 +53,22 @@ type State struct {
 	// audit, when set, receives one INFO line per worker-set or node
 	// directory change, on every node that applies it.
 	audit atomic.Pointer[slog.Logger]
-	// origins receives replicated Responses API origins (nil: dropped).
-	origins func([]*cartv1.ResponseOrigin)
+	// origins keeps the Responses API origins (nil: dropped).
+	origins Origins
+}
+
+// Origins is where the node keeps Responses API origins (the service's
+// table of which worker stored which response). They are facts, not
+// routing decisions: learned from place batches, carried in snapshots, and
+// never undone.
+type Origins interface {
+	// Learn records origins from a place batch this node did not propose.
+	Learn([]*cartv1.ResponseOrigin)
+	// Stored lists the origins for a snapshot, most recently used first.
+	Stored() []*cartv1.StoredOrigin
+	// Restore adds a restored snapshot's origins to those known: they
+	// are facts, so what the node learned before stays too.
+	Restore([]*cartv1.StoredOrigin)
 }
 
 // SetAuditLog makes every applied worker-set and node-directory change
@@ -88,10 +102,9 @@ type OwnBatches interface {
 // Apply.
 func (s *State) SetOwnBatches(o OwnBatches) { s.own = o }
 
-// SetResponseOrigins installs what receives the response origins of place
-// batches this node did not propose itself. Call it before the first
-// Apply.
-func (s *State) SetResponseOrigins(f func([]*cartv1.ResponseOrigin)) { s.origins = f }
+// SetResponseOrigins installs where the node keeps Responses API origins.
+// Call it before the first Apply or Restore.
+func (s *State) SetResponseOrigins(o Origins) { s.origins = o }
 
 // placementChunk bounds how many placements one lock hold applies, so
 // routing decisions interleave with a large batch instead of waiting for
@@ -149,7 +162,7 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 			s.applyPlacements(b.PlaceBatch.GetWithdrawals(), false)
 			s.applyPlacements(b.PlaceBatch.GetPlacements(), true)
 			if o := b.PlaceBatch.GetResponseOrigins(); len(o) > 0 && s.origins != nil {
-				s.origins(o)
+				s.origins.Learn(o)
 			}
 		}
 		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { s.applied = index })

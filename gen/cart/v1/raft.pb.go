@@ -789,9 +789,12 @@ type SnapshotHeader struct {
 	Members        map[string]string      `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	IndexRecords   uint64                 `protobuf:"varint,5,opt,name=index_records,json=indexRecords,proto3" json:"index_records,omitempty"`
 	// Last log index applied when the snapshot was captured.
-	AppliedIndex  uint64 `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AppliedIndex uint64 `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// The Responses API origins the node knew, most recently used first, so
+	// that a node restored from the snapshot still pins their continuations.
+	ResponseOrigins []*StoredOrigin `protobuf:"bytes,7,rep,name=response_origins,json=responseOrigins,proto3" json:"response_origins,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *SnapshotHeader) Reset() {
@@ -866,6 +869,76 @@ func (x *SnapshotHeader) GetAppliedIndex() uint64 {
 	return 0
 }
 
+func (x *SnapshotHeader) GetResponseOrigins() []*StoredOrigin {
+	if x != nil {
+		return x.ResponseOrigins
+	}
+	return nil
+}
+
+// StoredOrigin is a Responses API origin as a snapshot keeps it.
+type StoredOrigin struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// FNV-1a 64 of the response id.
+	IdHash uint64 `protobuf:"fixed64,1,opt,name=id_hash,json=idHash,proto3" json:"id_hash,omitempty"`
+	Worker string `protobuf:"bytes,2,opt,name=worker,proto3" json:"worker,omitempty"`
+	// When the origin is forgotten unless used again (Unix nanoseconds).
+	ExpiresUnixNanos int64 `protobuf:"varint,3,opt,name=expires_unix_nanos,json=expiresUnixNanos,proto3" json:"expires_unix_nanos,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *StoredOrigin) Reset() {
+	*x = StoredOrigin{}
+	mi := &file_cart_v1_raft_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoredOrigin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoredOrigin) ProtoMessage() {}
+
+func (x *StoredOrigin) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_raft_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoredOrigin.ProtoReflect.Descriptor instead.
+func (*StoredOrigin) Descriptor() ([]byte, []int) {
+	return file_cart_v1_raft_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *StoredOrigin) GetIdHash() uint64 {
+	if x != nil {
+		return x.IdHash
+	}
+	return 0
+}
+
+func (x *StoredOrigin) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
+}
+
+func (x *StoredOrigin) GetExpiresUnixNanos() int64 {
+	if x != nil {
+		return x.ExpiresUnixNanos
+	}
+	return 0
+}
+
 // IndexRecord is one prefix-index entry in a snapshot.
 type IndexRecord struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -881,7 +954,7 @@ type IndexRecord struct {
 
 func (x *IndexRecord) Reset() {
 	*x = IndexRecord{}
-	mi := &file_cart_v1_raft_proto_msgTypes[12]
+	mi := &file_cart_v1_raft_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +966,7 @@ func (x *IndexRecord) String() string {
 func (*IndexRecord) ProtoMessage() {}
 
 func (x *IndexRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_raft_proto_msgTypes[12]
+	mi := &file_cart_v1_raft_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +979,7 @@ func (x *IndexRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IndexRecord.ProtoReflect.Descriptor instead.
 func (*IndexRecord) Descriptor() ([]byte, []int) {
-	return file_cart_v1_raft_proto_rawDescGZIP(), []int{12}
+	return file_cart_v1_raft_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *IndexRecord) GetHash() uint64 {
@@ -994,17 +1067,22 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x17\n" +
 	"\aapi_url\x18\x02 \x01(\tR\x06apiUrl\".\n" +
 	"\x13RemoveMemberCommand\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\xc8\x02\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x8a\x03\n" +
 	"\x0eSnapshotHeader\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12-\n" +
 	"\aworkers\x18\x02 \x03(\v2\x13.cart.v1.WorkerSpecR\aworkers\x12'\n" +
 	"\x0fworkers_version\x18\x03 \x01(\x04R\x0eworkersVersion\x12>\n" +
 	"\amembers\x18\x04 \x03(\v2$.cart.v1.SnapshotHeader.MembersEntryR\amembers\x12#\n" +
 	"\rindex_records\x18\x05 \x01(\x04R\findexRecords\x12#\n" +
-	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x1a:\n" +
+	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x12@\n" +
+	"\x10response_origins\x18\a \x03(\v2\x15.cart.v1.StoredOriginR\x0fresponseOrigins\x1a:\n" +
 	"\fMembersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"m\n" +
+	"\fStoredOrigin\x12\x17\n" +
+	"\aid_hash\x18\x01 \x01(\x06R\x06idHash\x12\x16\n" +
+	"\x06worker\x18\x02 \x01(\tR\x06worker\x12,\n" +
+	"\x12expires_unix_nanos\x18\x03 \x01(\x03R\x10expiresUnixNanos\"\x87\x01\n" +
 	"\vIndexRecord\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\x06R\x04hash\x12&\n" +
 	"\x0fused_unix_nanos\x18\x02 \x01(\x03R\rusedUnixNanos\x12\x18\n" +
@@ -1023,7 +1101,7 @@ func file_cart_v1_raft_proto_rawDescGZIP() []byte {
 	return file_cart_v1_raft_proto_rawDescData
 }
 
-var file_cart_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_cart_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_cart_v1_raft_proto_goTypes = []any{
 	(*RaftCommand)(nil),          // 0: cart.v1.RaftCommand
 	(*WorkerSpec)(nil),           // 1: cart.v1.WorkerSpec
@@ -1037,9 +1115,10 @@ var file_cart_v1_raft_proto_goTypes = []any{
 	(*SetMemberCommand)(nil),     // 9: cart.v1.SetMemberCommand
 	(*RemoveMemberCommand)(nil),  // 10: cart.v1.RemoveMemberCommand
 	(*SnapshotHeader)(nil),       // 11: cart.v1.SnapshotHeader
-	(*IndexRecord)(nil),          // 12: cart.v1.IndexRecord
-	nil,                          // 13: cart.v1.SnapshotHeader.MembersEntry
-	(*ResponseOrigin)(nil),       // 14: cart.v1.ResponseOrigin
+	(*StoredOrigin)(nil),         // 12: cart.v1.StoredOrigin
+	(*IndexRecord)(nil),          // 13: cart.v1.IndexRecord
+	nil,                          // 14: cart.v1.SnapshotHeader.MembersEntry
+	(*ResponseOrigin)(nil),       // 15: cart.v1.ResponseOrigin
 }
 var file_cart_v1_raft_proto_depIdxs = []int32{
 	2,  // 0: cart.v1.RaftCommand.upsert_worker:type_name -> cart.v1.UpsertWorkerCommand
@@ -1054,15 +1133,16 @@ var file_cart_v1_raft_proto_depIdxs = []int32{
 	1,  // 9: cart.v1.SetWorkersCommand.workers:type_name -> cart.v1.WorkerSpec
 	5,  // 10: cart.v1.PlaceBatchCommand.placements:type_name -> cart.v1.Placement
 	5,  // 11: cart.v1.PlaceBatchCommand.withdrawals:type_name -> cart.v1.Placement
-	14, // 12: cart.v1.PlaceBatchCommand.response_origins:type_name -> cart.v1.ResponseOrigin
+	15, // 12: cart.v1.PlaceBatchCommand.response_origins:type_name -> cart.v1.ResponseOrigin
 	5,  // 13: cart.v1.UnplaceBatchCommand.placements:type_name -> cart.v1.Placement
 	1,  // 14: cart.v1.SnapshotHeader.workers:type_name -> cart.v1.WorkerSpec
-	13, // 15: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	14, // 15: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
+	12, // 16: cart.v1.SnapshotHeader.response_origins:type_name -> cart.v1.StoredOrigin
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_raft_proto_init() }
@@ -1087,7 +1167,7 @@ func file_cart_v1_raft_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_raft_proto_rawDesc), len(file_cart_v1_raft_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
