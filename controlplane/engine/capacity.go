@@ -48,6 +48,21 @@ func (l *blockLRU) touch(hashes []uint64, dst []uint64) []uint64 {
 	return l.shrink(dst)
 }
 
+// pushBack adds h, which the model must not hold, at the old end: it is
+// older than everything modelled (a seed's holdings, seed.go). Capacity is
+// the caller's to respect.
+func (l *blockLRU) pushBack(h uint64) {
+	n := takeSlot(&l.nodes, &l.free)
+	l.nodes[n] = lruNode{hash: h, prev: l.tail, next: -1}
+	l.byHash[h] = n
+	if l.tail >= 0 {
+		l.nodes[l.tail].next = n
+	} else {
+		l.head = n
+	}
+	l.tail = n
+}
+
 // shrink evicts from the tail down to capacity.
 func (l *blockLRU) shrink(dst []uint64) []uint64 {
 	for l.capacity > 0 && len(l.byHash) > l.capacity && l.tail >= 0 {
