@@ -18,7 +18,13 @@ func TestSeedModelsFillsTheModelsInSteps(t *testing.T) {
 	now := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
 	d := newTestDecider(&now, 100_000, -1)
 	for i := range 600 {
-		route(t, d, fmt.Sprintf("prompt number %04d with some text", i)) // 9 blocks each
+		r := req(fmt.Sprintf("%04d: a prompt with some text", i)) // 9 blocks each
+		r.Exclude = []string{[]string{"a", "b"}[i%2]}
+		dec, err := d.Route(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = d.Settle(dec.Ticket, Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
 	}
 	d.Do(OpKV, func(eng *engine.Engine) {
 		eng.ApplyKVReport("a", engine.KVReport{Synced: true}, nil)

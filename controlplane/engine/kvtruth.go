@@ -98,8 +98,8 @@ func (e *Engine) ApplyKVReport(url string, r KVReport, dst []uint64) []uint64 {
 // reported occupancy.
 func (e *Engine) kvTrim(w *worker, dst []uint64) []uint64 {
 	excess := w.model.len() - w.kv.occupied
-	for n := w.model.tail; n >= 0 && excess > 0; n = w.model.nodes[n].prev {
-		dst = append(dst, w.model.nodes[n].hash)
+	for n := w.model.tail; n >= 0 && excess > 0; n = w.model.node(n).prev {
+		dst = append(dst, w.model.node(n).hash)
 		excess--
 	}
 	return dst

@@ -3,6 +3,7 @@ package engine
 import (
 	"cmp"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -91,18 +92,18 @@ func modelOrder(t testing.TB, e *Engine, url string) []uint64 {
 	}
 	var out []uint64
 	seen := map[uint64]bool{}
-	for n, prev := m.head, int32(-1); n >= 0; prev, n = n, m.nodes[n].next {
-		if m.nodes[n].prev != prev {
+	for n, prev := m.head, int32(-1); n >= 0; prev, n = n, m.node(n).next {
+		if m.node(n).prev != prev {
 			t.Fatalf("%s: model links broken at %d", url, n)
 		}
-		h := m.nodes[n].hash
+		h := m.node(n).hash
 		if seen[h] {
 			t.Fatalf("%s: model holds %x twice", url, h)
 		}
 		seen[h] = true
 		out = append(out, h)
 	}
-	if len(out) != m.len() || (len(out) > 0 && out[len(out)-1] != m.nodes[m.tail].hash) {
+	if len(out) != m.len() || (len(out) > 0 && out[len(out)-1] != m.node(m.tail).hash) {
 		t.Fatalf("%s: model lists %d blocks, maps %d", url, len(out), m.len())
 	}
 	return out
@@ -341,7 +342,7 @@ func TestSecondAndEvictedReportsDuringTheSeed(t *testing.T) {
 	e, want := seedEngine(t, 9), seedEngine(t, 9)
 	e.ApplyKVReport("a", KVReport{Synced: true}, nil)
 	s := e.byURL["a"].seed
-	stepUntil(t, e, 8, func(SeedResult) bool { return s.phase == seedWalking && len(s.held) > 0 })
+	stepUntil(t, e, 8, func(SeedResult) bool { return s.phase == seedWalking && len(s.walked) > 0 })
 	e.ApplyKVReport("a", KVReport{Synced: true, OccupiedBlocks: 500, CapacityBlocks: 600}, nil)
 	if e.byURL["a"].seed != s || !e.seeds.walking || s.phase != seedWalking {
 		t.Fatal("a second report replaced the seed or restarted the walk")
@@ -369,7 +370,7 @@ func TestSecondAndEvictedReportsDuringTheSeed(t *testing.T) {
 func TestSeedWalkRestartsWhenTheIndexIsReplaced(t *testing.T) {
 	e, want := seedEngine(t, 10), seedEngine(t, 10)
 	e.ApplyKVReport("a", KVReport{Synced: true}, nil)
-	stepUntil(t, e, 8, func(SeedResult) bool { s := e.byURL["a"].seed; return s.phase == seedWalking && len(s.held) > 0 })
+	stepUntil(t, e, 8, func(SeedResult) bool { s := e.byURL["a"].seed; return s.phase == seedWalking && len(s.walked) > 0 })
 	// Install "want"'s index into e, as the snapshot restore does.
 	type rec struct {
 		h    uint64
@@ -405,5 +406,31 @@ func TestSeedsShareOneWalk(t *testing.T) {
 	r := e.SeedStep(1 << 20)
 	if len(r.Sorts) != 3 {
 		t.Fatalf("one walk of the whole index gave %d lists, want 3", len(r.Sorts))
+	}
+}
+
+// A model that grew past seedLiveMax while its holdings were collected
+// keeps its own map (SeedSorted moves only small ones into the map Sort
+// sized), with the same result.
+func TestSeedWithALargeLiveModel(t *testing.T) {
+	e := seedEngine(t, 12)
+	e.ApplyKVReport("a", KVReport{Synced: true}, nil)
+	e.SeedStep(8) // starts the walk
+	var placed []uint64
+	for i := range seedLiveMax + 100 {
+		p := []uint64{uint64(1e12) + uint64(i)}
+		e.ApplyPlacement("a", p, int64(20_000+i))
+		placed = append(placed, p[0])
+	}
+	before := e.byURL["a"].model.byHash
+	seedSteps(t, e, 8, nil)
+	m := e.byURL["a"].model
+	if reflect.ValueOf(before).UnsafePointer() != reflect.ValueOf(m.byHash).UnsafePointer() {
+		t.Fatal("the large model's map was replaced: SeedSorted copied it under the lock")
+	}
+	order := modelOrder(t, e, "a")
+	slices.Reverse(placed)
+	if !slices.Equal(order[:len(placed)], placed) || !sameSet(order, snapshotHoldings(e, "a")) {
+		t.Fatalf("model of %d blocks: placements not at the front or holdings missing", len(order))
 	}
 }
