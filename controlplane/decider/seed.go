@@ -4,8 +4,8 @@ package decider
 // quarter as many holdings to a model). Measured on a full 1M-entry index
 // with 8 workers all seeding at once (BenchmarkSeedStep in
 // controlplane/engine, CPU time on a busy 2-core box): 1,024 held the lock
-// 195 µs at p99 and 834 µs at most; 2,048 reached 1.3 ms; the one-shot
-// walk it replaces held it 83-93 ms.
+// 133-195 µs at p99 and 725-834 µs at most; 2,048 reached 1.2-1.3 ms; the
+// one-shot walk it replaces held it 59-93 ms.
 const seedChunk = 1024
 
 // SeedModels runs the seeding of cache models (engine.SeedStep: a worker's
