@@ -55,7 +55,22 @@ func (a *kvApplier) ClearHoldings(worker string) {
 
 func (a *kvApplier) ApplyKVReport(worker string, r engine.KVReport) {
 	var trim []uint64
-	a.dec.Do(decider.OpKV, func(eng *engine.Engine) { trim = eng.ApplyKVReport(worker, r, nil) })
+	var seed bool
+	a.dec.Do(decider.OpKV, func(eng *engine.Engine) {
+		trim = eng.ApplyKVReport(worker, r, nil)
+		seed = eng.Seeding()
+	})
+	a.addTrim(worker, trim)
+	if seed {
+		// A worker nobody modelled (every event-fed one on a new leader):
+		// its model fills from the index in short lock holds, here on the
+		// stream's goroutine, which holds its next report until done.
+		a.dec.SeedModels(a.addTrim)
+	}
+}
+
+// addTrim queues holdings an engine evicted for the next withdrawal.
+func (a *kvApplier) addTrim(worker string, trim []uint64) {
 	if len(trim) == 0 {
 		return
 	}

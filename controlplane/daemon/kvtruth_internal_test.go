@@ -65,7 +65,9 @@ func TestKVApplierProposesBatchedCommands(t *testing.T) {
 	place("b", old, 3) // the shared entries are now the index's most recent
 
 	app := newKVApplier(dec, apply, slog.New(slog.DiscardHandler))
-	// The engine holds 4 blocks after evicting: a's oldest 4 must go.
+	// The engine holds 4 blocks after evicting: a's oldest 4 must go. The
+	// first report finds a unmodelled: its model is seeded (SeedModels, on
+	// this goroutine) and the trim comes at the seed's end.
 	app.ApplyKVReport("a", engine.KVReport{Synced: true, OccupiedBlocks: 4, CapacityBlocks: 8, Evicted: true})
 	app.ApplyKVReport("a", engine.KVReport{Synced: true, OccupiedBlocks: 4, CapacityBlocks: 8, Evicted: true})
 	if holds("a", old) != 4 {

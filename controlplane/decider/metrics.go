@@ -25,6 +25,7 @@ const (
 	OpSnapshotRestore           // Do: installing a snapshot
 	OpLedger                    // Do: the leader's ledger of placements ahead of the log
 	OpKV                        // Do: an engine's KV-event report (occupancy, clears, evictions)
+	OpSeed                      // one step seeding a worker's cache model from the index
 	OpRead                      // reads for status pages, gauges and tests
 	OpAdmin                     // worker set, health, draining
 	numOps
@@ -34,7 +35,7 @@ var opNames = [numOps]string{
 	OpRoute: "route", OpSettle: "settle", OpSync: "sync", OpSweep: "sweep", OpLead: "lead",
 	OpMaintain: "maintain", OpReset: "reset", OpApply: "apply", OpApplyBatch: "apply_batch",
 	OpSnapshotCapture: "snapshot_capture", OpSnapshotRestore: "snapshot_restore",
-	OpLedger: "ledger", OpKV: "kv", OpRead: "read", OpAdmin: "admin",
+	OpLedger: "ledger", OpKV: "kv", OpSeed: "seed", OpRead: "read", OpAdmin: "admin",
 }
 
 func (op Op) String() string {

@@ -86,7 +86,8 @@ type worker struct {
 	load     int // in-flight requests placed and not yet released
 	model    *blockLRU
 	acc      Accuracy
-	kv       kvFeed // the engine's own KV-cache events (kvtruth.go)
+	kv       kvFeed     // the engine's own KV-cache events (kvtruth.go)
+	seed     *modelSeed // the model's seed in progress, if any (seed.go)
 }
 
 // Request is one routing question.
@@ -160,6 +161,7 @@ type Engine struct {
 	sessions sessionTable
 	hot      hotTracker
 	evicted  []uint64 // scratch for the capacity model
+	seeds    seeder   // models being seeded from the index (seed.go)
 	// Underflows counts releases of a worker with no load: a caller bug
 	// that the guard absorbed. Exported as a metric so it cannot hide.
 	Underflows uint64

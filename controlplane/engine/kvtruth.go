@@ -1,12 +1,5 @@
 package engine
 
-import (
-	"cmp"
-	"slices"
-
-	"github.com/cartrouter/cart/controlplane/index"
-)
-
 // This file holds the corrections the engines' own KV-cache events make to
 // the index (controlplane/kvtruth reads the events). While a worker's events
 // flow complete, its modelled capacity is what its engine reports, not the
@@ -88,11 +81,26 @@ func (e *Engine) ApplyKVReport(url string, r KVReport, dst []uint64) []uint64 {
 	w.kv = kvFeed{on: true, capacity: max(r.CapacityBlocks, 0), occupied: max(r.OccupiedBlocks, 0), occupiedTokens: r.OccupiedTokens, capacityTokens: r.CapacityTokens}
 	e.resizeModel(w)
 	if r.Evicted && w.model != nil {
-		excess := w.model.len() - w.kv.occupied
-		for n := w.model.tail; n >= 0 && excess > 0; n = w.model.nodes[n].prev {
-			dst = append(dst, w.model.nodes[n].hash)
-			excess--
+		if w.seed != nil && w.seed.model == w.model {
+			// While seeding, the model lacks the oldest holdings: its
+			// tail is not the oldest, and its length is short of what
+			// the worker holds. The trim waits for the end of the seed
+			// (SeedResult.Trims), sized by the occupancy reported then.
+			w.seed.evicted = true
+			return dst
 		}
+		dst = e.kvTrim(w, dst)
+	}
+	return dst
+}
+
+// kvTrim appends to dst w's oldest modelled holdings beyond its engine's
+// reported occupancy.
+func (e *Engine) kvTrim(w *worker, dst []uint64) []uint64 {
+	excess := w.model.len() - w.kv.occupied
+	for n := w.model.tail; n >= 0 && excess > 0; n = w.model.node(n).prev {
+		dst = append(dst, w.model.node(n).hash)
+		excess--
 	}
 	return dst
 }
@@ -101,31 +109,11 @@ func (e *Engine) ApplyKVReport(url string, r KVReport, dst []uint64) []uint64 {
 // reported capacity (growing or shrinking it: the report is the truth).
 func (e *Engine) resizeFromKV(w *worker) {
 	if w.model == nil {
-		// Events arrived for a worker nobody modelled yet: start from what
-		// the index holds for it, most recently sent first (the index's
-		// own order breaks ties), so that evictions take its oldest
-		// holdings. O(index entries), once.
+		// Events arrived for a worker nobody modelled yet: its model
+		// starts empty and live, and what the index already holds for it
+		// comes in SeedSteps (seed.go), not in a pass over the index here.
 		w.model = newBlockLRU(0)
-		type held struct {
-			hash uint64
-			at   int64
-		}
-		var hs []held
-		e.idx.Walk(func(hash uint64, _ int64, holders []index.Holder) bool {
-			for _, h := range holders {
-				if h.Worker == w.id {
-					hs = append(hs, held{hash, h.At})
-					break
-				}
-			}
-			return true
-		})
-		slices.SortStableFunc(hs, func(x, y held) int { return cmp.Compare(y.at, x.at) })
-		hashes := make([]uint64, len(hs))
-		for i, h := range hs {
-			hashes[i] = h.hash
-		}
-		w.model.touch(hashes, nil)
+		w.seed = &modelSeed{id: w.id, model: w.model}
 	}
 	w.model.capacity = w.kv.capacity
 	e.forget(w, w.model.shrink(nil))

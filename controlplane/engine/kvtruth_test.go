@@ -100,13 +100,14 @@ func TestKVReportOverridesClosedLoop(t *testing.T) {
 }
 
 // A worker nobody modelled before its first report starts from what the
-// index holds for it, oldest first out.
+// index holds for it (in seed steps), oldest first out.
 func TestKVReportSeedsTheModelFromTheIndex(t *testing.T) {
 	e := newTestEngine(t, testPolicy(), urls("a")...)
 	old, recent := textOf(4*testBC, 1), textOf(4*testBC, 2)
 	place(t, e, "a", old)
 	place(t, e, "a", recent)
 	e.ApplyKVReport("a", KVReport{Synced: true, OccupiedBlocks: 4, CapacityBlocks: 4}, nil)
+	seedSteps(t, e, 3, nil)
 	if holds(t, e, "a", old) != 0 || holds(t, e, "a", recent) != 4 {
 		t.Fatalf("old %d recent %d, want 0 and 4", holds(t, e, "a", old), holds(t, e, "a", recent))
 	}

@@ -65,6 +65,11 @@ type Index struct {
 	// PurgeStep); purgeAt is the next slot the purge looks at.
 	retired map[WorkerID]struct{}
 	purgeAt int32
+	// The walk StartWalkUp began (walkup.go): upLast is the last entry it
+	// visited, nilSlot before the first.
+	upOn   bool
+	upLast int32
+	upBuf  []Holder
 }
 
 // Options bound the index.
@@ -95,6 +100,7 @@ func New(o Options) *Index {
 		tail:    nilSlot,
 		ceiling: o.MaxEntries + o.Headroom,
 		inline:  o.InlineEvict,
+		upLast:  nilSlot,
 	}
 }
 
@@ -456,6 +462,7 @@ func (x *Index) Reset() {
 	x.head, x.tail = nilSlot, nilSlot
 	clear(x.retired)
 	x.purgeAt = 0
+	x.endWalkUp()
 }
 
 // Walk calls fn for every entry from most to least recently used, with its
@@ -521,6 +528,10 @@ func (x *Index) drop(s int32) {
 func (x *Index) unlink(s int32) {
 	shared := x.shared()
 	e := x.at(s)
+	if s == x.upLast {
+		// Keep the walk's visited run contiguous (walkup.go).
+		x.upLast = e.next
+	}
 	if shared {
 		e = x.mutShared(s)
 	}

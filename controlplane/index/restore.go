@@ -9,6 +9,8 @@ func (x *Index) PutBack(hash uint64, used int64, holders []Holder) {
 	if len(holders) == 0 {
 		return
 	}
+	// An entry linked at the tail would be behind a walk in progress.
+	x.endWalkUp()
 	if s, ok := x.byHash[hash]; ok {
 		x.released(s)
 		x.drop(s)

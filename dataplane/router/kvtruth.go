@@ -13,9 +13,20 @@ func (l *Local) ClearHoldings(worker string) {
 }
 
 // ApplyKVReport makes worker's model follow its engine's reported cache and
-// drops the holdings the engine has evicted.
+// drops the holdings the engine has evicted. A worker nobody modelled
+// (every event-fed one at start) has its model filled from the index
+// here, in short lock holds.
 func (l *Local) ApplyKVReport(worker string, r engine.KVReport) {
+	var seed bool
 	l.dec.Do(decider.OpKV, func(eng *engine.Engine) {
 		eng.RemoveHoldings(worker, eng.ApplyKVReport(worker, r, nil))
+		seed = eng.Seeding()
 	})
+	if seed {
+		l.dec.SeedModels(l.removeHoldings)
+	}
+}
+
+func (l *Local) removeHoldings(worker string, hashes []uint64) {
+	l.dec.Do(decider.OpKV, func(eng *engine.Engine) { eng.RemoveHoldings(worker, hashes) })
 }
