@@ -1,5 +1,7 @@
 package decider
 
+import "runtime"
+
 // seedChunk bounds the index entries one seed step visits (it adds a
 // quarter as many holdings to a model). Measured on a full 1M-entry index
 // with 8 workers all seeding at once (BenchmarkSeedStep in
@@ -29,10 +31,13 @@ func (d *Decider) SeedModels(trim func(url string, hashes []uint64)) {
 			t := d.lock()
 			d.eng.SeedSorted(r.Sorts)
 			d.unlock(OpSeed, t)
+			runtime.Gosched()
 			continue
 		}
 		if !r.More {
 			return
 		}
+		// As in Steps: let a waiting decision take the lock first.
+		runtime.Gosched()
 	}
 }
