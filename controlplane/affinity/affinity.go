@@ -95,9 +95,11 @@ type Entry[K comparable] struct {
 
 // Entries lists the entries not expired at now, most recently used first.
 func (t *Table[K]) Entries(now time.Time) []Entry[K] {
+	// Allocated before taking the lock: zeroing megabytes (and the
+	// garbage collector's assist for them) is no part of the hold.
+	out := make([]Entry[K], 0, t.Len()+64)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]Entry[K], 0, t.lru.Len())
 	for el := t.lru.Front(); el != nil; el = el.Next() {
 		if e := el.Value.(*entry[K]); now.Before(e.expires) {
 			out = append(out, Entry[K]{Key: e.key, Worker: e.worker, Expires: e.expires})
@@ -107,29 +109,28 @@ func (t *Table[K]) Entries(now time.Time) []Entry[K] {
 }
 
 // Merge adds es (most recently used first, as Entries lists them) to the
-// table with their own expiry, as more recent than what it holds; a key
-// it holds already keeps the later of the two expiries. Entries expired at
-// now are left out, and the bound holds (the least recently used go).
+// table with their own expiry, behind what it holds: a restored snapshot
+// is older than what the node learned since. A key it holds already keeps
+// its place and the later of the two expiries. Entries expired at now are
+// left out, and the bound holds (the least recently used go first, so a
+// full table keeps its own entries).
 func (t *Table[K]) Merge(es []Entry[K], now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for i := len(es) - 1; i >= 0; i-- { // oldest first, so the newest ends in front
-		e := es[i]
+	for _, e := range es {
 		if !now.Before(e.Expires) {
 			continue
 		}
 		if el, ok := t.m[e.Key]; ok {
-			old := el.Value.(*entry[K])
-			if e.Expires.After(old.expires) {
+			if old := el.Value.(*entry[K]); e.Expires.After(old.expires) {
 				old.worker, old.expires = e.Worker, e.Expires
 			}
-			t.lru.MoveToFront(el)
 			continue
 		}
-		t.m[e.Key] = t.lru.PushFront(&entry[K]{key: e.Key, worker: e.Worker, expires: e.Expires})
-	}
-	for t.lru.Len() > t.max {
-		t.remove(t.lru.Back())
+		if t.lru.Len() >= t.max {
+			break // the rest are older still
+		}
+		t.m[e.Key] = t.lru.PushBack(&entry[K]{key: e.Key, worker: e.Worker, expires: e.Expires})
 	}
 }
 

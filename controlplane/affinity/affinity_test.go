@@ -93,4 +93,34 @@ func TestEntriesAndMerge(t *testing.T) {
 	if _, ok := small.Lookup(3, now); ok || small.Len() != 2 {
 		t.Fatalf("bound not kept: len %d", small.Len())
 	}
+	// A snapshot is older than what the table learned since: on a full
+	// table it fills only the room left, behind the table's own entries.
+	full := New[uint64](time.Hour, 3)
+	full.Learn(8, "h", now)
+	full.Learn(9, "i", now)
+	full.Merge([]Entry[uint64]{{1, "a", now.Add(time.Hour)}, {2, "b", now.Add(time.Hour)}}, now)
+	for k, w := range map[uint64]string{8: "h", 9: "i", 1: "a"} {
+		if got, ok := full.Lookup(k, now); !ok || got != w {
+			t.Errorf("full table, key %d: %q %v, want %q", k, got, ok, w)
+		}
+	}
+	if _, ok := full.Lookup(2, now); ok {
+		t.Error("a full table took the snapshot's older entry over its own")
+	}
+}
+
+// BenchmarkEntries lists a full default-size table, as a snapshot does;
+// the table's lock (which Route's pinning and Complete's learning take) is
+// held for the walk.
+func BenchmarkEntries(b *testing.B) {
+	now := time.Unix(1000, 0)
+	t := New[uint64](time.Hour, DefaultMaxEntries)
+	for i := range DefaultMaxEntries {
+		t.Learn(uint64(i), "http://worker-7.pool.svc.cluster.local:8000", now)
+	}
+	for b.Loop() {
+		if es := t.Entries(now); len(es) != DefaultMaxEntries {
+			b.Fatal(len(es))
+		}
+	}
 }

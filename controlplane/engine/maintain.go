@@ -36,9 +36,18 @@ func (e *Engine) MaintainStep(now int64, maxEntries, chunk int) (done bool) {
 
 // ClearIndex empties the index, and every worker's model with it (the
 // daily reset), without a pass over the index under the caller's lock.
+//
+// An event-fed worker's model goes (its seed with it) rather than
+// restarting empty: a snapshot's install fills the index again right after,
+// and the worker's next KV report then seeds a new model from what the
+// index holds by then (for the daily reset: nothing). An empty model over a
+// refilled index would trim its newest blocks first.
 func (e *Engine) ClearIndex() {
 	for _, w := range e.workers {
-		if w.model != nil {
+		switch {
+		case w.kv.on:
+			w.model, w.seed = nil, nil
+		case w.model != nil:
 			w.model = newBlockLRU(w.model.capacity)
 		}
 	}

@@ -278,8 +278,8 @@ func TestSeedAbandonedWhenTheWorkerIsRemovedOrReAdded(t *testing.T) {
 }
 
 // A cleared cache (a new index id, the old holdings retired) and the
-// daily reset during the seed: the model starts over empty and nothing
-// collected before lands in it.
+// daily reset during the seed: the model starts over (after the reset,
+// from the next report) and nothing collected before lands in it.
 func TestSeedAbandonedOnClearHoldingsAndDailyReset(t *testing.T) {
 	for name, clearIt := range map[string]func(e *Engine){
 		"clear-holdings": func(e *Engine) { e.ClearHoldings("a") },
@@ -303,6 +303,9 @@ func TestSeedAbandonedOnClearHoldingsAndDailyReset(t *testing.T) {
 			}
 			e.SeedSorted(sorts) // from a sorter that was outside the lock
 			e.ApplyPlacement("a", []uint64{1, 2}, 99_999)
+			// The engine's next report (after a daily reset it seeds a
+			// new model from the emptied index).
+			e.ApplyKVReport("a", KVReport{Synced: true}, nil)
 			seedSteps(t, e, 8, nil)
 			if got := modelOrder(t, e, "a"); !slices.Equal(got, []uint64{1, 2}) {
 				t.Fatalf("%s in phase %d: model holds %d blocks, want the 2 placed after", name, phase, len(got))
@@ -365,8 +368,42 @@ func TestSecondAndEvictedReportsDuringTheSeed(t *testing.T) {
 	}
 }
 
-// An index replaced under the walk (a snapshot installed: Clear, then the
-// entries put back) restarts the walk: the seed reflects the new index.
+// A snapshot installed during a seed (ClearIndex, then the entries put
+// back, as state.Restore does) drops the seed and the model; the worker's
+// next KV report seeds a new one from the restored index.
+func TestSeedAfterASnapshotInstall(t *testing.T) {
+	e, want := seedEngine(t, 10), seedEngine(t, 10)
+	e.ApplyKVReport("a", KVReport{Synced: true}, nil)
+	stepUntil(t, e, 8, func(SeedResult) bool { s := e.byURL["a"].seed; return s.phase == seedWalking && len(s.walked) > 0 })
+	type rec struct {
+		h    uint64
+		used int64
+		hs   []index.Holder
+	}
+	var recs []rec
+	want.idx.Walk(func(h uint64, used int64, hs []index.Holder) bool {
+		recs = append(recs, rec{h, used, slices.Clone(hs)})
+		return true
+	})
+	e.ClearIndex()
+	for _, r := range recs {
+		e.idx.PutBack(r.h, r.used, r.hs)
+	}
+	seedSteps(t, e, 8, nil)
+	if w := e.byURL["a"]; w.model != nil || w.seed != nil {
+		t.Fatal("a model over the replaced index survived the install")
+	}
+	e.ApplyKVReport("a", KVReport{Synced: true}, nil)
+	seedSteps(t, e, 8, nil)
+	refReport(want, "a", KVReport{Synced: true})
+	if g, w := modelOrder(t, e, "a"), modelOrder(t, want, "a"); len(w) == 0 || !slices.Equal(g, w) {
+		t.Fatalf("model of %d blocks after the restore, want the one-shot seed's %d", len(g), len(w))
+	}
+}
+
+// An index replaced under the walk by a path that keeps the models (Clear,
+// then the entries put back) restarts the walk: the seed reflects the new
+// index.
 func TestSeedWalkRestartsWhenTheIndexIsReplaced(t *testing.T) {
 	e, want := seedEngine(t, 10), seedEngine(t, 10)
 	e.ApplyKVReport("a", KVReport{Synced: true}, nil)

@@ -37,6 +37,8 @@ type Snapshot struct {
 	pos    map[index.WorkerID]uint32 // index worker id -> position in header.Workers
 	// fix holds the uncommitted changes to take out of the view, by hash.
 	fix map[uint64]holderChanges
+	// origins are the Responses API origins, written after the index.
+	origins []*cartv1.StoredOrigin
 }
 
 // Capture freezes the state. It holds the lock only to copy the worker
@@ -48,7 +50,7 @@ func (s *State) Capture() (snap *Snapshot) {
 	// Off the routing lock: the origins have a lock of their own, and
 	// listing up to their bound (100,000 by default) is not O(1).
 	if s.origins != nil {
-		snap.header.ResponseOrigins = s.origins.Stored()
+		snap.origins = s.origins.Stored()
 	}
 	return snap
 }
@@ -198,6 +200,7 @@ func (snap *Snapshot) Write(w io.Writer) error {
 	}
 	h := proto.CloneOf(snap.header)
 	h.IndexRecords = n
+	h.OriginRecords = uint64(len(snap.origins))
 	bw := bufio.NewWriterSize(w, 256<<10)
 	var buf []byte
 	write := func(m proto.Message) error {
@@ -231,6 +234,11 @@ func (snap *Snapshot) Write(w io.Writer) error {
 		// lies about the count would make the snapshot unreadable.
 		return fmt.Errorf("write snapshot: counted %d records, wrote %d", n, written)
 	}
+	for _, o := range snap.origins {
+		if err := write(o); err != nil {
+			return fmt.Errorf("write snapshot origin: %w", err)
+		}
+	}
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("flush snapshot: %w", err)
 	}
@@ -238,8 +246,9 @@ func (snap *Snapshot) Write(w io.Writer) error {
 }
 
 // Restore replaces the whole state with a snapshot's. It decodes and checks
-// everything first and swaps only at the end, so a bad snapshot leaves the
-// current state untouched (all or nothing).
+// everything before it changes anything, so a bad snapshot leaves the
+// current state untouched (all or nothing); the install then runs in short
+// lock holds, between which a reader sees a partial index.
 func (s *State) Restore(r io.Reader) error {
 	br := bufio.NewReaderSize(r, 256<<10)
 	var h cartv1.SnapshotHeader
@@ -253,7 +262,9 @@ func (s *State) Restore(r io.Reader) error {
 	// million decoded messages were three million objects for the garbage
 	// collector to mark while the install ran, and its mark assists
 	// stretched the install's lock holds.
-	n := min(h.GetIndexRecords(), 1<<24)
+	// A corrupt header must not make us allocate for a count it lies
+	// about: preallocate at most a million, append grows beyond.
+	n := min(h.GetIndexRecords(), 1<<20)
 	records := make([]flatRecord, 0, n)
 	holders := make([]flatHolder, 0, n)
 	rec := &cartv1.IndexRecord{}
@@ -273,11 +284,19 @@ func (s *State) Restore(r io.Reader) error {
 		}
 		records = append(records, flatRecord{hash: rec.GetHash(), used: rec.GetUsedUnixNanos(), end: len(holders)})
 	}
+	origins := make([]*cartv1.StoredOrigin, 0, min(h.GetOriginRecords(), 1<<20))
+	for i := uint64(0); i < h.GetOriginRecords(); i++ {
+		o := &cartv1.StoredOrigin{}
+		if err := readRecord(br, o); err != nil {
+			return fmt.Errorf("snapshot origin %d of %d: %w", i, h.GetOriginRecords(), err)
+		}
+		origins = append(origins, o)
+	}
 	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
 		return errors.New("snapshot has trailing data")
 	}
 	if s.origins != nil {
-		s.origins.Restore(h.GetResponseOrigins())
+		s.origins.Restore(origins)
 	}
 
 	// The entries go in restoreChunk at a time, each chunk its own lock

@@ -342,6 +342,30 @@ func TestSnapshotCarriesResponseOrigins(t *testing.T) {
 		!proto.Equal(dstO.replaced[0][0], srcO.stored[0]) || !proto.Equal(dstO.replaced[0][1], srcO.stored[1]) {
 		t.Fatalf("restored origins %v, want %v in order", dstO.replaced, srcO.stored)
 	}
+
+	// The origins are records of their own: the header does not grow with
+	// them (responses.max_entries of them in the header would outgrow the
+	// record size limit, and no node could read the snapshot).
+	headerLen := func(stored []*cartv1.StoredOrigin) uint64 {
+		srcO.stored = stored
+		var b bytes.Buffer
+		if err := src.Capture().Write(&b); err != nil {
+			t.Fatal(err)
+		}
+		n, err := binary.ReadUvarint(&b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	many := make([]*cartv1.StoredOrigin, 10_000)
+	for i := range many {
+		many[i] = &cartv1.StoredOrigin{IdHash: uint64(i), Worker: "http://a:1", ExpiresUnixNanos: 99}
+	}
+	// Only their count is in it: a few bytes.
+	if none, lots := headerLen(nil), headerLen(many); lots > none+8 {
+		t.Fatalf("header of %d bytes with no origins, %d with 10,000", none, lots)
+	}
 }
 
 // restoreHolds counts the decider's snapshot_restore lock holds.

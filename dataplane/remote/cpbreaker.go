@@ -137,6 +137,9 @@ func (b *cpBreaker) reset() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.consecutive, b.open = 0, false
+	// Calls still in flight to the old control plane fail against it,
+	// not against the new one.
+	b.round++
 }
 
 // isOpen reports whether Route calls are being skipped.

@@ -313,4 +313,15 @@ func TestCPBreakerCountsAStallOnce(t *testing.T) {
 	if b.isOpen() {
 		t.Fatal("failures before an answer still counted")
 	}
+
+	// A call to the old leader that fails after a leader change does not
+	// count against the new one.
+	b = newCPBreaker(2, time.Second, newFakeClock().now)
+	_, toOld := b.allow()
+	b.reset()
+	b.done(toOld, cpFailed)
+	round(1, cpFailed)
+	if b.isOpen() {
+		t.Fatal("a failure of a call to the previous leader counted")
+	}
 }

@@ -790,11 +790,14 @@ type SnapshotHeader struct {
 	IndexRecords   uint64                 `protobuf:"varint,5,opt,name=index_records,json=indexRecords,proto3" json:"index_records,omitempty"`
 	// Last log index applied when the snapshot was captured.
 	AppliedIndex uint64 `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	// The Responses API origins the node knew, most recently used first, so
-	// that a node restored from the snapshot still pins their continuations.
-	ResponseOrigins []*StoredOrigin `protobuf:"bytes,7,rep,name=response_origins,json=responseOrigins,proto3" json:"response_origins,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How many StoredOrigin records follow the index records: the Responses
+	// API origins the node knew, most recently used first, so that a node
+	// restored from the snapshot still pins their continuations. Records of
+	// their own, not a header field: a header holding up to
+	// responses.max_entries of them could outgrow the record size limit.
+	OriginRecords uint64 `protobuf:"varint,8,opt,name=origin_records,json=originRecords,proto3" json:"origin_records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotHeader) Reset() {
@@ -869,14 +872,15 @@ func (x *SnapshotHeader) GetAppliedIndex() uint64 {
 	return 0
 }
 
-func (x *SnapshotHeader) GetResponseOrigins() []*StoredOrigin {
+func (x *SnapshotHeader) GetOriginRecords() uint64 {
 	if x != nil {
-		return x.ResponseOrigins
+		return x.OriginRecords
 	}
-	return nil
+	return 0
 }
 
-// StoredOrigin is a Responses API origin as a snapshot keeps it.
+// StoredOrigin is a Responses API origin as a snapshot keeps it (a record
+// after the index records).
 type StoredOrigin struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// FNV-1a 64 of the response id.
@@ -1067,18 +1071,18 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x17\n" +
 	"\aapi_url\x18\x02 \x01(\tR\x06apiUrl\".\n" +
 	"\x13RemoveMemberCommand\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x8a\x03\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\xf5\x02\n" +
 	"\x0eSnapshotHeader\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12-\n" +
 	"\aworkers\x18\x02 \x03(\v2\x13.cart.v1.WorkerSpecR\aworkers\x12'\n" +
 	"\x0fworkers_version\x18\x03 \x01(\x04R\x0eworkersVersion\x12>\n" +
 	"\amembers\x18\x04 \x03(\v2$.cart.v1.SnapshotHeader.MembersEntryR\amembers\x12#\n" +
 	"\rindex_records\x18\x05 \x01(\x04R\findexRecords\x12#\n" +
-	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x12@\n" +
-	"\x10response_origins\x18\a \x03(\v2\x15.cart.v1.StoredOriginR\x0fresponseOrigins\x1a:\n" +
+	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x12%\n" +
+	"\x0eorigin_records\x18\b \x01(\x04R\roriginRecords\x1a:\n" +
 	"\fMembersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"m\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\a\x10\b\"m\n" +
 	"\fStoredOrigin\x12\x17\n" +
 	"\aid_hash\x18\x01 \x01(\x06R\x06idHash\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\tR\x06worker\x12,\n" +
@@ -1137,12 +1141,11 @@ var file_cart_v1_raft_proto_depIdxs = []int32{
 	5,  // 13: cart.v1.UnplaceBatchCommand.placements:type_name -> cart.v1.Placement
 	1,  // 14: cart.v1.SnapshotHeader.workers:type_name -> cart.v1.WorkerSpec
 	14, // 15: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
-	12, // 16: cart.v1.SnapshotHeader.response_origins:type_name -> cart.v1.StoredOrigin
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_raft_proto_init() }
