@@ -34,10 +34,13 @@ type kvApplier struct {
 	clears map[string]bool
 	trims  map[string]map[uint64]bool
 	kick   chan struct{}
+	// seed wakes the seeding loop: a worker's model is waiting to be
+	// filled from the index.
+	seed chan struct{}
 }
 
 func newKVApplier(dec *decider.Decider, apply func(context.Context, *cartv1.RaftCommand) error, log *slog.Logger) *kvApplier {
-	return &kvApplier{dec: dec, apply: apply, log: log, clears: map[string]bool{}, trims: map[string]map[uint64]bool{}, kick: make(chan struct{}, 1)}
+	return &kvApplier{dec: dec, apply: apply, log: log, clears: map[string]bool{}, trims: map[string]map[uint64]bool{}, kick: make(chan struct{}, 1), seed: make(chan struct{}, 1)}
 }
 
 func (a *kvApplier) ClearHoldings(worker string) {
@@ -63,9 +66,13 @@ func (a *kvApplier) ApplyKVReport(worker string, r engine.KVReport) {
 	a.addTrim(worker, trim)
 	if seed {
 		// A worker nobody modelled (every event-fed one on a new leader):
-		// its model fills from the index in short lock holds, here on the
-		// stream's goroutine, which holds its next report until done.
-		a.dec.SeedModels(a.addTrim)
+		// its model fills from the index in short lock holds, on run's
+		// seeding loop, not on this stream's goroutine: a full index takes
+		// most of a second, during which the stream would read nothing.
+		select {
+		case a.seed <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -89,7 +96,21 @@ func (a *kvApplier) addTrim(worker string, trim []uint64) {
 // run proposes pending corrections until ctx ends; what is pending then is
 // dropped (the next leader's consumer starts from its engines' streams).
 func (a *kvApplier) run(ctx context.Context) {
+	seeding := make(chan struct{})
+	go func() {
+		defer close(seeding)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-a.seed:
+				// Ends between two steps when leadership does.
+				a.dec.SeedModels(ctx, a.addTrim)
+			}
+		}
+	}()
 	every.Tick(ctx, kvFlushEvery, a.kick, func() { a.flush(ctx) })
+	<-seeding
 }
 
 // flush proposes the pending clears, then the pending trims. A proposal

@@ -5,12 +5,14 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // The leader's KV-event corrections reach the index only through the log,
@@ -66,9 +68,16 @@ func TestKVApplierProposesBatchedCommands(t *testing.T) {
 
 	app := newKVApplier(dec, apply, slog.New(slog.DiscardHandler))
 	// The engine holds 4 blocks after evicting: a's oldest 4 must go. The
-	// first report finds a unmodelled: its model is seeded (SeedModels, on
-	// this goroutine) and the trim comes at the seed's end.
+	// first report finds a unmodelled: it wakes the seeding loop (not
+	// seeding on the stream's goroutine), and the trim comes at the seed's
+	// end.
 	app.ApplyKVReport("a", engine.KVReport{Synced: true, OccupiedBlocks: 4, CapacityBlocks: 8, Evicted: true})
+	select {
+	case <-app.seed:
+	default:
+		t.Fatal("the first report of an unmodelled worker did not wake the seeding loop")
+	}
+	dec.SeedModels(ctx, app.addTrim) // what run's seeding loop does
 	app.ApplyKVReport("a", engine.KVReport{Synced: true, OccupiedBlocks: 4, CapacityBlocks: 8, Evicted: true})
 	if holds("a", old) != 4 {
 		t.Fatal("the index changed before the correction was committed")
@@ -97,5 +106,39 @@ func TestKVApplierProposesBatchedCommands(t *testing.T) {
 	app.flush(ctx)
 	if len(cmds) != n {
 		t.Fatalf("an empty window proposed %v", cmds[n:])
+	}
+}
+
+// run's seeding loop fills a worker's model after its first report, and
+// run returns (the loop with it) when leadership ends.
+func TestKVApplierRunSeedsAndStops(t *testing.T) {
+	dec := decider.New(decider.Options{Policy: engine.Policy{BlockChars: 4, Threshold: 0.3, BalanceAbsThreshold: 100, BalanceRelThreshold: 100},
+		MaxEntries: 100_000, Rand: rand.New(rand.NewPCG(1, 2))})
+	dec.SetWorkers([]engine.WorkerSpec{{URL: "a"}})
+	dec.Do(decider.OpRead, func(eng *engine.Engine) {
+		for i := range 20_000 {
+			eng.ApplyPlacement("a", []uint64{uint64(i) + 1}, int64(i))
+		}
+	})
+	app := newKVApplier(dec, func(context.Context, *cartv1.RaftCommand) error { return nil }, slog.New(slog.DiscardHandler))
+	app.ApplyKVReport("a", engine.KVReport{Synced: true, CapacityBlocks: 50_000})
+	var seeding bool
+	dec.Do(decider.OpRead, func(eng *engine.Engine) { seeding = eng.Seeding() })
+	if !seeding {
+		t.Fatal("the first report of an unmodelled worker started no seed")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); app.run(ctx) }()
+	testkit.WaitFor(t, 10*time.Second, "the seed finished", func() bool {
+		var seeding bool
+		dec.Do(decider.OpRead, func(eng *engine.Engine) { seeding = eng.Seeding() })
+		return !seeding
+	})
+	cancel()
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return after its context ended")
 	}
 }

@@ -1,6 +1,9 @@
 package decider
 
-import "runtime"
+import (
+	"context"
+	"runtime"
+)
 
 // seedChunk bounds the index entries one seed step visits (it adds a
 // quarter as many holdings to a model). Measured on a full 1M-entry index
@@ -15,9 +18,10 @@ const seedChunk = 1024
 // holds; the ordering of each worker's collected holdings runs outside
 // the lock. trim gets the eviction trims a seed deferred, outside the
 // lock, to apply as ApplyKVReport's answers are. Several callers may run
-// it at once: they share the steps.
-func (d *Decider) SeedModels(trim func(url string, hashes []uint64)) {
-	for {
+// it at once: they share the steps. It returns early when ctx ends (a
+// leader stepping down); the seed stays where it was, for the next caller.
+func (d *Decider) SeedModels(ctx context.Context, trim func(url string, hashes []uint64)) {
+	for ctx.Err() == nil {
 		t := d.lock()
 		r := d.eng.SeedStep(seedChunk)
 		d.unlock(OpSeed, t)

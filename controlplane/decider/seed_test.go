@@ -1,6 +1,7 @@
 package decider
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -32,7 +33,9 @@ func TestSeedModelsFillsTheModelsInSteps(t *testing.T) {
 	})
 	var wg sync.WaitGroup
 	for range 2 {
-		wg.Go(func() { d.SeedModels(func(string, []uint64) { t.Error("a trim without an eviction") }) })
+		wg.Go(func() {
+			d.SeedModels(context.Background(), func(string, []uint64) { t.Error("a trim without an eviction") })
+		})
 	}
 	wg.Go(func() {
 		for i := range 200 {
@@ -66,4 +69,30 @@ func TestSeedModelsFillsTheModelsInSteps(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A cancelled SeedModels (its leader stepped down) stops between two steps
+// and leaves the seed to the next caller, which finishes it.
+func TestSeedModelsStopsWithItsContext(t *testing.T) {
+	d := New(Options{Policy: engine.Policy{Threshold: 0.5, BalanceAbsThreshold: 4, BalanceRelThreshold: 1.5, BlockChars: 64}, MaxEntries: 1 << 16})
+	d.SetWorkers([]engine.WorkerSpec{{URL: "http://a"}})
+	d.Do(OpRead, func(e *engine.Engine) {
+		for i := range 5000 {
+			e.ApplyPlacement("http://a", []uint64{uint64(i) + 1}, int64(i))
+		}
+		e.ApplyKVReport("http://a", engine.KVReport{Synced: true, CapacityBlocks: 10_000}, nil)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	d.SeedModels(ctx, func(string, []uint64) {})
+	var seeding bool
+	d.Do(OpRead, func(e *engine.Engine) { seeding = e.Seeding() })
+	if !seeding {
+		t.Fatal("a cancelled SeedModels finished the seed (or none was started)")
+	}
+	d.SeedModels(context.Background(), func(string, []uint64) {})
+	d.Do(OpRead, func(e *engine.Engine) { seeding = e.Seeding() })
+	if seeding {
+		t.Fatal("the next caller did not finish the seed")
+	}
 }

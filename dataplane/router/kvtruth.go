@@ -1,6 +1,8 @@
 package router
 
 import (
+	"context"
+
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 )
@@ -23,7 +25,9 @@ func (l *Local) ApplyKVReport(worker string, r engine.KVReport) {
 		seed = eng.Seeding()
 	})
 	if seed {
-		l.dec.SeedModels(l.removeHoldings)
+		// At start the index is empty and this is instant; the router
+		// keeps no index across restarts.
+		l.dec.SeedModels(context.Background(), l.removeHoldings)
 	}
 }
 
