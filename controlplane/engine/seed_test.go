@@ -368,6 +368,25 @@ func TestSecondAndEvictedReportsDuringTheSeed(t *testing.T) {
 	}
 }
 
+// installIndex empties e's index with clear and puts from's entries back
+// into it, as a snapshot's install does.
+func installIndex(e, from *Engine, clear func()) {
+	type rec struct {
+		h    uint64
+		used int64
+		hs   []index.Holder
+	}
+	var recs []rec
+	from.idx.Walk(func(h uint64, used int64, hs []index.Holder) bool {
+		recs = append(recs, rec{h, used, slices.Clone(hs)})
+		return true
+	})
+	clear()
+	for _, r := range recs {
+		e.idx.PutBack(r.h, r.used, r.hs)
+	}
+}
+
 // A snapshot installed during a seed (ClearIndex, then the entries put
 // back, as state.Restore does) drops the seed and the model; the worker's
 // next KV report seeds a new one from the restored index.
@@ -375,20 +394,7 @@ func TestSeedAfterASnapshotInstall(t *testing.T) {
 	e, want := seedEngine(t, 10), seedEngine(t, 10)
 	e.ApplyKVReport("a", KVReport{Synced: true}, nil)
 	stepUntil(t, e, 8, func(SeedResult) bool { s := e.byURL["a"].seed; return s.phase == seedWalking && len(s.walked) > 0 })
-	type rec struct {
-		h    uint64
-		used int64
-		hs   []index.Holder
-	}
-	var recs []rec
-	want.idx.Walk(func(h uint64, used int64, hs []index.Holder) bool {
-		recs = append(recs, rec{h, used, slices.Clone(hs)})
-		return true
-	})
-	e.ClearIndex()
-	for _, r := range recs {
-		e.idx.PutBack(r.h, r.used, r.hs)
-	}
+	installIndex(e, want, e.ClearIndex)
 	seedSteps(t, e, 8, nil)
 	if w := e.byURL["a"]; w.model != nil || w.seed != nil {
 		t.Fatal("a model over the replaced index survived the install")
@@ -408,21 +414,7 @@ func TestSeedWalkRestartsWhenTheIndexIsReplaced(t *testing.T) {
 	e, want := seedEngine(t, 10), seedEngine(t, 10)
 	e.ApplyKVReport("a", KVReport{Synced: true}, nil)
 	stepUntil(t, e, 8, func(SeedResult) bool { s := e.byURL["a"].seed; return s.phase == seedWalking && len(s.walked) > 0 })
-	// Install "want"'s index into e, as the snapshot restore does.
-	type rec struct {
-		h    uint64
-		used int64
-		hs   []index.Holder
-	}
-	var recs []rec
-	want.idx.Walk(func(h uint64, used int64, hs []index.Holder) bool {
-		recs = append(recs, rec{h, used, slices.Clone(hs)})
-		return true
-	})
-	e.idx.Clear()
-	for _, r := range recs {
-		e.idx.PutBack(r.h, r.used, r.hs)
-	}
+	installIndex(e, want, e.idx.Clear)
 	seedSteps(t, e, 8, nil)
 	refReport(want, "a", KVReport{Synced: true})
 	if g, w := modelOrder(t, e, "a"), modelOrder(t, want, "a"); len(w) == 0 || !slices.Equal(g, w) {
