@@ -62,7 +62,24 @@ type batcher struct {
 	older   map[touchKey]int64 // the generation before
 	genAt   int64              // when recent started
 	touchN  [numTouchOutcomes]atomic.Uint64
+
+	// Proposed entries, and the records and block hashes in them by kind
+	// (what a batch costs the log, on every node).
+	proposed atomic.Uint64
+	records  [numBatchKinds]atomic.Uint64
+	blocks   [numBatchKinds]atomic.Uint64
 }
+
+// Kinds of records in a batch, for cart_cp_batch_records_total and
+// cart_cp_batch_blocks_total.
+const (
+	kindPlacement = iota
+	kindWithdrawal
+	kindTouch
+	numBatchKinds
+)
+
+var batchKindNames = [numBatchKinds]string{"placement", "withdrawal", "touch"}
 
 // touchInterval is how often at most one (worker, deepest block) touch is
 // replicated. Recency finer than that orders nothing that matters: a
@@ -323,6 +340,16 @@ func (b *batcher) flush(ctx context.Context) {
 		} else {
 			unplace = append(unplace, p)
 		}
+	}
+
+	b.proposed.Add(1)
+	for kind, ps := range [numBatchKinds][]*cartv1.Placement{place, unplace, touches} {
+		n := 0
+		for _, p := range ps {
+			n += len(p.BlockHashes)
+		}
+		b.records[kind].Add(uint64(len(ps)))
+		b.blocks[kind].Add(uint64(n))
 	}
 
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)

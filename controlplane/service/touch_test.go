@@ -3,7 +3,9 @@ package service
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -251,5 +253,40 @@ func TestFailedBatchDropsTheWindowsTouches(t *testing.T) {
 	cp.flushBatch()
 	if ts := allTouches(cp); len(ts) != 0 {
 		t.Fatalf("touches replicated after the failure: %v", ts)
+	}
+}
+
+// The leader exports what touches cost the log next to placements.
+func TestTouchMetrics(t *testing.T) {
+	var clk testClock
+	cp, rc := touchLeader(t, &clk, 0, w1)
+	txt := text(64, 47) // 4 blocks
+	liveRoute(t, rc, txt)
+	cp.flushBatch()
+	clk.advance(10 * time.Second)
+	liveRoute(t, rc, txt)
+	liveRoute(t, rc, txt)
+	cp.flushBatch()
+	resp, err := cp.client.Get(cp.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`cart_cp_touches_total{outcome="queued"} 1`,
+		`cart_cp_touches_total{outcome="merged"} 1`,
+		`cart_cp_batches_proposed_total 2`,
+		`cart_cp_batch_records_total{kind="placement"} 1`,
+		`cart_cp_batch_records_total{kind="touch"} 1`,
+		`cart_cp_batch_blocks_total{kind="placement"} 4`,
+		`cart_cp_batch_blocks_total{kind="touch"} 4`,
+	} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("metrics lack %q", want)
+		}
 	}
 }
