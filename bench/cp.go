@@ -101,7 +101,14 @@ type CPRun struct {
 	StepDowns   int    `json:"step_downs"`
 	LoadAvg     string `json:"loadavg"`
 	Note        string `json:"note,omitempty"`
+	// BatchPerS is what the leader's placement batches carried per second
+	// of the run (its cart_cp_batch* and cart_cp_touches_total counters,
+	// keyed by sample name): the log's cost on every node.
+	BatchPerS map[string]float64 `json:"batch_per_s,omitempty"`
 }
+
+// cpBatchCounters are the leader's counters BatchPerS reports.
+var cpBatchCounters = []string{"cart_cp_batches_proposed_total", "cart_cp_batch_records_total", "cart_cp_batch_blocks_total", "cart_cp_touches_total"}
 
 // CPResult is the control-plane section.
 type CPResult struct {
@@ -289,6 +296,7 @@ type cpScrape struct {
 	nodes  []time.Duration // CPU per node, parallel to cluster.nodes
 	decide *Histogram
 	holds  map[string]*Histogram
+	batch  map[string]float64
 }
 
 func scrapeCP(c *cpCluster, leader *cpNode) cpScrape {
@@ -300,6 +308,7 @@ func scrapeCP(c *cpCluster, leader *cpNode) cpScrape {
 		if text, err := c.metrics(leader); err == nil {
 			s.decide = ParseHistograms(text, "cart_cp_route_seconds")[""]
 			s.holds = ParseHistograms(text, "cart_decider_lock_hold_seconds")
+			s.batch = ParseCounters(text, cpBatchCounters)
 		}
 	}
 	return s
@@ -341,6 +350,14 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 			} else {
 				r.CPUFollowersUs += per(d)
 			}
+		}
+	}
+	for k, v := range after.batch {
+		if wall > 0 && before.batch != nil {
+			if r.BatchPerS == nil {
+				r.BatchPerS = map[string]float64{}
+			}
+			r.BatchPerS[k] = (v - before.batch[k]) / wall.Seconds()
 		}
 	}
 	if after.decide != nil {

@@ -66,6 +66,11 @@ var ErrNotLeading = errors.New("leader is still catching up (barrier pending)")
 type Ledger interface {
 	Place(eng *engine.Engine, worker string, hashes []uint64, at time.Time)
 	Unplace(eng *engine.Engine, worker string, hashes []uint64, at time.Time)
+	// Touch: the decision refreshed worker's recency of hashes, blocks it
+	// already held. Unlike Place, hashes are only lent for the call (they
+	// point into the caller's pooled buffer): most touches are dropped as
+	// redundant, so a copy is left to the ones that are kept.
+	Touch(eng *engine.Engine, worker string, hashes []uint64, at time.Time)
 }
 
 // leaderState is the leader's soft state: tracked tickets and the load
@@ -239,6 +244,9 @@ func (d *Decider) RouteFor(ctx context.Context, c Caller, req Request) (Decision
 	d.dataPlane(c.DataPlane, now).loads[dec.Worker]++
 	if len(dec.Ticket.placed) > 0 && d.lead.ledger != nil {
 		d.lead.ledger.Place(d.eng, dec.Worker, dec.Ticket.placed, now)
+	}
+	if len(dec.Touched) > 0 && d.lead.ledger != nil {
+		d.lead.ledger.Touch(d.eng, dec.Worker, dec.Touched, now)
 	}
 	return dec, nil
 }

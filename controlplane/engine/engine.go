@@ -120,6 +120,11 @@ type Decision struct {
 	// Placed are the hashes newly recorded for Worker by this decision:
 	// Unplace removes exactly these if the request never reached it.
 	Placed []uint64
+	// Touched are the hashes Worker already held and this decision
+	// matched again (the path up to its deepest held block): their LRU
+	// recency was refreshed, which a leader replicates so that followers
+	// age them alike. Like Placed, it points into Request.Hashes.
+	Touched []uint64
 	// Candidate is the cache candidate's URL, if there was one.
 	Candidate string
 	// ChosenChars is how many key characters the chosen worker holds
@@ -378,6 +383,9 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 		// withdrawn; only the ones this decision added are undone.
 		if chosenBlocks < len(req.Hashes) {
 			d.Placed = req.Hashes[chosenBlocks:]
+		}
+		if chosenBlocks > 0 {
+			d.Touched = req.Hashes[:chosenBlocks:chosenBlocks]
 		}
 	}
 	return d, nil

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/decider"
@@ -50,7 +51,76 @@ type batcher struct {
 	// proposer touched while ops were pending, the last op seq at that
 	// moment: ops up to it are superseded by the log and never undone.
 	fence map[fenceKey]uint64
+
+	// Touches (recency refreshes of blocks a worker already held) ride in
+	// the batches too, but they are hints, not ledger ops: the leader's
+	// index already has them, so they are never undone, and one lost with
+	// its window only leaves followers' recency as it was.
+	touches []touchOp          // this window's, one per key
+	touchAt map[touchKey]int   // index in touches by key
+	recent  map[touchKey]int64 // keys queued in the current generation, with when
+	older   map[touchKey]int64 // the generation before
+	genAt   int64              // when recent started
+	touchN  [numTouchOutcomes]atomic.Uint64
+
+	// Proposed entries, and the records and block hashes in them by kind
+	// (what a batch costs the log, on every node).
+	proposed atomic.Uint64
+	records  [numBatchKinds]atomic.Uint64
+	blocks   [numBatchKinds]atomic.Uint64
 }
+
+// Kinds of records in a batch, for cart_cp_batch_records_total and
+// cart_cp_batch_blocks_total.
+const (
+	kindPlacement = iota
+	kindWithdrawal
+	kindTouch
+	numBatchKinds
+)
+
+var batchKindNames = [numBatchKinds]string{"placement", "withdrawal", "touch"}
+
+// touchInterval is how often at most one (worker, deepest block) touch is
+// replicated. Recency finer than that orders nothing that matters: a
+// block is evicted after the whole capacity of newer blocks went by,
+// which at these cache sizes and route rates takes far longer than a
+// second; and a hot prefix (a system prompt, a conversation's head),
+// matched on most routes, would otherwise cost a path of hashes in
+// every window.
+const touchInterval = time.Second
+
+// maxTouchKeys bounds each of the two generations of the table of recent
+// touches (so at most 2*maxTouchKeys entries, about 5 MB with map
+// overhead): 13 times the keys of a second at 5,000 hits/s, the highest
+// rate this control plane sustains. Past it the table turns over early
+// and some touches are replicated again within touchInterval: more bytes,
+// never a wrong index.
+const maxTouchKeys = 1 << 16
+
+// touchKey names a touch by the chosen worker's engine id (a worker
+// removed and added again is another) and the deepest block it matched:
+// block hashes chain their prefix, so the deepest names the whole path.
+type touchKey struct {
+	wid  uint32
+	hash uint64
+}
+
+type touchOp struct {
+	worker string
+	hashes []uint64
+	at     int64
+}
+
+// Touch outcomes, for cart_cp_touches_total.
+const (
+	touchQueued  = iota // queued for replication
+	touchMerged         // its key was already in the window: time updated
+	touchLimited        // replicated less than touchInterval ago: dropped
+	numTouchOutcomes
+)
+
+var touchOutcomeNames = [numTouchOutcomes]string{"queued", "merged", "limited"}
 
 // pendingOp is one change this node made to its index ahead of the log.
 type pendingOp struct {
@@ -80,7 +150,7 @@ func newBatcher(n Node, interval time.Duration, maxN int, log *slog.Logger, dec 
 		maxN = 512
 	}
 	return &batcher{node: n, interval: interval, max: maxN, log: log, full: make(chan struct{}, 1), nonce: rand.Uint64(),
-		dec: dec, fence: map[fenceKey]uint64{}}
+		dec: dec, fence: map[fenceKey]uint64{}, touchAt: map[touchKey]int{}, recent: map[touchKey]int64{}}
 }
 
 // Own implements state.OwnBatches: requestID is the batch in flight, whose
@@ -113,6 +183,7 @@ func (b *batcher) Committed(worker string, hashes []uint64) {
 // critical section.
 func (b *batcher) Restored() {
 	b.window, b.inflight = nil, nil
+	b.dropTouches()
 	b.clearFences()
 }
 
@@ -144,6 +215,64 @@ func (b *batcher) Unplace(eng *engine.Engine, worker string, hashes []uint64, at
 	b.add(eng, false, worker, hashes, at)
 }
 
+// Touch implements decider.Ledger: it queues a recency refresh of blocks
+// worker already held, unless one for the same worker and deepest block
+// is in this window (its time moves forward) or was queued less than
+// touchInterval ago. hashes are copied only if queued. Inside the
+// decider's critical section.
+func (b *batcher) Touch(eng *engine.Engine, worker string, hashes []uint64, at time.Time) {
+	wid, ok := eng.WorkerIDOf(worker)
+	if !ok || len(hashes) == 0 {
+		return
+	}
+	k, now := touchKey{wid, hashes[len(hashes)-1]}, at.UnixNano()
+	if i, ok := b.touchAt[k]; ok {
+		b.touches[i].at = max(b.touches[i].at, now)
+		b.touchN[touchMerged].Add(1)
+		return
+	}
+	if last, ok := b.lastTouch(k); ok && now >= last && now-last < int64(touchInterval) {
+		b.touchN[touchLimited].Add(1)
+		return
+	}
+	b.rememberTouch(k, now)
+	b.touchAt[k] = len(b.touches)
+	b.touches = append(b.touches, touchOp{worker: worker, hashes: slices.Clone(hashes), at: now})
+	b.touchN[touchQueued].Add(1)
+	b.signalIfFull()
+}
+
+func (b *batcher) lastTouch(k touchKey) (int64, bool) {
+	if t, ok := b.recent[k]; ok {
+		return t, true
+	}
+	t, ok := b.older[k]
+	return t, ok
+}
+
+// rememberTouch records k in the current generation, starting a new one
+// (and forgetting the one before) every touchInterval or maxTouchKeys
+// keys: a key two generations old is past the interval, or the table
+// overflowed and the touch is merely sent again early. A fresh map rather
+// than clear: clearing a full one would hold the routing lock for as long
+// as it takes to zero it.
+func (b *batcher) rememberTouch(k touchKey, now int64) {
+	if len(b.recent) >= maxTouchKeys || now-b.genAt >= int64(touchInterval) || now < b.genAt {
+		b.older, b.recent, b.genAt = b.recent, make(map[touchKey]int64), now
+	}
+	b.recent[k] = now
+}
+
+// dropTouches forgets the window's touches. Inside the decider's critical
+// section.
+func (b *batcher) dropTouches() {
+	b.touches = nil
+	clear(b.touchAt)
+}
+
+// Touches counts touches by outcome ("queued", "merged", "limited").
+func (b *batcher) Touches(outcome int) uint64 { return b.touchN[outcome].Load() }
+
 // maxPendingOrigins bounds the origins waiting for a batch that commits.
 func maxPendingOrigins(batchMax int) int { return 8 * batchMax }
 
@@ -164,7 +293,13 @@ func (b *batcher) add(eng *engine.Engine, place bool, worker string, hashes []ui
 	wid, _ := eng.WorkerIDOf(worker)
 	b.seq++
 	b.window = append(b.window, pendingOp{place: place, worker: worker, wid: wid, hashes: hashes, at: at.UnixNano(), seq: b.seq})
-	if len(b.window) >= b.max {
+	b.signalIfFull()
+}
+
+// signalIfFull asks for an early flush when the window holds max ops
+// (touches count: they are bytes of the entry too).
+func (b *batcher) signalIfFull() {
+	if len(b.window)+len(b.touches) >= b.max {
 		select {
 		case b.full <- struct{}{}:
 		default:
@@ -183,9 +318,17 @@ func (b *batcher) run(ctx context.Context) {
 func (b *batcher) flush(ctx context.Context) {
 	var batch *ownBatch
 	var origins []*cartv1.ResponseOrigin
-	b.dec.Do(decider.OpLedger, func(*engine.Engine) { batch, origins = b.take() })
+	var touchOps []touchOp
+	b.dec.Do(decider.OpLedger, func(*engine.Engine) { batch, origins, touchOps = b.take() })
 	if batch == nil {
 		return
+	}
+	var touches []*cartv1.Placement
+	if len(touchOps) > 0 {
+		touches = make([]*cartv1.Placement, len(touchOps))
+		for i, t := range touchOps {
+			touches[i] = &cartv1.Placement{Worker: t.worker, BlockHashes: t.hashes, AtUnixNanos: t.at}
+		}
 	}
 	ops := batch.ops
 	// One entry per window: withdrawals (applied first) and placements.
@@ -199,26 +342,38 @@ func (b *batcher) flush(ctx context.Context) {
 		}
 	}
 
+	b.proposed.Add(1)
+	for kind, ps := range [numBatchKinds][]*cartv1.Placement{place, unplace, touches} {
+		n := 0
+		for _, p := range ps {
+			n += len(p.BlockHashes)
+		}
+		b.records[kind].Add(uint64(len(ps)))
+		b.blocks[kind].Add(uint64(n))
+	}
+
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	cmd := &cartv1.RaftCommand{Ignorable: true, RequestId: batch.id, Body: &cartv1.RaftCommand_PlaceBatch{
-		PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place, Withdrawals: unplace, ResponseOrigins: origins}}}
+		PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place, Withdrawals: unplace, ResponseOrigins: origins, Touches: touches}}}
 	_, err := b.node.Apply(actx, cmd)
 	b.dec.Do(decider.OpLedger, func(eng *engine.Engine) { b.settle(eng, batch, origins, len(place), len(unplace), err) })
 }
 
 // take moves the window into a new batch in flight (nil when there is
-// nothing to propose). Inside the decider's critical section.
-func (b *batcher) take() (*ownBatch, []*cartv1.ResponseOrigin) {
-	ops, origins := b.window, b.origins
+// nothing to propose). The touches go with it but not into the ledger:
+// nothing undoes them. Inside the decider's critical section.
+func (b *batcher) take() (*ownBatch, []*cartv1.ResponseOrigin, []touchOp) {
+	ops, origins, touches := b.window, b.origins, b.touches
 	b.window, b.origins = nil, nil
-	if len(ops) == 0 && len(origins) == 0 {
-		return nil, nil
+	b.dropTouches()
+	if len(ops) == 0 && len(origins) == 0 && len(touches) == 0 {
+		return nil, nil, nil
 	}
 	b.batches++
 	batch := &ownBatch{id: fmt.Sprintf("batch-%016x-%d", b.nonce, b.batches), ops: ops}
 	b.inflight = batch
-	return batch, origins
+	return batch, origins, touches
 }
 
 // settle records the fate of the batch in flight: committed, or undone
@@ -241,6 +396,10 @@ func (b *batcher) settle(eng *engine.Engine, batch *ownBatch, origins []*cartv1.
 	// placements) and, proposed alone, would leave the log out of step.
 	window := b.window
 	b.window = nil
+	// The window's touches may refresh blocks its undone placements put
+	// there: replicated, they would hand followers holdings this node no
+	// longer has.
+	b.dropTouches()
 	// Response origins are facts, not decisions: propose them again, but
 	// keep at most maxPendingOrigins (the newest) while commits keep
 	// failing; the leader's own table still pins the older ones.
@@ -260,6 +419,7 @@ func (b *batcher) discard() {
 	b.dec.Do(decider.OpLedger, func(eng *engine.Engine) {
 		window := b.window
 		b.window, b.origins = nil, nil
+		b.dropTouches()
 		b.undo(eng, window)
 		b.clearFences()
 	})

@@ -45,6 +45,24 @@ func newCPMetrics(c *Core) *cpMetrics {
 			Help:        "Decisions the leader settled as undelivered without a normal completion: abandoned (the data plane gave up waiting for Route), stale (past the load lease and no longer in flight on its data plane), cap (controlplane.max_unsettled_tickets reached).",
 			ConstLabels: prometheus.Labels{"cause": cause.String()}}, func() float64 { return float64(c.dec.Dropped(cause)) }))
 	}
+	if c.batch != nil {
+		for o, name := range touchOutcomeNames {
+			m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_touches_total",
+				Help:        "Recency refreshes (touches) of blocks a chosen worker already held, by outcome: queued for replication, merged into one of the same window, limited (one was queued less than a second ago).",
+				ConstLabels: prometheus.Labels{"outcome": name}}, func() float64 { return float64(c.batch.Touches(o)) }))
+		}
+		b := c.batch
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_batches_proposed_total",
+			Help: "Placement batches (Raft entries) this node proposed as leader."}, func() float64 { return float64(b.proposed.Load()) }))
+		for k, name := range batchKindNames {
+			m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_batch_records_total",
+				Help:        "Records in the placement batches this node proposed, by kind: placement, withdrawal, touch.",
+				ConstLabels: prometheus.Labels{"kind": name}}, func() float64 { return float64(b.records[k].Load()) }))
+			m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_batch_blocks_total",
+				Help:        "Block hashes (8 bytes each on the log) in the placement batches this node proposed, by kind.",
+				ConstLabels: prometheus.Labels{"kind": name}}, func() float64 { return float64(b.blocks[k].Load()) }))
+		}
+	}
 	m.reg.MustRegister(c.dec.Collectors()...)
 	if c.st != nil {
 		m.reg.MustRegister(c.st.Collectors()...)

@@ -109,9 +109,10 @@ func (c *Core) feedTick(cursor uint64, send func(*cartv1.StreamResponse)) uint64
 		if len(batch) == 0 && skipped == 0 {
 			break
 		}
-		send(&cartv1.StreamResponse{Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{Placements: batch, Skipped: skipped}}})
+		// Counted before the send: a reader of the frame must find it counted.
 		c.metrics.feedSent.Add(float64(len(batch)))
 		c.metrics.feedSkipped.Add(float64(skipped))
+		send(&cartv1.StreamResponse{Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{Placements: batch, Skipped: skipped}}})
 		sent += len(batch)
 		skipped = 0
 		if len(batch) == 0 {

@@ -159,6 +159,12 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		var own bool
 		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { own = s.own != nil && s.own.Own(cmd.GetRequestId()) })
 		if !own {
+			// Touches first: they record what the leader's index held when
+			// it decided, before this window's withdrawals took any of it
+			// back. Applied as placements (recency refreshed, a holding
+			// this node had evicted restored); a batch without them, as
+			// older leaders write, leaves recency as it was.
+			s.applyPlacements(b.PlaceBatch.GetTouches(), true)
 			s.applyPlacements(b.PlaceBatch.GetWithdrawals(), false)
 			s.applyPlacements(b.PlaceBatch.GetPlacements(), true)
 			if o := b.PlaceBatch.GetResponseOrigins(); len(o) > 0 && s.origins != nil {

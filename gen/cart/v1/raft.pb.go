@@ -529,8 +529,16 @@ type PlaceBatchCommand struct {
 	// (best effort: a window that fails to commit is not retried), so that
 	// a new leader still pins their continuations.
 	ResponseOrigins []*ResponseOrigin `protobuf:"bytes,3,rep,name=response_origins,json=responseOrigins,proto3" json:"response_origins,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Blocks a worker already held that the window's decisions matched
+	// again: a follower refreshes their LRU recency as for a placement
+	// (applied first, before withdrawals), so that a new leader starts with
+	// the old one's eviction order. Compact: one entry per worker and
+	// deepest matched block per window, and at most one per
+	// touch interval across windows. Nodes too old to know the field
+	// ignore it and age those blocks by their first placement instead.
+	Touches       []*Placement `protobuf:"bytes,4,rep,name=touches,proto3" json:"touches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PlaceBatchCommand) Reset() {
@@ -580,6 +588,13 @@ func (x *PlaceBatchCommand) GetWithdrawals() []*Placement {
 func (x *PlaceBatchCommand) GetResponseOrigins() []*ResponseOrigin {
 	if x != nil {
 		return x.ResponseOrigins
+	}
+	return nil
+}
+
+func (x *PlaceBatchCommand) GetTouches() []*Placement {
+	if x != nil {
+		return x.Touches
 	}
 	return nil
 }
@@ -1054,13 +1069,14 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\tPlacement\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12!\n" +
 	"\fblock_hashes\x18\x02 \x03(\x06R\vblockHashes\x12\"\n" +
-	"\rat_unix_nanos\x18\x03 \x01(\x03R\vatUnixNanos\"\xc1\x01\n" +
+	"\rat_unix_nanos\x18\x03 \x01(\x03R\vatUnixNanos\"\xef\x01\n" +
 	"\x11PlaceBatchCommand\x122\n" +
 	"\n" +
 	"placements\x18\x01 \x03(\v2\x12.cart.v1.PlacementR\n" +
 	"placements\x124\n" +
 	"\vwithdrawals\x18\x02 \x03(\v2\x12.cart.v1.PlacementR\vwithdrawals\x12B\n" +
-	"\x10response_origins\x18\x03 \x03(\v2\x17.cart.v1.ResponseOriginR\x0fresponseOrigins\"I\n" +
+	"\x10response_origins\x18\x03 \x03(\v2\x17.cart.v1.ResponseOriginR\x0fresponseOrigins\x12,\n" +
+	"\atouches\x18\x04 \x03(\v2\x12.cart.v1.PlacementR\atouches\"I\n" +
 	"\x13UnplaceBatchCommand\x122\n" +
 	"\n" +
 	"placements\x18\x01 \x03(\v2\x12.cart.v1.PlacementR\n" +
@@ -1138,14 +1154,15 @@ var file_cart_v1_raft_proto_depIdxs = []int32{
 	5,  // 10: cart.v1.PlaceBatchCommand.placements:type_name -> cart.v1.Placement
 	5,  // 11: cart.v1.PlaceBatchCommand.withdrawals:type_name -> cart.v1.Placement
 	15, // 12: cart.v1.PlaceBatchCommand.response_origins:type_name -> cart.v1.ResponseOrigin
-	5,  // 13: cart.v1.UnplaceBatchCommand.placements:type_name -> cart.v1.Placement
-	1,  // 14: cart.v1.SnapshotHeader.workers:type_name -> cart.v1.WorkerSpec
-	14, // 15: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	5,  // 13: cart.v1.PlaceBatchCommand.touches:type_name -> cart.v1.Placement
+	5,  // 14: cart.v1.UnplaceBatchCommand.placements:type_name -> cart.v1.Placement
+	1,  // 15: cart.v1.SnapshotHeader.workers:type_name -> cart.v1.WorkerSpec
+	14, // 16: cart.v1.SnapshotHeader.members:type_name -> cart.v1.SnapshotHeader.MembersEntry
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_raft_proto_init() }
