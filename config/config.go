@@ -467,8 +467,9 @@ type ControlPlane struct {
 	DataDir           string   `yaml:"data_dir"`
 	Bootstrap         bool     `yaml:"bootstrap"`
 	Join              []string `yaml:"join"`
-	// PlacementBatchMs and PlacementBatchMax trade a little routing latency
-	// for far fewer Raft round trips by committing placements in batches.
+	// PlacementBatchMs and PlacementBatchMax trade how far followers' indexes
+	// lag the leader's (what a failover loses of it) for fewer, larger Raft
+	// entries: routing answers never wait for a batch.
 	PlacementBatchMs  int     `yaml:"placement_batch_ms"`
 	PlacementBatchMax int     `yaml:"placement_batch_max"`
 	LoadLeaseSecs     float64 `yaml:"load_lease_secs"`
@@ -629,7 +630,7 @@ func Default() *Config {
 		ControlPlane: ControlPlane{
 			APIAddr:              "127.0.0.1:6701",
 			RaftAddr:             "127.0.0.1:6702",
-			PlacementBatchMs:     10,
+			PlacementBatchMs:     50,
 			PlacementBatchMax:    512,
 			LoadLeaseSecs:        5,
 			MaxUnsettledTickets:  1 << 18,

@@ -246,7 +246,7 @@ func TestDurations(t *testing.T) {
 		{"models cache", c.Proxy.ModelsCacheTTL(), 10 * time.Minute},
 		{"breaker timeout", c.CircuitBreaker.Timeout(), 30 * time.Second},
 		{"session ttl", c.Session.TTL(), 30 * time.Minute},
-		{"placement batch", c.ControlPlane.PlacementBatch(), 10 * time.Millisecond},
+		{"placement batch", c.ControlPlane.PlacementBatch(), 50 * time.Millisecond},
 		{"load lease", c.ControlPlane.LoadLease(), 5 * time.Second},
 		{"handover threshold", c.ControlPlane.SlowLeaderHandover.Threshold(), 15 * time.Millisecond},
 		{"handover window", c.ControlPlane.SlowLeaderHandover.Window(), 3 * time.Second},
