@@ -185,12 +185,13 @@ func (r faultResult) String() string {
 // that fell back, and the share of repeated-prefix requests landing on a
 // worker that had the prefix.
 func runFault(t *testing.T, mode string, shadowOn bool) faultResult {
-	return runFaultWith(t, mode, shadowOn, 0)
+	return runFaultWith(t, mode, shadowOn, 0, 400)
 }
 
 // runFaultWith is runFault with the control-plane breaker opening after
-// breakerFailures consecutive failures (0: no breaker).
-func runFaultWith(t *testing.T, mode string, shadowOn bool, breakerFailures int) faultResult {
+// breakerFailures consecutive failures (0: no breaker), and requests
+// decisions in the fault phase.
+func runFaultWith(t *testing.T, mode string, shadowOn bool, breakerFailures, requests int) faultResult {
 	t.Helper()
 	workers := []string{wA, wB, wC, wD}
 	var syncWorkers []*cartv1.Worker
@@ -268,7 +269,7 @@ func runFaultWith(t *testing.T, mode string, shadowOn bool, breakerFailures int)
 	if mode == "slow" {
 		clients = 16 // every decision waits out the 20 ms route timeout
 	}
-	return phase(400, clients)
+	return phase(requests, clients)
 }
 
 // With the control plane slow or cut off, fallback keeps routing repeated
