@@ -58,6 +58,7 @@ type batcher struct {
 	// its window only leaves followers' recency as it was.
 	touches []touchOp          // this window's, one per key
 	touchAt map[touchKey]int   // index in touches by key
+	touchBl int                // blocks in touches
 	recent  map[touchKey]int64 // keys queued in the current generation, with when
 	older   map[touchKey]int64 // the generation before
 	genAt   int64              // when recent started
@@ -98,6 +99,16 @@ const touchInterval = time.Second
 // never a wrong index.
 const maxTouchKeys = 1 << 16
 
+// maxTouchBlocksPerWindow bounds the block hashes a window's touches carry.
+// A touch carries the whole matched path, and in a multi-turn chat each
+// turn's deepest match is new (the previous turn's end), so neither the
+// per-window merge nor touchInterval holds it back: unbounded, a long
+// conversation's touches would grow the log with the square of its
+// length. 4,096 blocks (32 KiB) per window is 80k blocks/s at the default
+// 50 ms windows, over ten times what the fixed-prefix bench needs
+// (5.5-6.2k/s); touches past it are dropped, as hints may be.
+const maxTouchBlocksPerWindow = 4096
+
 // touchKey names a touch by the chosen worker's engine id (a worker
 // removed and added again is another) and the deepest block it matched:
 // block hashes chain their prefix, so the deepest names the whole path.
@@ -114,13 +125,14 @@ type touchOp struct {
 
 // Touch outcomes, for cart_cp_touches_total.
 const (
-	touchQueued  = iota // queued for replication
-	touchMerged         // its key was already in the window: time updated
-	touchLimited        // replicated less than touchInterval ago: dropped
+	touchQueued     = iota // queued for replication
+	touchMerged            // its key was already in the window: time updated
+	touchLimited           // replicated less than touchInterval ago: dropped
+	touchOverBudget        // the window's touches already carry maxTouchBlocksPerWindow blocks: dropped
 	numTouchOutcomes
 )
 
-var touchOutcomeNames = [numTouchOutcomes]string{"queued", "merged", "limited"}
+var touchOutcomeNames = [numTouchOutcomes]string{"queued", "merged", "limited", "over_budget"}
 
 // pendingOp is one change this node made to its index ahead of the log.
 type pendingOp struct {
@@ -235,6 +247,11 @@ func (b *batcher) Touch(eng *engine.Engine, worker string, hashes []uint64, at t
 		b.touchN[touchLimited].Add(1)
 		return
 	}
+	if b.touchBl+len(hashes) > maxTouchBlocksPerWindow {
+		b.touchN[touchOverBudget].Add(1)
+		return
+	}
+	b.touchBl += len(hashes)
 	b.rememberTouch(k, now)
 	b.touchAt[k] = len(b.touches)
 	b.touches = append(b.touches, touchOp{worker: worker, hashes: slices.Clone(hashes), at: now})
@@ -266,11 +283,18 @@ func (b *batcher) rememberTouch(k touchKey, now int64) {
 // dropTouches forgets the window's touches. Inside the decider's critical
 // section.
 func (b *batcher) dropTouches() {
-	b.touches = nil
+	b.touches, b.touchBl = nil, 0
+	if len(b.touchAt) > 1024 {
+		// clear costs the map's capacity, which never shrinks: one window
+		// stretched by a stalled proposal must not tax every later one.
+		b.touchAt = make(map[touchKey]int)
+		return
+	}
 	clear(b.touchAt)
 }
 
-// Touches counts touches by outcome ("queued", "merged", "limited").
+// Touches counts touches by outcome ("queued", "merged", "limited",
+// "over_budget").
 func (b *batcher) Touches(outcome int) uint64 { return b.touchN[outcome].Load() }
 
 // maxPendingOrigins bounds the origins waiting for a batch that commits.
@@ -319,7 +343,7 @@ func (b *batcher) flush(ctx context.Context) {
 	var batch *ownBatch
 	var origins []*cartv1.ResponseOrigin
 	var touchOps []touchOp
-	b.dec.Do(decider.OpLedger, func(*engine.Engine) { batch, origins, touchOps = b.take() })
+	b.dec.Do(decider.OpLedger, func(eng *engine.Engine) { batch, origins, touchOps = b.take(eng) })
 	if batch == nil {
 		return
 	}
@@ -363,9 +387,18 @@ func (b *batcher) flush(ctx context.Context) {
 // take moves the window into a new batch in flight (nil when there is
 // nothing to propose). The touches go with it but not into the ledger:
 // nothing undoes them. Inside the decider's critical section.
-func (b *batcher) take() (*ownBatch, []*cartv1.ResponseOrigin, []touchOp) {
+func (b *batcher) take(eng *engine.Engine) (*ownBatch, []*cartv1.ResponseOrigin, []touchOp) {
 	ops, origins, touches := b.window, b.origins, b.touches
 	b.window, b.origins = nil, nil
+	// A worker whose index id changed since an op was queued (its engine
+	// reported its cache cleared, committed at once by the KV applier; or
+	// it was removed and added again) no longer holds what the op placed
+	// on this node: replicated, the op would give every follower the
+	// holdings the clear took from the leader.
+	ops = slices.DeleteFunc(ops, func(op pendingOp) bool {
+		id, ok := eng.WorkerIDOf(op.worker)
+		return !ok || id != op.wid
+	})
 	b.dropTouches()
 	if len(ops) == 0 && len(origins) == 0 && len(touches) == 0 {
 		return nil, nil, nil

@@ -217,6 +217,9 @@ func TestTouchTableBounded(t *testing.T) {
 	at := clk.now()
 	cp.dec.Do(decider.OpLedger, func(eng *engine.Engine) {
 		for i := range 3 * maxTouchKeys {
+			if i%1000 == 0 {
+				b.dropTouches() // a window flushed: within its block budget
+			}
 			b.Touch(eng, w1, []uint64{uint64(i) + 1}, at)
 			if n := len(b.recent) + len(b.older); n > 2*maxTouchKeys {
 				t.Fatalf("after %d touches the table holds %d keys", i+1, n)
@@ -242,7 +245,7 @@ func TestFailedBatchDropsTheWindowsTouches(t *testing.T) {
 	b := cp.core.batch
 	var batch *ownBatch
 	var origins []*cartv1.ResponseOrigin
-	cp.dec.Do(decider.OpLedger, func(*engine.Engine) { batch, origins, _ = b.take() })
+	cp.dec.Do(decider.OpLedger, func(eng *engine.Engine) { batch, origins, _ = b.take(eng) })
 	clk.advance(10 * time.Second)
 	wantReason(t, liveRoute(t, rc, txt).GetReason(), "cache_hit", "before the failure")
 	if len(b.touches) != 1 {
@@ -288,5 +291,77 @@ func TestTouchMetrics(t *testing.T) {
 		if !strings.Contains(string(body), want+"\n") {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+}
+
+// A hit on a placement still in its window, whose request then turns out
+// undelivered: the placement is withdrawn before it was ever replicated,
+// and the hit's touch must not bring it back on followers. The log,
+// replayed, routes as the leader does.
+func TestTouchOfAPlacementWithdrawnInItsWindow(t *testing.T) {
+	cp, rc := heldWith(t, w1)
+	txt := text(64, 77)
+	first := liveRoute(t, rc, txt)
+	wantReason(t, liveRoute(t, rc, txt).GetReason(), "cache_hit", "second route")
+	settle(t, rc, first, false)
+	cp.flushBatch()
+	if leader, replay := reasonOf(t, cp, txt), replayReason(t, cp, txt); leader != replay {
+		t.Fatalf("leader routes it as %s, the replayed log as %s", leader, replay)
+	}
+}
+
+// A worker's engine restarts (ClearHoldings, committed at once) between a
+// decision and its window's flush: neither the window's placement nor a
+// hit's touch may give followers the holdings the clear took.
+func TestWindowAfterClearHoldings(t *testing.T) {
+	for _, hit := range []bool{false, true} {
+		var clk testClock
+		cp, rc := touchLeader(t, &clk, 0, w1)
+		txt := text(64, 79)
+		liveRoute(t, rc, txt)
+		if hit {
+			cp.flushBatch()
+			clk.advance(10 * time.Second)
+			wantReason(t, liveRoute(t, rc, txt).GetReason(), "cache_hit", "hit")
+		}
+		clear := &cartv1.RaftCommand{Ignorable: true, Body: &cartv1.RaftCommand_ClearHoldings{ClearHoldings: &cartv1.ClearHoldingsCommand{Workers: []string{w1}}}}
+		if _, err := cp.node.Apply(context.Background(), clear); err != nil {
+			t.Fatal(err)
+		}
+		cp.flushBatch()
+		if leader, replay := reasonOf(t, cp, txt), replayReason(t, cp, txt); leader != replay {
+			t.Fatalf("hit %v: leader routes it as %s, the replayed log as %s", hit, leader, replay)
+		}
+	}
+}
+
+// A window's touches carry at most maxTouchBlocksPerWindow blocks: a long
+// chat's turns each touch their whole history, which neither the merge nor
+// the interval holds back. Past the budget they are dropped and counted;
+// the next window has the budget again.
+func TestTouchBlockBudget(t *testing.T) {
+	var clk testClock
+	cp, _ := touchLeader(t, &clk, 0, w1)
+	b := cp.core.batch
+	at := clk.now()
+	path := func(turn int) []uint64 {
+		p := make([]uint64, 1000)
+		for i := range p {
+			p[i] = uint64(turn*1000 + i + 1)
+		}
+		return p
+	}
+	cp.dec.Do(decider.OpLedger, func(eng *engine.Engine) {
+		for turn := range 5 {
+			b.Touch(eng, w1, path(turn), at)
+		}
+		if len(b.touches) != 4 || b.touchBl != 4000 {
+			t.Errorf("window holds %d touches of %d blocks, want 4 of 4000", len(b.touches), b.touchBl)
+		}
+		b.dropTouches()
+		b.Touch(eng, w1, path(5), at)
+	})
+	if q, o := b.Touches(touchQueued), b.Touches(touchOverBudget); q != 5 || o != 1 {
+		t.Fatalf("queued %d, over budget %d; want 5 and 1", q, o)
 	}
 }

@@ -17,8 +17,11 @@ import (
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
-// SnapshotVersion is the snapshot format version.
-const SnapshotVersion = 1
+// SnapshotVersion is the snapshot format version. 2 added the origin
+// records after the index records: a node of version 1 refuses such a
+// snapshot by its version rather than as trailing data; version 1
+// snapshots (no origins) still restore.
+const SnapshotVersion = 2
 
 // maxRecordBytes bounds one length-delimited record, so a corrupt snapshot
 // cannot make Restore allocate gigabytes.

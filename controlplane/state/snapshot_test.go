@@ -320,6 +320,8 @@ func TestSnapshotCarriesResponseOrigins(t *testing.T) {
 	src.SetResponseOrigins(srcO)
 	a := &testApplier{t: t, st: src}
 	a.apply(setWorkers("http://a:1", "http://b:1"))
+	// Index records too, so that the origins' place after them is tested.
+	a.apply(placeBatch(&cartv1.Placement{Worker: "http://a:1", BlockHashes: []uint64{1, 2, 3}, AtUnixNanos: 5}))
 	var buf bytes.Buffer
 	if err := src.Capture().Write(&buf); err != nil {
 		t.Fatal(err)
@@ -335,8 +337,13 @@ func TestSnapshotCarriesResponseOrigins(t *testing.T) {
 	if len(dstO.replaced) != 0 {
 		t.Fatalf("a corrupt snapshot replaced the origins: %v", dstO.replaced)
 	}
+	dst, dstEng := newTestState()
+	dst.SetResponseOrigins(dstO)
 	if err := dst.Restore(bytes.NewReader(good)); err != nil {
 		t.Fatal(err)
+	}
+	if n := dstEng.Index().Len(); n != 3 {
+		t.Fatalf("restored index holds %d entries, want 3", n)
 	}
 	if len(dstO.replaced) != 1 || len(dstO.replaced[0]) != 2 ||
 		!proto.Equal(dstO.replaced[0][0], srcO.stored[0]) || !proto.Equal(dstO.replaced[0][1], srcO.stored[1]) {

@@ -161,12 +161,17 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		if !own {
 			// Touches first: they record what the leader's index held when
 			// it decided, before this window's withdrawals took any of it
-			// back. Applied as placements (recency refreshed, a holding
-			// this node had evicted restored); a batch without them, as
-			// older leaders write, leaves recency as it was.
-			s.applyPlacements(b.PlaceBatch.GetTouches(), true)
-			s.applyPlacements(b.PlaceBatch.GetWithdrawals(), false)
-			s.applyPlacements(b.PlaceBatch.GetPlacements(), true)
+			// back. They only refresh the recency of what this node holds
+			// (the leading blocks of each path it still has for the
+			// worker), never add a holding: the leader may have withdrawn
+			// the placement a touch refreshed (undelivered in the same
+			// window, so never replicated), and a touch that added it
+			// would leave every follower holding what the leader does not.
+			// A batch without them, as older leaders write, leaves recency
+			// as it was.
+			s.applyPlacements(b.PlaceBatch.GetTouches(), applyRefresh)
+			s.applyPlacements(b.PlaceBatch.GetWithdrawals(), applyRemove)
+			s.applyPlacements(b.PlaceBatch.GetPlacements(), applyInsert)
 			if o := b.PlaceBatch.GetResponseOrigins(); len(o) > 0 && s.origins != nil {
 				s.origins.Learn(o)
 			}
@@ -178,7 +183,7 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		// Older versions wrote withdrawals as their own entries (they now
 		// ride in PlaceBatch); applied so that those logs still replay. In
 		// steps, like placements: a batch of withdrawals is as large.
-		s.applyPlacements(b.UnplaceBatch.GetPlacements(), false)
+		s.applyPlacements(b.UnplaceBatch.GetPlacements(), applyRemove)
 		var res Result
 		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { s.applied = index; res = Result{WorkersVersion: s.workersVersion} })
 		return res, nil
@@ -239,35 +244,53 @@ func (s *State) workerSetString() string {
 // decider's critical section between chunks. Snapshots cannot interleave
 // (raft never runs Snapshot concurrently with Apply), only routing
 // decisions can.
-func (s *State) applyPlacements(ps []*cartv1.Placement, insert bool) {
+// How applyPlacements applies a list of placements.
+type applyMode int
+
+const (
+	applyInsert  applyMode = iota // placements: the worker holds the path
+	applyRemove                   // withdrawals: it no longer holds it
+	applyRefresh                  // touches: recency of what it still holds
+)
+
+func (s *State) applyPlacements(ps []*cartv1.Placement, mode applyMode) {
 	for step := range placementSteps(ps) {
-		s.dec.Do(decider.OpApplyBatch, func(eng *engine.Engine) { s.applyStep(eng, step, insert) })
+		s.dec.Do(decider.OpApplyBatch, func(eng *engine.Engine) { s.applyStep(eng, step, mode) })
 	}
 }
 
 // applyStep applies one step of placements. Inside the decider's critical
 // section.
-func (s *State) applyStep(eng *engine.Engine, ps []*cartv1.Placement, insert bool) {
+func (s *State) applyStep(eng *engine.Engine, ps []*cartv1.Placement, mode applyMode) {
 	idx := eng.Index()
 	for _, p := range ps {
 		id, ok := eng.WorkerIDOf(p.GetWorker())
 		if !ok {
 			continue
 		}
-		if insert {
-			eng.ApplyPlacement(p.GetWorker(), p.GetBlockHashes(), p.GetAtUnixNanos())
-		} else {
-			idx.RemoveHolder(p.GetBlockHashes(), indexID(id))
+		hashes := p.GetBlockHashes()
+		switch mode {
+		case applyInsert:
+			eng.ApplyPlacement(p.GetWorker(), hashes, p.GetAtUnixNanos())
+		case applyRemove:
+			idx.RemoveHolder(hashes, indexID(id))
+		case applyRefresh:
+			n := 0
+			for n < len(hashes) {
+				if _, held := idx.HolderAt(hashes[n], indexID(id)); !held {
+					break
+				}
+				n++
+			}
+			if n == 0 {
+				continue
+			}
+			hashes = hashes[:n]
+			eng.ApplyPlacement(p.GetWorker(), hashes, p.GetAtUnixNanos())
 		}
-		s.committed(p)
-	}
-}
-
-// committed tells the ledger a placement or withdrawal came from the log.
-// Inside the decider's critical section.
-func (s *State) committed(p *cartv1.Placement) {
-	if s.own != nil {
-		s.own.Committed(p.GetWorker(), p.GetBlockHashes())
+		if s.own != nil {
+			s.own.Committed(p.GetWorker(), hashes)
+		}
 	}
 }
 

@@ -26,21 +26,31 @@ func holdingAt(st *State, eng *engine.Engine, worker string, h uint64) int64 {
 	return at
 }
 
-// A touch refreshes a holding's time, restores one this node had evicted
-// (the leader still held it), and skips workers this node does not know.
-func TestTouchesRefreshAndRestore(t *testing.T) {
+// A touch refreshes the time of the leading blocks this node holds for the
+// worker and adds no holding: block 3 (never placed here: the leader
+// withdrew its placement in the window it was made, so it never reached
+// the log) stays unheld, and so does block 5, past the gap at 4. A touch
+// of a worker this node does not know is skipped.
+func TestTouchesRefreshOnly(t *testing.T) {
 	st, eng := newTestState()
 	a := &testApplier{t: t, st: st}
-	a.apply(setWorkers("http://w1"))
-	a.apply(placeBatch(&cartv1.Placement{Worker: "http://w1", BlockHashes: []uint64{1, 2}, AtUnixNanos: 100}))
+	a.apply(setWorkers("http://w1", "http://w2"))
+	a.apply(placeBatch(
+		&cartv1.Placement{Worker: "http://w1", BlockHashes: []uint64{1, 2}, AtUnixNanos: 100},
+		&cartv1.Placement{Worker: "http://w2", BlockHashes: []uint64{1}, AtUnixNanos: 100},
+		&cartv1.Placement{Worker: "http://w1", BlockHashes: []uint64{5}, AtUnixNanos: 100},
+	))
 	a.apply(touchBatch([]*cartv1.Placement{
-		{Worker: "http://w1", BlockHashes: []uint64{1, 2, 3}, AtUnixNanos: 500},
+		{Worker: "http://w1", BlockHashes: []uint64{1, 2, 3, 4, 5}, AtUnixNanos: 500},
 		{Worker: "http://gone", BlockHashes: []uint64{1, 2}, AtUnixNanos: 600},
 	}, nil, nil))
-	for _, h := range []uint64{1, 2, 3} {
-		if at := holdingAt(st, eng, "http://w1", h); at != 500 {
-			t.Fatalf("block %d held since %d, want the touch's 500", h, at)
+	for h, want := range map[uint64]int64{1: 500, 2: 500, 3: -1, 4: -1, 5: 100} {
+		if at := holdingAt(st, eng, "http://w1", h); at != want {
+			t.Fatalf("w1's block %d held since %d, want %d", h, at, want)
 		}
+	}
+	if at := holdingAt(st, eng, "http://w2", 1); at != 100 {
+		t.Fatalf("w2's block 1 held since %d: a touch of w1 changed it", at)
 	}
 }
 

@@ -35,6 +35,7 @@ type cpBreaker struct {
 	mu          sync.Mutex
 	consecutive int
 	round       uint64 // counted failures so far; a call fails in the round it started in
+	resetRound  uint64 // round of the last reset: calls started before it judged another leader
 	open        bool
 	nextProbe   time.Time // while open: when the next probe may go
 	probing     bool      // a probe is in flight
@@ -110,7 +111,7 @@ func (b *cpBreaker) done(c cpCall, outcome int) {
 		// shows the control plane is answering in time again.
 		b.consecutive, b.open = 0, false
 	case cpFailed, cpRefused:
-		if c.round == b.round || probe {
+		if c.round == b.round || (probe && c.round >= b.resetRound) {
 			b.consecutive++
 			b.round++
 		}
@@ -137,9 +138,10 @@ func (b *cpBreaker) reset() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.consecutive, b.open = 0, false
-	// Calls still in flight to the old control plane fail against it,
-	// not against the new one.
+	// Calls still in flight to the old control plane (a probe included)
+	// fail against it, not against the new one.
 	b.round++
+	b.resetRound = b.round
 }
 
 // isOpen reports whether Route calls are being skipped.

@@ -327,4 +327,21 @@ func TestCPBreakerCountsAStallOnce(t *testing.T) {
 	if b.isOpen() {
 		t.Fatal("a failure of a call to the previous leader counted")
 	}
+	// Nor does a probe sent to the previous leader while the breaker was
+	// open.
+	clock := newFakeClock()
+	b = newCPBreaker(2, time.Second, clock.now)
+	round(1, cpFailed)
+	round(1, cpFailed)
+	clock.advance(time.Second)
+	ok, probe := b.allow()
+	if !ok || !probe.probe {
+		t.Fatal("no probe after the cool-off")
+	}
+	b.reset()
+	b.done(probe, cpFailed)
+	round(1, cpFailed)
+	if b.isOpen() {
+		t.Fatal("a probe of the previous leader counted against the new one")
+	}
 }

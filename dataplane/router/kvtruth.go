@@ -25,8 +25,10 @@ func (l *Local) ApplyKVReport(worker string, r engine.KVReport) {
 		seed = eng.Seeding()
 	})
 	if seed {
-		// At start the index is empty and this is instant; the router
-		// keeps no index across restarts.
+		// At start the index is empty and this is quick (the router keeps
+		// no index across restarts). After a feed went unsynced and came
+		// back, it seeds over the index as it is, in short lock holds,
+		// and this stream's next report waits for it.
 		l.dec.SeedModels(context.Background(), l.removeHoldings)
 	}
 }
