@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -68,7 +70,12 @@ func (c *Core) HandlerWith(auth AuthOptions, interceptors ...connect.Interceptor
 		connect.WithCompressMinBytes(CompressMinBytes),
 		connect.WithInterceptors(interceptors...),
 	}
-	mux.Handle(cartv1connect.NewRouterServiceHandler(c.Router(), opts...))
+	// RouterService answers are never compressed. Above 4 KiB they are
+	// placement-feed frames of random block hashes, which gzip cannot
+	// shrink: compressing them took ~7% of the leader's CPU at 5,000
+	// routes/s (perf, bench/results/2026-12-01-final/README.md).
+	routerOpts := append(slices.Clip(opts), connect.WithCompressMinBytes(math.MaxInt32))
+	mux.Handle(cartv1connect.NewRouterServiceHandler(c.Router(), routerOpts...))
 	mux.Handle(cartv1connect.NewAdminServiceHandler(c.Admin(), opts...))
 	reflector := grpcreflect.NewStaticReflector(cartv1connect.RouterServiceName, cartv1connect.AdminServiceName)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
