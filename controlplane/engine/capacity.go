@@ -183,14 +183,7 @@ func (e *Engine) modelTouch(w *worker, hashes []uint64, partial bool) {
 		return
 	}
 	if partial {
-		n := 0
-		for n < len(hashes) {
-			if _, ok := e.idx.HolderAt(hashes[n], w.id); !ok {
-				break
-			}
-			n++
-		}
-		hashes = hashes[:n]
+		hashes = hashes[:e.idx.HeldPrefix(hashes, w.id)]
 	}
 	e.evicted = w.model.touch(hashes, e.evicted[:0])
 	e.forget(w, e.evicted)

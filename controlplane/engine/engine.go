@@ -528,3 +528,20 @@ func (e *Engine) ApplyPlacement(url string, hashes []uint64, at int64) {
 	skipped := e.idx.Insert(hashes, w.id, at)
 	e.modelTouch(w, hashes, skipped > 0)
 }
+
+// ApplyTouch refreshes, to at, the recency of the leading blocks of hashes
+// that url still holds here, and adds no holding (a replicated touch: the
+// leader may have withdrawn a placement the touch refreshed). It returns
+// the blocks refreshed.
+func (e *Engine) ApplyTouch(url string, hashes []uint64, at int64) []uint64 {
+	w, ok := e.byURL[url]
+	if !ok {
+		return nil
+	}
+	hashes = hashes[:e.idx.HeldPrefix(hashes, w.id)]
+	if len(hashes) > 0 {
+		e.idx.Insert(hashes, w.id, at)
+		e.modelTouch(w, hashes, false)
+	}
+	return hashes
+}

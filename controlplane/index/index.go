@@ -626,6 +626,18 @@ func (e *entry) removeHolder(w WorkerID) bool {
 	return false
 }
 
+// HeldPrefix is how many of hashes, from the first, w holds without a gap.
+func (x *Index) HeldPrefix(hashes []uint64, w WorkerID) int {
+	n := 0
+	for n < len(hashes) {
+		if _, ok := x.HolderAt(hashes[n], w); !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
 // HolderAt returns when worker w was last sent the block hash, without
 // allocating.
 func (x *Index) HolderAt(hash uint64, w WorkerID) (int64, bool) {

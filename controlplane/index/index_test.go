@@ -726,3 +726,26 @@ func fillIndex(o Options, n, pathLen, workers int, seed uint64) *Index {
 	}
 	return x
 }
+
+// HeldPrefix counts the leading blocks a worker holds, stopping at the
+// first gap even if later blocks are held.
+func TestHeldPrefix(t *testing.T) {
+	x := New(Options{MaxEntries: 100})
+	x.Insert([]uint64{1, 2, 3}, 1, 10)
+	x.Insert([]uint64{5}, 1, 10)
+	x.Insert([]uint64{1, 2, 3, 4}, 2, 10)
+	for _, tc := range []struct {
+		hashes []uint64
+		w      WorkerID
+		want   int
+	}{
+		{[]uint64{1, 2, 3, 4, 5}, 1, 3},
+		{[]uint64{1, 2, 3, 4, 5}, 2, 4},
+		{[]uint64{9, 1}, 1, 0},
+		{nil, 1, 0},
+	} {
+		if got := x.HeldPrefix(tc.hashes, tc.w); got != tc.want {
+			t.Errorf("HeldPrefix(%v, %d) = %d, want %d", tc.hashes, tc.w, got, tc.want)
+		}
+	}
+}

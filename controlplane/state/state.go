@@ -275,18 +275,9 @@ func (s *State) applyStep(eng *engine.Engine, ps []*cartv1.Placement, mode apply
 		case applyRemove:
 			idx.RemoveHolder(hashes, indexID(id))
 		case applyRefresh:
-			n := 0
-			for n < len(hashes) {
-				if _, held := idx.HolderAt(hashes[n], indexID(id)); !held {
-					break
-				}
-				n++
-			}
-			if n == 0 {
+			if hashes = eng.ApplyTouch(p.GetWorker(), hashes, p.GetAtUnixNanos()); len(hashes) == 0 {
 				continue
 			}
-			hashes = hashes[:n]
-			eng.ApplyPlacement(p.GetWorker(), hashes, p.GetAtUnixNanos())
 		}
 		if s.own != nil {
 			s.own.Committed(p.GetWorker(), hashes)
