@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Prints the per-run and median figures of the before/after overhead runs."""
-import glob, json, os, re, statistics
-os.chdir(os.path.dirname(os.path.abspath(__file__)))
+"""Prints the per-run and median figures of the before/after overhead runs
+in this directory, or in the directory given as the first argument
+(with-lazy-deadlines/)."""
+import glob, json, os, re, statistics, sys
+os.chdir(sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__)))
 
 rows = {}
 for f in sorted(glob.glob('before-*.json') + glob.glob('after-*.json')):
