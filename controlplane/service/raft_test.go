@@ -93,6 +93,16 @@ func newRaftCluster(t *testing.T, n int, opts ...func(*Options)) *raftCluster {
 			t.Fatalf("add voter %s: %v", x.id, err)
 		}
 	}
+	// AddVoter returns once the leader committed the change, which a
+	// lagging follower may not have yet. A test that then cuts the leader
+	// off could leave the others unable to elect one: a node that does not
+	// see itself (or the candidate) in the configuration refuses to vote.
+	for _, x := range c.nodes {
+		testkit.WaitFor(t, 10*time.Second, x.id+" sees all "+fmt.Sprint(n)+" voters", func() bool {
+			f := x.node.Raft().GetConfiguration()
+			return f.Error() == nil && len(f.Configuration().Servers) == n
+		})
+	}
 	return c
 }
 
