@@ -27,6 +27,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/bufconn"
 	"github.com/cartrouter/cart/internal/tracing"
 )
 
@@ -370,7 +371,9 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		if d.API.TLSConfig != nil {
 			errc <- d.API.ServeTLS(ln, "", "")
 		} else {
-			errc <- d.API.Serve(ln)
+			// Plaintext h2c: buffer reads, which HTTP/2's frame reader
+			// does not do on its own (see package bufconn).
+			errc <- d.API.Serve(bufconn.Listener(ln, 0))
 		}
 	}()
 	var err error
