@@ -22,8 +22,20 @@ func invariantErr(x *Index) error {
 	if len(x.byHash) > x.ceiling {
 		return fmt.Errorf("len %d exceeds ceiling %d", len(x.byHash), x.ceiling)
 	}
-	if int(x.nslots) != len(x.byHash)+len(x.free) {
-		return fmt.Errorf("slots %d != live %d + free %d", x.nslots, len(x.byHash), len(x.free))
+	free := 0
+	for s := x.freeHead; s != nilSlot; s = x.at(s).next {
+		if free++; free > int(x.nslots) {
+			return fmt.Errorf("free list cycle")
+		}
+		if e := x.at(s); e.nholders != 0 || e.prev != nilSlot {
+			return fmt.Errorf("free slot %d in use: nholders=%d prev=%d", s, e.nholders, e.prev)
+		}
+		if got, ok := x.byHash[x.at(s).hash]; ok && got == s {
+			return fmt.Errorf("free slot %d still indexed", s)
+		}
+	}
+	if int(x.nslots) != len(x.byHash)+free {
+		return fmt.Errorf("slots %d != live %d + free %d", x.nslots, len(x.byHash), free)
 	}
 	if want := (int(x.nslots) + pageSize - 1) / pageSize; len(x.pages) != want {
 		return fmt.Errorf("%d pages for %d slots", len(x.pages), x.nslots)
@@ -63,7 +75,7 @@ func invariantErr(x *Index) error {
 	if n != len(x.byHash) {
 		return fmt.Errorf("LRU list has %d entries, map %d", n, len(x.byHash))
 	}
-	for _, s := range x.free {
+	for s := x.freeHead; s != nilSlot; s = x.at(s).next {
 		if seen[s] {
 			return fmt.Errorf("free slot %d is on the LRU list", s)
 		}

@@ -49,9 +49,14 @@ type Index struct {
 	// pages hold the slab, in fixed-size pages so that a frozen view (see
 	// Freeze) can share them with the live index and only the pages
 	// written after a freeze are copied (cow.go).
-	pages      []*page
-	nslots     int32 // slots handed out so far, live or free
-	free       []int32
+	pages  []*page
+	nslots int32 // slots handed out so far, live or free
+	// freeHead is the first free slot; free slots are chained through
+	// their entries' next. Chained rather than a slice: a slice of a few
+	// hundred thousand slots, grown while an undo or an eviction frees
+	// them, stalled the lock holder for milliseconds per growth (fresh
+	// pages to fault in).
+	freeHead   int32
 	byHash     map[uint64]int32
 	head, tail int32
 	ceiling    int // never store more entries than this
@@ -95,12 +100,13 @@ func New(o Options) *Index {
 		o.Headroom = 0
 	}
 	return &Index{
-		byHash:  make(map[uint64]int32),
-		head:    nilSlot,
-		tail:    nilSlot,
-		ceiling: o.MaxEntries + o.Headroom,
-		inline:  o.InlineEvict,
-		upLast:  nilSlot,
+		byHash:   make(map[uint64]int32),
+		head:     nilSlot,
+		tail:     nilSlot,
+		ceiling:  o.MaxEntries + o.Headroom,
+		inline:   o.InlineEvict,
+		upLast:   nilSlot,
+		freeHead: nilSlot,
 	}
 }
 
@@ -458,7 +464,7 @@ func (x *Index) Reset() {
 	clear(x.cow.owned)
 	x.cow.owned = x.cow.owned[:0]
 	x.nslots = 0
-	x.free = x.free[:0]
+	x.freeHead = nilSlot
 	x.head, x.tail = nilSlot, nilSlot
 	clear(x.retired)
 	x.purgeAt = 0
@@ -500,9 +506,9 @@ func (x *Index) evictTail() {
 
 func (x *Index) alloc(h uint64) int32 {
 	var s int32
-	if n := len(x.free); n > 0 {
-		s = x.free[n-1]
-		x.free = x.free[:n-1]
+	if x.freeHead != nilSlot {
+		s = x.freeHead
+		x.freeHead = x.at(s).next
 	} else {
 		s = x.grow()
 	}
@@ -518,8 +524,8 @@ func (x *Index) drop(s int32) {
 		e = x.mutShared(s)
 	}
 	delete(x.byHash, e.hash)
-	*e = entry{prev: nilSlot, next: nilSlot}
-	x.free = append(x.free, s)
+	*e = entry{prev: nilSlot, next: x.freeHead}
+	x.freeHead = s
 }
 
 // unlink and pushFront run for every block a decision touches, so they

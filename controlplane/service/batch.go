@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync/atomic"
@@ -50,7 +51,19 @@ type batcher struct {
 	// fence holds, for (worker, hash) pairs a committed entry of another
 	// proposer touched while ops were pending, the last op seq at that
 	// moment: ops up to it are superseded by the log and never undone.
-	fence map[fenceKey]uint64
+	// A decision made while an undo is under way fences its pairs the same
+	// way against the ops still to be undone.
+	fence    map[fenceKey]uint64
+	fenceTop uint64 // the highest seq in fence
+
+	// undoQ holds the ops of a batch that failed to commit (and of the
+	// window behind it) still to be reverted, in revert order. They are
+	// reverted a chunk per lock hold (undoChunk blocks), so that a window
+	// stretched by a stalled proposal (up to 5 s of decisions) does not
+	// stop routing while it is undone; decisions made in between fence
+	// what they set (see fence). undoTop is the highest seq in undoQ.
+	undoQ   []pendingOp
+	undoTop uint64
 
 	// Touches (recency refreshes of blocks a worker already held) ride in
 	// the batches too, but they are hints, not ledger ops: the leader's
@@ -182,25 +195,39 @@ func (b *batcher) Own(requestID string) bool {
 // which from then on is the log's word, not a pending op's. Inside the
 // decider's critical section.
 func (b *batcher) Committed(worker string, hashes []uint64) {
-	if b.inflight == nil && len(b.window) == 0 {
+	if b.inflight == nil && len(b.window) == 0 && len(b.undoQ) == 0 {
 		return
 	}
 	for _, h := range hashes {
 		b.fence[fenceKey{worker, h}] = b.seq
 	}
+	b.fenceTop = b.seq
 }
 
 // Restored implements state.OwnBatches: the index was replaced by a
 // snapshot, which pending ops no longer describe. Inside the decider's
 // critical section.
 func (b *batcher) Restored() {
-	b.window, b.inflight = nil, nil
+	b.window, b.inflight, b.undoQ = nil, nil, nil
 	b.dropTouches()
 	b.clearFences()
 }
 
+// clearFences forgets the fences once no pending op is old enough for
+// them to supersede (op seqs only grow), so that the table does not grow
+// with the fences of long-settled ops while the window is never empty.
 func (b *batcher) clearFences() {
-	if b.inflight == nil && len(b.window) == 0 {
+	oldest := uint64(math.MaxUint64)
+	if b.inflight != nil && len(b.inflight.ops) > 0 {
+		oldest = b.inflight.ops[0].seq
+	}
+	if len(b.window) > 0 {
+		oldest = min(oldest, b.window[0].seq)
+	}
+	for _, op := range b.undoQ {
+		oldest = min(oldest, op.seq)
+	}
+	if oldest > b.fenceTop {
 		clear(b.fence)
 	}
 }
@@ -315,6 +342,16 @@ func (b *batcher) Origins(os []*cartv1.ResponseOrigin) {
 
 func (b *batcher) add(eng *engine.Engine, place bool, worker string, hashes []uint64, at time.Time) {
 	wid, _ := eng.WorkerIDOf(worker)
+	if len(b.undoQ) > 0 {
+		// What this decision sets is newer than every op still to be
+		// undone: the undo must leave it. Fenced at undoTop, not at this
+		// op's seq, so that a later failure still undoes this op itself.
+		for _, h := range hashes {
+			k := fenceKey{worker, h}
+			b.fence[k] = max(b.fence[k], b.undoTop)
+		}
+		b.fenceTop = max(b.fenceTop, b.undoTop)
+	}
 	b.seq++
 	b.window = append(b.window, pendingOp{place: place, worker: worker, wid: wid, hashes: hashes, at: at.UnixNano(), seq: b.seq})
 	b.signalIfFull()
@@ -382,6 +419,10 @@ func (b *batcher) flush(ctx context.Context) {
 		PlaceBatch: &cartv1.PlaceBatchCommand{Placements: place, Withdrawals: unplace, ResponseOrigins: origins, Touches: touches}}}
 	_, err := b.node.Apply(actx, cmd)
 	b.dec.Do(decider.OpLedger, func(eng *engine.Engine) { b.settle(eng, batch, origins, len(place), len(unplace), err) })
+	if err != nil {
+		n := b.drainUndo()
+		b.log.Info("uncommitted placements withdrawn", "blocks", n)
+	}
 }
 
 // take moves the window into a new batch in flight (nil when there is
@@ -440,10 +481,9 @@ func (b *batcher) settle(eng *engine.Engine, batch *ownBatch, origins []*cartv1.
 	if n := len(b.origins) - maxPendingOrigins(b.max); n > 0 {
 		b.origins = b.origins[n:]
 	}
-	undone := b.undo(eng, window) + b.undo(eng, ops)
-	b.clearFences()
-	b.log.Warn("placements not replicated; withdrawn from this node's index", "placements", places, "withdrawals", unplaces,
-		"queued_after", len(window), "blocks_undone", undone, "error", err.Error())
+	b.queueUndo(window, ops)
+	b.log.Warn("placements not replicated; withdrawing them from this node's index", "placements", places, "withdrawals", unplaces,
+		"queued_after", len(window), "error", err.Error())
 }
 
 // discard undoes whatever is queued (after leadership is lost: it will
@@ -453,51 +493,93 @@ func (b *batcher) discard() {
 		window := b.window
 		b.window, b.origins = nil, nil
 		b.dropTouches()
-		b.undo(eng, window)
-		b.clearFences()
+		b.queueUndo(window)
 	})
+	b.drainUndo()
 }
 
-// undo reverts ops in this node's index. It returns how many blocks it
-// changed. Inside the decider's critical section.
-func (b *batcher) undo(eng *engine.Engine, ops []pendingOp) int {
-	n := 0
-	b.inverse(eng, ops, func(insert bool, worker string, wid uint32, hashes []uint64, at int64) {
-		n += len(hashes)
-		if insert {
-			eng.Index().Insert(hashes, index.WorkerID(wid), at)
-		} else {
-			eng.Unplace(engine.Decision{Worker: worker, Placed: hashes})
+// undoChunk is the least blocks one lock hold of an undo reverts (an op
+// is never split, so a hold may revert one op more): 0.1-0.3 ms of CPU
+// per hold (BenchmarkFailedBatchUndoStall).
+const undoChunk = 512
+
+// queueUndo appends the reverts of each list of ops (newest list first)
+// to the undo queue. Inside the decider's critical section.
+func (b *batcher) queueUndo(lists ...[]pendingOp) {
+	for _, ops := range lists {
+		b.undoQ = appendRevertOrder(b.undoQ, ops)
+		for _, op := range ops {
+			b.undoTop = max(b.undoTop, op.seq)
 		}
+	}
+	b.clearFences()
+}
+
+// drainUndo reverts the undo queue a chunk per lock hold, yielding to
+// decisions in between. It returns how many blocks it changed.
+func (b *batcher) drainUndo() int {
+	n := 0
+	b.dec.Steps(decider.OpLedger, func(eng *engine.Engine) bool {
+		done, more := b.undoStep(eng, undoChunk)
+		n += done
+		return !more
 	})
 	return n
 }
 
-// inverse calls fn with the changes that revert ops, in the reverse of log
-// order (placements, then withdrawals, each newest first): insert=false
-// removes worker as holder of hashes, insert=true restores it. Blocks a
-// committed entry has set since, and workers removed since, are left out.
-// Inside the decider's critical section.
-func (b *batcher) inverse(eng *engine.Engine, ops []pendingOp, fn func(insert bool, worker string, wid uint32, hashes []uint64, at int64)) {
+// undoStep reverts ops from the front of the undo queue until it has
+// reverted at least budget blocks or the queue is empty, and reports the
+// blocks and whether ops are left. Inside the decider's critical section.
+func (b *batcher) undoStep(eng *engine.Engine, budget int) (done int, more bool) {
+	for len(b.undoQ) > 0 && done < budget {
+		op := b.undoQ[0]
+		b.undoQ = b.undoQ[1:]
+		b.revert(eng, op, func(insert bool, worker string, wid uint32, hashes []uint64, at int64) {
+			if insert {
+				eng.Index().Insert(hashes, index.WorkerID(wid), at)
+			} else {
+				eng.Unplace(engine.Decision{Worker: worker, Placed: hashes})
+			}
+		})
+		done += len(op.hashes)
+	}
+	if len(b.undoQ) > 0 {
+		return done, true
+	}
+	b.undoQ = nil // let the drained backing array go
+	b.clearFences()
+	return done, false
+}
+
+// appendRevertOrder appends ops in the order that reverts them: the
+// reverse of log order (placements, then withdrawals, each newest first).
+func appendRevertOrder(dst, ops []pendingOp) []pendingOp {
 	for _, place := range []bool{true, false} {
 		for i := len(ops) - 1; i >= 0; i-- {
-			op := ops[i]
-			if op.place != place {
-				continue
-			}
-			if id, ok := eng.WorkerIDOf(op.worker); !ok || id != op.wid {
-				continue // removed (and its entries with it) by a committed command
-			}
-			hs := make([]uint64, 0, len(op.hashes))
-			for _, h := range op.hashes {
-				if f, ok := b.fence[fenceKey{op.worker, h}]; !ok || f < op.seq {
-					hs = append(hs, h)
-				}
-			}
-			if len(hs) > 0 {
-				fn(!place, op.worker, op.wid, hs, op.at)
+			if ops[i].place == place {
+				dst = append(dst, ops[i])
 			}
 		}
+	}
+	return dst
+}
+
+// revert calls fn with the change that reverts op: insert=false removes
+// worker as holder of hashes, insert=true restores it. Blocks a committed
+// entry (or a decision made during an undo) has set since, and workers
+// removed since, are left out. Inside the decider's critical section.
+func (b *batcher) revert(eng *engine.Engine, op pendingOp, fn func(insert bool, worker string, wid uint32, hashes []uint64, at int64)) {
+	if id, ok := eng.WorkerIDOf(op.worker); !ok || id != op.wid {
+		return // removed (and its entries with it) by a committed command
+	}
+	hs := make([]uint64, 0, len(op.hashes))
+	for _, h := range op.hashes {
+		if f, ok := b.fence[fenceKey{op.worker, h}]; !ok || f < op.seq {
+			hs = append(hs, h)
+		}
+	}
+	if len(hs) > 0 {
+		fn(!op.place, op.worker, op.wid, hs, op.at)
 	}
 }
 
@@ -508,8 +590,12 @@ func (b *batcher) inverse(eng *engine.Engine, ops []pendingOp, fn func(insert bo
 // commit. Inside the decider's critical section.
 func (b *batcher) Uncommitted(eng *engine.Engine, fn func(insert bool, worker string, hashes []uint64, at int64)) {
 	adapt := func(insert bool, worker string, _ uint32, hashes []uint64, at int64) { fn(insert, worker, hashes, at) }
-	b.inverse(eng, b.window, adapt)
+	order := appendRevertOrder(nil, b.window)
 	if b.inflight != nil {
-		b.inverse(eng, b.inflight.ops, adapt)
+		order = appendRevertOrder(order, b.inflight.ops)
+	}
+	// An undo under way: what it has not reverted yet, older than both.
+	for _, op := range append(order, b.undoQ...) {
+		b.revert(eng, op, adapt)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/decider"
@@ -38,7 +41,7 @@ func wantReason(t *testing.T, got, want, what string) {
 
 // newHeldCP is a leader whose placement batches go out only when the test
 // calls flushBatch.
-func newHeldCP(t *testing.T) *testCP {
+func newHeldCP(t testing.TB) *testCP {
 	return newTestCP(t, cpConfig{leader: true, opts: func(o *Options) { o.PlacementBatch = time.Hour }})
 }
 
@@ -253,4 +256,67 @@ func TestFailedBatchKeepsBoundedOrigins(t *testing.T) {
 	if bs := cp.node.placeBatches(); len(bs) == 0 || len(bs[len(bs)-1].GetResponseOrigins()) != limit {
 		t.Fatalf("the committed batch does not carry the queued origins")
 	}
+}
+
+// ledgerHolds counts the ledger's lock holds so far.
+func ledgerHolds(t *testing.T, cp *testCP) uint64 {
+	t.Helper()
+	var m dto.Metric
+	hv := cp.core.dec.Collectors()[0].(*prometheus.HistogramVec)
+	if err := hv.WithLabelValues(decider.OpLedger.String()).(prometheus.Histogram).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
+
+// A large failed window is undone a chunk per lock hold, not in one: a
+// proposal that stalled for seconds queued that many decisions behind it.
+func TestFailedBatchUndoneInChunks(t *testing.T) {
+	cp, rc := heldWith(t, w1, w2)
+	var txts []string
+	blocks := 0
+	for i := 0; blocks < 4*undoChunk; i++ {
+		txts = append(txts, text(100*testBlockChars, 1000+i))
+		liveRoute(t, rc, txts[i])
+		blocks += 100
+	}
+	cp.node.setApplyErr(raftnode.ErrNotLeader)
+	before := ledgerHolds(t, cp)
+	cp.flushBatch()
+	// take and settle are one hold each; the undo at least one per chunk.
+	if holds := ledgerHolds(t, cp) - before; holds < 2+uint64(blocks/undoChunk) {
+		t.Fatalf("the undo of %d blocks took %d ledger holds, want at least %d", blocks, holds, 2+blocks/undoChunk)
+	}
+	for i, txt := range txts {
+		wantReason(t, reasonOf(t, cp, txt), "cache_miss", fmt.Sprintf("placement %d of the failed batch", i))
+	}
+}
+
+// A decision made between two steps of an undo sets what the log will
+// say (it is replicated in the next window): the rest of the undo must
+// not revert it. Here the undo queue holds, in revert order, a
+// placement, a withdrawal of an older placement and that older
+// placement, all of one prompt on the only worker.
+func TestDecisionBetweenUndoStepsStands(t *testing.T) {
+	cp, rc := heldWith(t, w1)
+	b := cp.core.batch
+	txt := text(8*testBlockChars, 50)
+	d0 := liveRoute(t, rc, txt) // P0
+	var batch *ownBatch
+	cp.core.dec.Do(decider.OpLedger, func(eng *engine.Engine) { batch, _, _ = b.take(eng) })
+	settle(t, rc, d0, false) // W0: P0 is in flight, so withdrawn by an op
+	liveRoute(t, rc, txt)    // P1
+	cp.core.dec.Do(decider.OpLedger, func(eng *engine.Engine) {
+		b.settle(eng, batch, nil, 1, 0, errors.New("not committed"))
+		if n := len(b.undoQ); n != 3 {
+			t.Errorf("undo queue of %d ops, want 3", n)
+		}
+		b.undoStep(eng, 1) // reverts P1 only
+	})
+	wantReason(t, reasonOf(t, cp, txt), "cache_miss", "after the first undo step")
+	liveRoute(t, rc, txt) // P2, made between the steps
+	b.drainUndo()
+	wantReason(t, reasonOf(t, cp, txt), "cache_hit", "the decision made during the undo")
+	cp.flushBatch()
+	wantReason(t, replayReason(t, cp, txt), "cache_hit", "replayed log")
 }

@@ -252,6 +252,7 @@ func TestFailedBatchDropsTheWindowsTouches(t *testing.T) {
 		t.Fatalf("window touches = %d, want 1", len(b.touches))
 	}
 	cp.dec.Do(decider.OpLedger, func(eng *engine.Engine) { b.settle(eng, batch, origins, 1, 0, errors.New("not committed")) })
+	b.drainUndo()
 	wantReason(t, reasonOf(t, cp, txt), "cache_miss", "after the failed batch")
 	cp.flushBatch()
 	if ts := allTouches(cp); len(ts) != 0 {

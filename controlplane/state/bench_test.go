@@ -96,23 +96,7 @@ func BenchmarkRestoreStall(b *testing.B) {
 		b.StopTimer()
 		dst, _ := newTestState()
 		runtime.GC()
-		stop := make(chan struct{})
-		probed := make(chan []time.Duration)
-		go func() {
-			var ws []time.Duration
-			for {
-				select {
-				case <-stop:
-					probed <- ws
-					return
-				default:
-				}
-				start := time.Now()
-				dst.dec.Do(decider.OpRead, func(*engine.Engine) {})
-				ws = append(ws, time.Since(start))
-				time.Sleep(50 * time.Microsecond)
-			}
-		}()
+		stop := testkit.ProbeWaits(func() { dst.dec.Do(decider.OpRead, func(*engine.Engine) {}) })
 		b.StartTimer()
 		start := time.Now()
 		if err := dst.Restore(bytes.NewReader(snapshot)); err != nil {
@@ -120,8 +104,7 @@ func BenchmarkRestoreStall(b *testing.B) {
 		}
 		total += time.Since(start)
 		b.StopTimer()
-		close(stop)
-		waits = append(waits, <-probed...)
+		waits = append(waits, stop()...)
 		n++
 		b.StartTimer()
 	}

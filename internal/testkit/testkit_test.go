@@ -79,3 +79,23 @@ func TestLogRecorderKeepsRecords(t *testing.T) {
 		t.Fatalf("%d records, want 3", n)
 	}
 }
+
+func TestProbeWaitsTimesTheTake(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	first := true
+	stop := ProbeWaits(func() {
+		if first {
+			first = false
+			entered <- struct{}{}
+			<-release
+		}
+	})
+	<-entered
+	time.Sleep(10 * time.Millisecond)
+	close(release)
+	ws := stop()
+	// The first take began before entered and ended after release.
+	if len(ws) == 0 || ws[0] < 10*time.Millisecond {
+		t.Fatalf("waits %v: the first should span the 10ms the take was held", ws)
+	}
+}
