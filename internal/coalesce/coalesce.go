@@ -162,11 +162,12 @@ func (s *Sender[T]) drain(rounds int) error {
 // take removes the next batch from the queue. mu is held.
 func (s *Sender[T]) take() []T {
 	n, cost := 1, 0
-	if s.o.Cost != nil && s.o.MaxCost > 0 {
+	costed := s.o.Cost != nil && s.o.MaxCost > 0 && len(s.q) > 1 && s.max > 1
+	if costed {
 		cost = s.o.Cost(s.q[0])
 	}
 	for n < len(s.q) && n < s.max {
-		if s.o.Cost != nil && s.o.MaxCost > 0 {
+		if costed {
 			c := s.o.Cost(s.q[n])
 			if cost+c > s.o.MaxCost {
 				break
