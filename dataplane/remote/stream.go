@@ -258,6 +258,9 @@ type streamer struct {
 	kick        chan struct{}         // the target may have changed
 	tracer      cpclient.StreamTracer // traces the Route calls it carries; nil: off
 	flushHook   func(queued func() int) // tests only: see routeStream.flushHook
+	// noBatch (tests only) makes this data plane neither declare nor send
+	// batches, as one that predates them.
+	noBatch bool
 
 	// cur is the live stream, if any; read on every call, hence atomic.
 	cur atomic.Pointer[routeStream]
@@ -445,7 +448,7 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	acked, batches := false, false
 	var early []*cartv1.StreamResponse
 	go func() {
-		if err := conn.Send(&cartv1.StreamRequest{PlacementFeed: feed, Batches: true}); err != nil && !errors.Is(err, io.EOF) {
+		if err := conn.Send(&cartv1.StreamRequest{PlacementFeed: feed, Batches: !s.noBatch}); err != nil && !errors.Is(err, io.EOF) {
 			hello <- err
 			return
 		}
@@ -477,9 +480,9 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	}
 	st := &routeStream{target: target, conn: conn, cancel: cancel, slots: make(chan struct{}, s.maxInFlight),
 		opened: time.Now(), pending: map[uint64]chan *cartv1.StreamResponse{}, done: make(chan struct{}),
-		batches: batches, flushHook: s.flushHook}
+		batches: batches && !s.noBatch, flushHook: s.flushHook}
 	o := coalesce.Options[*cartv1.StreamRequest]{Failed: st.fail}
-	if batches {
+	if st.batches {
 		o.Max, o.MaxCost = streamBatchMax, streamBatchBytes
 		o.Cost = func(m *cartv1.StreamRequest) int { return proto.Size(m) }
 	}
