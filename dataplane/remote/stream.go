@@ -255,8 +255,8 @@ func (s *routeStream) forget(id uint64) {
 type streamer struct {
 	r           *Router
 	maxInFlight int
-	kick        chan struct{}         // the target may have changed
-	tracer      cpclient.StreamTracer // traces the Route calls it carries; nil: off
+	kick        chan struct{}           // the target may have changed
+	tracer      cpclient.StreamTracer   // traces the Route calls it carries; nil: off
 	flushHook   func(queued func() int) // tests only: see routeStream.flushHook
 	// noBatch (tests only) makes this data plane neither declare nor send
 	// batches, as one that predates them.
