@@ -45,14 +45,14 @@ type StreamRequest struct {
 	// plane's prompts went, not only its own.
 	PlacementFeed *PlacementFeed `protobuf:"bytes,7,opt,name=placement_feed,json=placementFeed,proto3" json:"placement_feed,omitempty"`
 	// Further calls carried in the same message, served exactly as if each
-	// had come in a message of its own after this one (this message's own
-	// call, if any, first). Each element has its own nonzero id, timeout and
-	// trace, and a call; it must not be a hello, must not set
-	// placement_feed and must not itself have more: the leader answers such
-	// an element with INVALID_ARGUMENT under its id (and serves none of its
-	// more). A hello carries no more. A data plane sends more only to a
-	// leader whose hello answer set batches: a leader that predates the
-	// field would drop them unanswered.
+	// had come in a message of its own after this one, in order (each counts
+	// as a call in flight). Each element has its own nonzero id, timeout and
+	// trace, and a call; it must not be a hello, must not set placement_feed
+	// or batches, and must not itself have more: the leader answers such an
+	// element with INVALID_ARGUMENT under its id (and serves none of its
+	// more). A hello carries no more (the leader answers any it has the same
+	// way). A data plane sends more only to a leader whose hello answer set
+	// batches: a leader that predates the field would drop them unanswered.
 	More []*StreamRequest `protobuf:"bytes,8,rep,name=more,proto3" json:"more,omitempty"`
 	// Set in the hello only: this data plane reads StreamResponse.more, so
 	// the leader may put several answers and feed frames in one message.
