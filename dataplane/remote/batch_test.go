@@ -2,11 +2,14 @@ package remote
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/service"
@@ -156,5 +159,77 @@ func TestStreamBatchingWithRealLeader(t *testing.T) {
 				t.Fatalf("%d calls in %d messages: not batched", calls, msgs)
 			}
 		})
+	}
+}
+
+// failingSends makes the stream's sends fail once armed.
+type failingSends struct{ armed atomic.Bool }
+
+func (f *failingSends) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc { return next }
+
+func (f *failingSends) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+func (f *failingSends) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, s connect.Spec) connect.StreamingClientConn {
+		return failingConn{StreamingClientConn: next(ctx, s), f: f}
+	}
+}
+
+type failingConn struct {
+	connect.StreamingClientConn
+	f *failingSends
+}
+
+func (c failingConn) Send(m any) error {
+	if c.f.armed.Load() {
+		return errors.New("injected send failure")
+	}
+	return c.StreamingClientConn.Send(m)
+}
+
+// A failed send breaks the stream: the call it carried and every call
+// waiting for an answer fail at once (and fall back), not at their
+// timeouts.
+func TestStreamSendFailureBreaksStream(t *testing.T) {
+	const pending = 5
+	cp, _ := newStreamCP(t)
+	cp.batches = true
+	release := make(chan struct{})
+	cp.hold = func(m *cartv1.StreamRequest) {
+		if m.GetRoute() != nil {
+			<-release
+		}
+	}
+	var fail failingSends
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, RouteTimeout: time.Minute,
+		Interceptors: []connect.Interceptor{&fail}})
+	run(t, r)
+	t.Cleanup(func() { close(release) }) // before the fake leader's server closes
+	streamLive(t, r, cp.url)
+	results := make(chan router.Decision, pending+1)
+	route := func(i int) {
+		d, err := r.Route(context.Background(), &router.Request{ID: fmt.Sprint(i), DryRun: true})
+		if err != nil {
+			t.Errorf("route %d: %v", i, err)
+		}
+		results <- d
+	}
+	for i := range pending {
+		go route(i)
+	}
+	testkit.WaitFor(t, 5*time.Second, "routes waiting for answers", func() bool { return cp.inFly.Load() == pending })
+	fail.armed.Store(true)
+	go route(pending)
+	for range pending + 1 {
+		select {
+		case d := <-results:
+			if d.Reason != ReasonFallbackLocal {
+				t.Fatalf("a call on the broken stream answered %+v, want a local fallback", d)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("calls on a stream whose send failed still wait")
+		}
 	}
 }
