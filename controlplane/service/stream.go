@@ -11,6 +11,7 @@ import (
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/coalesce"
 )
 
 // maxStreamInFlight bounds the calls one stream has in progress on the
@@ -18,6 +19,15 @@ import (
 // control pushes back on the data plane, which bounds its own in-flight
 // calls below this anyway.
 const maxStreamInFlight = 256
+
+// streamBatchMax bounds the answers (and feed frames) in one message to
+// a data plane that reads batches. Under load a batch is about as large
+// as the number of calls that finish during one send; 64 covers the
+// concurrency of a busy data plane several times over while keeping a
+// message of route answers (~100-200 bytes each) near one 16 KiB HTTP/2
+// frame, so the first answer in it is not held up behind the encoding of
+// hundreds.
+const streamBatchMax = 64
 
 // streamScope tracks what ends every open stream: this node's current
 // term as leader, and the API server's shutdown (a stream never ends on
@@ -27,6 +37,9 @@ type streamScope struct {
 	lead     chan struct{} // closed when the current leadership ends; nil when not leading
 	shut     chan struct{}
 	shutOnce sync.Once
+	// flushHook, set by tests only, runs before each message a stream
+	// sends, with the number of answers then queued behind it.
+	flushHook func(queued func() int)
 }
 
 func (s *streamScope) init() { s.shut = make(chan struct{}) }
@@ -73,8 +86,10 @@ func (c *Core) streamNotLeader(why string) *connect.Error {
 
 // Stream implements RouterService.Stream: the leader's Route, Complete and
 // Sync on one stream. Calls run concurrently (bounded by
-// maxStreamInFlight) and are answered as they finish, so a slow one does
-// not hold up the others.
+// maxStreamInFlight, counted per call, however they were batched) and are
+// answered as they finish, so a slow one does not hold up the others.
+// Answers that are ready together share a message when the data plane's
+// hello said it reads StreamResponse.more.
 func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv1.StreamRequest, cartv1.StreamResponse]) error {
 	c := h.c
 	lead := c.streams.current()
@@ -87,20 +102,30 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 	defer cancel()
 
 	var (
-		sendMu  sync.Mutex
-		sendErr error
 		callsMu sync.Mutex
 		closed  bool // no call may start: the handler is returning
 		calls   sync.WaitGroup
+		out     *coalesce.Sender[*cartv1.StreamResponse]
 	)
-	send := func(r *cartv1.StreamResponse) {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		if sendErr == nil {
-			if sendErr = st.Send(r); sendErr != nil {
-				cancel() // the data plane is gone: stop reading too
-			}
+	hook := c.streams.flushHook
+	// One answer a message (Max 1) until the hello says the data plane
+	// reads batches.
+	out = coalesce.New(func(b []*cartv1.StreamResponse) error {
+		if hook != nil {
+			hook(out.Queued)
 		}
+		first := b[0]
+		if len(b) > 1 {
+			first.More = b[1:]
+		}
+		err := st.Send(first)
+		first.More = nil
+		return err
+	}, coalesce.Options[*cartv1.StreamResponse]{Failed: func(error) {
+		cancel() // the data plane is gone: stop reading too
+	}})
+	send := func(r *cartv1.StreamResponse) {
+		_ = out.Send(r) // a failure ends the stream through Failed
 	}
 	// begin counts a call (or the hello, or the feed) the handler must
 	// wait for before it returns; false once it is returning.
@@ -114,6 +139,28 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 		return true
 	}
 	slots := make(chan struct{}, maxStreamInFlight)
+	// start serves m in a goroutine of its own once a slot is free, or
+	// answers it with INVALID_ARGUMENT and why when invalid is not empty.
+	start := func(m *cartv1.StreamRequest, invalid string) error {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if !begin() {
+			return context.Canceled
+		}
+		go func() {
+			defer calls.Done()
+			defer func() { <-slots }()
+			if invalid != "" {
+				send(streamErrorAnswer(m.GetId(), connect.NewError(connect.CodeInvalidArgument, errors.New(invalid))))
+				return
+			}
+			send(c.streamCall(ctx, st.Peer().Protocol, m))
+		}()
+		return nil
+	}
 	recvDone := make(chan error, 1)
 	go func() {
 		feeding := false
@@ -123,6 +170,8 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 				recvDone <- err
 				return
 			}
+			more := m.GetMore()
+			m.More = nil
 			if m.GetId() == 0 && m.GetCall() == nil {
 				// The hello, answered here so that nothing the feed sends
 				// can come before its answer. It counts as a call, so the
@@ -131,13 +180,16 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 					recvDone <- context.Canceled
 					return
 				}
+				if m.GetBatches() {
+					out.SetMax(streamBatchMax)
+				}
 				if m.GetPlacementFeed() != nil {
 					// An empty frame acknowledges the feed: a data plane
 					// whose leader predates it keeps recording its own
 					// answers.
-					send(&cartv1.StreamResponse{Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{}}})
+					send(&cartv1.StreamResponse{Batches: true, Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{}}})
 				} else {
-					send(&cartv1.StreamResponse{})
+					send(&cartv1.StreamResponse{Batches: true})
 				}
 				if m.GetPlacementFeed() != nil && !feeding {
 					feeding = true
@@ -148,23 +200,24 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 					}()
 				}
 				calls.Done()
+				for _, x := range more {
+					if err := start(x, "the stream hello carries no batched calls"); err != nil {
+						recvDone <- err
+						return
+					}
+				}
 				continue
 			}
-			select {
-			case slots <- struct{}{}:
-			case <-ctx.Done():
-				recvDone <- ctx.Err()
+			if err := start(m, ""); err != nil {
+				recvDone <- err
 				return
 			}
-			if !begin() {
-				recvDone <- context.Canceled
-				return
+			for _, x := range more {
+				if err := start(x, invalidBatched(x)); err != nil {
+					recvDone <- err
+					return
+				}
 			}
-			go func() {
-				defer calls.Done()
-				defer func() { <-slots }()
-				send(c.streamCall(ctx, st.Peer().Protocol, m))
-			}()
 		}
 	}()
 
@@ -181,19 +234,37 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 	}
 	cancel()
 	// Calls in progress finish (their contexts are cancelled, so the
-	// decider undoes what they decided) before the stream may no longer
-	// be written to. The receiving goroutine ends when the server closes
-	// the request body after this returns.
+	// decider undoes what they decided), and the answers they queued are
+	// sent, before the stream may no longer be written to. The receiving
+	// goroutine ends when the server closes the request body after this
+	// returns.
 	callsMu.Lock()
 	closed = true
 	callsMu.Unlock()
 	calls.Wait()
-	if err == nil {
-		sendMu.Lock()
+	if sendErr := out.Close(); err == nil {
 		err = sendErr
-		sendMu.Unlock()
 	}
 	return err
+}
+
+// invalidBatched says why x cannot be a call batched in
+// StreamRequest.more, or "" when it can.
+func invalidBatched(x *cartv1.StreamRequest) string {
+	switch {
+	case x.GetId() == 0:
+		return "a batched stream call needs a nonzero id (the hello cannot be batched)"
+	case len(x.GetMore()) > 0:
+		return "a batched stream call cannot carry more calls of its own"
+	case x.GetPlacementFeed() != nil || x.GetBatches():
+		return "placement_feed and batches belong to the stream hello only"
+	}
+	return ""
+}
+
+// streamErrorAnswer is the answer to call id that failed with err.
+func streamErrorAnswer(id uint64, err error) *cartv1.StreamResponse {
+	return &cartv1.StreamResponse{Id: id, Result: &cartv1.StreamResponse_Error{Error: &cartv1.StreamError{Code: uint32(connect.CodeOf(err)), Message: errMessage(err)}}}
 }
 
 // streamCall serves one call of a stream.
@@ -231,7 +302,7 @@ func (c *Core) streamCall(ctx context.Context, protocol string, m *cartv1.Stream
 		err = connect.NewError(connect.CodeInvalidArgument, errors.New("stream call with no route, complete or sync"))
 	}
 	if err != nil {
-		resp.Result = &cartv1.StreamResponse_Error{Error: &cartv1.StreamError{Code: uint32(connect.CodeOf(err)), Message: errMessage(err)}}
+		return streamErrorAnswer(m.GetId(), err)
 	}
 	return resp
 }

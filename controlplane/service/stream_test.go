@@ -3,6 +3,8 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +19,13 @@ import (
 // openStream opens a Stream on cp and checks the hello.
 func openStream(t *testing.T, cp *testCP) *connect.BidiStreamForClient[cartv1.StreamRequest, cartv1.StreamResponse] {
 	t.Helper()
+	return openStreamWith(t, cp, &cartv1.StreamRequest{})
+}
+
+// openStreamWith opens a Stream on cp with hello and checks its answer,
+// which says the leader reads batched calls.
+func openStreamWith(t *testing.T, cp *testCP, hello *cartv1.StreamRequest) *connect.BidiStreamForClient[cartv1.StreamRequest, cartv1.StreamResponse] {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	st := cp.router().Stream(ctx)
 	t.Cleanup(func() {
@@ -24,14 +33,148 @@ func openStream(t *testing.T, cp *testCP) *connect.BidiStreamForClient[cartv1.St
 		_ = st.CloseRequest()
 		_ = st.CloseResponse()
 	})
-	if err := st.Send(&cartv1.StreamRequest{}); err != nil {
+	if err := st.Send(hello); err != nil {
 		t.Fatal(err)
 	}
 	m, err := st.Receive()
-	if err != nil || m.GetId() != 0 || m.GetResult() != nil {
+	if err != nil || m.GetId() != 0 || m.GetResult() != nil || !m.GetBatches() || len(m.GetMore()) != 0 {
 		t.Fatalf("hello answered %v, %v", m, err)
 	}
 	return st
+}
+
+// receiveAnswers reads messages until n answers came, unpacking more, and
+// returns the answers by id and how many messages carried them.
+func receiveAnswers(t *testing.T, st *connect.BidiStreamForClient[cartv1.StreamRequest, cartv1.StreamResponse], n int) (map[uint64]*cartv1.StreamResponse, int) {
+	t.Helper()
+	// Closing the request side ends a Receive that would wait forever for
+	// a missing answer (cancelling the stream's context alone does not).
+	// Nothing sends meanwhile.
+	stop := time.AfterFunc(30*time.Second, func() { _ = st.CloseRequest() })
+	defer stop.Stop()
+	got := map[uint64]*cartv1.StreamResponse{}
+	msgs := 0
+	for len(got) < n {
+		m, err := st.Receive()
+		if err != nil {
+			t.Fatalf("after %d of %d answers: %v", len(got), n, err)
+		}
+		msgs++
+		more := m.GetMore()
+		m.More = nil
+		for _, a := range append([]*cartv1.StreamResponse{m}, more...) {
+			if len(a.GetMore()) != 0 {
+				t.Fatalf("answer %d nests more", a.GetId())
+			}
+			if _, dup := got[a.GetId()]; dup {
+				t.Fatalf("answer %d twice", a.GetId())
+			}
+			got[a.GetId()] = a
+		}
+	}
+	return got, msgs
+}
+
+func routeCall(id uint64, seed int) *cartv1.StreamRequest {
+	return &cartv1.StreamRequest{Id: id, TimeoutMicros: 5e6, Call: &cartv1.StreamRequest_Route{Route: &cartv1.RouteRequest{Model: "m", Text: text(100, seed), DataplaneId: "dp1", DryRun: true}}}
+}
+
+// Calls batched in one message are each served and answered under their
+// own id; batched elements that are not plain calls (a hello, nested
+// more, hello-only fields, no call) are answered INVALID_ARGUMENT.
+func TestStreamBatchedCalls(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true})
+	cp.addWorkers(t, w1, w2)
+	st := openStreamWith(t, cp, &cartv1.StreamRequest{Batches: true})
+	first := routeCall(1, 1)
+	first.More = []*cartv1.StreamRequest{
+		{Id: 2, Call: &cartv1.StreamRequest_Complete{Complete: &cartv1.CompleteRequest{DataplaneId: "dp1"}}},
+		{Id: 3, Call: &cartv1.StreamRequest_Sync{Sync: &cartv1.SyncRequest{DataplaneId: "dp1"}}},
+		routeCall(4, 2),
+		{}, // a hello
+		{Id: 5, Call: &cartv1.StreamRequest_Sync{Sync: &cartv1.SyncRequest{}}, More: []*cartv1.StreamRequest{routeCall(6, 3)}},
+		{Id: 7, Call: &cartv1.StreamRequest_Sync{Sync: &cartv1.SyncRequest{}}, PlacementFeed: &cartv1.PlacementFeed{}},
+		{Id: 8},
+		{Id: 9, Call: &cartv1.StreamRequest_Sync{Sync: &cartv1.SyncRequest{}}, Batches: true},
+	}
+	if err := st.Send(first); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := receiveAnswers(t, st, 9)
+	for _, id := range []uint64{1, 4} {
+		if w := got[id].GetRoute().GetWorker(); w != w1 && w != w2 {
+			t.Fatalf("route %d answered %v", id, got[id])
+		}
+	}
+	if got[2].GetComplete() == nil || len(got[3].GetSync().GetWorkers()) != 2 {
+		t.Fatalf("complete answered %v, sync %v", got[2], got[3])
+	}
+	for _, id := range []uint64{0, 5, 7, 8, 9} {
+		if connect.Code(got[id].GetError().GetCode()) != connect.CodeInvalidArgument {
+			t.Fatalf("invalid batched call %d answered %v, want invalid_argument", id, got[id])
+		}
+	}
+	if _, ok := got[6]; ok {
+		t.Fatalf("a call nested in a batched call was served: %v", got[6])
+	}
+	// The stream still serves calls afterwards.
+	if err := st.Send(routeCall(10, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := receiveAnswers(t, st, 1); got[10].GetRoute() == nil {
+		t.Fatalf("call after the batch answered %v", got)
+	}
+}
+
+// holdFirstAnswer makes the next message cp's streams send wait until n
+// answers queued behind it, so that the test knows they are ready
+// together.
+func holdFirstAnswer(t *testing.T, cp *testCP, n int) *atomic.Bool {
+	var armed atomic.Bool
+	cp.core.streams.flushHook = func(queued func() int) {
+		if armed.CompareAndSwap(true, false) {
+			if ok, _ := testkit.Poll(10*time.Second, func() (bool, string) { return queued() >= n, "" }); !ok {
+				t.Errorf("%d answers queued, want %d", queued(), n)
+			}
+		}
+	}
+	return &armed
+}
+
+// Answers ready together share a message to a data plane whose hello says
+// it reads batches, and never to one whose hello does not (a data plane
+// that predates StreamResponse.more would lose them).
+func TestStreamBatchesAnswers(t *testing.T) {
+	const n = 20
+	for _, batches := range []bool{true, false} {
+		t.Run(fmt.Sprintf("batches=%v", batches), func(t *testing.T) {
+			cp := newTestCP(t, cpConfig{leader: true})
+			cp.addWorkers(t, w1, w2)
+			armed := holdFirstAnswer(t, cp, n-1)
+			st := openStreamWith(t, cp, &cartv1.StreamRequest{Batches: batches})
+			armed.Store(true)
+			first := routeCall(1, 0)
+			for i := 2; i <= n; i++ {
+				first.More = append(first.More, routeCall(uint64(i), i))
+			}
+			if err := st.Send(first); err != nil {
+				t.Fatal(err)
+			}
+			got, msgs := receiveAnswers(t, st, n)
+			for id := uint64(1); id <= n; id++ {
+				if got[id].GetRoute().GetWorker() == "" {
+					t.Fatalf("call %d answered %v", id, got[id])
+				}
+			}
+			want := n
+			if batches {
+				want = 2 // the held answer, then the n-1 queued behind it
+			}
+			if msgs != want {
+				t.Fatalf("%d answers in %d messages, want %d", n, msgs, want)
+			}
+		})
+	}
 }
 
 // The stream serves the leader's Route, Complete and Sync, each answer

@@ -11,10 +11,12 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/coalesce"
 )
 
 // The Route stream (Options.RouteStream): one long-lived RouterService.Stream
@@ -26,6 +28,18 @@ import (
 // live only once the leader answered its hello, so a call never waits for
 // a connection to be set up, and a call on a stream that breaks fails at
 // once, like a unary call to a node that died, so the caller falls back.
+
+// Calls ready together (a send in progress when they come) share one
+// stream message once the leader's hello answer said it reads batches:
+// at most streamBatchMax calls, and at most streamBatchBytes encoded
+// (unless one call alone is larger), so a batch of long prompts' hashes
+// stays well inside the leader's 4 MiB message limit. 64 calls cover a
+// busy data plane's concurrency several times over (its in-flight calls
+// are bounded by DefaultStreamInFlight anyway).
+const (
+	streamBatchMax   = 64
+	streamBatchBytes = 1 << 20
+)
 
 // DefaultStreamInFlight bounds the calls in flight on the stream when
 // Options.RouteStreamMaxInFlight is 0.
@@ -59,7 +73,12 @@ type routeStream struct {
 	slots  chan struct{} // flow control: one per call in flight
 	opened time.Time
 
-	sendMu sync.Mutex // Send is not safe for concurrent use
+	sendMu sync.Mutex // Send is not safe for concurrent use with CloseRequest
+	// out sends the calls, several a message when the leader reads
+	// batches (batches), else one each.
+	out       *coalesce.Sender[*cartv1.StreamRequest]
+	batches   bool
+	flushHook func(queued func() int) // tests only: runs before each message sent
 
 	// feed queues the leader's placement feed for the shadow; nil: not
 	// asked for. Frames are applied off the receiving goroutine, so that
@@ -112,6 +131,23 @@ func (s *routeStream) brokenErr() error {
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %v", errStreamBroken, s.cause()))
 }
 
+// flush sends a batch of calls as one message: the first, carrying the
+// others in more.
+func (s *routeStream) flush(b []*cartv1.StreamRequest) error {
+	if s.flushHook != nil {
+		s.flushHook(s.out.Queued)
+	}
+	first := b[0]
+	if len(b) > 1 {
+		first.More = b[1:] // the slice is the Sender's: not kept past Send
+	}
+	s.sendMu.Lock()
+	err := s.conn.Send(first)
+	s.sendMu.Unlock()
+	first.More = nil
+	return err
+}
+
 // receive delivers answers to their calls until the stream breaks.
 func (s *routeStream) receive() {
 	for {
@@ -120,22 +156,32 @@ func (s *routeStream) receive() {
 			s.fail(err)
 			return
 		}
-		if p := m.GetPlacements(); p != nil && m.GetId() == 0 {
-			if s.feed != nil {
-				select {
-				case s.feed <- p.GetPlacements():
-				default:
-				}
+		more := m.GetMore()
+		m.More = nil
+		s.deliver(m)
+		for _, a := range more {
+			s.deliver(a)
+		}
+	}
+}
+
+// deliver hands one answer to its call, or a feed frame to the shadow.
+func (s *routeStream) deliver(m *cartv1.StreamResponse) {
+	if p := m.GetPlacements(); p != nil && m.GetId() == 0 {
+		if s.feed != nil {
+			select {
+			case s.feed <- p.GetPlacements():
+			default:
 			}
-			continue
 		}
-		s.mu.Lock()
-		ch := s.pending[m.GetId()]
-		delete(s.pending, m.GetId())
-		s.mu.Unlock()
-		if ch != nil {
-			ch <- m // buffered: a caller that gave up does not block this
-		}
+		return
+	}
+	s.mu.Lock()
+	ch := s.pending[m.GetId()]
+	delete(s.pending, m.GetId())
+	s.mu.Unlock()
+	if ch != nil {
+		ch <- m // buffered: a caller that gave up does not block this
 	}
 }
 
@@ -175,10 +221,10 @@ func (s *routeStream) do(ctx context.Context, req *cartv1.StreamRequest) (*cartv
 		// does for a unary call's deadline.
 		req.TimeoutMicros = uint32(min(max(time.Until(dl).Microseconds(), 1), 1<<32-1))
 	}
-	s.sendMu.Lock()
-	err := s.conn.Send(req)
-	s.sendMu.Unlock()
-	if err != nil {
+	// Sent now, or queued behind a send in progress and carried by the
+	// next message; a failed send breaks the stream (out's Failed), so
+	// this call then ends through done like every other in flight.
+	if err := s.out.Send(req); err != nil {
 		s.fail(err)
 		return nil, s.brokenErr()
 	}
@@ -209,8 +255,12 @@ func (s *routeStream) forget(id uint64) {
 type streamer struct {
 	r           *Router
 	maxInFlight int
-	kick        chan struct{}         // the target may have changed
-	tracer      cpclient.StreamTracer // traces the Route calls it carries; nil: off
+	kick        chan struct{}           // the target may have changed
+	tracer      cpclient.StreamTracer   // traces the Route calls it carries; nil: off
+	flushHook   func(queued func() int) // tests only: see routeStream.flushHook
+	// noBatch (tests only) makes this data plane neither declare nor send
+	// batches, as one that predates them.
+	noBatch bool
 
 	// cur is the live stream, if any; read on every call, hence atomic.
 	cur atomic.Pointer[routeStream]
@@ -391,10 +441,14 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	// acked: the leader answered the hello with an (empty) placements
 	// frame, which says it will feed; a leader that predates the feed
 	// ignores the request, and this data plane then records its own
-	// answers as before. Read after hello delivers.
-	acked := false
+	// answers as before. batches: the leader reads batched calls (one
+	// that predates them leaves it unset, and gets one call a message).
+	// early: what the leader batched with its answer (not sent by this
+	// leader, but allowed). Read after hello delivers.
+	acked, batches := false, false
+	var early []*cartv1.StreamResponse
 	go func() {
-		if err := conn.Send(&cartv1.StreamRequest{PlacementFeed: feed}); err != nil && !errors.Is(err, io.EOF) {
+		if err := conn.Send(&cartv1.StreamRequest{PlacementFeed: feed, Batches: !s.noBatch}); err != nil && !errors.Is(err, io.EOF) {
 			hello <- err
 			return
 		}
@@ -405,7 +459,7 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 		case m.GetId() != 0 || m.GetResult() != nil && (feed == nil || m.GetPlacements() == nil):
 			hello <- fmt.Errorf("unexpected answer to the stream hello: id %d", m.GetId())
 		default:
-			acked = m.GetPlacements() != nil
+			acked, batches, early = m.GetPlacements() != nil, m.GetBatches(), m.GetMore()
 			hello <- nil
 		}
 	}()
@@ -425,7 +479,14 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 		return nil, nil, err
 	}
 	st := &routeStream{target: target, conn: conn, cancel: cancel, slots: make(chan struct{}, s.maxInFlight),
-		opened: time.Now(), pending: map[uint64]chan *cartv1.StreamResponse{}, done: make(chan struct{})}
+		opened: time.Now(), pending: map[uint64]chan *cartv1.StreamResponse{}, done: make(chan struct{}),
+		batches: batches && !s.noBatch, flushHook: s.flushHook}
+	o := coalesce.Options[*cartv1.StreamRequest]{Failed: st.fail}
+	if st.batches {
+		o.Max, o.MaxCost = streamBatchMax, streamBatchBytes
+		o.Cost = func(m *cartv1.StreamRequest) int { return proto.Size(m) }
+	}
+	st.out = coalesce.New(st.flush, o)
 	var applied chan struct{}
 	if fed != nil && acked {
 		st.feed, applied = make(chan []*cartv1.RecentPlacement, feedQueue), make(chan struct{})
@@ -439,6 +500,9 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	recvDone := make(chan struct{})
 	go func() {
 		defer close(recvDone)
+		for _, m := range early {
+			st.deliver(m)
+		}
 		st.receive()
 		_ = conn.CloseResponse()
 		if st.feed != nil {

@@ -150,6 +150,23 @@ type streamCP struct {
 	kill    chan struct{} // closed: every open stream ends with an error
 	// electing: streams are refused as by a node with no leader yet.
 	electing atomic.Bool
+
+	// batches: this leader reads StreamRequest.more and says so in the
+	// hello's answer; without it, it serves only each message's first
+	// call, as a leader that predates the field would.
+	batches bool
+	// answerTogether: to a data plane whose hello declared batches, the
+	// calls of one message are answered together in one message, followed
+	// by extra (feed frames).
+	answerTogether bool
+	extra          []*cartv1.StreamResponse
+	// feedAck: the hello's answer acknowledges a placement feed request;
+	// helloExtra rides in its more.
+	feedAck    bool
+	helloExtra []*cartv1.StreamResponse
+	// msgs counts the messages that carried calls, batched those with
+	// more; answerMsgs the answer messages with more.
+	msgs, batched, answerMsgs atomic.Int64
 }
 
 func newStreamCP(t testing.TB) (*streamCP, *pathCounter) {
@@ -160,6 +177,23 @@ func newStreamCP(t testing.TB) (*streamCP, *pathCounter) {
 	srv := serveH2C(t, pc)
 	f.srv, f.url = srv, srv.URL
 	return f, pc
+}
+
+// answer serves one call.
+func (f *streamCP) answer(m *cartv1.StreamRequest) *cartv1.StreamResponse {
+	if f.hold != nil {
+		f.hold(m)
+	}
+	resp := &cartv1.StreamResponse{Id: m.GetId()}
+	switch c := m.GetCall().(type) {
+	case *cartv1.StreamRequest_Route:
+		resp.Result = &cartv1.StreamResponse_Route{Route: &cartv1.RouteResponse{Worker: c.Route.GetRequestId(), Reason: "cache_miss", FromLeader: true, Ticket: m.GetId()}}
+	case *cartv1.StreamRequest_Sync:
+		resp.Result = &cartv1.StreamResponse_Sync{Sync: &cartv1.SyncResponse{Workers: []*cartv1.Worker{{Url: wA, Healthy: true}}, WorkersVersion: 1}}
+	case *cartv1.StreamRequest_Complete:
+		resp.Result = &cartv1.StreamResponse_Complete{Complete: &cartv1.CompleteResponse{}}
+	}
+	return resp
 }
 
 func (f *streamCP) Stream(ctx context.Context, st *connect.BidiStream[cartv1.StreamRequest, cartv1.StreamResponse]) error {
@@ -181,8 +215,21 @@ func (f *streamCP) Stream(ctx context.Context, st *connect.BidiStream[cartv1.Str
 		sendMu.Unlock()
 		wg.Wait()
 	}()
+	send := func(resp *cartv1.StreamResponse) {
+		select {
+		case <-f.kill:
+			return // the stream fails: no answer
+		default:
+		}
+		sendMu.Lock()
+		if !ended {
+			_ = st.Send(resp)
+		}
+		sendMu.Unlock()
+	}
 	errc := make(chan error, 1)
 	go func() {
+		dpBatches := false
 		for {
 			m, err := st.Receive()
 			if err != nil {
@@ -190,15 +237,29 @@ func (f *streamCP) Stream(ctx context.Context, st *connect.BidiStream[cartv1.Str
 				return
 			}
 			if m.GetId() == 0 {
+				dpBatches = m.GetBatches()
+				hello := &cartv1.StreamResponse{Batches: f.batches, More: f.helloExtra}
+				if f.feedAck && m.GetPlacementFeed() != nil {
+					hello.Result = &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{}}
+				}
 				sendMu.Lock()
 				if !ended {
-					_ = st.Send(&cartv1.StreamResponse{})
+					_ = st.Send(hello)
 				}
 				sendMu.Unlock()
 				continue
 			}
-			f.calls.Add(1)
-			n := f.inFly.Add(1)
+			f.msgs.Add(1)
+			calls := []*cartv1.StreamRequest{m}
+			if len(m.GetMore()) > 0 {
+				f.batched.Add(1)
+				if f.batches {
+					calls = append(calls, m.GetMore()...)
+				}
+			}
+			m.More = nil
+			n := f.inFly.Add(int64(len(calls)))
+			f.calls.Add(int64(len(calls)))
 			for old := f.maxFly.Load(); n > old && !f.maxFly.CompareAndSwap(old, n); old = f.maxFly.Load() {
 			}
 			sendMu.Lock()
@@ -206,34 +267,38 @@ func (f *streamCP) Stream(ctx context.Context, st *connect.BidiStream[cartv1.Str
 				sendMu.Unlock()
 				return
 			}
-			wg.Add(1)
+			together := f.answerTogether && dpBatches
+			if together {
+				wg.Add(1)
+			} else {
+				wg.Add(len(calls))
+			}
 			sendMu.Unlock()
-			go func() {
-				defer wg.Done()
-				if f.hold != nil {
-					f.hold(m)
-				}
-				resp := &cartv1.StreamResponse{Id: m.GetId()}
-				switch c := m.GetCall().(type) {
-				case *cartv1.StreamRequest_Route:
-					resp.Result = &cartv1.StreamResponse_Route{Route: &cartv1.RouteResponse{Worker: c.Route.GetRequestId(), Reason: "cache_miss", FromLeader: true, Ticket: m.GetId()}}
-				case *cartv1.StreamRequest_Sync:
-					resp.Result = &cartv1.StreamResponse_Sync{Sync: &cartv1.SyncResponse{Workers: []*cartv1.Worker{{Url: wA, Healthy: true}}, WorkersVersion: 1}}
-				case *cartv1.StreamRequest_Complete:
-					resp.Result = &cartv1.StreamResponse_Complete{Complete: &cartv1.CompleteResponse{}}
-				}
-				f.inFly.Add(-1)
-				select {
-				case <-f.kill:
-					return // the stream fails: no answer
-				default:
-				}
-				sendMu.Lock()
-				if !ended {
-					_ = st.Send(resp)
-				}
-				sendMu.Unlock()
-			}()
+			if together {
+				go func() {
+					defer wg.Done()
+					var all []*cartv1.StreamResponse
+					for _, c := range calls {
+						all = append(all, f.answer(c))
+					}
+					f.inFly.Add(-int64(len(calls)))
+					first := all[0]
+					first.More = append(all[1:], f.extra...)
+					if len(first.More) > 0 {
+						f.answerMsgs.Add(1)
+					}
+					send(first)
+				}()
+				continue
+			}
+			for _, c := range calls {
+				go func() {
+					defer wg.Done()
+					resp := f.answer(c)
+					f.inFly.Add(-1)
+					send(resp)
+				}()
+			}
 		}
 	}()
 	select {
@@ -245,4 +310,57 @@ func (f *streamCP) Stream(ctx context.Context, st *connect.BidiStream[cartv1.Str
 	case <-ctx.Done():
 		return nil
 	}
+}
+
+// msgCounter counts the Route stream's messages and the calls and answers
+// they carry, on the data plane's side, through an interceptor.
+type msgCounter struct {
+	calls, msgs, answers, answerMsgs atomic.Int64
+}
+
+func (c *msgCounter) interceptors() []connect.Interceptor { return []connect.Interceptor{c} }
+
+func (c *msgCounter) reset() {
+	c.calls.Store(0)
+	c.msgs.Store(0)
+	c.answers.Store(0)
+	c.answerMsgs.Store(0)
+}
+
+func (c *msgCounter) counts() (calls, msgs, answers, answerMsgs int64) {
+	return c.calls.Load(), c.msgs.Load(), c.answers.Load(), c.answerMsgs.Load()
+}
+
+func (c *msgCounter) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc { return next }
+
+func (c *msgCounter) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+func (c *msgCounter) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, s connect.Spec) connect.StreamingClientConn {
+		return countingConn{StreamingClientConn: next(ctx, s), c: c}
+	}
+}
+
+type countingConn struct {
+	connect.StreamingClientConn
+	c *msgCounter
+}
+
+func (cc countingConn) Send(m any) error {
+	if r, ok := m.(*cartv1.StreamRequest); ok && r.GetId() != 0 {
+		cc.c.msgs.Add(1)
+		cc.c.calls.Add(1 + int64(len(r.GetMore())))
+	}
+	return cc.StreamingClientConn.Send(m)
+}
+
+func (cc countingConn) Receive(m any) error {
+	err := cc.StreamingClientConn.Receive(m)
+	if r, ok := m.(*cartv1.StreamResponse); ok && err == nil {
+		cc.c.answerMsgs.Add(1)
+		cc.c.answers.Add(1 + int64(len(r.GetMore())))
+	}
+	return err
 }

@@ -44,6 +44,19 @@ type StreamRequest struct {
 	// index, used when the leader cannot answer, knows where every data
 	// plane's prompts went, not only its own.
 	PlacementFeed *PlacementFeed `protobuf:"bytes,7,opt,name=placement_feed,json=placementFeed,proto3" json:"placement_feed,omitempty"`
+	// Further calls carried in the same message, served exactly as if each
+	// had come in a message of its own after this one, in order (each counts
+	// as a call in flight). Each element has its own nonzero id, timeout and
+	// trace, and a call; it must not be a hello, must not set placement_feed
+	// or batches, and must not itself have more: the leader answers such an
+	// element with INVALID_ARGUMENT under its id (and serves none of its
+	// more). A hello carries no more (the leader answers any it has the same
+	// way). A data plane sends more only to a leader whose hello answer set
+	// batches: a leader that predates the field would drop them unanswered.
+	More []*StreamRequest `protobuf:"bytes,8,rep,name=more,proto3" json:"more,omitempty"`
+	// Set in the hello only: this data plane reads StreamResponse.more, so
+	// the leader may put several answers and feed frames in one message.
+	Batches       bool `protobuf:"varint,9,opt,name=batches,proto3" json:"batches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -138,6 +151,20 @@ func (x *StreamRequest) GetPlacementFeed() *PlacementFeed {
 		return x.PlacementFeed
 	}
 	return nil
+}
+
+func (x *StreamRequest) GetMore() []*StreamRequest {
+	if x != nil {
+		return x.More
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetBatches() bool {
+	if x != nil {
+		return x.Batches
+	}
+	return false
 }
 
 type isStreamRequest_Call interface {
@@ -343,7 +370,16 @@ type StreamResponse struct {
 	//	*StreamResponse_Sync
 	//	*StreamResponse_Error
 	//	*StreamResponse_Placements
-	Result        isStreamResponse_Result `protobuf_oneof:"result"`
+	Result isStreamResponse_Result `protobuf_oneof:"result"`
+	// Further answers or feed frames carried in the same message, each
+	// complete in itself (own id and result, no more of its own), to be read
+	// in order after this one as if each had come in a message of its own.
+	// Sent only to a data plane whose hello set batches.
+	More []*StreamResponse `protobuf:"bytes,7,rep,name=more,proto3" json:"more,omitempty"`
+	// Set in the answer to the hello only: this leader reads
+	// StreamRequest.more, so the data plane may put several calls in one
+	// message. A leader that predates the field leaves it false.
+	Batches       bool `protobuf:"varint,8,opt,name=batches,proto3" json:"batches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -435,6 +471,20 @@ func (x *StreamResponse) GetPlacements() *RecentPlacements {
 		}
 	}
 	return nil
+}
+
+func (x *StreamResponse) GetMore() []*StreamResponse {
+	if x != nil {
+		return x.More
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetBatches() bool {
+	if x != nil {
+		return x.Batches
+	}
+	return false
 }
 
 type isStreamResponse_Result interface {
@@ -1641,7 +1691,7 @@ var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x14cart/v1/router.proto\x12\acart.v1\"\x93\x03\n" +
+	"\x14cart/v1/router.proto\x12\acart.v1\"\xd9\x03\n" +
 	"\rStreamRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12%\n" +
 	"\x0etimeout_micros\x18\x02 \x01(\rR\rtimeoutMicros\x12-\n" +
@@ -1649,7 +1699,9 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\bcomplete\x18\x04 \x01(\v2\x18.cart.v1.CompleteRequestH\x00R\bcomplete\x12*\n" +
 	"\x04sync\x18\x05 \x01(\v2\x14.cart.v1.SyncRequestH\x00R\x04sync\x127\n" +
 	"\x05trace\x18\x06 \x03(\v2!.cart.v1.StreamRequest.TraceEntryR\x05trace\x12=\n" +
-	"\x0eplacement_feed\x18\a \x01(\v2\x16.cart.v1.PlacementFeedR\rplacementFeed\x1a8\n" +
+	"\x0eplacement_feed\x18\a \x01(\v2\x16.cart.v1.PlacementFeedR\rplacementFeed\x12*\n" +
+	"\x04more\x18\b \x03(\v2\x16.cart.v1.StreamRequestR\x04more\x12\x18\n" +
+	"\abatches\x18\t \x01(\bR\abatches\x1a8\n" +
 	"\n" +
 	"TraceEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -1665,7 +1717,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\x06R\x06hashes\x12!\n" +
 	"\fdataplane_id\x18\x03 \x01(\tR\vdataplaneId\x12\x19\n" +
-	"\broute_id\x18\x04 \x01(\x04R\arouteId\"\xab\x02\n" +
+	"\broute_id\x18\x04 \x01(\x04R\arouteId\"\xf2\x02\n" +
 	"\x0eStreamResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05route\x18\x02 \x01(\v2\x16.cart.v1.RouteResponseH\x00R\x05route\x127\n" +
@@ -1674,7 +1726,9 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\v2\x14.cart.v1.StreamErrorH\x00R\x05error\x12;\n" +
 	"\n" +
 	"placements\x18\x06 \x01(\v2\x19.cart.v1.RecentPlacementsH\x00R\n" +
-	"placementsB\b\n" +
+	"placements\x12+\n" +
+	"\x04more\x18\a \x03(\v2\x17.cart.v1.StreamResponseR\x04more\x12\x18\n" +
+	"\abatches\x18\b \x01(\bR\abatchesB\b\n" +
 	"\x06result\";\n" +
 	"\vStreamError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
@@ -1822,30 +1876,32 @@ var file_cart_v1_router_proto_depIdxs = []int32{
 	13, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
 	18, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
 	1,  // 4: cart.v1.StreamRequest.placement_feed:type_name -> cart.v1.PlacementFeed
-	3,  // 5: cart.v1.RecentPlacements.placements:type_name -> cart.v1.RecentPlacement
-	7,  // 6: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
-	11, // 7: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
-	14, // 8: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
-	5,  // 9: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
-	2,  // 10: cart.v1.StreamResponse.placements:type_name -> cart.v1.RecentPlacements
-	8,  // 11: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
-	10, // 12: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
-	12, // 13: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	16, // 14: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	17, // 15: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
-	6,  // 16: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	9,  // 17: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	13, // 18: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
-	0,  // 19: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
-	7,  // 20: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	11, // 21: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	14, // 22: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
-	4,  // 23: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
-	20, // [20:24] is the sub-list for method output_type
-	16, // [16:20] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	0,  // 5: cart.v1.StreamRequest.more:type_name -> cart.v1.StreamRequest
+	3,  // 6: cart.v1.RecentPlacements.placements:type_name -> cart.v1.RecentPlacement
+	7,  // 7: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
+	11, // 8: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
+	14, // 9: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
+	5,  // 10: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
+	2,  // 11: cart.v1.StreamResponse.placements:type_name -> cart.v1.RecentPlacements
+	4,  // 12: cart.v1.StreamResponse.more:type_name -> cart.v1.StreamResponse
+	8,  // 13: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
+	10, // 14: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
+	12, // 15: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
+	16, // 16: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	17, // 17: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	6,  // 18: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
+	9,  // 19: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	13, // 20: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	0,  // 21: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
+	7,  // 22: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	11, // 23: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	14, // 24: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	4,  // 25: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
+	22, // [22:26] is the sub-list for method output_type
+	18, // [18:22] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_router_proto_init() }

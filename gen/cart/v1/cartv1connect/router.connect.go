@@ -68,6 +68,9 @@ type RouterServiceClient interface {
 	// reconnects to leader_url (using the unary calls meanwhile). The first
 	// message is a hello (id 0, no call) that the leader answers with id 0,
 	// so the data plane knows the stream works before it sends calls on it.
+	// Calls (and answers) ready at the same time may share one message (see
+	// StreamRequest.more and StreamResponse.more), each side only once the
+	// other declared in the hello that it reads them.
 	Stream(context.Context) *connect.BidiStreamForClient[v1.StreamRequest, v1.StreamResponse]
 }
 
@@ -162,6 +165,9 @@ type RouterServiceHandler interface {
 	// reconnects to leader_url (using the unary calls meanwhile). The first
 	// message is a hello (id 0, no call) that the leader answers with id 0,
 	// so the data plane knows the stream works before it sends calls on it.
+	// Calls (and answers) ready at the same time may share one message (see
+	// StreamRequest.more and StreamResponse.more), each side only once the
+	// other declared in the hello that it reads them.
 	Stream(context.Context, *connect.BidiStream[v1.StreamRequest, v1.StreamResponse]) error
 }
 
