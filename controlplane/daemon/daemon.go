@@ -274,6 +274,7 @@ func deciderOptions(cfg *config.Config) decider.Options {
 		Policy:       decider.PolicyFrom(cfg),
 		MaxEntries:   cfg.Cache.MaxTreeSize,
 		InlineEvict:  cfg.Cache.EvictionIntervalSecs <= 0,
+		PresizeIndex: true,
 		DailyReset:   cfg.Cache.DailyCleanupHourUTC >= 0,
 		ResetHourUTC: cfg.Cache.DailyCleanupHourUTC,
 		LoadLease:    time.Duration(cfg.ControlPlane.LoadLeaseSecs * float64(time.Second)),

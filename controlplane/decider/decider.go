@@ -23,6 +23,9 @@ type Options struct {
 	Headroom int
 	// InlineEvict: no periodic pass runs, the index evicts as it inserts.
 	InlineEvict bool
+	// PresizeIndex allocates the index's hash map for its bound up front
+	// (index.Options.Presize): a control-plane node, which fills it.
+	PresizeIndex bool
 	// DailyReset clears the index once a day at ResetHourUTC (0-23).
 	DailyReset   bool
 	ResetHourUTC int
@@ -68,7 +71,7 @@ func New(o Options) *Decider {
 	if o.MaxTickets <= 0 {
 		o.MaxTickets = DefaultMaxTickets
 	}
-	idx := index.New(index.Options{MaxEntries: o.MaxEntries, Headroom: o.Headroom, InlineEvict: o.InlineEvict})
+	idx := index.New(index.Options{MaxEntries: o.MaxEntries, Headroom: o.Headroom, InlineEvict: o.InlineEvict, Presize: o.PresizeIndex})
 	d := &Decider{eng: engine.New(o.Policy, idx, o.Rand), o: o, lastReset: o.Now()}
 	d.lead.init()
 	d.hold.init()
