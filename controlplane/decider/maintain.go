@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/internal/every"
 )
 
@@ -54,18 +55,36 @@ func (d *Decider) maybeDailyReset() {
 		return
 	}
 	t := d.lock()
+	due := d.resetDue(d.o.Now().UTC())
+	d.unlock(OpReset, t)
+	if !due {
+		return
+	}
+	// The next index's map, sized as the last one grew, allocated before
+	// the lock: zeroing it takes milliseconds.
+	var r *index.Reserved
+	if d.o.PresizeIndex {
+		r = index.Reserve(d.o.MaxEntries + d.o.Headroom)
+	}
+	t = d.lock()
 	defer d.unlock(OpReset, t)
 	now := d.o.Now().UTC()
-	due := time.Date(now.Year(), now.Month(), now.Day(), d.o.ResetHourUTC, 0, 0, 0, time.UTC)
-	if now.Before(due) {
-		due = due.AddDate(0, 0, -1)
-	}
-	if !d.lastReset.Before(due) {
+	if !d.resetDue(now) {
 		return
 	}
 	// On a control plane this is each node's own cache decision, like
 	// eviction: a leader's pending placements still replicate, and the
 	// ledger may put back what a failed batch withdraws.
-	d.eng.ClearIndex()
+	d.eng.ClearIndex(r)
 	d.lastReset = now
+}
+
+// resetDue reports whether the daily reset's hour passed since the last
+// one, at now. Inside the critical section.
+func (d *Decider) resetDue(now time.Time) bool {
+	due := time.Date(now.Year(), now.Month(), now.Day(), d.o.ResetHourUTC, 0, 0, 0, time.UTC)
+	if now.Before(due) {
+		due = due.AddDate(0, 0, -1)
+	}
+	return d.lastReset.Before(due)
 }

@@ -33,23 +33,31 @@ func TestMaintainTrimsToBound(t *testing.T) {
 }
 
 func TestDailyResetAtItsHour(t *testing.T) {
-	now := time.Date(2026, 1, 1, 2, 30, 0, 0, time.UTC)
-	d := newTestDecider(&now, 1000, 3)
-	route(t, d, "a prompt that should be forgotten at three")
-	d.Maintain()
-	if st, _ := d.IndexStats(); st.Entries == 0 {
-		t.Fatal("reset before its hour")
-	}
-	now = now.Add(time.Hour) // 03:30
-	d.Maintain()
-	if st, _ := d.IndexStats(); st.Entries != 0 {
-		t.Fatalf("no reset after 03:00: %d entries", st.Entries)
-	}
-	route(t, d, "a prompt after the reset")
-	now = now.Add(time.Hour) // 04:30 the same day: no second reset
-	d.Maintain()
-	if st, _ := d.IndexStats(); st.Entries == 0 {
-		t.Fatal("reset twice in one day")
+	for _, presize := range []bool{false, true} {
+		t.Run(fmt.Sprintf("presize=%v", presize), func(t *testing.T) {
+			now := time.Date(2026, 1, 1, 2, 30, 0, 0, time.UTC)
+			d := newTestDecider(&now, 1000, 3)
+			d.o.PresizeIndex = presize // the reset's map is reserved before the lock
+			route(t, d, "a prompt that should be forgotten at three")
+			d.Maintain()
+			if st, _ := d.IndexStats(); st.Entries == 0 {
+				t.Fatal("reset before its hour")
+			}
+			now = now.Add(time.Hour) // 03:30
+			d.Maintain()
+			if st, _ := d.IndexStats(); st.Entries != 0 {
+				t.Fatalf("no reset after 03:00: %d entries", st.Entries)
+			}
+			route(t, d, "a prompt after the reset")
+			if dec := route(t, d, "a prompt after the reset"); dec.Reason != engine.ReasonCacheHit {
+				t.Fatalf("prompt placed after the reset: %s", dec.Reason)
+			}
+			now = now.Add(time.Hour) // 04:30 the same day: no second reset
+			d.Maintain()
+			if st, _ := d.IndexStats(); st.Entries == 0 {
+				t.Fatal("reset twice in one day")
+			}
+		})
 	}
 }
 

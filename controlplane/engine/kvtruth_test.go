@@ -122,7 +122,7 @@ func TestClearIndexEmptiesIndexAndModels(t *testing.T) {
 	p1, p2 := textOf(4*testBC, 1), textOf(4*testBC, 2)
 	place(t, e, "a", p1)
 	place(t, e, "b", p2)
-	e.ClearIndex()
+	e.ClearIndex(nil)
 	if n := e.idx.Len(); n != 0 {
 		t.Fatalf("index holds %d entries after the reset", n)
 	}

@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/cartrouter/cart/controlplane/index"
+
 // purgePerEvict: slots a purge step visits per entry an eviction step
 // removes. A 2,048-slot step holds the lock 90-200 µs (CPU, 1M entries,
 // `go test -run '^$' -bench RemoveWorker ./controlplane/index`), against
@@ -35,14 +37,15 @@ func (e *Engine) MaintainStep(now int64, maxEntries, chunk int) (done bool) {
 }
 
 // ClearIndex empties the index, and every worker's model with it (the
-// daily reset), without a pass over the index under the caller's lock.
+// daily reset), without a pass over the index under the caller's lock;
+// the index's map for what comes next is r (see index.Reserved).
 //
 // An event-fed worker's model goes (its seed with it) rather than
 // restarting empty: a snapshot's install fills the index again right after,
 // and the worker's next KV report then seeds a new model from what the
 // index holds by then (for the daily reset: nothing). An empty model over a
 // refilled index would trim its newest blocks first.
-func (e *Engine) ClearIndex() {
+func (e *Engine) ClearIndex(r *index.Reserved) {
 	for _, w := range e.workers {
 		switch {
 		case w.kv.on:
@@ -51,7 +54,7 @@ func (e *Engine) ClearIndex() {
 			w.model = newBlockLRU(w.model.capacity)
 		}
 	}
-	e.idx.Reset()
+	e.idx.ResetTo(r)
 }
 
 // PurgeStep drops removed workers' holdings from a step's worth of index

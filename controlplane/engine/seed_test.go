@@ -283,7 +283,7 @@ func TestSeedAbandonedWhenTheWorkerIsRemovedOrReAdded(t *testing.T) {
 func TestSeedAbandonedOnClearHoldingsAndDailyReset(t *testing.T) {
 	for name, clearIt := range map[string]func(e *Engine){
 		"clear-holdings": func(e *Engine) { e.ClearHoldings("a") },
-		"daily-reset":    func(e *Engine) { e.ClearIndex() },
+		"daily-reset":    func(e *Engine) { e.ClearIndex(nil) },
 	} {
 		for _, phase := range []seedPhase{seedWalking, seedSorting, seedAdding} {
 			e := seedEngine(t, 6)
@@ -394,7 +394,7 @@ func TestSeedAfterASnapshotInstall(t *testing.T) {
 	e, want := seedEngine(t, 10), seedEngine(t, 10)
 	e.ApplyKVReport("a", KVReport{Synced: true}, nil)
 	stepUntil(t, e, 8, func(SeedResult) bool { s := e.byURL["a"].seed; return s.phase == seedWalking && len(s.walked) > 0 })
-	installIndex(e, want, e.ClearIndex)
+	installIndex(e, want, func() { e.ClearIndex(index.Reserve(want.idx.Len())) })
 	seedSteps(t, e, 8, nil)
 	if w := e.byURL["a"]; w.model != nil || w.seed != nil {
 		t.Fatal("a model over the replaced index survived the install")

@@ -747,3 +747,23 @@ func TestHeldPrefix(t *testing.T) {
 		}
 	}
 }
+
+// A reserved map serves one reset: a second index reset to the same
+// Reserved gets a fresh map, not one shared with the first.
+func TestResetToTakesTheReservedMapOnce(t *testing.T) {
+	x, y := New(Options{MaxEntries: 100}), New(Options{MaxEntries: 100})
+	x.Insert([]uint64{1, 2, 3}, 1, 1)
+	r := Reserve(100)
+	x.ResetTo(r)
+	y.ResetTo(r)
+	x.Insert([]uint64{4, 5}, 1, 2)
+	y.Insert([]uint64{6}, 2, 2)
+	if x.Len() != 2 || y.Len() != 1 {
+		t.Fatalf("after the resets: %d and %d entries, want 2 and 1", x.Len(), y.Len())
+	}
+	checkInvariants(t, x)
+	checkInvariants(t, y)
+	if st := x.Stats(); st.Evicted != 3 {
+		t.Fatalf("reset counted %d evicted, want the 3 entries dropped", st.Evicted)
+	}
+}

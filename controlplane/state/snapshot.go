@@ -308,7 +308,10 @@ func (s *State) Restore(r io.Reader) error {
 	// between the chunks; a reader between them (a dry run, Stats) sees a
 	// partial index, which only costs it matches.
 	var ids []index.WorkerID
-	s.dec.Do(decider.OpSnapshotRestore, func(eng *engine.Engine) { ids = s.installHeader(eng, &h) })
+	// The index's map for the records, allocated before the lock: filled
+	// from empty it would grow under the chunks.
+	room := index.Reserve(len(records))
+	s.dec.Do(decider.OpSnapshotRestore, func(eng *engine.Engine) { ids = s.installHeader(eng, &h, room) })
 	put := make([]index.Holder, 0, 8)
 	from := 0
 	s.dec.Steps(decider.OpSnapshotRestore, func(eng *engine.Engine) bool {
@@ -351,12 +354,12 @@ const restoreChunk = 512
 // installHeader empties the index and installs a decoded snapshot's worker
 // set and metadata, returning the index id of each of its workers by
 // position. Inside the decider's critical section.
-func (s *State) installHeader(eng *engine.Engine, h *cartv1.SnapshotHeader) []index.WorkerID {
+func (s *State) installHeader(eng *engine.Engine, h *cartv1.SnapshotHeader, room *index.Reserved) []index.WorkerID {
 	// Empty the index before replacing the workers: SetWorkers drops each
 	// removed worker's entries with a walk over the whole index, for
 	// entries about to be discarded anyway. ClearIndex empties the models
 	// beside it too, without a pass over the entries.
-	eng.ClearIndex()
+	eng.ClearIndex(room)
 	s.specs = s.specs[:0]
 	s.capacity = map[string]int64{}
 	for _, w := range h.GetWorkers() {
