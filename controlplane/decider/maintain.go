@@ -60,7 +60,7 @@ func (d *Decider) maybeDailyReset() {
 	if !due {
 		return
 	}
-	// The next index's map, sized as the last one grew, allocated before
+	// The next index's map, sized for the index's bound, allocated before
 	// the lock: zeroing it takes milliseconds.
 	var r *index.Reserved
 	if d.o.PresizeIndex {

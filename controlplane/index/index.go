@@ -93,8 +93,8 @@ type Options struct {
 	// front (about 20 bytes an entry, paged in as it fills). Grown entry by
 	// entry, the map splits its tables under the inserts, which then cost
 	// several times more until the index is full (BenchmarkInsertWhileGrowing).
-	// Reset still starts from an empty map: allocating a large one would
-	// zero it under the routing lock.
+	// After a reset, the map is the one ResetTo is given (Reserve), which
+	// its caller allocates away from the routing lock.
 	Presize bool
 }
 
