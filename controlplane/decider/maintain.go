@@ -60,12 +60,9 @@ func (d *Decider) maybeDailyReset() {
 	if !due {
 		return
 	}
-	// The next index's map, sized for the index's bound, allocated before
-	// the lock: zeroing it takes milliseconds.
-	var r *index.Reserved
-	if d.o.PresizeIndex {
-		r = index.Reserve(d.o.MaxEntries + d.o.Headroom)
-	}
+	// The next index's map, allocated before the lock: zeroing one sized
+	// for a full index takes milliseconds.
+	r := d.ReserveIndex(0)
 	t = d.lock()
 	defer d.unlock(OpReset, t)
 	now := d.o.Now().UTC()
@@ -77,6 +74,17 @@ func (d *Decider) maybeDailyReset() {
 	// ledger may put back what a failed batch withdraws.
 	d.eng.ClearIndex(r)
 	d.lastReset = now
+}
+
+// ReserveIndex allocates the map for an index about to be refilled with
+// n entries (a snapshot's restore; 0 for the daily reset), sized for the
+// index's bound when it is presized (Options.PresizeIndex). Call it
+// outside the critical section and hand the result to ClearIndex.
+func (d *Decider) ReserveIndex(n int) *index.Reserved {
+	if d.o.PresizeIndex {
+		n = max(n, d.o.MaxEntries+d.o.Headroom)
+	}
+	return index.Reserve(n)
 }
 
 // resetDue reports whether the daily reset's hour passed since the last

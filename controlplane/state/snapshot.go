@@ -310,7 +310,7 @@ func (s *State) Restore(r io.Reader) error {
 	var ids []index.WorkerID
 	// The index's map for the records, allocated before the lock: filled
 	// from empty it would grow under the chunks.
-	room := index.Reserve(len(records))
+	room := s.dec.ReserveIndex(len(records))
 	s.dec.Do(decider.OpSnapshotRestore, func(eng *engine.Engine) { ids = s.installHeader(eng, &h, room) })
 	put := make([]index.Holder, 0, 8)
 	from := 0
