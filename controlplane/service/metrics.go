@@ -48,7 +48,7 @@ func newCPMetrics(c *Core) *cpMetrics {
 	if c.batch != nil {
 		for o, name := range touchOutcomeNames {
 			m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_touches_total",
-				Help:        "Recency refreshes (touches) of blocks a chosen worker already held, by outcome: queued for replication, merged into one of the same window, limited (one was queued less than a second ago).",
+				Help:        "Recency refreshes (touches) of blocks a chosen worker already held, by outcome: queued for replication, merged into one of the same window, limited (one was queued less than a second ago), over_budget (the window's touches already carry their most block hashes).",
 				ConstLabels: prometheus.Labels{"outcome": name}}, func() float64 { return float64(c.batch.Touches(o)) }))
 		}
 		b := c.batch
