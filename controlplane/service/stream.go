@@ -26,7 +26,8 @@ const maxStreamInFlight = 256
 // concurrency of a busy data plane several times over while keeping a
 // message of route answers (~100-200 bytes each) near one 16 KiB HTTP/2
 // frame, so the first answer in it is not held up behind the encoding of
-// hundreds.
+// hundreds. Feed frames (up to 512 placements each) make a message
+// larger; the data plane sets no read limit on the leader's messages.
 const streamBatchMax = 64
 
 // streamScope tracks what ends every open stream: this node's current
@@ -121,7 +122,7 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 		err := st.Send(first)
 		first.More = nil
 		return err
-	}, coalesce.Options[*cartv1.StreamResponse]{Failed: func(error) {
+	}, coalesce.Options[*cartv1.StreamResponse]{Queue: maxStreamInFlight, Failed: func(error) {
 		cancel() // the data plane is gone: stop reading too
 	}})
 	send := func(r *cartv1.StreamResponse) {

@@ -233,3 +233,38 @@ func TestStreamSendFailureBreaksStream(t *testing.T) {
 		}
 	}
 }
+
+// A Route whose caller gave up while it waited behind a send in progress
+// never reaches the leader: the decision would place load for an answer
+// nobody reads.
+func TestStreamDropsRoutesGivenUpWhileQueued(t *testing.T) {
+	cp, _ := newStreamCP(t)
+	cp.batches = true
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, RouteTimeout: 10 * time.Second})
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	r.streams.flushHook = func(func() int) {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release // the first call's send stays in progress
+		}
+	}
+	run(t, r)
+	streamLive(t, r, cp.url)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if d, err := r.Route(context.Background(), &router.Request{ID: "kept", DryRun: true}); err != nil || d.Worker != "kept" {
+			t.Errorf("the call in progress: %+v (%v)", d, err)
+		}
+	}()
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, _ = r.Route(ctx, &router.Request{ID: "given-up", DryRun: true}) // returns once its deadline passed
+	cancel()
+	close(release)
+	<-done
+	if n := cp.calls.Load(); n != 1 {
+		t.Fatalf("the leader got %d calls, want only the one whose caller waited", n)
+	}
+}

@@ -106,6 +106,10 @@ func (s *routeStream) fail(err error) {
 	s.pending = nil
 	close(s.done)
 	s.mu.Unlock()
+	// Cancelled before waiting for sendMu: a Send blocked on HTTP/2 flow
+	// control (a stalled leader) holds it, and returns only once the
+	// request is cancelled.
+	s.cancel()
 	s.sendMu.Lock()
 	abort(s.conn, s.cancel)
 	s.sendMu.Unlock()
@@ -136,6 +140,20 @@ func (s *routeStream) brokenErr() error {
 func (s *routeStream) flush(b []*cartv1.StreamRequest) error {
 	if s.flushHook != nil {
 		s.flushHook(s.out.Queued)
+	}
+	// A Route whose caller gave up while it waited in the queue is not
+	// sent: the leader would decide, and place, for an answer nobody
+	// reads. (Reports still go: a late one still settles its tickets.)
+	s.mu.Lock()
+	kept := b[:0]
+	for _, m := range b {
+		if _, waited := s.pending[m.GetId()]; waited || m.GetRoute() == nil {
+			kept = append(kept, m)
+		}
+	}
+	s.mu.Unlock()
+	if b = kept; len(b) == 0 {
+		return nil
 	}
 	first := b[0]
 	if len(b) > 1 {
@@ -481,7 +499,10 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	st := &routeStream{target: target, conn: conn, cancel: cancel, slots: make(chan struct{}, s.maxInFlight),
 		opened: time.Now(), pending: map[uint64]chan *cartv1.StreamResponse{}, done: make(chan struct{}),
 		batches: batches && !s.noBatch, flushHook: s.flushHook}
-	o := coalesce.Options[*cartv1.StreamRequest]{Failed: st.fail}
+	// The queue holds no more calls than may be in flight: a caller that
+	// gave up (and freed its slot) while its call still waited here does
+	// not let another queue beyond the bound.
+	o := coalesce.Options[*cartv1.StreamRequest]{Failed: st.fail, Queue: s.maxInFlight}
 	if st.batches {
 		o.Max, o.MaxCost = streamBatchMax, streamBatchBytes
 		o.Cost = func(m *cartv1.StreamRequest) int { return proto.Size(m) }

@@ -109,6 +109,11 @@ func TestLargeReadsBypassTheBuffer(t *testing.T) {
 	if string(got) != string(want) {
 		t.Fatalf("read %v, want %v", got, want)
 	}
+	// A read as large as the buffer goes to the connection directly: one
+	// read of it, not four buffer fills.
+	if n := cc.reads.Load(); n != 1 {
+		t.Fatalf("%d reads of the connection for 64 bytes through a 16-byte buffer, want 1", n)
+	}
 }
 
 func TestDeadlinesStillApply(t *testing.T) {
