@@ -49,6 +49,7 @@ type Decider struct {
 	o   Options
 
 	lastReset time.Time // guarded by mu
+	ceiling   int       // the index's bound (index.Ceiling), which never changes
 
 	lead leaderState // guarded by mu
 
@@ -72,7 +73,7 @@ func New(o Options) *Decider {
 		o.MaxTickets = DefaultMaxTickets
 	}
 	idx := index.New(index.Options{MaxEntries: o.MaxEntries, Headroom: o.Headroom, InlineEvict: o.InlineEvict, Presize: o.PresizeIndex})
-	d := &Decider{eng: engine.New(o.Policy, idx, o.Rand), o: o, lastReset: o.Now()}
+	d := &Decider{eng: engine.New(o.Policy, idx, o.Rand), o: o, lastReset: o.Now(), ceiling: idx.Ceiling()}
 	d.lead.init()
 	d.hold.init()
 	return d

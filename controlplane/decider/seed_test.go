@@ -71,6 +71,21 @@ func TestSeedModelsFillsTheModelsInSteps(t *testing.T) {
 	})
 }
 
+// cancelAfter is a context that turns cancelled after its Err was asked
+// checks times: SeedModels asks once per step.
+type cancelAfter struct {
+	context.Context
+	checks int
+}
+
+func (c *cancelAfter) Err() error {
+	if c.checks <= 0 {
+		return context.Canceled
+	}
+	c.checks--
+	return nil
+}
+
 // A cancelled SeedModels (its leader stepped down) stops between two steps
 // and leaves the seed to the next caller, which finishes it.
 func TestSeedModelsStopsWithItsContext(t *testing.T) {
@@ -82,9 +97,8 @@ func TestSeedModelsStopsWithItsContext(t *testing.T) {
 		}
 		e.ApplyKVReport("http://a", engine.KVReport{Synced: true, CapacityBlocks: 10_000}, nil)
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	d.SeedModels(ctx, func(string, []uint64) {})
+	// Cancelled after two steps: 5,000 entries take more (1,024 a step).
+	d.SeedModels(&cancelAfter{Context: context.Background(), checks: 2}, func(string, []uint64) {})
 	var seeding bool
 	d.Do(OpRead, func(e *engine.Engine) { seeding = e.Seeding() })
 	if !seeding {

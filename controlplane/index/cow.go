@@ -156,11 +156,7 @@ func walk(pages []*page, head int32, fn func(hash uint64, used int64, holders []
 	var buf []Holder
 	for s := head; s != nilSlot; {
 		e := &pages[s>>pageShift].e[s&pageMask]
-		buf = buf[:0]
-		buf = append(buf, Holder{Worker: e.first.w, At: e.first.at})
-		for _, h := range e.more {
-			buf = append(buf, Holder{Worker: h.w, At: h.at})
-		}
+		buf = e.appendHolders(buf[:0])
 		if !fn(e.hash, e.used, buf) {
 			return
 		}

@@ -518,12 +518,16 @@ func (x *Index) Holders(hash uint64) []Holder {
 	if !ok {
 		return nil
 	}
-	e := x.at(s)
-	out := []Holder{{Worker: e.first.w, At: e.first.at}}
+	return x.at(s).appendHolders(nil)
+}
+
+// appendHolders appends e's holders to dst.
+func (e *entry) appendHolders(dst []Holder) []Holder {
+	dst = append(dst, Holder{Worker: e.first.w, At: e.first.at})
 	for _, h := range e.more {
-		out = append(out, Holder{Worker: h.w, At: h.at})
+		dst = append(dst, Holder{Worker: h.w, At: h.at})
 	}
-	return out
+	return dst
 }
 
 func (x *Index) evictTail() {

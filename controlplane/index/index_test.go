@@ -625,7 +625,6 @@ func TestPropertyAncestorsOutliveDescendants(t *testing.T) {
 	}{
 		{"roomy", Options{MaxEntries: 10_000}},
 		{"ceiling-skip", Options{MaxEntries: 150, Headroom: 50}},
-		{"ceiling-skip-presized", Options{MaxEntries: 150, Headroom: 50, Presize: true}},
 		{"inline", Options{MaxEntries: 150, InlineEvict: true}},
 	}
 	for _, mode := range modes {

@@ -42,10 +42,7 @@ func (x *Index) WalkUpStep(limit int, fn func(hash uint64, holders []Holder)) (d
 		}
 		e := x.at(s)
 		if e.nholders > 0 {
-			x.upBuf = append(x.upBuf[:0], Holder{Worker: e.first.w, At: e.first.at})
-			for _, h := range e.more {
-				x.upBuf = append(x.upBuf, Holder{Worker: h.w, At: h.at})
-			}
+			x.upBuf = e.appendHolders(x.upBuf[:0])
 			fn(e.hash, x.upBuf)
 		}
 		x.upLast = s

@@ -261,6 +261,11 @@ func (s *State) Restore(r io.Reader) error {
 	if h.GetVersion() == 0 || h.GetVersion() > SnapshotVersion {
 		return fmt.Errorf("snapshot version %d not supported (max %d)", h.GetVersion(), SnapshotVersion)
 	}
+	if h.GetVersion() < 2 && h.GetOriginRecords() > 0 {
+		// Version 1 had no origin records: a header that says otherwise
+		// was not written by this code.
+		return fmt.Errorf("snapshot version %d with %d origin records (origins came in version 2)", h.GetVersion(), h.GetOriginRecords())
+	}
 	// Decoded entries are kept flat and pointer-free until installed: a
 	// million decoded messages were three million objects for the garbage
 	// collector to mark while the install ran, and its mark assists

@@ -243,6 +243,7 @@ func TestRestoreCorruptSnapshotLeavesStateUntouched(t *testing.T) {
 		"holder out of range": record(&cartv1.SnapshotHeader{Version: 1, Workers: oneWorker, IndexRecords: 1}, &cartv1.IndexRecord{Hash: 1, Workers: []uint32{3}, AtUnixNanos: []int64{1}}),
 		"holder without time": record(&cartv1.SnapshotHeader{Version: 1, Workers: oneWorker, IndexRecords: 1}, &cartv1.IndexRecord{Hash: 1, Workers: []uint32{0}}),
 		"fewer records":       record(&cartv1.SnapshotHeader{Version: 1, Workers: oneWorker, IndexRecords: 2}, &cartv1.IndexRecord{Hash: 1, Workers: []uint32{0}, AtUnixNanos: []int64{1}}),
+		"v1 with origins":     record(&cartv1.SnapshotHeader{Version: 1, Workers: oneWorker, OriginRecords: 1}, &cartv1.StoredOrigin{IdHash: 1, Worker: "http://a"}),
 	}
 
 	victim, victimEng := newTestState()

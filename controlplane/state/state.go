@@ -240,10 +240,6 @@ func (s *State) workerSetString() string {
 	return "[" + strings.Join(parts, ", ") + "]"
 }
 
-// applyPlacements inserts (or withdraws) placements in chunks, leaving the
-// decider's critical section between chunks. Snapshots cannot interleave
-// (raft never runs Snapshot concurrently with Apply), only routing
-// decisions can.
 // How applyPlacements applies a list of placements.
 type applyMode int
 
@@ -253,6 +249,10 @@ const (
 	applyRefresh                  // touches: recency of what it still holds
 )
 
+// applyPlacements inserts (or withdraws, or refreshes) placements in
+// chunks, leaving the decider's critical section between chunks.
+// Snapshots cannot interleave (raft never runs Snapshot concurrently with
+// Apply), only routing decisions can.
 func (s *State) applyPlacements(ps []*cartv1.Placement, mode applyMode) {
 	for step := range placementSteps(ps) {
 		s.dec.Do(decider.OpApplyBatch, func(eng *engine.Engine) { s.applyStep(eng, step, mode) })

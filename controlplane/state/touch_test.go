@@ -60,15 +60,19 @@ func TestTouchesApplyBeforeWithdrawals(t *testing.T) {
 	st, eng := newTestState()
 	a := &testApplier{t: t, st: st}
 	a.apply(setWorkers("http://w1"))
-	a.apply(placeBatch(&cartv1.Placement{Worker: "http://w1", BlockHashes: []uint64{1, 2}, AtUnixNanos: 100}))
+	a.apply(placeBatch(&cartv1.Placement{Worker: "http://w1", BlockHashes: []uint64{1, 2, 3}, AtUnixNanos: 100}))
 	w := []*cartv1.Placement{{Worker: "http://w1", BlockHashes: []uint64{2}, AtUnixNanos: 100}}
-	touch := []*cartv1.Placement{{Worker: "http://w1", BlockHashes: []uint64{1, 2}, AtUnixNanos: 200}}
+	touch := []*cartv1.Placement{{Worker: "http://w1", BlockHashes: []uint64{1, 2, 3}, AtUnixNanos: 200}}
 	a.apply(touchBatch(touch, w, nil))
 	if at := holdingAt(st, eng, "http://w1", 2); at != -1 {
 		t.Fatalf("withdrawn block held since %d after the window", at)
 	}
-	if at := holdingAt(st, eng, "http://w1", 1); at != 200 {
-		t.Fatalf("touched block held since %d, want 200", at)
+	// Block 3, past the withdrawn one, is refreshed only if the touch came
+	// first: applied after the withdrawal, it would stop at the gap.
+	for h, want := range map[uint64]int64{1: 200, 3: 200} {
+		if at := holdingAt(st, eng, "http://w1", h); at != want {
+			t.Fatalf("touched block %d held since %d, want %d", h, at, want)
+		}
 	}
 }
 

@@ -27,8 +27,10 @@ func (l *Local) ApplyKVReport(worker string, r engine.KVReport) {
 	if seed {
 		// At start the index is empty and this is quick (the router keeps
 		// no index across restarts). After a feed went unsynced and came
-		// back, it seeds over the index as it is, in short lock holds,
-		// and this stream's next report waits for it.
+		// back, it seeds over the index as it is, in short lock holds
+		// (routing goes on between them); every worker's stream that
+		// reports meanwhile joins in and reads no event until the seed
+		// is done, its events waiting in the socket.
 		l.dec.SeedModels(context.Background(), l.removeHoldings)
 	}
 }
