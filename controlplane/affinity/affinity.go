@@ -86,7 +86,7 @@ func (t *Table[K]) Lookup(k K, now time.Time) (string, bool) {
 	return e.worker, true
 }
 
-// Entry is one remembered key, as Entries lists it and Replace takes it.
+// Entry is one remembered key, as Entries lists it and Merge takes it.
 type Entry[K comparable] struct {
 	Key     K
 	Worker  string
@@ -117,6 +117,11 @@ func (t *Table[K]) Entries(now time.Time) []Entry[K] {
 func (t *Table[K]) Merge(es []Entry[K], now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	// Expired entries must not take the room of live ones: drop them from
+	// the least recently used end, where they are.
+	for el := t.lru.Back(); el != nil && !now.Before(el.Value.(*entry[K]).expires); el = t.lru.Back() {
+		t.remove(el)
+	}
 	for _, e := range es {
 		if !now.Before(e.Expires) {
 			continue
@@ -128,7 +133,7 @@ func (t *Table[K]) Merge(es []Entry[K], now time.Time) {
 			continue
 		}
 		if t.lru.Len() >= t.max {
-			break // the rest are older still
+			continue // full: only keys it holds may still move their expiry
 		}
 		t.m[e.Key] = t.lru.PushBack(&entry[K]{key: e.Key, worker: e.Worker, expires: e.Expires})
 	}

@@ -107,6 +107,22 @@ func TestEntriesAndMerge(t *testing.T) {
 	if _, ok := full.Lookup(2, now); ok {
 		t.Error("a full table took the snapshot's older entry over its own")
 	}
+	// Full, it still moves the expiry of a key it holds that comes after
+	// one it had no room for.
+	held := New[uint64](time.Hour, 1)
+	held.Learn(5, "e", now)
+	held.Merge([]Entry[uint64]{{6, "f", now.Add(time.Hour)}, {5, "e2", now.Add(3 * time.Hour)}}, now)
+	if got, ok := held.Lookup(5, now.Add(2*time.Hour)); !ok || got != "e2" {
+		t.Errorf("held key after a refused one: %q %v, want e2 until its later expiry", got, ok)
+	}
+	// Expired entries do not take the room of live ones.
+	stale := New[uint64](time.Minute, 2)
+	stale.Learn(1, "a", now)
+	stale.Learn(2, "b", now)
+	stale.Merge([]Entry[uint64]{{3, "c", now.Add(time.Hour)}}, now.Add(2*time.Minute))
+	if got, ok := stale.Lookup(3, now.Add(2*time.Minute)); !ok || got != "c" {
+		t.Errorf("a table full of expired entries refused a live one: %q %v", got, ok)
+	}
 }
 
 // BenchmarkEntries lists a full default-size table, as a snapshot does;
