@@ -34,8 +34,7 @@ type cpBreaker struct {
 
 	mu          sync.Mutex
 	consecutive int
-	round       uint64 // counted failures so far; a call fails in the round it started in
-	resetRound  uint64 // round of the last reset: calls started before it judged another leader
+	round       uint64 // counted failures and resets so far; a call fails in the round it started in
 	open        bool
 	nextProbe   time.Time // while open: when the next probe may go
 	probing     bool      // a probe is in flight
@@ -111,7 +110,7 @@ func (b *cpBreaker) done(c cpCall, outcome int) {
 		// shows the control plane is answering in time again.
 		b.consecutive, b.open = 0, false
 	case cpFailed, cpRefused:
-		if c.round == b.round || (probe && c.round >= b.resetRound) {
+		if c.round == b.round {
 			b.consecutive++
 			b.round++
 		}
@@ -141,7 +140,6 @@ func (b *cpBreaker) reset() {
 	// Calls still in flight to the old control plane (a probe included)
 	// fail against it, not against the new one.
 	b.round++
-	b.resetRound = b.round
 }
 
 // isOpen reports whether Route calls are being skipped.
