@@ -475,6 +475,10 @@ type ControlPlane struct {
 	LoadLeaseSecs     float64 `yaml:"load_lease_secs"`
 	SnapshotThreshold uint64  `yaml:"snapshot_threshold"`
 	TrailingLogs      uint64  `yaml:"trailing_logs"`
+	// LogStore is the Raft log of a data dir that has none yet: "wal"
+	// (also "auto") or "bolt". A data dir keeps the log it holds; asking
+	// for the other kind stops the node with an error.
+	LogStore string `yaml:"log_store"`
 	// DebugPprof serves Go's profiler under /debug/pprof/ on the API
 	// address, to loopback callers (or, with auth.admin_token set, to
 	// holders of the admin token only).
@@ -636,6 +640,7 @@ func Default() *Config {
 			MaxUnsettledTickets:  1 << 18,
 			SnapshotThreshold:    8192,
 			TrailingLogs:         2048,
+			LogStore:             "auto",
 			HeartbeatTimeoutMs:   500,
 			ElectionTimeoutMs:    500,
 			LeaderLeaseTimeoutMs: 500,

@@ -516,6 +516,7 @@ func (v *validator) controlPlane(role Role) {
 	if cp.DataDir == "" && role == RoleControlPlane {
 		v.add("controlplane.data_dir", "is required for the control plane: the Raft log and snapshots are kept there")
 	}
+	v.oneOf("controlplane.log_store", cp.LogStore, "auto", "wal", "bolt")
 	apiOK := v.hostPort("controlplane.api_addr", cp.APIAddr)
 	raftOK := v.hostPort("controlplane.raft_addr", cp.RaftAddr)
 	if cp.AdvertiseRaftAddr != "" {

@@ -294,6 +294,7 @@ func TestValidateRules(t *testing.T) {
 		{"handover window too short", RoleControlPlane, func(c *Config) { c.ControlPlane.SlowLeaderHandover.WindowSecs = 0.5 }, "controlplane.slow_leader_handover.window_secs", "between 1 and 3600"},
 		{"handover window nan", RoleControlPlane, func(c *Config) { c.ControlPlane.SlowLeaderHandover.WindowSecs = math.NaN() }, "controlplane.slow_leader_handover.window_secs", "finite"},
 		{"handover interval below window", RoleControlPlane, func(c *Config) { c.ControlPlane.SlowLeaderHandover.MinIntervalSecs = 2 }, "controlplane.slow_leader_handover.min_interval_secs", "between window_secs (3) and 86400"},
+		{"unknown log store", RoleControlPlane, func(c *Config) { c.ControlPlane.LogStore = "rocksdb" }, "controlplane.log_store", "must be one of auto, wal, bolt"},
 		{"snapshot threshold zero", RoleAllInOne, func(c *Config) { c.ControlPlane.SnapshotThreshold = 0 }, "controlplane.snapshot_threshold", "at least 1"},
 		{"raft tls cert without key", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftTLS.CertFile = "c.pem" }, "controlplane.raft_tls.cert_file", "key_file is not"},
 		{"remote raft without peer authentication", RoleControlPlane, func(c *Config) { c.ControlPlane.RaftAddr = "10.0.0.5:6702" },

@@ -196,6 +196,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 		BindAddr:          cp.RaftAddr,
 		AdvertiseAddr:     cp.EffectiveAdvertiseRaftAddr(),
 		DataDir:           cp.DataDir,
+		LogStore:          cp.LogStore,
 		Bootstrap:         cp.Bootstrap,
 		ServerTLS:         srvTLS,
 		ClientTLS:         cliTLS,

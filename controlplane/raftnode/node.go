@@ -1,5 +1,5 @@
 // Package raftnode runs the control plane's Raft node: hashicorp/raft over
-// the replicated state machine of package state, with a bolt log, file
+// the replicated state machine of package state, with a WAL (or bolt) log, file
 // snapshots and an optionally mutually authenticated TLS transport.
 //
 // Writes go through Apply on the leader. The leader's services must start
@@ -22,8 +22,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
+	"github.com/hashicorp/raft-wal/metadb"
 
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -37,7 +36,8 @@ const (
 	DefaultSnapshotThreshold = 8192
 	// DefaultTrailingLogs is how many entries stay in the log after a
 	// snapshot, so a briefly lagging follower catches up from the log
-	// rather than by receiving the whole index. Bolt reuses the pages that
+	// rather than by receiving the whole index. The WAL deletes whole
+	// segments once truncation passes them; bolt reuses the pages that
 	// truncation frees but never shrinks raft.db, so the file settles at
 	// about TrailingLogs plus SnapshotThreshold entries.
 	DefaultTrailingLogs = 10240
@@ -77,9 +77,15 @@ type Config struct {
 	NodeID        string
 	BindAddr      string // raft listen address host:port (TCP)
 	AdvertiseAddr string // what peers dial; "" = the bound address
-	// DataDir holds raft.db (log and stable store) and snapshots/. It is
-	// created with mode 0700.
+	// DataDir holds the log and stable store (wal/ or raft.db, see
+	// LogStore) and snapshots/. It is created with mode 0700 and locked
+	// while the node runs.
 	DataDir string
+	// LogStore picks the log for a data directory that has none yet:
+	// LogStoreWAL (also for "" and LogStoreAuto) or LogStoreBolt. A
+	// directory that holds a log keeps it; asking for the other kind is
+	// an error.
+	LogStore string
 	// Bootstrap makes this node bootstrap a single-voter cluster when it has
 	// no existing state; other nodes then join through AddVoter.
 	Bootstrap bool
@@ -154,7 +160,7 @@ type Node struct {
 	raft  *raft.Raft
 	fsm   *fsm
 	trans raft.Transport
-	bolt  *raftboltdb.BoltStore // nil with test stores
+	disk  *diskStores // nil with test stores
 
 	notifyCh chan bool
 	// readyTerm is the term in which this node became leader and finished
@@ -346,7 +352,7 @@ func setIf(dst *time.Duration, v time.Duration) {
 }
 
 // openStores returns the test stores, in-memory ones for a test transport,
-// or bolt (behind a log cache) and file snapshots in DataDir.
+// or the data directory's log (behind a log cache) and file snapshots.
 func (n *Node) openStores(hlog *hclogAdapter) (raft.LogStore, raft.StableStore, raft.SnapshotStore, error) {
 	cfg := n.cfg
 	switch {
@@ -366,46 +372,27 @@ func (n *Node) openStores(hlog *hclogAdapter) (raft.LogStore, raft.StableStore, 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, nil, nil, fmt.Errorf("raftnode: create data dir: %w", err)
 	}
-	bolt, err := openBolt(cfg.DataDir)
+	disk, err := openDisk(cfg.DataDir, cfg.LogStore, hlog)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, snapshotsRetained, hlog.Named("snapshots"))
 	if err != nil {
-		_ = bolt.Close()
+		_ = disk.Close()
 		return nil, nil, nil, fmt.Errorf("raftnode: open snapshot store in %s: %w", cfg.DataDir, err)
 	}
-	logs, err := raft.NewLogCache(logCacheEntries, bolt)
+	store, stable := disk.store()
+	logs, err := raft.NewLogCache(logCacheEntries, store)
 	if err != nil {
-		_ = bolt.Close()
+		_ = disk.Close()
 		return nil, nil, nil, fmt.Errorf("raftnode: log cache: %w", err)
 	}
-	n.bolt = bolt
-	return logs, bolt, snaps, nil
-}
-
-// openBolt opens raft.db with a lock timeout, so a second process on the
-// same directory fails with a clear error instead of hanging.
-func openBolt(dir string) (*raftboltdb.BoltStore, error) {
-	path := filepath.Join(dir, raftDBFile)
-	bolt, err := raftboltdb.New(raftboltdb.Options{
-		Path:        path,
-		BoltOptions: &bbolt.Options{Timeout: boltOpenTimeout},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("raftnode: open %s (is another node using this data dir?): %w", path, err)
-	}
-	return bolt, nil
+	n.disk = disk
+	return logs, stable, snaps, nil
 }
 
 func (n *Node) closeStores() error {
-	if n.bolt == nil {
-		return nil
-	}
-	if err := n.bolt.Close(); err != nil {
-		return fmt.Errorf("close raft log: %w", err)
-	}
-	return nil
+	return n.disk.Close()
 }
 
 // HasExistingState reports whether dataDir holds Raft state (a term, log
@@ -413,24 +400,31 @@ func (n *Node) closeStores() error {
 // its cluster rather than need bootstrapping or joining. It must not be
 // called while a node runs on dataDir (bolt's lock would time out).
 func HasExistingState(dataDir string) (bool, error) {
-	dbPath := filepath.Join(dataDir, raftDBFile)
-	if _, err := os.Stat(dbPath); err == nil {
-		bolt, err := openBolt(dataDir)
+	hasBolt, err := exists(filepath.Join(dataDir, raftDBFile))
+	if err != nil {
+		return false, err
+	}
+	hasWAL, err := exists(filepath.Join(dataDir, walDir, metadb.FileName))
+	if err != nil {
+		return false, err
+	}
+	if hasBolt || hasWAL {
+		hlog := newHCLogAdapter(slog.Default(), "raft")
+		disk, err := openDisk(dataDir, LogStoreAuto, hlog)
 		if err != nil {
 			return false, err
 		}
-		defer bolt.Close()
-		snaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, snapshotsRetained, newHCLogAdapter(slog.Default(), "raft"))
+		defer disk.Close()
+		snaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, snapshotsRetained, hlog.Named("snapshots"))
 		if err != nil {
 			return false, fmt.Errorf("raftnode: open snapshot store in %s: %w", dataDir, err)
 		}
-		ok, err := raft.HasExistingState(bolt, bolt, snaps)
+		logs, stable := disk.store()
+		ok, err := raft.HasExistingState(logs, stable, snaps)
 		if err != nil {
 			return false, fmt.Errorf("raftnode: check existing state in %s: %w", dataDir, err)
 		}
 		return ok, nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return false, fmt.Errorf("raftnode: stat %s: %w", dbPath, err)
 	}
 	// No log: snapshots alone still mean state (the log may have been lost,
 	// and raft would restore from them).

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hashicorp/raft-wal/metadb"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/testkit"
@@ -24,16 +25,24 @@ import (
 // loaded machine while keeping elections well under a second.
 var tcpTimeouts = Timeouts{Heartbeat: 200 * time.Millisecond, Election: 200 * time.Millisecond, LeaderLease: 200 * time.Millisecond, Commit: 10 * time.Millisecond}
 
-// A single node on bolt and TCP survives a restart from its data
-// directory: it restores its snapshot, replays the log after it, and leads
-// again without bootstrapping.
+// A single node on TCP survives a restart from its data directory, on
+// either log store: it restores its snapshot, replays the log after it, and
+// leads again without bootstrapping. A restart with the default log store
+// keeps the log the directory holds (an upgraded bolt node stays on bolt),
+// and naming the other kind is refused.
 func TestDiskRestart(t *testing.T) {
+	for _, store := range []string{"", LogStoreBolt} {
+		t.Run("log_store="+store, func(t *testing.T) { testDiskRestart(t, store) })
+	}
+}
+
+func testDiskRestart(t *testing.T, store string) {
 	dir := filepath.Join(t.TempDir(), "data")
 	if ok, err := HasExistingState(dir); err != nil || ok {
 		t.Fatalf("HasExistingState on a missing dir = %v, %v", ok, err)
 	}
 	fatals := &fatalRecorder{}
-	cfg := Config{NodeID: "solo", BindAddr: "127.0.0.1:0", DataDir: dir, Bootstrap: true, Timeouts: &tcpTimeouts, Logger: testLogger(t), Fatal: fatals.add}
+	cfg := Config{NodeID: "solo", BindAddr: "127.0.0.1:0", DataDir: dir, LogStore: store, Bootstrap: true, Timeouts: &tcpTimeouts, Logger: testLogger(t), Fatal: fatals.add}
 	rep := newReplica()
 	n, err := Start(cfg, rep.st, nil)
 	if err != nil {
@@ -77,9 +86,22 @@ func TestDiskRestart(t *testing.T) {
 	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("data dir: %v, mode %v; want 0700", err, fi.Mode().Perm())
 	}
-	if _, err := os.Stat(filepath.Join(dir, "raft.db")); err != nil {
-		t.Errorf("raft.db: %v", err)
+	// A new data dir gets a WAL unless bolt was asked for, never both.
+	walMeta, boltDB := filepath.Join(dir, walDir, metadb.FileName), filepath.Join(dir, raftDBFile)
+	want, other, otherKind := walMeta, boltDB, LogStoreBolt
+	if store == LogStoreBolt {
+		want, other, otherKind = boltDB, walMeta, LogStoreWAL
 	}
+	checkFiles := func() {
+		t.Helper()
+		if _, err := os.Stat(want); err != nil {
+			t.Errorf("log store %q: %v", store, err)
+		}
+		if _, err := os.Stat(other); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("log store %q: %s exists (%v), want it absent", store, other, err)
+		}
+	}
+	checkFiles()
 	if ok, err := HasExistingState(dir); err != nil || !ok {
 		t.Fatalf("HasExistingState after shutdown = %v, %v", ok, err)
 	}
@@ -88,6 +110,7 @@ func TestDiskRestart(t *testing.T) {
 	lead := &leadership{}
 	cfg.Bootstrap = false
 	cfg.BindAddr = addr // the configuration stored in the log names this address
+	cfg.LogStore = LogStoreAuto
 	n2, err := Start(cfg, rep2.st, lead.add)
 	if err != nil {
 		t.Fatalf("restart: %v", err)
@@ -110,6 +133,15 @@ func TestDiskRestart(t *testing.T) {
 	if err := n2.Shutdown(); err != nil {
 		t.Fatalf("shutdown after restart: %v", err)
 	}
+	checkFiles()
+	cfg.LogStore = otherKind
+	if n3, err := Start(cfg, newReplica().st, nil); err == nil {
+		_ = n3.Shutdown()
+		t.Errorf("a node asking for %q started on a data dir holding the other log", otherKind)
+	} else if !strings.Contains(err.Error(), "remove it from the cluster, empty its data dir") {
+		t.Errorf("start asking for the other log store: %v, want the way to move named", err)
+	}
+	checkFiles()
 	if errs := fatals.all(); len(errs) > 0 {
 		t.Errorf("unexpected Fatal calls: %v", errs)
 	}
