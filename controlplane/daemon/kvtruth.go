@@ -34,13 +34,15 @@ type kvApplier struct {
 	clears map[string]bool
 	trims  map[string]map[uint64]bool
 	kick   chan struct{}
-	// seed wakes the seeding loop: a worker's model is waiting to be
-	// filled from the index.
-	seed chan struct{}
+	// seeder fills, on run's seeding loop, the models of workers nobody
+	// modelled, from the index.
+	seeder *decider.Seeder
 }
 
 func newKVApplier(dec *decider.Decider, apply func(context.Context, *cartv1.RaftCommand) error, log *slog.Logger) *kvApplier {
-	return &kvApplier{dec: dec, apply: apply, log: log, clears: map[string]bool{}, trims: map[string]map[uint64]bool{}, kick: make(chan struct{}, 1), seed: make(chan struct{}, 1)}
+	a := &kvApplier{dec: dec, apply: apply, log: log, clears: map[string]bool{}, trims: map[string]map[uint64]bool{}, kick: make(chan struct{}, 1)}
+	a.seeder = dec.NewSeeder(a.addTrim)
+	return a
 }
 
 func (a *kvApplier) ClearHoldings(worker string) {
@@ -67,12 +69,8 @@ func (a *kvApplier) ApplyKVReport(worker string, r engine.KVReport) {
 	if seed {
 		// A worker nobody modelled (every event-fed one on a new leader):
 		// its model fills from the index in short lock holds, on run's
-		// seeding loop, not on this stream's goroutine: a full index takes
-		// most of a second, during which the stream would read nothing.
-		select {
-		case a.seed <- struct{}{}:
-		default:
-		}
+		// seeding loop, not on this stream's goroutine.
+		a.seeder.Wake()
 	}
 }
 
@@ -99,15 +97,7 @@ func (a *kvApplier) run(ctx context.Context) {
 	seeding := make(chan struct{})
 	go func() {
 		defer close(seeding)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-a.seed:
-				// Ends between two steps when leadership does.
-				a.dec.SeedModels(ctx, a.addTrim)
-			}
-		}
+		a.seeder.Run(ctx) // a seed ends between two steps when leadership does
 	}()
 	every.Tick(ctx, kvFlushEvery, a.kick, func() { a.flush(ctx) })
 	<-seeding

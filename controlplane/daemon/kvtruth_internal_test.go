@@ -68,14 +68,14 @@ func TestKVApplierProposesBatchedCommands(t *testing.T) {
 
 	app := newKVApplier(dec, apply, slog.New(slog.DiscardHandler))
 	// The engine holds 4 blocks after evicting: a's oldest 4 must go. The
-	// first report finds a unmodelled: it wakes the seeding loop (not
-	// seeding on the stream's goroutine), and the trim comes at the seed's
-	// end.
+	// first report finds a unmodelled: it leaves the seed to the seeding
+	// loop (TestKVApplierRunSeedsAndStops), not seeding on the stream's
+	// goroutine, and the trim comes at the seed's end.
 	app.ApplyKVReport("a", engine.KVReport{Synced: true, OccupiedBlocks: 4, CapacityBlocks: 8, Evicted: true})
-	select {
-	case <-app.seed:
-	default:
-		t.Fatal("the first report of an unmodelled worker did not wake the seeding loop")
+	var seeding bool
+	dec.Do(decider.OpRead, func(eng *engine.Engine) { seeding = eng.Seeding() })
+	if !seeding {
+		t.Fatal("the first report of an unmodelled worker started no seed, or ran it on the report's goroutine")
 	}
 	dec.SeedModels(ctx, app.addTrim) // what run's seeding loop does
 	app.ApplyKVReport("a", engine.KVReport{Synced: true, OccupiedBlocks: 4, CapacityBlocks: 8, Evicted: true})

@@ -45,3 +45,43 @@ func (d *Decider) SeedModels(ctx context.Context, trim func(url string, hashes [
 		runtime.Gosched()
 	}
 }
+
+// Seeder runs SeedModels on a loop of its own, woken by Wake, so that the
+// goroutine that finds a worker to seed (a KV report's stream) is never
+// held up by the seed: over a full index it takes most of a second,
+// during which that stream would read nothing. The control-plane leader
+// and the all-in-one router both seed through one.
+type Seeder struct {
+	d    *Decider
+	trim func(url string, hashes []uint64)
+	wake chan struct{}
+}
+
+// NewSeeder returns a Seeder over d; trim is SeedModels'.
+func (d *Decider) NewSeeder(trim func(url string, hashes []uint64)) *Seeder {
+	return &Seeder{d: d, trim: trim, wake: make(chan struct{}, 1)}
+}
+
+// Wake asks the loop for a seeding run, without waiting for it. Wakes
+// while a run is in progress add up to one more run, which finds
+// whatever seed they started.
+func (s *Seeder) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run seeds each time it is woken until ctx ends, and ends a run in
+// progress between two steps then (the seed stays where it was, for the
+// next Run). A wake before Run started is served once it does.
+func (s *Seeder) Run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+			s.d.SeedModels(ctx, s.trim)
+		}
+	}
+}

@@ -538,9 +538,8 @@ func (e *Engine) ApplyTouch(url string, hashes []uint64, at int64) []uint64 {
 	if !ok {
 		return nil
 	}
-	hashes = hashes[:e.idx.HeldPrefix(hashes, w.id)]
+	hashes = hashes[:e.idx.TouchHeld(hashes, w.id, at)]
 	if len(hashes) > 0 {
-		e.idx.Insert(hashes, w.id, at)
 		e.modelTouch(w, hashes, false)
 	}
 	return hashes

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -27,8 +29,29 @@ const maxStreamInFlight = 256
 // message of route answers (~100-200 bytes each) near one 16 KiB HTTP/2
 // frame, so the first answer in it is not held up behind the encoding of
 // hundreds. Feed frames (up to 512 placements each) make a message
-// larger; the data plane sets no read limit on the leader's messages.
+// larger, hence streamBatchBytes.
 const streamBatchMax = 64
+
+// streamBatchBytes bounds the encoded size of one message of batched
+// answers (an answer larger alone still goes, alone). The data plane's
+// client (dataplane/remote newClient) sets no connect.WithReadMaxBytes, so
+// it reads a message of any size (connect's default; a gRPC envelope's
+// length can say up to 4 GiB). The bound is for the stream: an unbounded
+// batch of feed frames and Sync answers is one long message that the
+// data plane must read whole before it sees the first answer in it. 1
+// MiB, like the data plane's request batches, also stays well below the
+// 4 MiB (cpclient.MaxMessageBytes) the leader itself reads.
+const streamBatchBytes = 1 << 20
+
+// streamAnswerCost is what answer m adds to a message as an element of
+// StreamResponse.more: its encoding, field tag and length. (The first
+// answer of a message has no tag and length, so a message's sum
+// overstates it by a few bytes.)
+func streamAnswerCost(m *cartv1.StreamResponse) int {
+	return protowire.SizeTag(streamMoreField) + protowire.SizeBytes(proto.Size(m))
+}
+
+var streamMoreField = (&cartv1.StreamResponse{}).ProtoReflect().Descriptor().Fields().ByName("more").Number()
 
 // streamScope tracks what ends every open stream: this node's current
 // term as leader, and the API server's shutdown (a stream never ends on
@@ -41,6 +64,8 @@ type streamScope struct {
 	// flushHook, set by tests only, runs before each message a stream
 	// sends, with the number of answers then queued behind it.
 	flushHook func(queued func() int)
+	// batchBytes, set by tests only, replaces streamBatchBytes when > 0.
+	batchBytes int
 }
 
 func (s *streamScope) init() { s.shut = make(chan struct{}) }
@@ -109,6 +134,10 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 		out     *coalesce.Sender[*cartv1.StreamResponse]
 	)
 	hook := c.streams.flushHook
+	batchBytes := streamBatchBytes
+	if c.streams.batchBytes > 0 {
+		batchBytes = c.streams.batchBytes
+	}
 	// One answer a message (Max 1) until the hello says the data plane
 	// reads batches.
 	out = coalesce.New(func(b []*cartv1.StreamResponse) error {
@@ -122,7 +151,7 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 		err := st.Send(first)
 		first.More = nil
 		return err
-	}, coalesce.Options[*cartv1.StreamResponse]{Queue: maxStreamInFlight, Failed: func(error) {
+	}, coalesce.Options[*cartv1.StreamResponse]{Queue: maxStreamInFlight, Cost: streamAnswerCost, MaxCost: batchBytes, Failed: func(error) {
 		cancel() // the data plane is gone: stop reading too
 	}})
 	send := func(r *cartv1.StreamResponse) {

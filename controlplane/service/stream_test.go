@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/proto"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -47,19 +48,26 @@ func openStreamWith(t *testing.T, cp *testCP, hello *cartv1.StreamRequest) *conn
 // returns the answers by id and how many messages carried them.
 func receiveAnswers(t *testing.T, st *connect.BidiStreamForClient[cartv1.StreamRequest, cartv1.StreamResponse], n int) (map[uint64]*cartv1.StreamResponse, int) {
 	t.Helper()
+	got, sizes := receiveSized(t, st, n)
+	return got, len(sizes)
+}
+
+// receiveSized is receiveAnswers, with the encoded size of each message.
+func receiveSized(t *testing.T, st *connect.BidiStreamForClient[cartv1.StreamRequest, cartv1.StreamResponse], n int) (map[uint64]*cartv1.StreamResponse, []int) {
+	t.Helper()
 	// Closing the request side ends a Receive that would wait forever for
 	// a missing answer (cancelling the stream's context alone does not).
 	// Nothing sends meanwhile.
 	stop := time.AfterFunc(30*time.Second, func() { _ = st.CloseRequest() })
 	defer stop.Stop()
 	got := map[uint64]*cartv1.StreamResponse{}
-	msgs := 0
+	var sizes []int
 	for len(got) < n {
 		m, err := st.Receive()
 		if err != nil {
 			t.Fatalf("after %d of %d answers: %v", len(got), n, err)
 		}
-		msgs++
+		sizes = append(sizes, proto.Size(m))
 		more := m.GetMore()
 		m.More = nil
 		for _, a := range append([]*cartv1.StreamResponse{m}, more...) {
@@ -72,7 +80,7 @@ func receiveAnswers(t *testing.T, st *connect.BidiStreamForClient[cartv1.StreamR
 			got[a.GetId()] = a
 		}
 	}
-	return got, msgs
+	return got, sizes
 }
 
 func routeCall(id uint64, seed int) *cartv1.StreamRequest {
@@ -174,6 +182,43 @@ func TestStreamBatchesAnswers(t *testing.T) {
 				t.Fatalf("%d answers in %d messages, want %d", n, msgs, want)
 			}
 		})
+	}
+}
+
+// Answers ready together that would exceed the byte cap of a message are
+// split over several messages, each within it.
+func TestStreamAnswerBatchBytes(t *testing.T) {
+	const n, limit = 20, 1000 // route answers are ~100-200 bytes
+	cp := newTestCP(t, cpConfig{leader: true})
+	cp.addWorkers(t, w1, w2)
+	cp.core.streams.batchBytes = limit
+	armed := holdFirstAnswer(t, cp, n-1)
+	st := openStreamWith(t, cp, &cartv1.StreamRequest{Batches: true})
+	armed.Store(true)
+	first := routeCall(1, 0)
+	for i := 2; i <= n; i++ {
+		first.More = append(first.More, routeCall(uint64(i), i))
+	}
+	if err := st.Send(first); err != nil {
+		t.Fatal(err)
+	}
+	got, sizes := receiveSized(t, st, n)
+	for id := uint64(1); id <= n; id++ {
+		if got[id].GetRoute().GetWorker() == "" {
+			t.Fatalf("call %d answered %v", id, got[id])
+		}
+	}
+	total := 0
+	for _, sz := range sizes {
+		total += sz
+		if sz > limit {
+			t.Fatalf("messages of %v bytes, want each within %d", sizes, limit)
+		}
+	}
+	// Without the cap the n-1 queued answers would share one message:
+	// they must not fit in one, or the test proves nothing.
+	if total-sizes[0] <= limit || len(sizes) < 3 {
+		t.Fatalf("messages of %v bytes: the queued answers should need several", sizes)
 	}
 }
 

@@ -1,8 +1,6 @@
 package router
 
 import (
-	"context"
-
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 )
@@ -16,8 +14,11 @@ func (l *Local) ClearHoldings(worker string) {
 
 // ApplyKVReport makes worker's model follow its engine's reported cache and
 // drops the holdings the engine has evicted. A worker nobody modelled
-// (every event-fed one at start) has its model filled from the index
-// here, in short lock holds.
+// (every event-fed one at start) has its model filled from the index on
+// Run's seeding loop, in short lock holds, as on a control-plane leader:
+// this report's stream goes on reading meanwhile. (Its eviction trims,
+// and those of the reports until the seed is done, come at the seed's
+// end.)
 func (l *Local) ApplyKVReport(worker string, r engine.KVReport) {
 	var seed bool
 	l.dec.Do(decider.OpKV, func(eng *engine.Engine) {
@@ -25,16 +26,14 @@ func (l *Local) ApplyKVReport(worker string, r engine.KVReport) {
 		seed = eng.Seeding()
 	})
 	if seed {
-		// At start the index is empty and this is quick (the router keeps
-		// no index across restarts). After a feed went unsynced and came
-		// back, it seeds over the index as it is, in short lock holds
-		// (routing goes on between them); every worker's stream that
-		// reports meanwhile joins in and reads no event until the seed
-		// is done, its events waiting in the socket.
-		l.dec.SeedModels(context.Background(), l.removeHoldings)
+		l.seeder.Wake()
 	}
 }
 
-func (l *Local) removeHoldings(worker string, hashes []uint64) {
+// seedTrim drops the holdings a seed's deferred trims name.
+func (l *Local) seedTrim(worker string, hashes []uint64) {
+	if l.seedTrimHook != nil {
+		l.seedTrimHook()
+	}
 	l.dec.Do(decider.OpKV, func(eng *engine.Engine) { eng.RemoveHoldings(worker, hashes) })
 }

@@ -15,6 +15,12 @@ import (
 // process, a decider.Decider answering the proxy directly.
 type Local struct {
 	dec *decider.Decider
+	// seeder fills, on Run's seeding loop, the models of workers nobody
+	// modelled, from the index (as the control-plane leader does).
+	seeder *decider.Seeder
+	// seedTrimHook, set by tests only, runs before each trim a seed
+	// deferred, on the seeding loop.
+	seedTrimHook func()
 }
 
 // LocalOptions configure a Local router.
@@ -39,7 +45,9 @@ func NewLocal(o LocalOptions, workers []engine.WorkerSpec) *Local {
 		Now:          o.Now,
 	})
 	dec.SetWorkers(workers)
-	return &Local{dec: dec}
+	l := &Local{dec: dec}
+	l.seeder = dec.NewSeeder(l.seedTrim)
+	return l
 }
 
 // Route implements Router.
@@ -114,8 +122,18 @@ func (l *Local) IndexStats() (index.Stats, uint64) { return l.dec.IndexStats() }
 // and returns the entries evicted.
 func (l *Local) EvictPass() int { return l.dec.Maintain() }
 
-// Run drives periodic maintenance until ctx ends (see decider.Run).
-func (l *Local) Run(ctx context.Context, interval time.Duration) { l.dec.Run(ctx, interval) }
+// Run drives periodic maintenance (see decider.Run) and the seeding of
+// workers' models (ApplyKVReport) until ctx ends, and returns once both
+// stopped.
+func (l *Local) Run(ctx context.Context, interval time.Duration) {
+	seeding := make(chan struct{})
+	go func() {
+		defer close(seeding)
+		l.seeder.Run(ctx)
+	}()
+	l.dec.Run(ctx, interval)
+	<-seeding
+}
 
 // Collectors are the routing core's metrics (lock hold, rejected
 // tickets), for the data plane's /metrics.

@@ -31,6 +31,9 @@ type Options[T any] struct {
 	// example their encoded size, under a peer's message size limit): an
 	// item joins a send only if the sum stays within MaxCost. The first
 	// item of a send always goes, whatever its cost. Nil or 0: no bound.
+	// Cost runs in Send before the item is queued, outside the Sender's
+	// lock (an encoded size can take a while, and would hold up every
+	// other Send meanwhile), so the item must not change once sent.
 	Cost    func(T) int
 	MaxCost int
 	// Rounds is the most sends a caller makes before it hands the queue to
@@ -55,12 +58,19 @@ type Sender[T any] struct {
 	mu      sync.Mutex
 	cond    sync.Cond // busy turned false, or the queue got room
 	max     int
-	q       []T
+	costed  bool // Cost bounds a send
+	q       []queued[T]
 	buf     []T // the batch being sent; owned by the sender of the moment
 	busy    bool
 	waiting int // Sends waiting for room, or Close for idle
 	err     error
 	closed  bool
+}
+
+// queued is an item waiting for a send, with its cost when costed.
+type queued[T any] struct {
+	v    T
+	cost int
 }
 
 // New returns a Sender that sends a batch with flush. flush gets the
@@ -76,7 +86,7 @@ func New[T any](flush func([]T) error, o Options[T]) *Sender[T] {
 	if o.Queue <= 0 {
 		o.Queue = 1024
 	}
-	s := &Sender[T]{flush: flush, o: o, max: o.Max}
+	s := &Sender[T]{flush: flush, o: o, max: o.Max, costed: o.Cost != nil && o.MaxCost > 0}
 	s.cond.L = &s.mu
 	return s
 }
@@ -96,6 +106,10 @@ func (s *Sender[T]) SetMax(n int) {
 // An item handed over and then lost to another's failed send is reported
 // through Options.Failed, not here.
 func (s *Sender[T]) Send(m T) error {
+	it := queued[T]{v: m}
+	if s.costed {
+		it.cost = s.o.Cost(m)
+	}
 	s.mu.Lock()
 	for s.err == nil && !s.closed && len(s.q) >= s.o.Queue {
 		s.waiting++
@@ -110,7 +124,7 @@ func (s *Sender[T]) Send(m T) error {
 		s.mu.Unlock()
 		return err
 	}
-	s.q = append(s.q, m)
+	s.q = append(s.q, it)
 	if s.busy {
 		s.mu.Unlock()
 		return nil
@@ -161,22 +175,20 @@ func (s *Sender[T]) drain(rounds int) error {
 
 // take removes the next batch from the queue. mu is held.
 func (s *Sender[T]) take() []T {
-	n, cost := 1, 0
-	costed := s.o.Cost != nil && s.o.MaxCost > 0 && len(s.q) > 1 && s.max > 1
-	if costed {
-		cost = s.o.Cost(s.q[0])
-	}
+	n, cost := 1, s.q[0].cost
 	for n < len(s.q) && n < s.max {
-		if costed {
-			c := s.o.Cost(s.q[n])
-			if cost+c > s.o.MaxCost {
+		if s.costed {
+			if cost+s.q[n].cost > s.o.MaxCost {
 				break
 			}
-			cost += c
+			cost += s.q[n].cost
 		}
 		n++
 	}
-	s.buf = append(s.buf[:0], s.q[:n]...)
+	s.buf = s.buf[:0]
+	for _, it := range s.q[:n] {
+		s.buf = append(s.buf, it.v)
+	}
 	rest := copy(s.q, s.q[n:])
 	clear(s.q[rest:])
 	s.q = s.q[:rest]

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,6 +174,45 @@ func TestCostBound(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
+	checkBatches(t, r, [][]int{{1}, {4, 5}, {2}, {20}, {3}})
+}
+
+// Cost runs outside the Sender's lock, so a slow Cost (an encoded size)
+// holds up no other Send. The probe is deterministic: the items are sent
+// one after the other from this goroutine while the first send waits,
+// unlocked, in flush, so no one but Cost's own caller can hold the lock
+// while Cost runs.
+func TestCostOutsideLock(t *testing.T) {
+	r := gated()
+	var (
+		s            *Sender[int]
+		costs, under atomic.Int32
+	)
+	s = New(r.flush, Options[int]{Max: 64, MaxCost: 10, Cost: func(v int) int {
+		costs.Add(1)
+		if s.mu.TryLock() {
+			s.mu.Unlock()
+		} else {
+			under.Add(1)
+		}
+		return v
+	}})
+	go func() { _ = s.Send(1) }()
+	<-r.entered
+	for _, v := range []int{4, 5, 2, 20, 3} {
+		if err := s.Send(v); err != nil { // queued behind the send in progress
+			t.Fatal(err)
+		}
+	}
+	r.gate <- struct{}{}
+	r.steps(4)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if costs.Load() == 0 || under.Load() != 0 {
+		t.Fatalf("Cost ran %d times, %d of them under the Sender's lock", costs.Load(), under.Load())
+	}
+	// The same batches as with Cost under the lock.
 	checkBatches(t, r, [][]int{{1}, {4, 5}, {2}, {20}, {3}})
 }
 
