@@ -35,7 +35,7 @@ func workerURLs(t *testing.T, url string) []string {
 }
 
 // TestLeaderKillAndFullRestart runs three real `cart controlplane`
-// processes on raft-boltdb: kill -9 the leader, a new leader answers Route
+// processes on their default log store (raft-wal): kill -9 the leader, a new leader answers Route
 // within 3 s with the worker set intact; restart all three and every
 // acknowledged worker change is still there. The data dirs never contain
 // prompt text.
