@@ -40,6 +40,13 @@ const (
 	// MaxMessageBytes bounds every request message the control plane
 	// reads (the server refuses larger ones; cartctl refuses to send them).
 	MaxMessageBytes = 4 << 20
+	// MaxRouterAnswerBytes bounds every RouterService message a client
+	// reads from a control-plane node. The largest legitimate one is a
+	// Sync answer: the worker set, which an admin request of at most
+	// MaxMessageBytes set, with each worker's state added. Stream messages
+	// are smaller (answer batches stop at 1 MiB, feed frames carry at most
+	// 512 placements of checkpoint hashes).
+	MaxRouterAnswerBytes = 4 * MaxMessageBytes
 )
 
 // Bearer is the interceptor every control-plane client authenticates

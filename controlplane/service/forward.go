@@ -26,7 +26,7 @@ func newForwarder(c *http.Client, routerToken, adminToken string) *forwarder {
 	}
 	return &forwarder{
 		router: cpclient.NewByURL(func(url string) cartv1connect.RouterServiceClient {
-			return cartv1connect.NewRouterServiceClient(c, url, connect.WithGRPC(), connect.WithSendCompression("identity"), forwardHeaders(routerToken))
+			return cartv1connect.NewRouterServiceClient(c, url, connect.WithGRPC(), connect.WithSendCompression("identity"), connect.WithReadMaxBytes(cpclient.MaxRouterAnswerBytes), forwardHeaders(routerToken))
 		}),
 		admin: cpclient.NewByURL(func(url string) cartv1connect.AdminServiceClient {
 			return cartv1connect.NewAdminServiceClient(c, url, connect.WithGRPC(), forwardHeaders(adminToken))

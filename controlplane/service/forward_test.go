@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -266,4 +267,46 @@ func (cp *testCP) forwardedRoutes() float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+type bigSyncLeader struct {
+	cartv1connect.UnimplementedRouterServiceHandler
+	workers int
+}
+
+func (b bigSyncLeader) Sync(context.Context, *connect.Request[cartv1.SyncRequest]) (*connect.Response[cartv1.SyncResponse], error) {
+	url := "http://" + strings.Repeat("w", 64<<10)
+	resp := &cartv1.SyncResponse{}
+	for range b.workers {
+		resp.Workers = append(resp.Workers, &cartv1.Worker{Url: url})
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// A follower forwarding a call reads the leader's answer only up to
+// cpclient.MaxRouterAnswerBytes.
+func TestForwardedAnswerOverTheReadLimitIsRefused(t *testing.T) {
+	perWorker := 64<<10 + 16
+	for _, c := range []struct {
+		workers int
+		want    connect.Code
+	}{
+		{cpclient.MaxRouterAnswerBytes/perWorker - 1, 0},
+		{cpclient.MaxRouterAnswerBytes/perWorker + 1, connect.CodeResourceExhausted},
+	} {
+		mux := http.NewServeMux()
+		mux.Handle(cartv1connect.NewRouterServiceHandler(bigSyncLeader{workers: c.workers}))
+		srv := httptest.NewUnstartedServer(mux)
+		srv.EnableHTTP2 = true
+		srv.StartTLS()
+		f := newForwarder(srv.Client(), "", "")
+		_, err := f.router.Get(srv.URL).Sync(context.Background(), connect.NewRequest(&cartv1.SyncRequest{}))
+		srv.Close()
+		if c.want == 0 && err != nil {
+			t.Errorf("%d workers (under the limit): %v", c.workers, err)
+		}
+		if c.want != 0 && connect.CodeOf(err) != c.want {
+			t.Errorf("%d workers (over the limit): %v, want %v", c.workers, err, c.want)
+		}
+	}
 }

@@ -169,7 +169,7 @@ func (r *Router) client(url string) cartv1connect.RouterServiceClient { return r
 func (r *Router) newClient(url string) cartv1connect.RouterServiceClient {
 	// Route requests are a few hundred bytes: no compression, and no
 	// gzip for the small answers either (see service.CompressMinBytes).
-	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096)}
+	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096), connect.WithReadMaxBytes(cpclient.MaxRouterAnswerBytes)}
 	if r.o.Token != "" {
 		opts = append(opts, connect.WithInterceptors(cpclient.Bearer(r.o.Token)))
 	}

@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/testkit"
@@ -845,5 +847,35 @@ func TestBlockCharsMismatchRoutesWithoutHashes(t *testing.T) {
 	}
 	if got := fb.list(); len(got) != 0 {
 		t.Errorf("fallbacks %v, want none", got)
+	}
+}
+
+// A control-plane node's answer is read only up to
+// cpclient.MaxRouterAnswerBytes: a larger one is refused, not buffered,
+// and the data plane keeps what it had.
+func TestSyncAnswerOverTheReadLimitIsRefused(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}})
+	if err := r.SyncOnce(context.Background()); err != nil {
+		t.Fatalf("first sync: %v", err)
+	}
+	big := strings.Repeat("w", 64<<10)
+	var workers []*cartv1.Worker
+	for i := 0; i*len(big) <= cpclient.MaxRouterAnswerBytes; i++ {
+		workers = append(workers, &cartv1.Worker{Url: fmt.Sprintf("http://%d.%s", i, big), Healthy: true})
+	}
+	cp.set(func(f *fakeCP) { f.syncResp = &cartv1.SyncResponse{Workers: workers, WorkersVersion: 99} })
+	err := r.SyncOnce(context.Background())
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("sync of a %d-worker answer over the limit: %v, want resource_exhausted", len(workers), err)
+	}
+	if slices.ContainsFunc(r.Workers(), func(w router.WorkerStatus) bool { return w.URL == workers[0].Url }) {
+		t.Error("a worker of the refused answer is known")
+	}
+	// Just under the limit still goes through.
+	n := cpclient.MaxRouterAnswerBytes/(len(big)+64) - 1
+	cp.set(func(f *fakeCP) { f.syncResp = &cartv1.SyncResponse{Workers: workers[:n], WorkersVersion: 100} })
+	if err := r.SyncOnce(context.Background()); err != nil {
+		t.Fatalf("sync of a %d-worker answer under the limit: %v", n, err)
 	}
 }
