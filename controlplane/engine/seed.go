@@ -62,8 +62,9 @@ type modelSeed struct {
 
 // seeder is the engine's side of the seeds in progress.
 type seeder struct {
-	walking bool         // an index walk collects for the seeds in by
-	by      []*modelSeed // the seeds the walk collects for (few: one per worker)
+	// by are the seeds an index walk collects for (few: one per worker);
+	// a walk is in progress exactly while there are any.
+	by []*modelSeed
 }
 
 // SeedSort is one worker's collected holdings, ordered by Sort outside the
@@ -161,7 +162,7 @@ func (e *Engine) SeedStep(limit int) (r SeedResult) {
 		}
 	}
 	sd := &e.seeds
-	if sd.walking {
+	if len(sd.by) > 0 {
 		done, ok := e.idx.WalkUpStep(limit, e.collectSeeds)
 		switch {
 		case !ok:
@@ -178,7 +179,6 @@ func (e *Engine) SeedStep(limit int) (r SeedResult) {
 				r.Sorts = append(r.Sorts, &SeedSort{seed: s, walked: s.walked, room: s.model.capacity})
 				s.walked = nil // the sorter's now
 			}
-			sd.walking = false
 			clear(sd.by)
 			sd.by = sd.by[:0]
 		}
@@ -191,7 +191,6 @@ func (e *Engine) SeedStep(limit int) (r SeedResult) {
 		}
 	}
 	if len(sd.by) > 0 {
-		sd.walking = true
 		e.idx.StartWalkUp()
 	}
 	return r
@@ -292,7 +291,5 @@ func (e *Engine) dropStaleSeeds() {
 		w, ok := e.byID[s.id]
 		return !ok || w.seed != s
 	})
-	if sd.walking && len(sd.by) == 0 {
-		sd.walking = false // the index walk is simply left behind
-	}
+	// With no seed left, the index walk is simply left behind.
 }

@@ -347,7 +347,7 @@ func TestSecondAndEvictedReportsDuringTheSeed(t *testing.T) {
 	s := e.byURL["a"].seed
 	stepUntil(t, e, 8, func(SeedResult) bool { return s.phase == seedWalking && len(s.walked) > 0 })
 	e.ApplyKVReport("a", KVReport{Synced: true, OccupiedBlocks: 500, CapacityBlocks: 600}, nil)
-	if e.byURL["a"].seed != s || !e.seeds.walking || s.phase != seedWalking {
+	if e.byURL["a"].seed != s || len(e.seeds.by) == 0 || s.phase != seedWalking {
 		t.Fatal("a second report replaced the seed or restarted the walk")
 	}
 	if trim := e.ApplyKVReport("a", KVReport{Synced: true, OccupiedBlocks: 400, CapacityBlocks: 600, Evicted: true}, nil); len(trim) != 0 {
