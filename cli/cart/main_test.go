@@ -99,3 +99,14 @@ func TestConfigCheckRefusesMissingSecretFiles(t *testing.T) {
 		}
 	}
 }
+
+// `cart controlplane migrate-log` runs the migration on the config's data
+// dir: one without a bolt log is refused with the reason.
+func TestMigrateLogNeedsABoltLog(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeFile(t, "cp.yaml", "controlplane: {node_id: n1, data_dir: "+dir+"}\n")
+	_, _, err := runCart(t, "controlplane", "migrate-log", "-c", cfg)
+	if err == nil || !strings.Contains(err.Error(), "holds no bolt log") {
+		t.Fatalf("migrate-log on an empty data dir: %v, want nothing to migrate", err)
+	}
+}

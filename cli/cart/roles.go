@@ -17,6 +17,7 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/daemon"
+	"github.com/cartrouter/cart/controlplane/raftnode"
 	"github.com/cartrouter/cart/dataplane/fdlimit"
 	"github.com/cartrouter/cart/dataplane/server"
 )
@@ -56,10 +57,32 @@ func configured(cmd *cobra.Command, role config.Role, run roleRun) *cobra.Comman
 }
 
 func newControlPlaneCmd() *cobra.Command {
-	return configured(&cobra.Command{
+	cmd := configured(&cobra.Command{
 		Use:   "controlplane -c config.yaml",
 		Short: "Run one control-plane node (Raft member serving Route and the admin API)",
 	}, config.RoleControlPlane, runControlPlane)
+	cmd.AddCommand(newMigrateLogCmd())
+	return cmd
+}
+
+func newMigrateLogCmd() *cobra.Command {
+	return configured(&cobra.Command{
+		Use:   "migrate-log -c config.yaml",
+		Short: "Move a stopped node's Raft log from bolt (raft.db) to a WAL, in its data_dir",
+		Long: `Copies every entry and the stable store of controlplane.data_dir's raft.db
+into a WAL, checks the copy entry by entry, puts it in place and moves raft.db
+to raft.db.migrated (delete it once the node runs). The node must be stopped:
+the data dir is locked. An interrupted run leaves raft.db in use; run it again.`,
+	}, config.RoleControlPlane, runMigrateLog)
+}
+
+func runMigrateLog(ctx context.Context, cfg *config.Config, _ []string, log *slog.Logger) error {
+	res, err := raftnode.MigrateToWAL(ctx, cfg.ControlPlane.DataDir, log)
+	if err != nil {
+		return err
+	}
+	log.Info("raft log moved to a WAL", "data_dir", cfg.ControlPlane.DataDir, "entries", res.Entries, "first_index", res.First, "last_index", res.Last, "bolt_log_moved_to", res.Backup)
+	return nil
 }
 
 func newDataPlaneCmd() *cobra.Command {

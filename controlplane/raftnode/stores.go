@@ -115,14 +115,14 @@ func logKind(dir, want string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	const move = "; to change a node's log store, remove it from the cluster, empty its data dir and join it again (it receives the state from the leader)"
+	const rejoin = "remove the node from the cluster, empty its data dir and join it again (it receives the state from the leader)"
 	switch {
 	case hasBolt && hasWAL:
-		return "", fmt.Errorf("raftnode: data dir %s holds both a bolt log (%s) and a WAL (%s/); remove the one that is not in use", dir, raftDBFile, walDir)
+		return "", fmt.Errorf("raftnode: data dir %s holds both a bolt log (%s) and a WAL (%s/); remove the one that is not in use (after an interrupted `cart controlplane migrate-log`, the WAL is a complete, checked copy: move %s aside)", dir, raftDBFile, walDir, raftDBFile)
 	case hasBolt && want == LogStoreWAL:
-		return "", fmt.Errorf("raftnode: controlplane.log_store is %q but data dir %s holds a bolt log (%s)%s", want, dir, raftDBFile, move)
+		return "", fmt.Errorf("raftnode: controlplane.log_store is %q but data dir %s holds a bolt log (%s); to move it to a WAL, stop the node and run `cart controlplane migrate-log -c <config>`, or %s", want, dir, raftDBFile, rejoin)
 	case hasWAL && want == LogStoreBolt:
-		return "", fmt.Errorf("raftnode: controlplane.log_store is %q but data dir %s holds a WAL (%s/)%s", want, dir, walDir, move)
+		return "", fmt.Errorf("raftnode: controlplane.log_store is %q but data dir %s holds a WAL (%s/); to move it to bolt, %s", want, dir, walDir, rejoin)
 	case hasBolt:
 		return LogStoreBolt, nil
 	case hasWAL:
@@ -163,7 +163,7 @@ func openDisk(dir, want string, hlog hclog.Logger) (*diskStores, error) {
 		d.bolt, err = openBolt(dir)
 	default:
 		d.meta = &metadb.BoltMetaDB{}
-		d.wal, err = openWAL(dir, d.meta, hlog)
+		d.wal, err = openWAL(dir, walDir, d.meta, hlog)
 	}
 	if err != nil {
 		_ = d.Close()
@@ -172,8 +172,8 @@ func openDisk(dir, want string, hlog hclog.Logger) (*diskStores, error) {
 	return d, nil
 }
 
-func openWAL(dir string, meta *metadb.BoltMetaDB, hlog hclog.Logger) (*wal.WAL, error) {
-	path := filepath.Join(dir, walDir)
+func openWAL(dir, sub string, meta *metadb.BoltMetaDB, hlog hclog.Logger) (*wal.WAL, error) {
+	path := filepath.Join(dir, sub)
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return nil, fmt.Errorf("raftnode: create %s: %w", path, err)
 	}

@@ -138,8 +138,10 @@ func testDiskRestart(t *testing.T, store string) {
 	if n3, err := Start(cfg, newReplica().st, nil); err == nil {
 		_ = n3.Shutdown()
 		t.Errorf("a node asking for %q started on a data dir holding the other log", otherKind)
-	} else if !strings.Contains(err.Error(), "remove it from the cluster, empty its data dir") {
+	} else if !strings.Contains(err.Error(), "empty its data dir and join it again") {
 		t.Errorf("start asking for the other log store: %v, want the way to move named", err)
+	} else if otherKind == LogStoreWAL && !strings.Contains(err.Error(), "cart controlplane migrate-log") {
+		t.Errorf("start asking for a WAL on a bolt log: %v, want the migration named", err)
 	}
 	checkFiles()
 	if errs := fatals.all(); len(errs) > 0 {
