@@ -83,6 +83,11 @@ func MigrateToWAL(ctx context.Context, dataDir string, log *slog.Logger) (Migrat
 	if err != nil {
 		return res, fmt.Errorf("raftnode: migrate %s to a WAL (raft.db is unchanged): %w", dataDir, err)
 	}
+	// The WAL syncs its files; their names in its directory are synced
+	// here, before the directory takes the name a node starts from.
+	if err := syncDir(tmp); err != nil {
+		return res, err
+	}
 	if err := os.Rename(tmp, filepath.Join(dataDir, walDir)); err != nil {
 		return res, fmt.Errorf("raftnode: move the migrated WAL into place (raft.db is unchanged): %w", err)
 	}
