@@ -6,6 +6,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/internal/every"
@@ -32,6 +35,13 @@ const (
 	// per tick (older ones are skipped: an old hint is worth little).
 	feedFrameMax = 512
 	feedTickMax  = 4096
+	// feedFrameBytes bounds one frame's encoding too (a frame of one
+	// larger placement still goes): a placement's worker URL and
+	// dataplane_id are bounded only by the 4 MiB request that made it,
+	// and a frame over cpclient.MaxRouterAnswerBytes would end the stream
+	// of every data plane fed, again on each new stream. 1 MiB is well
+	// above 512 ordinary placements (~1.3 KiB each).
+	feedFrameBytes = 1 << 20
 	// feedTick is how often a stream is sent what accumulated: how stale
 	// the feed is, and the frames per second per stream.
 	feedTick = 50 * time.Millisecond
@@ -105,6 +115,10 @@ func (c *Core) feedTick(cursor uint64, send func(*cartv1.StreamResponse)) uint64
 	}
 	for sent := 0; sent < feedTickMax; {
 		batch, next, lost := f.read(cursor, min(feedFrameMax, feedTickMax-sent))
+		if k := fitFrame(batch, feedFrameBytes); k < len(batch) {
+			next -= uint64(len(batch) - k) // the rest goes in the next frame
+			batch = batch[:k]
+		}
 		cursor, skipped = next, skipped+lost
 		if len(batch) == 0 && skipped == 0 {
 			break
@@ -120,4 +134,18 @@ func (c *Core) feedTick(cursor uint64, send func(*cartv1.StreamResponse)) uint64
 		}
 	}
 	return cursor
+}
+
+// fitFrame returns how many of the leading placements fit in a frame of
+// at most limit bytes, at least one.
+func fitFrame(ps []*cartv1.RecentPlacement, limit int) int {
+	size := 0
+	for i, p := range ps {
+		n := proto.Size(p)
+		size += protowire.SizeTag(1) + protowire.SizeBytes(n)
+		if i > 0 && size > limit {
+			return i
+		}
+	}
+	return len(ps)
 }

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
@@ -125,5 +127,44 @@ func BenchmarkPlacementFeed(b *testing.B) {
 				}
 			}
 		}
+	}
+}
+
+// A feed frame stays within what a data plane reads
+// (cpclient.MaxRouterAnswerBytes), whatever the placements carry: a
+// dataplane_id or worker URL is bounded only by the 4 MiB request, so
+// frames are cut by size as well as by count. A frame over the limit
+// would end every fed data plane's stream, and the next one again.
+func TestFeedFramesStayWithinTheReadLimit(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true})
+	f := cp.core.placements
+	f.readers.Add(1)
+	defer f.readers.Add(-1)
+	id := strings.Repeat("d", 64<<10)
+	for i := range feedFrameMax {
+		f.add(w1, id, uint64(i+1), []uint64{uint64(i)})
+	}
+	var sizes []int
+	n := 0
+	next := cp.core.feedTick(0, func(m *cartv1.StreamResponse) {
+		sizes = append(sizes, proto.Size(m))
+		n += len(m.GetPlacements().GetPlacements())
+	})
+	if n != feedFrameMax || next != feedFrameMax {
+		t.Fatalf("sent %d of %d placements, cursor %d", n, feedFrameMax, next)
+	}
+	for _, sz := range sizes {
+		if sz > feedFrameBytes+len(id)+1024 || sz > cpclient.MaxRouterAnswerBytes {
+			t.Fatalf("frames of %v bytes, want each within %d (plus one placement)", sizes, feedFrameBytes)
+		}
+	}
+	// Ordinary placements still share a frame up to feedFrameMax.
+	for i := range feedFrameMax {
+		f.add(w1, "dp1", uint64(i+1), []uint64{uint64(i)})
+	}
+	frames := 0
+	cp.core.feedTick(next, func(*cartv1.StreamResponse) { frames++ })
+	if frames != 1 {
+		t.Fatalf("%d small placements went in %d frames, want 1", feedFrameMax, frames)
 	}
 }
