@@ -42,10 +42,13 @@ const (
 	MaxMessageBytes = 4 << 20
 	// MaxRouterAnswerBytes bounds every RouterService message a client
 	// reads from a control-plane node. The largest legitimate one is a
-	// Sync answer: the worker set, which an admin request of at most
-	// MaxMessageBytes set, with each worker's state added. Stream messages
-	// are smaller (answer batches stop at 1 MiB, feed frames carry at most
-	// 512 placements of checkpoint hashes).
+	// Sync answer: every worker with its state and its model ids. Nothing
+	// bounds that as a whole (workers come from config, AddWorker calls
+	// and discovery; each one's models from its /v1/models, read up to
+	// 8 MiB), so this is a judgement: 1,000 workers serving 100 adapters
+	// of 64-character names each come to about 6.5 MiB. Stream messages stay
+	// far below it (answer batches and feed frames stop at 1 MiB, beyond
+	// which only a single answer or placement goes alone).
 	MaxRouterAnswerBytes = 4 * MaxMessageBytes
 )
 

@@ -398,7 +398,7 @@ func (n *Node) closeStores() error {
 // HasExistingState reports whether dataDir holds Raft state (a term, log
 // entries or a snapshot), i.e. whether a node started there would rejoin
 // its cluster rather than need bootstrapping or joining. It must not be
-// called while a node runs on dataDir (bolt's lock would time out).
+// called while a node runs on dataDir (it fails on the data dir lock).
 func HasExistingState(dataDir string) (bool, error) {
 	hasBolt, err := exists(filepath.Join(dataDir, raftDBFile))
 	if err != nil {

@@ -115,7 +115,7 @@ func logKind(dir, want string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	const rejoin = "remove the node from the cluster, empty its data dir and join it again (it receives the state from the leader)"
+	const rejoin = "remove the node from the cluster, empty its data dir and join it again with controlplane.join, not bootstrap, which would start a second cluster (it receives the state from the leader)"
 	switch {
 	case hasBolt && hasWAL:
 		return "", fmt.Errorf("raftnode: data dir %s holds both a bolt log (%s) and a WAL (%s/); remove the one that is not in use (after an interrupted `cart controlplane migrate-log`, the WAL is a complete, checked copy: move %s aside)", dir, raftDBFile, walDir, raftDBFile)

@@ -34,11 +34,11 @@ const streamBatchMax = 64
 
 // streamBatchBytes bounds the encoded size of one message of batched
 // answers (an answer larger alone still goes, alone). The data plane's
-// client (dataplane/remote newClient) sets no connect.WithReadMaxBytes, so
-// it reads a message of any size (connect's default; a gRPC envelope's
-// length can say up to 4 GiB). The bound is for the stream: an unbounded
-// batch of feed frames and Sync answers is one long message that the
-// data plane must read whole before it sees the first answer in it. 1
+// client (dataplane/remote newClient) reads a message of up to
+// cpclient.MaxRouterAnswerBytes and ends the stream on a larger one; the
+// bound is well below that, and is for the stream: an unbounded batch of
+// feed frames and Sync answers is one long message that the data plane
+// must read whole before it sees the first answer in it. 1
 // MiB, like the data plane's request batches, also stays well below the
 // 4 MiB (cpclient.MaxMessageBytes) the leader itself reads.
 const streamBatchBytes = 1 << 20
