@@ -46,10 +46,11 @@ const (
 	// bounds that as a whole (workers come from config, AddWorker calls
 	// and discovery; each one's models from its /v1/models, read up to
 	// 8 MiB), so this is a judgement: 1,000 workers serving 100 adapters
-	// of 64-character names each come to about 6.5 MiB. Stream messages stay
-	// far below it (answer batches and feed frames stop at 1 MiB, beyond
-	// which only a single answer or placement goes alone).
-	MaxRouterAnswerBytes = 4 * MaxMessageBytes
+	// of 64-character names each come to about 6.5 MiB, so the bound
+	// leaves room for about 10,000 such workers. Stream messages stay far
+	// below it (answer batches and feed frames stop at 1 MiB, beyond which
+	// only a single answer or placement goes alone).
+	MaxRouterAnswerBytes = 64 << 20
 )
 
 // Bearer is the interceptor every control-plane client authenticates

@@ -174,8 +174,19 @@ func openDisk(dir, want string, hlog hclog.Logger) (*diskStores, error) {
 
 func openWAL(dir, sub string, meta *metadb.BoltMetaDB, hlog hclog.Logger) (*wal.WAL, error) {
 	path := filepath.Join(dir, sub)
-	if err := os.MkdirAll(path, 0o700); err != nil {
-		return nil, fmt.Errorf("raftnode: create %s: %w", path, err)
+	had, err := exists(path)
+	if err != nil {
+		return nil, err
+	}
+	if !had {
+		if err := os.Mkdir(path, 0o700); err != nil {
+			return nil, fmt.Errorf("raftnode: create %s: %w", path, err)
+		}
+		// The WAL syncs the files it creates in path, not path's own
+		// name in dir.
+		if err := syncDir(dir); err != nil {
+			return nil, err
+		}
 	}
 	w, err := wal.Open(path, wal.WithMetaStore(meta), wal.WithLogger(hlog.Named("wal")))
 	if err != nil {

@@ -110,7 +110,7 @@ func New(o Options, dec *decider.Decider, st *state.State) *Core {
 		o.Logger = slog.Default()
 	}
 	c := &Core{o: o, log: o.Logger, dec: dec, st: st, models: models.New(), placements: newPlacementFeed(feedRing)}
-	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken)
+	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken, cpclient.MaxRouterAnswerBytes)
 	c.responses = affinity.New[uint64](o.ResponseAffinityTTL, o.ResponseAffinityMax)
 	st.SetResponseOrigins(originTable{c.responses, c.o.Now})
 	c.ready = make(chan struct{})

@@ -20,13 +20,15 @@ type forwarder struct {
 	admin  *cpclient.ByURL[cartv1connect.AdminServiceClient]
 }
 
-func newForwarder(c *http.Client, routerToken, adminToken string) *forwarder {
+// newForwarder's router client reads an answer of at most maxAnswer bytes
+// (cpclient.MaxRouterAnswerBytes in production).
+func newForwarder(c *http.Client, routerToken, adminToken string, maxAnswer int) *forwarder {
 	if c == nil {
 		c = http.DefaultClient
 	}
 	return &forwarder{
 		router: cpclient.NewByURL(func(url string) cartv1connect.RouterServiceClient {
-			return cartv1connect.NewRouterServiceClient(c, url, connect.WithGRPC(), connect.WithSendCompression("identity"), connect.WithReadMaxBytes(cpclient.MaxRouterAnswerBytes), forwardHeaders(routerToken))
+			return cartv1connect.NewRouterServiceClient(c, url, connect.WithGRPC(), connect.WithSendCompression("identity"), connect.WithReadMaxBytes(maxAnswer), forwardHeaders(routerToken))
 		}),
 		admin: cpclient.NewByURL(func(url string) cartv1connect.AdminServiceClient {
 			return cartv1connect.NewAdminServiceClient(c, url, connect.WithGRPC(), forwardHeaders(adminToken))

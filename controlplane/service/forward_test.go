@@ -283,23 +283,24 @@ func (b bigSyncLeader) Sync(context.Context, *connect.Request[cartv1.SyncRequest
 	return connect.NewResponse(resp), nil
 }
 
-// A follower forwarding a call reads the leader's answer only up to
-// cpclient.MaxRouterAnswerBytes.
+// A follower forwarding a call reads the leader's answer only up to the
+// forwarder's bound (cpclient.MaxRouterAnswerBytes in production).
 func TestForwardedAnswerOverTheReadLimitIsRefused(t *testing.T) {
+	const limit = 1 << 20
 	perWorker := 64<<10 + 16
 	for _, c := range []struct {
 		workers int
 		want    connect.Code
 	}{
-		{cpclient.MaxRouterAnswerBytes/perWorker - 1, 0},
-		{cpclient.MaxRouterAnswerBytes/perWorker + 1, connect.CodeResourceExhausted},
+		{limit/perWorker - 1, 0},
+		{limit/perWorker + 1, connect.CodeResourceExhausted},
 	} {
 		mux := http.NewServeMux()
 		mux.Handle(cartv1connect.NewRouterServiceHandler(bigSyncLeader{workers: c.workers}))
 		srv := httptest.NewUnstartedServer(mux)
 		srv.EnableHTTP2 = true
 		srv.StartTLS()
-		f := newForwarder(srv.Client(), "", "")
+		f := newForwarder(srv.Client(), "", "", limit)
 		_, err := f.router.Get(srv.URL).Sync(context.Background(), connect.NewRequest(&cartv1.SyncRequest{}))
 		srv.Close()
 		if c.want == 0 && err != nil {

@@ -71,6 +71,9 @@ type Options struct {
 	Now func() time.Time
 	// Interceptors wrap every control-plane call (tracing); nil: none.
 	Interceptors []connect.Interceptor
+	// MaxAnswerBytes bounds each message read from a control-plane node;
+	// 0 means cpclient.MaxRouterAnswerBytes.
+	MaxAnswerBytes int
 	// RouteStream carries Route, Complete and Sync on one long-lived
 	// stream to the leader while one is live (see stream.go); the unary
 	// calls are the fallback. RouteStreamMaxInFlight bounds the calls in
@@ -138,6 +141,9 @@ func New(o Options) *Router {
 	if o.FlushInterval <= 0 {
 		o.FlushInterval = 10 * time.Millisecond
 	}
+	if o.MaxAnswerBytes <= 0 {
+		o.MaxAnswerBytes = cpclient.MaxRouterAnswerBytes
+	}
 	r := &Router{
 		o: o, log: o.Logger,
 		workers:  append([]router.WorkerStatus(nil), o.BootWorkers...),
@@ -169,7 +175,7 @@ func (r *Router) client(url string) cartv1connect.RouterServiceClient { return r
 func (r *Router) newClient(url string) cartv1connect.RouterServiceClient {
 	// Route requests are a few hundred bytes: no compression, and no
 	// gzip for the small answers either (see service.CompressMinBytes).
-	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096), connect.WithReadMaxBytes(cpclient.MaxRouterAnswerBytes)}
+	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithCompressMinBytes(4096), connect.WithReadMaxBytes(r.o.MaxAnswerBytes)}
 	if r.o.Token != "" {
 		opts = append(opts, connect.WithInterceptors(cpclient.Bearer(r.o.Token)))
 	}

@@ -850,18 +850,22 @@ func TestBlockCharsMismatchRoutesWithoutHashes(t *testing.T) {
 	}
 }
 
-// A control-plane node's answer is read only up to
-// cpclient.MaxRouterAnswerBytes: a larger one is refused, not buffered,
-// and the data plane keeps what it had.
+// A control-plane node's answer is read only up to Options.MaxAnswerBytes
+// (cpclient.MaxRouterAnswerBytes by default): a larger one is refused, not
+// buffered, and the data plane keeps what it had.
 func TestSyncAnswerOverTheReadLimitIsRefused(t *testing.T) {
+	if d := New(Options{}); d.o.MaxAnswerBytes != cpclient.MaxRouterAnswerBytes {
+		t.Fatalf("default answer limit %d, want %d", d.o.MaxAnswerBytes, cpclient.MaxRouterAnswerBytes)
+	}
+	const limit = 1 << 20
 	cp := newFakeCP(t)
-	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}})
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, MaxAnswerBytes: limit})
 	if err := r.SyncOnce(context.Background()); err != nil {
 		t.Fatalf("first sync: %v", err)
 	}
 	big := strings.Repeat("w", 64<<10)
 	var workers []*cartv1.Worker
-	for i := 0; i*len(big) <= cpclient.MaxRouterAnswerBytes; i++ {
+	for i := 0; i*len(big) <= limit; i++ {
 		workers = append(workers, &cartv1.Worker{Url: fmt.Sprintf("http://%d.%s", i, big), Healthy: true})
 	}
 	cp.set(func(f *fakeCP) { f.syncResp = &cartv1.SyncResponse{Workers: workers, WorkersVersion: 99} })
@@ -873,7 +877,7 @@ func TestSyncAnswerOverTheReadLimitIsRefused(t *testing.T) {
 		t.Error("a worker of the refused answer is known")
 	}
 	// Just under the limit still goes through.
-	n := cpclient.MaxRouterAnswerBytes/(len(big)+64) - 1
+	n := limit/(len(big)+64) - 1
 	cp.set(func(f *fakeCP) { f.syncResp = &cartv1.SyncResponse{Workers: workers[:n], WorkersVersion: 100} })
 	if err := r.SyncOnce(context.Background()); err != nil {
 		t.Fatalf("sync of a %d-worker answer under the limit: %v", n, err)
