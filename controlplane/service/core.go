@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
@@ -67,6 +68,9 @@ type Options struct {
 	ResponseAffinityMax int
 	// SlowLeader configures the slow-leader handover (handover.go).
 	SlowLeader HandoverOptions
+	// MaxSyncAnswerBytes is the largest Sync answer the leader sends: the
+	// data planes' read limit (0 = cpclient.MaxRouterAnswerBytes).
+	MaxSyncAnswerBytes int
 }
 
 // Core is one control-plane node's service state.
@@ -94,6 +98,10 @@ type Core struct {
 	// placements feeds data planes' shadow indexes (placementfeed.go).
 	placements *placementFeed
 
+	// syncWarned is when (unix nanoseconds) the size of a Sync answer was
+	// last logged, so one log line stands for ten seconds of syncs.
+	syncWarned atomic.Int64
+
 	ready      chan struct{} // closed by SetNode; leadership waits for it
 	lifeMu     sync.Mutex    // serialises leadership transitions
 	stopLeader context.CancelFunc
@@ -108,6 +116,9 @@ func New(o Options, dec *decider.Decider, st *state.State) *Core {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.MaxSyncAnswerBytes <= 0 {
+		o.MaxSyncAnswerBytes = cpclient.MaxRouterAnswerBytes
 	}
 	c := &Core{o: o, log: o.Logger, dec: dec, st: st, models: models.New(), placements: newPlacementFeed(feedRing)}
 	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken, cpclient.MaxRouterAnswerBytes)

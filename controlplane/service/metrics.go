@@ -22,6 +22,8 @@ type cpMetrics struct {
 	streams prometheus.Gauge
 	// feedSent and feedSkipped count the placement feed's placements.
 	feedSent, feedSkipped prometheus.Counter
+	// syncBytes is the encoded size of the last Sync answer built.
+	syncBytes prometheus.Gauge
 }
 
 func newCPMetrics(c *Core) *cpMetrics {
@@ -38,7 +40,9 @@ func newCPMetrics(c *Core) *cpMetrics {
 		Help: "Placements the leader sent on data planes' Route streams (the placement feed of their shadow indexes), summed over streams."})
 	m.feedSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: "cart_cp_placement_feed_skipped_total",
 		Help: "Placements a data plane's stream fell too far behind to be sent on the placement feed."})
-	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded, m.streams, m.feedSent, m.feedSkipped)
+	m.syncBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cart_cp_sync_answer_bytes",
+		Help: "Encoded size of the last Sync answer this node built (every worker with its models). Data planes read at most 64 MiB (cpclient.MaxRouterAnswerBytes); the leader refuses to build a larger one and logs an error, and warns past half of it."})
+	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded, m.streams, m.feedSent, m.feedSkipped, m.syncBytes)
 	// The decider counts drops; exported here under the control plane's name.
 	for _, cause := range decider.DropCauses {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_tickets_dropped_total",

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
@@ -212,13 +213,43 @@ func (c *Core) sync(m *cartv1.SyncRequest) (*cartv1.SyncResponse, error) {
 		return nil, err
 	}
 	id, _ := c.node.Leader()
-	return &cartv1.SyncResponse{
+	out := &cartv1.SyncResponse{
 		Workers:        resp.Workers,
 		WorkersVersion: resp.WorkersVersion,
 		BlockChars:     uint32(c.o.BlockChars),
 		LeaderId:       id,
 		LeaderUrl:      c.st.Members()[id],
-	}, nil
+	}
+	if err := c.checkSyncSize(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// checkSyncSize refuses a Sync answer the data planes would refuse to
+// read, with the reason, rather than send it (they would only see a
+// message too large); past half of that it warns. Nothing else bounds the
+// answer: it grows with the workers and their model lists.
+func (c *Core) checkSyncSize(m *cartv1.SyncResponse) error {
+	n, limit := proto.Size(m), c.o.MaxSyncAnswerBytes
+	c.metrics.syncBytes.Set(float64(n))
+	if n <= limit/2 {
+		return nil
+	}
+	msg := fmt.Sprintf("the Sync answer (%d workers with their models) is %d bytes; data planes read at most %d", len(m.GetWorkers()), n, limit)
+	now := c.o.Now().UnixNano()
+	last := c.syncWarned.Load()
+	logIt := now-last >= int64(10*time.Second) && c.syncWarned.CompareAndSwap(last, now)
+	if n > limit {
+		if logIt {
+			c.log.Error(msg + ": data planes cannot sync; remove workers or the models they list")
+		}
+		return connect.NewError(connect.CodeResourceExhausted, errors.New(msg))
+	}
+	if logIt {
+		c.log.Warn(msg + ": over half the limit")
+	}
+	return nil
 }
 
 // workerList merges the replicated worker set with this node's live

@@ -3,13 +3,17 @@ package service
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
@@ -701,5 +705,80 @@ func TestCompleteWithUnknownCacheIsNotScored(t *testing.T) {
 	settle(90)
 	if p, a := accuracy(); p == 0 || a != 90 {
 		t.Fatalf("known usage not scored: predicted %d actual %d", p, a)
+	}
+}
+
+// The leader refuses a Sync answer larger than the data planes read, with
+// the reason and an error log, warns past half of it, and exports the
+// answer's size.
+func TestSyncAnswerSizeIsChecked(t *testing.T) {
+	var logs testkit.SyncBuffer
+	var skew atomic.Int64 // the test moves the leader's clock ahead
+	const limit = 4000
+	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) {
+		o.MaxSyncAnswerBytes = limit
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		o.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	}})
+	rc := cp.router()
+	sync := func() (*cartv1.SyncResponse, error) {
+		r, err := rc.Sync(context.Background(), connect.NewRequest(&cartv1.SyncRequest{DataplaneId: "dp1"}))
+		if err != nil {
+			return nil, err
+		}
+		return r.Msg, nil
+	}
+	gauge := func() int {
+		var m dto.Metric
+		if err := cp.core.metrics.syncBytes.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return int(m.GetGauge().GetValue())
+	}
+	n := 0
+	add := func(k int) {
+		for range k {
+			n++
+			cp.addWorkers(t, fmt.Sprintf("http://worker-%04d.pool.example.internal:8000", n))
+		}
+	}
+	add(5)
+	resp, err := sync()
+	if err != nil {
+		t.Fatalf("small Sync: %v", err)
+	}
+	if got, want := gauge(), proto.Size(resp); got != want || got > limit/2 {
+		t.Fatalf("size gauge %d, want the answer's %d (under half the limit)", got, want)
+	}
+	if strings.Contains(logs.String(), "the Sync answer") {
+		t.Fatalf("logged for a small answer: %s", logs.String())
+	}
+	for gauge() <= limit/2 {
+		add(5)
+		if _, err := sync(); err != nil {
+			t.Fatalf("Sync of %d workers, %d bytes: %v", n, gauge(), err)
+		}
+	}
+	if !strings.Contains(logs.String(), "over half the limit") {
+		t.Fatalf("no warning at %d of %d bytes: %q", gauge(), limit, logs.String())
+	}
+	for gauge() <= limit {
+		add(5)
+		_, err = sync()
+	}
+	if e := wantCode(t, err, connect.CodeResourceExhausted); !strings.Contains(e.Message(), fmt.Sprintf("data planes read at most %d", limit)) {
+		t.Fatalf("over the limit: %v", err)
+	}
+	// The warning was logged less than ten seconds ago: one line stands
+	// for ten seconds of syncs.
+	if strings.Contains(logs.String(), "data planes cannot sync") {
+		t.Errorf("logged again within ten seconds: %q", logs.String())
+	}
+	skew.Add(int64(11 * time.Second))
+	if _, err := sync(); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("over the limit, later: %v", err)
+	}
+	if !strings.Contains(logs.String(), "data planes cannot sync") {
+		t.Errorf("no error logged ten seconds on: %q", logs.String())
 	}
 }
