@@ -54,12 +54,19 @@ const (
 type placementFeed struct {
 	readers atomic.Int32
 	mu      sync.Mutex
-	ring    []*cartv1.RecentPlacement
+	ring    []feedEntry
 	next    uint64 // sequence number of the next placement
 }
 
+// feedEntry is a placement with what it adds to a frame's encoding,
+// computed once when it is recorded rather than by every stream.
+type feedEntry struct {
+	p    *cartv1.RecentPlacement
+	size int
+}
+
 func newPlacementFeed(size int) *placementFeed {
-	return &placementFeed{ring: make([]*cartv1.RecentPlacement, size)}
+	return &placementFeed{ring: make([]feedEntry, size)}
 }
 
 // add records that a prompt of block hashes went to worker, decided for
@@ -69,8 +76,9 @@ func (f *placementFeed) add(worker, dataplane string, routeID uint64, hashes []u
 		return
 	}
 	p := &cartv1.RecentPlacement{Worker: worker, Hashes: index.Checkpoints(nil, hashes), DataplaneId: dataplane, RouteId: routeID}
+	e := feedEntry{p: p, size: protowire.SizeTag(1) + protowire.SizeBytes(proto.Size(p))}
 	f.mu.Lock()
-	f.ring[f.next%uint64(len(f.ring))] = p
+	f.ring[f.next%uint64(len(f.ring))] = e
 	f.next++
 	f.mu.Unlock()
 }
@@ -82,16 +90,22 @@ func (f *placementFeed) head() uint64 {
 	return f.next
 }
 
-// read returns up to n placements from cursor on, the cursor to read from
+// read returns up to n placements from cursor on, as many as fit in
+// maxBytes of a frame's encoding (at least one), the cursor to read from
 // next, and how many were skipped because the ring overwrote them.
-func (f *placementFeed) read(cursor uint64, n int) (out []*cartv1.RecentPlacement, next, skipped uint64) {
+func (f *placementFeed) read(cursor uint64, n, maxBytes int) (out []*cartv1.RecentPlacement, next, skipped uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if oldest := f.next - min(f.next, uint64(len(f.ring))); cursor < oldest {
 		skipped, cursor = oldest-cursor, oldest
 	}
+	size := 0
 	for ; cursor < f.next && len(out) < n; cursor++ {
-		out = append(out, f.ring[cursor%uint64(len(f.ring))])
+		e := f.ring[cursor%uint64(len(f.ring))]
+		if size += e.size; len(out) > 0 && size > maxBytes {
+			break
+		}
+		out = append(out, e.p)
 	}
 	return out, cursor, skipped
 }
@@ -114,11 +128,7 @@ func (c *Core) feedTick(cursor uint64, send func(*cartv1.StreamResponse)) uint64
 		skipped, cursor = behind-feedTickMax, cursor+behind-feedTickMax
 	}
 	for sent := 0; sent < feedTickMax; {
-		batch, next, lost := f.read(cursor, min(feedFrameMax, feedTickMax-sent))
-		if k := fitFrame(batch, feedFrameBytes); k < len(batch) {
-			next -= uint64(len(batch) - k) // the rest goes in the next frame
-			batch = batch[:k]
-		}
+		batch, next, lost := f.read(cursor, min(feedFrameMax, feedTickMax-sent), feedFrameBytes)
 		cursor, skipped = next, skipped+lost
 		if len(batch) == 0 && skipped == 0 {
 			break
@@ -134,18 +144,4 @@ func (c *Core) feedTick(cursor uint64, send func(*cartv1.StreamResponse)) uint64
 		}
 	}
 	return cursor
-}
-
-// fitFrame returns how many of the leading placements fit in a frame of
-// at most limit bytes, at least one.
-func fitFrame(ps []*cartv1.RecentPlacement, limit int) int {
-	size := 0
-	for i, p := range ps {
-		n := proto.Size(p)
-		size += protowire.SizeTag(1) + protowire.SizeBytes(n)
-		if i > 0 && size > limit {
-			return i
-		}
-	}
-	return len(ps)
 }

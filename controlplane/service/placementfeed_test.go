@@ -30,11 +30,11 @@ func TestPlacementFeedRing(t *testing.T) {
 	}
 	f.add("", "dp1", 7, []uint64{1})
 	f.add("wz", "dp1", 7, nil)
-	got, next, skipped := f.read(0, 3)
+	got, next, skipped := f.read(0, 3, feedFrameBytes)
 	if skipped != 2 || next != 5 || len(got) != 3 || got[0].GetWorker() != "wc" || !slices.Equal(got[2].GetHashes(), []uint64{4, 104}) {
 		t.Fatalf("read(0, 3) = %v, next %d, skipped %d", got, next, skipped)
 	}
-	got, next, skipped = f.read(next, 10)
+	got, next, skipped = f.read(next, 10, feedFrameBytes)
 	if skipped != 0 || next != 6 || len(got) != 1 || got[0].GetWorker() != "wf" {
 		t.Fatalf("read(5, 10) = %v, next %d, skipped %d", got, next, skipped)
 	}
@@ -120,7 +120,7 @@ func BenchmarkPlacementFeed(b *testing.B) {
 		f.add("http://worker-1:8000", "dp1", 7, hashes)
 		if i%64 == 63 {
 			for r := range cursors {
-				batch, next, _ := f.read(cursors[r], feedFrameMax)
+				batch, next, _ := f.read(cursors[r], feedFrameMax, feedFrameBytes)
 				cursors[r] = next
 				if _, err := proto.Marshal(&cartv1.StreamResponse{Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{Placements: batch}}}); err != nil {
 					b.Fatal(err)
