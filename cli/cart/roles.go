@@ -81,7 +81,9 @@ func runMigrateLog(ctx context.Context, cfg *config.Config, _ []string, log *slo
 	if err != nil {
 		return err
 	}
-	log.Info("raft log moved to a WAL", "data_dir", cfg.ControlPlane.DataDir, "entries", res.Entries, "first_index", res.First, "last_index", res.Last, "bolt_log_moved_to", res.Backup)
+	// The result, whatever the log level: this is a one-off command.
+	fmt.Printf("moved the raft log in %s to a WAL: %d entries (indexes %d-%d); the bolt log is now %s (delete it once the node runs)\n",
+		cfg.ControlPlane.DataDir, res.Entries, res.First, res.Last, res.Backup)
 	return nil
 }
 

@@ -118,12 +118,7 @@ func TestLeaderKillAndFullRestart(t *testing.T) {
 		p.Start(t)
 	}
 	waitLeader(t, procs, 15*time.Second)
-	for _, p := range procs {
-		p.WaitFor(t, 10*time.Second, "the acknowledged workers after restart", func() (bool, string) {
-			got := workerURLs(t, p.url())
-			return equalSets(got, want), fmt.Sprint(got)
-		})
-	}
+	waitWorkers(t, procs, want, "the acknowledged workers after restart")
 	for _, p := range procs {
 		p.Terminate()
 	}
@@ -145,6 +140,17 @@ func TestLeaderKillAndFullRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// waitWorkers waits until every node lists exactly want as its workers.
+func waitWorkers(t *testing.T, nodes []*node, want []string, what string) {
+	t.Helper()
+	for _, n := range nodes {
+		n.WaitFor(t, 10*time.Second, what, func() (bool, string) {
+			got := workerURLs(t, n.url())
+			return equalSets(got, want), fmt.Sprint(got)
+		})
 	}
 }
 
@@ -203,4 +209,56 @@ func TestBufCurl(t *testing.T) {
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return !errors.Is(err, os.ErrNotExist)
+}
+
+// A three-node cluster on bolt (as upgraded nodes are) is stopped, two of
+// its nodes move to the WAL with `cart controlplane migrate-log`, and it
+// restarts as a mixed cluster (two WALs, one bolt) that holds every
+// acknowledged worker change and still commits new ones.
+func TestMigrateLogOfARealCluster(t *testing.T) {
+	w1, w2, w3 := replica(t, "w1"), replica(t, "w2"), replica(t, "w3")
+	const bolt = "  log_store: bolt\n"
+	nodes := startNodes(t, 3, nodeOpts{cp: bolt, workers: []string{w1, w2}})
+	leader := waitLeader(t, nodes, 10*time.Second)
+	if _, err := leader.admin().AddWorker(context.Background(), connect.NewRequest(&cartv1.AddWorkerRequest{Worker: &cartv1.Worker{Url: w3, MaxLoad: 5}})); err != nil {
+		t.Fatalf("add worker: %v", err)
+	}
+	want := []string{w1, w2, w3}
+	waitWorkers(t, nodes, want, "the worker set on every node")
+	for _, n := range nodes {
+		n.Terminate()
+	}
+	for _, n := range nodes[:2] {
+		out, err := exec.Command(n.Proc.Cmd.Path, "controlplane", "migrate-log", "-c", n.cfg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("migrate-log %s: %v\n%s", n.id, err, out)
+		}
+		if !strings.Contains(string(out), "to a WAL: ") || strings.Contains(string(out), " 0 entries") {
+			t.Errorf("migrate-log %s said: %s", n.id, out)
+		}
+		for _, f := range []string{"wal", "raft.db.migrated"} {
+			if !fileExists(filepath.Join(n.dir, f)) {
+				t.Errorf("%s after migrating: no %s", n.id, f)
+			}
+		}
+		// The config named bolt; the node would now refuse to start.
+		cfg, err := os.ReadFile(n.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, n.cfg, strings.Replace(string(cfg), bolt, "", 1))
+	}
+	if !fileExists(filepath.Join(nodes[2].dir, "raft.db")) {
+		t.Fatal("the unmigrated node lost its bolt log")
+	}
+	for _, n := range nodes {
+		n.Start(t)
+	}
+	waitLeader(t, nodes, 15*time.Second)
+	waitWorkers(t, nodes, want, "the acknowledged workers after migrating")
+	// The mixed cluster still commits.
+	if _, err := waitLeader(t, nodes, 10*time.Second).admin().RemoveWorker(context.Background(), connect.NewRequest(&cartv1.RemoveWorkerRequest{Url: w1})); err != nil {
+		t.Fatalf("remove worker after migrating: %v", err)
+	}
+	waitWorkers(t, nodes, []string{w2, w3}, "a change after migrating")
 }
