@@ -149,6 +149,31 @@ func holdFirstAnswer(t *testing.T, cp *testCP, n int) *atomic.Bool {
 	return &armed
 }
 
+// heldRouteBatch sends n route calls in one message on a new stream of cp
+// whose hello declares batches, with the first answer held until the
+// other n-1 are queued behind it; it checks that each call was routed and
+// returns the encoded size of each message the answers came in.
+func heldRouteBatch(t *testing.T, cp *testCP, batches bool, n int) []int {
+	t.Helper()
+	armed := holdFirstAnswer(t, cp, n-1)
+	st := openStreamWith(t, cp, &cartv1.StreamRequest{Batches: batches})
+	armed.Store(true)
+	first := routeCall(1, 0)
+	for i := 2; i <= n; i++ {
+		first.More = append(first.More, routeCall(uint64(i), i))
+	}
+	if err := st.Send(first); err != nil {
+		t.Fatal(err)
+	}
+	got, sizes := receiveSized(t, st, n)
+	for id := uint64(1); id <= uint64(n); id++ {
+		if got[id].GetRoute().GetWorker() == "" {
+			t.Fatalf("call %d answered %v", id, got[id])
+		}
+	}
+	return sizes
+}
+
 // Answers ready together share a message to a data plane whose hello says
 // it reads batches, and never to one whose hello does not (a data plane
 // that predates StreamResponse.more would lose them).
@@ -158,22 +183,7 @@ func TestStreamBatchesAnswers(t *testing.T) {
 		t.Run(fmt.Sprintf("batches=%v", batches), func(t *testing.T) {
 			cp := newTestCP(t, cpConfig{leader: true})
 			cp.addWorkers(t, w1, w2)
-			armed := holdFirstAnswer(t, cp, n-1)
-			st := openStreamWith(t, cp, &cartv1.StreamRequest{Batches: batches})
-			armed.Store(true)
-			first := routeCall(1, 0)
-			for i := 2; i <= n; i++ {
-				first.More = append(first.More, routeCall(uint64(i), i))
-			}
-			if err := st.Send(first); err != nil {
-				t.Fatal(err)
-			}
-			got, msgs := receiveAnswers(t, st, n)
-			for id := uint64(1); id <= n; id++ {
-				if got[id].GetRoute().GetWorker() == "" {
-					t.Fatalf("call %d answered %v", id, got[id])
-				}
-			}
+			msgs := len(heldRouteBatch(t, cp, batches, n))
 			want := n
 			if batches {
 				want = 2 // the held answer, then the n-1 queued behind it
@@ -192,22 +202,7 @@ func TestStreamAnswerBatchBytes(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true})
 	cp.addWorkers(t, w1, w2)
 	cp.core.streams.batchBytes = limit
-	armed := holdFirstAnswer(t, cp, n-1)
-	st := openStreamWith(t, cp, &cartv1.StreamRequest{Batches: true})
-	armed.Store(true)
-	first := routeCall(1, 0)
-	for i := 2; i <= n; i++ {
-		first.More = append(first.More, routeCall(uint64(i), i))
-	}
-	if err := st.Send(first); err != nil {
-		t.Fatal(err)
-	}
-	got, sizes := receiveSized(t, st, n)
-	for id := uint64(1); id <= n; id++ {
-		if got[id].GetRoute().GetWorker() == "" {
-			t.Fatalf("call %d answered %v", id, got[id])
-		}
-	}
+	sizes := heldRouteBatch(t, cp, true, n)
 	total := 0
 	for _, sz := range sizes {
 		total += sz
