@@ -165,16 +165,10 @@ func TestStreamBatchingWithRealLeader(t *testing.T) {
 // failingSends makes the stream's sends fail once armed.
 type failingSends struct{ armed atomic.Bool }
 
-func (f *failingSends) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc { return next }
-
-func (f *failingSends) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
-}
-
-func (f *failingSends) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, s connect.Spec) connect.StreamingClientConn {
-		return failingConn{StreamingClientConn: next(ctx, s), f: f}
-	}
+func (f *failingSends) interceptor() connect.Interceptor {
+	return wrapStreamClient(func(sc connect.StreamingClientConn) connect.StreamingClientConn {
+		return failingConn{StreamingClientConn: sc, f: f}
+	})
 }
 
 type failingConn struct {
@@ -204,7 +198,7 @@ func TestStreamSendFailureBreaksStream(t *testing.T) {
 	}
 	var fail failingSends
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, RouteTimeout: time.Minute,
-		Interceptors: []connect.Interceptor{&fail}})
+		Interceptors: []connect.Interceptor{fail.interceptor()}})
 	run(t, r)
 	t.Cleanup(func() { close(release) }) // before the fake leader's server closes
 	streamLive(t, r, cp.url)

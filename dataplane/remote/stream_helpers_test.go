@@ -318,7 +318,11 @@ type msgCounter struct {
 	calls, msgs, answers, answerMsgs atomic.Int64
 }
 
-func (c *msgCounter) interceptors() []connect.Interceptor { return []connect.Interceptor{c} }
+func (c *msgCounter) interceptors() []connect.Interceptor {
+	return []connect.Interceptor{wrapStreamClient(func(sc connect.StreamingClientConn) connect.StreamingClientConn {
+		return countingConn{StreamingClientConn: sc, c: c}
+	})}
+}
 
 func (c *msgCounter) reset() {
 	c.calls.Store(0)
@@ -331,16 +335,18 @@ func (c *msgCounter) counts() (calls, msgs, answers, answerMsgs int64) {
 	return c.calls.Load(), c.msgs.Load(), c.answers.Load(), c.answerMsgs.Load()
 }
 
-func (c *msgCounter) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc { return next }
+// wrapStreamClient is an interceptor that wraps the data plane's
+// streaming client conns in wrap, and leaves everything else alone.
+type wrapStreamClient func(connect.StreamingClientConn) connect.StreamingClientConn
 
-func (c *msgCounter) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+func (w wrapStreamClient) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc { return next }
+
+func (w wrapStreamClient) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
 }
 
-func (c *msgCounter) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, s connect.Spec) connect.StreamingClientConn {
-		return countingConn{StreamingClientConn: next(ctx, s), c: c}
-	}
+func (w wrapStreamClient) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, s connect.Spec) connect.StreamingClientConn { return w(next(ctx, s)) }
 }
 
 type countingConn struct {
