@@ -265,17 +265,23 @@ func TestConcurrentNothingStranded(t *testing.T) {
 	t.Logf("%d items in %d sends (%d of several)", n, len(r.got()), multi)
 }
 
+// failOn makes the nth send (counting from 1, as recorder.flush does) fail
+// with err.
+func failOn(nth int, err error) func(int) error {
+	return func(n int) error {
+		if n == nth {
+			return err
+		}
+		return nil
+	}
+}
+
 // The first failed send stops the Sender: its caller gets the error,
 // Failed hears it once, what was queued is dropped, and no send follows.
 func TestSendErrorStops(t *testing.T) {
 	boom := errors.New("boom")
 	r := gated()
-	r.fail = func(n int) error {
-		if n == 2 {
-			return boom
-		}
-		return nil
-	}
+	r.fail = failOn(2, boom)
 	var failed []error
 	var fmu sync.Mutex
 	s := New(r.flush, Options[int]{Max: 2, Failed: func(err error) {
@@ -311,12 +317,7 @@ func TestSendErrorStops(t *testing.T) {
 func TestHandedOffFailureReported(t *testing.T) {
 	boom := errors.New("boom")
 	r := gated()
-	r.fail = func(n int) error {
-		if n == 3 {
-			return boom
-		}
-		return nil
-	}
+	r.fail = failOn(3, boom)
 	failed := make(chan error, 1)
 	s := New(r.flush, Options[int]{Max: 1, Failed: func(err error) { failed <- err }})
 	owner := make(chan error, 1)
