@@ -43,6 +43,18 @@ func (l *oneConn) Accept() (net.Conn, error) {
 func (l *oneConn) Close() error   { return nil }
 func (l *oneConn) Addr() net.Addr { return l.c.LocalAddr() }
 
+// accept returns the conn a buffered listener of size makes of server,
+// closed when the test ends.
+func accept(t *testing.T, server net.Conn, size int) net.Conn {
+	t.Helper()
+	c, err := Listener(&oneConn{c: server}, size).Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // readFrames reads n frames the way Go's HTTP/2 framer does: the 9-byte
 // header, then the payload, each its own Read.
 func readFrames(t *testing.T, r io.Reader, n, payload int) {
@@ -92,11 +104,7 @@ func TestLargeReadsBypassTheBuffer(t *testing.T) {
 	server, client := net.Pipe()
 	defer client.Close()
 	cc := &countingConn{Conn: server}
-	c, err := Listener(&oneConn{c: cc}, 16).Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := accept(t, cc, 16)
 	want := make([]byte, 64)
 	for i := range want {
 		want[i] = byte(i)
@@ -119,15 +127,11 @@ func TestLargeReadsBypassTheBuffer(t *testing.T) {
 func TestDeadlinesStillApply(t *testing.T) {
 	server, client := net.Pipe()
 	defer client.Close()
-	c, err := Listener(&oneConn{c: server}, 0).Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := accept(t, server, 0)
 	if err := c.SetReadDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.Read(make([]byte, 1))
+	_, err := c.Read(make([]byte, 1))
 	if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
 		t.Fatalf("read past the deadline: %v, want a timeout", err)
 	}
@@ -145,11 +149,7 @@ func TestCloseWriteForwarded(t *testing.T) {
 	server, client := net.Pipe()
 	defer client.Close()
 	hc := &halfCloser{Conn: server}
-	c, err := Listener(&oneConn{c: hc}, 0).Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := accept(t, hc, 0)
 	cw, ok := c.(interface{ CloseWrite() error })
 	if !ok {
 		t.Fatal("buffered conn has no CloseWrite")
