@@ -229,7 +229,11 @@ func TestMigrateLogOfARealCluster(t *testing.T) {
 		n.Terminate()
 	}
 	for _, n := range nodes[:2] {
-		out, err := exec.Command(n.Proc.Cmd.Path, "controlplane", "migrate-log", "-c", n.cfg).CombinedOutput()
+		// A bound, so a migration stuck on the data dir fails the test
+		// rather than hanging it.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		out, err := exec.CommandContext(ctx, n.Proc.Cmd.Path, "controlplane", "migrate-log", "-c", n.cfg).CombinedOutput()
+		cancel()
 		if err != nil {
 			t.Fatalf("migrate-log %s: %v\n%s", n.id, err, out)
 		}

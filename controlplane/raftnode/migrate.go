@@ -3,12 +3,14 @@ package raftnode
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 
 	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/hashicorp/raft-wal/metadb"
 )
 
@@ -147,14 +149,12 @@ func copyLog(ctx context.Context, dst, src raft.LogStore) (MigrateResult, error)
 	return res, flush()
 }
 
-// errNotFound is how raft-boltdb says a stable key was never set; raft
-// itself reads it as zero.
-const errNotFound = "not found"
-
+// copyStable copies the keys src holds; a key never set (raft-boltdb's
+// ErrKeyNotFound, which raft itself reads as zero) stays unset.
 func copyStable(dst, src raft.StableStore) error {
 	for _, k := range stableUintKeys {
 		v, err := src.GetUint64(k)
-		if err != nil && err.Error() != errNotFound {
+		if err != nil && !errors.Is(err, raftboltdb.ErrKeyNotFound) {
 			return fmt.Errorf("read %s: %w", k, err)
 		}
 		if err == nil {
@@ -165,7 +165,7 @@ func copyStable(dst, src raft.StableStore) error {
 	}
 	for _, k := range stableKeys {
 		v, err := src.Get(k)
-		if err != nil && err.Error() != errNotFound {
+		if err != nil && !errors.Is(err, raftboltdb.ErrKeyNotFound) {
 			return fmt.Errorf("read %s: %w", k, err)
 		}
 		if err == nil {

@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	"github.com/hashicorp/raft-wal/metadb"
 
 	"github.com/cartrouter/cart/controlplane/state"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -400,11 +399,7 @@ func (n *Node) closeStores() error {
 // its cluster rather than need bootstrapping or joining. It must not be
 // called while a node runs on dataDir (it fails on the data dir lock).
 func HasExistingState(dataDir string) (bool, error) {
-	hasBolt, err := exists(filepath.Join(dataDir, raftDBFile))
-	if err != nil {
-		return false, err
-	}
-	hasWAL, err := exists(filepath.Join(dataDir, walDir, metadb.FileName))
+	hasBolt, hasWAL, err := logsIn(dataDir)
 	if err != nil {
 		return false, err
 	}

@@ -105,13 +105,7 @@ func lockDataDir(dir string) (*os.File, error) {
 // directory's log is never switched silently: asking for the other kind
 // is an error that says how to move.
 func logKind(dir, want string) (string, error) {
-	hasBolt, err := exists(filepath.Join(dir, raftDBFile))
-	if err != nil {
-		return "", err
-	}
-	// The WAL's metadata file is created atomically (renamed into place),
-	// so its presence, not the directory's, says a WAL was started.
-	hasWAL, err := exists(filepath.Join(dir, walDir, metadb.FileName))
+	hasBolt, hasWAL, err := logsIn(dir)
 	if err != nil {
 		return "", err
 	}
@@ -133,6 +127,17 @@ func logKind(dir, want string) (string, error) {
 		return LogStoreWAL, nil
 	}
 	return "", fmt.Errorf("raftnode: unknown log store %q (want %s, %s or %s)", want, LogStoreAuto, LogStoreWAL, LogStoreBolt)
+}
+
+// logsIn reports which log stores dir holds.
+func logsIn(dir string) (hasBolt, hasWAL bool, err error) {
+	if hasBolt, err = exists(filepath.Join(dir, raftDBFile)); err != nil {
+		return false, false, err
+	}
+	// The WAL's metadata file is created atomically (renamed into place),
+	// so its presence, not the directory's, says a WAL was started.
+	hasWAL, err = exists(filepath.Join(dir, walDir, metadb.FileName))
+	return hasBolt, hasWAL, err
 }
 
 func exists(path string) (bool, error) {

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"fmt"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,7 +42,7 @@ func newCPMetrics(c *Core) *cpMetrics {
 	m.feedSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: "cart_cp_placement_feed_skipped_total",
 		Help: "Placements a data plane's stream fell too far behind to be sent on the placement feed."})
 	m.syncBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cart_cp_sync_answer_bytes",
-		Help: "Encoded size of the last Sync answer this node built (every worker with its models). Data planes read at most 64 MiB (cpclient.MaxRouterAnswerBytes); the leader refuses to build a larger one and logs an error, and warns past half of it."})
+		Help: fmt.Sprintf("Encoded size of the last Sync answer this node built (every worker with its models). Data planes read at most %d bytes; the leader refuses to build a larger one and logs an error, and warns past half of it.", c.o.MaxSyncAnswerBytes)})
 	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded, m.streams, m.feedSent, m.feedSkipped, m.syncBytes)
 	// The decider counts drops; exported here under the control plane's name.
 	for _, cause := range decider.DropCauses {

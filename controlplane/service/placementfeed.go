@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/controlplane/index"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -76,11 +75,32 @@ func (f *placementFeed) add(worker, dataplane string, routeID uint64, hashes []u
 		return
 	}
 	p := &cartv1.RecentPlacement{Worker: worker, Hashes: index.Checkpoints(nil, hashes), DataplaneId: dataplane, RouteId: routeID}
-	e := feedEntry{p: p, size: protowire.SizeTag(1) + protowire.SizeBytes(proto.Size(p))}
+	e := feedEntry{p: p, size: protowire.SizeTag(1) + protowire.SizeBytes(placementSize(p))}
 	f.mu.Lock()
 	f.ring[f.next%uint64(len(f.ring))] = e
 	f.next++
 	f.mu.Unlock()
+}
+
+// placementSize is proto.Size(p), by arithmetic on RecentPlacement's four
+// fields rather than by reflection on every placement recorded: hashes
+// are fixed64, so only the strings' lengths and route_id vary. (proto3
+// omits zero values; every tag is one byte.)
+func placementSize(p *cartv1.RecentPlacement) int {
+	n := 0
+	if l := len(p.GetWorker()); l > 0 {
+		n += 1 + protowire.SizeBytes(l)
+	}
+	if l := len(p.GetHashes()); l > 0 {
+		n += 1 + protowire.SizeBytes(8*l)
+	}
+	if l := len(p.GetDataplaneId()); l > 0 {
+		n += 1 + protowire.SizeBytes(l)
+	}
+	if id := p.GetRouteId(); id != 0 {
+		n += 1 + protowire.SizeVarint(id)
+	}
+	return n
 }
 
 // head is the sequence number of the next placement.

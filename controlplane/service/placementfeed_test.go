@@ -168,3 +168,22 @@ func TestFeedFramesStayWithinTheReadLimit(t *testing.T) {
 		t.Fatalf("%d small placements went in %d frames, want 1", feedFrameMax, frames)
 	}
 }
+
+// placementSize must be proto.Size exactly, or frames would be cut at the
+// wrong size; a field added to RecentPlacement must be added to it too.
+func TestPlacementSizeIsTheEncodedSize(t *testing.T) {
+	if n := (&cartv1.RecentPlacement{}).ProtoReflect().Descriptor().Fields().Len(); n != 4 {
+		t.Fatalf("RecentPlacement has %d fields; placementSize counts 4", n)
+	}
+	for _, p := range []*cartv1.RecentPlacement{
+		{},
+		{Worker: w1},
+		{Hashes: []uint64{1, 1 << 63}},
+		{DataplaneId: "dp1", RouteId: 1},
+		{Worker: w1, Hashes: make([]uint64, 300), DataplaneId: strings.Repeat("d", 200), RouteId: 1 << 63},
+	} {
+		if got, want := placementSize(p), proto.Size(p); got != want {
+			t.Errorf("placementSize(%v) = %d, proto.Size %d", p, got, want)
+		}
+	}
+}

@@ -735,6 +735,10 @@ func TestSyncAnswerSizeIsChecked(t *testing.T) {
 		}
 		return int(m.GetGauge().GetValue())
 	}
+	// The gauge's help names the limit this node enforces.
+	if d := cp.core.metrics.syncBytes.Desc().String(); !strings.Contains(d, fmt.Sprintf("read at most %d bytes", limit)) {
+		t.Errorf("gauge help %s does not name the limit %d", d, limit)
+	}
 	n := 0
 	add := func(k int) {
 		for range k {
