@@ -41,6 +41,11 @@ const (
 	// of every data plane fed, again on each new stream. 1 MiB is well
 	// above 512 ordinary placements (~1.3 KiB each).
 	feedFrameBytes = 1 << 20
+	// feedFrameOverhead bounds what a frame adds to its placements' bytes
+	// as an answer in a stream message: its skipped count (11 bytes at
+	// most) and the tags and lengths of the frame, the answer and its
+	// place in StreamResponse.more (under 4 each).
+	feedFrameOverhead = 32
 	// feedTick is how often a stream is sent what accumulated: how stale
 	// the feed is, and the frames per second per stream.
 	feedTick = 50 * time.Millisecond
@@ -113,26 +118,26 @@ func (f *placementFeed) head() uint64 {
 // read returns up to n placements from cursor on, as many as fit in
 // maxBytes of a frame's encoding (at least one), the cursor to read from
 // next, and how many were skipped because the ring overwrote them.
-func (f *placementFeed) read(cursor uint64, n, maxBytes int) (out []*cartv1.RecentPlacement, next, skipped uint64) {
+func (f *placementFeed) read(cursor uint64, n, maxBytes int) (out []*cartv1.RecentPlacement, size int, next, skipped uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if oldest := f.next - min(f.next, uint64(len(f.ring))); cursor < oldest {
 		skipped, cursor = oldest-cursor, oldest
 	}
-	size := 0
 	for ; cursor < f.next && len(out) < n; cursor++ {
 		e := f.ring[cursor%uint64(len(f.ring))]
-		if size += e.size; len(out) > 0 && size > maxBytes {
+		if len(out) > 0 && size+e.size > maxBytes {
 			break
 		}
+		size += e.size
 		out = append(out, e.p)
 	}
-	return out, cursor, skipped
+	return out, size, cursor, skipped
 }
 
 // feed sends a stream the leader's placements until ctx ends: every tick,
 // what accumulated, at most feedTickMax (older ones skipped).
-func (c *Core) feed(ctx context.Context, send func(*cartv1.StreamResponse)) {
+func (c *Core) feed(ctx context.Context, send func(*cartv1.StreamResponse, int)) {
 	f := c.placements
 	f.readers.Add(1)
 	defer f.readers.Add(-1)
@@ -141,14 +146,17 @@ func (c *Core) feed(ctx context.Context, send func(*cartv1.StreamResponse)) {
 }
 
 // feedTick sends what accumulated since cursor and returns the new cursor.
-func (c *Core) feedTick(cursor uint64, send func(*cartv1.StreamResponse)) uint64 {
+//
+// send gets each frame with the encoded size of its placements, so the
+// stream need not size it again (see feedFrameOverhead).
+func (c *Core) feedTick(cursor uint64, send func(m *cartv1.StreamResponse, placementBytes int)) uint64 {
 	f := c.placements
 	var skipped uint64
 	if behind := f.head() - cursor; behind > feedTickMax {
 		skipped, cursor = behind-feedTickMax, cursor+behind-feedTickMax
 	}
 	for sent := 0; sent < feedTickMax; {
-		batch, next, lost := f.read(cursor, min(feedFrameMax, feedTickMax-sent), feedFrameBytes)
+		batch, size, next, lost := f.read(cursor, min(feedFrameMax, feedTickMax-sent), feedFrameBytes)
 		cursor, skipped = next, skipped+lost
 		if len(batch) == 0 && skipped == 0 {
 			break
@@ -156,7 +164,7 @@ func (c *Core) feedTick(cursor uint64, send func(*cartv1.StreamResponse)) uint64
 		// Counted before the send: a reader of the frame must find it counted.
 		c.metrics.feedSent.Add(float64(len(batch)))
 		c.metrics.feedSkipped.Add(float64(skipped))
-		send(&cartv1.StreamResponse{Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{Placements: batch, Skipped: skipped}}})
+		send(&cartv1.StreamResponse{Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{Placements: batch, Skipped: skipped}}}, size)
 		sent += len(batch)
 		skipped = 0
 		if len(batch) == 0 {

@@ -30,11 +30,11 @@ func TestPlacementFeedRing(t *testing.T) {
 	}
 	f.add("", "dp1", 7, []uint64{1})
 	f.add("wz", "dp1", 7, nil)
-	got, next, skipped := f.read(0, 3, feedFrameBytes)
+	got, _, next, skipped := f.read(0, 3, feedFrameBytes)
 	if skipped != 2 || next != 5 || len(got) != 3 || got[0].GetWorker() != "wc" || !slices.Equal(got[2].GetHashes(), []uint64{4, 104}) {
 		t.Fatalf("read(0, 3) = %v, next %d, skipped %d", got, next, skipped)
 	}
-	got, next, skipped = f.read(next, 10, feedFrameBytes)
+	got, _, next, skipped = f.read(next, 10, feedFrameBytes)
 	if skipped != 0 || next != 6 || len(got) != 1 || got[0].GetWorker() != "wf" {
 		t.Fatalf("read(5, 10) = %v, next %d, skipped %d", got, next, skipped)
 	}
@@ -120,7 +120,7 @@ func BenchmarkPlacementFeed(b *testing.B) {
 		f.add("http://worker-1:8000", "dp1", 7, hashes)
 		if i%64 == 63 {
 			for r := range cursors {
-				batch, next, _ := f.read(cursors[r], feedFrameMax, feedFrameBytes)
+				batch, _, next, _ := f.read(cursors[r], feedFrameMax, feedFrameBytes)
 				cursors[r] = next
 				if _, err := proto.Marshal(&cartv1.StreamResponse{Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{Placements: batch}}}); err != nil {
 					b.Fatal(err)
@@ -146,9 +146,14 @@ func TestFeedFramesStayWithinTheReadLimit(t *testing.T) {
 	}
 	var sizes []int
 	n := 0
-	next := cp.core.feedTick(0, func(m *cartv1.StreamResponse) {
+	next := cp.core.feedTick(0, func(m *cartv1.StreamResponse, placementBytes int) {
 		sizes = append(sizes, proto.Size(m))
 		n += len(m.GetPlacements().GetPlacements())
+		// The size handed to the stream stands for the frame's cost
+		// there: never below it, and over it by at most the overhead.
+		if cost := streamAnswerCost(m); cost > placementBytes+feedFrameOverhead || cost < placementBytes {
+			t.Errorf("frame of %d placements: %d placement bytes (+%d) given, cost %d", len(m.GetPlacements().GetPlacements()), placementBytes, feedFrameOverhead, cost)
+		}
 	})
 	if n != feedFrameMax || next != feedFrameMax {
 		t.Fatalf("sent %d of %d placements, cursor %d", n, feedFrameMax, next)
@@ -163,7 +168,12 @@ func TestFeedFramesStayWithinTheReadLimit(t *testing.T) {
 		f.add(w1, "dp1", uint64(i+1), []uint64{uint64(i)})
 	}
 	frames := 0
-	cp.core.feedTick(next, func(*cartv1.StreamResponse) { frames++ })
+	cp.core.feedTick(next, func(m *cartv1.StreamResponse, placementBytes int) {
+		frames++
+		if cost := streamAnswerCost(m); cost > placementBytes+feedFrameOverhead || cost < placementBytes {
+			t.Errorf("frame of %d placements: %d placement bytes (+%d) given, cost %d", len(m.GetPlacements().GetPlacements()), placementBytes, feedFrameOverhead, cost)
+		}
+	})
 	if frames != 1 {
 		t.Fatalf("%d small placements went in %d frames, want 1", feedFrameMax, frames)
 	}

@@ -157,6 +157,11 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 	send := func(r *cartv1.StreamResponse) {
 		_ = out.Send(r) // a failure ends the stream through Failed
 	}
+	// sendFrame sends a placement-feed frame, whose size the feed knew
+	// when it recorded the placements.
+	sendFrame := func(r *cartv1.StreamResponse, placementBytes int) {
+		_ = out.SendCost(r, placementBytes+feedFrameOverhead)
+	}
 	// begin counts a call (or the hello, or the feed) the handler must
 	// wait for before it returns; false once it is returning.
 	begin := func() bool {
@@ -226,7 +231,7 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 					calls.Add(1) // while the hello's count is held: Wait has not returned
 					go func() {
 						defer calls.Done()
-						c.feed(ctx, send)
+						c.feed(ctx, sendFrame)
 					}()
 				}
 				calls.Done()

@@ -106,10 +106,17 @@ func (s *Sender[T]) SetMax(n int) {
 // An item handed over and then lost to another's failed send is reported
 // through Options.Failed, not here.
 func (s *Sender[T]) Send(m T) error {
-	it := queued[T]{v: m}
+	cost := 0
 	if s.costed {
-		it.cost = s.o.Cost(m)
+		cost = s.o.Cost(m)
 	}
+	return s.SendCost(m, cost)
+}
+
+// SendCost is Send for a caller that knows m's cost already (what
+// Options.Cost would return), which is then not called.
+func (s *Sender[T]) SendCost(m T, cost int) error {
+	it := queued[T]{v: m, cost: cost}
 	s.mu.Lock()
 	for s.err == nil && !s.closed && len(s.q) >= s.o.Queue {
 		s.waiting++

@@ -177,6 +177,31 @@ func TestCostBound(t *testing.T) {
 	checkBatches(t, r, [][]int{{1}, {4, 5}, {2}, {20}, {3}})
 }
 
+// SendCost takes the caller's cost for its item, which then batches by it
+// as Send's would by Cost's, and Cost is not called for it.
+func TestSendCostGivesTheCost(t *testing.T) {
+	r := gated()
+	var called atomic.Int32
+	s := New(r.flush, Options[int]{Max: 64, MaxCost: 10, Cost: func(v int) int { called.Add(1); return v }})
+	go func() { _ = s.SendCost(1, 1) }()
+	<-r.entered
+	// The values are not the costs: batches must follow the costs given.
+	for _, c := range [][2]int{{40, 4}, {50, 5}, {20, 2}, {200, 20}, {30, 3}} {
+		if err := s.SendCost(c[0], c[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.gate <- struct{}{}
+	r.steps(4)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkBatches(t, r, [][]int{{1}, {40, 50}, {20}, {200}, {30}})
+	if n := called.Load(); n != 0 {
+		t.Errorf("Cost called %d times for items sent with their cost", n)
+	}
+}
+
 // Cost runs outside the Sender's lock, so a slow Cost (an encoded size)
 // holds up no other Send. The probe is deterministic: the items are sent
 // one after the other from this goroutine while the first send waits,
