@@ -61,9 +61,12 @@ type batcher struct {
 	// reverted a chunk per lock hold (undoChunk blocks), so that a window
 	// stretched by a stalled proposal (up to 5 s of decisions) does not
 	// stop routing while it is undone; decisions made in between fence
-	// what they set (see fence). undoTop is the highest seq in undoQ.
+	// what they set (see fence). undoTop is the highest seq in undoQ;
+	// undoLow the lowest queued since undoQ was last empty (a bound, not
+	// kept exact as the queue drains: clearFences needs no pass over it).
 	undoQ   []pendingOp
 	undoTop uint64
+	undoLow uint64
 
 	// Touches (recency refreshes of blocks a worker already held) ride in
 	// the batches too, but they are hints, not ledger ops: the leader's
@@ -224,8 +227,8 @@ func (b *batcher) clearFences() {
 	if len(b.window) > 0 {
 		oldest = min(oldest, b.window[0].seq)
 	}
-	for _, op := range b.undoQ {
-		oldest = min(oldest, op.seq)
+	if len(b.undoQ) > 0 {
+		oldest = min(oldest, b.undoLow)
 	}
 	if oldest > b.fenceTop {
 		clear(b.fence)
@@ -506,10 +509,14 @@ const undoChunk = 512
 // queueUndo appends the reverts of each list of ops (newest list first)
 // to the undo queue. Inside the decider's critical section.
 func (b *batcher) queueUndo(lists ...[]pendingOp) {
+	if len(b.undoQ) == 0 {
+		b.undoLow = math.MaxUint64
+	}
 	for _, ops := range lists {
 		b.undoQ = appendRevertOrder(b.undoQ, ops)
 		for _, op := range ops {
 			b.undoTop = max(b.undoTop, op.seq)
+			b.undoLow = min(b.undoLow, op.seq)
 		}
 	}
 	b.clearFences()
