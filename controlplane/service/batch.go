@@ -579,15 +579,33 @@ func (b *batcher) revert(eng *engine.Engine, op pendingOp, fn func(insert bool, 
 	if id, ok := eng.WorkerIDOf(op.worker); !ok || id != op.wid {
 		return // removed (and its entries with it) by a committed command
 	}
-	hs := make([]uint64, 0, len(op.hashes))
-	for _, h := range op.hashes {
-		if f, ok := b.fence[fenceKey{op.worker, h}]; !ok || f < op.seq {
+	if hs := b.unfenced(op); len(hs) > 0 {
+		fn(!op.place, op.worker, op.wid, hs, op.at)
+	}
+}
+
+// unfenced returns op's blocks no fence keeps from being reverted: op's
+// own slice (never modified) when none is fenced, the usual case, so that
+// an undo allocates only for the ops a fence cuts into.
+func (b *batcher) unfenced(op pendingOp) []uint64 {
+	if len(b.fence) == 0 {
+		return op.hashes
+	}
+	var hs []uint64 // a copy, started at the first fenced block
+	for i, h := range op.hashes {
+		f, ok := b.fence[fenceKey{op.worker, h}]
+		fenced := ok && f >= op.seq
+		switch {
+		case fenced && hs == nil:
+			hs = append(make([]uint64, 0, len(op.hashes)-1), op.hashes[:i]...)
+		case !fenced && hs != nil:
 			hs = append(hs, h)
 		}
 	}
-	if len(hs) > 0 {
-		fn(!op.place, op.worker, op.wid, hs, op.at)
+	if hs == nil {
+		return op.hashes
 	}
+	return hs
 }
 
 // Uncommitted implements state.OwnBatches: the changes that would take
