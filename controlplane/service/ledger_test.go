@@ -316,7 +316,19 @@ func TestDecisionBetweenUndoStepsStands(t *testing.T) {
 	})
 	wantReason(t, reasonOf(t, cp, txt), "cache_miss", "after the first undo step")
 	liveRoute(t, rc, txt) // P2, made between the steps
+	cp.core.dec.Do(decider.OpLedger, func(*engine.Engine) {
+		if len(b.fence) == 0 {
+			t.Error("P2 not fenced against the rest of the undo")
+		}
+	})
 	b.drainUndo()
+	// Drained, nothing pending is as old as the fences: the table empties
+	// rather than growing with every undo.
+	cp.core.dec.Do(decider.OpLedger, func(*engine.Engine) {
+		if n := len(b.fence); n != 0 {
+			t.Errorf("%d fences left after the undo drained", n)
+		}
+	})
 	wantReason(t, reasonOf(t, cp, txt), "cache_hit", "the decision made during the undo")
 	cp.flushBatch()
 	wantReason(t, replayReason(t, cp, txt), "cache_hit", "replayed log")
