@@ -78,13 +78,15 @@ func (d *Decider) maybeDailyReset() {
 
 // ReserveIndex allocates the map for an index about to be refilled with
 // n entries (a snapshot's restore; 0 for the daily reset), sized for the
-// index's bound when it is presized (Options.PresizeIndex); nil when there
-// is nothing to reserve. Call it outside the critical section and hand the
-// result to ClearIndex.
+// index's bound when it is presized (Options.PresizeIndex) and never
+// beyond it (the index stores no more, however many records a snapshot
+// holds); nil when there is nothing to reserve. Call it outside the
+// critical section and hand the result to ClearIndex.
 func (d *Decider) ReserveIndex(n int) *index.Reserved {
 	if d.o.PresizeIndex {
-		n = max(n, d.ceiling)
+		n = d.ceiling
 	}
+	n = min(n, d.ceiling)
 	if n <= 0 {
 		return nil
 	}

@@ -2,6 +2,7 @@ package decider
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -76,5 +77,25 @@ func TestMaintainExpiresPastTTL(t *testing.T) {
 	d.Maintain()
 	if st, _ := d.IndexStats(); st.Entries != 0 {
 		t.Fatalf("%d entries past the TTL survived the pass", st.Entries)
+	}
+}
+
+// A snapshot's record count does not size the reserved map beyond the
+// index's bound: the index would never fill the rest.
+func TestReserveIndexStopsAtTheBound(t *testing.T) {
+	now := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	d := newTestDecider(&now, 100, -1)
+	if d.ReserveIndex(0) != nil {
+		t.Fatal("reserved a map for no entries")
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	r := d.ReserveIndex(10_000_000) // about 200 MB if not capped
+	runtime.ReadMemStats(&after)
+	if r == nil {
+		t.Fatal("nothing reserved for a snapshot's records")
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Fatalf("reserved %d bytes for an index of at most %d entries", n, d.ceiling)
 	}
 }

@@ -61,9 +61,12 @@ type batcher struct {
 	// reverted a chunk per lock hold (undoChunk blocks), so that a window
 	// stretched by a stalled proposal (up to 5 s of decisions) does not
 	// stop routing while it is undone; decisions made in between fence
-	// what they set (see fence). undoTop is the highest seq in undoQ.
+	// what they set (see fence). undoTop is the highest seq in undoQ;
+	// undoLow the lowest queued since undoQ was last empty (a bound, not
+	// kept exact as the queue drains: clearFences needs no pass over it).
 	undoQ   []pendingOp
 	undoTop uint64
+	undoLow uint64
 
 	// Touches (recency refreshes of blocks a worker already held) ride in
 	// the batches too, but they are hints, not ledger ops: the leader's
@@ -224,8 +227,8 @@ func (b *batcher) clearFences() {
 	if len(b.window) > 0 {
 		oldest = min(oldest, b.window[0].seq)
 	}
-	for _, op := range b.undoQ {
-		oldest = min(oldest, op.seq)
+	if len(b.undoQ) > 0 {
+		oldest = min(oldest, b.undoLow)
 	}
 	if oldest > b.fenceTop {
 		clear(b.fence)
@@ -506,10 +509,14 @@ const undoChunk = 512
 // queueUndo appends the reverts of each list of ops (newest list first)
 // to the undo queue. Inside the decider's critical section.
 func (b *batcher) queueUndo(lists ...[]pendingOp) {
+	if len(b.undoQ) == 0 {
+		b.undoLow = math.MaxUint64
+	}
 	for _, ops := range lists {
 		b.undoQ = appendRevertOrder(b.undoQ, ops)
 		for _, op := range ops {
 			b.undoTop = max(b.undoTop, op.seq)
+			b.undoLow = min(b.undoLow, op.seq)
 		}
 	}
 	b.clearFences()
@@ -572,15 +579,33 @@ func (b *batcher) revert(eng *engine.Engine, op pendingOp, fn func(insert bool, 
 	if id, ok := eng.WorkerIDOf(op.worker); !ok || id != op.wid {
 		return // removed (and its entries with it) by a committed command
 	}
-	hs := make([]uint64, 0, len(op.hashes))
-	for _, h := range op.hashes {
-		if f, ok := b.fence[fenceKey{op.worker, h}]; !ok || f < op.seq {
+	if hs := b.unfenced(op); len(hs) > 0 {
+		fn(!op.place, op.worker, op.wid, hs, op.at)
+	}
+}
+
+// unfenced returns op's blocks no fence keeps from being reverted: op's
+// own slice (never modified) when none is fenced, the usual case, so that
+// an undo allocates only for the ops a fence cuts into.
+func (b *batcher) unfenced(op pendingOp) []uint64 {
+	if len(b.fence) == 0 {
+		return op.hashes
+	}
+	var hs []uint64 // a copy, started at the first fenced block
+	for i, h := range op.hashes {
+		f, ok := b.fence[fenceKey{op.worker, h}]
+		fenced := ok && f >= op.seq
+		switch {
+		case fenced && hs == nil:
+			hs = append(make([]uint64, 0, len(op.hashes)-1), op.hashes[:i]...)
+		case !fenced && hs != nil:
 			hs = append(hs, h)
 		}
 	}
-	if len(hs) > 0 {
-		fn(!op.place, op.worker, op.wid, hs, op.at)
+	if hs == nil {
+		return op.hashes
 	}
+	return hs
 }
 
 // Uncommitted implements state.OwnBatches: the changes that would take

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -315,8 +316,48 @@ func TestDecisionBetweenUndoStepsStands(t *testing.T) {
 	})
 	wantReason(t, reasonOf(t, cp, txt), "cache_miss", "after the first undo step")
 	liveRoute(t, rc, txt) // P2, made between the steps
+	cp.core.dec.Do(decider.OpLedger, func(*engine.Engine) {
+		if len(b.fence) == 0 {
+			t.Error("P2 not fenced against the rest of the undo")
+		}
+	})
 	b.drainUndo()
+	// Drained, nothing pending is as old as the fences: the table empties
+	// rather than growing with every undo.
+	cp.core.dec.Do(decider.OpLedger, func(*engine.Engine) {
+		if n := len(b.fence); n != 0 {
+			t.Errorf("%d fences left after the undo drained", n)
+		}
+	})
 	wantReason(t, reasonOf(t, cp, txt), "cache_hit", "the decision made during the undo")
 	cp.flushBatch()
 	wantReason(t, replayReason(t, cp, txt), "cache_hit", "replayed log")
+}
+
+// An undo reverts exactly the blocks of an op no fence at or past its seq
+// covers, whichever of them are fenced: none, the first, inner ones, all.
+func TestUnfencedLeavesOutFencedBlocks(t *testing.T) {
+	op := pendingOp{worker: "w", hashes: []uint64{1, 2, 3, 4}, seq: 10}
+	cases := []struct {
+		name  string
+		fence map[fenceKey]uint64
+		want  []uint64
+	}{
+		{"no fence", nil, []uint64{1, 2, 3, 4}},
+		{"older fences and other workers", map[fenceKey]uint64{{"w", 1}: 9, {"v", 2}: 20}, []uint64{1, 2, 3, 4}},
+		{"first", map[fenceKey]uint64{{"w", 1}: 10}, []uint64{2, 3, 4}},
+		{"inner", map[fenceKey]uint64{{"w", 2}: 11, {"w", 4}: 12}, []uint64{1, 3}},
+		{"all", map[fenceKey]uint64{{"w", 1}: 10, {"w", 2}: 10, {"w", 3}: 10, {"w", 4}: 10}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b := &batcher{fence: c.fence}
+			if got := b.unfenced(op); !slices.Equal(got, c.want) {
+				t.Fatalf("unfenced = %v, want %v", got, c.want)
+			}
+			if !slices.Equal(op.hashes, []uint64{1, 2, 3, 4}) {
+				t.Fatalf("op's hashes modified: %v", op.hashes)
+			}
+		})
+	}
 }

@@ -68,9 +68,7 @@ func BenchmarkFailedBatchUndoStall(b *testing.B) {
 			n++
 			b.StartTimer()
 		}
-		slices.Sort(waits)
-		b.ReportMetric(float64(waits[len(waits)*99/100].Microseconds()), "probe-wait-p99-µs")
-		b.ReportMetric(float64(waits[len(waits)-1].Microseconds()), "probe-wait-max-µs")
+		testkit.ReportProbeWaits(b, waits)
 		b.ReportMetric(float64(total.Milliseconds())/float64(n), "undo-ms")
 	})
 	b.Run("step", func(b *testing.B) {

@@ -5,7 +5,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"runtime"
-	"slices"
 	"testing"
 	"time"
 
@@ -108,8 +107,6 @@ func BenchmarkRestoreStall(b *testing.B) {
 		n++
 		b.StartTimer()
 	}
-	slices.Sort(waits)
-	b.ReportMetric(float64(waits[len(waits)*99/100].Microseconds()), "probe-wait-p99-µs")
-	b.ReportMetric(float64(waits[len(waits)-1].Microseconds()), "probe-wait-max-µs")
+	testkit.ReportProbeWaits(b, waits)
 	b.ReportMetric(float64(total.Milliseconds())/float64(n), "restore-ms")
 }

@@ -1,6 +1,10 @@
 package testkit
 
-import "time"
+import (
+	"slices"
+	"testing"
+	"time"
+)
 
 // ProbeWaits times take (a lock taken and released at once) every 50 µs
 // on its own goroutine, for benchmarks of how long some work makes a
@@ -26,4 +30,16 @@ func ProbeWaits(take func()) (stop func() []time.Duration) {
 		close(quit)
 		return <-probed
 	}
+}
+
+// ReportProbeWaits reports the 99th percentile and the largest of waits
+// (from ProbeWaits, over all of b's iterations) as b's metrics
+// probe-wait-p99-µs and probe-wait-max-µs. It sorts waits.
+func ReportProbeWaits(b *testing.B, waits []time.Duration) {
+	if len(waits) == 0 {
+		return // b.Loop ran no iteration (a -benchtime of 0)
+	}
+	slices.Sort(waits)
+	b.ReportMetric(float64(waits[len(waits)*99/100].Microseconds()), "probe-wait-p99-µs")
+	b.ReportMetric(float64(waits[len(waits)-1].Microseconds()), "probe-wait-max-µs")
 }
