@@ -177,6 +177,9 @@ func seal(ops []porcupine.Operation) {
 // notAppended reports errors after which the entry certainly is not in any
 // log: raft refused it before appending.
 func notAppended(err error) bool {
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return false
+	}
 	return errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipTransferInProgress) ||
 		errors.Is(err, raft.ErrRaftShutdown) || errors.Is(err, raft.ErrEnqueueTimeout)
 }

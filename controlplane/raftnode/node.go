@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -484,7 +485,7 @@ func (n *Node) barrier() (uint64, bool) {
 		if n.raft.State() != raft.Leader {
 			return 0, false
 		}
-		err := n.raft.Barrier(barrierTimeout).Error()
+		err := n.await(context.Background(), n.raft.Barrier(barrierTimeout))
 		if err == nil {
 			// The barrier committed in term only if we are still its leader.
 			if n.raft.State() == raft.Leader && n.raft.CurrentTerm() == term {
@@ -522,7 +523,11 @@ func (n *Node) Apply(ctx context.Context, cmd *cartv1.RaftCommand) (state.Result
 		return state.Result{}, fmt.Errorf("raft apply: not proposed: %w", err)
 	}
 	f := n.raft.Apply(data, enqueue)
-	if err := await(ctx, f); err != nil {
+	if err := n.await(ctx, f); err != nil {
+		if errors.Is(err, raft.ErrRaftShutdown) && f.Index() != 0 {
+			// Appended before the node stopped: a majority may hold it.
+			return state.Result{}, n.notLeader("raft apply", "retry on the leader", fmt.Errorf("%w: %w", ErrOutcomeUnknown, err))
+		}
 		return state.Result{}, n.mapApplyErr("raft apply", err)
 	}
 	switch resp := f.Response().(type) {
@@ -545,9 +550,10 @@ func (e errCtx) Error() string { return e.err.Error() }
 func (e errCtx) Unwrap() error { return e.err }
 
 // await waits for f or ctx. raft futures cannot be cancelled, so on ctx
-// the waiting goroutine stays until raft resolves the future, which it
-// always does (commit, leadership loss or shutdown).
-func await(ctx context.Context, f raft.Future) error {
+// the waiting goroutine stays until raft resolves the future or the node
+// stops (releaseAtStop).
+func (n *Node) await(ctx context.Context, f raft.Future) error {
+	releaseAtStop(f, n.stopCh)
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
 	select {
@@ -556,6 +562,33 @@ func await(ctx context.Context, f raft.Future) error {
 	case <-ctx.Done():
 		return errCtx{ctx.Err()}
 	}
+}
+
+// releaseAtStop makes f.Error return raft.ErrRaftShutdown once stop is
+// closed. raft never answers an Apply or Barrier future whose committed
+// entry is still queued for the FSM when it shuts down
+// (hashicorp/raft#498): without this, a waiter on such a future blocks for
+// good. raft's futures carry an exported ShutdownCh for this, which raft
+// itself sets only on some kinds; it is reached by reflection because the
+// future types are unexported. stop must close only after raft's shutdown
+// has returned, so a released waiter reads the future's other fields
+// (Index) after raft's goroutines last wrote them. Reports whether f could
+// be released (TestEveryFutureKindCanBeReleased pins that for the kinds
+// CART waits on, so a raft upgrade that drops the field fails a test, not
+// a shutdown).
+func releaseAtStop(f raft.Future, stop chan struct{}) bool {
+	v := reflect.ValueOf(f)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return false // raft's errorFuture: already answered
+	}
+	fld := v.Elem().FieldByName("ShutdownCh")
+	if !fld.IsValid() || !fld.CanSet() || fld.Type() != reflect.TypeOf(stop) {
+		return false
+	}
+	if fld.IsNil() { // keep raft's own channel where it set one
+		fld.Set(reflect.ValueOf(stop))
+	}
+	return true
 }
 
 // mapApplyErr turns raft's errors into the package's, saying whether the
@@ -647,7 +680,7 @@ func (n *Node) changeMembership(ctx context.Context, what string, start func(enq
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	if err := await(ctx, start(enqueue)); err != nil {
+	if err := n.await(ctx, start(enqueue)); err != nil {
 		return n.mapApplyErr(what, err)
 	}
 	return nil
@@ -737,7 +770,7 @@ func (n *Node) TransferLeadership(ctx context.Context, id string) (string, error
 		}
 		f = n.raft.LeadershipTransferToServer(raft.ServerID(id), addr)
 	}
-	if err := await(ctx, f); err != nil {
+	if err := n.await(ctx, f); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) {
 			return "", n.notLeader("transfer leadership", "nothing changed", err)
 		}
