@@ -36,7 +36,7 @@ type controlPlane struct {
 func dial(s *settings) (*controlPlane, error) {
 	cp := &controlPlane{timeout: s.timeout}
 	var h2c, tlsClient *http.Client
-	opts := []connect.ClientOption{connect.WithGRPC()}
+	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(cpclient.MaxAnswerBytes)}
 	if s.token != "" {
 		opts = append(opts, connect.WithInterceptors(cpclient.Bearer(s.token)))
 	}

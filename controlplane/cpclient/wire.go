@@ -40,9 +40,11 @@ const (
 	// MaxMessageBytes bounds every request message the control plane
 	// reads (the server refuses larger ones; cartctl refuses to send them).
 	MaxMessageBytes = 4 << 20
-	// MaxRouterAnswerBytes bounds every RouterService message a client
-	// reads from a control-plane node. The largest legitimate one is a
-	// Sync answer: every worker with its state and its model ids. Nothing
+	// MaxAnswerBytes bounds every message a CART client (data plane,
+	// forwarding follower, joining node, cartctl, the container probe)
+	// reads from a control-plane node. The largest legitimate ones are a
+	// Sync answer and a ListWorkers answer: every worker with its state
+	// and its model ids. Nothing
 	// bounds that as a whole (workers come from config, AddWorker calls
 	// and discovery; each one's models from its /v1/models, read up to
 	// 8 MiB), so this is a judgement: 1,000 workers serving 100 adapters
@@ -50,7 +52,7 @@ const (
 	// leaves room for about 10,000 such workers. Stream messages stay far
 	// below it (answer batches and feed frames stop at 1 MiB, beyond which
 	// only a single answer or placement goes alone).
-	MaxRouterAnswerBytes = 64 << 20
+	MaxAnswerBytes = 64 << 20
 )
 
 // Bearer is the interceptor every control-plane client authenticates

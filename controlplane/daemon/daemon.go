@@ -305,7 +305,7 @@ func (d *Daemon) join(ctx context.Context, client *http.Client, token string) {
 	req := &cartv1.AddVoterRequest{Id: cp.NodeID, RaftAddress: cp.EffectiveAdvertiseRaftAddr(), ApiUrl: cp.EffectiveAdvertiseAPIURL()}
 	for attempt := 0; ; attempt++ {
 		for _, u := range cp.Join {
-			c := cartv1connect.NewAdminServiceClient(client, u, connect.WithGRPC(), connect.WithInterceptors(cpclient.Bearer(token)))
+			c := cartv1connect.NewAdminServiceClient(client, u, connect.WithGRPC(), connect.WithReadMaxBytes(cpclient.MaxAnswerBytes), connect.WithInterceptors(cpclient.Bearer(token)))
 			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			_, err := c.AddVoter(actx, connect.NewRequest(req))
 			cancel()

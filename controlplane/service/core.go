@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
@@ -69,7 +68,7 @@ type Options struct {
 	// SlowLeader configures the slow-leader handover (handover.go).
 	SlowLeader HandoverOptions
 	// MaxSyncAnswerBytes is the largest Sync answer the leader sends: the
-	// data planes' read limit (0 = cpclient.MaxRouterAnswerBytes).
+	// data planes' read limit (0 = cpclient.MaxAnswerBytes).
 	MaxSyncAnswerBytes int
 }
 
@@ -98,9 +97,8 @@ type Core struct {
 	// placements feeds data planes' shadow indexes (placementfeed.go).
 	placements *placementFeed
 
-	// syncWarned is when (unix nanoseconds) the size of a Sync answer was
-	// last logged, so one log line stands for ten seconds of syncs.
-	syncWarned atomic.Int64
+	// syncWarned limits the Sync answer size log to a line per 10 s.
+	syncWarned every.Gate
 
 	ready      chan struct{} // closed by SetNode; leadership waits for it
 	lifeMu     sync.Mutex    // serialises leadership transitions
@@ -118,10 +116,10 @@ func New(o Options, dec *decider.Decider, st *state.State) *Core {
 		o.Logger = slog.Default()
 	}
 	if o.MaxSyncAnswerBytes <= 0 {
-		o.MaxSyncAnswerBytes = cpclient.MaxRouterAnswerBytes
+		o.MaxSyncAnswerBytes = cpclient.MaxAnswerBytes
 	}
 	c := &Core{o: o, log: o.Logger, dec: dec, st: st, models: models.New(), placements: newPlacementFeed(feedRing)}
-	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken, cpclient.MaxRouterAnswerBytes)
+	c.fwd = newForwarder(o.ForwardClient, o.Token, o.AdminToken, cpclient.MaxAnswerBytes)
 	c.responses = affinity.New[uint64](o.ResponseAffinityTTL, o.ResponseAffinityMax)
 	st.SetResponseOrigins(originTable{c.responses, c.o.Now})
 	c.ready = make(chan struct{})

@@ -20,8 +20,8 @@ type forwarder struct {
 	admin  *cpclient.ByURL[cartv1connect.AdminServiceClient]
 }
 
-// newForwarder's router client reads an answer of at most maxAnswer bytes
-// (cpclient.MaxRouterAnswerBytes in production).
+// newForwarder's clients read an answer of at most maxAnswer bytes
+// (cpclient.MaxAnswerBytes in production).
 func newForwarder(c *http.Client, routerToken, adminToken string, maxAnswer int) *forwarder {
 	if c == nil {
 		c = http.DefaultClient
@@ -31,7 +31,7 @@ func newForwarder(c *http.Client, routerToken, adminToken string, maxAnswer int)
 			return cartv1connect.NewRouterServiceClient(c, url, connect.WithGRPC(), connect.WithSendCompression("identity"), connect.WithReadMaxBytes(maxAnswer), forwardHeaders(routerToken))
 		}),
 		admin: cpclient.NewByURL(func(url string) cartv1connect.AdminServiceClient {
-			return cartv1connect.NewAdminServiceClient(c, url, connect.WithGRPC(), forwardHeaders(adminToken))
+			return cartv1connect.NewAdminServiceClient(c, url, connect.WithGRPC(), connect.WithReadMaxBytes(maxAnswer), forwardHeaders(adminToken))
 		}),
 	}
 }

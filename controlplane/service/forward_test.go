@@ -275,39 +275,62 @@ type bigSyncLeader struct {
 }
 
 func (b bigSyncLeader) Sync(context.Context, *connect.Request[cartv1.SyncRequest]) (*connect.Response[cartv1.SyncResponse], error) {
+	return connect.NewResponse(&cartv1.SyncResponse{Workers: bigWorkers(b.workers)}), nil
+}
+
+// bigWorkers returns n workers of about 64 KiB each.
+func bigWorkers(n int) []*cartv1.Worker {
 	url := "http://" + strings.Repeat("w", 64<<10)
-	resp := &cartv1.SyncResponse{}
-	for range b.workers {
-		resp.Workers = append(resp.Workers, &cartv1.Worker{Url: url})
+	ws := make([]*cartv1.Worker, n)
+	for i := range ws {
+		ws[i] = &cartv1.Worker{Url: url}
 	}
-	return connect.NewResponse(resp), nil
+	return ws
+}
+
+type bigListLeader struct {
+	cartv1connect.UnimplementedAdminServiceHandler
+	workers int
+}
+
+func (b bigListLeader) ListWorkers(context.Context, *connect.Request[cartv1.ListWorkersRequest]) (*connect.Response[cartv1.ListWorkersResponse], error) {
+	return connect.NewResponse(&cartv1.ListWorkersResponse{Workers: bigWorkers(b.workers)}), nil
 }
 
 // A follower forwarding a call reads the leader's answer only up to the
-// forwarder's bound (cpclient.MaxRouterAnswerBytes in production).
+// forwarder's bound (cpclient.MaxAnswerBytes in production), for router
+// and admin calls alike.
 func TestForwardedAnswerOverTheReadLimitIsRefused(t *testing.T) {
 	const limit = 1 << 20
 	perWorker := 64<<10 + 16
-	for _, c := range []struct {
-		workers int
-		want    connect.Code
-	}{
-		{limit/perWorker - 1, 0},
-		{limit/perWorker + 1, connect.CodeResourceExhausted},
-	} {
-		mux := http.NewServeMux()
-		mux.Handle(cartv1connect.NewRouterServiceHandler(bigSyncLeader{workers: c.workers}))
-		srv := httptest.NewUnstartedServer(mux)
-		srv.EnableHTTP2 = true
-		srv.StartTLS()
-		f := newForwarder(srv.Client(), "", "", limit)
-		_, err := f.router.Get(srv.URL).Sync(context.Background(), connect.NewRequest(&cartv1.SyncRequest{}))
-		srv.Close()
-		if c.want == 0 && err != nil {
-			t.Errorf("%d workers (under the limit): %v", c.workers, err)
-		}
-		if c.want != 0 && connect.CodeOf(err) != c.want {
-			t.Errorf("%d workers (over the limit): %v, want %v", c.workers, err, c.want)
+	for _, svc := range []string{"router", "admin"} {
+		for _, c := range []struct {
+			workers int
+			want    connect.Code
+		}{
+			{limit/perWorker - 1, 0},
+			{limit/perWorker + 1, connect.CodeResourceExhausted},
+		} {
+			mux := http.NewServeMux()
+			mux.Handle(cartv1connect.NewRouterServiceHandler(bigSyncLeader{workers: c.workers}))
+			mux.Handle(cartv1connect.NewAdminServiceHandler(bigListLeader{workers: c.workers}))
+			srv := httptest.NewUnstartedServer(mux)
+			srv.EnableHTTP2 = true
+			srv.StartTLS()
+			f := newForwarder(srv.Client(), "", "", limit)
+			var err error
+			if svc == "router" {
+				_, err = f.routerTo(srv.URL).Sync(context.Background(), connect.NewRequest(&cartv1.SyncRequest{}))
+			} else {
+				_, err = f.adminTo(srv.URL).ListWorkers(context.Background(), connect.NewRequest(&cartv1.ListWorkersRequest{}))
+			}
+			srv.Close()
+			if c.want == 0 && err != nil {
+				t.Errorf("%s, %d workers (under the limit): %v", svc, c.workers, err)
+			}
+			if c.want != 0 && connect.CodeOf(err) != c.want {
+				t.Errorf("%s, %d workers (over the limit): %v, want %v", svc, c.workers, err, c.want)
+			}
 		}
 	}
 }

@@ -37,7 +37,7 @@ const (
 	// feedFrameBytes bounds one frame's encoding too (a frame of one
 	// larger placement still goes): a placement's worker URL and
 	// dataplane_id are bounded only by the 4 MiB request that made it,
-	// and a frame over cpclient.MaxRouterAnswerBytes would end the stream
+	// and a frame over cpclient.MaxAnswerBytes would end the stream
 	// of every data plane fed, again on each new stream. 1 MiB is well
 	// above 512 ordinary placements (~1.3 KiB each).
 	feedFrameBytes = 1 << 20

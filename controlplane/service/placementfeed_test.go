@@ -131,7 +131,7 @@ func BenchmarkPlacementFeed(b *testing.B) {
 }
 
 // A feed frame stays within what a data plane reads
-// (cpclient.MaxRouterAnswerBytes), whatever the placements carry: a
+// (cpclient.MaxAnswerBytes), whatever the placements carry: a
 // dataplane_id or worker URL is bounded only by the 4 MiB request, so
 // frames are cut by size as well as by count. A frame over the limit
 // would end every fed data plane's stream, and the next one again.
@@ -159,7 +159,7 @@ func TestFeedFramesStayWithinTheReadLimit(t *testing.T) {
 		t.Fatalf("sent %d of %d placements, cursor %d", n, feedFrameMax, next)
 	}
 	for _, sz := range sizes {
-		if sz > feedFrameBytes+len(id)+1024 || sz > cpclient.MaxRouterAnswerBytes {
+		if sz > feedFrameBytes+len(id)+1024 || sz > cpclient.MaxAnswerBytes {
 			t.Fatalf("frames of %v bytes, want each within %d (plus one placement)", sizes, feedFrameBytes)
 		}
 	}

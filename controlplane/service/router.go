@@ -237,9 +237,7 @@ func (c *Core) checkSyncSize(m *cartv1.SyncResponse) error {
 		return nil
 	}
 	msg := fmt.Sprintf("the Sync answer (%d workers with their models) is %d bytes; data planes read at most %d", len(m.GetWorkers()), n, limit)
-	now := c.o.Now().UnixNano()
-	last := c.syncWarned.Load()
-	logIt := now-last >= int64(10*time.Second) && c.syncWarned.CompareAndSwap(last, now)
+	logIt := c.syncWarned.Allow(c.o.Now(), 10*time.Second)
 	if n > limit {
 		if logIt {
 			c.log.Error(msg + ": data planes cannot sync; remove workers or the models they list")

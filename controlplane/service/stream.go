@@ -35,7 +35,7 @@ const streamBatchMax = 64
 // streamBatchBytes bounds the encoded size of one message of batched
 // answers (an answer larger alone still goes, alone). The data plane's
 // client (dataplane/remote newClient) reads a message of up to
-// cpclient.MaxRouterAnswerBytes and ends the stream on a larger one; the
+// cpclient.MaxAnswerBytes and ends the stream on a larger one; the
 // bound is well below that, and is for the stream: an unbounded batch of
 // feed frames and Sync answers is one long message that the data plane
 // must read whole before it sees the first answer in it. 1

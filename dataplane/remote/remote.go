@@ -72,7 +72,7 @@ type Options struct {
 	// Interceptors wrap every control-plane call (tracing); nil: none.
 	Interceptors []connect.Interceptor
 	// MaxAnswerBytes bounds each message read from a control-plane node;
-	// 0 means cpclient.MaxRouterAnswerBytes.
+	// 0 means cpclient.MaxAnswerBytes.
 	MaxAnswerBytes int
 	// RouteStream carries Route, Complete and Sync on one long-lived
 	// stream to the leader while one is live (see stream.go); the unary
@@ -111,10 +111,10 @@ type Router struct {
 	// abandoned (it has no ticket to name it by).
 	routeIDs atomic.Uint64
 
-	shadow       *shadow      // nil when disabled
-	cpb          *cpBreaker   // nil when disabled
-	streams      *streamer    // nil when Options.RouteStream is off
-	lastAuthWarn atomic.Int64 // unix nanos of the last rejected-token warning
+	shadow     *shadow    // nil when disabled
+	cpb        *cpBreaker // nil when disabled
+	streams    *streamer  // nil when Options.RouteStream is off
+	authWarned every.Gate // the rejected-token warning
 	// cpBlockChars is the control plane's cache.block_chars when its last
 	// Sync named one different from ours (0: they agree, or it did not
 	// say): our hashes would never match its index and would fill it with
@@ -142,7 +142,7 @@ func New(o Options) *Router {
 		o.FlushInterval = 10 * time.Millisecond
 	}
 	if o.MaxAnswerBytes <= 0 {
-		o.MaxAnswerBytes = cpclient.MaxRouterAnswerBytes
+		o.MaxAnswerBytes = cpclient.MaxAnswerBytes
 	}
 	r := &Router{
 		o: o, log: o.Logger,
@@ -739,9 +739,7 @@ func (r *Router) logRPCError(msg, target string, err error, attrs ...any) {
 		r.log.Debug(msg, append([]any{"control_plane", target, "error", err.Error()}, attrs...)...)
 		return
 	}
-	now := time.Now().UnixNano()
-	last := r.lastAuthWarn.Load()
-	if last != 0 && now-last < int64(authWarnEvery) || !r.lastAuthWarn.CompareAndSwap(last, now) {
+	if !r.authWarned.Allow(time.Now(), authWarnEvery) {
 		return
 	}
 	r.log.Warn("the control plane rejected this data plane's cluster token (auth.token / auth.token_file): routing locally until it is fixed",

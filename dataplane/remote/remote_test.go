@@ -851,11 +851,11 @@ func TestBlockCharsMismatchRoutesWithoutHashes(t *testing.T) {
 }
 
 // A control-plane node's answer is read only up to Options.MaxAnswerBytes
-// (cpclient.MaxRouterAnswerBytes by default): a larger one is refused, not
+// (cpclient.MaxAnswerBytes by default): a larger one is refused, not
 // buffered, and the data plane keeps what it had.
 func TestSyncAnswerOverTheReadLimitIsRefused(t *testing.T) {
-	if d := New(Options{}); d.o.MaxAnswerBytes != cpclient.MaxRouterAnswerBytes {
-		t.Fatalf("default answer limit %d, want %d", d.o.MaxAnswerBytes, cpclient.MaxRouterAnswerBytes)
+	if d := New(Options{}); d.o.MaxAnswerBytes != cpclient.MaxAnswerBytes {
+		t.Fatalf("default answer limit %d, want %d", d.o.MaxAnswerBytes, cpclient.MaxAnswerBytes)
 	}
 	const limit = 1 << 20
 	cp := newFakeCP(t)

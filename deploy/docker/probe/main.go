@@ -194,7 +194,7 @@ func checkGRPCHealth(ctx context.Context, client *http.Client, base, service str
 }
 
 func checkWorkers(ctx context.Context, client *http.Client, base, token string) (string, error) {
-	c := cartv1connect.NewAdminServiceClient(client, base, connect.WithInterceptors(cpclient.Bearer(token)))
+	c := cartv1connect.NewAdminServiceClient(client, base, connect.WithReadMaxBytes(cpclient.MaxAnswerBytes), connect.WithInterceptors(cpclient.Bearer(token)))
 	resp, err := c.ListWorkers(ctx, connect.NewRequest(&cartv1.ListWorkersRequest{}))
 	if err != nil {
 		return "", err
