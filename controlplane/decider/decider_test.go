@@ -188,4 +188,22 @@ func TestRouteForUndoesAfterDeadline(t *testing.T) {
 	if d.Load("a")+d.Load("b") != 0 || st.IndexEntries != 0 || st.Unsettled != 0 || d.Dropped(DropAbandoned) != 1 {
 		t.Fatalf("after an abandoned decision: load %d, %+v, abandoned %d", d.Load("a")+d.Load("b"), st, d.Dropped(DropAbandoned))
 	}
+	// A stream call's timeout (Caller.Expired) undoes it the same way,
+	// with the context still live.
+	expired := func() bool { return true }
+	if _, err := d.RouteFor(context.Background(), Caller{DataPlane: "dp", RouteID: 2, Expired: expired}, req("another prompt nobody waits for")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("expired caller: err = %v", err)
+	}
+	st = d.Stats()
+	if d.Load("a")+d.Load("b") != 0 || st.IndexEntries != 0 || st.Unsettled != 0 || d.Dropped(DropAbandoned) != 2 {
+		t.Fatalf("after an expired decision: load %d, %+v, abandoned %d", d.Load("a")+d.Load("b"), st, d.Dropped(DropAbandoned))
+	}
+	// One still waited for is kept.
+	waiting := func() bool { return false }
+	if _, err := d.RouteFor(context.Background(), Caller{DataPlane: "dp", RouteID: 3, Expired: waiting}, req("a prompt someone waits for")); err != nil {
+		t.Fatal(err)
+	}
+	if d.Load("a")+d.Load("b") != 1 || d.Stats().Unsettled != 1 {
+		t.Fatalf("after a decision in time: load %d, %+v", d.Load("a")+d.Load("b"), d.Stats())
+	}
 }

@@ -214,14 +214,19 @@ func (d *Decider) Leading() bool {
 type Caller struct {
 	DataPlane string
 	RouteID   uint64 // the data plane's id for the call (0 = none)
+	// Expired, when set, reports that the caller has stopped waiting for
+	// the answer: a decision made after that is undone as if ctx had
+	// ended. It lets a stream call keep its timeout without a context
+	// timer per call (about 2% of a leader's CPU at 5,000 routes/s).
+	Expired func() bool
 }
 
 // RouteFor decides for a data plane as the cluster's leader: the decision
 // takes load on the data plane's account and, unless a dry run, records a
 // tracked ticket (Decision.Ticket.ID) and queues its placement on the
-// ledger. If ctx ended while it waited or decided, the decision is undone
-// before anyone sees it (its caller has routed elsewhere) and ctx's error
-// is returned.
+// ledger. If ctx ended (or c.Expired) while it waited or decided, the
+// decision is undone before anyone sees it (its caller has routed
+// elsewhere) and ctx's error (or context.DeadlineExceeded) is returned.
 func (d *Decider) RouteFor(ctx context.Context, c Caller, req Request) (Decision, error) {
 	t := d.lock()
 	defer d.unlock(OpRoute, t)
@@ -233,11 +238,14 @@ func (d *Decider) RouteFor(ctx context.Context, c Caller, req Request) (Decision
 	if err != nil || req.DryRun {
 		return dec, err
 	}
-	if ctx.Err() != nil {
+	if err := ctx.Err(); err != nil || c.Expired != nil && c.Expired() {
 		d.eng.Release(dec.Worker)
 		d.eng.Unplace(dec.Decision)
 		d.dropped[DropAbandoned].Add(1)
-		return Decision{}, ctx.Err()
+		if err == nil {
+			err = context.DeadlineExceeded
+		}
+		return Decision{}, err
 	}
 	dec.Ticket.placed = slices.Clone(dec.Placed)
 	dec.Ticket.ID = d.issue(&tracked{Ticket: dec.Ticket, dp: c.DataPlane, route: c.RouteID})

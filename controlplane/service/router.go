@@ -43,7 +43,7 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Route); done {
 		return resp, err
 	}
-	resp, err := c.route(ctx, req.Msg)
+	resp, err := c.route(ctx, req.Msg, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +51,9 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 }
 
 // route is the leader's Route, for the unary call and the stream.
-func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest) (*cartv1.RouteResponse, error) {
+// expired, when set, reports that the caller stopped waiting
+// (decider.Caller.Expired).
+func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func() bool) (*cartv1.RouteResponse, error) {
 	start := time.Now()
 	hashes, keyLen := m.GetBlockHashes(), int(m.GetKeyLength())
 	if text := m.GetText(); len(hashes) == 0 && text != "" {
@@ -85,7 +87,7 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest) (*cartv1.Route
 		exclude = append(slices.Clip(exclude), ex...)
 	}
 	now := c.o.Now()
-	d, err := c.dec.RouteFor(ctx, decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId()}, decider.Request{
+	d, err := c.dec.RouteFor(ctx, decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId(), Expired: expired}, decider.Request{
 		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, Avoid: m.GetAvoidWorkers(), DryRun: m.GetDryRun(), Session: session},
 		PinTo:   c.pinnedWorker(m.GetResponseIdHash(), now),
 	})
@@ -142,7 +144,7 @@ func routeError(ctx context.Context, err error) error {
 		// Not NotFound, which says "model not served": the data plane must
 		// tell the two apart to answer the client the right error.
 		return connect.NewError(connect.CodeFailedPrecondition, err)
-	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()), errors.Is(err, context.DeadlineExceeded):
 		// The caller's deadline passed while this waited for the lock or
 		// decided: it has routed elsewhere; the decider undid the decision.
 		return connect.NewError(connect.CodeDeadlineExceeded, err)

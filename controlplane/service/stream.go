@@ -305,10 +305,13 @@ func streamErrorAnswer(id uint64, err error) *cartv1.StreamResponse {
 // streamCall serves one call of a stream.
 func (c *Core) streamCall(ctx context.Context, protocol string, m *cartv1.StreamRequest) *cartv1.StreamResponse {
 	resp := &cartv1.StreamResponse{Id: m.GetId()}
+	// Only a Route waits on anything (the routing lock), so the call's
+	// timeout is a deadline its decision is checked against, not a
+	// context with a timer of its own.
+	var expired func() bool
 	if t := m.GetTimeoutMicros(); t > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(t)*time.Microsecond)
-		defer cancel()
+		deadline := c.o.Now().Add(time.Duration(t) * time.Microsecond)
+		expired = func() bool { return c.o.Now().After(deadline) }
 	}
 	var err error
 	switch call := m.GetCall().(type) {
@@ -317,10 +320,10 @@ func (c *Core) streamCall(ctx context.Context, protocol string, m *cartv1.Stream
 		if c.streamTracer != nil && len(m.GetTrace()) > 0 {
 			var a any
 			a, err = c.streamTracer.StreamCall(ctx, cartv1connect.RouterServiceRouteProcedure, protocol, "", false, m.GetTrace(), call.Route,
-				func(ctx context.Context) (any, error) { return c.route(ctx, call.Route) })
+				func(ctx context.Context) (any, error) { return c.route(ctx, call.Route, expired) })
 			r, _ = a.(*cartv1.RouteResponse)
 		} else {
-			r, err = c.route(ctx, call.Route)
+			r, err = c.route(ctx, call.Route, expired)
 		}
 		if err == nil {
 			resp.Result = &cartv1.StreamResponse_Route{Route: r}

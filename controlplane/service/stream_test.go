@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/decider"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"
@@ -345,5 +346,37 @@ func TestStreamOutlivesBodyReadDeadline(t *testing.T) {
 	}
 	if m, err := st.Receive(); err != nil || m.GetRoute().GetWorker() != w1 {
 		t.Fatalf("route after the body deadline: %v, %v", m, err)
+	}
+}
+
+// A stream Route decided after its timeout_micros is answered
+// DEADLINE_EXCEEDED and undone: no load, no ticket. The service's clock
+// moves a second on every reading, so the decision always ends past a
+// one-second timeout.
+func TestStreamRoutePastItsTimeoutIsUndone(t *testing.T) {
+	base := time.Unix(1_000_000, 0)
+	var ticks atomic.Int64
+	cp := newTestCP(t, cpConfig{leader: true, opts: func(o *Options) {
+		o.Now = func() time.Time { return base.Add(time.Duration(ticks.Add(1)) * time.Second) }
+	}})
+	cp.addWorkers(t, w1, w2)
+	st := openStream(t, cp)
+	if err := st.Send(&cartv1.StreamRequest{Id: 1, TimeoutMicros: 1e6, Call: &cartv1.StreamRequest_Route{Route: &cartv1.RouteRequest{Model: "m", Text: text(100, 1), DataplaneId: "dp1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := st.Receive()
+	if err != nil || r.GetId() != 1 {
+		t.Fatalf("answer %v, %v", r, err)
+	}
+	if connect.Code(r.GetError().GetCode()) != connect.CodeDeadlineExceeded {
+		t.Fatalf("route past its timeout answered %v, want deadline_exceeded", r)
+	}
+	for _, w := range cp.dec.Workers() {
+		if w.Load != 0 {
+			t.Errorf("worker %s has load %d after an undone decision", w.URL, w.Load)
+		}
+	}
+	if n := cp.dec.Dropped(decider.DropAbandoned); n != 1 {
+		t.Errorf("%d abandoned decisions, want 1", n)
 	}
 }
