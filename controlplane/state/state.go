@@ -140,6 +140,12 @@ type Result struct {
 // Apply decodes and applies one log entry at the given log index. It
 // returns ErrUnknownCommand (wrapped) for entries that must stop the node.
 func (s *State) Apply(index uint64, data []byte) (Result, error) {
+	if d, ok := decodePlaceBatch(data); ok {
+		defer d.release()
+		defer s.observeApply("place_batch", time.Now())
+		s.applyPlaceBatch(index, &d.b)
+		return Result{}, nil
+	}
 	var cmd cartv1.RaftCommand
 	if err := proto.Unmarshal(data, &cmd); err != nil {
 		return Result{}, fmt.Errorf("%w: log index %d: %v", ErrUnknownCommand, index, err)
@@ -153,37 +159,14 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		return Result{}, fmt.Errorf("%w: log index %d: version %d, body %T", ErrUnknownCommand, index, cmd.GetVersion(), cmd.GetBody())
 	}
 	if b, ok := cmd.GetBody().(*cartv1.RaftCommand_PlaceBatch); ok {
-		// Asked under the lock: the ledger may be undoing this very batch
-		// (its proposer gave up on it) and must either finish first, so the
-		// batch is applied here as anyone's, or see it committed.
-		var own bool
-		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { own = s.own != nil && s.own.Own(cmd.GetRequestId()) })
-		if !own {
-			// Touches first: they record what the leader's index held when
-			// it decided, before this window's withdrawals took any of it
-			// back. They only refresh the recency of what this node holds
-			// (the leading blocks of each path it still has for the
-			// worker), never add a holding: the leader may have withdrawn
-			// the placement a touch refreshed (undelivered in the same
-			// window, so never replicated), and a touch that added it
-			// would leave every follower holding what the leader does not.
-			// A batch without them, as older leaders write, leaves recency
-			// as it was.
-			s.applyPlacements(b.PlaceBatch.GetTouches(), applyRefresh)
-			s.applyPlacements(b.PlaceBatch.GetWithdrawals(), applyRemove)
-			s.applyPlacements(b.PlaceBatch.GetPlacements(), applyInsert)
-			if o := b.PlaceBatch.GetResponseOrigins(); len(o) > 0 && s.origins != nil {
-				s.origins.Learn(o)
-			}
-		}
-		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { s.applied = index })
+		s.applyPlaceBatch(index, decodedBatchOf(cmd.GetRequestId(), b.PlaceBatch))
 		return Result{}, nil
 	}
 	if b, ok := cmd.GetBody().(*cartv1.RaftCommand_UnplaceBatch); ok {
 		// Older versions wrote withdrawals as their own entries (they now
 		// ride in PlaceBatch); applied so that those logs still replay. In
 		// steps, like placements: a batch of withdrawals is as large.
-		s.applyPlacements(b.UnplaceBatch.GetPlacements(), applyRemove)
+		s.applyPlacements(placementsOf(b.UnplaceBatch.GetPlacements()), applyRemove)
 		var res Result
 		s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { s.applied = index; res = Result{WorkersVersion: s.workersVersion} })
 		return res, nil
@@ -199,6 +182,34 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 		al.Info(ev.msg, append([]any{"audit", true, "index", index, "actor", cmd.GetActor(), "request_id", cmd.GetRequestId()}, ev.args...)...)
 	}
 	return res, nil
+}
+
+// applyPlaceBatch applies the PlaceBatch command at index.
+func (s *State) applyPlaceBatch(index uint64, b *decodedBatch) {
+	// Asked under the lock: the ledger may be undoing this very batch
+	// (its proposer gave up on it) and must either finish first, so the
+	// batch is applied here as anyone's, or see it committed.
+	var own bool
+	s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { own = s.own != nil && s.own.Own(b.requestID) })
+	if !own {
+		// Touches first: they record what the leader's index held when
+		// it decided, before this window's withdrawals took any of it
+		// back. They only refresh the recency of what this node holds
+		// (the leading blocks of each path it still has for the
+		// worker), never add a holding: the leader may have withdrawn
+		// the placement a touch refreshed (undelivered in the same
+		// window, so never replicated), and a touch that added it
+		// would leave every follower holding what the leader does not.
+		// A batch without them, as older leaders write, leaves recency
+		// as it was.
+		s.applyPlacements(b.touches, applyRefresh)
+		s.applyPlacements(b.withdrawals, applyRemove)
+		s.applyPlacements(b.placements, applyInsert)
+		if len(b.origins) > 0 && s.origins != nil {
+			s.origins.Learn(b.origins)
+		}
+	}
+	s.dec.Do(decider.OpApplyBatch, func(*engine.Engine) { s.applied = index })
 }
 
 // auditEvent describes one applied change for the audit log.
@@ -253,7 +264,7 @@ const (
 // chunks, leaving the decider's critical section between chunks.
 // Snapshots cannot interleave (raft never runs Snapshot concurrently with
 // Apply), only routing decisions can.
-func (s *State) applyPlacements(ps []*cartv1.Placement, mode applyMode) {
+func (s *State) applyPlacements(ps []placement, mode applyMode) {
 	for step := range placementSteps(ps) {
 		s.dec.Do(decider.OpApplyBatch, func(eng *engine.Engine) { s.applyStep(eng, step, mode) })
 	}
@@ -261,26 +272,26 @@ func (s *State) applyPlacements(ps []*cartv1.Placement, mode applyMode) {
 
 // applyStep applies one step of placements. Inside the decider's critical
 // section.
-func (s *State) applyStep(eng *engine.Engine, ps []*cartv1.Placement, mode applyMode) {
+func (s *State) applyStep(eng *engine.Engine, ps []placement, mode applyMode) {
 	idx := eng.Index()
 	for _, p := range ps {
-		id, ok := eng.WorkerIDOf(p.GetWorker())
+		id, ok := eng.WorkerIDOf(p.worker)
 		if !ok {
 			continue
 		}
-		hashes := p.GetBlockHashes()
+		hashes := p.hashes
 		switch mode {
 		case applyInsert:
-			eng.ApplyPlacement(p.GetWorker(), hashes, p.GetAtUnixNanos())
+			eng.ApplyPlacement(p.worker, hashes, p.at)
 		case applyRemove:
 			idx.RemoveHolder(hashes, indexID(id))
 		case applyRefresh:
-			if hashes = eng.ApplyTouch(p.GetWorker(), hashes, p.GetAtUnixNanos()); len(hashes) == 0 {
+			if hashes = eng.ApplyTouch(p.worker, hashes, p.at); len(hashes) == 0 {
 				continue
 			}
 		}
 		if s.own != nil {
-			s.own.Committed(p.GetWorker(), hashes)
+			s.own.Committed(p.worker, hashes)
 		}
 	}
 }

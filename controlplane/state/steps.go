@@ -2,8 +2,6 @@ package state
 
 import (
 	"iter"
-
-	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
 // applyBlockBudget bounds the blocks one lock hold applies from a batch.
@@ -22,12 +20,12 @@ const applyBlockBudget = 128
 // their descendants and the shallowest blocks when the index is full), so
 // one larger than the budget is a run of its own: at most
 // engine.MaxRouteBlocks, the work of one decision of the longest prompt.
-func placementSteps(ps []*cartv1.Placement) iter.Seq[[]*cartv1.Placement] {
-	return func(yield func([]*cartv1.Placement) bool) {
+func placementSteps(ps []placement) iter.Seq[[]placement] {
+	return func(yield func([]placement) bool) {
 		for start := 0; start < len(ps); {
 			end, blocks := start, 0
 			for end < len(ps) && end-start < placementChunk {
-				n := len(ps[end].GetBlockHashes())
+				n := len(ps[end].hashes)
 				if end > start && blocks+n > applyBlockBudget {
 					break
 				}

@@ -6,10 +6,10 @@ import (
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
-func placementsOf(sizes ...int) []*cartv1.Placement {
-	var ps []*cartv1.Placement
+func sizedPlacements(sizes ...int) []placement {
+	var ps []placement
 	for i, n := range sizes {
-		ps = append(ps, &cartv1.Placement{Worker: "w", BlockHashes: make([]uint64, n), AtUnixNanos: int64(i)})
+		ps = append(ps, placement{worker: "w", hashes: make([]uint64, n), at: int64(i)})
 	}
 	return ps
 }
@@ -32,17 +32,17 @@ func TestPlacementStepsBoundBlocksPerLockHold(t *testing.T) {
 		{"zero-block placements", repeat(40, 0), []int{placementChunk, 40 - placementChunk}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ps := placementsOf(tc.sizes...)
+			ps := sizedPlacements(tc.sizes...)
 			var got []int
 			next := 0
 			for step := range placementSteps(ps) {
 				blocks := 0
 				for _, p := range step {
-					if p != ps[next] {
+					if p.at != ps[next].at {
 						t.Fatalf("placement %d out of order", next)
 					}
 					next++
-					blocks += len(p.GetBlockHashes())
+					blocks += len(p.hashes)
 				}
 				if len(step) > 1 && blocks > b {
 					t.Errorf("step of %d placements holds %d blocks, budget %d", len(step), blocks, b)
