@@ -22,6 +22,9 @@ func invariantErr(x *Index) error {
 	if x.byHash.len() > x.ceiling {
 		return fmt.Errorf("len %d exceeds ceiling %d", x.byHash.len(), x.ceiling)
 	}
+	if err := tableErr(&x.byHash); err != nil {
+		return err
+	}
 	free := 0
 	for s := x.freeHead; s != nilSlot; s = x.at(s).next {
 		if free++; free > int(x.nslots) {

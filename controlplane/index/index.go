@@ -92,7 +92,7 @@ type Options struct {
 	// eviction pass runs.
 	InlineEvict bool
 	// Presize allocates the hash table for MaxEntries+Headroom entries up
-	// front (8 bytes a slot, 9-18 an entry, paged in as it fills), so it
+	// front (8 bytes a slot, 11-21 an entry, paged in as it fills), so it
 	// never grows. Grown, the table doubles under an insert and moves its
 	// entries over the next ones (table.go), which then cost more until
 	// the index is full (BenchmarkInsertWhileGrowing). After a reset, the

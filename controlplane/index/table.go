@@ -45,17 +45,20 @@ type table struct {
 
 const (
 	tableMinSlots = 8
-	// A table holds at most 7/8 of its slots (maxLoadNum/maxLoadDen);
-	// presized for a ceiling that is a power of two times 7/8 or less, it
-	// is between 7/16 and 7/8 full at the ceiling. BenchmarkTable's
-	// load=... runs: at 1M entries in 2^21 slots, hit and miss lookups at 7/8
-	// load cost within ~10% of those at half load; only the miss path,
-	// which scans to the end of the run, grows with the load, and it stays
-	// within a cache line or two.
-	maxLoadNum, maxLoadDen = 7, 8
+	// A table holds at most 3/4 of its slots: probe runs, which a miss
+	// scans to the end, lengthen steeply with the load. BenchmarkTableLoad
+	// at 2^21 slots, ns per lookup (hit / miss, 3 runs, a shared 2-core box):
+	// 7/16 full 90 / 95, 0.6 full 105 / 150, 3/4 full 125 / 235, 7/8 full
+	// 160 / 236-1278. Every new block's Insert starts with a miss, so 7/8
+	// is too full; 1/2 would double a presized control plane's table (2^22
+	// slots, 32 MB, for the default 1M entries + 1/8 headroom) for its
+	// 1.18M. At 3/4 that ceiling fits in 2^21 slots (16 MB, 56% full), and
+	// a growing table is 3/8 to 3/4 full: 11-21 bytes an entry, against
+	// about 20 for the map.
+	maxLoadNum, maxLoadDen = 3, 4
 	// migrateStep is how many slots of the old array an insert or delete
 	// moves while the table grows (finishing the run it is in, so that
-	// every unvisited run stays whole). Growth starts at 7/8 of the old
+	// every unvisited run stays whole). Growth starts at 3/4 of the old
 	// size and the new array is full again only after as many inserts
 	// again, so migration is done long before: old has len/64 steps.
 	migrateStep = 64
@@ -124,27 +127,28 @@ func (t *table) probe(h uint64) cursor {
 // mismatch (a fingerprint collision, rare: of the 32 bits, those above the
 // position still differ with odds 2^-(32-log2(len))).
 func (t *table) next(c *cursor) (int32, bool) {
-	for {
-		a := t.slots
-		if c.old {
-			a = t.old
-		}
-		mask := uint64(len(a) - 1)
-		for {
-			w := a[c.pos&mask]
-			if w == 0 {
-				break
-			}
-			c.pos = (c.pos + 1) & mask
-			if w>>32 == c.m>>32 {
-				return int32(uint32(w)) - 1, true
-			}
-		}
-		if c.old || t.old == nil {
-			return 0, false
-		}
-		c.old, c.pos = true, c.m>>(t.shift+1)
+	a := t.slots
+	if c.old {
+		a = t.old
 	}
+	mask := uint64(len(a) - 1)
+	fp := c.m >> 32
+	for i := c.pos; ; i++ {
+		w := a[i&mask]
+		if w == 0 {
+			break
+		}
+		if w>>32 == fp {
+			c.pos = i + 1
+			return int32(uint32(w)) - 1, true
+		}
+	}
+	if c.old || t.old == nil {
+		return 0, false
+	}
+	// Growing: what is not in slots yet is in old.
+	c.old, c.pos = true, c.m>>(t.shift+1)
+	return t.next(c)
 }
 
 // insert adds key h with value v. The key must not be in the table (the
@@ -215,7 +219,7 @@ func removeWord(a []uint64, shift uint, w uint64) bool {
 // operation; presized tables (Options.Presize, Reserve) never grow.
 func (t *table) grow() {
 	if t.old != nil {
-		// Not reached with migrateStep > 8/7: finish the last growth.
+		// Not reached with migrateStep > 4/3: finish the last growth.
 		t.migrateN(math.MaxInt)
 	}
 	if len(t.slots) >= maxTableSlots {

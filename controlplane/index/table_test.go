@@ -145,8 +145,8 @@ func TestTableSeedsDiffer(t *testing.T) {
 
 func TestSlotsFor(t *testing.T) {
 	for _, tc := range []struct{ n, want int }{
-		{-1, 8}, {0, 8}, {7, 8}, {8, 16}, {14, 16}, {15, 32},
-		{1_000_000, 1 << 21}, {1_179_648, 1 << 21}, {1 << 20 * 9 / 8, 1 << 21},
+		{-1, 8}, {0, 8}, {6, 8}, {7, 16}, {12, 16}, {13, 32},
+		{1_000_000, 1 << 21}, {1_179_648, 1 << 21}, {1_572_864, 1 << 21}, {1_572_865, 1 << 22},
 	} {
 		if got := slotsFor(tc.n); got != tc.want {
 			t.Errorf("slotsFor(%d) = %d, want %d", tc.n, got, tc.want)
@@ -165,6 +165,42 @@ func TestTablePresizedNeverGrows(t *testing.T) {
 	}
 	if len(tb.slots) != size || tb.old != nil {
 		t.Fatalf("grew from %d to %d slots", size, len(tb.slots))
+	}
+}
+
+// A presized index and one reset to a Reserved table never grow their
+// table up to their ceiling; without either, the table grows as it fills.
+func TestIndexTableSizing(t *testing.T) {
+	const ceiling = 50_000
+	for _, tc := range []struct {
+		name  string
+		index func() *Index
+		grows bool
+	}{
+		{"presized", func() *Index { return New(Options{MaxEntries: ceiling, Presize: true}) }, false},
+		{"reserved", func() *Index {
+			x := New(Options{MaxEntries: ceiling})
+			x.ResetTo(Reserve(ceiling))
+			return x
+		}, false},
+		{"growing", func() *Index { return New(Options{MaxEntries: ceiling}) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := tc.index()
+			size := len(x.byHash.slots)
+			r := newRand(5)
+			p := make([]uint64, 50)
+			for x.Len() < ceiling {
+				for i := range p {
+					p[i] = r.Uint64()
+				}
+				x.Insert(p, 1, 1)
+			}
+			if grew := len(x.byHash.slots) != size; grew != tc.grows {
+				t.Fatalf("table of %d slots grew to %d: %v, want %v", size, len(x.byHash.slots), grew, tc.grows)
+			}
+			checkInvariants(t, x)
+		})
 	}
 }
 
