@@ -189,15 +189,28 @@ func TestIndexTableSizing(t *testing.T) {
 			x := tc.index()
 			size := len(x.byHash.slots)
 			r := newRand(5)
+			first := make([]uint64, 50)
+			for i := range first {
+				first[i] = r.Uint64()
+			}
+			x.Insert(first, 1, 1)
 			p := make([]uint64, 50)
+			migrating := 0
 			for x.Len() < ceiling {
 				for i := range p {
 					p[i] = r.Uint64()
 				}
 				x.Insert(p, 1, 1)
+				if x.byHash.old != nil {
+					// The first path's entries are in the old array.
+					migrating++
+					if n := x.HeldPrefix(first, 1); n != len(first) {
+						t.Fatalf("while growing: %d of the first path's %d blocks found", n, len(first))
+					}
+				}
 			}
-			if grew := len(x.byHash.slots) != size; grew != tc.grows {
-				t.Fatalf("table of %d slots grew to %d: %v, want %v", size, len(x.byHash.slots), grew, tc.grows)
+			if grew := len(x.byHash.slots) != size; grew != tc.grows || grew && migrating == 0 {
+				t.Fatalf("table of %d slots grew to %d: %v (%d inserts while migrating), want %v", size, len(x.byHash.slots), grew, migrating, tc.grows)
 			}
 			checkInvariants(t, x)
 		})
@@ -324,4 +337,17 @@ func runTableOps(t *testing.T, k0, k1 uint64, step int, ops []byte) {
 			}
 		}
 	}
+}
+
+// A Reserved not made by Reserve (the zero value) resets to a fresh,
+// growing table rather than an unusable one.
+func TestResetToZeroReserved(t *testing.T) {
+	x := New(Options{MaxEntries: 100})
+	x.Insert([]uint64{1, 2}, 1, 1)
+	x.ResetTo(&Reserved{})
+	x.Insert([]uint64{3, 4, 5}, 1, 2)
+	if x.Len() != 3 || x.HeldPrefix([]uint64{3, 4, 5}, 1) != 3 {
+		t.Fatalf("after the reset: %d entries, held %d", x.Len(), x.HeldPrefix([]uint64{3, 4, 5}, 1))
+	}
+	checkInvariants(t, x)
 }
