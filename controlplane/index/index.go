@@ -93,11 +93,12 @@ type Options struct {
 	InlineEvict bool
 	// Presize allocates the hash table for MaxEntries+Headroom entries up
 	// front (8 bytes a slot, 11-21 an entry, paged in as it fills), so it
-	// never grows. Grown, the table doubles under an insert and moves its
-	// entries over the next ones (table.go), which then cost more until
-	// the index is full (BenchmarkInsertWhileGrowing). After a reset, the
-	// table is the one ResetTo is given (Reserve), which its caller
-	// allocates away from the routing lock.
+	// never grows. Grown, the table doubles under an insert, which
+	// allocates the new array (milliseconds at a million entries, see
+	// table.grow), and moves its entries over the next inserts
+	// (BenchmarkInsertWhileGrowing). After a reset, the table is the one
+	// ResetTo is given (Reserve), which its caller allocates away from the
+	// routing lock.
 	Presize bool
 }
 
