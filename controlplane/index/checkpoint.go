@@ -58,7 +58,7 @@ func (x *Index) LookupCheckpoints(hashes []uint64, m *Match) {
 // block is not stored. LookupSince does the same inline: made a shared
 // call, it slowed BenchmarkLookup by 10-20% on the routing lock's path.
 func (x *Index) creditAt(hashes []uint64, q int, m *Match) bool {
-	s, ok := x.byHash[hashes[q]]
+	s, ok := x.find(hashes[q])
 	if !ok {
 		return false
 	}

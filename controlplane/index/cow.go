@@ -120,7 +120,7 @@ type View struct {
 // that follow pay for copying the pages they touch, each at most once per
 // view. Call Release on the view when done reading it.
 func (x *Index) Freeze() *View {
-	v := &View{pages: slices.Clone(x.pages), head: x.head, n: len(x.byHash), views: &x.cow.views}
+	v := &View{pages: slices.Clone(x.pages), head: x.head, n: x.byHash.len(), views: &x.cow.views}
 	clear(x.cow.owned)
 	x.cow.views.Add(1)
 	return v

@@ -19,8 +19,11 @@ func checkInvariants(t testing.TB, x *Index) {
 }
 
 func invariantErr(x *Index) error {
-	if len(x.byHash) > x.ceiling {
-		return fmt.Errorf("len %d exceeds ceiling %d", len(x.byHash), x.ceiling)
+	if x.byHash.len() > x.ceiling {
+		return fmt.Errorf("len %d exceeds ceiling %d", x.byHash.len(), x.ceiling)
+	}
+	if err := tableErr(&x.byHash); err != nil {
+		return err
 	}
 	free := 0
 	for s := x.freeHead; s != nilSlot; s = x.at(s).next {
@@ -30,17 +33,17 @@ func invariantErr(x *Index) error {
 		if e := x.at(s); e.nholders != 0 || e.prev != nilSlot {
 			return fmt.Errorf("free slot %d in use: nholders=%d prev=%d", s, e.nholders, e.prev)
 		}
-		if got, ok := x.byHash[x.at(s).hash]; ok && got == s {
+		if got, ok := x.find(x.at(s).hash); ok && got == s {
 			return fmt.Errorf("free slot %d still indexed", s)
 		}
 	}
-	if int(x.nslots) != len(x.byHash)+free {
-		return fmt.Errorf("slots %d != live %d + free %d", x.nslots, len(x.byHash), free)
+	if int(x.nslots) != x.byHash.len()+free {
+		return fmt.Errorf("slots %d != live %d + free %d", x.nslots, x.byHash.len(), free)
 	}
 	if want := (int(x.nslots) + pageSize - 1) / pageSize; len(x.pages) != want {
 		return fmt.Errorf("%d pages for %d slots", len(x.pages), x.nslots)
 	}
-	seen := make(map[int32]bool, len(x.byHash))
+	seen := make(map[int32]bool, x.byHash.len())
 	n := 0
 	prev := int32(nilSlot)
 	for s := x.head; s != nilSlot; s = x.at(s).next {
@@ -53,7 +56,7 @@ func invariantErr(x *Index) error {
 		if e.prev != prev {
 			return fmt.Errorf("slot %d prev=%d want %d", s, e.prev, prev)
 		}
-		if got, ok := x.byHash[e.hash]; !ok || got != s {
+		if got, ok := x.find(e.hash); !ok || got != s {
 			return fmt.Errorf("slot %d hash %x maps to %d,%v", s, e.hash, got, ok)
 		}
 		if e.nholders < 1 || int(e.nholders) != 1+len(e.more) {
@@ -72,8 +75,8 @@ func invariantErr(x *Index) error {
 	if x.tail != prev {
 		return fmt.Errorf("tail=%d, list ends at %d", x.tail, prev)
 	}
-	if n != len(x.byHash) {
-		return fmt.Errorf("LRU list has %d entries, map %d", n, len(x.byHash))
+	if n != x.byHash.len() {
+		return fmt.Errorf("LRU list has %d entries, map %d", n, x.byHash.len())
 	}
 	for s := x.freeHead; s != nilSlot; s = x.at(s).next {
 		if seen[s] {

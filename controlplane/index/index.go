@@ -57,7 +57,7 @@ type Index struct {
 	// them, stalled the lock holder for milliseconds per growth (fresh
 	// pages to fault in).
 	freeHead   int32
-	byHash     map[uint64]int32
+	byHash     table // hash -> slot (table.go)
 	head, tail int32
 	ceiling    int // never store more entries than this
 	inline     bool
@@ -91,12 +91,14 @@ type Options struct {
 	// make room for a new one instead of skipping it. Used when no periodic
 	// eviction pass runs.
 	InlineEvict bool
-	// Presize allocates the hash map for MaxEntries+Headroom entries up
-	// front (about 20 bytes an entry, paged in as it fills). Grown entry by
-	// entry, the map splits its tables under the inserts, which then cost
-	// several times more until the index is full (BenchmarkInsertWhileGrowing).
-	// After a reset, the map is the one ResetTo is given (Reserve), which
-	// its caller allocates away from the routing lock.
+	// Presize allocates the hash table for MaxEntries+Headroom entries up
+	// front (8 bytes a slot, 11-21 an entry, paged in as it fills), so it
+	// never grows. Grown, the table doubles under an insert, which
+	// allocates the new array (milliseconds at a million entries, see
+	// table.grow), and moves its entries over the next inserts
+	// (BenchmarkInsertWhileGrowing). After a reset, the table is the one
+	// ResetTo is given (Reserve), which its caller allocates away from the
+	// routing lock.
 	Presize bool
 }
 
@@ -113,7 +115,7 @@ func New(o Options) *Index {
 		size = o.MaxEntries + o.Headroom
 	}
 	return &Index{
-		byHash:   make(map[uint64]int32, size),
+		byHash:   newTable(size),
 		head:     nilSlot,
 		tail:     nilSlot,
 		ceiling:  o.MaxEntries + o.Headroom,
@@ -126,12 +128,12 @@ func New(o Options) *Index {
 // Stats returns counters and the current size.
 func (x *Index) Stats() Stats {
 	s := x.stats
-	s.Entries = len(x.byHash)
+	s.Entries = x.byHash.len()
 	return s
 }
 
 // Len is the number of entries.
-func (x *Index) Len() int { return len(x.byHash) }
+func (x *Index) Len() int { return x.byHash.len() }
 
 // Ceiling is the most entries the index ever stores (MaxEntries plus the
 // headroom allowed between eviction passes).
@@ -210,7 +212,7 @@ func (x *Index) Lookup(hashes []uint64, m *Match) {
 func (x *Index) LookupSince(hashes []uint64, since int64, m *Match) {
 	m.Reset()
 	for i, h := range hashes {
-		s, ok := x.byHash[h]
+		s, ok := x.find(h)
 		if !ok {
 			return
 		}
@@ -237,20 +239,20 @@ func (x *Index) LookupSince(hashes []uint64, since int64, m *Match) {
 // blocks that fit are kept and the path is cut before the first that does
 // not (with InlineEvict, the least recently used entries make room instead).
 func (x *Index) Insert(hashes []uint64, w WorkerID, now int64) (skipped int) {
-	if !x.inline && x.ceiling-len(x.byHash) < len(hashes) {
+	if !x.inline && x.ceiling-x.byHash.len() < len(hashes) {
 		// Not every new block may fit: keep the shallowest ones. A deeper
 		// block stored without its parent could never be matched and would
 		// only take the room of a reachable one.
-		hashes, skipped = x.fit(hashes, x.ceiling-len(x.byHash))
+		hashes, skipped = x.fit(hashes, x.ceiling-x.byHash.len())
 	}
 	protected := false
 	// Leaf first, root last, so ancestors are always more recent than
 	// their descendants (see the package comment).
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
-		s, ok := x.byHash[h]
+		s, ok := x.find(h)
 		if !ok {
-			if len(x.byHash) >= x.ceiling {
+			if x.byHash.len() >= x.ceiling {
 				if !x.inline || x.tail == nilSlot {
 					skipped++
 					continue
@@ -286,7 +288,7 @@ func (x *Index) Insert(hashes []uint64, w WorkerID, now int64) (skipped int) {
 func (x *Index) fit(hashes []uint64, room int) ([]uint64, int) {
 	cut, left := len(hashes), 0
 	for i, h := range hashes {
-		if _, ok := x.byHash[h]; ok {
+		if _, ok := x.find(h); ok {
 			continue
 		}
 		if cut == len(hashes) {
@@ -308,13 +310,13 @@ func (x *Index) fit(hashes []uint64, room int) ([]uint64, int) {
 func (x *Index) touchPrefix(hashes []uint64) {
 	n := 0
 	for n < len(hashes) {
-		if _, ok := x.byHash[hashes[n]]; !ok {
+		if _, ok := x.find(hashes[n]); !ok {
 			break
 		}
 		n++
 	}
 	for i := n - 1; i >= 0; i-- {
-		s := x.byHash[hashes[i]]
+		s, _ := x.find(hashes[i])
 		x.unlink(s)
 		x.pushFront(s)
 	}
@@ -326,7 +328,7 @@ func (x *Index) touchPrefix(hashes []uint64) {
 // freed.
 func (x *Index) RemoveHolder(hashes []uint64, w WorkerID) {
 	for _, h := range hashes {
-		s, ok := x.byHash[h]
+		s, ok := x.find(h)
 		if !ok {
 			continue
 		}
@@ -428,7 +430,7 @@ func (x *Index) RemoveWorker(w WorkerID) {
 // caller can trim a large index in short steps. It reports how many it
 // removed and whether the index is now at or below target.
 func (x *Index) Evict(target, limit int) (removed int, done bool) {
-	for len(x.byHash) > target && x.tail != nilSlot {
+	for x.byHash.len() > target && x.tail != nilSlot {
 		if limit > 0 && removed >= limit {
 			return removed, false
 		}
@@ -464,13 +466,13 @@ func (x *Index) Clear() {
 	x.Reset()
 }
 
-// Reserved is an empty hash map allocated ahead of a reset (Reserve),
-// away from the routing lock: zeroing a map sized for a million entries
+// Reserved is an empty hash table allocated ahead of a reset (Reserve),
+// away from the routing lock: zeroing a table sized for a million entries
 // takes milliseconds. ResetTo takes it: a Reserved serves one reset.
-type Reserved struct{ m map[uint64]int32 }
+type Reserved struct{ t table }
 
 // Reserve allocates room for n entries, for ResetTo.
-func Reserve(n int) *Reserved { return &Reserved{m: make(map[uint64]int32, max(n, 0))} }
+func Reserve(n int) *Reserved { return &Reserved{t: newTable(n)} }
 
 // Reset drops every entry without reporting releases, for a caller that
 // resets what it keeps beside the index itself: O(pages), the entries
@@ -478,16 +480,16 @@ func Reserve(n int) *Reserved { return &Reserved{m: make(map[uint64]int32, max(n
 // must not hold the routing lock for a pass over them).
 func (x *Index) Reset() { x.ResetTo(nil) }
 
-// ResetTo is Reset taking r's map for the empty index (a fresh, growing
+// ResetTo is Reset taking r's table for the empty index (a fresh, growing
 // one when r is nil or was taken already): refilled, it does not grow
 // under the inserts (see Options.Presize).
 func (x *Index) ResetTo(r *Reserved) {
-	x.stats.Evicted += uint64(len(x.byHash))
-	m := map[uint64]int32{}
-	if r != nil && r.m != nil {
-		m, r.m = r.m, nil
+	x.stats.Evicted += uint64(x.byHash.len())
+	if r != nil && r.t.slots != nil {
+		x.byHash, r.t = r.t, table{}
+	} else {
+		x.byHash = newTable(0)
 	}
-	x.byHash = m
 	// Pages may be shared with frozen views: drop them rather than reuse.
 	clear(x.pages)
 	x.pages = x.pages[:0]
@@ -516,7 +518,7 @@ type Holder struct {
 
 // Holders returns the holders of a single block hash (nil if absent).
 func (x *Index) Holders(hash uint64) []Holder {
-	s, ok := x.byHash[hash]
+	s, ok := x.find(hash)
 	if !ok {
 		return nil
 	}
@@ -547,7 +549,7 @@ func (x *Index) alloc(h uint64) int32 {
 		s = x.grow()
 	}
 	*x.mut(s) = entry{hash: h, prev: nilSlot, next: nilSlot}
-	x.byHash[h] = s
+	x.byHash.insert(h, s)
 	return s
 }
 
@@ -557,7 +559,7 @@ func (x *Index) drop(s int32) {
 	if x.shared() {
 		e = x.mutShared(s)
 	}
-	delete(x.byHash, e.hash)
+	x.byHash.remove(e.hash, s)
 	*e = entry{prev: nilSlot, next: x.freeHead}
 	x.freeHead = s
 }
@@ -680,12 +682,12 @@ func (x *Index) HeldPrefix(hashes []uint64, w WorkerID) int {
 
 // TouchHeld refreshes, to now, the leading blocks of hashes that w holds
 // without a gap, and returns how many: HeldPrefix then Insert of that
-// prefix (same times, same LRU order), but with one map lookup per block
+// prefix (same times, same LRU order), but with one table lookup per block
 // instead of two, and never adding an entry or a holder.
 func (x *Index) TouchHeld(hashes []uint64, w WorkerID, now int64) int {
 	slots := x.touchBuf[:0]
 	for _, h := range hashes {
-		s, ok := x.byHash[h]
+		s, ok := x.find(h)
 		if !ok || !x.at(s).holds(w) {
 			break
 		}
@@ -704,10 +706,50 @@ func (x *Index) TouchHeld(hashes []uint64, w WorkerID, now int64) int {
 	return len(slots)
 }
 
+// find returns the slot of hash h: the table's candidate whose slab entry
+// has the hash (see table). The walk over the run is table.next's written
+// out: through the cursor, a call per candidate, it cost twice as much at
+// 10k entries and 30% more at 1M (BenchmarkTable's hit and miss).
+func (x *Index) find(h uint64) (int32, bool) {
+	t := &x.byHash
+	m := t.mix(h)
+	a, fp := t.slots, m>>32
+	mask := uint64(len(a) - 1)
+	for i := m >> t.shift; ; i++ {
+		w := a[i&mask]
+		if w == 0 {
+			break
+		}
+		if w>>32 == fp {
+			if s := int32(uint32(w)) - 1; x.at(s).hash == h {
+				return s, true
+			}
+		}
+	}
+	if t.old == nil {
+		return nilSlot, false
+	}
+	return x.findOld(h, m)
+}
+
+// findOld is the rest of find while the table grows: the old array.
+func (x *Index) findOld(h, m uint64) (int32, bool) {
+	c := cursor{m: m, pos: m >> (x.byHash.shift + 1), old: true}
+	for {
+		s, ok := x.byHash.next(&c)
+		if !ok {
+			return nilSlot, false
+		}
+		if x.at(s).hash == h {
+			return s, true
+		}
+	}
+}
+
 // HolderAt returns when worker w was last sent the block hash, without
 // allocating.
 func (x *Index) HolderAt(hash uint64, w WorkerID) (int64, bool) {
-	s, ok := x.byHash[hash]
+	s, ok := x.find(hash)
 	if !ok {
 		return 0, false
 	}

@@ -11,7 +11,7 @@ func (x *Index) PutBack(hash uint64, used int64, holders []Holder) {
 	}
 	// An entry linked at the tail would be behind a walk in progress.
 	x.endWalkUp()
-	if s, ok := x.byHash[hash]; ok {
+	if s, ok := x.find(hash); ok {
 		x.released(s)
 		x.drop(s)
 	}
