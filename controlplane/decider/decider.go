@@ -23,8 +23,9 @@ type Options struct {
 	Headroom int
 	// InlineEvict: no periodic pass runs, the index evicts as it inserts.
 	InlineEvict bool
-	// PresizeIndex allocates the index's hash map for its bound up front
-	// (index.Options.Presize): a control-plane node, which fills it.
+	// PresizeIndex allocates the index's hash table for its bound up
+	// front (index.Options.Presize), so it never grows under the routing
+	// lock: control-plane nodes and the all-in-one router.
 	PresizeIndex bool
 	// DailyReset clears the index once a day at ResetHourUTC (0-23).
 	DailyReset   bool

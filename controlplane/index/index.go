@@ -92,8 +92,8 @@ type Options struct {
 	// eviction pass runs.
 	InlineEvict bool
 	// Presize allocates the hash table for MaxEntries+Headroom entries up
-	// front (8 bytes a slot, 11-21 an entry, paged in as it fills), so it
-	// never grows. Grown, the table doubles under an insert, which
+	// front (8 bytes a slot, 11-21 an entry, its pages mapped at once, see
+	// prefault), so it never grows. Grown, the table doubles under an insert, which
 	// allocates the new array (milliseconds at a million entries, see
 	// table.grow), and moves its entries over the next inserts
 	// (BenchmarkInsertWhileGrowing). After a reset, the table is the one

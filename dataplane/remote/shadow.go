@@ -61,7 +61,7 @@ func newShadow(o ShadowOptions) *shadow {
 }
 
 func (s *shadow) reset() {
-	s.idx = index.New(index.Options{MaxEntries: s.o.Entries, InlineEvict: true})
+	s.idx = index.New(index.Options{MaxEntries: s.o.Entries, InlineEvict: true, Presize: true})
 	s.ids = map[string]index.WorkerID{}
 	s.urls = s.urls[:0]
 }

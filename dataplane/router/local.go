@@ -39,6 +39,9 @@ func NewLocal(o LocalOptions, workers []engine.WorkerSpec) *Local {
 		Policy:       o.Policy,
 		MaxEntries:   o.MaxEntries,
 		InlineEvict:  o.InlineEvict,
+		// As on a control-plane node: a table grown under the lock stalls
+		// the insert that allocates the next array (index.Options.Presize).
+		PresizeIndex: true,
 		DailyReset:   o.CleanupHour >= 0,
 		ResetHourUTC: o.CleanupHour,
 		Rand:         rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)),
