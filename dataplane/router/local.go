@@ -36,9 +36,9 @@ type LocalOptions struct {
 // NewLocal builds an in-process router over workers.
 func NewLocal(o LocalOptions, workers []engine.WorkerSpec) *Local {
 	dec := decider.New(decider.Options{
-		Policy:       o.Policy,
-		MaxEntries:   o.MaxEntries,
-		InlineEvict:  o.InlineEvict,
+		Policy:      o.Policy,
+		MaxEntries:  o.MaxEntries,
+		InlineEvict: o.InlineEvict,
 		// As on a control-plane node: a table grown under the lock stalls
 		// the insert that allocates the next array (index.Options.Presize).
 		PresizeIndex: true,
