@@ -149,8 +149,9 @@ func (t *table) probe(h uint64) cursor {
 
 // next returns the next candidate's value, or false when there are no
 // more. The caller compares the candidate's key and calls next again on a
-// mismatch (a fingerprint collision, rare: of the 32 bits, those above the
-// position still differ with odds 2^-(32-log2(len))).
+// mismatch (a fingerprint collision, rare: the top log2(len) of the 32
+// bits are the home, and two keys of one home share the bits below it
+// with odds 2^-(32-log2(len))).
 func (t *table) next(c *cursor) (int32, bool) {
 	a := t.slots
 	if c.old {

@@ -524,11 +524,7 @@ func (n *Node) Apply(ctx context.Context, cmd *cartv1.RaftCommand) (state.Result
 	}
 	f := n.raft.Apply(data, enqueue)
 	if err := n.await(ctx, f); err != nil {
-		if errors.Is(err, raft.ErrRaftShutdown) && f.Index() != 0 {
-			// Appended before the node stopped: a majority may hold it.
-			return state.Result{}, n.notLeader("raft apply", "retry on the leader", fmt.Errorf("%w: %w", ErrOutcomeUnknown, err))
-		}
-		return state.Result{}, n.mapApplyErr("raft apply", err)
+		return state.Result{}, n.mapAwaitErr("raft apply", f, err)
 	}
 	switch resp := f.Response().(type) {
 	case state.Result:
@@ -589,6 +585,18 @@ func releaseAtStop(f raft.Future, stop chan struct{}) bool {
 		fld.Set(reflect.ValueOf(stop))
 	}
 	return true
+}
+
+// mapAwaitErr is mapApplyErr for an error from awaiting f: raft's
+// shutdown error for an entry already appended (f.Index() set) means a
+// majority may hold it, not that it was never appended. f.Index() is read
+// only when f.Error() itself returned (never after a context ended, while
+// raft may still write it).
+func (n *Node) mapAwaitErr(op string, f raft.IndexFuture, err error) error {
+	if errors.Is(err, raft.ErrRaftShutdown) && f.Index() != 0 {
+		return n.notLeader(op, "retry on the leader", fmt.Errorf("%w: %w", ErrOutcomeUnknown, err))
+	}
+	return n.mapApplyErr(op, err)
 }
 
 // mapApplyErr turns raft's errors into the package's, saying whether the
@@ -680,8 +688,9 @@ func (n *Node) changeMembership(ctx context.Context, what string, start func(enq
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	if err := n.await(ctx, start(enqueue)); err != nil {
-		return n.mapApplyErr(what, err)
+	f := start(enqueue)
+	if err := n.await(ctx, f); err != nil {
+		return n.mapAwaitErr(what, f, err)
 	}
 	return nil
 }

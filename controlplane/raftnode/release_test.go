@@ -153,3 +153,30 @@ func closedChan() chan struct{} {
 	close(c)
 	return c
 }
+
+// indexFuture is a resolved raft.IndexFuture with a given index.
+type indexFuture struct {
+	raft.IndexFuture
+	index uint64
+}
+
+func (f indexFuture) Index() uint64 { return f.index }
+
+// Raft's shutdown error after an entry was appended (a release at stop,
+// or raft's own answer for a committed entry it could not apply) means
+// the outcome is unknown; before it was appended, that it was not.
+func TestShutdownErrorOfAnAppendedEntryIsOutcomeUnknown(t *testing.T) {
+	n := newCluster(t, 1, clusterOpts{}).leader().node
+	for _, c := range []struct {
+		index   uint64
+		unknown bool
+	}{{0, false}, {17, true}} {
+		err := n.mapAwaitErr("raft apply", indexFuture{index: c.index}, raft.ErrRaftShutdown)
+		if got := errors.Is(err, ErrOutcomeUnknown); got != c.unknown {
+			t.Errorf("index %d: %v; outcome unknown %v, want %v", c.index, err, got, c.unknown)
+		}
+		if !errors.Is(err, ErrNotLeader) {
+			t.Errorf("index %d: %v, want ErrNotLeader wrapped (the caller retries on the leader)", c.index, err)
+		}
+	}
+}

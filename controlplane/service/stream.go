@@ -305,9 +305,9 @@ func streamErrorAnswer(id uint64, err error) *cartv1.StreamResponse {
 // streamCall serves one call of a stream.
 func (c *Core) streamCall(ctx context.Context, protocol string, m *cartv1.StreamRequest) *cartv1.StreamResponse {
 	resp := &cartv1.StreamResponse{Id: m.GetId()}
-	// Only a Route waits on anything (the routing lock), so the call's
-	// timeout is a deadline its decision is checked against, not a
-	// context with a timer of its own.
+	// Only a Route uses the call's timeout: it is a deadline the decision
+	// is checked against (an answer past it is undone), not a context with
+	// a timer of its own.
 	var expired func() bool
 	if t := m.GetTimeoutMicros(); t > 0 {
 		deadline := c.o.Now().Add(time.Duration(t) * time.Microsecond)

@@ -111,8 +111,9 @@ type batchDecoder struct {
 // Buffers grown past these are not kept for the next entry, so one huge
 // batch does not pin its memory.
 const (
-	maxPooledHashes = 1 << 20
-	maxInterned     = 4096
+	maxPooledHashes     = 1 << 20
+	maxPooledPlacements = 1 << 14
+	maxInterned         = 4096
 )
 
 var decoders = sync.Pool{New: func() any { return &batchDecoder{intern: map[string]string{}} }}
@@ -140,6 +141,14 @@ func (d *batchDecoder) release() {
 	d.hashes = d.hashes[:0]
 	if cap(d.hashes) > maxPooledHashes {
 		d.hashes = nil
+	}
+	if cap(d.raw) > maxPooledPlacements {
+		d.raw = nil
+	}
+	for _, l := range []*[]placement{&d.b.touches, &d.b.withdrawals, &d.b.placements} {
+		if cap(*l) > maxPooledPlacements {
+			*l = nil
+		}
 	}
 	if len(d.intern) > maxInterned {
 		clear(d.intern)

@@ -183,7 +183,7 @@ func checkGRPCHealth(ctx context.Context, client *http.Client, base, service str
 	protos.SetUnencryptedHTTP2(true)
 	tr.Protocols = &protos
 	h2.Transport = tr
-	resp, err := grpchealth.NewClient(&h2, base, connect.WithGRPC()).Check(ctx, &grpchealth.CheckRequest{Service: service})
+	resp, err := grpchealth.NewClient(&h2, base, connect.WithGRPC(), connect.WithReadMaxBytes(cpclient.MaxAnswerBytes)).Check(ctx, &grpchealth.CheckRequest{Service: service})
 	if err != nil {
 		return "", err
 	}
