@@ -60,7 +60,7 @@ func (d *Decider) maybeDailyReset() {
 	if !due {
 		return
 	}
-	// The next index's map, allocated before the lock: zeroing one sized
+	// The next index's hash table, allocated before the lock: zeroing one sized
 	// for a full index takes milliseconds.
 	r := d.ReserveIndex(0)
 	t = d.lock()
@@ -76,7 +76,7 @@ func (d *Decider) maybeDailyReset() {
 	d.lastReset = now
 }
 
-// ReserveIndex allocates the map for an index about to be refilled with
+// ReserveIndex allocates the hash table for an index about to be refilled with
 // n entries (a snapshot's restore; 0 for the daily reset), sized for the
 // index's bound when it is presized (Options.PresizeIndex) and never
 // beyond it (the index stores no more, however many records a snapshot

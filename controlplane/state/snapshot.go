@@ -313,7 +313,7 @@ func (s *State) Restore(r io.Reader) error {
 	// between the chunks; a reader between them (a dry run, Stats) sees a
 	// partial index, which only costs it matches.
 	var ids []index.WorkerID
-	// The index's map for the records, allocated before the lock: filled
+	// The index's hash table for the records, allocated before the lock: filled
 	// from empty it would grow under the chunks.
 	room := s.dec.ReserveIndex(len(records))
 	s.dec.Do(decider.OpSnapshotRestore, func(eng *engine.Engine) { ids = s.installHeader(eng, &h, room) })
