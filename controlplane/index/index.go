@@ -61,6 +61,7 @@ type Index struct {
 	head, tail int32
 	ceiling    int // never store more entries than this
 	inline     bool
+	presized   bool // Options.Presize: a reset keeps the table's array
 	stats      Stats
 	cow        cow
 	// onRelease is told every (hash, worker) pair the index stops
@@ -120,6 +121,7 @@ func New(o Options) *Index {
 		tail:     nilSlot,
 		ceiling:  o.MaxEntries + o.Headroom,
 		inline:   o.InlineEvict,
+		presized: o.Presize,
 		upLast:   nilSlot,
 		freeHead: nilSlot,
 	}
@@ -480,14 +482,19 @@ func Reserve(n int) *Reserved { return &Reserved{t: newTable(n)} }
 // must not hold the routing lock for a pass over them).
 func (x *Index) Reset() { x.ResetTo(nil) }
 
-// ResetTo is Reset taking r's table for the empty index (a fresh, growing
-// one when r is nil or was taken already): refilled, it does not grow
-// under the inserts (see Options.Presize).
+// ResetTo is Reset taking r's table for the empty index: refilled, it does
+// not grow under the inserts (see Options.Presize). When r is nil or was
+// taken already, a presized index empties its own table in place (a
+// memory clear, where a new array would be allocated and faulted in
+// again) and any other starts a fresh, growing one.
 func (x *Index) ResetTo(r *Reserved) {
 	x.stats.Evicted += uint64(x.byHash.len())
-	if r != nil && r.t.slots != nil {
+	switch {
+	case r != nil && r.t.slots != nil:
 		x.byHash, r.t = r.t, table{}
-	} else {
+	case x.presized:
+		x.byHash.empty()
+	default:
 		x.byHash = newTable(0)
 	}
 	// Pages may be shared with frozen views: drop them rather than reuse.

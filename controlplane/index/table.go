@@ -133,6 +133,12 @@ func (t *table) mix(h uint64) uint64 {
 
 func (t *table) len() int { return t.n }
 
+// empty removes every entry and keeps the array (and the seed).
+func (t *table) empty() {
+	clear(t.slots)
+	t.n, t.old, t.migLeft = 0, nil, 0
+}
+
 // cursor walks the candidates for one key: the slots of its probe run whose
 // fingerprint matches, in slots then (while growing) in old.
 type cursor struct {

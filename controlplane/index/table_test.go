@@ -351,3 +351,40 @@ func TestResetToZeroReserved(t *testing.T) {
 	}
 	checkInvariants(t, x)
 }
+
+// A presized index reset without a Reserved keeps its table's array,
+// emptied, so a refill does not grow it; an index that was not presized
+// starts a fresh, growing table.
+func TestResetKeepsAPresizedTable(t *testing.T) {
+	for _, presize := range []bool{true, false} {
+		x := New(Options{MaxEntries: 10_000, Presize: presize})
+		r := newRand(9)
+		p := make([]uint64, 40)
+		for range 100 {
+			for i := range p {
+				p[i] = r.Uint64()
+			}
+			x.Insert(p, 1, 1)
+		}
+		arr := &x.byHash.slots[0]
+		size := len(x.byHash.slots)
+		x.Reset()
+		if x.Len() != 0 || x.byHash.len() != 0 {
+			t.Fatalf("presize %v: %d entries after Reset", presize, x.Len())
+		}
+		if kept := &x.byHash.slots[0] == arr; kept != presize {
+			t.Fatalf("presize %v: array kept %v", presize, kept)
+		}
+		if presize && len(x.byHash.slots) != size {
+			t.Fatalf("presized table of %d slots is %d after Reset", size, len(x.byHash.slots))
+		}
+		if n := x.HeldPrefix(p, 1); n != 0 {
+			t.Fatalf("presize %v: %d blocks of a dropped path still held", presize, n)
+		}
+		x.Insert(p, 2, 2)
+		if n := x.HeldPrefix(p, 2); n != len(p) {
+			t.Fatalf("presize %v: %d of %d blocks held after the refill", presize, n, len(p))
+		}
+		checkInvariants(t, x)
+	}
+}

@@ -55,13 +55,15 @@ func newShadow(o ShadowOptions) *shadow {
 	if o.Entries <= 0 {
 		return nil
 	}
-	s := &shadow{o: o}
-	s.reset()
+	s := &shadow{o: o, idx: index.New(index.Options{MaxEntries: o.Entries, InlineEvict: true, Presize: true})}
+	s.ids = map[string]index.WorkerID{}
 	return s
 }
 
+// reset starts the shadow over. s.mu held: the index empties its presized
+// table in place rather than allocate another under the lock.
 func (s *shadow) reset() {
-	s.idx = index.New(index.Options{MaxEntries: s.o.Entries, InlineEvict: true, Presize: true})
+	s.idx.Reset()
 	s.ids = map[string]index.WorkerID{}
 	s.urls = s.urls[:0]
 }

@@ -314,3 +314,32 @@ func TestFallbackLearnsFromItsOwnDecisions(t *testing.T) {
 		}
 	}
 }
+
+// A shadow that has seen maxShadowWorkers distinct workers starts over:
+// what it held is gone, the placement that overflowed it is held, and it
+// keeps its index's table (emptied in place under the lock, not a new
+// allocation).
+func TestShadowStartsOverWhenOutOfWorkerIDs(t *testing.T) {
+	s := newShadow(testShadow)
+	prefix := "0123456789abcdef0123456789abcdef0123456789abcdef"
+	s.record(keyHashes(prefix), wA)
+	idx := s.idx
+	for i := range maxShadowWorkers - 1 {
+		s.record(keyHashes(fmt.Sprintf("worker %d's own prompt........", i)), fmt.Sprintf("http://w%d.test", i))
+	}
+	if len(s.urls) != maxShadowWorkers {
+		t.Fatalf("%d worker ids before the overflow, want %d", len(s.urls), maxShadowWorkers)
+	}
+	other := "fedcba9876543210fedcba9876543210fedcba9876543210"
+	s.record(keyHashes(other), wB)
+	if s.idx != idx || len(s.urls) != 1 {
+		t.Fatalf("after the overflow: same index %v, %d worker ids; want the same index and 1", s.idx == idx, len(s.urls))
+	}
+	all := []usableWorker{{wA, 0}, {wB, 0}}
+	if got, _ := s.pick(keyHashes(prefix), len(prefix), shadowBlockChars, all, wB, 0); got != "" {
+		t.Fatalf("a placement from before the overflow still picked %q", got)
+	}
+	if got, _ := s.pick(keyHashes(other), len(other), shadowBlockChars, all, wA, 0); got != wB {
+		t.Fatalf("the overflowing placement: pick = %q, want %s", got, wB)
+	}
+}
