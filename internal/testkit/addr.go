@@ -1,24 +1,61 @@
 package testkit
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 )
 
-// FreeAddr returns a 127.0.0.1 address with a port nobody listened on a
-// moment ago, for a server the test cannot hand a listener to (a child
-// process, a config file). Another process may take the port before the
-// server binds it; the kernel hands out ephemeral ports in turn, so that is
-// rare enough for tests.
+// FreeAddr returns a 127.0.0.1 address with a port that was free a moment
+// ago, for a server the test cannot hand a listener to (a child process,
+// a config file).
+//
+// The port comes from below the kernel's ephemeral range when there is
+// room there (a random free port of 10000 up to the range's start). A
+// port the kernel handed out for a listen on :0 could be handed out again
+// at once as the source port of any outgoing connection, and a cluster of
+// child processes makes many: a node then failed to bind its Raft port
+// ("address already in use") in a full test run. Below the range only
+// another test's random choice can take it.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
+	if lo, ok := ephemeralLow(); ok && lo > minTestPort+1000 {
+		for range 100 {
+			addr := fmt.Sprintf("127.0.0.1:%d", minTestPort+rand.IntN(lo-minTestPort))
+			if ln, err := net.Listen("tcp", addr); err == nil {
+				_ = ln.Close()
+				return addr
+			}
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// minTestPort keeps test servers off the well-known and common service
+// ports.
+const minTestPort = 10000
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux).
+func ephemeralLow() (int, bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, false
+	}
+	lo, err := strconv.Atoi(f[0])
+	return lo, err == nil
 }
 
 // FreePort is FreeAddr's port.

@@ -20,3 +20,18 @@ func TestFreeAddrIsALoopbackPortThatCanBeBound(t *testing.T) {
 		t.Fatalf("FreePort = %d", p)
 	}
 }
+
+// FreeAddr's ports come from below the kernel's ephemeral range, which
+// outgoing connections take their source ports from.
+func TestFreeAddrAvoidsTheEphemeralRange(t *testing.T) {
+	lo, ok := ephemeralLow()
+	if !ok || lo <= minTestPort+1000 {
+		t.Skip("no room below the ephemeral range here")
+	}
+	for range 20 {
+		p := FreePort(t)
+		if p < minTestPort || p >= lo {
+			t.Fatalf("FreePort = %d, want %d..%d", p, minTestPort, lo-1)
+		}
+	}
+}
