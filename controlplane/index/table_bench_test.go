@@ -186,38 +186,28 @@ func BenchmarkTable(b *testing.B) {
 					}
 				})
 			}
-			b.Run(name("insert"), func(b *testing.B) {
-				empty()
-				settle()
-				b.ReportAllocs()
-				i := 0
-				for b.Loop() {
-					if i == size {
-						b.StopTimer()
-						empty()
-						i = 0
-						b.StartTimer()
+			// cycle runs op on keys 0..size-1 in turn, starting again
+			// (untimed) from reset's state after the last.
+			cycle := func(op string, reset func(), do func(int)) {
+				b.Run(name(op), func(b *testing.B) {
+					reset()
+					settle()
+					b.ReportAllocs()
+					i := 0
+					for b.Loop() {
+						if i == size {
+							b.StopTimer()
+							reset()
+							i = 0
+							b.StartTimer()
+						}
+						do(i)
+						i++
 					}
-					add(i)
-					i++
-				}
-			})
-			b.Run(name("delete"), func(b *testing.B) {
-				fill()
-				settle()
-				b.ReportAllocs()
-				i := 0
-				for b.Loop() {
-					if i == size {
-						b.StopTimer()
-						fill()
-						i = 0
-						b.StartTimer()
-					}
-					del(i)
-					i++
-				}
-			})
+				})
+			}
+			cycle("insert", empty, add)
+			cycle("delete", fill, del)
 			b.Run(name("churn"), func(b *testing.B) {
 				fill()
 				settle()

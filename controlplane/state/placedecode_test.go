@@ -160,6 +160,11 @@ func TestApplyPlaceBatchEitherDecoder(t *testing.T) {
 	if _, ok := decodePlaceBatch(slow); ok {
 		t.Fatal("the forced entry was decoded in place")
 	}
+	d, ok := decodePlaceBatch(fast)
+	if !ok {
+		t.Fatal("the leader's entry was not decoded in place: both applies would go through proto")
+	}
+	d.release()
 	var prints [2]string
 	var entries [2]int
 	for i, data := range [][]byte{fast, slow} {
