@@ -43,15 +43,31 @@ type CPConfig struct {
 	BlockChars int `json:"block_chars,omitempty"`
 	// PlacementBatchMs sets controlplane.placement_batch_ms on every node
 	// (0: the config default).
-	PlacementBatchMs int           `json:"placement_batch_ms,omitempty"`
-	StartTimeout     time.Duration `json:"start_timeout_ns"`
+	PlacementBatchMs int `json:"placement_batch_ms,omitempty"`
+	// NodeProcs is each node's GOMAXPROCS; 0 leaves Go's default (every
+	// CPU). See DefaultNodeProcs.
+	NodeProcs    int           `json:"node_procs"`
+	StartTimeout time.Duration `json:"start_timeout_ns"`
 }
+
+// DefaultNodeProcs is the GOMAXPROCS the benches give each control-plane
+// node: what the Helm chart gives one (GOMAXPROCS from the node's CPU
+// request, rounded up: 1 for its 250m) and the compose file sets. Three
+// nodes and the load generator share this machine's two cores; with Go's
+// default each node would run two Ps on them, and a leader whose Ps
+// outnumber its share of the CPU spends it on scheduler and lock hand-offs
+// between its own threads (bench/results/2026-12-02-procs).
+const DefaultNodeProcs = 1
+
+// maxNodeProcs bounds --node-procs: more Ps than any machine here has
+// cores is a typo.
+const maxNodeProcs = 1024
 
 // DefaultCPConfig is sized so the section takes about a minute and a half:
 // four runs of 10 s plus the cluster's start and the pauses between runs.
 func DefaultCPConfig() CPConfig {
 	return CPConfig{Rates: []int{1000, 2000, 5000}, Concurrency: []int{32}, Duration: 10 * time.Second,
-		Nodes: 3, DataPlanes: 4, Workers: 4, StartTimeout: 30 * time.Second}
+		Nodes: 3, DataPlanes: 4, Workers: 4, NodeProcs: DefaultNodeProcs, StartTimeout: 30 * time.Second}
 }
 
 // CPRun is one load level.
@@ -525,7 +541,7 @@ func (c CPConfig) blockChars() int {
 
 func (c CPConfig) clusterSpec() cpClusterSpec {
 	return cpClusterSpec{Nodes: max(c.Nodes, 1), Workers: max(c.Workers, 1), Model: cpModel,
-		Base: CartRouterConfig{BlockChars: c.BlockChars, PlacementBatchMs: c.PlacementBatchMs}, StartTimeout: c.StartTimeout}
+		Base: CartRouterConfig{BlockChars: c.BlockChars, PlacementBatchMs: c.PlacementBatchMs}, StartTimeout: c.StartTimeout, Procs: c.NodeProcs}
 }
 
 // Validate refuses settings that would measure nothing or never end.
@@ -555,6 +571,8 @@ func (c CPConfig) Validate() error {
 		return fmt.Errorf("control-plane benchmark: block chars %d out of range 0..65536 (0 = the config default)", c.BlockChars)
 	case c.PlacementBatchMs < 0 || c.PlacementBatchMs > 60_000:
 		return fmt.Errorf("control-plane benchmark: placement batch %d ms out of range 0..60000 (0 = the config default)", c.PlacementBatchMs)
+	case c.NodeProcs < 0 || c.NodeProcs > maxNodeProcs:
+		return fmt.Errorf("control-plane benchmark: node procs %d out of range 0..%d (0 = Go's default)", c.NodeProcs, maxNodeProcs)
 	}
 	return nil
 }

@@ -215,6 +215,8 @@ func TestCPLevelsAndValidate(t *testing.T) {
 		"block chars":   {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, BlockChars: -1},
 		"block chars+":  {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, BlockChars: 65537},
 		"batch":         {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, PlacementBatchMs: -1},
+		"procs":         {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, NodeProcs: -1},
+		"procs+":        {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, NodeProcs: maxNodeProcs + 1},
 	} {
 		if c.Validate() == nil {
 			t.Errorf("%s: accepted", name)
@@ -227,6 +229,64 @@ func TestCPLevelsAndValidate(t *testing.T) {
 	bad.Window = 0
 	if bad.Validate() == nil {
 		t.Error("failover with no window accepted")
+	}
+	bad = DefaultFailoverConfig()
+	bad.NodeProcs = -1
+	if bad.Validate() == nil {
+		t.Error("failover with negative node procs accepted")
+	}
+}
+
+// --node-procs reaches the nodes' environment (and only theirs) and the
+// sections' intros; 0 leaves Go's default.
+func TestCPNodeProcs(t *testing.T) {
+	c := DefaultCPConfig()
+	if c.NodeProcs != DefaultNodeProcs || DefaultFailoverConfig().NodeProcs != DefaultNodeProcs {
+		t.Fatalf("defaults: cp %d, failover %d, want %d", c.NodeProcs, DefaultFailoverConfig().NodeProcs, DefaultNodeProcs)
+	}
+	if got := procsEnv(c.clusterSpec().Procs); len(got) != 1 || got[0] != "GOMAXPROCS=1" {
+		t.Errorf("default: node environment %q", got)
+	}
+	if !strings.Contains(cpIntro(CPResult{Config: c}), "GOMAXPROCS 1 each") {
+		t.Error("the cp intro does not say the nodes' GOMAXPROCS")
+	}
+	f := DefaultFailoverConfig()
+	f.NodeProcs = 3
+	if !strings.Contains(failoverIntro(FailoverResult{Config: f}), "GOMAXPROCS 3 each") {
+		t.Error("the failover intro does not say the nodes' GOMAXPROCS")
+	}
+	c.NodeProcs = 0
+	if got := procsEnv(c.clusterSpec().Procs); got != nil {
+		t.Errorf("0: node environment %q, want Go's default", got)
+	}
+	if !strings.Contains(cpIntro(CPResult{Config: c}), "Go's default") {
+		t.Error("the cp intro does not say the nodes run Go's default")
+	}
+}
+
+// StartEnv adds to the bench's environment rather than replacing it.
+func TestStartEnvAddsToTheEnvironment(t *testing.T) {
+	t.Setenv("CART_BENCH_INHERITED", "yes")
+	env, err := NewEnv(SuiteConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	p, err := env.StartEnv("env", "/bin/sh", []string{"GOMAXPROCS=7"}, "-c", "echo procs=$GOMAXPROCS inherited=$CART_BENCH_INHERITED")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("sh did not exit")
+	}
+	out, err := os.ReadFile(p.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(out)); got != "procs=7 inherited=yes" {
+		t.Errorf("child saw %q", got)
 	}
 }
 

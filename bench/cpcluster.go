@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -53,6 +54,9 @@ type cpClusterSpec struct {
 	// identity, addresses and workers are filled in.
 	Base         CartRouterConfig
 	StartTimeout time.Duration
+	// Procs is each node's GOMAXPROCS (0: Go's default, every CPU the
+	// process may use).
+	Procs int
 }
 
 // startCPCluster starts the workers and spec.Nodes control-plane nodes
@@ -92,7 +96,7 @@ func startCPCluster(ctx context.Context, env *Env, cartBin string, spec cpCluste
 		n := &cpNode{id: id, url: baseURL(api)}
 		c.admin[n.url] = cartv1connect.NewAdminServiceClient(c.http, n.url)
 		s := &suite{env: env, cfg: env.Cfg, cartBin: cartBin}
-		n.proc, err = s.startRole(ctx, dir, id, "controlplane", nc, tcpOpen(api))
+		n.proc, err = s.startRoleEnv(ctx, dir, id, "controlplane", nc, procsEnv(spec.Procs), tcpOpen(api))
 		if n.proc != nil {
 			c.nodes = append(c.nodes, n)
 		}
@@ -114,6 +118,14 @@ func startCPCluster(ctx context.Context, env *Env, cartBin string, spec cpCluste
 		return nil, fmt.Errorf("control-plane cluster: %w", err)
 	}
 	return c, nil
+}
+
+// procsEnv sets GOMAXPROCS to n, or leaves Go's default for n <= 0.
+func procsEnv(n int) []string {
+	if n <= 0 {
+		return nil
+	}
+	return []string{"GOMAXPROCS=" + strconv.Itoa(n)}
 }
 
 func (c *cpCluster) urls() []string {

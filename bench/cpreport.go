@@ -148,6 +148,7 @@ func cpIntro(res CPResult) string {
 	if len(but) > 0 {
 		conf += " but " + strings.Join(but, " and ")
 	}
+	conf += ", " + procsText(c.NodeProcs)
 	return fmt.Sprintf("%d `cart controlplane` processes (Raft, %s), %d data planes in the bench process (the data plane's own control-plane client, %s, route timeout %s), %d workers; every call a new 2.5k-10k-character prompt sharing one of %d 2k-character prefixes, settled at once (1 in %d undelivered); %s per run. "+
 		"Routes/s, latency and CPU: the calls the control plane answered, as the data plane saw them (fallbacks counted apart, all-call p99 in results.json). Decide and lock hold: the leader's cart_cp_route_seconds and cart_decider_lock_hold_seconds (every op) over the run. CPU: per answered call; followers summed. Step-downs: Raft terms that passed during the run.",
 		c.Nodes, conf, c.DataPlanes, path, timeout, c.Workers, cpGroups, cpUndelivered, c.Duration)
@@ -268,9 +269,9 @@ func failoverIntro(res FailoverResult) string {
 	case c.NoPlacementFeed:
 		feed = "no placement feed"
 	}
-	return fmt.Sprintf("3 `cart controlplane` processes, %d data planes in the bench process (the data plane's router: shadow index and control-plane breaker at their defaults, %s, route timeout %s), 4 workers whose caches are modelled as LRUs of %d of the %d prefix groups; %d clients keeping two requests open, %s pause. "+
+	return fmt.Sprintf("3 `cart controlplane` processes (%s), %d data planes in the bench process (the data plane's router: shadow index and control-plane breaker at their defaults, %s, route timeout %s), 4 workers whose caches are modelled as LRUs of %d of the %d prefix groups; %d clients keeping two requests open, %s pause. "+
 		"After %s of load, a %s steady window, then SIGKILL to the leader and a %s kill window. Hit = a repeated group landing on a worker caching it. Election: until a survivor says it leads; first leader route: until the first Route sent after the kill that the control plane answered.",
-		c.DataPlanes, feed, timeout, c.CacheGroups, c.Groups, c.Clients, c.Pace, c.Settle, c.Window, c.Window)
+		procsText(c.NodeProcs), c.DataPlanes, feed, timeout, c.CacheGroups, c.Groups, c.Clients, c.Pace, c.Settle, c.Window, c.Window)
 }
 
 // FormatFailover renders the failover section for a terminal.
@@ -283,4 +284,12 @@ func FormatFailover(res FailoverResult) string {
 
 func failoverMarkdown(res *FailoverResult) string {
 	return mdSection("Failover", res.Skipped, failoverIntro(*res), failoverTable(*res), "")
+}
+
+// procsText says what GOMAXPROCS the control-plane nodes ran with.
+func procsText(n int) string {
+	if n <= 0 {
+		return "GOMAXPROCS Go's default, every CPU"
+	}
+	return fmt.Sprintf("GOMAXPROCS %d each", n)
 }

@@ -29,6 +29,9 @@ type FailoverConfig struct {
 	// NoPlacementFeed turns off dataplane.route_stream_placement_feed.
 	NoPlacementFeed bool `json:"no_placement_feed,omitempty"`
 	DataPlanes      int  `json:"dataplanes"`
+	// NodeProcs is each control-plane node's GOMAXPROCS (0: Go's default);
+	// see DefaultNodeProcs.
+	NodeProcs int `json:"node_procs"`
 	// Clients each keep two requests open and pause Pace between requests.
 	Clients int           `json:"clients"`
 	Pace    time.Duration `json:"pace_ns"`
@@ -54,7 +57,7 @@ type FailoverConfig struct {
 // windows; one run takes about 35 s.
 func DefaultFailoverConfig() FailoverConfig {
 	return FailoverConfig{Runs: 1, DataPlanes: 2, Clients: 8, Pace: 5 * time.Millisecond, Window: 6 * time.Second, Settle: 6 * time.Second,
-		Groups: 40, CacheGroups: 12, WarmRequests: 200, StartTimeout: 30 * time.Second}
+		Groups: 40, CacheGroups: 12, WarmRequests: 200, NodeProcs: DefaultNodeProcs, StartTimeout: 30 * time.Second}
 }
 
 // Validate refuses settings that would measure nothing or never end.
@@ -74,6 +77,8 @@ func (c FailoverConfig) Validate() error {
 		return errors.New("failover benchmark: negative pace or route timeout")
 	case c.Groups < 1 || c.CacheGroups < 1:
 		return errors.New("failover benchmark: groups and cache groups must be positive")
+	case c.NodeProcs < 0 || c.NodeProcs > maxNodeProcs:
+		return fmt.Errorf("failover benchmark: node procs %d out of range 0..%d (0 = Go's default)", c.NodeProcs, maxNodeProcs)
 	}
 	return nil
 }
@@ -303,7 +308,7 @@ func failoverOnce(ctx context.Context, env *Env, cfg FailoverConfig, seed uint64
 	// every placement ever made, and the hit ratio drifts with no fault.
 	capTokens := cfg.CacheGroups * 6 * failoverBlockChars / index.CharsPerToken
 	const balanceAbs = 4 // the pool is four workers with ~16 requests in flight
-	cl, err := startCPCluster(ctx, env, filepath.Join(env.Cfg.BinDir, "cart"), cpClusterSpec{Nodes: 3, Workers: 4, Model: model, StartTimeout: cfg.StartTimeout,
+	cl, err := startCPCluster(ctx, env, filepath.Join(env.Cfg.BinDir, "cart"), cpClusterSpec{Nodes: 3, Workers: 4, Model: model, StartTimeout: cfg.StartTimeout, Procs: cfg.NodeProcs,
 		Base: CartRouterConfig{CacheTokens: capTokens, BlockChars: failoverBlockChars, BalanceAbs: balanceAbs}})
 	if err != nil {
 		return nil, err

@@ -142,6 +142,12 @@ func (e *Env) Path(elem ...string) string { return filepath.Join(append([]string
 
 // Start runs bin with args, logging to <dir>/<name>.log.
 func (e *Env) Start(name, bin string, args ...string) (*Proc, error) {
+	return e.StartEnv(name, bin, nil, args...)
+}
+
+// StartEnv is Start with env ("KEY=value") added to the bench's own
+// environment.
+func (e *Env) StartEnv(name, bin string, env []string, args ...string) (*Proc, error) {
 	logPath := e.Path(name + ".log")
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -150,6 +156,9 @@ func (e *Env) Start(name, bin string, args ...string) (*Proc, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Dir = e.Dir
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()

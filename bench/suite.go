@@ -801,6 +801,11 @@ func (s *suite) startCart(ctx context.Context, dir, name string, port int, varia
 // waits until ready passes. The process is returned even when it does not
 // become ready, so the caller can stop it and keep its log.
 func (s *suite) startRole(ctx context.Context, dir, name, role string, c CartRouterConfig, ready func() error) (*Proc, error) {
+	return s.startRoleEnv(ctx, dir, name, role, c, nil, ready)
+}
+
+// startRoleEnv is startRole with env added to the process's environment.
+func (s *suite) startRoleEnv(ctx context.Context, dir, name, role string, c CartRouterConfig, env []string, ready func() error) (*Proc, error) {
 	cfgPath := filepath.Join(dir, name+".yaml")
 	if err := os.WriteFile(cfgPath, []byte(CartConfig(c)), 0o644); err != nil {
 		return nil, err
@@ -809,7 +814,7 @@ func (s *suite) startRole(ctx context.Context, dir, name, role string, c CartRou
 	if role != "" {
 		args = append([]string{role}, args...)
 	}
-	p, err := s.env.Start(name, s.cartBin, args...)
+	p, err := s.env.StartEnv(name, s.cartBin, env, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -866,8 +871,8 @@ func (s *suite) front(ctx context.Context, dir, name string, backends []string, 
 	return err
 }
 
-// startDistributed runs three control-plane nodes and n data planes behind
-// HAProxy. Any role that fails to start skips the scenario with the reason.
+// startDistributed runs three control-plane nodes (GOMAXPROCS as the cp
+// section's, --cp-node-procs) and n data planes behind HAProxy. Any role that fails to start skips the scenario with the reason.
 func (s *suite) startDistributed(ctx context.Context, dir, name string, n int, d *deployment) error {
 	if s.haproxy == "" {
 		return errors.New("haproxy not found: " + InstallHint)
@@ -887,7 +892,7 @@ func (s *suite) startDistributed(ctx context.Context, dir, name string, n int, d
 		} else {
 			c.Join = []string{apiURLs[0]}
 		}
-		p, err := s.startRole(ctx, dir, name+"-"+node, "controlplane", c, tcpOpen(api))
+		p, err := s.startRoleEnv(ctx, dir, name+"-"+node, "controlplane", c, procsEnv(s.cfg.CP.NodeProcs), tcpOpen(api))
 		if p != nil {
 			d.procs = append(d.procs, p)
 		}

@@ -38,8 +38,9 @@ type composeService struct {
 		Source string `yaml:"source"`
 		Target string `yaml:"target"`
 	} `yaml:"secrets"`
-	Hostname string `yaml:"hostname"`
-	Deploy   struct {
+	Hostname    string            `yaml:"hostname"`
+	Environment map[string]string `yaml:"environment"`
+	Deploy      struct {
 		Replicas int `yaml:"replicas"`
 	} `yaml:"deploy"`
 }
@@ -139,6 +140,10 @@ func TestComposeTopology(t *testing.T) {
 		case strings.HasPrefix(name, "cp-"):
 			if hc != "CMD cart-probe grpc http://127.0.0.1:6701" {
 				t.Errorf("%s healthcheck %q, want the gRPC health check of the API port", name, hc)
+			}
+			// Three nodes on one host: one P each, as the chart gives them.
+			if p := s.Environment["GOMAXPROCS"]; p != "1" {
+				t.Errorf("%s GOMAXPROCS %q, want 1", name, p)
 			}
 		default:
 			if !strings.HasPrefix(hc, "CMD cart-probe http ") || !strings.HasSuffix(hc, "/health") {

@@ -186,6 +186,12 @@ func TestHelmControlPlane(t *testing.T) {
 	}) {
 		t.Error("POD_NAME is not taken from metadata.name: $(POD_NAME) in args would not expand")
 	}
+	if !slices.ContainsFunc(list(dig(c, "env")), func(e any) bool {
+		return dig(e, "name") == "GOMAXPROCS" && dig(e, "valueFrom", "resourceFieldRef", "resource") == "requests.cpu" &&
+			dig(e, "valueFrom", "resourceFieldRef", "divisor") == "1"
+	}) {
+		t.Error("GOMAXPROCS is not taken from the node's CPU request: Go would run a P per core of the machine")
+	}
 
 	// Every node's config, through the real loader and validator.
 	cm := m.get(t, "ConfigMap", "rel-cart-config")

@@ -335,6 +335,13 @@ func addCPFlags(f *pflag.FlagSet, c *bench.CPConfig, prefix string) {
 	addDataPlaneFlags(f, prefix, &c.DataPlanes, "data planes (each its own connection to the leader)", &c.RouteTimeout, &c.Unary, &c.NoPlacementFeed)
 	f.IntVar(&c.BlockChars, prefix+"block-chars", c.BlockChars, "cache.block_chars of the control-plane nodes and the data planes (0 = the config default)")
 	f.IntVar(&c.PlacementBatchMs, prefix+"placement-batch-ms", c.PlacementBatchMs, "controlplane.placement_batch_ms of the control-plane nodes (0 = the config default)")
+	addNodeProcsFlag(f, prefix, &c.NodeProcs)
+}
+
+// addNodeProcsFlag registers the control-plane nodes' GOMAXPROCS, shared
+// by the cp and failover benchmarks.
+func addNodeProcsFlag(f *pflag.FlagSet, prefix string, procs *int) {
+	f.IntVar(procs, prefix+"node-procs", *procs, "GOMAXPROCS of each control-plane node, as the Helm chart sets it from the node's CPU request (0 = Go's default: every CPU)")
 }
 
 // addDataPlaneFlags registers the data-plane settings the cp and failover
@@ -371,4 +378,5 @@ func addFailoverFlags(f *pflag.FlagSet, c *bench.FailoverConfig, prefix string) 
 	f.IntVar(&c.Groups, prefix+"groups", c.Groups, "prefix groups the requests share")
 	f.IntVar(&c.CacheGroups, prefix+"cache-groups", c.CacheGroups, "groups each worker's modelled cache holds")
 	addDataPlaneFlags(f, prefix, &c.DataPlanes, "data planes", &c.RouteTimeout, &c.Unary, &c.NoPlacementFeed)
+	addNodeProcsFlag(f, prefix, &c.NodeProcs)
 }
