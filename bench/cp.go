@@ -46,7 +46,12 @@ type CPConfig struct {
 	PlacementBatchMs int `json:"placement_batch_ms,omitempty"`
 	// NodeProcs is each node's GOMAXPROCS; 0 leaves Go's default (every
 	// CPU). See DefaultNodeProcs.
-	NodeProcs    int           `json:"node_procs"`
+	NodeProcs int `json:"node_procs"`
+	// Warmup is load before the first measured run, at the highest rate,
+	// so that the runs see the index full and the heap at its size, as a
+	// control plane is after its first minute (0: a 1 s warm-up of
+	// connections only, and the first runs see the index fill).
+	Warmup       time.Duration `json:"warmup_ns"`
 	StartTimeout time.Duration `json:"start_timeout_ns"`
 }
 
@@ -63,11 +68,12 @@ const DefaultNodeProcs = 1
 // cores is a typo.
 const maxNodeProcs = 1024
 
-// DefaultCPConfig is sized so the section takes about a minute and a half:
-// four runs of 10 s plus the cluster's start and the pauses between runs.
+// DefaultCPConfig is sized so the section takes under two minutes: a 10 s
+// warm-up, four runs of 10 s, the cluster's start and the pauses between
+// runs.
 func DefaultCPConfig() CPConfig {
 	return CPConfig{Rates: []int{1000, 2000, 5000}, Concurrency: []int{32}, Duration: 10 * time.Second,
-		Nodes: 3, DataPlanes: 4, Workers: 4, NodeProcs: DefaultNodeProcs, StartTimeout: 30 * time.Second}
+		Nodes: 3, DataPlanes: 4, Workers: 4, NodeProcs: DefaultNodeProcs, Warmup: 10 * time.Second, StartTimeout: 30 * time.Second}
 }
 
 // CPRun is one load level.
@@ -479,6 +485,9 @@ func RunCP(ctx context.Context, env *Env, cfg CPConfig) CPResult {
 	// Warm-up: connections, the group prefixes in the index, the leader's
 	// first placements replicated.
 	runOpenLoop(ctx, dps.routers, wl, 500, time.Second)
+	if cfg.Warmup > 0 {
+		runOpenLoop(ctx, dps.routers, wl, cfg.warmupRate(), cfg.Warmup)
+	}
 	causes.take()
 	for _, lv := range cpLevels(cfg) {
 		if ctx.Err() != nil {
@@ -539,6 +548,15 @@ func (c CPConfig) blockChars() int {
 	return config.Default().Cache.BlockChars
 }
 
+// warmupRate is the highest open-loop rate, or 2,000/s without one.
+func (c CPConfig) warmupRate() int {
+	r := 2000
+	if len(c.Rates) > 0 {
+		r = max(slices.Max(c.Rates), 1)
+	}
+	return r
+}
+
 func (c CPConfig) clusterSpec() cpClusterSpec {
 	return cpClusterSpec{Nodes: max(c.Nodes, 1), Workers: max(c.Workers, 1), Model: cpModel,
 		Base: CartRouterConfig{BlockChars: c.BlockChars, PlacementBatchMs: c.PlacementBatchMs}, StartTimeout: c.StartTimeout, Procs: c.NodeProcs}
@@ -573,6 +591,8 @@ func (c CPConfig) Validate() error {
 		return fmt.Errorf("control-plane benchmark: placement batch %d ms out of range 0..60000 (0 = the config default)", c.PlacementBatchMs)
 	case c.NodeProcs < 0 || c.NodeProcs > maxNodeProcs:
 		return fmt.Errorf("control-plane benchmark: node procs %d out of range 0..%d (0 = Go's default)", c.NodeProcs, maxNodeProcs)
+	case c.Warmup < 0 || c.Warmup > 10*time.Minute:
+		return fmt.Errorf("control-plane benchmark: warm-up %s out of range [0, 10m]", c.Warmup)
 	}
 	return nil
 }

@@ -217,6 +217,7 @@ func TestCPLevelsAndValidate(t *testing.T) {
 		"batch":         {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, PlacementBatchMs: -1},
 		"procs":         {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, NodeProcs: -1},
 		"procs+":        {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, NodeProcs: maxNodeProcs + 1},
+		"warm-up":       {Rates: []int{5}, Duration: time.Second, DataPlanes: 1, Warmup: -1},
 	} {
 		if c.Validate() == nil {
 			t.Errorf("%s: accepted", name)
@@ -261,6 +262,25 @@ func TestCPNodeProcs(t *testing.T) {
 	}
 	if !strings.Contains(cpIntro(CPResult{Config: c}), "Go's default") {
 		t.Error("the cp intro does not say the nodes run Go's default")
+	}
+}
+
+// The warm-up runs at the highest rate and the intro says so; without
+// one the intro says the first runs see the index fill.
+func TestCPWarmup(t *testing.T) {
+	c := DefaultCPConfig()
+	if got := c.warmupRate(); got != 5000 {
+		t.Errorf("warm-up rate %d, want the highest rate 5000", got)
+	}
+	if !strings.Contains(cpIntro(CPResult{Config: c}), "after a 10s warm-up at 5000/s") {
+		t.Errorf("the intro does not say the warm-up: %s", cpIntro(CPResult{Config: c}))
+	}
+	c.Rates, c.Warmup = nil, 0
+	if got := c.warmupRate(); got != 2000 {
+		t.Errorf("closed loop only: warm-up rate %d, want 2000", got)
+	}
+	if !strings.Contains(cpIntro(CPResult{Config: c}), "the first runs see the index fill") {
+		t.Error("without a warm-up the intro does not say the index fills during the runs")
 	}
 }
 

@@ -149,9 +149,13 @@ func cpIntro(res CPResult) string {
 		conf += " but " + strings.Join(but, " and ")
 	}
 	conf += ", " + procsText(c.NodeProcs)
-	return fmt.Sprintf("%d `cart controlplane` processes (Raft, %s), %d data planes in the bench process (the data plane's own control-plane client, %s, route timeout %s), %d workers; every call a new 2.5k-10k-character prompt sharing one of %d 2k-character prefixes, settled at once (1 in %d undelivered); %s per run. "+
+	warm := "the first runs see the index fill"
+	if c.Warmup > 0 {
+		warm = fmt.Sprintf("after a %s warm-up at %d/s that fills the index", c.Warmup, c.warmupRate())
+	}
+	return fmt.Sprintf("%d `cart controlplane` processes (Raft, %s), %d data planes in the bench process (the data plane's own control-plane client, %s, route timeout %s), %d workers; every call a new 2.5k-10k-character prompt sharing one of %d 2k-character prefixes, settled at once (1 in %d undelivered); %s per run, %s. "+
 		"Routes/s, latency and CPU: the calls the control plane answered, as the data plane saw them (fallbacks counted apart, all-call p99 in results.json). Decide and lock hold: the leader's cart_cp_route_seconds and cart_decider_lock_hold_seconds (every op) over the run. CPU: per answered call; followers summed. Step-downs: Raft terms that passed during the run.",
-		c.Nodes, conf, c.DataPlanes, path, timeout, c.Workers, cpGroups, cpUndelivered, c.Duration)
+		c.Nodes, conf, c.DataPlanes, path, timeout, c.Workers, cpGroups, cpUndelivered, c.Duration, warm)
 }
 
 // FormatCP renders the control-plane section for a terminal.

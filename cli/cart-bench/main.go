@@ -336,6 +336,7 @@ func addCPFlags(f *pflag.FlagSet, c *bench.CPConfig, prefix string) {
 	f.IntVar(&c.BlockChars, prefix+"block-chars", c.BlockChars, "cache.block_chars of the control-plane nodes and the data planes (0 = the config default)")
 	f.IntVar(&c.PlacementBatchMs, prefix+"placement-batch-ms", c.PlacementBatchMs, "controlplane.placement_batch_ms of the control-plane nodes (0 = the config default)")
 	addNodeProcsFlag(f, prefix, &c.NodeProcs)
+	f.DurationVar(&c.Warmup, prefix+"warmup", c.Warmup, "load at the highest rate before the first measured run, so that the runs see the index full (0 = none: the first runs see it fill)")
 }
 
 // addNodeProcsFlag registers the control-plane nodes' GOMAXPROCS, shared
