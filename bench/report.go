@@ -231,13 +231,17 @@ func SummaryMarkdown(res *SuiteResults, charts []string) string {
 	if o := res.Overhead; o != nil {
 		fmt.Fprintf(&b, "## Proxy overhead\n\nOne cart-sim with --time-scale 0 (answers at once), tiny non-streaming chat requests (%d-character prompt, max_tokens 1), closed loop at concurrency %d for %s per target.\n\n",
 			o.Config.PromptChars, o.Config.Concurrency, o.Config.Duration)
-		b.WriteString("| target | req/s | p50 | p99 | requests | errors | tool |\n|---|---|---|---|---|---|---|\n")
+		b.WriteString("| target | req/s | p50 | p99 | requests | errors | tool | CPU µs/req |\n|---|---|---|---|---|---|---|---|\n")
 		for _, t := range o.Targets {
 			if t.Skipped != "" {
-				fmt.Fprintf(&b, "| %s | skipped: %s | | | | | |\n", t.Name, mdEscape(t.Skipped))
+				fmt.Fprintf(&b, "| %s | skipped: %s | | | | | | |\n", t.Name, mdEscape(t.Skipped))
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %.0f | %.2f ms | %.2f ms | %d | %d | %s |\n", t.Name, t.ReqPerS, t.P50Ms, t.P99Ms, t.Requests, t.Errors, t.Tool)
+			cpu := "not measured"
+			if t.CPUUsPerReq > 0 {
+				cpu = fmt.Sprintf("%.0f", t.CPUUsPerReq)
+			}
+			fmt.Fprintf(&b, "| %s | %.0f | %.2f ms | %.2f ms | %d | %d | %s | %s |\n", t.Name, t.ReqPerS, t.P50Ms, t.P99Ms, t.Requests, t.Errors, t.Tool, cpu)
 		}
 		if o.CartOverNginx > 0 {
 			fmt.Fprintf(&b, "\nCART / nginx throughput: **%.2f**\n", o.CartOverNginx)

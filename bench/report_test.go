@@ -65,7 +65,7 @@ func TestWriteReport(t *testing.T) {
 			{Trace: "gsp", Scenario: ScenarioSplit, Status: "ok", DataPlanes: 4, Summary: sum(0.4)},
 		},
 		Overhead: &OverheadResult{Config: DefaultOverhead(), CartOverNginx: 0.9,
-			Targets: []OverheadTarget{{Name: "nginx", ReqPerS: 1000}, {Name: "cart", ReqPerS: 900}, {Name: "direct", Skipped: "x"}}},
+			Targets: []OverheadTarget{{Name: "nginx", ReqPerS: 1000, CPUUsPerReq: 36.4}, {Name: "cart", ReqPerS: 900}, {Name: "direct", Skipped: "x"}}},
 	}
 	if err := WriteReport(dir, res); err != nil {
 		t.Fatal(err)
@@ -77,7 +77,8 @@ func TestWriteReport(t *testing.T) {
 	}
 	decodePNG(t, filepath.Join(dir, "hit_vs_dataplanes.png"))
 	md, _ := os.ReadFile(filepath.Join(dir, "summary.md"))
-	for _, want := range []string{"| cart | 75.0% | 80.0% | 0.94 |", "skipped: control plane exited \\| boom", "CART / nginx throughput: **0.90**", "fallback{cause=\"x\"}=2"} {
+	for _, want := range []string{"| cart | 75.0% | 80.0% | 0.94 |", "skipped: control plane exited \\| boom", "CART / nginx throughput: **0.90**", "fallback{cause=\"x\"}=2",
+		"| nginx | 1000 | 0.00 ms | 0.00 ms | 0 | 0 |  | 36 |", "| cart | 900 | 0.00 ms | 0.00 ms | 0 | 0 |  | not measured |"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("summary.md lacks %q:\n%s", want, md)
 		}

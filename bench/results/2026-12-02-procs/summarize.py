@@ -18,9 +18,12 @@ def row(label, files, level):
 
 print("| nodes | run | routes/s | decide p99 µs | lock hold p99 µs | leader µs/route | followers µs/route | fallbacks |")
 print("|---|---|---|---|---|---|---|---|")
-for level in ["open 2000/s", "closed c=32", "open 5000/s"]:
-    for p, label in [("0", "Go default (2 Ps)"), ("1", "1 P each")]:
-        row(label, sorted(glob.glob(f"{here}/procs{p}-*.json")), level)
+for prefix, title in [("procs", "run.sh: no warm-up, the 2,000/s run sees the index fill"),
+                      ("warm-procs", "run-warm.sh: after a 10 s warm-up at 5,000/s")]:
+    print(f"| **{title}** | | | | | | | |")
+    for level in ["open 2000/s", "closed c=32", "open 5000/s"]:
+        for p, label in [("0", "Go default (2 Ps)"), ("1", "1 P each")]:
+            row(label, sorted(glob.glob(f"{here}/{prefix}{p}-*.json")), level)
 print()
 print("pin/ (open 2000/s after a closed c=1 run, 20 s each):")
 print("| set-up | files | run | decide p99 µs | lock hold p99 µs | leader µs/route | followers µs/route | fallbacks |")
