@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,11 +32,32 @@ type OverheadConfig struct {
 	PromptChars int `json:"prompt_chars"`
 	// UseWrk drives the load with wrk instead, when installed.
 	UseWrk bool `json:"use_wrk"`
+	// Rounds alternates nginx and CART this many times, both kept
+	// running: on a shared machine one pair measured 10 s apart can see
+	// different neighbours, so the ratio reported is the median of the
+	// rounds' ratios (1: one pair).
+	Rounds int `json:"rounds"`
 }
 
-// DefaultOverhead returns 10 s per target at concurrency 32.
+// DefaultOverhead returns 10 s per target at concurrency 32, three rounds.
 func DefaultOverhead() OverheadConfig {
-	return OverheadConfig{Duration: 10 * time.Second, Warmup: time.Second, Concurrency: 32, MaxRequests: 2_000_000, PromptChars: 512}
+	return OverheadConfig{Duration: 10 * time.Second, Warmup: time.Second, Concurrency: 32, MaxRequests: 2_000_000, PromptChars: 512, Rounds: 3}
+}
+
+// maxOverheadRounds bounds --rounds: each takes twice the duration.
+const maxOverheadRounds = 50
+
+// Validate refuses settings that would measure nothing or never end.
+func (c OverheadConfig) Validate() error {
+	switch {
+	case c.Duration <= 0 || c.Duration > time.Hour:
+		return fmt.Errorf("overhead benchmark: duration %s out of range (0, 1h]", c.Duration)
+	case c.Concurrency < 1 || c.Concurrency > 10_000:
+		return fmt.Errorf("overhead benchmark: concurrency %d out of range 1..10000", c.Concurrency)
+	case c.Rounds < 1 || c.Rounds > maxOverheadRounds:
+		return fmt.Errorf("overhead benchmark: rounds %d out of range 1..%d", c.Rounds, maxOverheadRounds)
+	}
+	return nil
 }
 
 // OverheadTarget is one target's figures.
@@ -57,8 +80,35 @@ type OverheadTarget struct {
 type OverheadResult struct {
 	Config  OverheadConfig   `json:"config"`
 	Targets []OverheadTarget `json:"targets"`
-	// CartOverNginx is CART's throughput divided by nginx's.
+	// CartOverNginx is CART's throughput divided by nginx's: the median
+	// of the rounds' ratios. Targets holds direct, and nginx and CART from
+	// the round with that median.
 	CartOverNginx float64 `json:"cart_over_nginx"`
+	// Rounds are the alternating nginx/CART pairs, in order.
+	Rounds []OverheadRound `json:"rounds,omitempty"`
+}
+
+// OverheadRound is one nginx run followed by one CART run.
+type OverheadRound struct {
+	Nginx         OverheadTarget `json:"nginx"`
+	Cart          OverheadTarget `json:"cart"`
+	CartOverNginx float64        `json:"cart_over_nginx"`
+}
+
+// medianRound returns the index of the round whose ratio is the median
+// (the lower middle one for an even count), or -1 when no round has both.
+func medianRound(rounds []OverheadRound) int {
+	var idx []int
+	for i, r := range rounds {
+		if r.CartOverNginx > 0 {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return -1
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rounds[a].CartOverNginx, rounds[b].CartOverNginx) })
+	return idx[(len(idx)-1)/2]
 }
 
 func overheadBody(promptChars int) []byte {
@@ -197,34 +247,45 @@ func RunOverhead(ctx context.Context, env *Env, c OverheadConfig) OverheadResult
 
 	res.Targets = append(res.Targets, measure("direct", baseURL(port), p))
 
-	if target, procs, err := s.startNginx(ctx, dir, "overhead-nginx", []string{hostPort(port)}, false); err != nil {
-		env.StopAll(procs)
-		res.Targets = append(res.Targets, OverheadTarget{Name: "nginx", Skipped: err.Error()})
-	} else {
-		res.Targets = append(res.Targets, measure("nginx", target, procs...))
-		env.StopAll(procs)
-	}
-
+	// Both proxies run for the whole section (idle while the other is
+	// measured), so that the rounds can alternate.
+	nginxURL, nginxProcs, nginxErr := s.startNginx(ctx, dir, "overhead-nginx", []string{hostPort(port)}, false)
+	defer env.StopAll(nginxProcs)
+	cartURL, cartProcs, cartErr := "", []*Proc(nil), error(nil)
 	if cport, err := env.FreePort(); err != nil {
-		res.Targets = append(res.Targets, OverheadTarget{Name: "cart", Skipped: err.Error()})
-	} else if procs, err := s.startCart(ctx, dir, "overhead-cart", cport, ""); err != nil {
-		env.StopAll(procs)
-		res.Targets = append(res.Targets, OverheadTarget{Name: "cart", Skipped: err.Error()})
+		cartErr = err
 	} else {
-		res.Targets = append(res.Targets, measure("cart", baseURL(cport), procs...))
-		env.StopAll(procs)
+		cartURL = baseURL(cport)
+		cartProcs, cartErr = s.startCart(ctx, dir, "overhead-cart", cport, "")
 	}
-	var nginxRPS, cartRPS float64
-	for _, t := range res.Targets {
-		switch t.Name {
-		case "nginx":
-			nginxRPS = t.ReqPerS
-		case "cart":
-			cartRPS = t.ReqPerS
+	defer env.StopAll(cartProcs)
+	for range max(c.Rounds, 1) {
+		if ctx.Err() != nil {
+			break
 		}
+		r := OverheadRound{Nginx: OverheadTarget{Name: "nginx"}, Cart: OverheadTarget{Name: "cart"}}
+		if nginxErr != nil {
+			r.Nginx.Skipped = nginxErr.Error()
+		} else {
+			r.Nginx = measure("nginx", nginxURL, nginxProcs...)
+		}
+		if cartErr != nil {
+			r.Cart.Skipped = cartErr.Error()
+		} else {
+			r.Cart = measure("cart", cartURL, cartProcs...)
+		}
+		if r.Nginx.ReqPerS > 0 && r.Cart.Skipped == "" {
+			r.CartOverNginx = r.Cart.ReqPerS / r.Nginx.ReqPerS
+		}
+		res.Rounds = append(res.Rounds, r)
 	}
-	if nginxRPS > 0 {
-		res.CartOverNginx = cartRPS / nginxRPS
+	pick := 0
+	if m := medianRound(res.Rounds); m >= 0 {
+		pick = m
+		res.CartOverNginx = res.Rounds[m].CartOverNginx
+	}
+	if len(res.Rounds) > 0 {
+		res.Targets = append(res.Targets, res.Rounds[pick].Nginx, res.Rounds[pick].Cart)
 	}
 	return res
 }
@@ -303,8 +364,36 @@ func FormatOverhead(r OverheadResult) string {
 		}
 		b.WriteString("\n")
 	}
+	if len(r.Rounds) > 1 {
+		for i, rd := range r.Rounds {
+			fmt.Fprintf(&b, "round %d: nginx %s, cart %s, cart/nginx %s\n", i+1, roundTarget(rd.Nginx), roundTarget(rd.Cart), roundRatio(rd))
+		}
+	}
 	if r.CartOverNginx > 0 {
-		fmt.Fprintf(&b, "cart/nginx throughput: %.2f\n", r.CartOverNginx)
+		what := ""
+		if len(r.Rounds) > 1 {
+			what = fmt.Sprintf(" (median of %d rounds; the nginx and cart lines above are that round's)", len(r.Rounds))
+		}
+		fmt.Fprintf(&b, "cart/nginx throughput: %.2f%s\n", r.CartOverNginx, what)
 	}
 	return b.String()
+}
+
+// roundTarget is one target's figures in a round's line.
+func roundTarget(t OverheadTarget) string {
+	if t.Skipped != "" {
+		return "skipped"
+	}
+	s := fmt.Sprintf("%.0f req/s", t.ReqPerS)
+	if t.CPUUsPerReq > 0 {
+		s += fmt.Sprintf(" at %.0f CPU µs/req", t.CPUUsPerReq)
+	}
+	return s
+}
+
+func roundRatio(r OverheadRound) string {
+	if r.CartOverNginx <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", r.CartOverNginx)
 }

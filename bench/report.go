@@ -243,8 +243,18 @@ func SummaryMarkdown(res *SuiteResults, charts []string) string {
 			}
 			fmt.Fprintf(&b, "| %s | %.0f | %.2f ms | %.2f ms | %d | %d | %s | %s |\n", t.Name, t.ReqPerS, t.P50Ms, t.P99Ms, t.Requests, t.Errors, t.Tool, cpu)
 		}
+		if len(o.Rounds) > 1 {
+			b.WriteString("\nRounds (nginx, then CART, alternating; both kept running):\n\n| round | nginx | CART | CART / nginx |\n|---|---|---|---|\n")
+			for i, rd := range o.Rounds {
+				fmt.Fprintf(&b, "| %d | %s | %s | %s |\n", i+1, roundTarget(rd.Nginx), roundTarget(rd.Cart), roundRatio(rd))
+			}
+		}
 		if o.CartOverNginx > 0 {
-			fmt.Fprintf(&b, "\nCART / nginx throughput: **%.2f**\n", o.CartOverNginx)
+			what := ""
+			if len(o.Rounds) > 1 {
+				what = fmt.Sprintf(" (median of %d rounds; the nginx and cart rows above are that round's)", len(o.Rounds))
+			}
+			fmt.Fprintf(&b, "\nCART / nginx throughput: **%.2f**%s\n", o.CartOverNginx, what)
 		}
 		b.WriteString("\n")
 	}

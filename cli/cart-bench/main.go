@@ -154,6 +154,11 @@ apt-get install -y nginx haproxy`,
 			if c.OutDir == "" {
 				c.OutDir = filepath.Join(root, "bench", "results", time.Now().Format("2006-01-02"))
 			}
+			if !c.SkipOverhead {
+				if err := c.Overhead.Validate(); err != nil {
+					return err
+				}
+			}
 			if !c.SkipControlPlane {
 				if err := c.CP.Validate(); err != nil {
 					return err
@@ -191,6 +196,7 @@ apt-get install -y nginx haproxy`,
 	f.BoolVar(&c.SkipOverhead, "no-overhead", false, "skip the proxy-overhead benchmark")
 	f.DurationVar(&c.Overhead.Duration, "overhead-duration", c.Overhead.Duration, "proxy-overhead: duration per target")
 	f.IntVar(&c.Overhead.Concurrency, "overhead-concurrency", c.Overhead.Concurrency, "proxy-overhead: closed-loop concurrency")
+	f.IntVar(&c.Overhead.Rounds, "overhead-rounds", c.Overhead.Rounds, "proxy-overhead: nginx/CART rounds, alternating; the ratio is their median")
 	f.BoolVar(&c.SkipControlPlane, "no-controlplane", false, "skip the control-plane benchmark (cp-* flags)")
 	addCPFlags(f, &c.CP, "cp-")
 	f.BoolVar(&c.SkipFailover, "no-failover", false, "skip the leader-kill failover benchmark (failover-* flags)")
@@ -207,6 +213,9 @@ func newOverheadCmd() *cobra.Command {
 		Short: "Proxy overhead: requests/s and latency of CART all-in-one vs nginx in front of one fast replica",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := c.Overhead.Validate(); err != nil {
+				return err
+			}
 			env, err := bench.NewEnv(c, cmd.ErrOrStderr())
 			if err != nil {
 				return err
@@ -225,6 +234,7 @@ func newOverheadCmd() *cobra.Command {
 	f.DurationVar(&c.Overhead.Duration, "duration", c.Overhead.Duration, "duration per target")
 	f.IntVar(&c.Overhead.Concurrency, "concurrency", c.Overhead.Concurrency, "closed-loop concurrency")
 	f.BoolVar(&c.Overhead.UseWrk, "wrk", false, "drive the load with wrk when it is installed")
+	f.IntVar(&c.Overhead.Rounds, "rounds", c.Overhead.Rounds, "nginx/CART rounds, alternating; the ratio is their median")
 	f.StringVarP(&out, "out", "o", "", "write the JSON result here")
 	return cmd
 }

@@ -1,0 +1,83 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func round(nginx, cart float64) OverheadRound {
+	r := OverheadRound{Nginx: OverheadTarget{Name: "nginx", ReqPerS: nginx}, Cart: OverheadTarget{Name: "cart", ReqPerS: cart}}
+	if nginx > 0 && cart > 0 {
+		r.CartOverNginx = cart / nginx
+	}
+	return r
+}
+
+// The reported ratio is the median round's, whose nginx and cart figures
+// are the ones reported; rounds missing a side do not count.
+func TestMedianRound(t *testing.T) {
+	for name, c := range map[string]struct {
+		rounds []OverheadRound
+		want   int
+	}{
+		"none":           {nil, -1},
+		"no pair":        {[]OverheadRound{round(1000, 0)}, -1},
+		"one":            {[]OverheadRound{round(1000, 700)}, 0},
+		"odd":            {[]OverheadRound{round(1000, 800), round(1000, 500), round(1000, 700)}, 2},
+		"even, lower":    {[]OverheadRound{round(1000, 800), round(1000, 500), round(1000, 700), round(1000, 900)}, 2},
+		"skips the hole": {[]OverheadRound{round(1000, 0), round(1000, 900), round(1000, 600)}, 2},
+	} {
+		if got := medianRound(c.rounds); got != c.want {
+			t.Errorf("%s: round %d, want %d", name, got, c.want)
+		}
+	}
+}
+
+func TestOverheadValidate(t *testing.T) {
+	if err := DefaultOverhead().Validate(); err != nil {
+		t.Fatalf("default: %v", err)
+	}
+	if DefaultOverhead().Rounds < 3 {
+		t.Errorf("default rounds %d: one pair 10 s apart is what made the ratio noisy", DefaultOverhead().Rounds)
+	}
+	for name, mod := range map[string]func(*OverheadConfig){
+		"no rounds":   func(c *OverheadConfig) { c.Rounds = 0 },
+		"rounds":      func(c *OverheadConfig) { c.Rounds = maxOverheadRounds + 1 },
+		"duration":    func(c *OverheadConfig) { c.Duration = 0 },
+		"concurrency": func(c *OverheadConfig) { c.Concurrency = 0 },
+	} {
+		c := DefaultOverhead()
+		mod(&c)
+		if c.Validate() == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestFormatOverheadRounds(t *testing.T) {
+	rounds := []OverheadRound{round(1000, 800), round(1000, 500), round(1000, 700)}
+	rounds[0].Cart.CPUUsPerReq = 95
+	rounds[1].Cart.Skipped = "x"
+	rounds[1].CartOverNginx = 0
+	m := medianRound(rounds)
+	r := OverheadResult{Config: OverheadConfig{Duration: time.Second}, Rounds: rounds, CartOverNginx: rounds[m].CartOverNginx,
+		Targets: []OverheadTarget{{Name: "direct", ReqPerS: 2000}, rounds[m].Nginx, rounds[m].Cart}}
+	out := FormatOverhead(r)
+	for _, want := range []string{
+		"round 1: nginx 1000 req/s, cart 800 req/s at 95 CPU µs/req, cart/nginx 0.80\n",
+		"round 2: nginx 1000 req/s, cart skipped, cart/nginx -\n",
+		"cart/nginx throughput: 0.70 (median of 3 rounds",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	res := &SuiteResults{Overhead: &r}
+	md := SummaryMarkdown(res, nil)
+	for _, want := range []string{"| 1 | 1000 req/s | 800 req/s at 95 CPU µs/req | 0.80 |", "**0.70** (median of 3 rounds"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("summary lacks %q:\n%s", want, md)
+		}
+	}
+}
