@@ -89,7 +89,13 @@ type CPRun struct {
 	Answered       int            `json:"answered"`
 	Fallbacks      int            `json:"fallbacks"`
 	FallbackCauses map[string]int `json:"fallback_causes,omitempty"`
-	Errors         int            `json:"errors"`
+	// FallbackWindows is how many fallbackWindow-long stretches of the run
+	// (by when the call was sent) had a fallback, and FallbackWindowMax
+	// the most fallbacks in one: a few windows holding them all is a
+	// stall, many windows with one each a steady tail.
+	FallbackWindows   int `json:"fallback_windows,omitempty"`
+	FallbackWindowMax int `json:"fallback_window_max,omitempty"`
+	Errors            int `json:"errors"`
 	// RoutesPerS counts the calls the control plane answered: a fallback
 	// is the data plane's decision, and with the breaker open it costs
 	// nothing, so counting it would reward an overloaded leader.
@@ -206,9 +212,13 @@ func (w *cpWorkload) next() *router.Request {
 // cpSample is one Route call.
 type cpSample struct {
 	lat      time.Duration
+	sent     time.Duration // since the run started
 	fallback bool
 	err      bool
 }
+
+// fallbackWindow groups a run's fallbacks by when their calls were sent.
+const fallbackWindow = 100 * time.Millisecond
 
 // causeCounter counts the data planes' fallback causes.
 type causeCounter struct {
@@ -271,7 +281,9 @@ func runOpenLoop(ctx context.Context, dps []*remote.Router, wl *cpWorkload, rate
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			samples[i] = routeOnce(ctx, dps[i%len(dps)], wl.next(), uint64(i))
+			s := routeOnce(ctx, dps[i%len(dps)], wl.next(), uint64(i))
+			s.sent = time.Duration(i) * interval
+			samples[i] = s
 		}()
 	}
 	wg.Wait() // bounded: each call ends at the route timeout
@@ -290,7 +302,10 @@ func runClosedLoop(ctx context.Context, dps []*remote.Router, wl *cpWorkload, co
 			defer wg.Done()
 			r := dps[g%len(dps)]
 			for i := uint64(0); time.Now().Before(deadline) && ctx.Err() == nil; i++ {
-				per[g] = append(per[g], routeOnce(ctx, r, wl.next(), i))
+				sent := time.Since(start)
+				s := routeOnce(ctx, r, wl.next(), i)
+				s.sent = sent
+				per[g] = append(per[g], s)
 			}
 		}()
 	}
@@ -342,6 +357,13 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 	r.WallS = wall.Seconds()
 	r.Sent = len(samples)
 	var answered, every []float64
+	windows := map[time.Duration]int{}
+	defer func() {
+		r.FallbackWindows = len(windows)
+		for _, n := range windows {
+			r.FallbackWindowMax = max(r.FallbackWindowMax, n)
+		}
+	}()
 	for _, s := range samples {
 		ms := float64(s.lat) / 1e6
 		switch {
@@ -350,6 +372,7 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 			continue
 		case s.fallback:
 			r.Fallbacks++
+			windows[s.sent/fallbackWindow]++
 		default:
 			r.Answered++
 			answered = append(answered, ms)

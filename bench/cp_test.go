@@ -149,10 +149,41 @@ func TestSummarizeCP(t *testing.T) {
 	if _, err := json.Marshal(r); err != nil {
 		t.Errorf("not JSON: %v", err)
 	}
+	if r.FallbackWindows != 1 || r.FallbackWindowMax != 1 {
+		t.Errorf("one fallback: %d windows, %d at most", r.FallbackWindows, r.FallbackWindowMax)
+	}
 	var empty CPRun
 	summarizeCP(&empty, nil, time.Second, cpScrape{}, cpScrape{}, -1)
 	if _, err := json.Marshal(empty); err != nil || empty.DecideP99Us != 0 {
 		t.Errorf("a run without data: %+v %v", empty, err)
+	}
+}
+
+// Fallbacks are grouped by when their calls were sent: a stall shows as
+// few windows holding many, and the table says so.
+func TestFallbackWindows(t *testing.T) {
+	var samples []cpSample
+	fb := func(at time.Duration) {
+		samples = append(samples, cpSample{lat: 20 * time.Millisecond, sent: at, fallback: true})
+	}
+	for i := range 30 {
+		fb(2*time.Second + time.Duration(i)*time.Millisecond) // one stall: 30 calls within 30 ms
+	}
+	fb(5 * time.Second)
+	fb(5*time.Second + 99*time.Millisecond) // same window as the previous
+	fb(7*time.Second + 100*time.Millisecond)
+	samples = append(samples, cpSample{lat: time.Millisecond, sent: 3 * time.Second}) // answered: not counted
+	var r CPRun
+	summarizeCP(&r, samples, 10*time.Second, cpScrape{}, cpScrape{}, -1)
+	if r.Fallbacks != 33 || r.FallbackWindows != 3 || r.FallbackWindowMax != 30 {
+		t.Fatalf("%d fallbacks in %d windows, at most %d: want 33 in 3, at most 30", r.Fallbacks, r.FallbackWindows, r.FallbackWindowMax)
+	}
+	r.FallbackCauses = map[string]int{"timeout": 33}
+	if got, want := fallbacksCell(r), "33 (timeout 33) in 3 × 100ms, ≤ 30 in one"; got != want {
+		t.Errorf("cell %q, want %q", got, want)
+	}
+	if got := fallbacksCell(CPRun{}); got != "0" {
+		t.Errorf("no fallback: cell %q", got)
 	}
 }
 

@@ -72,6 +72,16 @@ func countsCell(n int, by map[string]int) string {
 	return fmt.Sprintf("%d (%s)", n, strings.Join(parts, ", "))
 }
 
+// fallbacksCell is the run's fallbacks by cause and how they bunch in
+// time.
+func fallbacksCell(r CPRun) string {
+	s := countsCell(r.Fallbacks, r.FallbackCauses)
+	if r.Fallbacks > 0 && r.FallbackWindows > 0 {
+		s += fmt.Sprintf(" in %d × %s, ≤ %d in one", r.FallbackWindows, fallbackWindow, r.FallbackWindowMax)
+	}
+	return s
+}
+
 // atLeast renders a percentile, marked "≥" when it lies past the
 // histogram's last finite bucket (the bound is then all that is known).
 func atLeast(us float64, beyond bool) string {
@@ -108,15 +118,15 @@ func cpTable(res CPResult) table {
 			msCell(r.LatencyMs.P50), msCell(r.LatencyMs.P90), msCell(r.LatencyMs.P99),
 			atLeast(r.DecideP99Us, r.DecideP99Beyond), lockHoldCell(r),
 			fmt.Sprintf("%.0f / %.0f / %.0f", r.CPULeaderUs, r.CPUFollowersUs, r.CPUBenchUs),
-			countsCell(r.Fallbacks, r.FallbackCauses), fmt.Sprint(r.Errors), leaderCell(r), r.LoadAvg})
+			fallbacksCell(r), fmt.Sprint(r.Errors), leaderCell(r), r.LoadAvg})
 	}
 	return t
 }
 
 func cpRunLine(r CPRun) string {
-	return fmt.Sprintf("%.0f routes/s, p50 %s p99 %s, decide p99 %s, lock hold p99 %s, CPU µs/route %.0f/%.0f/%.0f, %d fallbacks, %d errors, %d step-downs",
+	return fmt.Sprintf("%.0f routes/s, p50 %s p99 %s, decide p99 %s, lock hold p99 %s, CPU µs/route %.0f/%.0f/%.0f, fallbacks %s, %d errors, %d step-downs",
 		r.RoutesPerS, msCell(r.LatencyMs.P50), msCell(r.LatencyMs.P99), atLeast(r.DecideP99Us, r.DecideP99Beyond), lockHoldCell(r),
-		r.CPULeaderUs, r.CPUFollowersUs, r.CPUBenchUs, r.Fallbacks, r.Errors, r.StepDowns)
+		r.CPULeaderUs, r.CPUFollowersUs, r.CPUBenchUs, fallbacksCell(r), r.Errors, r.StepDowns)
 }
 
 // routeTimeoutText names the data planes' route timeout (0: the default).
