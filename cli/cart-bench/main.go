@@ -158,6 +158,8 @@ apt-get install -y nginx haproxy`,
 				if err := c.CP.Validate(); err != nil {
 					return err
 				}
+			} else if err := c.CP.ValidateNodeProcs(); err != nil {
+				return err
 			}
 			if !c.SkipFailover {
 				if err := c.Failover.Validate(); err != nil {
@@ -191,7 +193,7 @@ apt-get install -y nginx haproxy`,
 	f.BoolVar(&c.SkipOverhead, "no-overhead", false, "skip the proxy-overhead benchmark")
 	f.DurationVar(&c.Overhead.Duration, "overhead-duration", c.Overhead.Duration, "proxy-overhead: duration per target")
 	f.IntVar(&c.Overhead.Concurrency, "overhead-concurrency", c.Overhead.Concurrency, "proxy-overhead: closed-loop concurrency")
-	f.BoolVar(&c.SkipControlPlane, "no-controlplane", false, "skip the control-plane benchmark (cp-* flags)")
+	f.BoolVar(&c.SkipControlPlane, "no-controlplane", false, "skip the control-plane benchmark (cp-* flags; --cp-node-procs still applies to the distributed scenarios' nodes)")
 	addCPFlags(f, &c.CP, "cp-")
 	f.BoolVar(&c.SkipFailover, "no-failover", false, "skip the leader-kill failover benchmark (failover-* flags)")
 	addFailoverFlags(f, &c.Failover, "failover-")
