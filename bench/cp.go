@@ -585,6 +585,15 @@ func (c CPConfig) clusterSpec() cpClusterSpec {
 		Base: CartRouterConfig{BlockChars: c.BlockChars, PlacementBatchMs: c.PlacementBatchMs}, StartTimeout: c.StartTimeout, Procs: c.NodeProcs}
 }
 
+// ValidateNodeProcs checks NodeProcs alone: the suite's distributed
+// scenarios start their nodes with it even when the section is skipped.
+func (c CPConfig) ValidateNodeProcs() error {
+	if c.NodeProcs < 0 || c.NodeProcs > maxNodeProcs {
+		return fmt.Errorf("control-plane benchmark: node procs %d out of range 0..%d (0 = Go's default)", c.NodeProcs, maxNodeProcs)
+	}
+	return nil
+}
+
 // Validate refuses settings that would measure nothing or never end.
 func (c CPConfig) Validate() error {
 	if len(cpLevels(c)) == 0 {
@@ -612,8 +621,8 @@ func (c CPConfig) Validate() error {
 		return fmt.Errorf("control-plane benchmark: block chars %d out of range 0..65536 (0 = the config default)", c.BlockChars)
 	case c.PlacementBatchMs < 0 || c.PlacementBatchMs > 60_000:
 		return fmt.Errorf("control-plane benchmark: placement batch %d ms out of range 0..60000 (0 = the config default)", c.PlacementBatchMs)
-	case c.NodeProcs < 0 || c.NodeProcs > maxNodeProcs:
-		return fmt.Errorf("control-plane benchmark: node procs %d out of range 0..%d (0 = Go's default)", c.NodeProcs, maxNodeProcs)
+	case c.ValidateNodeProcs() != nil:
+		return c.ValidateNodeProcs()
 	case c.Warmup < 0 || c.Warmup > 10*time.Minute:
 		return fmt.Errorf("control-plane benchmark: warm-up %s out of range [0, 10m]", c.Warmup)
 	}

@@ -288,7 +288,7 @@ func TestCPNodeProcs(t *testing.T) {
 		t.Error("the failover intro does not say the nodes' GOMAXPROCS")
 	}
 	c.NodeProcs = 0
-	if got := procsEnv(c.clusterSpec().Procs); got != nil {
+	if got := procsEnv(c.clusterSpec().Procs); len(got) != 1 || got[0] != "GOMAXPROCS=" {
 		t.Errorf("0: node environment %q, want Go's default", got)
 	}
 	if !strings.Contains(cpIntro(CPResult{Config: c}), "Go's default") {

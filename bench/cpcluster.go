@@ -120,10 +120,12 @@ func startCPCluster(ctx context.Context, env *Env, cartBin string, spec cpCluste
 	return c, nil
 }
 
-// procsEnv sets GOMAXPROCS to n, or leaves Go's default for n <= 0.
+// procsEnv sets GOMAXPROCS to n, or for n <= 0 to empty, which Go
+// ignores: a GOMAXPROCS in the bench's own environment would otherwise
+// reach the nodes while the intros say they ran Go's default.
 func procsEnv(n int) []string {
 	if n <= 0 {
-		return nil
+		return []string{"GOMAXPROCS="}
 	}
 	return []string{"GOMAXPROCS=" + strconv.Itoa(n)}
 }

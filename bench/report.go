@@ -229,7 +229,7 @@ func SummaryMarkdown(res *SuiteResults, charts []string) string {
 		b.WriteString("\n")
 	}
 	if o := res.Overhead; o != nil {
-		fmt.Fprintf(&b, "## Proxy overhead\n\nOne cart-sim with --time-scale 0 (answers at once), tiny non-streaming chat requests (%d-character prompt, max_tokens 1), closed loop at concurrency %d for %s per target.\n\n",
+		fmt.Fprintf(&b, "## Proxy overhead\n\nOne cart-sim with --time-scale 0 (answers at once), tiny non-streaming chat requests (%d-character prompt, max_tokens 1), closed loop at concurrency %d for %s per target. CPU µs/req: user+system CPU of the target's own processes over the loop, per request (the replica's not counted, except for direct, which is the replica).\n\n",
 			o.Config.PromptChars, o.Config.Concurrency, o.Config.Duration)
 		b.WriteString("| target | req/s | p50 | p99 | requests | errors | tool | CPU µs/req |\n|---|---|---|---|---|---|---|---|\n")
 		for _, t := range o.Targets {

@@ -872,7 +872,8 @@ func (s *suite) front(ctx context.Context, dir, name string, backends []string, 
 }
 
 // startDistributed runs three control-plane nodes (GOMAXPROCS as the cp
-// section's, --cp-node-procs) and n data planes behind HAProxy. Any role that fails to start skips the scenario with the reason.
+// section's, --cp-node-procs) and n data planes behind HAProxy. Any role
+// that fails to start skips the scenario with the reason.
 func (s *suite) startDistributed(ctx context.Context, dir, name string, n int, d *deployment) error {
 	if s.haproxy == "" {
 		return errors.New("haproxy not found: " + InstallHint)

@@ -149,6 +149,10 @@ func TestComposeTopology(t *testing.T) {
 			if !strings.HasPrefix(hc, "CMD cart-probe http ") || !strings.HasSuffix(hc, "/health") {
 				t.Errorf("%s healthcheck %q, want cart-probe http .../health", name, hc)
 			}
+			// Data planes and the rest keep Go's default.
+			if p, ok := s.Environment["GOMAXPROCS"]; ok {
+				t.Errorf("%s GOMAXPROCS %q, want Go's default", name, p)
+			}
 		}
 		if s.Command[0] != "cart" {
 			continue

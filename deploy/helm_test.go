@@ -296,6 +296,10 @@ func TestHelmDataPlane(t *testing.T) {
 	}
 	pod := dig(dep, "spec", "template", "spec")
 	c := dig(pod, "containers", 0)
+	// A data plane shares no lock: it keeps Go's default, a P per core.
+	if slices.ContainsFunc(list(dig(c, "env")), func(e any) bool { return dig(e, "name") == "GOMAXPROCS" }) {
+		t.Error("the data plane's GOMAXPROCS is set: the chart README says data planes keep Go's default")
+	}
 	if dig(c, "readinessProbe", "httpGet", "path") != "/health" {
 		t.Errorf("data-plane readinessProbe %v, want httpGet /health", dig(c, "readinessProbe"))
 	}

@@ -163,6 +163,8 @@ apt-get install -y nginx haproxy`,
 				if err := c.CP.Validate(); err != nil {
 					return err
 				}
+			} else if err := c.CP.ValidateNodeProcs(); err != nil {
+				return err
 			}
 			if !c.SkipFailover {
 				if err := c.Failover.Validate(); err != nil {
@@ -197,7 +199,7 @@ apt-get install -y nginx haproxy`,
 	f.DurationVar(&c.Overhead.Duration, "overhead-duration", c.Overhead.Duration, "proxy-overhead: duration per target")
 	f.IntVar(&c.Overhead.Concurrency, "overhead-concurrency", c.Overhead.Concurrency, "proxy-overhead: closed-loop concurrency")
 	f.IntVar(&c.Overhead.Rounds, "overhead-rounds", c.Overhead.Rounds, "proxy-overhead: nginx/CART rounds, alternating; the ratio is their median")
-	f.BoolVar(&c.SkipControlPlane, "no-controlplane", false, "skip the control-plane benchmark (cp-* flags)")
+	f.BoolVar(&c.SkipControlPlane, "no-controlplane", false, "skip the control-plane benchmark (cp-* flags; --cp-node-procs still applies to the distributed scenarios' nodes)")
 	addCPFlags(f, &c.CP, "cp-")
 	f.BoolVar(&c.SkipFailover, "no-failover", false, "skip the leader-kill failover benchmark (failover-* flags)")
 	addFailoverFlags(f, &c.Failover, "failover-")

@@ -72,6 +72,9 @@ func TestSectionFlagsValidated(t *testing.T) {
 		{[]string{"cp", "--route-timeout", "-1s"}, "control-plane benchmark: negative route timeout"},
 		{[]string{"cp", "--block-chars", "-1"}, "control-plane benchmark: block chars -1"},
 		{[]string{"suite", "--no-controlplane", "--failover-dataplanes", "65", "--out", t.TempDir()}, "failover benchmark: dataplanes 65"},
+		// The distributed scenarios use --cp-node-procs with the section
+		// skipped; --bin is empty so that a miss fails fast, not a suite run.
+		{[]string{"suite", "--no-controlplane", "--cp-node-procs", "-1", "--bin", t.TempDir(), "--out", t.TempDir()}, "node procs -1"},
 	} {
 		cmd := newRootCmd()
 		cmd.SetOut(new(nopWriter))
