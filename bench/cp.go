@@ -95,7 +95,14 @@ type CPRun struct {
 	// stall, many windows with one each a steady tail.
 	FallbackWindows   int `json:"fallback_windows,omitempty"`
 	FallbackWindowMax int `json:"fallback_window_max,omitempty"`
-	Errors            int `json:"errors"`
+	// BenchStalls counts the bench process's own stalls (a goroutine woken
+	// stallMin or more late), BenchStallMaxMs the longest, and
+	// FallbackWindowsInBenchStalls the fallback windows one of them
+	// overlaps (see attributeStalls).
+	BenchStalls                  int     `json:"bench_stalls,omitempty"`
+	BenchStallMaxMs              float64 `json:"bench_stall_max_ms,omitempty"`
+	FallbackWindowsInBenchStalls int     `json:"fallback_windows_in_bench_stalls,omitempty"`
+	Errors                       int     `json:"errors"`
 	// RoutesPerS counts the calls the control plane answered: a fallback
 	// is the data plane's decision, and with the breaker open it costs
 	// nothing, so counting it would reward an overloaded leader.
@@ -117,6 +124,11 @@ type CPRun struct {
 	LockHoldMaxUs     float64            `json:"lock_hold_max_us"`
 	LockHoldOverflow  bool               `json:"lock_hold_overflow,omitempty"`
 	LockHoldP99ByOpUs map[string]float64 `json:"lock_hold_p99_by_op_us,omitempty"`
+	// LeaderSchedP99Us and LeaderSchedMaxUs are how long the leader's
+	// goroutines waited to run over the run (go_sched_latencies_seconds;
+	// the max is the upper bound of the highest bucket used).
+	LeaderSchedP99Us float64 `json:"leader_sched_p99_us,omitempty"`
+	LeaderSchedMaxUs float64 `json:"leader_sched_max_us,omitempty"`
 	// CPU per answered call, µs: the leader, both followers together, and
 	// the bench process (load generator and data planes).
 	CPULeaderUs    float64 `json:"cpu_leader_us_per_route"`
@@ -332,6 +344,7 @@ type cpScrape struct {
 	self   time.Duration
 	nodes  []time.Duration // CPU per node, parallel to cluster.nodes
 	decide *Histogram
+	sched  *Histogram
 	holds  map[string]*Histogram
 	batch  map[string]float64
 }
@@ -344,6 +357,7 @@ func scrapeCP(c *cpCluster, leader *cpNode) cpScrape {
 	if leader != nil {
 		if text, err := c.metrics(leader); err == nil {
 			s.decide = ParseHistograms(text, "cart_cp_route_seconds")[""]
+			s.sched = ParseHistograms(text, "go_sched_latencies_seconds")[""]
 			s.holds = ParseHistograms(text, "cart_decider_lock_hold_seconds")
 			s.batch = ParseCounters(text, cpBatchCounters)
 		}
@@ -408,6 +422,11 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 	if after.decide != nil {
 		d := after.decide.Sub(before.decide)
 		r.DecideP99Us, r.DecideP99Beyond = finite(1e6*d.Quantile(0.99)), d.Beyond(0.99)
+	}
+	if after.sched != nil {
+		if d := after.sched.Sub(before.sched); d != nil && d.Count > 0 {
+			r.LeaderSchedP99Us, r.LeaderSchedMaxUs = finite(1e6*d.Quantile(0.99)), finite(1e6*d.MaxBound())
+		}
 	}
 	var all *Histogram
 	mismatch := false
@@ -535,13 +554,16 @@ func RunCP(ctx context.Context, env *Env, cfg CPConfig) CPResult {
 		before := scrapeCP(cl, leader)
 		var samples []cpSample
 		var wall time.Duration
+		watch := watchStalls()
 		if lv.rate > 0 {
 			samples, wall = runOpenLoop(ctx, dps.routers, wl, lv.rate, cfg.Duration)
 		} else {
 			samples, wall = runClosedLoop(ctx, dps.routers, wl, lv.conc, cfg.Duration)
 		}
+		stalls := watch.Stop()
 		after := scrapeCP(cl, leader)
 		summarizeCP(&run, samples, wall, before, after, li)
+		attributeStalls(&run, samples, stalls, cfg.routeTimeout())
 		run.FallbackCauses = causes.take()
 		run.LoadAvg = LoadAvg()
 		if ld, term1 := cl.leader(ctx); ld != nil {
@@ -569,6 +591,14 @@ func (c CPConfig) blockChars() int {
 		return c.BlockChars
 	}
 	return config.Default().Cache.BlockChars
+}
+
+// routeTimeout is the data planes' Route deadline.
+func (c CPConfig) routeTimeout() time.Duration {
+	if c.RouteTimeout > 0 {
+		return c.RouteTimeout
+	}
+	return config.Default().DataPlane.RouteTimeout()
 }
 
 // warmupRate is the highest open-loop rate, or 2,000/s without one.

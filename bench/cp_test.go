@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -156,6 +157,37 @@ func TestSummarizeCP(t *testing.T) {
 	summarizeCP(&empty, nil, time.Second, cpScrape{}, cpScrape{}, -1)
 	if _, err := json.Marshal(empty); err != nil || empty.DecideP99Us != 0 {
 		t.Errorf("a run without data: %+v %v", empty, err)
+	}
+}
+
+// The leader's scheduling latency over a run comes from the difference of
+// two scrapes of go_sched_latencies_seconds.
+func TestLeaderSchedLatency(t *testing.T) {
+	scrape := func(le1, le2, inf float64) cpScrape {
+		text := fmt.Sprintf(`# TYPE go_sched_latencies_seconds histogram
+go_sched_latencies_seconds_bucket{le="1e-05"} %v
+go_sched_latencies_seconds_bucket{le="0.001"} %v
+go_sched_latencies_seconds_bucket{le="0.02"} %v
+go_sched_latencies_seconds_bucket{le="+Inf"} %v
+go_sched_latencies_seconds_sum 0
+go_sched_latencies_seconds_count %v
+`, le1, le2, inf, inf, inf)
+		return cpScrape{sched: ParseHistograms(text, "go_sched_latencies_seconds")[""]}
+	}
+	// Before the run: 1,000 waits under 10 µs and one of 5-20 ms. During
+	// it: 980 more under 10 µs, 5 under 1 ms, 15 of 1-20 ms.
+	before, after := scrape(1000, 1000, 1001), scrape(1980, 1985, 2001)
+	var r CPRun
+	summarizeCP(&r, []cpSample{{lat: time.Millisecond}}, time.Second, before, after, -1)
+	if r.LeaderSchedMaxUs != 20000 {
+		t.Errorf("max %v µs, want the 20 ms bucket's bound", r.LeaderSchedMaxUs)
+	}
+	if r.LeaderSchedP99Us <= 1000 || r.LeaderSchedP99Us > 20000 {
+		t.Errorf("p99 %v µs, want within the 1-20 ms bucket (1%% of the run's waits are there)", r.LeaderSchedP99Us)
+	}
+	if !strings.Contains(lockHoldByOp(CPResult{Runs: []CPRun{{Name: "open 5000/s", LeaderSchedP99Us: 1500, LeaderSchedMaxUs: 20000}}}),
+		"- leader's goroutines waiting to run (go_sched_latencies_seconds), open 5000/s: p99 1.5 ms, max ≤ 20.0 ms") {
+		t.Error("the section does not list the leader's scheduling latency")
 	}
 }
 
@@ -440,5 +472,51 @@ func TestFailoverNodeConfig(t *testing.T) {
 	}
 	if cfg.Cache.BlockChars != failoverBlockChars || cfg.Cache.BalanceAbsThreshold != 4 || cfg.Workers[0].CacheCapacityTokens != 288 {
 		t.Errorf("cache %+v, worker %+v", cfg.Cache, cfg.Workers[0])
+	}
+}
+
+// A fallback window is put down to the bench's own stall when the stall
+// could have held the answers of calls sent in it: from a route timeout
+// before the stall to its end.
+func TestAttributeStalls(t *testing.T) {
+	fb := func(at time.Duration) cpSample { return cpSample{sent: at, fallback: true} }
+	samples := []cpSample{
+		fb(1050 * time.Millisecond), // window 10: a stall at 1.12 s, 20 ms timeout, reaches back to 1.10 s only
+		fb(2010 * time.Millisecond), // window 20: stall at 2.09 s
+		fb(2020 * time.Millisecond), // same window
+		fb(3150 * time.Millisecond), // window 31: the stall at 3.05 s lasts 60 ms, into it
+		fb(5000 * time.Millisecond), // window 50: nothing near
+		{sent: 7 * time.Second},     // answered: not a fallback window
+	}
+	stalls := []stall{
+		{at: 1120 * time.Millisecond, late: 15 * time.Millisecond},
+		{at: 2090 * time.Millisecond, late: 12 * time.Millisecond},
+		{at: 3050 * time.Millisecond, late: 60 * time.Millisecond},
+		{at: 7 * time.Second, late: 40 * time.Millisecond},
+	}
+	var r CPRun
+	attributeStalls(&r, samples, stalls, 20*time.Millisecond)
+	if r.BenchStalls != 4 || r.BenchStallMaxMs != 60 {
+		t.Errorf("stalls %d, max %v ms: want 4 and 60", r.BenchStalls, r.BenchStallMaxMs)
+	}
+	// Window 10 ends at 1.10 s, where the first stall's reach begins:
+	// not overlapping. Windows 20 and 31 are explained, 50 is not.
+	if r.FallbackWindowsInBenchStalls != 2 {
+		t.Errorf("%d fallback windows put down to the bench, want 2", r.FallbackWindowsInBenchStalls)
+	}
+	r.Fallbacks, r.FallbackWindows, r.FallbackWindowMax = 5, 4, 2
+	if got := fallbacksCell(r); !strings.Contains(got, "; 2 of those during the bench's own stalls (4 ≥ 10ms, max 60 ms)") {
+		t.Errorf("cell %q", got)
+	}
+}
+
+func TestStallWatchStops(t *testing.T) {
+	w := watchStalls()
+	time.Sleep(5 * time.Millisecond)
+	stalls := w.Stop()
+	for _, s := range stalls {
+		if s.late < stallMin {
+			t.Errorf("recorded a wake-up only %s late", s.late)
+		}
 	}
 }

@@ -78,6 +78,10 @@ func fallbacksCell(r CPRun) string {
 	s := countsCell(r.Fallbacks, r.FallbackCauses)
 	if r.Fallbacks > 0 && r.FallbackWindows > 0 {
 		s += fmt.Sprintf(" in %d × %s, ≤ %d in one", r.FallbackWindows, fallbackWindow, r.FallbackWindowMax)
+		if r.BenchStalls > 0 {
+			s += fmt.Sprintf("; %d of those during the bench's own stalls (%d ≥ %s, max %.0f ms)",
+				r.FallbackWindowsInBenchStalls, r.BenchStalls, stallMin, r.BenchStallMaxMs)
+		}
 	}
 	return s
 }
@@ -227,6 +231,11 @@ func lockHoldByOp(res CPResult) string {
 			parts = append(parts, fmt.Sprintf("%s %s", op, usOrMs(r.LockHoldP99ByOpUs[op])))
 		}
 		fmt.Fprintf(&b, "- lock hold p99 by op, %s: %s\n", r.Name, strings.Join(parts, ", "))
+	}
+	for _, r := range res.Runs {
+		if r.LeaderSchedMaxUs > 0 {
+			fmt.Fprintf(&b, "- leader's goroutines waiting to run (go_sched_latencies_seconds), %s: p99 %s, max ≤ %s\n", r.Name, usOrMs(r.LeaderSchedP99Us), usOrMs(r.LeaderSchedMaxUs))
+		}
 	}
 	return b.String()
 }

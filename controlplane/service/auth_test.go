@@ -267,6 +267,8 @@ func TestMetrics(t *testing.T) {
 		`cart_decider_lock_hold_seconds_count{op="route"} 2`,
 		`cart_decider_lock_hold_seconds_bucket{op="route",le="1e-05"}`,
 		`cart_cp_tickets_dropped_total{cause="cap"} 0`,
+		// How long goroutines waited to run: a node short of CPU.
+		"go_sched_latencies_seconds_bucket{",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)

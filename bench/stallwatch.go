@@ -1,0 +1,84 @@
+package bench
+
+import "time"
+
+// A stallWatch measures how late the bench process runs a goroutine that
+// waits stallPeriod at a time. The data planes under test live in this
+// process: while it cannot run a goroutine, their answers wait too, and a
+// call the control plane answered in time can still reach its 20 ms route
+// timeout. Such a stall is the load generator's, not the product's.
+type stallWatch struct {
+	start  time.Time
+	stop   chan struct{}
+	done   chan struct{}
+	stalls []stall
+}
+
+// stall is a wake-up at least stallMin late: at is when the wait began
+// (since the watch started), late how much longer than stallPeriod it took.
+type stall struct{ at, late time.Duration }
+
+const (
+	stallPeriod = time.Millisecond
+	stallMin    = 10 * time.Millisecond
+)
+
+func watchStalls() *stallWatch {
+	w := &stallWatch{start: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+func (w *stallWatch) run() {
+	defer close(w.done)
+	t := time.NewTimer(stallPeriod)
+	defer t.Stop()
+	for {
+		began := time.Now()
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+		}
+		if late := time.Since(began) - stallPeriod; late >= stallMin {
+			w.stalls = append(w.stalls, stall{at: began.Sub(w.start), late: late})
+		}
+		t.Reset(stallPeriod)
+	}
+}
+
+// Stop ends the watch and returns its stalls.
+func (w *stallWatch) Stop() []stall {
+	close(w.stop)
+	<-w.done
+	return w.stalls
+}
+
+// attributeStalls records the bench's own stalls in r and how many of the
+// run's fallback windows they explain: a stall from a to b delays the
+// answers of calls sent from a-timeout on, so a window of sends that
+// overlaps [a-timeout, b] may owe its fallbacks to the bench.
+func attributeStalls(r *CPRun, samples []cpSample, stalls []stall, timeout time.Duration) {
+	r.BenchStalls = len(stalls)
+	for _, s := range stalls {
+		r.BenchStallMaxMs = max(r.BenchStallMaxMs, float64(s.late)/1e6)
+	}
+	seen := map[time.Duration]bool{}
+	for _, s := range samples {
+		if !s.fallback || s.err {
+			continue
+		}
+		w := s.sent / fallbackWindow
+		if seen[w] {
+			continue
+		}
+		seen[w] = true
+		from, to := w*fallbackWindow, (w+1)*fallbackWindow
+		for _, st := range stalls {
+			if st.at-timeout < to && st.at+stallPeriod+st.late > from {
+				r.FallbackWindowsInBenchStalls++
+				break
+			}
+		}
+	}
+}
