@@ -208,7 +208,8 @@ func cpMarkdown(res *CPResult) string {
 	return mdSection("Control plane", res.Skipped, cpIntro(*res), cpTable(*res), notes)
 }
 
-// lockHoldByOp lists, per run, the ops whose p99 hold is the longest.
+// lockHoldByOp lists, per run, the ops whose p99 hold is the longest,
+// then, per run, how long the leader's goroutines waited to run.
 func lockHoldByOp(res CPResult) string {
 	var b strings.Builder
 	for _, r := range res.Runs {
