@@ -232,6 +232,18 @@ type cpSample struct {
 // fallbackWindow groups a run's fallbacks by when their calls were sent.
 const fallbackWindow = 100 * time.Millisecond
 
+// fallbackWindows counts the run's fallbacks per fallbackWindow of send
+// time, keyed by the window's number.
+func fallbackWindows(samples []cpSample) map[time.Duration]int {
+	w := map[time.Duration]int{}
+	for _, s := range samples {
+		if s.fallback && !s.err {
+			w[s.sent/fallbackWindow]++
+		}
+	}
+	return w
+}
+
 // causeCounter counts the data planes' fallback causes.
 type causeCounter struct {
 	mu sync.Mutex
@@ -371,13 +383,11 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 	r.WallS = wall.Seconds()
 	r.Sent = len(samples)
 	var answered, every []float64
-	windows := map[time.Duration]int{}
-	defer func() {
-		r.FallbackWindows = len(windows)
-		for _, n := range windows {
-			r.FallbackWindowMax = max(r.FallbackWindowMax, n)
-		}
-	}()
+	windows := fallbackWindows(samples)
+	r.FallbackWindows = len(windows)
+	for _, n := range windows {
+		r.FallbackWindowMax = max(r.FallbackWindowMax, n)
+	}
 	for _, s := range samples {
 		ms := float64(s.lat) / 1e6
 		switch {
@@ -386,7 +396,6 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 			continue
 		case s.fallback:
 			r.Fallbacks++
-			windows[s.sent/fallbackWindow]++
 		default:
 			r.Answered++
 			answered = append(answered, ms)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -518,5 +519,46 @@ func TestStallWatchStops(t *testing.T) {
 		if s.late < stallMin {
 			t.Errorf("recorded a wake-up only %s late", s.late)
 		}
+	}
+}
+
+// A wake-up that the clock says came 25 ms after its 1 ms wait began is a
+// stall of 24 ms, recorded at when the wait began; on-time ones are not.
+func TestStallWatchRecordsALateWakeUp(t *testing.T) {
+	base := time.Unix(1000, 0)
+	var mu sync.Mutex
+	reads := 0
+	// Reads: the start, then (began, woke) pairs: the first wait on time,
+	// the second 25 ms long, then on time again.
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		reads++
+		switch {
+		case reads <= 2: // start, first began
+			return base
+		case reads == 3: // first woke: on time
+			return base.Add(stallPeriod)
+		case reads == 4: // second began
+			return base.Add(5 * time.Millisecond)
+		case reads == 5: // second woke, 25 ms later
+			return base.Add(30 * time.Millisecond)
+		}
+		return base.Add(30*time.Millisecond + time.Duration(reads)*stallPeriod/2) // on time from here
+	}
+	w := watchStallsBy(clock)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := reads
+		mu.Unlock()
+		if n > 8 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	stalls := w.Stop()
+	if len(stalls) != 1 || stalls[0].at != 5*time.Millisecond || stalls[0].late != 24*time.Millisecond {
+		t.Fatalf("stalls %+v, want one of 24 ms at 5 ms", stalls)
 	}
 }

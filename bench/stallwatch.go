@@ -9,6 +9,7 @@ import "time"
 // timeout. Such a stall is the load generator's, not the product's.
 type stallWatch struct {
 	start  time.Time
+	now    func() time.Time
 	stop   chan struct{}
 	done   chan struct{}
 	stalls []stall
@@ -23,8 +24,11 @@ const (
 	stallMin    = 10 * time.Millisecond
 )
 
-func watchStalls() *stallWatch {
-	w := &stallWatch{start: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
+func watchStalls() *stallWatch { return watchStallsBy(time.Now) }
+
+// watchStallsBy reads the time from now (a test's clock).
+func watchStallsBy(now func() time.Time) *stallWatch {
+	w := &stallWatch{start: now(), now: now, stop: make(chan struct{}), done: make(chan struct{})}
 	go w.run()
 	return w
 }
@@ -34,13 +38,13 @@ func (w *stallWatch) run() {
 	t := time.NewTimer(stallPeriod)
 	defer t.Stop()
 	for {
-		began := time.Now()
+		began := w.now()
 		select {
 		case <-w.stop:
 			return
 		case <-t.C:
 		}
-		if late := time.Since(began) - stallPeriod; late >= stallMin {
+		if late := w.now().Sub(began) - stallPeriod; late >= stallMin {
 			w.stalls = append(w.stalls, stall{at: began.Sub(w.start), late: late})
 		}
 		t.Reset(stallPeriod)
@@ -63,16 +67,7 @@ func attributeStalls(r *CPRun, samples []cpSample, stalls []stall, timeout time.
 	for _, s := range stalls {
 		r.BenchStallMaxMs = max(r.BenchStallMaxMs, float64(s.late)/1e6)
 	}
-	seen := map[time.Duration]bool{}
-	for _, s := range samples {
-		if !s.fallback || s.err {
-			continue
-		}
-		w := s.sent / fallbackWindow
-		if seen[w] {
-			continue
-		}
-		seen[w] = true
+	for w := range fallbackWindows(samples) {
 		from, to := w*fallbackWindow, (w+1)*fallbackWindow
 		for _, st := range stalls {
 			if st.at-timeout < to && st.at+stallPeriod+st.late > from {
