@@ -626,9 +626,12 @@ func (c CPConfig) clusterSpec() cpClusterSpec {
 
 // ValidateNodeProcs checks NodeProcs alone: the suite's distributed
 // scenarios start their nodes with it even when the section is skipped.
-func (c CPConfig) ValidateNodeProcs() error {
-	if c.NodeProcs < 0 || c.NodeProcs > maxNodeProcs {
-		return fmt.Errorf("control-plane benchmark: node procs %d out of range 0..%d (0 = Go's default)", c.NodeProcs, maxNodeProcs)
+func (c CPConfig) ValidateNodeProcs() error { return checkNodeProcs("control-plane", c.NodeProcs) }
+
+// checkNodeProcs refuses a GOMAXPROCS for the nodes out of 0..maxNodeProcs.
+func checkNodeProcs(section string, n int) error {
+	if n < 0 || n > maxNodeProcs {
+		return fmt.Errorf("%s benchmark: node procs %d out of range 0..%d (0 = Go's default)", section, n, maxNodeProcs)
 	}
 	return nil
 }
@@ -660,10 +663,8 @@ func (c CPConfig) Validate() error {
 		return fmt.Errorf("control-plane benchmark: block chars %d out of range 0..65536 (0 = the config default)", c.BlockChars)
 	case c.PlacementBatchMs < 0 || c.PlacementBatchMs > 60_000:
 		return fmt.Errorf("control-plane benchmark: placement batch %d ms out of range 0..60000 (0 = the config default)", c.PlacementBatchMs)
-	case c.ValidateNodeProcs() != nil:
-		return c.ValidateNodeProcs()
 	case c.Warmup < 0 || c.Warmup > 10*time.Minute:
 		return fmt.Errorf("control-plane benchmark: warm-up %s out of range [0, 10m]", c.Warmup)
 	}
-	return nil
+	return c.ValidateNodeProcs()
 }

@@ -77,10 +77,8 @@ func (c FailoverConfig) Validate() error {
 		return errors.New("failover benchmark: negative pace or route timeout")
 	case c.Groups < 1 || c.CacheGroups < 1:
 		return errors.New("failover benchmark: groups and cache groups must be positive")
-	case c.NodeProcs < 0 || c.NodeProcs > maxNodeProcs:
-		return fmt.Errorf("failover benchmark: node procs %d out of range 0..%d (0 = Go's default)", c.NodeProcs, maxNodeProcs)
 	}
-	return nil
+	return checkNodeProcs("failover", c.NodeProcs)
 }
 
 // FailoverWindow is what the data planes decided during one window.
