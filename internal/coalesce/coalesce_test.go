@@ -421,3 +421,64 @@ func TestCloseDrainsThenRefuses(t *testing.T) {
 	wg.Wait()
 	checkBatches(t, r, [][]int{{0}, {1, 2}})
 }
+
+// Items given together go out together, within Max and MaxCost, sent by
+// the caller at once when no send is in progress.
+func TestSendAllSendsTogether(t *testing.T) {
+	r := &recorder{}
+	s := New(r.flush, Options[int]{Max: 3, Cost: func(v int) int { return v }, MaxCost: 10, Rounds: 8})
+	if err := s.SendAll([]int{1, 2, 3, 4, 6, 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Returned: every item was sent by the caller itself.
+	checkBatches(t, r, [][]int{{1, 2, 3}, {4, 6}, {1}})
+	if err := s.SendAll(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SendAll([]int{1}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("SendAll after Close: %v", err)
+	}
+	checkBatches(t, r, [][]int{{1, 2, 3}, {4, 6}, {1}})
+}
+
+// More items than the Queue bound: SendAll queues what fits, sends, and
+// queues the rest, never waiting on room only it could make. While
+// another caller sends, SendAll leaves them queued to it.
+func TestSendAllPastTheQueueBound(t *testing.T) {
+	r := &recorder{}
+	s := New(r.flush, Options[int]{Max: 64, Queue: 2, Rounds: 1})
+	done := make(chan error, 1)
+	go func() { done <- s.SendAll([]int{1, 2, 3, 4, 5}) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("SendAll of more items than the queue holds did not return")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkBatches(t, r, [][]int{{1, 2}, {3, 4}, {5}})
+
+	g := gated()
+	s = New(g.flush, Options[int]{Max: 64})
+	go func() { _ = s.Send(0) }()
+	<-g.entered
+	if err := s.SendAll([]int{1, 2, 3}); err != nil { // queued, not sent
+		t.Fatal(err)
+	}
+	if n := s.Queued(); n != 3 {
+		t.Fatalf("%d queued behind the send in progress, want 3", n)
+	}
+	g.gate <- struct{}{}
+	g.steps(1)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkBatches(t, g, [][]int{{0}, {1, 2, 3}})
+}
