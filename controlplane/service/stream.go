@@ -17,11 +17,9 @@ import (
 )
 
 // maxStreamInFlight bounds the calls one stream has in progress on the
-// leader in goroutines of their own (Syncs; Routes and Completes are
-// served as they are read, which holds up the reading meanwhile). Past it
-// the leader stops reading the stream, and HTTP/2 flow control pushes
-// back on the data plane, which bounds its own in-flight calls below this
-// anyway.
+// leader. Past it the leader stops reading the stream, and HTTP/2 flow
+// control pushes back on the data plane, which bounds its own in-flight
+// calls below this anyway.
 const maxStreamInFlight = 256
 
 // streamBatchMax bounds the answers (and feed frames) in one message to
@@ -63,6 +61,9 @@ type streamScope struct {
 	lead     chan struct{} // closed when the current leadership ends; nil when not leading
 	shut     chan struct{}
 	shutOnce sync.Once
+	// flushHook, set by tests only, runs before each message a stream
+	// sends, with the number of answers then queued behind it.
+	flushHook func(queued func() int)
 	// batchBytes, set by tests only, replaces streamBatchBytes when > 0.
 	batchBytes int
 }
@@ -110,11 +111,11 @@ func (c *Core) streamNotLeader(why string) *connect.Error {
 }
 
 // Stream implements RouterService.Stream: the leader's Route, Complete and
-// Sync on one stream. Routes and Completes are served in the order they
-// are read, each message's answers sent together; Syncs run concurrently
-// (bounded by maxStreamInFlight) and are answered as they finish, so one
-// does not hold up the others. Answers that are ready together share a
-// message when the data plane's hello said it reads StreamResponse.more.
+// Sync on one stream. Calls run concurrently (bounded by
+// maxStreamInFlight, counted per call, however they were batched) and are
+// answered as they finish, so a slow one does not hold up the others.
+// Answers that are ready together share a message when the data plane's
+// hello said it reads StreamResponse.more.
 func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv1.StreamRequest, cartv1.StreamResponse]) error {
 	c := h.c
 	lead := c.streams.current()
@@ -132,6 +133,7 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 		calls   sync.WaitGroup
 		out     *coalesce.Sender[*cartv1.StreamResponse]
 	)
+	hook := c.streams.flushHook
 	batchBytes := streamBatchBytes
 	if c.streams.batchBytes > 0 {
 		batchBytes = c.streams.batchBytes
@@ -139,6 +141,9 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 	// One answer a message (Max 1) until the hello says the data plane
 	// reads batches.
 	out = coalesce.New(func(b []*cartv1.StreamResponse) error {
+		if hook != nil {
+			hook(out.Queued)
+		}
 		first := b[0]
 		if len(b) > 1 {
 			first.More = b[1:]
@@ -169,8 +174,9 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 		return true
 	}
 	slots := make(chan struct{}, maxStreamInFlight)
-	// start serves m in a goroutine of its own once a slot is free.
-	start := func(m *cartv1.StreamRequest) error {
+	// start serves m in a goroutine of its own once a slot is free, or
+	// answers it with INVALID_ARGUMENT and why when invalid is not empty.
+	start := func(m *cartv1.StreamRequest, invalid string) error {
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
@@ -182,58 +188,12 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 		go func() {
 			defer calls.Done()
 			defer func() { <-slots }()
+			if invalid != "" {
+				send(streamErrorAnswer(m.GetId(), connect.NewError(connect.CodeInvalidArgument, errors.New(invalid))))
+				return
+			}
 			send(c.streamCall(ctx, st.Peer().Protocol, m))
 		}()
-		return nil
-	}
-	// serve serves the calls of one message (hello: the calls a hello
-	// carried, each refused). A call that waits on nothing but the
-	// decider's lock (see inlineCall), and an invalid one, is served here,
-	// on the receiving goroutine, and its answer leaves with the others
-	// served so: a goroutine and its hand-offs per call cost the leader
-	// about as much as the decision itself, and answers to calls that
-	// arrived together leave together. A Sync gets a goroutine of its
-	// own.
-	var (
-		buf     []*cartv1.StreamRequest // the message's calls, reused
-		answers []*cartv1.StreamResponse
-	)
-	flush := func() {
-		if len(answers) > 0 {
-			_ = out.SendAll(answers) // a failure ends the stream through Failed
-			clear(answers)
-			answers = answers[:0]
-		}
-	}
-	serve := func(batch []*cartv1.StreamRequest, hello bool) error {
-		if !begin() {
-			return context.Canceled
-		}
-		defer calls.Done()
-		defer flush()
-		for i, m := range batch {
-			why := ""
-			switch {
-			case hello:
-				why = "the stream hello carries no batched calls"
-			case i > 0:
-				why = invalidBatched(m)
-			}
-			switch {
-			case why != "":
-				answers = append(answers, streamErrorAnswer(m.GetId(), connect.NewError(connect.CodeInvalidArgument, errors.New(why))))
-			case c.inlineCall(m):
-				answers = append(answers, c.streamCall(ctx, st.Peer().Protocol, m))
-			default:
-				if err := start(m); err != nil {
-					return err
-				}
-			}
-			// The first answers of a long batch need not wait for its last.
-			if len(answers) == streamBatchMax {
-				flush()
-			}
-		}
 		return nil
 	}
 	recvDone := make(chan error, 1)
@@ -275,18 +235,23 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 					}()
 				}
 				calls.Done()
-				if err := serve(more, true); err != nil {
-					recvDone <- err
-					return
+				for _, x := range more {
+					if err := start(x, "the stream hello carries no batched calls"); err != nil {
+						recvDone <- err
+						return
+					}
 				}
 				continue
 			}
-			buf = append(append(buf[:0], m), more...)
-			err = serve(buf, false)
-			clear(buf)
-			if err != nil {
+			if err := start(m, ""); err != nil {
 				recvDone <- err
 				return
+			}
+			for _, x := range more {
+				if err := start(x, invalidBatched(x)); err != nil {
+					recvDone <- err
+					return
+				}
 			}
 		}
 	}()
@@ -385,18 +350,4 @@ func errMessage(err error) string {
 		return ce.Message()
 	}
 	return err.Error()
-}
-
-// inlineCall reports whether m is served on the stream's receiving
-// goroutine: a Route or a Complete waits on nothing but the decider's
-// lock, which is never held across I/O (a traced Route's span is handed
-// to the exporter's queue, not exported in line). A Sync answer is built
-// from the whole worker set and grows with it, so it is built off the
-// receiving goroutine, and the calls behind it are not held up.
-func (c *Core) inlineCall(m *cartv1.StreamRequest) bool {
-	switch m.GetCall().(type) {
-	case *cartv1.StreamRequest_Route, *cartv1.StreamRequest_Complete, nil:
-		return true
-	}
-	return false
 }

@@ -135,13 +135,30 @@ func TestStreamBatchedCalls(t *testing.T) {
 	}
 }
 
-// routeBatch sends n route calls in one message on a new stream of cp
-// (whose hello declares batches or not), checks that each call was
-// routed, and returns the encoded size of each message the answers came
-// in.
-func routeBatch(t *testing.T, cp *testCP, batches bool, n int) []int {
+// holdFirstAnswer makes the next message cp's streams send wait until n
+// answers queued behind it, so that the test knows they are ready
+// together.
+func holdFirstAnswer(t *testing.T, cp *testCP, n int) *atomic.Bool {
+	var armed atomic.Bool
+	cp.core.streams.flushHook = func(queued func() int) {
+		if armed.CompareAndSwap(true, false) {
+			if ok, _ := testkit.Poll(10*time.Second, func() (bool, string) { return queued() >= n, "" }); !ok {
+				t.Errorf("%d answers queued, want %d", queued(), n)
+			}
+		}
+	}
+	return &armed
+}
+
+// heldRouteBatch sends n route calls in one message on a new stream of cp
+// whose hello declares batches, with the first answer held until the
+// other n-1 are queued behind it; it checks that each call was routed and
+// returns the encoded size of each message the answers came in.
+func heldRouteBatch(t *testing.T, cp *testCP, batches bool, n int) []int {
 	t.Helper()
+	armed := holdFirstAnswer(t, cp, n-1)
 	st := openStreamWith(t, cp, &cartv1.StreamRequest{Batches: batches})
+	armed.Store(true)
 	first := routeCall(1, 0)
 	for i := 2; i <= n; i++ {
 		first.More = append(first.More, routeCall(uint64(i), i))
@@ -158,37 +175,35 @@ func routeBatch(t *testing.T, cp *testCP, batches bool, n int) []int {
 	return sizes
 }
 
-// The answers to route calls that arrived together leave together, at
-// most streamBatchMax a message, to a data plane whose hello says it
-// reads batches, and never to one whose hello does not (a data plane that
-// predates StreamResponse.more would lose them).
+// Answers ready together share a message to a data plane whose hello says
+// it reads batches, and never to one whose hello does not (a data plane
+// that predates StreamResponse.more would lose them).
 func TestStreamBatchesAnswers(t *testing.T) {
-	for _, c := range []struct {
-		batches bool
-		n, msgs int
-	}{
-		{true, 20, 1},
-		{true, 2*streamBatchMax + 22, 3},
-		{false, 20, 20},
-	} {
-		t.Run(fmt.Sprintf("batches=%v/n=%d", c.batches, c.n), func(t *testing.T) {
+	const n = 20
+	for _, batches := range []bool{true, false} {
+		t.Run(fmt.Sprintf("batches=%v", batches), func(t *testing.T) {
 			cp := newTestCP(t, cpConfig{leader: true})
 			cp.addWorkers(t, w1, w2)
-			if msgs := len(routeBatch(t, cp, c.batches, c.n)); msgs != c.msgs {
-				t.Fatalf("%d answers in %d messages, want %d", c.n, msgs, c.msgs)
+			msgs := len(heldRouteBatch(t, cp, batches, n))
+			want := n
+			if batches {
+				want = 2 // the held answer, then the n-1 queued behind it
+			}
+			if msgs != want {
+				t.Fatalf("%d answers in %d messages, want %d", n, msgs, want)
 			}
 		})
 	}
 }
 
-// Answers that would exceed the byte cap of a message together are split
-// over several messages, each within it.
+// Answers ready together that would exceed the byte cap of a message are
+// split over several messages, each within it.
 func TestStreamAnswerBatchBytes(t *testing.T) {
-	const n, limit = 50, 1000 // dry-run route answers are ~70 bytes
+	const n, limit = 20, 1000 // route answers are ~100-200 bytes
 	cp := newTestCP(t, cpConfig{leader: true})
 	cp.addWorkers(t, w1, w2)
 	cp.core.streams.batchBytes = limit
-	sizes := routeBatch(t, cp, true, n)
+	sizes := heldRouteBatch(t, cp, true, n)
 	total := 0
 	for _, sz := range sizes {
 		total += sz
@@ -196,10 +211,10 @@ func TestStreamAnswerBatchBytes(t *testing.T) {
 			t.Fatalf("messages of %v bytes, want each within %d", sizes, limit)
 		}
 	}
-	// Without the cap the answers would share one message: they must not
-	// fit in two, or the test proves little.
-	if total <= 2*limit || len(sizes) < 3 {
-		t.Fatalf("messages of %v bytes: the answers should need several", sizes)
+	// Without the cap the n-1 queued answers would share one message:
+	// they must not fit in one, or the test proves nothing.
+	if total-sizes[0] <= limit || len(sizes) < 3 {
+		t.Fatalf("messages of %v bytes: the queued answers should need several", sizes)
 	}
 }
 

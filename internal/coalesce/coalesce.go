@@ -118,7 +118,16 @@ func (s *Sender[T]) Send(m T) error {
 func (s *Sender[T]) SendCost(m T, cost int) error {
 	it := queued[T]{v: m, cost: cost}
 	s.mu.Lock()
-	if err := s.room(); err != nil {
+	for s.err == nil && !s.closed && len(s.q) >= s.o.Queue {
+		s.waiting++
+		s.cond.Wait()
+		s.waiting--
+	}
+	if s.err != nil || s.closed {
+		err := s.err
+		if err == nil {
+			err = ErrClosed
+		}
 		s.mu.Unlock()
 		return err
 	}
@@ -130,58 +139,6 @@ func (s *Sender[T]) SendCost(m T, cost int) error {
 	s.busy = true
 	s.mu.Unlock()
 	return s.drain(s.o.Rounds)
-}
-
-// SendAll is Send for items that are ready together: they are queued as
-// one run, so a send takes as many of them as Max and MaxCost allow
-// rather than the first alone. Items past the Queue bound wait for room
-// as with Send. Costs are computed before the lock is taken, as in Send.
-func (s *Sender[T]) SendAll(items []T) error {
-	its := make([]queued[T], len(items))
-	for i, m := range items {
-		its[i].v = m
-		if s.costed {
-			its[i].cost = s.o.Cost(m)
-		}
-	}
-	for len(its) > 0 {
-		s.mu.Lock()
-		if err := s.room(); err != nil {
-			s.mu.Unlock()
-			return err
-		}
-		n := min(len(its), s.o.Queue-len(s.q))
-		s.q = append(s.q, its[:n]...)
-		its = its[n:]
-		if s.busy {
-			s.mu.Unlock()
-			continue
-		}
-		s.busy = true
-		s.mu.Unlock()
-		if err := s.drain(s.o.Rounds); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// room waits until the queue has room for an item, and returns the error
-// that stopped the Sender (ErrClosed after Close) if it stopped first. mu
-// is held.
-func (s *Sender[T]) room() error {
-	for s.err == nil && !s.closed && len(s.q) >= s.o.Queue {
-		s.waiting++
-		s.cond.Wait()
-		s.waiting--
-	}
-	if s.err != nil {
-		return s.err
-	}
-	if s.closed {
-		return ErrClosed
-	}
-	return nil
 }
 
 // drain sends batches until the queue is empty, or hands it to a goroutine
