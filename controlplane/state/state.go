@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
@@ -120,15 +121,31 @@ func New(dec *decider.Decider) *State {
 // The caller's command is not modified, so one command may be shared.
 func Encode(cmd *cartv1.RaftCommand) ([]byte, error) {
 	if cmd.GetVersion() == 0 {
-		c := proto.CloneOf(cmd)
-		c.Version = CommandVersion
-		cmd = c
+		cmd = withVersion(cmd, CommandVersion)
 	}
 	b, err := proto.Marshal(cmd)
 	if err != nil {
 		return nil, fmt.Errorf("encode command: %w", err)
 	}
 	return b, nil
+}
+
+// withVersion is a shallow copy of cmd with version v: its fields are
+// shared, not copied. A deep copy of a placement batch (every
+// placement's hashes) doubled what the leader's batcher allocates per
+// proposal, and an allocation during a GC cycle is paid for in mark
+// assist: in execution traces the batcher ran 4-9 ms at a time, with one
+// P holding up every stream call meanwhile.
+func withVersion(cmd *cartv1.RaftCommand, v uint32) *cartv1.RaftCommand {
+	c := &cartv1.RaftCommand{}
+	src, dst := cmd.ProtoReflect(), c.ProtoReflect()
+	src.Range(func(fd protoreflect.FieldDescriptor, val protoreflect.Value) bool {
+		dst.Set(fd, val)
+		return true
+	})
+	dst.SetUnknown(src.GetUnknown())
+	c.Version = v
+	return c
 }
 
 // Result is what applying a command returns to the proposer.
