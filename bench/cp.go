@@ -56,12 +56,13 @@ type CPConfig struct {
 }
 
 // DefaultNodeProcs is the GOMAXPROCS the benches give each control-plane
-// node: what the Helm chart gives one (GOMAXPROCS from the node's CPU
-// request, rounded up: 1 for its 250m) and the compose file sets. Three
-// nodes and the load generator share this machine's two cores; with Go's
-// default each node would run two Ps on them, and a leader whose Ps
-// outnumber its share of the CPU spends it on scheduler and lock hand-offs
-// between its own threads (bench/results/2026-12-02-procs).
+// node, as the compose file does for nodes sharing one host. Three nodes
+// and the load generator share this machine's two cores; with two Ps
+// each (what the Helm chart gives a node with its two CPUs of request,
+// which this machine cannot give three) a leader whose Ps outnumber its
+// share of the CPU spends it on scheduler and lock hand-offs between its
+// own threads (bench/results/2026-12-02-procs), though it misses fewer
+// route deadlines (-procs2): --node-procs 2 measures that.
 const DefaultNodeProcs = 1
 
 // maxNodeProcs bounds --node-procs: more Ps than any machine here has

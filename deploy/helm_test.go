@@ -192,6 +192,11 @@ func TestHelmControlPlane(t *testing.T) {
 	}) {
 		t.Error("GOMAXPROCS is not taken from the node's CPU request: Go would run a P per core of the machine")
 	}
+	// Two Ps by default: with one, a log fsync or a GC mark slice stops
+	// the node (the chart README's "CPU").
+	if cpu := fmt.Sprint(dig(c, "resources", "requests", "cpu")); cpu != "2" {
+		t.Errorf("control-plane CPU request %s by default, want 2 (GOMAXPROCS 2)", cpu)
+	}
 
 	// Every node's config, through the real loader and validator.
 	cm := m.get(t, "ConfigMap", "rel-cart-config")
