@@ -384,11 +384,6 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 	r.WallS = wall.Seconds()
 	r.Sent = len(samples)
 	var answered, every []float64
-	windows := fallbackWindows(samples)
-	r.FallbackWindows = len(windows)
-	for _, n := range windows {
-		r.FallbackWindowMax = max(r.FallbackWindowMax, n)
-	}
 	for _, s := range samples {
 		ms := float64(s.lat) / 1e6
 		switch {
@@ -573,7 +568,7 @@ func RunCP(ctx context.Context, env *Env, cfg CPConfig) CPResult {
 		stalls := watch.Stop()
 		after := scrapeCP(cl, leader)
 		summarizeCP(&run, samples, wall, before, after, li)
-		attributeStalls(&run, samples, stalls, cfg.routeTimeout())
+		summarizeFallbackWindows(&run, samples, stalls, cfg.routeTimeout())
 		run.FallbackCauses = causes.take()
 		run.LoadAvg = LoadAvg()
 		if ld, term1 := cl.leader(ctx); ld != nil {

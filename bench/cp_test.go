@@ -124,6 +124,7 @@ func TestSummarizeCP(t *testing.T) {
 	after.self, after.nodes = time.Second+100*time.Millisecond, []time.Duration{time.Second + 50*time.Millisecond, time.Second + 20*time.Millisecond, time.Second + 10*time.Millisecond}
 	var r CPRun
 	summarizeCP(&r, samples, 2*time.Second, before, after, 1)
+	summarizeFallbackWindows(&r, samples, nil, 20*time.Millisecond)
 	if r.Sent != 102 || r.Answered != 100 || r.Fallbacks != 1 || r.Errors != 1 || r.RoutesPerS != 50 {
 		t.Fatalf("counts %+v", r)
 	}
@@ -208,6 +209,7 @@ func TestFallbackWindows(t *testing.T) {
 	samples = append(samples, cpSample{lat: time.Millisecond, sent: 3 * time.Second}) // answered: not counted
 	var r CPRun
 	summarizeCP(&r, samples, 10*time.Second, cpScrape{}, cpScrape{}, -1)
+	summarizeFallbackWindows(&r, samples, nil, 20*time.Millisecond)
 	if r.Fallbacks != 33 || r.FallbackWindows != 3 || r.FallbackWindowMax != 30 {
 		t.Fatalf("%d fallbacks in %d windows, at most %d: want 33 in 3, at most 30", r.Fallbacks, r.FallbackWindows, r.FallbackWindowMax)
 	}
@@ -496,7 +498,7 @@ func TestAttributeStalls(t *testing.T) {
 		{at: 7 * time.Second, late: 40 * time.Millisecond},
 	}
 	var r CPRun
-	attributeStalls(&r, samples, stalls, 20*time.Millisecond)
+	summarizeFallbackWindows(&r, samples, stalls, 20*time.Millisecond)
 	if r.BenchStalls != 4 || r.BenchStallMaxMs != 60 {
 		t.Errorf("stalls %d, max %v ms: want 4 and 60", r.BenchStalls, r.BenchStallMaxMs)
 	}
@@ -515,6 +517,11 @@ func TestStallWatchStops(t *testing.T) {
 	w := watchStalls()
 	time.Sleep(5 * time.Millisecond)
 	stalls := w.Stop()
+	select {
+	case <-w.done:
+	default:
+		t.Error("Stop returned with the watch's goroutine still running")
+	}
 	for _, s := range stalls {
 		if s.late < stallMin {
 			t.Errorf("recorded a wake-up only %s late", s.late)

@@ -370,13 +370,18 @@ func FormatOverhead(r OverheadResult) string {
 		}
 	}
 	if r.CartOverNginx > 0 {
-		what := ""
-		if len(r.Rounds) > 1 {
-			what = fmt.Sprintf(" (median of %d rounds; the nginx and cart lines above are that round's)", len(r.Rounds))
-		}
-		fmt.Fprintf(&b, "cart/nginx throughput: %.2f%s\n", r.CartOverNginx, what)
+		fmt.Fprintf(&b, "cart/nginx throughput: %.2f%s\n", r.CartOverNginx, r.medianNote("lines"))
 	}
 	return b.String()
+}
+
+// medianNote says, after the ratio, that it is the median round's and
+// which round the target rows (or lines) show; "" for a single round.
+func (r OverheadResult) medianNote(rows string) string {
+	if len(r.Rounds) <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" (median of %d rounds; the nginx and cart %s above are that round's)", len(r.Rounds), rows)
 }
 
 // roundTarget is one target's figures in a round's line.

@@ -250,11 +250,7 @@ func SummaryMarkdown(res *SuiteResults, charts []string) string {
 			}
 		}
 		if o.CartOverNginx > 0 {
-			what := ""
-			if len(o.Rounds) > 1 {
-				what = fmt.Sprintf(" (median of %d rounds; the nginx and cart rows above are that round's)", len(o.Rounds))
-			}
-			fmt.Fprintf(&b, "\nCART / nginx throughput: **%.2f**%s\n", o.CartOverNginx, what)
+			fmt.Fprintf(&b, "\nCART / nginx throughput: **%.2f**%s\n", o.CartOverNginx, o.medianNote("rows"))
 		}
 		b.WriteString("\n")
 	}

@@ -58,16 +58,22 @@ func (w *stallWatch) Stop() []stall {
 	return w.stalls
 }
 
-// attributeStalls records the bench's own stalls in r and how many of the
-// run's fallback windows they explain: a stall from a to b delays the
-// answers of calls sent from a-timeout on, so a window of sends that
-// overlaps [a-timeout, b] may owe its fallbacks to the bench.
-func attributeStalls(r *CPRun, samples []cpSample, stalls []stall, timeout time.Duration) {
+// summarizeFallbackWindows records in r how the run's fallbacks bunch in
+// fallback windows, the bench's own stalls, and how many of the windows
+// the stalls explain: a stall from a to b delays the answers of calls
+// sent from a-timeout on, so a window of sends that overlaps
+// [a-timeout, b] may owe its fallbacks to the bench.
+func summarizeFallbackWindows(r *CPRun, samples []cpSample, stalls []stall, timeout time.Duration) {
+	windows := fallbackWindows(samples)
+	r.FallbackWindows = len(windows)
+	for _, n := range windows {
+		r.FallbackWindowMax = max(r.FallbackWindowMax, n)
+	}
 	r.BenchStalls = len(stalls)
 	for _, s := range stalls {
 		r.BenchStallMaxMs = max(r.BenchStallMaxMs, float64(s.late)/1e6)
 	}
-	for w := range fallbackWindows(samples) {
+	for w := range windows {
 		from, to := w*fallbackWindow, (w+1)*fallbackWindow
 		for _, st := range stalls {
 			if st.at-timeout < to && st.at+stallPeriod+st.late > from {
