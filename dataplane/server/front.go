@@ -69,7 +69,7 @@ func serveAlongside(ctx context.Context, srv *http.Server, ln net.Listener, grac
 	for _, task := range tasks {
 		run(task)
 	}
-	err := Serve(ctx, srv, ln, grace)
+	err := ServeFront(ctx, srv, ln, grace)
 	cancel()
 	wg.Wait()
 	return err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cartrouter/cart/dataplane/h1server"
 	"io"
 	"log/slog"
 	"net"
@@ -114,10 +115,11 @@ func serveHTTP(t *testing.T, a *server.AllInOne) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	fs := h1server.New(a.HTTP)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = a.HTTP.Serve(ln) }()
+	go func() { defer close(done); _ = fs.Serve(ln) }()
 	t.Cleanup(func() {
-		_ = a.HTTP.Close()
+		_ = fs.Close()
 		<-done
 	})
 	return "http://" + ln.Addr().String()

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bufio"
+	"github.com/cartrouter/cart/dataplane/h1server"
 	"io"
 	"net"
 	"net/http"
@@ -31,9 +32,10 @@ func limitedServer(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	fs := h1server.New(srv)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close(); <-done })
+	go func() { defer close(done); _ = fs.Serve(ln) }()
+	t.Cleanup(func() { _ = fs.Close(); <-done })
 	return ln.Addr().String()
 }
 

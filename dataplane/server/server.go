@@ -16,6 +16,7 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/extract"
+	"github.com/cartrouter/cart/dataplane/h1server"
 	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -107,16 +108,24 @@ func HTTPServer(cfg *config.Config, h http.Handler, log *slog.Logger) (*http.Ser
 // connections stop, in-flight requests (streams included) get grace to
 // finish.
 func Serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
+	serve := srv.Serve
+	if srv.TLSConfig != nil {
+		serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
+	}
+	return serveUntil(ctx, serve, srv.Shutdown, srv.Close, ln, grace)
+}
+
+// ServeFront is Serve for the client listener: the common HTTP/1.1
+// request is served by h1server's own loop, everything else by srv.
+func ServeFront(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
+	fs := h1server.New(srv)
+	return serveUntil(ctx, fs.Serve, fs.Shutdown, fs.Close, ln, grace)
+}
+
+func serveUntil(ctx context.Context, serve func(net.Listener) error, shutdown func(context.Context) error, closeAll func() error,
+	ln net.Listener, grace time.Duration) error {
 	errc := make(chan error, 1)
-	go func() {
-		var err error
-		if srv.TLSConfig != nil {
-			err = srv.ServeTLS(ln, "", "")
-		} else {
-			err = srv.Serve(ln)
-		}
-		errc <- err
-	}()
+	go func() { errc <- serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
@@ -124,9 +133,9 @@ func Serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Du
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	err := srv.Shutdown(sctx)
+	err := shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
-		err = srv.Close()
+		err = closeAll()
 	}
 	<-errc
 	return err
