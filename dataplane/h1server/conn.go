@@ -169,6 +169,9 @@ func (c *conn) handshakeTimeout() time.Duration {
 // rest. Errors end the connection quietly, as net/http's do.
 func (c *conn) nextHead(first bool, maxHead int) (head, verdict, error) {
 	h := c.srv.HTTP
+	// The first request's whole head is due within the header timeout of
+	// the connection's start, as in net/http.
+	deadlineSet := first
 	if c.br.Buffered() == 0 {
 		idle := h.IdleTimeout
 		if idle == 0 {
@@ -189,7 +192,6 @@ func (c *conn) nextHead(first bool, maxHead int) (head, verdict, error) {
 			c.state.Store(int32(stateActive))
 		}
 	}
-	deadlineSet := false
 	for {
 		buf, _ := c.br.Peek(c.br.Buffered())
 		hd, v := parseHead(buf, maxHead)
@@ -295,7 +297,8 @@ func (c *conn) serveOne(h *head) (keep bool) {
 		req.Body = http.NoBody
 	}
 	w := &x.w
-	*w = response{c: c, req: req, header: make(http.Header), cancel: cancel, reqBody: bd, closeAfter: h.close}
+	*w = response{c: c, req: req, header: make(http.Header), cancel: cancel, reqBody: bd, closeAfter: h.close,
+		bodyBuffered: h.contentLength <= int64(c.br.Buffered())}
 
 	c.wmu.Lock()
 	// watchOK stays false until the body is read: a late timer of the last
