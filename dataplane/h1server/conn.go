@@ -208,6 +208,13 @@ func (c *conn) nextHead(first bool, maxHead int) (head, verdict, error) {
 			deadlineSet = true
 		}
 		if _, err := c.br.Peek(len(buf) + 1); err != nil {
+			if err == io.EOF && (first || c.br.Buffered() >= 4) {
+				// net/http reads a head cut short by the client's close as
+				// far as it goes (and may answer 400), so it gets the
+				// bytes; between requests it first waits for four, and
+				// closes without a word on fewer.
+				return head{}, handOff, nil
+			}
 			return head{}, 0, err
 		}
 	}
