@@ -578,3 +578,27 @@ func TestReadDeadline(t *testing.T) {
 		t.Fatal("the body read outlived its deadline")
 	}
 }
+
+// A request with Connection: close is answered with it, and the
+// connection ends after the answer; so does one whose handler asks for it.
+func TestConnectionClose(t *testing.T) {
+	addr, _, _ := start(t, &http.Server{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bye" {
+			w.Header().Set("Connection", "close")
+		}
+		_, _ = io.WriteString(w, r.URL.Path)
+	}))
+	for _, req := range []string{
+		"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\nGET /never HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET /bye HTTP/1.1\r\nHost: h\r\n\r\nGET /never HTTP/1.1\r\nHost: h\r\n\r\n",
+	} {
+		_, br := raw(t, addr, req)
+		resp, got := readResp(t, br, "GET")
+		if !resp.Close || got == "/never" {
+			t.Fatalf("answer %q, close %v", got, resp.Close)
+		}
+		if b, err := br.ReadByte(); err == nil {
+			t.Fatalf("read %q after a closing answer", b)
+		}
+	}
+}
