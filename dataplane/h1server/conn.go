@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -480,5 +479,3 @@ func (b *body) drain() bool {
 	_, err := b.c.br.Discard(int(b.left))
 	return err == nil
 }
-
-func (c *conn) String() string { return fmt.Sprintf("h1server conn %s", c.remote) }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cartrouter/cart/dataplane/h1server"
 	"io"
 	"log/slog"
 	"net"
@@ -22,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/dataplane/h1server"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/server"
 	"github.com/cartrouter/cart/internal/testkit"

@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"bufio"
-	"github.com/cartrouter/cart/dataplane/h1server"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/dataplane/h1server"
 	"github.com/cartrouter/cart/dataplane/server"
 )
 
