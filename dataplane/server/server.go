@@ -108,24 +108,40 @@ func HTTPServer(cfg *config.Config, h http.Handler, log *slog.Logger) (*http.Ser
 // connections stop, in-flight requests (streams included) get grace to
 // finish.
 func Serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
-	serve := srv.Serve
-	if srv.TLSConfig != nil {
-		serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
+	return serveUntil(ctx, stdServer{srv}, ln, grace)
+}
+
+// httpServer is what serves a listener: net/http's server, or h1server's
+// in front of it.
+type httpServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
+
+// stdServer is net/http's server, with TLS when configured.
+type stdServer struct{ *http.Server }
+
+func (s stdServer) Serve(ln net.Listener) error {
+	if s.TLSConfig != nil {
+		return s.ServeTLS(ln, "", "")
 	}
-	return serveUntil(ctx, serve, srv.Shutdown, srv.Close, ln, grace)
+	return s.Server.Serve(ln)
 }
 
-// ServeFront is Serve for the client listener: the common HTTP/1.1
-// request is served by h1server's own loop, everything else by srv.
-func ServeFront(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
-	fs := h1server.New(srv)
-	return serveUntil(ctx, fs.Serve, fs.Shutdown, fs.Close, ln, grace)
+// frontServer serves the client listener: the common HTTP/1.1 request on
+// h1server's own loop and the rest with srv, or all of it with srv when
+// server.own_http1_loop is off.
+func frontServer(srv *http.Server, ownLoop bool) httpServer {
+	if ownLoop {
+		return h1server.New(srv)
+	}
+	return stdServer{srv}
 }
 
-func serveUntil(ctx context.Context, serve func(net.Listener) error, shutdown func(context.Context) error, closeAll func() error,
-	ln net.Listener, grace time.Duration) error {
+func serveUntil(ctx context.Context, srv httpServer, ln net.Listener, grace time.Duration) error {
 	errc := make(chan error, 1)
-	go func() { errc <- serve(ln) }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
@@ -133,9 +149,9 @@ func serveUntil(ctx context.Context, serve func(net.Listener) error, shutdown fu
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	err := shutdown(sctx)
+	err := srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
-		err = closeAll()
+		err = srv.Close()
 	}
 	<-errc
 	return err
