@@ -61,7 +61,8 @@ type conn struct {
 	gotByte   bool               // the watch read a byte of the next request
 	byteBuf   [1]byte
 
-	pend []byte
+	pend     []byte
+	lastPost bool // the last request was a POST (see nextHead)
 }
 
 func (c *conn) stale() bool { return time.Since(c.since) > 5*time.Second }
@@ -135,6 +136,7 @@ func (c *conn) serve() {
 			return
 		}
 		c.state.Store(int32(stateActive))
+		c.lastPost = h.method == http.MethodPost
 		keep := c.serveOne(&h)
 		if !keep || c.srv.shutdown.Load() {
 			return
@@ -164,14 +166,22 @@ func (c *conn) handshakeTimeout() time.Duration {
 }
 
 // nextHead waits for the next request head: up to the idle timeout for
-// its first byte (between requests), up to the header timeout for the
-// rest. Errors end the connection quietly, as net/http's do.
+// its first bytes (between requests), up to the header timeout for the
+// rest. Errors end the connection quietly, as net/http's do. Between
+// requests it reads as net/http does, so that a connection handed over
+// later gets the same bytes: it waits for four bytes (closing on fewer),
+// and after a POST it drops up to four leading CR or LF bytes, which old
+// clients sent after a body.
 func (c *conn) nextHead(first bool, maxHead int) (head, verdict, error) {
 	h := c.srv.HTTP
 	// The first request's whole head is due within the header timeout of
 	// the connection's start, as in net/http.
 	deadlineSet := first
-	if c.br.Buffered() == 0 {
+	want := 4
+	if first {
+		want = 1
+	}
+	if c.br.Buffered() < want {
 		idle := h.IdleTimeout
 		if idle == 0 {
 			idle = h.ReadTimeout
@@ -184,12 +194,20 @@ func (c *conn) nextHead(first bool, maxHead int) (head, verdict, error) {
 		} else {
 			_ = c.rwc.SetReadDeadline(time.Time{})
 		}
-		if _, err := c.br.Peek(1); err != nil {
+		if _, err := c.br.Peek(want); err != nil {
 			return head{}, 0, err
 		}
 		if !first {
 			c.state.Store(int32(stateActive))
 		}
+	}
+	if c.lastPost {
+		peek, _ := c.br.Peek(4)
+		n := 0
+		for n < len(peek) && (peek[n] == '\r' || peek[n] == '\n') {
+			n++
+		}
+		_, _ = c.br.Discard(n)
 	}
 	for {
 		buf, _ := c.br.Peek(c.br.Buffered())
@@ -207,11 +225,10 @@ func (c *conn) nextHead(first bool, maxHead int) (head, verdict, error) {
 			deadlineSet = true
 		}
 		if _, err := c.br.Peek(len(buf) + 1); err != nil {
-			if err == io.EOF && (first || c.br.Buffered() >= 4) {
+			if err == io.EOF {
 				// net/http reads a head cut short by the client's close as
 				// far as it goes (and may answer 400), so it gets the
-				// bytes; between requests it first waits for four, and
-				// closes without a word on fewer.
+				// bytes (between requests, the four it waits for came).
 				return head{}, handOff, nil
 			}
 			return head{}, 0, err
