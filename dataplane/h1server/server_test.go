@@ -602,3 +602,36 @@ func TestConnectionClose(t *testing.T) {
 		}
 	}
 }
+
+// Client certificates are required as configured: the handshake here
+// uses the server's TLS configuration as it is.
+func TestMutualTLS(t *testing.T) {
+	ca := testkit.NewCA(t)
+	addr, _, _ := start(t, &http.Server{TLSConfig: &tls.Config{
+		Certificates: []tls.Certificate{ca.Issue(t, "server")},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    ca.Pool,
+		MinVersion:   tls.VersionTLS12,
+	}}, echo)
+	post := func(certs []tls.Certificate) error {
+		client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
+			RootCAs: ca.Pool, Certificates: certs, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"},
+		}}}
+		defer client.CloseIdleConnections()
+		resp, err := client.Post("https://"+addr+"/x", "text/plain", strings.NewReader("m"))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.Header.Get("X-Path") != "fast" {
+			return fmt.Errorf("served via %q", resp.Header.Get("X-Path"))
+		}
+		return nil
+	}
+	if err := post(nil); err == nil {
+		t.Fatal("a client without a certificate was served")
+	}
+	if err := post([]tls.Certificate{ca.Issue(t, "client")}); err != nil {
+		t.Fatalf("a client with a certificate: %v", err)
+	}
+}
