@@ -14,14 +14,14 @@ import (
 	"time"
 )
 
+// connState is what Shutdown needs to know of a connection: whether it
+// waits for a request (idle, or new and never used) and may be closed.
 type connState int32
 
 const (
 	stateNew connState = iota
 	stateActive
 	stateIdle
-	stateClosed
-	stateHanded
 )
 
 const (
@@ -90,14 +90,13 @@ func (c *conn) serve() {
 			c.watch.Stop()
 		}
 		if !handed {
-			c.state.Store(int32(stateClosed))
 			_ = c.rwc.Close()
 		}
 		c.srv.forget(c)
 		c.release()
 	}()
-	if c.srv.tlsConfig != nil {
-		tc := tls.Server(c.rwc, c.srv.tlsConfig)
+	if cfg := c.srv.tlsConfig; cfg != nil {
+		tc := tls.Server(c.rwc, cfg)
 		c.rwc = tc
 		if d := c.handshakeTimeout(); d > 0 {
 			_ = tc.SetDeadline(time.Now().Add(d))
@@ -258,7 +257,7 @@ func (c *conn) handOff(br *bufio.Reader) bool {
 			rest = &handedConn{Conn: c.rwc, pending: pending, tls: c.tls}
 		}
 	}
-	c.state.Store(int32(stateHanded))
+	c.state.Store(int32(stateActive)) // net/http's now: never closed as idle here
 	return c.srv.hand(rest)
 }
 
@@ -320,8 +319,7 @@ func (c *conn) serveOne(h *head) (keep bool) {
 		req.Body = http.NoBody
 	}
 	w := &x.w
-	*w = response{c: c, req: req, header: make(http.Header), cancel: cancel, reqBody: bd, closeAfter: h.close,
-		bodyBuffered: h.contentLength <= int64(c.br.Buffered())}
+	*w = response{c: c, req: req, header: make(http.Header), cancel: cancel, reqBody: bd, closeAfter: h.close}
 
 	c.wmu.Lock()
 	// watchOK stays false until the body is read: a late timer of the last
@@ -362,11 +360,7 @@ func (c *conn) runHandler(w *response, req *http.Request) (aborted bool) {
 			}
 		}
 	}()
-	h := c.srv.HTTP.Handler
-	if h == nil {
-		h = http.DefaultServeMux
-	}
-	h.ServeHTTP(w, req)
+	c.srv.handler.ServeHTTP(w, req)
 	return false
 }
 

@@ -26,9 +26,6 @@ type response struct {
 	header  http.Header
 	cancel  context.CancelFunc // the request's context
 	reqBody *body              // nil without one
-	// bodyBuffered says the whole body was in the buffer when the handler
-	// started (or there is none).
-	bodyBuffered bool
 
 	status      int
 	wroteHeader bool  // the final status is chosen
@@ -239,18 +236,7 @@ func (w *response) FlushError() error {
 
 // SetReadDeadline and SetWriteDeadline are what http.ResponseController
 // calls; they set the connection's.
-//
-// A read deadline matters only while the body is still to come from the
-// socket: when the whole body arrived with the head (bodyBuffered, fixed
-// before the handler runs), nothing of this request reads the socket
-// again — the departure watch and the next head set deadlines of their
-// own — so setting one would cost a timer change for nothing.
-func (w *response) SetReadDeadline(t time.Time) error {
-	if w.bodyBuffered {
-		return nil
-	}
-	return w.c.rwc.SetReadDeadline(t)
-}
+func (w *response) SetReadDeadline(t time.Time) error  { return w.c.rwc.SetReadDeadline(t) }
 func (w *response) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }
 
 // finish ends the answer after the handler returned: the head if not yet

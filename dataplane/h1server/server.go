@@ -35,8 +35,13 @@ type Server struct {
 
 	handoff  *handoffListener
 	shutdown atomic.Bool
-	// tlsConfig is HTTP.TLSConfig with the ALPN protocols net/http's
-	// ServeTLS would offer.
+	// handler is what the fast path calls: HTTP.Handler as given, before
+	// start wraps net/http's in withHandoffTLS.
+	handler http.Handler
+	// tlsConfig is HTTP.TLSConfig as start left it (nil for plaintext).
+	// Not HTTP.TLSConfig itself: net/http's Serve sets up HTTP/2 by
+	// filling in a TLSConfig of its own when there is none, which would
+	// make the fast path shake hands on plaintext connections.
 	tlsConfig *tls.Config
 
 	mu        sync.Mutex
@@ -66,16 +71,21 @@ func (s *Server) start() {
 			}
 			tc.NextProtos = append(tc.NextProtos, "http/1.1")
 		}
-		// net/http sets up its HTTP/2 server when its TLSConfig offers h2.
+		// net/http sets up its HTTP/2 server when its TLSConfig offers h2;
+		// the fast path's handshakes use the same configuration.
 		s.HTTP.TLSConfig = tc
 		s.tlsConfig = tc
+	}
+	s.handler = s.HTTP.Handler
+	if s.handler == nil {
+		s.handler = http.DefaultServeMux
 	}
 	if s.HTTP.ConnContext == nil {
 		// A TLS connection handed over mid-stream is wrapped (it carries the
 		// bytes already read), so net/http does not see a *tls.Conn: its
 		// requests get their TLS state from the context instead.
 		s.HTTP.ConnContext = handoffConnContext
-		s.HTTP.Handler = withHandoffTLS(s.HTTP.Handler)
+		s.HTTP.Handler = withHandoffTLS(s.handler)
 	}
 	s.served = make(chan error, 1)
 	go func() { s.served <- s.HTTP.Serve(s.handoff) }()
@@ -134,7 +144,6 @@ func (s *Server) newConn(rw net.Conn) *conn {
 		return nil
 	}
 	c := &conn{srv: s, rwc: rw, raw: rw, since: time.Now()}
-	c.state.Store(int32(stateNew))
 	s.conns[c] = struct{}{}
 	return c
 }
@@ -206,7 +215,6 @@ func (s *Server) closeIdle() bool {
 	defer s.mu.Unlock()
 	for c := range s.conns {
 		if st := connState(c.state.Load()); st == stateIdle || st == stateNew && c.stale() {
-			c.state.Store(int32(stateClosed))
 			_ = c.raw.Close()
 		}
 	}
@@ -286,9 +294,6 @@ func handoffConnContext(ctx context.Context, c net.Conn) context.Context {
 }
 
 func withHandoffTLS(h http.Handler) http.Handler {
-	if h == nil {
-		h = http.DefaultServeMux
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil {
 			if st, ok := r.Context().Value(tlsStateKey{}).(*tls.ConnectionState); ok {

@@ -635,3 +635,17 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatalf("a client with a certificate: %v", err)
 	}
 }
+
+// Plaintext stays plaintext on every new connection: net/http's own
+// serving of the hand-offs fills in a TLS configuration of its own for
+// HTTP/2, which the fast path must not take for the listener's.
+func TestPlaintextConnections(t *testing.T) {
+	addr, _, _ := start(t, &http.Server{}, echo)
+	time.Sleep(20 * time.Millisecond) // net/http's Serve of the hand-offs has started
+	for i := range 20 {
+		_, br := raw(t, addr, postReq(fmt.Sprint(i)))
+		if resp, got := readResp(t, br, "POST"); got != fmt.Sprint("POST /v1/chat ", i) || resp.Header.Get("X-Path") != "fast" {
+			t.Fatalf("connection %d: %q via %s", i, got, resp.Header.Get("X-Path"))
+		}
+	}
+}
