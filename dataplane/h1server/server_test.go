@@ -340,7 +340,7 @@ func TestShortBodyClosesConnection(t *testing.T) {
 		w.Header().Set("Content-Length", "10")
 		_, _ = io.WriteString(w, "abc")
 	}))
-	c, br := raw(t, addr, "GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+	_, br := raw(t, addr, "GET / HTTP/1.1\r\nHost: h\r\n\r\n")
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -348,7 +348,6 @@ func TestShortBodyClosesConnection(t *testing.T) {
 	if _, err := io.ReadAll(resp.Body); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("reading a short body: %v, want unexpected EOF", err)
 	}
-	_ = c
 }
 
 // A body the handler does not read is drained when small (the connection
