@@ -146,10 +146,17 @@ type CPRun struct {
 	// of the run (its cart_cp_batch* and cart_cp_touches_total counters,
 	// keyed by sample name): the log's cost on every node.
 	BatchPerS map[string]float64 `json:"batch_per_s,omitempty"`
+	// IndexPerS is what the leader's prefix index evicted and skipped per
+	// second of the run, and the eviction passes its size asked for: an
+	// index that skips is not learning the new prompts.
+	IndexPerS map[string]float64 `json:"index_per_s,omitempty"`
 }
 
 // cpBatchCounters are the leader's counters BatchPerS reports.
 var cpBatchCounters = []string{"cart_cp_batches_proposed_total", "cart_cp_batch_records_total", "cart_cp_batch_blocks_total", "cart_cp_touches_total"}
+
+// cpIndexCounters are the leader's counters IndexPerS reports.
+var cpIndexCounters = []string{"cart_cp_index_evictions_total", "cart_cp_index_skipped_inserts_total", "cart_decider_pressure_passes_total"}
 
 // CPResult is the control-plane section.
 type CPResult struct {
@@ -360,6 +367,7 @@ type cpScrape struct {
 	sched  *Histogram
 	holds  map[string]*Histogram
 	batch  map[string]float64
+	index  map[string]float64
 }
 
 func scrapeCP(c *cpCluster, leader *cpNode) cpScrape {
@@ -373,6 +381,7 @@ func scrapeCP(c *cpCluster, leader *cpNode) cpScrape {
 			s.sched = ParseHistograms(text, "go_sched_latencies_seconds")[""]
 			s.holds = ParseHistograms(text, "cart_decider_lock_hold_seconds")
 			s.batch = ParseCounters(text, cpBatchCounters)
+			s.index = ParseCounters(text, cpIndexCounters)
 		}
 	}
 	return s
@@ -422,6 +431,14 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 				r.BatchPerS = map[string]float64{}
 			}
 			r.BatchPerS[k] = (v - before.batch[k]) / wall.Seconds()
+		}
+	}
+	for k, v := range after.index {
+		if wall > 0 && before.index != nil {
+			if r.IndexPerS == nil {
+				r.IndexPerS = map[string]float64{}
+			}
+			r.IndexPerS[k] = (v - before.index[k]) / wall.Seconds()
 		}
 	}
 	if after.decide != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/index"
 )
 
 // cpMetrics are the control plane's collectors. Raft and state gauges are
@@ -102,6 +103,11 @@ func newCPMetrics(c *Core) *cpMetrics {
 	gauge("cart_cp_healthy_workers", "Workers the leader's prober considers healthy.", func() float64 { _, h, _, _ := counts(); return h })
 	gauge("cart_cp_dataplanes", "Data planes with a live load lease (leader only).", func() float64 { _, _, d, _ := counts(); return d })
 	gauge("cart_cp_index_entries", "Entries in this node's prefix index.", func() float64 { _, _, _, e := counts(); return e })
+	idx := func() index.Stats { st, _ := c.dec.IndexStats(); return st }
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_index_evictions_total",
+		Help: "Entries this node's prefix index evicted (LRU, expiry, daily reset)."}, func() float64 { return float64(idx().Evicted) }))
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_index_skipped_inserts_total",
+		Help: "New blocks this node's prefix index did not store because it was full before an eviction pass could make room."}, func() float64 { return float64(idx().SkippedInserts) }))
 	gauge("cart_cp_unsettled_tickets", "Decisions waiting for their data plane to settle them (leader only).", func() float64 {
 		return float64(c.dec.Stats().Unsettled)
 	})
