@@ -19,7 +19,8 @@ type Options struct {
 	// MaxEntries bounds the prefix index; maintenance trims to it.
 	MaxEntries int
 	// Headroom is how far the index may grow past MaxEntries between
-	// maintenance passes (0: MaxEntries/8).
+	// maintenance passes (0: MaxEntries/8). Past half of it Run starts a
+	// pass at once instead of waiting for its interval (see pressure).
 	Headroom int
 	// InlineEvict: no periodic pass runs, the index evicts as it inserts.
 	InlineEvict bool
@@ -54,6 +55,15 @@ type Decider struct {
 
 	lead leaderState // guarded by mu
 
+	// pressure asks Run for a maintenance pass now: the index grew past
+	// highWater. Without it, an index that fills its headroom a second
+	// after a pass skips every new block until the next one (a minute by
+	// default): at 5,000 routes/s of new prompts it filled in half a
+	// second and then stopped learning. nil with InlineEvict.
+	pressure  chan struct{}
+	highWater int
+	kicked    atomic.Uint64 // passes asked for by pressure
+
 	dropped  [numDropCauses]atomic.Uint64
 	rejected atomic.Uint64
 	hold     holdMetrics
@@ -75,6 +85,10 @@ func New(o Options) *Decider {
 	}
 	idx := index.New(index.Options{MaxEntries: o.MaxEntries, Headroom: o.Headroom, InlineEvict: o.InlineEvict, Presize: o.PresizeIndex})
 	d := &Decider{eng: engine.New(o.Policy, idx, o.Rand), o: o, lastReset: o.Now(), ceiling: idx.Ceiling()}
+	if !o.InlineEvict {
+		d.pressure = make(chan struct{}, 1)
+		d.highWater = o.MaxEntries + o.Headroom/2
+	}
 	d.lead.init()
 	d.hold.init()
 	return d

@@ -20,15 +20,21 @@ const maintainChunk = 128
 
 // Run keeps the index within bounds until ctx ends: every interval (every
 // minute when interval is 0, which relies on inline eviction for the size
-// bound) one Maintain pass. Both hosts run it, and on a control plane every
-// node does, independently: followers apply placements too, and what each
-// node evicts is a cache decision, not replicated state.
+// bound) one Maintain pass, and one at once whenever the index grows past
+// half of its headroom, so that the headroom covers a pass's delay rather
+// than a whole interval of new blocks. Both hosts run it, and on a control
+// plane every node does, independently: followers apply placements too,
+// and what each node evicts is a cache decision, not replicated state.
 func (d *Decider) Run(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = time.Minute // TTL, session expiry and the daily reset still need a tick
 	}
-	every.Tick(ctx, interval, nil, func() { d.Maintain() })
+	every.Tick(ctx, interval, d.pressure, func() { d.Maintain() })
 }
+
+// PressurePasses counts the maintenance passes the index's size asked for
+// before their interval.
+func (d *Decider) PressurePasses() uint64 { return d.kicked.Load() }
 
 // Maintain runs one pass: LRU eviction to MaxEntries, expiry of placements
 // past the TTL and of idle sessions, each in short locked steps, then the

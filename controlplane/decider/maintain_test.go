@@ -1,6 +1,7 @@
 package decider
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"testing"
@@ -97,5 +98,66 @@ func TestReserveIndexStopsAtTheBound(t *testing.T) {
 	}
 	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
 		t.Fatalf("reserved %d bytes for an index of at most %d entries", n, d.ceiling)
+	}
+}
+
+// An index that fills half of its headroom gets a pass at once, not at the
+// next interval: without it every new block past the bound is skipped
+// until then (a minute by default), and new prompts are forgotten.
+func TestPressureStartsAPassBeforeTheInterval(t *testing.T) {
+	now := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	d := newTestDecider(&now, 200, -1) // headroom 25: a pass is asked for past 212 entries
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		d.Run(ctx, time.Hour)
+	}()
+	defer func() { cancel(); <-ran }()
+
+	for i := range 100 {
+		route(t, d, fmt.Sprintf("prompt number %04d with some text", i)) // 9 new blocks each
+		// Wait for the pass the prompt may have asked for, so that the next
+		// one finds room: a test of the trigger, not of the pass's speed.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st, _ := d.IndexStats()
+			if st.Entries <= 212 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after prompt %d the index holds %d entries and no pass brought it back", i, st.Entries)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	st, _ := d.IndexStats()
+	if st.SkippedInserts != 0 {
+		t.Fatalf("%d new blocks skipped although each pass had time to run", st.SkippedInserts)
+	}
+	if d.PressurePasses() == 0 || st.Evicted == 0 {
+		t.Fatalf("passes asked for: %d, evicted: %d", d.PressurePasses(), st.Evicted)
+	}
+	if dec := route(t, d, "prompt number 0099 with some text"); dec.Reason != engine.ReasonCacheHit {
+		t.Fatalf("newest prompt: %s", dec.Reason)
+	}
+}
+
+// With inline eviction there is no pass to ask for.
+func TestNoPressureWithInlineEviction(t *testing.T) {
+	now := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	d := New(Options{
+		Policy:      engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, BlockChars: 4},
+		MaxEntries:  100,
+		InlineEvict: true,
+		Now:         func() time.Time { return now },
+	})
+	d.SetWorkers([]engine.WorkerSpec{{URL: "a"}})
+	for i := range 40 {
+		route(t, d, fmt.Sprintf("prompt number %04d with some text", i))
+	}
+	st, _ := d.IndexStats()
+	if st.Entries != 100 || st.SkippedInserts != 0 || d.PressurePasses() != 0 {
+		t.Fatalf("inline eviction: %d entries, %d skipped, %d passes asked for", st.Entries, st.SkippedInserts, d.PressurePasses())
 	}
 }

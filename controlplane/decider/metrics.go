@@ -72,7 +72,10 @@ func (d *Decider) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{d.hold.vec, prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "cart_decider_rejected_tickets_total",
 		Help: "Settlements refused because the ticket was not issued by this routing core (expected to stay 0).",
-	}, func() float64 { return float64(d.rejected.Load()) })}
+	}, func() float64 { return float64(d.rejected.Load()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "cart_decider_pressure_passes_total",
+		Help: "Maintenance passes started before their interval because the prefix index grew past half of its headroom.",
+	}, func() float64 { return float64(d.kicked.Load()) })}
 }
 
 // lock takes the lock and returns when it got it.
@@ -85,6 +88,13 @@ func (d *Decider) lock() time.Time {
 // releasing, so the bookkeeping is not part of the hold).
 func (d *Decider) unlock(op Op, since time.Time) {
 	held := time.Since(since)
+	if d.pressure != nil && op != OpMaintain && d.eng.Index().Len() > d.highWater {
+		select {
+		case d.pressure <- struct{}{}:
+			d.kicked.Add(1)
+		default: // a pass is already asked for
+		}
+	}
 	d.mu.Unlock()
 	d.hold.by[op].Observe(held.Seconds())
 }
