@@ -84,6 +84,40 @@ func BenchmarkLookup(b *testing.B) {
 	}
 }
 
+// BenchmarkLookupCold matches prompts of 16 blocks (a 2k-character shared
+// prefix) that a 1M-entry index holds, a different one each time out of
+// 20,000, so that their entries are not in the processor's cache as they
+// are in BenchmarkLookup, where one prompt is matched over and over: the
+// control plane's case, where every route matches another prompt.
+//
+//	go test -run '^$' -bench LookupCold ./controlplane/index/
+func BenchmarkLookupCold(b *testing.B) {
+	const prompts, blocks = 20_000, 16
+	x := benchIndex(b, 1_000_000)
+	r := newRand(31)
+	paths := make([][]uint64, prompts)
+	for i := range paths {
+		paths[i] = make([]uint64, blocks)
+		for j := range paths[i] {
+			paths[i][j] = r.Uint64()
+		}
+		x.Insert(paths[i], WorkerID(i%8), 1<<43)
+	}
+	var m Match
+	matched := 0
+	settle()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		x.Lookup(paths[i%prompts], &m)
+		if m.Longest == blocks {
+			matched++
+		}
+	}
+	if matched != b.N {
+		b.Fatalf("%d of %d lookups matched the whole prompt", matched, b.N)
+	}
+}
+
 // BenchmarkInsert measures recording a prompt: refresh of a known path and
 // a path of new entries into a full index (inline eviction).
 func BenchmarkInsert(b *testing.B) {

@@ -78,6 +78,10 @@ type Index struct {
 	upBuf  []Holder
 	// touchBuf holds TouchHeld's slots between its two passes.
 	touchBuf []int32
+	// warmSum keeps warm's loads from being optimized away; warmBuf holds
+	// warmTail's hashes.
+	warmSum uint64
+	warmBuf []uint64
 }
 
 // Options bound the index.
@@ -214,6 +218,11 @@ func (x *Index) Lookup(hashes []uint64, m *Match) {
 func (x *Index) LookupSince(hashes []uint64, since int64, m *Match) {
 	m.Reset()
 	for i, h := range hashes {
+		if i%lookupWarm == 0 {
+			// In steps: the walk stops at the first miss, and a new
+			// prompt's blocks past it are not worth loading here.
+			x.warm(hashes[i:min(i+lookupWarm, len(hashes))])
+		}
 		s, ok := x.find(h)
 		if !ok {
 			return
@@ -246,6 +255,10 @@ func (x *Index) Insert(hashes []uint64, w WorkerID, now int64) (skipped int) {
 		// block stored without its parent could never be matched and would
 		// only take the room of a reachable one.
 		hashes, skipped = x.fit(hashes, x.ceiling-x.byHash.len())
+	}
+	x.warm(hashes)
+	if x.inline && x.byHash.len()+len(hashes) > x.ceiling {
+		x.warmTail(x.byHash.len() + len(hashes) - x.ceiling)
 	}
 	protected := false
 	// Leaf first, root last, so ancestors are always more recent than
@@ -435,6 +448,13 @@ func (x *Index) Evict(target, limit int) (removed int, done bool) {
 	for x.byHash.len() > target && x.tail != nilSlot {
 		if limit > 0 && removed >= limit {
 			return removed, false
+		}
+		if removed%warmBatch == 0 {
+			n := x.byHash.len() - target
+			if limit > 0 {
+				n = min(n, limit-removed)
+			}
+			x.warmTail(n)
 		}
 		x.evictTail()
 		removed++
@@ -711,6 +731,45 @@ func (x *Index) TouchHeld(hashes []uint64, w WorkerID, now int64) int {
 	}
 	x.touchBuf = slots
 	return len(slots)
+}
+
+// warm loads the table word at each hash's home before the hashes are
+// looked up one by one. The loads do not depend on each other, so the
+// processor has several cache misses in flight at once; the lookups that
+// follow, each waiting for its own load before the next can start, then
+// find their words in cache.
+func (x *Index) warm(hashes []uint64) {
+	t := &x.byHash
+	a := t.slots
+	mask := uint64(len(a) - 1)
+	var sum uint64
+	for _, h := range hashes {
+		sum += a[(t.mix(h)>>t.shift)&mask]
+	}
+	x.warmSum = sum
+}
+
+// lookupWarm is how many hashes ahead LookupSince warms.
+const lookupWarm = 32
+
+// warmBatch is how many of the LRU tail's entries warmTail prepares at a
+// time.
+const warmBatch = 128
+
+// warmTail warms the table words of the next min(n, warmBatch) entries an
+// eviction will remove. Walking the tail reads each entry anyway (a chain
+// of dependent misses); the table words they lead to are independent of
+// each other and of the walk.
+func (x *Index) warmTail(n int) {
+	if n < 2 {
+		return
+	}
+	buf := x.warmBuf[:0]
+	for s := x.tail; s != nilSlot && len(buf) < min(n, warmBatch); s = x.at(s).prev {
+		buf = append(buf, x.at(s).hash)
+	}
+	x.warmBuf = buf
+	x.warm(buf)
 }
 
 // find returns the slot of hash h: the table's candidate whose slab entry
