@@ -45,6 +45,7 @@ var controlPlaneMetrics = []string{
 	"cart_raft_leader", "cart_raft_term", "cart_raft_commit_index", "cart_raft_applied_index",
 	"cart_raft_last_log_index", "cart_cp_routes_total", "cart_cp_route_seconds", "cart_cp_workers",
 	"cart_cp_healthy_workers", "cart_cp_dataplanes", "cart_cp_index_entries",
+	"cart_cp_index_evictions_total", "cart_cp_index_skipped_inserts_total",
 }
 
 var metricName = regexp.MustCompile(`\bcart_[A-Za-z0-9_]+`)
