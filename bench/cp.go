@@ -125,6 +125,10 @@ type CPRun struct {
 	LockHoldMaxUs     float64            `json:"lock_hold_max_us"`
 	LockHoldOverflow  bool               `json:"lock_hold_overflow,omitempty"`
 	LockHoldP99ByOpUs map[string]float64 `json:"lock_hold_p99_by_op_us,omitempty"`
+	// LockWaitP99ByOpUs is the leader's cart_decider_lock_wait_seconds
+	// p99 by op: how long each kind of holder waited to take the lock
+	// (for a decision, part of its decide time).
+	LockWaitP99ByOpUs map[string]float64 `json:"lock_wait_p99_by_op_us,omitempty"`
 	// LeaderSchedP99Us and LeaderSchedMaxUs are how long the leader's
 	// goroutines waited to run over the run (go_sched_latencies_seconds;
 	// the max is the upper bound of the highest bucket used).
@@ -366,6 +370,7 @@ type cpScrape struct {
 	decide *Histogram
 	sched  *Histogram
 	holds  map[string]*Histogram
+	waits  map[string]*Histogram
 	batch  map[string]float64
 	index  map[string]float64
 }
@@ -380,6 +385,7 @@ func scrapeCP(c *cpCluster, leader *cpNode) cpScrape {
 			s.decide = ParseHistograms(text, "cart_cp_route_seconds")[""]
 			s.sched = ParseHistograms(text, "go_sched_latencies_seconds")[""]
 			s.holds = ParseHistograms(text, "cart_decider_lock_hold_seconds")
+			s.waits = ParseHistograms(text, "cart_decider_lock_wait_seconds")
 			s.batch = ParseCounters(text, cpBatchCounters)
 			s.index = ParseCounters(text, cpIndexCounters)
 		}
@@ -449,6 +455,17 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 		if d := after.sched.Sub(before.sched); d != nil && d.Count > 0 {
 			r.LeaderSchedP99Us, r.LeaderSchedMaxUs = finite(1e6*d.Quantile(0.99)), finite(1e6*d.MaxBound())
 		}
+	}
+	for op, h := range after.waits {
+		d := h.Sub(before.waits[op])
+		if d == nil || d.Count <= 0 {
+			continue
+		}
+		if r.LockWaitP99ByOpUs == nil {
+			r.LockWaitP99ByOpUs = map[string]float64{}
+		}
+		name, _ := cutLabel(op, "op")
+		r.LockWaitP99ByOpUs[name] = finite(1e6 * d.Quantile(0.99))
 	}
 	var all *Histogram
 	mismatch := false

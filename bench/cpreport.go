@@ -234,6 +234,11 @@ func lockHoldByOp(res CPResult) string {
 		fmt.Fprintf(&b, "- lock hold p99 by op, %s: %s\n", r.Name, strings.Join(parts, ", "))
 	}
 	for _, r := range res.Runs {
+		if w, ok := r.LockWaitP99ByOpUs["route"]; ok {
+			fmt.Fprintf(&b, "- decisions' wait for the lock (cart_decider_lock_wait_seconds{op=\"route\"}), %s: p99 %s\n", r.Name, usOrMs(w))
+		}
+	}
+	for _, r := range res.Runs {
 		if len(r.IndexPerS) > 0 {
 			fmt.Fprintf(&b, "- leader's prefix index, %s: %.0f evicted/s, %.0f new blocks skipped/s (full before a pass made room), %.1f passes/s asked for by its size\n", r.Name,
 				r.IndexPerS["cart_cp_index_evictions_total"], r.IndexPerS["cart_cp_index_skipped_inserts_total"], r.IndexPerS["cart_decider_pressure_passes_total"])

@@ -50,8 +50,9 @@ func (op Op) String() string {
 var LockHoldBuckets = []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 1e-1}
 
 type holdMetrics struct {
-	vec *prometheus.HistogramVec
-	by  [numOps]prometheus.Observer // resolved once: no label lookup per hold
+	vec, waitVec *prometheus.HistogramVec
+	// resolved once: no label lookup per hold
+	by, wait [numOps]prometheus.Observer
 }
 
 func (h *holdMetrics) init() {
@@ -60,16 +61,22 @@ func (h *holdMetrics) init() {
 		Help:    "How long each operation held the routing core's lock; decisions wait behind the longest.",
 		Buckets: LockHoldBuckets,
 	}, []string{"op"})
+	h.waitVec = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "cart_decider_lock_wait_seconds",
+		Help:    "How long each operation waited for the routing core's lock before it held it: other holders, and the time a waiting goroutine takes to run once the lock is free.",
+		Buckets: LockHoldBuckets,
+	}, []string{"op"})
 	for op := range numOps {
 		h.by[op] = h.vec.WithLabelValues(op.String())
+		h.wait[op] = h.waitVec.WithLabelValues(op.String())
 	}
 }
 
 // Collectors are the decider's metrics, for the host's registry: the
-// lock-hold histogram and the count of settlements refused for a foreign
-// ticket.
+// lock-hold and lock-wait histograms, the count of settlements refused for
+// a foreign ticket and of the passes the index's size asked for.
 func (d *Decider) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{d.hold.vec, prometheus.NewCounterFunc(prometheus.CounterOpts{
+	return []prometheus.Collector{d.hold.vec, d.hold.waitVec, prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "cart_decider_rejected_tickets_total",
 		Help: "Settlements refused because the ticket was not issued by this routing core (expected to stay 0).",
 	}, func() float64 { return float64(d.rejected.Load()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -78,16 +85,21 @@ func (d *Decider) Collectors() []prometheus.Collector {
 	}, func() float64 { return float64(d.kicked.Load()) })}
 }
 
-// lock takes the lock and returns when it got it.
-func (d *Decider) lock() time.Time {
+// held is when a lock was asked for and when it was taken.
+type held struct{ asked, got time.Time }
+
+// lock takes the lock and returns when it asked and when it got it.
+func (d *Decider) lock() held {
+	asked := time.Now()
 	d.mu.Lock()
-	return time.Now()
+	return held{asked: asked, got: time.Now()}
 }
 
-// unlock releases the lock and records how long op held it (observed after
-// releasing, so the bookkeeping is not part of the hold).
-func (d *Decider) unlock(op Op, since time.Time) {
-	held := time.Since(since)
+// unlock releases the lock and records how long op waited for it and held
+// it (observed after releasing, so the bookkeeping is not part of the
+// hold).
+func (d *Decider) unlock(op Op, t held) {
+	held := time.Since(t.got)
 	if d.pressure != nil && op != OpMaintain && d.eng.Index().Len() > d.highWater {
 		select {
 		case d.pressure <- struct{}{}:
@@ -97,4 +109,5 @@ func (d *Decider) unlock(op Op, since time.Time) {
 	}
 	d.mu.Unlock()
 	d.hold.by[op].Observe(held.Seconds())
+	d.hold.wait[op].Observe(t.got.Sub(t.asked).Seconds())
 }
