@@ -125,6 +125,10 @@ type CPRun struct {
 	LockHoldMaxUs     float64            `json:"lock_hold_max_us"`
 	LockHoldOverflow  bool               `json:"lock_hold_overflow,omitempty"`
 	LockHoldP99ByOpUs map[string]float64 `json:"lock_hold_p99_by_op_us,omitempty"`
+	// LockHoldMaxByOpUs is, by op, the upper bound of the highest bucket
+	// a hold reached (-1 past the last finite one): which op held the lock
+	// longest.
+	LockHoldMaxByOpUs map[string]float64 `json:"lock_hold_max_by_op_us,omitempty"`
 	// LockWaitP99ByOpUs is the leader's cart_decider_lock_wait_seconds
 	// p99 by op: how long each kind of holder waited to take the lock
 	// (for a decision, part of its decide time).
@@ -479,6 +483,14 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 		}
 		name, _ := cutLabel(op, "op")
 		r.LockHoldP99ByOpUs[name] = finite(1e6 * d.Quantile(0.99))
+		if r.LockHoldMaxByOpUs == nil {
+			r.LockHoldMaxByOpUs = map[string]float64{}
+		}
+		if mb := d.MaxBound(); math.IsInf(mb, 1) {
+			r.LockHoldMaxByOpUs[name] = -1
+		} else {
+			r.LockHoldMaxByOpUs[name] = finite(1e6 * mb)
+		}
 		if all = all.Add(d); all == nil {
 			mismatch = true
 		}

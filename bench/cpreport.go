@@ -234,6 +234,22 @@ func lockHoldByOp(res CPResult) string {
 		fmt.Fprintf(&b, "- lock hold p99 by op, %s: %s\n", r.Name, strings.Join(parts, ", "))
 	}
 	for _, r := range res.Runs {
+		if len(r.LockHoldMaxByOpUs) == 0 {
+			continue
+		}
+		var parts []string
+		for _, op := range slices.Sorted(maps.Keys(r.LockHoldMaxByOpUs)) {
+			if us := r.LockHoldMaxByOpUs[op]; us < 0 {
+				parts = append(parts, op+" > 100 ms")
+			} else if us >= 1000 {
+				parts = append(parts, fmt.Sprintf("%s ≤ %s", op, usOrMs(us)))
+			}
+		}
+		if len(parts) > 0 {
+			fmt.Fprintf(&b, "- ops that held the lock over 1 ms, %s: %s\n", r.Name, strings.Join(parts, ", "))
+		}
+	}
+	for _, r := range res.Runs {
 		if w, ok := r.LockWaitP99ByOpUs["route"]; ok {
 			fmt.Fprintf(&b, "- decisions' wait for the lock (cart_decider_lock_wait_seconds{op=\"route\"}), %s: p99 %s\n", r.Name, usOrMs(w))
 		}
