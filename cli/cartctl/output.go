@@ -137,7 +137,10 @@ func writeClusterStatus(w io.Writer, st *cartv1.ClusterStatusResponse) error {
 	fmt.Fprintf(tw, "applied index:\t%d\n", st.GetAppliedIndex())
 	fmt.Fprintf(tw, "last log index:\t%d\n", st.GetLastLogIndex())
 	fmt.Fprintf(tw, "workers:\t%d healthy of %d\n", st.GetHealthyWorkers(), st.GetWorkers())
-	fmt.Fprintf(tw, "index entries:\t%d\n", st.GetIndexEntries())
+	fmt.Fprintf(tw, "index entries:\t%d (%d evicted since start)\n", st.GetIndexEntries(), st.GetIndexEvictions())
+	if n := st.GetIndexSkippedInserts(); n > 0 {
+		fmt.Fprintf(tw, "index skipped:\t%d new blocks not recorded: the index was full before an eviction pass made room (raise cache.max_tree_size)\n", n)
+	}
 	fmt.Fprintf(tw, "data planes:\t%d\n", st.GetDataplanes())
 	if err := tw.Flush(); err != nil {
 		return err

@@ -24,7 +24,7 @@ var sampleStatus = &cartv1.ClusterStatusResponse{
 		{Id: "n1", RaftAddress: "10.0.0.1:6702", ApiUrl: "http://10.0.0.1:6701", Suffrage: "voter", Leader: true},
 		{Id: "n2", RaftAddress: "10.0.0.2:6702", Suffrage: "nonvoter"},
 	},
-	Workers: 2, HealthyWorkers: 1, IndexEntries: 4096, Dataplanes: 3,
+	Workers: 2, HealthyWorkers: 1, IndexEntries: 4096, Dataplanes: 3, IndexEvictions: 5000, IndexSkippedInserts: 120,
 }
 
 var sampleRoute = &cartv1.RouteResponse{
@@ -110,7 +110,8 @@ commit index:    120
 applied index:   119
 last log index:  121
 workers:         1 healthy of 2
-index entries:   4096
+index entries:   4096 (5000 evicted since start)
+index skipped:   120 new blocks not recorded: the index was full before an eviction pass made room (raise cache.max_tree_size)
 data planes:     3
 
 ID  RAFT ADDRESS   API URL               SUFFRAGE  LEADER
@@ -127,7 +128,7 @@ commit index:    0
 applied index:   0
 last log index:  0
 workers:         0 healthy of 0
-index entries:   0
+index entries:   0 (0 evicted since start)
 data planes:     0
 
 ID  RAFT ADDRESS  API URL  SUFFRAGE  LEADER

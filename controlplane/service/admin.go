@@ -213,6 +213,8 @@ func (h *AdminHandler) ClusterStatus(_ context.Context, _ *connect.Request[cartv
 	out.Workers, out.HealthyWorkers = uint32(ds.Workers), uint32(ds.HealthyWorkers)
 	out.IndexEntries = uint64(ds.IndexEntries)
 	out.Dataplanes = uint32(ds.DataPlanes)
+	is, _ := c.dec.IndexStats()
+	out.IndexEvictions, out.IndexSkippedInserts = is.Evicted, is.SkippedInserts
 	return connect.NewResponse(out), nil
 }
 

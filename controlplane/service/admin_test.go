@@ -10,8 +10,10 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/raftnode"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 func TestAdminWorkers(t *testing.T) {
@@ -187,5 +189,31 @@ func TestAdminMembership(t *testing.T) {
 	resp, err := ac.TransferLeadership(ctx, connect.NewRequest(&cartv1.TransferLeadershipRequest{Id: "n3"}))
 	if err != nil || resp.Msg.GetLeaderId() != "n3" {
 		t.Fatalf("TransferLeadership = %v, %v", resp, err)
+	}
+}
+
+// A node whose index is full before a pass makes room says so, in
+// ClusterStatus (cartctl cluster status) and in its metrics.
+func TestClusterStatusReportsAFullIndex(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true, dec: func(o *decider.Options) { o.MaxEntries, o.Headroom = 8, 1 }})
+	cp.addWorkers(t, w1, w2)
+	rc := cp.router()
+	for i := range 4 {
+		liveRoute(t, rc, text(64, 100+i)) // 4 blocks each: 16 new blocks for a ceiling of 9
+	}
+	cp.dec.Maintain() // no Run loop here: the pass evicts down to 8
+	resp, err := cp.admin().ClusterStatus(context.Background(), connect.NewRequest(&cartv1.ClusterStatusRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := resp.Msg
+	if st.GetIndexSkippedInserts() == 0 || st.GetIndexEvictions() == 0 || st.GetIndexEntries() != 8 {
+		t.Fatalf("ClusterStatus index: %d entries, %d evicted, %d skipped", st.GetIndexEntries(), st.GetIndexEvictions(), st.GetIndexSkippedInserts())
+	}
+	for name, want := range map[string]uint64{"cart_cp_index_skipped_inserts_total": st.GetIndexSkippedInserts(), "cart_cp_index_evictions_total": st.GetIndexEvictions()} {
+		v, found, err := testkit.MetricSample(cp.client, cp.url+"/metrics", name)
+		if err != nil || !found || uint64(v) != want {
+			t.Errorf("%s = %v (found %v, err %v), ClusterStatus says %d", name, v, found, err, want)
+		}
 	}
 }

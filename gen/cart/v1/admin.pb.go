@@ -497,8 +497,13 @@ type ClusterStatusResponse struct {
 	HealthyWorkers uint32    `protobuf:"varint,11,opt,name=healthy_workers,json=healthyWorkers,proto3" json:"healthy_workers,omitempty"`
 	IndexEntries   uint64    `protobuf:"varint,12,opt,name=index_entries,json=indexEntries,proto3" json:"index_entries,omitempty"`
 	Dataplanes     uint32    `protobuf:"varint,13,opt,name=dataplanes,proto3" json:"dataplanes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// This node's index since it started: entries evicted (LRU, expiry,
+	// daily reset), and new blocks not recorded because the index was full
+	// before an eviction pass made room (it is not learning new prompts).
+	IndexEvictions      uint64 `protobuf:"varint,14,opt,name=index_evictions,json=indexEvictions,proto3" json:"index_evictions,omitempty"`
+	IndexSkippedInserts uint64 `protobuf:"varint,15,opt,name=index_skipped_inserts,json=indexSkippedInserts,proto3" json:"index_skipped_inserts,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ClusterStatusResponse) Reset() {
@@ -618,6 +623,20 @@ func (x *ClusterStatusResponse) GetIndexEntries() uint64 {
 func (x *ClusterStatusResponse) GetDataplanes() uint32 {
 	if x != nil {
 		return x.Dataplanes
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetIndexEvictions() uint64 {
+	if x != nil {
+		return x.IndexEvictions
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetIndexSkippedInserts() uint64 {
+	if x != nil {
+		return x.IndexSkippedInserts
 	}
 	return 0
 }
@@ -913,7 +932,7 @@ const file_cart_v1_admin_proto_rawDesc = "" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +
 	"\aapi_url\x18\x03 \x01(\tR\x06apiUrl\x12\x1a\n" +
 	"\bsuffrage\x18\x04 \x01(\tR\bsuffrage\x12\x16\n" +
-	"\x06leader\x18\x05 \x01(\bR\x06leader\"\xb7\x03\n" +
+	"\x06leader\x18\x05 \x01(\bR\x06leader\"\x94\x04\n" +
 	"\x15ClusterStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -931,7 +950,9 @@ const file_cart_v1_admin_proto_rawDesc = "" +
 	"\rindex_entries\x18\f \x01(\x04R\findexEntries\x12\x1e\n" +
 	"\n" +
 	"dataplanes\x18\r \x01(\rR\n" +
-	"dataplanes\"]\n" +
+	"dataplanes\x12'\n" +
+	"\x0findex_evictions\x18\x0e \x01(\x04R\x0eindexEvictions\x122\n" +
+	"\x15index_skipped_inserts\x18\x0f \x01(\x04R\x13indexSkippedInserts\"]\n" +
 	"\x0fAddVoterRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +
