@@ -34,13 +34,9 @@ import (
 	"github.com/cartrouter/cart/sim/simtest"
 )
 
-// controlPlaneMetrics are the names the control plane exports on its API
-// port (controlplane/service/metrics.go). The test scrapes a real node;
-// while the API handler does not serve /metrics yet, names used by the
-// dashboard and alerts are checked against this list instead.
-// TODO(controlplane metrics): once GET /metrics is mounted on the API
-// handler the scrape path below takes over; keep this list in step with
-// controlplane/service/metrics.go until then.
+// controlPlaneMetrics are names a control-plane node must export on its API
+// port (controlplane/service/metrics.go): the test scrapes a real node and
+// fails on any of them missing.
 var controlPlaneMetrics = []string{
 	"cart_raft_leader", "cart_raft_term", "cart_raft_commit_index", "cart_raft_applied_index",
 	"cart_raft_last_log_index", "cart_cp_routes_total", "cart_cp_route_seconds", "cart_cp_workers",
@@ -296,14 +292,7 @@ func TestDashboardAndAlertMetricsAreExported(t *testing.T) {
 		t.Fatalf("found only %d metric names; the extraction is broken", len(used))
 	}
 	dp := scrapeDataPlaneMetrics(t)
-	cp, cpServed := scrapeControlPlaneMetrics(t)
-	if !cpServed {
-		t.Log("TODO(controlplane metrics): the control-plane API does not serve GET /metrics yet; control-plane names are checked against controlPlaneMetrics")
-		cp = map[string]bool{}
-		for _, n := range controlPlaneMetrics {
-			cp[n] = true
-		}
-	}
+	cp := scrapeControlPlaneMetrics(t)
 	names := slices.Sorted(func(yield func(string) bool) {
 		for n := range used {
 			if !yield(n) {
@@ -317,11 +306,9 @@ func TestDashboardAndAlertMetricsAreExported(t *testing.T) {
 			t.Errorf("%s is used by %v but not exported by a data plane, all-in-one router or control-plane node", n, used[n])
 		}
 	}
-	if cpServed {
-		for _, n := range controlPlaneMetrics {
-			if !cp[n] {
-				t.Errorf("controlPlaneMetrics lists %s, which a control-plane node does not export", n)
-			}
+	for _, n := range controlPlaneMetrics {
+		if !cp[n] {
+			t.Errorf("controlPlaneMetrics lists %s, which a control-plane node does not export", n)
 		}
 	}
 }
@@ -432,9 +419,9 @@ func scrapeDataPlaneMetrics(t *testing.T) map[string]bool {
 // scrapeControlPlaneMetrics starts a one-node control plane in process
 // (bootstrapped, temp data dir), checks the gRPC health call the
 // Kubernetes readiness probe and the compose healthcheck make, routes one
-// request, and scrapes GET /metrics on the API port. served is false while
-// the API does not serve /metrics.
-func scrapeControlPlaneMetrics(t *testing.T) (names map[string]bool, served bool) {
+// request, and returns the metric names GET /metrics serves on the API
+// port.
+func scrapeControlPlaneMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	cfg := config.Default()
 	cfg.ControlPlane.NodeID = "cp-test"
@@ -507,15 +494,10 @@ func scrapeControlPlaneMetrics(t *testing.T) (names map[string]bool, served bool
 	}
 
 	names, status := scrapeNames(t, base+"/metrics")
-	switch status {
-	case http.StatusOK:
-		return names, true
-	case http.StatusNotFound:
-		return nil, false
-	default:
+	if status != http.StatusOK {
 		t.Fatalf("control plane GET /metrics: %d", status)
-		return nil, false
 	}
+	return names
 }
 
 // probeControlPlane runs the image's cart-probe against a real node, the
