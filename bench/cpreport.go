@@ -241,7 +241,7 @@ func lockHoldByOp(res CPResult) string {
 		for _, op := range slices.Sorted(maps.Keys(r.LockHoldMaxByOpUs)) {
 			if us := r.LockHoldMaxByOpUs[op]; us < 0 {
 				parts = append(parts, op+" > 100 ms")
-			} else if us >= 1000 {
+			} else if us > 1000 {
 				parts = append(parts, fmt.Sprintf("%s ≤ %s", op, usOrMs(us)))
 			}
 		}
@@ -256,7 +256,7 @@ func lockHoldByOp(res CPResult) string {
 	}
 	for _, r := range res.Runs {
 		if len(r.IndexPerS) > 0 {
-			fmt.Fprintf(&b, "- leader's prefix index, %s: %.0f evicted/s, %.0f new blocks skipped/s (full before a pass made room), %.1f passes/s asked for by its size\n", r.Name,
+			fmt.Fprintf(&b, "- leader's prefix index, %s: %.0f evicted/s, %.0f new blocks skipped/s (full before a pass made room), %.1f passes/s found it past half its headroom\n", r.Name,
 				r.IndexPerS["cart_cp_index_evictions_total"], r.IndexPerS["cart_cp_index_skipped_inserts_total"], r.IndexPerS["cart_decider_pressure_passes_total"])
 		}
 	}

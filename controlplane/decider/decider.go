@@ -62,7 +62,11 @@ type Decider struct {
 	// second and then stopped learning. nil with InlineEvict.
 	pressure  chan struct{}
 	highWater int
-	kicked    atomic.Uint64 // passes asked for by pressure
+	kicked    atomic.Uint64 // passes that found the index past highWater
+	// maintaining is set while a Maintain pass runs: the index is still
+	// past highWater until the pass has evicted, and a kick then would
+	// only start a second, empty pass.
+	maintaining atomic.Bool
 
 	dropped  [numDropCauses]atomic.Uint64
 	rejected atomic.Uint64
@@ -87,7 +91,7 @@ func New(o Options) *Decider {
 	d := &Decider{eng: engine.New(o.Policy, idx, o.Rand), o: o, lastReset: o.Now(), ceiling: idx.Ceiling()}
 	if !o.InlineEvict {
 		d.pressure = make(chan struct{}, 1)
-		d.highWater = o.MaxEntries + o.Headroom/2
+		d.highWater = max(o.MaxEntries, 1) + o.Headroom/2
 	}
 	d.lead.init()
 	d.hold.init()

@@ -32,16 +32,31 @@ func (d *Decider) Run(ctx context.Context, interval time.Duration) {
 	every.Tick(ctx, interval, d.pressure, func() { d.Maintain() })
 }
 
-// PressurePasses counts the maintenance passes the index's size asked for
-// before their interval.
+// PressurePasses counts the maintenance passes that found the index past
+// half of its headroom.
 func (d *Decider) PressurePasses() uint64 { return d.kicked.Load() }
 
 // Maintain runs one pass: LRU eviction to MaxEntries, expiry of placements
 // past the TTL and of idle sessions, each in short locked steps, then the
 // daily reset if its hour has come. It returns the entries evicted.
 func (d *Decider) Maintain() (evicted int) {
+	d.maintaining.Store(true)
+	defer func() {
+		if d.pressure != nil {
+			// A kick sent between the one this pass answers and the flag
+			// saw the index before this pass evicted.
+			select {
+			case <-d.pressure:
+			default:
+			}
+		}
+		d.maintaining.Store(false)
+	}()
 	t := d.lock()
 	before := d.eng.Index().Stats().Evicted
+	if d.pressure != nil && d.eng.Index().Len() > d.highWater {
+		d.kicked.Add(1)
+	}
 	now := d.o.Now()
 	d.unlock(OpRead, t)
 	d.Steps(OpMaintain, func(e *engine.Engine) bool {

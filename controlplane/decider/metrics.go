@@ -81,7 +81,7 @@ func (d *Decider) Collectors() []prometheus.Collector {
 		Help: "Settlements refused because the ticket was not issued by this routing core (expected to stay 0).",
 	}, func() float64 { return float64(d.rejected.Load()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "cart_decider_pressure_passes_total",
-		Help: "Maintenance passes started before their interval because the prefix index grew past half of its headroom.",
+		Help: "Maintenance passes that found the prefix index past half of its headroom (it asks for one at once when it grows there).",
 	}, func() float64 { return float64(d.kicked.Load()) })}
 }
 
@@ -99,15 +99,14 @@ func (d *Decider) lock() held {
 // it (observed after releasing, so the bookkeeping is not part of the
 // hold).
 func (d *Decider) unlock(op Op, t held) {
-	held := time.Since(t.got)
-	if d.pressure != nil && op != OpMaintain && d.eng.Index().Len() > d.highWater {
+	hold := time.Since(t.got)
+	if d.pressure != nil && !d.maintaining.Load() && d.eng.Index().Len() > d.highWater {
 		select {
 		case d.pressure <- struct{}{}:
-			d.kicked.Add(1)
 		default: // a pass is already asked for
 		}
 	}
 	d.mu.Unlock()
-	d.hold.by[op].Observe(held.Seconds())
+	d.hold.by[op].Observe(hold.Seconds())
 	d.hold.wait[op].Observe(t.got.Sub(t.asked).Seconds())
 }

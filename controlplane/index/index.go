@@ -257,10 +257,7 @@ func (x *Index) Insert(hashes []uint64, w WorkerID, now int64) (skipped int) {
 		hashes, skipped = x.fit(hashes, x.ceiling-x.byHash.len())
 	}
 	x.warm(hashes)
-	if x.inline && x.byHash.len()+len(hashes) > x.ceiling {
-		x.warmTail(x.byHash.len() + len(hashes) - x.ceiling)
-	}
-	protected := false
+	protected, tailWarm := false, false
 	// Leaf first, root last, so ancestors are always more recent than
 	// their descendants (see the package comment).
 	for i := len(hashes) - 1; i >= 0; i-- {
@@ -279,6 +276,12 @@ func (x *Index) Insert(hashes []uint64, w WorkerID, now int64) (skipped int) {
 					// their other holders.
 					x.touchPrefix(hashes[:i])
 					protected = true
+				}
+				if !tailWarm {
+					// At most this block and the i shallower ones
+					// evict.
+					x.warmTail(i + 1)
+					tailWarm = true
 				}
 				x.evictTail()
 			}
