@@ -640,7 +640,12 @@ func TestMutualTLS(t *testing.T) {
 // HTTP/2, which the fast path must not take for the listener's.
 func TestPlaintextConnections(t *testing.T) {
 	addr, _, _ := start(t, &http.Server{}, echo)
-	time.Sleep(20 * time.Millisecond) // net/http's Serve of the hand-offs has started
+	// A request net/http answers (HTTP/1.0 is handed off) shows that its
+	// Serve has set itself up, TLS configuration included.
+	_, br := raw(t, addr, "GET /old HTTP/1.0\r\n\r\n")
+	if resp, got := readResp(t, br, "GET"); got != "GET /old " || resp.Header.Get("X-Path") != "http" {
+		t.Fatalf("hand-off: %q via %s", got, resp.Header.Get("X-Path"))
+	}
 	for i := range 20 {
 		_, br := raw(t, addr, postReq(fmt.Sprint(i)))
 		if resp, got := readResp(t, br, "POST"); got != fmt.Sprint("POST /v1/chat ", i) || resp.Header.Get("X-Path") != "fast" {
