@@ -435,22 +435,8 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 			}
 		}
 	}
-	for k, v := range after.batch {
-		if wall > 0 && before.batch != nil {
-			if r.BatchPerS == nil {
-				r.BatchPerS = map[string]float64{}
-			}
-			r.BatchPerS[k] = (v - before.batch[k]) / wall.Seconds()
-		}
-	}
-	for k, v := range after.index {
-		if wall > 0 && before.index != nil {
-			if r.IndexPerS == nil {
-				r.IndexPerS = map[string]float64{}
-			}
-			r.IndexPerS[k] = (v - before.index[k]) / wall.Seconds()
-		}
-	}
+	r.BatchPerS = perSecond(before.batch, after.batch, wall)
+	r.IndexPerS = perSecond(before.index, after.index, wall)
 	if after.decide != nil {
 		d := after.decide.Sub(before.decide)
 		r.DecideP99Us, r.DecideP99Beyond = finite(1e6*d.Quantile(0.99)), d.Beyond(0.99)
@@ -507,6 +493,19 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 }
 
 // finite maps NaN (no observations) to 0, so results stay valid JSON.
+// perSecond is how fast each counter grew from before to after over wall
+// (nil when either scrape is missing).
+func perSecond(before, after map[string]float64, wall time.Duration) map[string]float64 {
+	if before == nil || len(after) == 0 || wall <= 0 {
+		return nil
+	}
+	out := make(map[string]float64, len(after))
+	for k, v := range after {
+		out[k] = (v - before[k]) / wall.Seconds()
+	}
+	return out
+}
+
 func finite(x float64) float64 {
 	if math.IsNaN(x) || math.IsInf(x, 0) {
 		return 0

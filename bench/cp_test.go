@@ -122,8 +122,13 @@ func TestSummarizeCP(t *testing.T) {
 	before.self, before.nodes = time.Second, []time.Duration{time.Second, time.Second, time.Second}
 	after := parse(exposition)
 	after.self, after.nodes = time.Second+100*time.Millisecond, []time.Duration{time.Second + 50*time.Millisecond, time.Second + 20*time.Millisecond, time.Second + 10*time.Millisecond}
+	before.index = map[string]float64{"cart_cp_index_skipped_inserts_total": 10}
+	after.index = map[string]float64{"cart_cp_index_skipped_inserts_total": 30, "cart_cp_index_evictions_total": 400}
 	var r CPRun
 	summarizeCP(&r, samples, 2*time.Second, before, after, 1)
+	if r.IndexPerS["cart_cp_index_skipped_inserts_total"] != 10 || r.IndexPerS["cart_cp_index_evictions_total"] != 200 || r.BatchPerS != nil {
+		t.Errorf("per second: index %v, batch %v", r.IndexPerS, r.BatchPerS)
+	}
 	summarizeFallbackWindows(&r, samples, nil, 20*time.Millisecond)
 	if r.Sent != 102 || r.Answered != 100 || r.Fallbacks != 1 || r.Errors != 1 || r.RoutesPerS != 50 {
 		t.Fatalf("counts %+v", r)
@@ -148,6 +153,14 @@ func TestSummarizeCP(t *testing.T) {
 	}
 	if len(r.LockHoldP99ByOpUs) != 2 || r.LockHoldP99ByOpUs["snapshot_capture"] != 1000 {
 		t.Errorf("by op %v", r.LockHoldP99ByOpUs)
+	}
+	// The longest hold by op: route's within 1 ms, the capture past the
+	// last bucket (-1), and only the capture listed as over 1 ms.
+	if r.LockHoldMaxByOpUs["route"] != 1000 || r.LockHoldMaxByOpUs["snapshot_capture"] != -1 {
+		t.Errorf("max by op %v", r.LockHoldMaxByOpUs)
+	}
+	if notes := lockHoldByOp(CPResult{Runs: []CPRun{r}}); !strings.Contains(notes, "over 1 ms, : snapshot_capture > 100 ms\n") {
+		t.Errorf("notes %q", notes)
 	}
 	if _, err := json.Marshal(r); err != nil {
 		t.Errorf("not JSON: %v", err)
