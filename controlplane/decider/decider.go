@@ -364,6 +364,9 @@ func (d *Decider) IndexStats() (index.Stats, uint64) {
 type Stats struct {
 	Workers, HealthyWorkers int
 	IndexEntries            int
+	// IndexEvicted and IndexSkipped are the index's counters since start
+	// (index.Stats).
+	IndexEvicted, IndexSkipped uint64
 	// DataPlanes with a live load lease and Unsettled tracked tickets
 	// (control-plane leader only).
 	DataPlanes, Unsettled int
@@ -380,7 +383,8 @@ func (d *Decider) Stats() Stats {
 			s.HealthyWorkers++
 		}
 	}
-	s.IndexEntries = d.eng.Index().Len()
+	is := d.eng.Index().Stats()
+	s.IndexEntries, s.IndexEvicted, s.IndexSkipped = is.Entries, is.Evicted, is.SkippedInserts
 	s.DataPlanes, s.Unsettled = len(d.lead.dps), len(d.lead.tickets)
 	return s
 }

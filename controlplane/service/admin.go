@@ -211,10 +211,8 @@ func (h *AdminHandler) ClusterStatus(_ context.Context, _ *connect.Request[cartv
 	}
 	ds := c.dec.Stats()
 	out.Workers, out.HealthyWorkers = uint32(ds.Workers), uint32(ds.HealthyWorkers)
-	out.IndexEntries = uint64(ds.IndexEntries)
+	out.IndexEntries, out.IndexEvictions, out.IndexSkippedInserts = uint64(ds.IndexEntries), ds.IndexEvicted, ds.IndexSkipped
 	out.Dataplanes = uint32(ds.DataPlanes)
-	is, _ := c.dec.IndexStats()
-	out.IndexEvictions, out.IndexSkippedInserts = is.Evicted, is.SkippedInserts
 	return connect.NewResponse(out), nil
 }
 
