@@ -158,6 +158,11 @@ type CPRun struct {
 	// second of the run, and the eviction passes its size asked for: an
 	// index that skips is not learning the new prompts.
 	IndexPerS map[string]float64 `json:"index_per_s,omitempty"`
+	// StreamPerS is the leader's Route-stream messages and the calls,
+	// answers and feed frames they carried, per second of the run (its
+	// cart_cp_stream_{messages,items}_total, keyed by sample): the
+	// leader's cost per route is mostly per message.
+	StreamPerS map[string]float64 `json:"stream_per_s,omitempty"`
 }
 
 // cpBatchCounters are the leader's counters BatchPerS reports.
@@ -165,6 +170,9 @@ var cpBatchCounters = []string{"cart_cp_batches_proposed_total", "cart_cp_batch_
 
 // cpIndexCounters are the leader's counters IndexPerS reports.
 var cpIndexCounters = []string{"cart_cp_index_evictions_total", "cart_cp_index_skipped_inserts_total", "cart_decider_pressure_passes_total"}
+
+// cpStreamCounters are the leader's counters StreamPerS reports.
+var cpStreamCounters = []string{"cart_cp_stream_messages_total", "cart_cp_stream_items_total"}
 
 // CPResult is the control-plane section.
 type CPResult struct {
@@ -377,6 +385,7 @@ type cpScrape struct {
 	waits  map[string]*Histogram
 	batch  map[string]float64
 	index  map[string]float64
+	stream map[string]float64
 }
 
 func scrapeCP(c *cpCluster, leader *cpNode) cpScrape {
@@ -392,6 +401,7 @@ func scrapeCP(c *cpCluster, leader *cpNode) cpScrape {
 			s.waits = ParseHistograms(text, "cart_decider_lock_wait_seconds")
 			s.batch = ParseCounters(text, cpBatchCounters)
 			s.index = ParseCounters(text, cpIndexCounters)
+			s.stream = ParseCounters(text, cpStreamCounters)
 		}
 	}
 	return s
@@ -437,6 +447,7 @@ func summarizeCP(r *CPRun, samples []cpSample, wall time.Duration, before, after
 	}
 	r.BatchPerS = perSecond(before.batch, after.batch, wall)
 	r.IndexPerS = perSecond(before.index, after.index, wall)
+	r.StreamPerS = perSecond(before.stream, after.stream, wall)
 	if after.decide != nil {
 		d := after.decide.Sub(before.decide)
 		r.DecideP99Us, r.DecideP99Beyond = finite(1e6*d.Quantile(0.99)), d.Beyond(0.99)

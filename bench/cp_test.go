@@ -124,8 +124,21 @@ func TestSummarizeCP(t *testing.T) {
 	after.self, after.nodes = time.Second+100*time.Millisecond, []time.Duration{time.Second + 50*time.Millisecond, time.Second + 20*time.Millisecond, time.Second + 10*time.Millisecond}
 	before.index = map[string]float64{"cart_cp_index_skipped_inserts_total": 10}
 	after.index = map[string]float64{"cart_cp_index_skipped_inserts_total": 30, "cart_cp_index_evictions_total": 400}
+	streams := func(inMsgs, inItems, outMsgs, outItems int) map[string]float64 {
+		return ParseCounters(fmt.Sprintf(`cart_cp_stream_messages_total{direction="received"} %d
+cart_cp_stream_messages_total{direction="sent"} %d
+cart_cp_stream_items_total{direction="received"} %d
+cart_cp_stream_items_total{direction="sent"} %d
+`, inMsgs, outMsgs, inItems, outItems), cpStreamCounters)
+	}
+	before.stream, after.stream = streams(10, 10, 10, 10), streams(110, 160, 90, 170)
 	var r CPRun
 	summarizeCP(&r, samples, 2*time.Second, before, after, 1)
+	// 100 messages carrying 150 calls in, 80 carrying 160 out, over 2 s of
+	// 50 answered routes a second.
+	if got, want := streamLine(r), "1.50 calls a message in, 2.00 answers or feed frames a message out; per answered route 1.00 messages in and 0.80 out"; got != want {
+		t.Errorf("stream line %q, want %q", got, want)
+	}
 	if r.IndexPerS["cart_cp_index_skipped_inserts_total"] != 10 || r.IndexPerS["cart_cp_index_evictions_total"] != 200 || r.BatchPerS != nil {
 		t.Errorf("per second: index %v, batch %v", r.IndexPerS, r.BatchPerS)
 	}
@@ -170,7 +183,7 @@ func TestSummarizeCP(t *testing.T) {
 	}
 	var empty CPRun
 	summarizeCP(&empty, nil, time.Second, cpScrape{}, cpScrape{}, -1)
-	if _, err := json.Marshal(empty); err != nil || empty.DecideP99Us != 0 {
+	if _, err := json.Marshal(empty); err != nil || empty.DecideP99Us != 0 || streamLine(empty) != "" {
 		t.Errorf("a run without data: %+v %v", empty, err)
 	}
 }

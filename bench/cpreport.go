@@ -261,6 +261,11 @@ func lockHoldByOp(res CPResult) string {
 		}
 	}
 	for _, r := range res.Runs {
+		if line := streamLine(r); line != "" {
+			fmt.Fprintf(&b, "- leader's Route streams, %s: %s\n", r.Name, line)
+		}
+	}
+	for _, r := range res.Runs {
 		if r.LeaderSchedMaxUs > 0 {
 			fmt.Fprintf(&b, "- leader's goroutines waiting to run (go_sched_latencies_seconds), %s: p99 %s, max ≤ %s\n", r.Name, usOrMs(r.LeaderSchedP99Us), usOrMs(r.LeaderSchedMaxUs))
 		}
@@ -343,4 +348,17 @@ func procsText(n int) string {
 		return "GOMAXPROCS Go's default, every CPU"
 	}
 	return fmt.Sprintf("GOMAXPROCS %d each", n)
+}
+
+// streamLine says how much the leader's Route-stream messages carried in a
+// run, and how many of them an answered route cost; "" without the
+// counters.
+func streamLine(r CPRun) string {
+	in, inItems := r.StreamPerS[`cart_cp_stream_messages_total{direction="received"}`], r.StreamPerS[`cart_cp_stream_items_total{direction="received"}`]
+	out, outItems := r.StreamPerS[`cart_cp_stream_messages_total{direction="sent"}`], r.StreamPerS[`cart_cp_stream_items_total{direction="sent"}`]
+	if in <= 0 || out <= 0 || r.RoutesPerS <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.2f calls a message in, %.2f answers or feed frames a message out; per answered route %.2f messages in and %.2f out",
+		inItems/in, outItems/out, in/r.RoutesPerS, out/r.RoutesPerS)
 }

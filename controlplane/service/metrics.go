@@ -26,6 +26,11 @@ type cpMetrics struct {
 	feedSent, feedSkipped prometheus.Counter
 	// syncBytes is the encoded size of the last Sync answer built.
 	syncBytes prometheus.Gauge
+	// streamMessages and streamItems count the Route streams' messages
+	// and what they carried (calls in, answers and feed frames out): the
+	// leader's cost per route is mostly per message, so items per message
+	// is how much batching saves.
+	streamMessages, streamItems *prometheus.CounterVec
 }
 
 func newCPMetrics(c *Core) *cpMetrics {
@@ -48,7 +53,17 @@ func newCPMetrics(c *Core) *cpMetrics {
 		Help: "Placements a data plane's stream fell too far behind to be sent on the placement feed."})
 	m.syncBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cart_cp_sync_answer_bytes",
 		Help: fmt.Sprintf("Encoded size of the last Sync answer this node built (every worker with its models). Data planes read at most %d bytes; the leader refuses to build a larger one and logs an error, and warns past half of it.", c.o.MaxSyncAnswerBytes)})
-	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded, m.streams, m.feedSent, m.feedSkipped, m.syncBytes)
+	m.streamMessages = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_stream_messages_total",
+		Help: "Messages of data planes' Route streams, received and sent by this node (the leader), hellos included."}, []string{"direction"})
+	m.streamItems = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_stream_items_total",
+		Help: "What those messages carried: calls received (a hello counts as one), answers and placement-feed frames sent. Divided by cart_cp_stream_messages_total, how many shared a message."}, []string{"direction"})
+	m.reg.MustRegister(m.routes, m.routeTime, m.forwarded, m.streams, m.feedSent, m.feedSkipped, m.syncBytes, m.streamMessages, m.streamItems)
+	for _, dir := range []string{"received", "sent"} {
+		// Exported at zero from the start, so that rates cover a stream's
+		// first messages.
+		m.streamMessages.WithLabelValues(dir)
+		m.streamItems.WithLabelValues(dir)
+	}
 	// The decider counts drops; exported here under the control plane's name.
 	for _, cause := range decider.DropCauses {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cart_cp_tickets_dropped_total",

@@ -140,10 +140,14 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 	}
 	// One answer a message (Max 1) until the hello says the data plane
 	// reads batches.
+	msgsIn, itemsIn := c.metrics.streamMessages.WithLabelValues("received"), c.metrics.streamItems.WithLabelValues("received")
+	msgsOut, itemsOut := c.metrics.streamMessages.WithLabelValues("sent"), c.metrics.streamItems.WithLabelValues("sent")
 	out = coalesce.New(func(b []*cartv1.StreamResponse) error {
 		if hook != nil {
 			hook(out.Queued)
 		}
+		msgsOut.Inc()
+		itemsOut.Add(float64(len(b)))
 		first := b[0]
 		if len(b) > 1 {
 			first.More = b[1:]
@@ -207,6 +211,8 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 			}
 			more := m.GetMore()
 			m.More = nil
+			msgsIn.Inc()
+			itemsIn.Add(float64(1 + len(more)))
 			if m.GetId() == 0 && m.GetCall() == nil {
 				// The hello, answered here so that nothing the feed sends
 				// can come before its answer. It counts as a call, so the

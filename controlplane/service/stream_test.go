@@ -192,8 +192,32 @@ func TestStreamBatchesAnswers(t *testing.T) {
 			if msgs != want {
 				t.Fatalf("%d answers in %d messages, want %d", n, msgs, want)
 			}
+			// The stream counters saw the same: the hello and one message
+			// of n calls in; the hello's answer and the answers' messages
+			// out.
+			for _, c := range []struct {
+				dir         string
+				msgs, items float64
+			}{{"received", 2, n + 1}, {"sent", float64(want + 1), n + 1}} {
+				if m, i := cp.streamCounters(c.dir); m != c.msgs || i != c.items {
+					t.Errorf("%s: %v messages carrying %v items, want %v carrying %v", c.dir, m, i, c.msgs, c.items)
+				}
+			}
 		})
 	}
+}
+
+// streamCounters reads cart_cp_stream_messages_total and
+// cart_cp_stream_items_total for direction.
+func (cp *testCP) streamCounters(direction string) (messages, items float64) {
+	var m, i dto.Metric
+	if err := cp.core.metrics.streamMessages.WithLabelValues(direction).Write(&m); err != nil {
+		panic(err)
+	}
+	if err := cp.core.metrics.streamItems.WithLabelValues(direction).Write(&i); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue(), i.GetCounter().GetValue()
 }
 
 // Answers ready together that would exceed the byte cap of a message are
