@@ -219,6 +219,12 @@ type Caller struct {
 	// ended. It lets a stream call keep its timeout without a context
 	// timer per call (about 2% of a leader's CPU at 5,000 routes/s).
 	Expired func() bool
+	// Settle are the data plane's settlements of earlier decisions that
+	// came with the call: RouteFor applies the first completeChunk of
+	// them in the decision's own lock hold, before deciding, and the rest
+	// as Complete would, after. They are applied whatever the decision's
+	// outcome.
+	Settle []Completion
 }
 
 // RouteFor decides for a data plane as the cluster's leader: the decision
@@ -228,12 +234,22 @@ type Caller struct {
 // decision is undone before anyone sees it (its caller has routed
 // elsewhere) and ctx's error (or context.DeadlineExceeded) is returned.
 func (d *Decider) RouteFor(ctx context.Context, c Caller, req Request) (Decision, error) {
+	settle, rest := c.Settle, []Completion(nil)
+	if len(settle) > completeChunk {
+		settle, rest = settle[:completeChunk], settle[completeChunk:]
+	}
+	if len(rest) > 0 {
+		defer d.Complete(c.DataPlane, rest) // after the decision's hold
+	}
 	t := d.lock()
 	defer d.unlock(OpRoute, t)
 	if !d.lead.leading {
 		return Decision{}, ErrNotLeading
 	}
 	now := d.o.Now()
+	if len(settle) > 0 {
+		d.settleAll(c.DataPlane, settle, now)
+	}
 	dec, err := d.route(req, now)
 	if err != nil || req.DryRun {
 		return dec, err
@@ -289,7 +305,13 @@ const completeChunk = 64
 func (d *Decider) complete(dp string, cs []Completion) (settled int) {
 	t := d.lock()
 	defer d.unlock(OpSettle, t)
-	d.dataPlane(dp, d.o.Now())
+	return d.settleAll(dp, cs, d.o.Now())
+}
+
+// settleAll settles data plane dp's completions cs and reports how many
+// named a decision still open. d.mu held.
+func (d *Decider) settleAll(dp string, cs []Completion, now time.Time) (settled int) {
+	d.dataPlane(dp, now)
 	for _, c := range cs {
 		if c.Abandoned {
 			id, ok := d.lead.byRoute[routeKey{dp, c.RouteID}]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -135,6 +136,48 @@ func BenchmarkSweep(b *testing.B) {
 				d.Sweep()
 			}
 		})
+	}
+}
+
+// Settlements that come with a decision are applied in its own lock hold,
+// before it, up to completeChunk; the rest in Complete's chunks after it.
+// They stand even when the decision fails.
+func TestRouteForSettlesWhatCameWithIt(t *testing.T) {
+	now := time.Unix(1000, 0)
+	d := newTestDecider(&now, 1<<16, -1)
+	d.Lead(true)
+	n := completeChunk + 2
+	cs := make([]Completion, n)
+	for i := range cs {
+		cs[i] = Completion{Ticket: routeFor(t, d, "x", "a", fmt.Sprintf("prompt %d", i)), Worker: "a", Outcome: Outcome{Delivered: true}}
+	}
+	settles, routes := holdCount(t, d, OpSettle), holdCount(t, d, OpRoute)
+	r := req("one more")
+	r.PinTo = "a"
+	if _, err := d.RouteFor(context.Background(), Caller{DataPlane: "x", Settle: cs[:completeChunk]}, r); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Load("a"); got != n-completeChunk+1 {
+		t.Fatalf("load %d after a decision that settled %d of %d, want %d", got, completeChunk, n, n-completeChunk+1)
+	}
+	if s, r := holdCount(t, d, OpSettle)-settles, holdCount(t, d, OpRoute)-routes; s != 0 || r != 1 {
+		t.Fatalf("%d settle and %d route lock holds, want the decision's one", s, r)
+	}
+	// More than a chunk: the rest after the decision, in a hold of its
+	// own; and a decision that fails (a pin to a worker that left) still
+	// settles.
+	bad := req("pinned to nobody")
+	bad.PinTo = "gone"
+	all := append(slices.Clone(cs), cs[:completeChunk]...) // settled twice: no-ops
+	if _, err := d.RouteFor(context.Background(), Caller{DataPlane: "x", Settle: all}, bad); err == nil {
+		t.Fatal("a decision pinned to an unknown worker must fail")
+	}
+	if got := d.Load("a"); got != 1 {
+		t.Fatalf("load %d, want only the last decision's", got)
+	}
+	rest := len(all) - completeChunk
+	if s, want := holdCount(t, d, OpSettle)-settles, uint64((rest+completeChunk-1)/completeChunk); s != want {
+		t.Fatalf("%d settle lock holds for the %d beyond the decision's chunk, want %d", s, rest, want)
 	}
 }
 

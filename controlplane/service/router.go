@@ -77,17 +77,26 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 		sum := sha256.Sum256([]byte(session))
 		session = hex.EncodeToString(sum[:16])
 	}
+	settle := completions(m.GetCompletions())
+	// The settlements that came with the call stand whatever becomes of
+	// the call itself.
+	refuse := func(err error) (*cartv1.RouteResponse, error) {
+		if len(settle) > 0 {
+			c.dec.Complete(m.GetDataplaneId(), settle)
+		}
+		return nil, err
+	}
 	exclude := m.GetExcludeWorkers()
 	if n := len(exclude) + len(m.GetAvoidWorkers()); n > maxListedWorkers {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exclude_workers and avoid_workers name %d workers, at most %d", n, maxListedWorkers))
+		return refuse(connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exclude_workers and avoid_workers name %d workers, at most %d", n, maxListedWorkers)))
 	}
 	if ex, err := c.models.Exclude(m.GetModel()); err != nil {
-		return nil, connect.NewError(connect.CodeNotFound, err)
+		return refuse(connect.NewError(connect.CodeNotFound, err))
 	} else if len(ex) > 0 {
 		exclude = append(slices.Clip(exclude), ex...)
 	}
 	now := c.o.Now()
-	d, err := c.dec.RouteFor(ctx, decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId(), Expired: expired}, decider.Request{
+	d, err := c.dec.RouteFor(ctx, decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId(), Expired: expired, Settle: settle}, decider.Request{
 		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, Avoid: m.GetAvoidWorkers(), DryRun: m.GetDryRun(), Session: session},
 		PinTo:   c.pinnedWorker(m.GetResponseIdHash(), now),
 	})
@@ -178,12 +187,20 @@ func (c *Core) complete(m *cartv1.CompleteRequest) *cartv1.CompleteResponse {
 		// Replicated with the placements, so a new leader keeps them.
 		c.batch.Origins(origins)
 	}
-	comps := make([]decider.Completion, len(m.GetCompletions()))
-	for i, comp := range m.GetCompletions() {
-		comps[i] = decider.Completion{Ticket: comp.GetTicket(), Worker: comp.GetWorker(), Abandoned: comp.GetAbandoned(), RouteID: comp.GetRouteId(),
+	return &cartv1.CompleteResponse{Settled: uint32(c.dec.Complete(dpID, completions(m.GetCompletions())))}
+}
+
+// completions converts a data plane's reported settlements.
+func completions(cs []*cartv1.Completion) []decider.Completion {
+	if len(cs) == 0 {
+		return nil
+	}
+	out := make([]decider.Completion, len(cs))
+	for i, comp := range cs {
+		out[i] = decider.Completion{Ticket: comp.GetTicket(), Worker: comp.GetWorker(), Abandoned: comp.GetAbandoned(), RouteID: comp.GetRouteId(),
 			Outcome: decider.Outcome{Delivered: comp.GetDelivered(), PromptTokens: int(comp.GetPromptTokens()), CachedTokens: int(comp.GetCachedTokens())}}
 	}
-	return &cartv1.CompleteResponse{Settled: uint32(c.dec.Complete(dpID, comps))}
+	return out
 }
 
 // Sync implements RouterService.Sync: the data plane's absolute in-flight

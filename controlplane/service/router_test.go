@@ -249,6 +249,53 @@ func TestLoadAccountingComplete(t *testing.T) {
 	}
 }
 
+// Completions that ride with a Route call (RouteRequest.completions) are
+// settled as Complete would settle them: on a unary call, on a stream
+// call, and on a call the leader refuses.
+func TestRouteSettlesItsRiders(t *testing.T) {
+	cp, rc := leaderWith(t, w1, w2)
+	rider := func(d *cartv1.RouteResponse) *cartv1.Completion {
+		return &cartv1.Completion{Ticket: d.GetTicket(), Worker: d.GetWorker(), Delivered: true, PromptTokens: 10, CachedTokens: 5}
+	}
+	total := func() (n uint32) {
+		for _, l := range cp.loads(t) {
+			n += l
+		}
+		return n
+	}
+	var riders []*cartv1.Completion
+	for i := range 3 {
+		riders = append(riders, rider(liveRoute(t, rc, text(40, 200+i))))
+	}
+	d := route(t, rc, &cartv1.RouteRequest{Model: "m", Text: text(40, 210), DataplaneId: "dp1", Completions: riders})
+	if n := total(); n != 1 {
+		t.Fatalf("load %d after a call that carried 3 completions, want its own 1", n)
+	}
+	st := openStream(t, cp)
+	call := routeCall(1, 211)
+	call.GetRoute().DryRun = false
+	call.GetRoute().Completions = []*cartv1.Completion{rider(d)}
+	if err := st.Send(call); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := receiveAnswers(t, st, 1)
+	streamed := got[1].GetRoute()
+	if streamed.GetWorker() == "" || total() != 1 {
+		t.Fatalf("stream call answered %v; load %d, want its own 1", got[1], total())
+	}
+	// Refused for listing too many workers: what it carried still stands.
+	many := make([]string, maxListedWorkers+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("http://w%d.test", i)
+	}
+	_, err := rc.Route(context.Background(), connect.NewRequest(&cartv1.RouteRequest{Model: "m", Text: text(40, 212), DataplaneId: "dp1",
+		ExcludeWorkers: many, Completions: []*cartv1.Completion{rider(streamed)}}))
+	wantCode(t, err, connect.CodeInvalidArgument)
+	if n := total(); n != 0 {
+		t.Fatalf("load %d after a refused call carried the last completion, want 0", n)
+	}
+}
+
 func TestCompleteUndeliveredWithdrawsPlacement(t *testing.T) {
 	cp, rc := leaderWith(t, w1, w2)
 	txt := text(64, 6)

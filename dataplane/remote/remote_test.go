@@ -136,19 +136,97 @@ func TestCompletionsAreBatched(t *testing.T) {
 	}
 }
 
-// A full queue is flushed at once rather than at the next tick.
+// A full queue is flushed at once rather than at the next tick. (The
+// requests all end after the last Route call: none rides with one.)
 func TestCompletionsFlushWhenQueueFills(t *testing.T) {
 	cp := newFakeCP(t)
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
 	run(t, r)
+	var ds []router.Decision
 	for range 300 {
 		d, err := r.Route(context.Background(), &router.Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
+		ds = append(ds, d)
+	}
+	for _, d := range ds {
 		r.Done(d, router.Outcome{Delivered: true})
 	}
 	testkit.WaitFor(t, 5*time.Second, "early flush", func() bool { _, all := cp.completions(); return len(all) >= 256 })
+}
+
+// Completions queued when a Route call goes out ride with it, oldest
+// first and at most maxRiders, instead of waiting for a Complete call;
+// those of a call that failed go again with the next one.
+func TestCompletionsRideWithRoutes(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
+	run(t, r)
+	route := func() router.Decision {
+		t.Helper()
+		d, err := r.Route(context.Background(), &router.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	tickets := func(cs []*cartv1.Completion) []uint64 {
+		var out []uint64
+		for _, c := range cs {
+			out = append(out, c.GetTicket())
+		}
+		return out
+	}
+	var ds []router.Decision
+	for range maxRiders + 6 {
+		ds = append(ds, route())
+	}
+	if got := cp.lastRoute().GetCompletions(); len(got) != 0 {
+		t.Fatalf("nothing had ended, yet %v rode along", got)
+	}
+	for _, d := range ds {
+		r.Done(d, router.Outcome{Delivered: true, PromptTokens: 10, CachedTokens: 5})
+	}
+	route()
+	got := cp.lastRoute().GetCompletions()
+	if len(got) != maxRiders || got[0].GetTicket() != ds[0].Ticket.ID || got[maxRiders-1].GetTicket() != ds[maxRiders-1].Ticket.ID ||
+		got[0].GetWorker() != wA || !got[0].GetDelivered() || got[0].GetPromptTokens() != 10 || got[0].GetCachedTokens() != 5 {
+		t.Fatalf("first call after the requests ended carried %v", got)
+	}
+	// The leader is unreachable for the next call: its riders stay queued
+	// and go with the call after it.
+	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
+	if d, err := r.Route(context.Background(), &router.Request{}); err != nil || d.FromLeader {
+		t.Fatalf("a failed call must fall back locally: %+v, %v", d, err)
+	}
+	failedCall := cp.lastRoute()
+	failed := tickets(failedCall.GetCompletions())
+	cp.set(func(f *fakeCP) { f.routeErr = nil })
+	route()
+	// Followed by the report that the failed call was abandoned.
+	next := cp.lastRoute().GetCompletions()
+	if again := tickets(next); len(failed) != 6 || len(again) != 7 || !slices.Equal(again[:6], failed) ||
+		!next[6].GetAbandoned() || next[6].GetRouteId() != failedCall.GetRouteId() {
+		t.Fatalf("the failed call carried %v, the next one %v", failed, next)
+	}
+	if calls, _ := cp.completions(); calls != 0 {
+		t.Fatalf("%d Complete calls: every completion should have ridden with a route", calls)
+	}
+	// A refusal by the leader settled what came with it: nothing goes again.
+	r.Done(ds[0], router.Outcome{}) // a duplicate Done queues nothing (zero local load)
+	d := route()
+	r.Done(d, router.Outcome{Delivered: true})
+	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeResourceExhausted, errors.New("full")) })
+	_, _ = r.Route(context.Background(), &router.Request{})
+	if got := tickets(cp.lastRoute().GetCompletions()); !slices.Equal(got, []uint64{d.Ticket.ID}) {
+		t.Fatalf("refused call carried %v, want [%d]", got, d.Ticket.ID)
+	}
+	cp.set(func(f *fakeCP) { f.routeErr = nil })
+	route()
+	if got := cp.lastRoute().GetCompletions(); len(got) != 0 {
+		t.Fatalf("completions of a refused call went again: %v", got)
+	}
 }
 
 func TestCompletionsFlushedOnStop(t *testing.T) {

@@ -617,7 +617,15 @@ type RouteRequest struct {
 	// Worker URLs to keep out unless that leaves no usable worker (the data
 	// plane's open circuit breakers): then they are ignored, the decision
 	// is a trial request, and the answer's avoid_ignored says so.
-	AvoidWorkers  []string `protobuf:"bytes,13,rep,name=avoid_workers,json=avoidWorkers,proto3" json:"avoid_workers,omitempty"`
+	AvoidWorkers []string `protobuf:"bytes,13,rep,name=avoid_workers,json=avoidWorkers,proto3" json:"avoid_workers,omitempty"`
+	// Settlements of this data plane's earlier decisions, riding with this
+	// call instead of waiting for its next Complete call: one stream message
+	// less, and the leader's load view fresher. The leader applies them as
+	// Complete would, before deciding and whatever the decision's outcome;
+	// the first 64 in the decision's own lock hold. They have no answer of
+	// their own: like a Complete call's, they are best-effort, and the data
+	// plane's next Sync reconciles the load of any that are lost.
+	Completions   []*Completion `protobuf:"bytes,14,rep,name=completions,proto3" json:"completions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -739,6 +747,13 @@ func (x *RouteRequest) GetResponseIdHash() uint64 {
 func (x *RouteRequest) GetAvoidWorkers() []string {
 	if x != nil {
 		return x.AvoidWorkers
+	}
+	return nil
+}
+
+func (x *RouteRequest) GetCompletions() []*Completion {
+	if x != nil {
+		return x.Completions
 	}
 	return nil
 }
@@ -1732,7 +1747,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06result\";\n" +
 	"\vStreamError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xa5\x03\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xdc\x03\n" +
 	"\fRouteRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
@@ -1750,7 +1765,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	" \x01(\tR\trequestId\x12\x19\n" +
 	"\broute_id\x18\v \x01(\x04R\arouteId\x12(\n" +
 	"\x10response_id_hash\x18\f \x01(\x06R\x0eresponseIdHash\x12#\n" +
-	"\ravoid_workers\x18\r \x03(\tR\favoidWorkers\"\xa5\x03\n" +
+	"\ravoid_workers\x18\r \x03(\tR\favoidWorkers\x125\n" +
+	"\vcompletions\x18\x0e \x03(\v2\x13.cart.v1.CompletionR\vcompletions\"\xa5\x03\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -1884,24 +1900,25 @@ var file_cart_v1_router_proto_depIdxs = []int32{
 	5,  // 10: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
 	2,  // 11: cart.v1.StreamResponse.placements:type_name -> cart.v1.RecentPlacements
 	4,  // 12: cart.v1.StreamResponse.more:type_name -> cart.v1.StreamResponse
-	8,  // 13: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
-	10, // 14: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
-	12, // 15: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	16, // 16: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	17, // 17: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
-	6,  // 18: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	9,  // 19: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	13, // 20: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
-	0,  // 21: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
-	7,  // 22: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	11, // 23: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	14, // 24: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
-	4,  // 25: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
-	22, // [22:26] is the sub-list for method output_type
-	18, // [18:22] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	8,  // 13: cart.v1.RouteRequest.completions:type_name -> cart.v1.Completion
+	8,  // 14: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
+	10, // 15: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
+	12, // 16: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
+	16, // 17: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	17, // 18: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	6,  // 19: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
+	9,  // 20: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	13, // 21: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	0,  // 22: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
+	7,  // 23: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	11, // 24: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	14, // 25: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	4,  // 26: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
+	23, // [23:27] is the sub-list for method output_type
+	19, // [19:23] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_router_proto_init() }
