@@ -40,7 +40,7 @@ type Options struct {
 	ControlPlanes []string // API URLs of control-plane nodes (any of them)
 	RouteTimeout  time.Duration
 	SyncInterval  time.Duration // worker set + load reconciliation
-	FlushInterval time.Duration // completion batching
+	FlushInterval time.Duration // completions not carried by a Route call go in a batch within two of these
 	Token         string
 	HTTPClient    *http.Client
 	// BootWorkers are used until the first successful sync (a data plane
@@ -100,8 +100,12 @@ type Router struct {
 	lastLeader string
 	// lat is this sync window's Route latency, reported in Sync for the
 	// leader's slow-leader handover.
-	lat       routeLatency
-	pending   []*cartv1.Completion
+	lat     routeLatency
+	pending []*cartv1.Completion
+	// aged is how many of pending's oldest were already queued at the
+	// last flush tick: the next tick sends those, and leaves the younger
+	// ones one more interval to ride with a Route call.
+	aged      int
 	fallbacks uint64 // since the last successful sync
 	synced    bool
 	rng       *rand.Rand
@@ -571,14 +575,16 @@ func (r *Router) takeRiders() []*cartv1.Completion {
 	}
 	riders := slices.Clone(r.pending[:n])
 	r.pending = slices.Delete(r.pending, 0, n)
+	r.aged = max(0, r.aged-n)
 	return riders
 }
 
 // requeue puts back completions whose Route call failed, ahead of those
-// queued since.
+// queued since; they count as aged, so the next tick sends them.
 func (r *Router) requeue(cs []*cartv1.Completion) {
 	r.mu.Lock()
 	r.pending = append(cs, r.pending...)
+	r.aged += len(cs)
 	r.mu.Unlock()
 }
 
@@ -615,7 +621,7 @@ func (r *Router) Done(d router.Decision, o router.Outcome) {
 		n = len(r.pending)
 	}
 	r.mu.Unlock()
-	if n >= 256 {
+	if n >= flushAllAt {
 		select {
 		case r.flushNow <- struct{}{}:
 		default:
@@ -742,18 +748,32 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	return nil
 }
 
+// flushAllAt is the queue length at which every queued completion is sent
+// at once, aged or not.
+const flushAllAt = 256
+
 func (r *Router) flushLoop(ctx context.Context) {
-	every.Tick(ctx, r.o.FlushInterval, r.flushNow, func() { r.flush(ctx) })
-	r.flush(context.Background()) // what was queued when ctx ended
+	every.Tick(ctx, r.o.FlushInterval, r.flushNow, func() { r.flush(ctx, false) })
+	r.flush(context.Background(), true) // what was queued when ctx ended
 }
 
-// flush sends queued completions. If the control plane cannot take them
-// they are dropped: the next Sync's absolute counts reconcile the load,
-// and an unsettled placement only costs a stale index hint.
-func (r *Router) flush(ctx context.Context) {
+// flush sends queued completions in a Complete call: all of them when all
+// is set or the queue reached flushAllAt, else those already queued at the
+// last tick. A completion thus waits at most two FlushIntervals, and at
+// a route every few milliseconds nearly all ride with a Route call
+// instead (takeRiders), a stream message less each. If the control plane
+// cannot take them they are dropped: the next Sync's absolute counts
+// reconcile the load, and an unsettled placement only costs a stale index
+// hint.
+func (r *Router) flush(ctx context.Context, all bool) {
 	r.mu.Lock()
-	batch := r.pending
-	r.pending = nil
+	n := r.aged
+	if all || len(r.pending) >= flushAllAt {
+		n = len(r.pending)
+	}
+	batch := slices.Clone(r.pending[:n])
+	r.pending = slices.Delete(r.pending, 0, n)
+	r.aged = len(r.pending)
 	r.mu.Unlock()
 	if len(batch) == 0 {
 		return

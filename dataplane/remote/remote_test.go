@@ -156,6 +156,46 @@ func TestCompletionsFlushWhenQueueFills(t *testing.T) {
 	testkit.WaitFor(t, 5*time.Second, "early flush", func() bool { _, all := cp.completions(); return len(all) >= 256 })
 }
 
+// A flush tick sends only the completions that were already queued at the
+// tick before: younger ones get an interval to ride with a Route call.
+func TestFlushSendsAgedCompletions(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
+	run(t, r)
+	route := func() router.Decision {
+		t.Helper()
+		d, err := r.Route(context.Background(), &router.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	first := route()
+	r.Done(first, router.Outcome{Delivered: true})
+	r.flush(context.Background(), false)
+	if calls, _ := cp.completions(); calls != 0 {
+		t.Fatalf("a completion queued since the last tick was sent at once (%d Complete calls)", calls)
+	}
+	second := route() // carries first's
+	r.Done(second, router.Outcome{Delivered: true})
+	r.flush(context.Background(), false) // second's is young
+	r.flush(context.Background(), false) // now aged: sent
+	calls, all := cp.completions()
+	if calls != 1 || len(all) != 1 || all[0].GetTicket() != second.Ticket.ID {
+		t.Fatalf("%d Complete calls with %v, want one with ticket %d", calls, all, second.Ticket.ID)
+	}
+	cp.mu.Lock()
+	carried := cp.routes[1].GetCompletions()
+	cp.mu.Unlock()
+	if got := carried; len(got) != 1 || got[0].GetTicket() != first.Ticket.ID {
+		t.Fatalf("second call carried %v, want ticket %d", got, first.Ticket.ID)
+	}
+	r.flush(context.Background(), false)
+	if calls, _ := cp.completions(); calls != 1 {
+		t.Fatalf("%d Complete calls after an empty tick, want still 1", calls)
+	}
+}
+
 // Completions queued when a Route call goes out ride with it, oldest
 // first and at most maxRiders, instead of waiting for a Complete call;
 // those of a call that failed go again with the next one.
