@@ -156,20 +156,23 @@ func TestCompletionsFlushWhenQueueFills(t *testing.T) {
 	testkit.WaitFor(t, 5*time.Second, "early flush", func() bool { _, all := cp.completions(); return len(all) >= 256 })
 }
 
+// mustRoute routes an empty request through r.
+func mustRoute(t *testing.T, r *Router) router.Decision {
+	t.Helper()
+	d, err := r.Route(context.Background(), &router.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // A flush tick sends only the completions that were already queued at the
 // tick before: younger ones get an interval to ride with a Route call.
 func TestFlushSendsAgedCompletions(t *testing.T) {
 	cp := newFakeCP(t)
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
 	run(t, r)
-	route := func() router.Decision {
-		t.Helper()
-		d, err := r.Route(context.Background(), &router.Request{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	route := func() router.Decision { return mustRoute(t, r) }
 	first := route()
 	r.Done(first, router.Outcome{Delivered: true})
 	r.flush(context.Background(), false)
@@ -203,14 +206,7 @@ func TestCompletionsRideWithRoutes(t *testing.T) {
 	cp := newFakeCP(t)
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
 	run(t, r)
-	route := func() router.Decision {
-		t.Helper()
-		d, err := r.Route(context.Background(), &router.Request{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	route := func() router.Decision { return mustRoute(t, r) }
 	tickets := func(cs []*cartv1.Completion) []uint64 {
 		var out []uint64
 		for _, c := range cs {
