@@ -223,7 +223,7 @@ type Caller struct {
 	// came with the call: RouteFor applies the first completeChunk of
 	// them in the decision's own lock hold, before deciding, and the rest
 	// as Complete would, after. They are applied whatever the decision's
-	// outcome.
+	// outcome, unless this decider is not leading (it has no tickets).
 	Settle []Completion
 }
 
@@ -234,21 +234,27 @@ type Caller struct {
 // decision is undone before anyone sees it (its caller has routed
 // elsewhere) and ctx's error (or context.DeadlineExceeded) is returned.
 func (d *Decider) RouteFor(ctx context.Context, c Caller, req Request) (Decision, error) {
-	settle, rest := c.Settle, []Completion(nil)
-	if len(settle) > completeChunk {
-		settle, rest = settle[:completeChunk], settle[completeChunk:]
+	var rest []Completion
+	if len(c.Settle) > completeChunk {
+		c.Settle, rest = c.Settle[:completeChunk], c.Settle[completeChunk:]
 	}
-	if len(rest) > 0 {
-		defer d.Complete(c.DataPlane, rest) // after the decision's hold
+	dec, err := d.routeFor(ctx, c, req)
+	if len(rest) > 0 && !errors.Is(err, ErrNotLeading) {
+		d.Complete(c.DataPlane, rest) // after the decision's hold
 	}
+	return dec, err
+}
+
+// routeFor is RouteFor's decision, in one lock hold with c.Settle.
+func (d *Decider) routeFor(ctx context.Context, c Caller, req Request) (Decision, error) {
 	t := d.lock()
 	defer d.unlock(OpRoute, t)
 	if !d.lead.leading {
 		return Decision{}, ErrNotLeading
 	}
 	now := d.o.Now()
-	if len(settle) > 0 {
-		d.settleAll(c.DataPlane, settle, now)
+	if len(c.Settle) > 0 {
+		d.settleAll(c.DataPlane, c.Settle, now)
 	}
 	dec, err := d.route(req, now)
 	if err != nil || req.DryRun {

@@ -151,11 +151,13 @@ func TestRouteForSettlesWhatCameWithIt(t *testing.T) {
 	for i := range cs {
 		cs[i] = Completion{Ticket: routeFor(t, d, "x", "a", fmt.Sprintf("prompt %d", i)), Worker: "a", Outcome: Outcome{Delivered: true}}
 	}
+	// "a" is full: only settling before deciding makes room for one more.
+	d.SetWorkers([]engine.WorkerSpec{{URL: "a", MaxLoad: n}, {URL: "b"}})
 	settles, routes := holdCount(t, d, OpSettle), holdCount(t, d, OpRoute)
 	r := req("one more")
 	r.PinTo = "a"
 	if _, err := d.RouteFor(context.Background(), Caller{DataPlane: "x", Settle: cs[:completeChunk]}, r); err != nil {
-		t.Fatal(err)
+		t.Fatalf("a decision whose riders free its worker: %v", err)
 	}
 	if got := d.Load("a"); got != n-completeChunk+1 {
 		t.Fatalf("load %d after a decision that settled %d of %d, want %d", got, completeChunk, n, n-completeChunk+1)

@@ -228,9 +228,9 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 					// An empty frame acknowledges the feed: a data plane
 					// whose leader predates it keeps recording its own
 					// answers.
-					send(&cartv1.StreamResponse{Batches: true, Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{}}})
+					send(&cartv1.StreamResponse{Batches: true, SettlesRiders: true, Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{}}})
 				} else {
-					send(&cartv1.StreamResponse{Batches: true})
+					send(&cartv1.StreamResponse{Batches: true, SettlesRiders: true})
 				}
 				if m.GetPlacementFeed() != nil && !feeding {
 					feeding = true

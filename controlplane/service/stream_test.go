@@ -39,7 +39,7 @@ func openStreamWith(t *testing.T, cp *testCP, hello *cartv1.StreamRequest) *conn
 		t.Fatal(err)
 	}
 	m, err := st.Receive()
-	if err != nil || m.GetId() != 0 || m.GetResult() != nil || !m.GetBatches() || len(m.GetMore()) != 0 {
+	if err != nil || m.GetId() != 0 || m.GetResult() != nil || !m.GetBatches() || !m.GetSettlesRiders() || len(m.GetMore()) != 0 {
 		t.Fatalf("hello answered %v, %v", m, err)
 	}
 	return st

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,15 +99,15 @@ type Router struct {
 	lastLeader string
 	// lat is this sync window's Route latency, reported in Sync for the
 	// leader's slow-leader handover.
-	lat     routeLatency
-	pending []*cartv1.Completion
-	// aged is how many of pending's oldest were already queued at the
-	// last flush tick: the next tick sends those, and leaves the younger
-	// ones one more interval to ride with a Route call.
-	aged      int
-	fallbacks uint64 // since the last successful sync
-	synced    bool
-	rng       *rand.Rand
+	lat routeLatency
+	// pending are completions to report (they ride with Route calls to a
+	// leader that settles them, or go in the flush); abandons are reports
+	// of abandoned Route calls, which only the flush sends, so that they
+	// do not overtake the call they name.
+	pending, abandons reports
+	fallbacks         uint64 // since the last successful sync
+	synced            bool
+	rng               *rand.Rand
 
 	clients  *cpclient.ByURL[cartv1connect.RouterServiceClient]
 	flushNow chan struct{}
@@ -269,7 +268,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		if !req.DryRun {
 			routeID = r.routeIDs.Add(1)
 		}
-		riders := r.takeRiders()
+		riders := r.takeRiders(target)
 		rctx, cancel := context.WithTimeout(ctx, r.o.RouteTimeout)
 		m, err := r.routeCall(rctx, target, &cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: hashes, KeyLength: uint32(req.KeyLen),
@@ -277,10 +276,14 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID), Completions: riders,
 		})
 		cancel()
-		if err != nil && len(riders) > 0 && !answeredByLeader(err) {
-			// They may not have arrived: they go again, with the next
-			// call or flush (settling twice is a no-op on the leader).
-			r.requeue(riders)
+		if err != nil && len(riders) > 0 {
+			// They may not have been settled (the call failed before the
+			// leader decoded it, or on a node that no longer leads): they
+			// go again, with the next call or flush. Settling twice is a
+			// no-op on the leader.
+			r.mu.Lock()
+			r.pending.putBack(riders)
+			r.mu.Unlock()
 		}
 		outcome := cpOutcome(ctx, err)
 		r.cpb.done(call, outcome)
@@ -517,7 +520,7 @@ func (r *Router) LearnResponse(ctx context.Context, id, worker string) {
 // abandon queues the report of a Route call whose answer will never be used.
 func (r *Router) abandon(routeID uint64) {
 	r.mu.Lock()
-	r.pending = append(r.pending, &cartv1.Completion{Abandoned: true, RouteId: routeID, PromptTokens: -1, CachedTokens: -1})
+	r.abandons.add(&cartv1.Completion{Abandoned: true, RouteId: routeID, PromptTokens: -1, CachedTokens: -1})
 	r.mu.Unlock()
 	r.abandonedMu.Lock()
 	defer r.abandonedMu.Unlock()
@@ -563,29 +566,18 @@ func (r *Router) applyFeed(p []*cartv1.RecentPlacement) {
 const maxRiders = 64
 
 // takeRiders takes the oldest queued completions, up to maxRiders, to ride
-// with a Route call: at thousands of routes a second nearly every one then
-// goes to the leader within a route's interval, instead of every
-// FlushInterval as a Complete call of its own, one stream message each.
-func (r *Router) takeRiders() []*cartv1.Completion {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := min(len(r.pending), maxRiders)
-	if n == 0 {
+// with a Route call to target: at thousands of routes a second nearly every
+// one then goes to the leader within a route's interval, instead of in a
+// flush's Complete call, a stream message each way. Only a live stream
+// whose leader said it settles riders gets them: an older leader would
+// ignore them.
+func (r *Router) takeRiders(target string) []*cartv1.Completion {
+	if st := r.streams.live(target); st == nil || !st.riders {
 		return nil
 	}
-	riders := slices.Clone(r.pending[:n])
-	r.pending = slices.Delete(r.pending, 0, n)
-	r.aged = max(0, r.aged-n)
-	return riders
-}
-
-// requeue puts back completions whose Route call failed, ahead of those
-// queued since; they count as aged, so the next tick sends them.
-func (r *Router) requeue(cs []*cartv1.Completion) {
 	r.mu.Lock()
-	r.pending = append(cs, r.pending...)
-	r.aged += len(cs)
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	return r.pending.take(maxRiders)
 }
 
 // answeredByLeader reports whether a failed Route call was refused by the
@@ -614,11 +606,11 @@ func (r *Router) Done(d router.Decision, o router.Outcome) {
 	}
 	n := 0
 	if t.ID != 0 {
-		r.pending = append(r.pending, &cartv1.Completion{
+		r.pending.add(&cartv1.Completion{
 			Ticket: t.ID, Worker: t.Worker, Delivered: o.Delivered,
 			PromptTokens: int32(o.PromptTokens), CachedTokens: int32(o.CachedTokens),
 		})
-		n = len(r.pending)
+		n = r.pending.len() + r.abandons.len()
 	}
 	r.mu.Unlock()
 	if n >= flushAllAt {
@@ -754,7 +746,10 @@ const flushAllAt = 256
 
 func (r *Router) flushLoop(ctx context.Context) {
 	every.Tick(ctx, r.o.FlushInterval, r.flushNow, func() { r.flush(ctx, false) })
-	r.flush(context.Background(), true) // what was queued when ctx ended
+	// What was queued when ctx ended. Riders that a Route call still in
+	// flight puts back after this are lost with the process: the leader
+	// drops this data plane's load when its lease lapses.
+	r.flush(context.Background(), true)
 }
 
 // flush sends queued completions in a Complete call: all of them when all
@@ -767,13 +762,8 @@ func (r *Router) flushLoop(ctx context.Context) {
 // hint.
 func (r *Router) flush(ctx context.Context, all bool) {
 	r.mu.Lock()
-	n := r.aged
-	if all || len(r.pending) >= flushAllAt {
-		n = len(r.pending)
-	}
-	batch := slices.Clone(r.pending[:n])
-	r.pending = slices.Delete(r.pending, 0, n)
-	r.aged = len(r.pending)
+	all = all || r.pending.len()+r.abandons.len() >= flushAllAt
+	batch := append(r.pending.due(all), r.abandons.due(all)...)
 	r.mu.Unlock()
 	if len(batch) == 0 {
 		return

@@ -156,42 +156,63 @@ func TestCompletionsFlushWhenQueueFills(t *testing.T) {
 	testkit.WaitFor(t, 5*time.Second, "early flush", func() bool { _, all := cp.completions(); return len(all) >= 256 })
 }
 
-// mustRoute routes an empty request through r.
+// riderRig is a data plane on the Route stream to a fake leader that
+// says (or not) that it settles riders, with the flush left to the test.
+func riderRig(t *testing.T, settles bool) (*streamCP, *Router) {
+	t.Helper()
+	cp, _ := newStreamCP(t)
+	cp.batches, cp.settlesRiders = true, settles
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, FlushInterval: time.Hour, RouteTimeout: 5 * time.Second})
+	run(t, r)
+	streamLive(t, r, cp.url)
+	return cp, r
+}
+
+// mustRoute routes a request the fake leader answers with worker wA.
 func mustRoute(t *testing.T, r *Router) router.Decision {
 	t.Helper()
-	d, err := r.Route(context.Background(), &router.Request{})
-	if err != nil {
-		t.Fatal(err)
+	d, err := r.Route(context.Background(), &router.Request{ID: wA})
+	if err != nil || !d.FromLeader {
+		t.Fatalf("route: %+v, %v", d, err)
 	}
 	return d
+}
+
+// carried is what the leader's last Route call carried.
+func (f *fakeCP) carried() []*cartv1.Completion {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.routes[len(f.routes)-1].GetCompletions()
+}
+
+func tickets(cs []*cartv1.Completion) []uint64 {
+	var out []uint64
+	for _, c := range cs {
+		out = append(out, c.GetTicket())
+	}
+	return out
 }
 
 // A flush tick sends only the completions that were already queued at the
 // tick before: younger ones get an interval to ride with a Route call.
 func TestFlushSendsAgedCompletions(t *testing.T) {
-	cp := newFakeCP(t)
-	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
-	run(t, r)
-	route := func() router.Decision { return mustRoute(t, r) }
-	first := route()
+	cp, r := riderRig(t, true)
+	first := mustRoute(t, r)
 	r.Done(first, router.Outcome{Delivered: true})
 	r.flush(context.Background(), false)
 	if calls, _ := cp.completions(); calls != 0 {
 		t.Fatalf("a completion queued since the last tick was sent at once (%d Complete calls)", calls)
 	}
-	second := route() // carries first's
+	second := mustRoute(t, r) // carries first's
+	if got := tickets(cp.carried()); !slices.Equal(got, []uint64{first.Ticket.ID}) {
+		t.Fatalf("second call carried %v, want [%d]", got, first.Ticket.ID)
+	}
 	r.Done(second, router.Outcome{Delivered: true})
 	r.flush(context.Background(), false) // second's is young
 	r.flush(context.Background(), false) // now aged: sent
 	calls, all := cp.completions()
 	if calls != 1 || len(all) != 1 || all[0].GetTicket() != second.Ticket.ID {
 		t.Fatalf("%d Complete calls with %v, want one with ticket %d", calls, all, second.Ticket.ID)
-	}
-	cp.mu.Lock()
-	carried := cp.routes[1].GetCompletions()
-	cp.mu.Unlock()
-	if got := carried; len(got) != 1 || got[0].GetTicket() != first.Ticket.ID {
-		t.Fatalf("second call carried %v, want ticket %d", got, first.Ticket.ID)
 	}
 	r.flush(context.Background(), false)
 	if calls, _ := cp.completions(); calls != 1 {
@@ -201,82 +222,91 @@ func TestFlushSendsAgedCompletions(t *testing.T) {
 
 // Completions queued when a Route call goes out ride with it, oldest
 // first and at most maxRiders, instead of waiting for a Complete call;
-// those of a call that failed go again with the next one.
+// those of a call that failed, for whatever reason, go again with the
+// next one.
 func TestCompletionsRideWithRoutes(t *testing.T) {
-	cp := newFakeCP(t)
-	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
-	run(t, r)
-	route := func() router.Decision { return mustRoute(t, r) }
-	tickets := func(cs []*cartv1.Completion) []uint64 {
-		var out []uint64
-		for _, c := range cs {
-			out = append(out, c.GetTicket())
-		}
-		return out
-	}
+	cp, r := riderRig(t, true)
 	var ds []router.Decision
 	for range maxRiders + 6 {
-		ds = append(ds, route())
+		ds = append(ds, mustRoute(t, r))
 	}
-	if got := cp.lastRoute().GetCompletions(); len(got) != 0 {
+	if got := cp.carried(); len(got) != 0 {
 		t.Fatalf("nothing had ended, yet %v rode along", got)
 	}
 	for _, d := range ds {
 		r.Done(d, router.Outcome{Delivered: true, PromptTokens: 10, CachedTokens: 5})
 	}
-	route()
-	got := cp.lastRoute().GetCompletions()
+	mustRoute(t, r)
+	got := cp.carried()
 	if len(got) != maxRiders || got[0].GetTicket() != ds[0].Ticket.ID || got[maxRiders-1].GetTicket() != ds[maxRiders-1].Ticket.ID ||
 		got[0].GetWorker() != wA || !got[0].GetDelivered() || got[0].GetPromptTokens() != 10 || got[0].GetCachedTokens() != 5 {
 		t.Fatalf("first call after the requests ended carried %v", got)
 	}
-	// The leader is unreachable for the next call: its riders stay queued
-	// and go with the call after it.
-	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
-	if d, err := r.Route(context.Background(), &router.Request{}); err != nil || d.FromLeader {
-		t.Fatalf("a failed call must fall back locally: %+v, %v", d, err)
+	// Failed calls, one refused by the leader and one it could not take:
+	// what each carried goes again with the next.
+	mustRoute(t, r)
+	if rest := tickets(cp.carried()); len(rest) != 6 || rest[0] != ds[maxRiders].Ticket.ID {
+		t.Fatalf("the next call carried %v, want the 6 left", rest)
 	}
-	failedCall := cp.lastRoute()
-	failed := tickets(failedCall.GetCompletions())
-	cp.set(func(f *fakeCP) { f.routeErr = nil })
-	route()
-	// Followed by the report that the failed call was abandoned.
-	next := cp.lastRoute().GetCompletions()
-	if again := tickets(next); len(failed) != 6 || len(again) != 7 || !slices.Equal(again[:6], failed) ||
-		!next[6].GetAbandoned() || next[6].GetRouteId() != failedCall.GetRouteId() {
-		t.Fatalf("the failed call carried %v, the next one %v", failed, next)
+	for _, code := range []connect.Code{connect.CodeResourceExhausted, connect.CodeUnavailable} {
+		ended := []router.Decision{mustRoute(t, r), mustRoute(t, r)}
+		for _, d := range ended {
+			r.Done(d, router.Outcome{Delivered: true})
+		}
+		cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(code, errors.New("no")) })
+		_, _ = r.Route(context.Background(), &router.Request{ID: wA})
+		failed := tickets(cp.carried())
+		cp.set(func(f *fakeCP) { f.routeErr = nil })
+		streamLive(t, r, cp.url) // an Unavailable answer may end the stream
+		mustRoute(t, r)
+		want := []uint64{ended[0].Ticket.ID, ended[1].Ticket.ID}
+		if again := tickets(cp.carried()); !slices.Equal(failed, want) || !slices.Equal(again, want) {
+			t.Fatalf("%v: the failed call carried %v, the next one %v, want %v both", code, failed, again, want)
+		}
 	}
 	if calls, _ := cp.completions(); calls != 0 {
 		t.Fatalf("%d Complete calls: every completion should have ridden with a route", calls)
 	}
-	// A refusal by the leader settled what came with it: nothing goes again.
-	r.Done(ds[0], router.Outcome{}) // a duplicate Done queues nothing (zero local load)
-	d := route()
-	r.Done(d, router.Outcome{Delivered: true})
-	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeResourceExhausted, errors.New("full")) })
-	_, _ = r.Route(context.Background(), &router.Request{})
-	if got := tickets(cp.lastRoute().GetCompletions()); !slices.Equal(got, []uint64{d.Ticket.ID}) {
-		t.Fatalf("refused call carried %v, want [%d]", got, d.Ticket.ID)
+}
+
+// The report of an abandoned Route call never rides with a later call,
+// which the leader could serve before the call it names: it waits for an
+// aged flush.
+func TestAbandonReportsDoNotRide(t *testing.T) {
+	cp, r := riderRig(t, true)
+	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
+	if d, err := r.Route(context.Background(), &router.Request{ID: wA}); err != nil || d.FromLeader {
+		t.Fatalf("a failed call must fall back locally: %+v, %v", d, err)
 	}
+	abandonedID := func() uint64 { cp.mu.Lock(); defer cp.mu.Unlock(); return cp.routes[len(cp.routes)-1].GetRouteId() }()
 	cp.set(func(f *fakeCP) { f.routeErr = nil })
-	route()
-	if got := cp.lastRoute().GetCompletions(); len(got) != 0 {
-		t.Fatalf("completions of a refused call went again: %v", got)
+	streamLive(t, r, cp.url)
+	mustRoute(t, r)
+	if got := cp.carried(); len(got) != 0 {
+		t.Fatalf("the next call carried %v; an abandon report must not ride", got)
+	}
+	r.flush(context.Background(), false)
+	r.flush(context.Background(), false)
+	_, all := cp.completions()
+	if len(all) != 1 || !all[0].GetAbandoned() || all[0].GetRouteId() != abandonedID {
+		t.Fatalf("flushed %v, want the abandon report of route %d", all, abandonedID)
 	}
 }
 
-func TestCompletionsFlushedOnStop(t *testing.T) {
-	cp := newFakeCP(t)
-	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
-	stop := run(t, r)
-	d, err := r.Route(context.Background(), &router.Request{})
-	if err != nil {
-		t.Fatal(err)
+// A leader whose hello answer does not say it settles riders (one that
+// predates them would ignore them) gets every completion by Complete.
+func TestNoRidersToAnOlderLeader(t *testing.T) {
+	cp, r := riderRig(t, false)
+	d := mustRoute(t, r)
+	r.Done(d, router.Outcome{Delivered: true})
+	mustRoute(t, r)
+	if got := cp.carried(); len(got) != 0 {
+		t.Fatalf("%v rode to a leader that does not settle riders", got)
 	}
-	r.Done(d, router.Outcome{Delivered: false})
-	stop()
-	if _, all := cp.completions(); len(all) != 1 || all[0].GetDelivered() {
-		t.Fatalf("completions after stop = %v", all)
+	r.flush(context.Background(), false)
+	r.flush(context.Background(), false)
+	if _, all := cp.completions(); len(all) != 1 || all[0].GetTicket() != d.Ticket.ID {
+		t.Fatalf("flushed %v, want ticket %d", all, d.Ticket.ID)
 	}
 }
 

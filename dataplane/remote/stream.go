@@ -76,8 +76,11 @@ type routeStream struct {
 	sendMu sync.Mutex // Send is not safe for concurrent use with CloseRequest
 	// out sends the calls, several a message when the leader reads
 	// batches (batches), else one each.
-	out       *coalesce.Sender[*cartv1.StreamRequest]
-	batches   bool
+	out     *coalesce.Sender[*cartv1.StreamRequest]
+	batches bool
+	// riders: the leader settles completions that ride with Route calls
+	// (its hello answer said so).
+	riders    bool
 	flushHook func(queued func() int) // tests only: runs before each message sent
 
 	// feed queues the leader's placement feed for the shadow; nil: not
@@ -461,9 +464,10 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	// ignores the request, and this data plane then records its own
 	// answers as before. batches: the leader reads batched calls (one
 	// that predates them leaves it unset, and gets one call a message).
+	// riders: the leader settles completions riding with Route calls.
 	// early: what the leader batched with its answer (not sent by this
 	// leader, but allowed). Read after hello delivers.
-	acked, batches := false, false
+	acked, batches, riders := false, false, false
 	var early []*cartv1.StreamResponse
 	go func() {
 		if err := conn.Send(&cartv1.StreamRequest{PlacementFeed: feed, Batches: !s.noBatch}); err != nil && !errors.Is(err, io.EOF) {
@@ -477,7 +481,7 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 		case m.GetId() != 0 || m.GetResult() != nil && (feed == nil || m.GetPlacements() == nil):
 			hello <- fmt.Errorf("unexpected answer to the stream hello: id %d", m.GetId())
 		default:
-			acked, batches, early = m.GetPlacements() != nil, m.GetBatches(), m.GetMore()
+			acked, batches, riders, early = m.GetPlacements() != nil, m.GetBatches(), m.GetSettlesRiders(), m.GetMore()
 			hello <- nil
 		}
 	}()
@@ -498,7 +502,7 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	}
 	st := &routeStream{target: target, conn: conn, cancel: cancel, slots: make(chan struct{}, s.maxInFlight),
 		opened: time.Now(), pending: map[uint64]chan *cartv1.StreamResponse{}, done: make(chan struct{}),
-		batches: batches && !s.noBatch, flushHook: s.flushHook}
+		batches: batches && !s.noBatch, riders: riders, flushHook: s.flushHook}
 	// The queue holds no more calls than may be in flight: a caller that
 	// gave up (and freed its slot) while its call still waited here does
 	// not let another queue beyond the bound.

@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
@@ -164,6 +165,9 @@ type streamCP struct {
 	// helloExtra rides in its more.
 	feedAck    bool
 	helloExtra []*cartv1.StreamResponse
+	// settlesRiders: the hello's answer says this leader settles
+	// completions riding with Route calls.
+	settlesRiders bool
 	// msgs counts the messages that carried calls, batched those with
 	// more; answerMsgs the answer messages with more.
 	msgs, batched, answerMsgs atomic.Int64
@@ -187,10 +191,21 @@ func (f *streamCP) answer(m *cartv1.StreamRequest) *cartv1.StreamResponse {
 	resp := &cartv1.StreamResponse{Id: m.GetId()}
 	switch c := m.GetCall().(type) {
 	case *cartv1.StreamRequest_Route:
+		f.mu.Lock()
+		f.routes = append(f.routes, proto.Clone(c.Route).(*cartv1.RouteRequest))
+		err := f.routeErr
+		f.mu.Unlock()
+		if err != nil {
+			resp.Result = &cartv1.StreamResponse_Error{Error: &cartv1.StreamError{Code: uint32(connect.CodeOf(err)), Message: err.Error()}}
+			break
+		}
 		resp.Result = &cartv1.StreamResponse_Route{Route: &cartv1.RouteResponse{Worker: c.Route.GetRequestId(), Reason: "cache_miss", FromLeader: true, Ticket: m.GetId()}}
 	case *cartv1.StreamRequest_Sync:
 		resp.Result = &cartv1.StreamResponse_Sync{Sync: &cartv1.SyncResponse{Workers: []*cartv1.Worker{{Url: wA, Healthy: true}}, WorkersVersion: 1}}
 	case *cartv1.StreamRequest_Complete:
+		f.mu.Lock()
+		f.completes = append(f.completes, proto.Clone(c.Complete).(*cartv1.CompleteRequest))
+		f.mu.Unlock()
 		resp.Result = &cartv1.StreamResponse_Complete{Complete: &cartv1.CompleteResponse{}}
 	}
 	return resp
@@ -238,7 +253,7 @@ func (f *streamCP) Stream(ctx context.Context, st *connect.BidiStream[cartv1.Str
 			}
 			if m.GetId() == 0 {
 				dpBatches = m.GetBatches()
-				hello := &cartv1.StreamResponse{Batches: f.batches, More: f.helloExtra}
+				hello := &cartv1.StreamResponse{Batches: f.batches, More: f.helloExtra, SettlesRiders: f.settlesRiders}
 				if f.feedAck && m.GetPlacementFeed() != nil {
 					hello.Result = &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{}}
 				}

@@ -379,7 +379,12 @@ type StreamResponse struct {
 	// Set in the answer to the hello only: this leader reads
 	// StreamRequest.more, so the data plane may put several calls in one
 	// message. A leader that predates the field leaves it false.
-	Batches       bool `protobuf:"varint,8,opt,name=batches,proto3" json:"batches,omitempty"`
+	Batches bool `protobuf:"varint,8,opt,name=batches,proto3" json:"batches,omitempty"`
+	// Set in the answer to the hello only: this leader settles
+	// RouteRequest.completions, so the data plane may send its completions
+	// with its Route calls. A leader that predates the field leaves it false
+	// (and would ignore them).
+	SettlesRiders bool `protobuf:"varint,9,opt,name=settles_riders,json=settlesRiders,proto3" json:"settles_riders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -483,6 +488,13 @@ func (x *StreamResponse) GetMore() []*StreamResponse {
 func (x *StreamResponse) GetBatches() bool {
 	if x != nil {
 		return x.Batches
+	}
+	return false
+}
+
+func (x *StreamResponse) GetSettlesRiders() bool {
+	if x != nil {
+		return x.SettlesRiders
 	}
 	return false
 }
@@ -621,10 +633,12 @@ type RouteRequest struct {
 	// Settlements of this data plane's earlier decisions, riding with this
 	// call instead of waiting for its next Complete call: one stream message
 	// less, and the leader's load view fresher. The leader applies them as
-	// Complete would, before deciding and whatever the decision's outcome;
-	// the first 64 in the decision's own lock hold. They have no answer of
-	// their own: like a Complete call's, they are best-effort, and the data
-	// plane's next Sync reconciles the load of any that are lost.
+	// Complete would, before deciding and whatever the decision's outcome
+	// (the first 64 in the decision's own lock hold), unless it is not the
+	// leader. They have no answer of their own; a data plane sends them only
+	// to a leader whose stream hello answer set settles_riders, and puts them
+	// back when the call fails (settling twice is a no-op). Reports of
+	// abandoned calls do not ride: they must not overtake the call they name.
 	Completions   []*Completion `protobuf:"bytes,14,rep,name=completions,proto3" json:"completions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1732,7 +1746,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\x06R\x06hashes\x12!\n" +
 	"\fdataplane_id\x18\x03 \x01(\tR\vdataplaneId\x12\x19\n" +
-	"\broute_id\x18\x04 \x01(\x04R\arouteId\"\xf2\x02\n" +
+	"\broute_id\x18\x04 \x01(\x04R\arouteId\"\x99\x03\n" +
 	"\x0eStreamResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05route\x18\x02 \x01(\v2\x16.cart.v1.RouteResponseH\x00R\x05route\x127\n" +
@@ -1743,7 +1757,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"placements\x18\x06 \x01(\v2\x19.cart.v1.RecentPlacementsH\x00R\n" +
 	"placements\x12+\n" +
 	"\x04more\x18\a \x03(\v2\x17.cart.v1.StreamResponseR\x04more\x12\x18\n" +
-	"\abatches\x18\b \x01(\bR\abatchesB\b\n" +
+	"\abatches\x18\b \x01(\bR\abatches\x12%\n" +
+	"\x0esettles_riders\x18\t \x01(\bR\rsettlesRidersB\b\n" +
 	"\x06result\";\n" +
 	"\vStreamError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
