@@ -580,9 +580,9 @@ func (r *Router) takeRiders(target string) []*cartv1.Completion {
 	return r.pending.take(maxRiders)
 }
 
-// answeredByLeader reports whether a failed Route call was refused by the
-// leader itself: it then placed nothing, and settled the completions the
-// call carried.
+// answeredByLeader reports whether a failed Route call was refused with a
+// code that says no decision was made: there is nothing to report
+// abandoned.
 func answeredByLeader(err error) bool {
 	switch connect.CodeOf(err) {
 	case connect.CodeResourceExhausted, connect.CodeNotFound, connect.CodeFailedPrecondition, connect.CodeInvalidArgument:
@@ -762,8 +762,10 @@ func (r *Router) flushLoop(ctx context.Context) {
 // hint.
 func (r *Router) flush(ctx context.Context, all bool) {
 	r.mu.Lock()
-	all = all || r.pending.len()+r.abandons.len() >= flushAllAt
-	batch := append(r.pending.due(all), r.abandons.due(all)...)
+	// A full queue sends every completion at once; abandon reports still
+	// wait to be aged, unless this is the last flush.
+	full := r.pending.len()+r.abandons.len() >= flushAllAt
+	batch := append(r.pending.due(all || full), r.abandons.due(all)...)
 	r.mu.Unlock()
 	if len(batch) == 0 {
 		return
