@@ -268,9 +268,13 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		if !req.DryRun {
 			routeID = r.routeIDs.Add(1)
 		}
-		riders := r.takeRiders(target)
+		// One look at the stream for both: riders must go only in the
+		// call of the stream whose leader said it settles them, never in
+		// a unary call to a node that may not.
+		st := r.streams.live(target)
+		riders := r.takeRiders(st)
 		rctx, cancel := context.WithTimeout(ctx, r.o.RouteTimeout)
-		m, err := r.routeCall(rctx, target, &cartv1.RouteRequest{
+		m, err := r.routeCall(rctx, target, st, &cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: hashes, KeyLength: uint32(req.KeyLen),
 			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, AvoidWorkers: req.Avoid, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID), Completions: riders,
@@ -571,8 +575,8 @@ const maxRiders = 64
 // flush's Complete call, a stream message each way. Only a live stream
 // whose leader said it settles riders gets them: an older leader would
 // ignore them.
-func (r *Router) takeRiders(target string) []*cartv1.Completion {
-	if st := r.streams.live(target); st == nil || !st.riders {
+func (r *Router) takeRiders(st *routeStream) []*cartv1.Completion {
+	if st == nil || !st.riders {
 		return nil
 	}
 	r.mu.Lock()
@@ -610,7 +614,7 @@ func (r *Router) Done(d router.Decision, o router.Outcome) {
 			Ticket: t.ID, Worker: t.Worker, Delivered: o.Delivered,
 			PromptTokens: int32(o.PromptTokens), CachedTokens: int32(o.CachedTokens),
 		})
-		n = r.pending.len() + r.abandons.len()
+		n = r.pending.len()
 	}
 	r.mu.Unlock()
 	if n >= flushAllAt {
@@ -740,32 +744,58 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	return nil
 }
 
-// flushAllAt is the queue length at which every queued completion is sent
-// at once, aged or not.
+// flushAllAt is the number of queued completions at which all of them
+// are sent at once, aged or not. Abandon reports do not count: a burst of
+// them must not make every Done send the few completions queued since.
 const flushAllAt = 256
 
+// flushKind says why flush runs.
+type flushKind int
+
+const (
+	flushTick  flushKind = iota // the interval: aged reports; what stays is aged from now on
+	flushFull                   // flushAllAt completions queued: all of them, abandon reports only if aged
+	flushFinal                  // the data plane stops: everything
+)
+
 func (r *Router) flushLoop(ctx context.Context) {
-	every.Tick(ctx, r.o.FlushInterval, r.flushNow, func() { r.flush(ctx, false) })
-	// What was queued when ctx ended. Riders that a Route call still in
-	// flight puts back after this are lost with the process: the leader
-	// drops this data plane's load when its lease lapses.
-	r.flush(context.Background(), true)
+	t := time.NewTicker(r.o.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// What was queued when ctx ended. Riders that a Route call
+			// still in flight puts back after this are lost with the
+			// process: the leader drops this data plane's load when its
+			// lease lapses.
+			r.flush(context.Background(), flushFinal)
+			return
+		case <-t.C:
+			r.flush(ctx, flushTick)
+		case <-r.flushNow:
+			r.flush(ctx, flushFull)
+		}
+	}
 }
 
-// flush sends queued completions in a Complete call: all of them when all
-// is set or the queue reached flushAllAt, else those already queued at the
-// last tick. A completion thus waits at most two FlushIntervals, and at
-// a route every few milliseconds nearly all ride with a Route call
-// instead (takeRiders), a stream message less each. If the control plane
-// cannot take them they are dropped: the next Sync's absolute counts
-// reconcile the load, and an unsettled placement only costs a stale index
-// hint.
-func (r *Router) flush(ctx context.Context, all bool) {
+// flush sends queued reports in a Complete call. On a tick it sends those
+// already queued at the tick before, so a report waits one to two
+// FlushIntervals (a rider put back by a failed call also its RouteTimeout),
+// and at a route every few milliseconds nearly every completion rides
+// with a Route call instead (takeRiders), a stream message less each. Only
+// ticks age what stays: an abandon report queued just before a full queue
+// is flushed still waits for its call to reach the leader first. If the
+// control plane cannot take them they are dropped: the next Sync's
+// absolute counts reconcile the load, and an unsettled placement only
+// costs a stale index hint.
+func (r *Router) flush(ctx context.Context, kind flushKind) {
 	r.mu.Lock()
-	// A full queue sends every completion at once; abandon reports still
-	// wait to be aged, unless this is the last flush.
-	full := r.pending.len()+r.abandons.len() >= flushAllAt
-	batch := append(r.pending.due(all || full), r.abandons.due(all)...)
+	full := kind == flushFull || r.pending.len() >= flushAllAt
+	batch := append(r.pending.due(kind == flushFinal || full), r.abandons.due(kind == flushFinal)...)
+	if kind == flushTick {
+		r.pending.tick()
+		r.abandons.tick()
+	}
 	r.mu.Unlock()
 	if len(batch) == 0 {
 		return

@@ -199,7 +199,7 @@ func TestFlushSendsAgedCompletions(t *testing.T) {
 	cp, r := riderRig(t, true)
 	first := mustRoute(t, r)
 	r.Done(first, router.Outcome{Delivered: true})
-	r.flush(context.Background(), false)
+	r.flush(context.Background(), flushTick)
 	if calls, _ := cp.completions(); calls != 0 {
 		t.Fatalf("a completion queued since the last tick was sent at once (%d Complete calls)", calls)
 	}
@@ -208,13 +208,13 @@ func TestFlushSendsAgedCompletions(t *testing.T) {
 		t.Fatalf("second call carried %v, want [%d]", got, first.Ticket.ID)
 	}
 	r.Done(second, router.Outcome{Delivered: true})
-	r.flush(context.Background(), false) // second's is young
-	r.flush(context.Background(), false) // now aged: sent
+	r.flush(context.Background(), flushTick) // second's is young
+	r.flush(context.Background(), flushTick) // now aged: sent
 	calls, all := cp.completions()
 	if calls != 1 || len(all) != 1 || all[0].GetTicket() != second.Ticket.ID {
 		t.Fatalf("%d Complete calls with %v, want one with ticket %d", calls, all, second.Ticket.ID)
 	}
-	r.flush(context.Background(), false)
+	r.flush(context.Background(), flushTick)
 	if calls, _ := cp.completions(); calls != 1 {
 		t.Fatalf("%d Complete calls after an empty tick, want still 1", calls)
 	}
@@ -285,8 +285,8 @@ func TestAbandonReportsDoNotRide(t *testing.T) {
 	if got := cp.carried(); len(got) != 0 {
 		t.Fatalf("the next call carried %v; an abandon report must not ride", got)
 	}
-	r.flush(context.Background(), false)
-	r.flush(context.Background(), false)
+	r.flush(context.Background(), flushTick)
+	r.flush(context.Background(), flushTick)
 	_, all := cp.completions()
 	if len(all) != 1 || !all[0].GetAbandoned() || all[0].GetRouteId() != abandonedID {
 		t.Fatalf("flushed %v, want the abandon report of route %d", all, abandonedID)
@@ -303,10 +303,102 @@ func TestNoRidersToAnOlderLeader(t *testing.T) {
 	if got := cp.carried(); len(got) != 0 {
 		t.Fatalf("%v rode to a leader that does not settle riders", got)
 	}
-	r.flush(context.Background(), false)
-	r.flush(context.Background(), false)
+	r.flush(context.Background(), flushTick)
+	r.flush(context.Background(), flushTick)
 	if _, all := cp.completions(); len(all) != 1 || all[0].GetTicket() != d.Ticket.ID {
 		t.Fatalf("flushed %v, want ticket %d", all, d.Ticket.ID)
+	}
+}
+
+// A queue of flushAllAt completions is sent at once, but only the flush
+// tick ages reports: an abandon report queued just before still waits a
+// whole tick for the call it names to reach the leader.
+func TestFullQueueLeavesAbandonReportsYoung(t *testing.T) {
+	cp, r := riderRig(t, true)
+	ended := mustRoute(t, r)
+	r.abandon(77)
+	for range flushAllAt - 1 {
+		r.abandon(78)
+	}
+	r.Done(ended, router.Outcome{Delivered: true})
+	r.flush(context.Background(), flushFull)
+	r.flush(context.Background(), flushFull)
+	calls, all := cp.completions()
+	if calls != 1 || len(all) != 1 || all[0].GetTicket() != ended.Ticket.ID {
+		t.Fatalf("full flushes sent %d calls with %v, want one with ticket %d only", calls, all, ended.Ticket.ID)
+	}
+	r.flush(context.Background(), flushTick) // ages them
+	if calls, _ := cp.completions(); calls != 1 {
+		t.Fatal("the first tick after full flushes sent abandon reports it had not aged")
+	}
+	r.flush(context.Background(), flushTick)
+	if _, all := cp.completions(); len(all) != 1+flushAllAt || !all[1].GetAbandoned() || all[1].GetRouteId() != 77 {
+		t.Fatalf("after two ticks %d reports were sent, want the completion and %d abandon reports", len(all), flushAllAt)
+	}
+}
+
+// Only completions count towards flushAllAt: a burst of abandon reports
+// must not make every Done ask for a flush of the few queued since.
+func TestAbandonReportsDoNotFillTheQueue(t *testing.T) {
+	r := newTestRouter(t, Options{ControlPlanes: []string{"http://127.0.0.1:1"}, BootWorkers: boot, FlushInterval: time.Hour})
+	for range flushAllAt {
+		r.abandon(9)
+	}
+	done := func(id uint64) {
+		r.Done(router.Decision{Worker: wA, Ticket: router.Ticket{ID: id, Worker: wA}}, router.Outcome{Delivered: true})
+	}
+	done(1)
+	if len(r.flushNow) != 0 {
+		t.Fatal("abandon reports counted towards a full queue: Done asked for a flush")
+	}
+	for id := range uint64(flushAllAt - 1) {
+		done(id + 2)
+	}
+	if len(r.flushNow) != 1 {
+		t.Fatalf("%d completions queued and no flush asked for", flushAllAt)
+	}
+}
+
+// Riders travel only on the stream they were taken for: if it ends before
+// the call goes, the call fails (and puts them back) rather than going
+// unary to a node that may not settle them.
+func TestRidersNeverGoUnary(t *testing.T) {
+	cp, r := riderRig(t, true)
+	d := mustRoute(t, r)
+	r.Done(d, router.Outcome{Delivered: true})
+	st := r.streams.live(cp.url)
+	riders := r.takeRiders(st)
+	if len(riders) != 1 {
+		t.Fatalf("took %d riders, want 1", len(riders))
+	}
+	before := cp.routeCount()
+	close(cp.kill)
+	testkit.WaitFor(t, 10*time.Second, "the stream to end", func() bool { return r.streams.live(cp.url) == nil })
+	_, err := r.routeCall(context.Background(), cp.url, st, &cartv1.RouteRequest{RequestId: wA, Completions: riders})
+	if err == nil {
+		t.Fatal("a call on an ended stream succeeded")
+	}
+	if n := cp.routeCount(); n != before {
+		t.Fatalf("the call went elsewhere (%d Route calls reached the leader, want %d)", n, before)
+	}
+}
+
+// The last flush, when the data plane stops, sends every queued report,
+// young or not, abandon reports too.
+func TestReportsFlushedOnStop(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
+	stop := run(t, r)
+	d, err := r.Route(context.Background(), &router.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Done(d, router.Outcome{Delivered: false})
+	r.abandon(5)
+	stop()
+	_, all := cp.completions()
+	if len(all) != 2 || all[0].GetDelivered() || all[0].GetTicket() != d.Ticket.ID || !all[1].GetAbandoned() || all[1].GetRouteId() != 5 {
+		t.Fatalf("reports after stop = %v", all)
 	}
 }
 

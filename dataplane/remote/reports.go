@@ -8,13 +8,13 @@ import (
 
 // reports queues completion reports for the control plane. The flush
 // tick sends only the aged ones, those already queued at the tick before,
-// so that a report waits at least part of an interval and at most two:
+// so that a report waits one to two intervals:
 // time for a Route call to carry it instead (riders), and, for the report
 // of an abandoned call, for the call it names to reach the leader first.
 // Not safe for concurrent use: the Router's mu guards it.
 type reports struct {
 	q    []*cartv1.Completion
-	aged int // how many of q's oldest were queued at the last tick
+	aged int // how many of q's oldest were queued at the last tick, or put back
 }
 
 func (r *reports) add(c *cartv1.Completion) { r.q = append(r.q, c) }
@@ -42,14 +42,16 @@ func (r *reports) putBack(cs []*cartv1.Completion) {
 	r.aged += len(cs)
 }
 
-// due removes and returns what a tick sends: the aged reports, or all of
-// them when all is set. What stays is aged from now on.
+// due removes and returns the aged reports, or all of them when all is
+// set.
 func (r *reports) due(all bool) []*cartv1.Completion {
 	n := r.aged
 	if all {
 		n = len(r.q)
 	}
-	out := r.take(n)
-	r.aged = len(r.q)
-	return out
+	return r.take(n)
 }
+
+// tick marks every queued report aged: the flush tick's, after it took
+// what was due.
+func (r *reports) tick() { r.aged = len(r.q) }

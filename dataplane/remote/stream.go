@@ -549,9 +549,10 @@ func answer[T any](m *cartv1.StreamResponse, get func(*cartv1.StreamResponse) *T
 	return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("stream answer %d of the wrong kind", m.GetId()))
 }
 
-// routeCall is Route on the live stream to target, or unary.
-func (r *Router) routeCall(ctx context.Context, target string, m *cartv1.RouteRequest) (*cartv1.RouteResponse, error) {
-	if st := r.streams.live(target); st != nil {
+// routeCall is Route on st, the stream to target the caller found live
+// (it may have ended since: the call then fails), or unary when st is nil.
+func (r *Router) routeCall(ctx context.Context, target string, st *routeStream, m *cartv1.RouteRequest) (*cartv1.RouteResponse, error) {
+	if st != nil {
 		req := &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Route{Route: m}}
 		do := func(ctx context.Context) (any, error) {
 			a, err := st.do(ctx, req)
