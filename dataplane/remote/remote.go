@@ -754,7 +754,7 @@ type flushKind int
 
 const (
 	flushTick  flushKind = iota // the interval: aged reports; what stays is aged from now on
-	flushFull                   // flushAllAt completions queued: all of them, abandon reports only if aged
+	flushFull                   // flushAllAt completions queued: all of them, no abandon report
 	flushFinal                  // the data plane stops: everything
 )
 
@@ -771,10 +771,19 @@ func (r *Router) flushLoop(ctx context.Context) {
 			r.flush(context.Background(), flushFinal)
 			return
 		case <-t.C:
-			r.flush(ctx, flushTick)
+			r.flushUnlessDone(ctx, flushTick)
 		case <-r.flushNow:
-			r.flush(ctx, flushFull)
+			r.flushUnlessDone(ctx, flushFull)
 		}
+	}
+}
+
+// flushUnlessDone flushes unless ctx has ended: select picks at random
+// between a tick and ctx's end when both are ready, and a flush on an
+// ended ctx would fail and drop what the last flush is there to send.
+func (r *Router) flushUnlessDone(ctx context.Context, kind flushKind) {
+	if ctx.Err() == nil {
+		r.flush(ctx, kind)
 	}
 }
 
@@ -783,15 +792,19 @@ func (r *Router) flushLoop(ctx context.Context) {
 // FlushIntervals (a rider put back by a failed call also its RouteTimeout),
 // and at a route every few milliseconds nearly every completion rides
 // with a Route call instead (takeRiders), a stream message less each. Only
-// ticks age what stays: an abandon report queued just before a full queue
-// is flushed still waits for its call to reach the leader first. If the
+// ticks age what stays, and only ticks send abandon reports, so that one
+// queued just before a full queue is flushed still waits for its call to
+// reach the leader first. If the
 // control plane cannot take them they are dropped: the next Sync's
 // absolute counts reconcile the load, and an unsettled placement only
 // costs a stale index hint.
 func (r *Router) flush(ctx context.Context, kind flushKind) {
 	r.mu.Lock()
 	full := kind == flushFull || r.pending.len() >= flushAllAt
-	batch := append(r.pending.due(kind == flushFinal || full), r.abandons.due(kind == flushFinal)...)
+	batch := r.pending.due(kind == flushFinal || full)
+	if kind != flushFull {
+		batch = append(batch, r.abandons.due(kind == flushFinal)...)
+	}
 	if kind == flushTick {
 		r.pending.tick()
 		r.abandons.tick()

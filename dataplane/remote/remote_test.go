@@ -311,8 +311,8 @@ func TestNoRidersToAnOlderLeader(t *testing.T) {
 }
 
 // A queue of flushAllAt completions is sent at once, but only the flush
-// tick ages reports: an abandon report queued just before still waits a
-// whole tick for the call it names to reach the leader.
+// tick ages reports and sends abandon reports: one queued just before
+// still waits a whole interval for the call it names to reach the leader.
 func TestFullQueueLeavesAbandonReportsYoung(t *testing.T) {
 	cp, r := riderRig(t, true)
 	ended := mustRoute(t, r)
@@ -330,6 +330,12 @@ func TestFullQueueLeavesAbandonReportsYoung(t *testing.T) {
 	r.flush(context.Background(), flushTick) // ages them
 	if calls, _ := cp.completions(); calls != 1 {
 		t.Fatal("the first tick after full flushes sent abandon reports it had not aged")
+	}
+	// Aged now, but only a tick sends them: a full flush right after the
+	// tick that aged them would send them a moment after they were queued.
+	r.flush(context.Background(), flushFull)
+	if calls, _ := cp.completions(); calls != 1 {
+		t.Fatal("a full flush sent abandon reports")
 	}
 	r.flush(context.Background(), flushTick)
 	if _, all := cp.completions(); len(all) != 1+flushAllAt || !all[1].GetAbandoned() || all[1].GetRouteId() != 77 {
@@ -356,6 +362,25 @@ func TestAbandonReportsDoNotFillTheQueue(t *testing.T) {
 	}
 	if len(r.flushNow) != 1 {
 		t.Fatalf("%d completions queued and no flush asked for", flushAllAt)
+	}
+}
+
+// A tick or kick that wins the select against the data plane's stop
+// does not flush on the ended context, which would fail and drop what the
+// last flush then sends.
+func TestNoFlushOnAnEndedContext(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
+	r.Done(router.Decision{Worker: wA, Ticket: router.Ticket{ID: 3, Worker: wA}}, router.Outcome{Delivered: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r.flushUnlessDone(ctx, flushFull)
+	if r.pending.len() != 1 {
+		t.Fatal("a flush on an ended context took the queued completion")
+	}
+	r.flush(context.Background(), flushFinal)
+	if _, all := cp.completions(); len(all) != 1 || all[0].GetTicket() != 3 {
+		t.Fatalf("the last flush sent %v, want ticket 3", all)
 	}
 }
 
