@@ -3,6 +3,7 @@ package decider
 import (
 	"context"
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -159,7 +160,24 @@ type dataPlane struct {
 	loads     map[string]int
 	lastSeen  time.Time
 	fallbacks uint64
+	// Since this data plane's last Sync: the tickets issued to it, and
+	// the completions that released load (SyncLoads' fence).
+	issued  []uint64
+	settled []settledRef
 }
+
+// settledRef is a completion that released load: the route it answered
+// and the data plane's Completion.done_seq.
+type settledRef struct {
+	worker  string
+	route   uint64
+	doneSeq uint64
+}
+
+// maxSinceSync bounds dataPlane.issued and .settled: past it, a Sync's
+// fence misses what was not recorded (the load is then off by that much
+// until the next Sync, as without a fence).
+const maxSinceSync = 1 << 16
 
 func (l *leaderState) init() {
 	l.tickets = map[uint64]*tracked{}
@@ -271,7 +289,11 @@ func (d *Decider) routeFor(ctx context.Context, c Caller, req Request) (Decision
 	}
 	dec.Ticket.placed = slices.Clone(dec.Placed)
 	dec.Ticket.ID = d.issue(&tracked{Ticket: dec.Ticket, dp: c.DataPlane, route: c.RouteID})
-	d.dataPlane(c.DataPlane, now).loads[dec.Worker]++
+	rec := d.dataPlane(c.DataPlane, now)
+	rec.loads[dec.Worker]++
+	if len(rec.issued) < maxSinceSync {
+		rec.issued = append(rec.issued, dec.Ticket.ID)
+	}
 	if len(dec.Ticket.placed) > 0 && d.lead.ledger != nil {
 		d.lead.ledger.Place(d.eng, dec.Worker, dec.Ticket.placed, now)
 	}
@@ -289,6 +311,9 @@ type Completion struct {
 	// never used its answer (it has no ticket).
 	Abandoned bool
 	RouteID   uint64
+	// DoneSeq: the data plane's count of finished ticketed requests, this
+	// one included (SyncFence.DoneSeq); 0 from an older data plane.
+	DoneSeq uint64
 	Outcome
 }
 
@@ -333,7 +358,12 @@ func (d *Decider) settleAll(dp string, cs []Completion, now time.Time) (settled 
 		if !ok || tk.Worker != c.Worker || tk.dp != dp {
 			continue
 		}
-		d.settle(c.Ticket, c.Outcome, true)
+		w, route := tk.Worker, tk.route
+		if d.settle(c.Ticket, c.Outcome, true) && c.DoneSeq != 0 {
+			if rec := d.lead.dps[dp]; rec != nil && len(rec.settled) < maxSinceSync {
+				rec.settled = append(rec.settled, settledRef{worker: w, route: route, doneSeq: c.DoneSeq})
+			}
+		}
 		settled++
 	}
 	return settled
@@ -394,9 +424,9 @@ func (l *leaderState) unlink(tk *tracked) {
 
 // settle forgets tracked ticket id. It releases the decision's load when
 // release is set (and the deciding data plane still accounts for it), and
-// settles the placement by o. It reports whether the ticket existed. d.mu
+// settles the placement by o. It reports whether it released load. d.mu
 // held (the ledger moves with the index).
-func (d *Decider) settle(id uint64, o Outcome, release bool) bool {
+func (d *Decider) settle(id uint64, o Outcome, release bool) (released bool) {
 	l := &d.lead
 	tk, ok := l.tickets[id]
 	if !ok {
@@ -404,26 +434,32 @@ func (d *Decider) settle(id uint64, o Outcome, release bool) bool {
 	}
 	l.unlink(tk)
 	// Release only load the deciding data plane still accounts for: a
-	// Sync that arrived before this completion may already have taken it
-	// off, and releasing again would eat another data plane's load.
+	// Sync without a fence (an older data plane) may already have taken
+	// it off, and releasing again would eat another data plane's load.
 	if dp := l.dps[tk.dp]; release && dp != nil && dp.loads[tk.Worker] > 0 {
 		dp.loads[tk.Worker]--
 		d.eng.Release(tk.Worker)
+		released = true
 	}
 	d.settleIndex(&tk.Ticket, o)
-	return true
+	return released
 }
 
 // SyncLoads replaces what the leader counted for data plane dp by its
 // absolute in-flight counts per worker, reconciling drift both ways.
 // workersVersion is the replicated worker set's version: after a change
-// the load view is rebuilt from every data plane's counts.
-func (d *Decider) SyncLoads(dp string, workersVersion uint64, inFlight map[string]int, fallbacks uint64) {
+// the load view is rebuilt from every data plane's counts. fence says what
+// those counts could not include yet (see SyncFence).
+func (d *Decider) SyncLoads(dp string, workersVersion uint64, inFlight map[string]int, fallbacks uint64, fence SyncFence) {
 	t := d.lock()
 	defer d.unlock(OpSync, t)
 	d.rebuildLoads(workersVersion)
 	rec := d.dataPlane(dp, d.o.Now())
 	rec.fallbacks += fallbacks
+	if fence.LastRouteID != 0 {
+		inFlight = d.fenced(dp, rec, inFlight, fence)
+	}
+	rec.issued, rec.settled = rec.issued[:0], rec.settled[:0]
 	for w, n := range rec.loads {
 		if _, ok := inFlight[w]; !ok {
 			d.eng.AdjustLoad(w, -n)
@@ -440,6 +476,80 @@ func (d *Decider) SyncLoads(dp string, workersVersion uint64, inFlight map[strin
 		d.eng.AdjustLoad(w, n-rec.loads[w])
 		rec.loads[w] = n
 	}
+}
+
+// SyncFence is what a data plane's in-flight counts, taken at one
+// instant, cannot include yet. Without it the leader, replacing its count
+// by them, would lose each decision whose answer was still on its way,
+// and each finished request whose report was, until the next Sync; and it
+// would keep a request that finished and was reported after the counts
+// were taken but before they arrived.
+type SyncFence struct {
+	// LastRouteID is the newest route id the data plane had sent; 0: no
+	// fence, the counts are taken as they are.
+	LastRouteID uint64
+	// OpenRoutes: calls without an answer yet, and abandoned calls whose
+	// report is not acknowledged.
+	OpenRoutes []uint64
+	// Unsettled: tickets of finished requests whose report is not
+	// acknowledged.
+	Unsettled []uint64
+	// DoneSeq: how many ticketed requests had finished (Completion.DoneSeq).
+	DoneSeq uint64
+}
+
+// maxFence bounds the fence lists the leader reads from one Sync.
+const maxFence = 1 << 16
+
+// fenced returns dp's counts with what its fence says they could not
+// include: decisions still held as tickets whose answer had not arrived
+// (an open call, or one made after the counts were taken) or whose
+// request had finished unreported, are added, their reports releasing
+// them later; completions settled since the last Sync that finished after
+// the counts were taken, which still include them, are taken off. d.mu
+// held.
+func (d *Decider) fenced(dp string, rec *dataPlane, inFlight map[string]int, f SyncFence) map[string]int {
+	l := &d.lead
+	out := maps.Clone(inFlight)
+	if out == nil {
+		out = map[string]int{}
+	}
+	// Each ticket once, whatever the lists repeat.
+	added := map[uint64]struct{}{}
+	add := func(id uint64) {
+		tk := l.tickets[id]
+		if tk == nil || tk.dp != dp {
+			return
+		}
+		if _, dup := added[id]; !dup {
+			added[id] = struct{}{}
+			out[tk.Worker]++
+		}
+	}
+	open := make(map[uint64]struct{}, min(len(f.OpenRoutes), maxFence))
+	for _, r := range f.OpenRoutes[:min(len(f.OpenRoutes), maxFence)] {
+		open[r] = struct{}{}
+		if id, ok := l.byRoute[routeKey{dp, r}]; ok {
+			add(id)
+		}
+	}
+	for _, id := range rec.issued {
+		if tk := l.tickets[id]; tk != nil && tk.route > f.LastRouteID {
+			add(id)
+		}
+	}
+	for _, id := range f.Unsettled[:min(len(f.Unsettled), maxFence)] {
+		add(id)
+	}
+	for _, s := range rec.settled {
+		_, wasOpen := open[s.route]
+		// Answered before the counts were taken (so counted), finished
+		// after (so still counted), and released already.
+		if s.doneSeq > f.DoneSeq && s.route != 0 && s.route <= f.LastRouteID && !wasOpen && out[s.worker] > 0 {
+			out[s.worker]--
+		}
+	}
+	return out
 }
 
 // rebuildLoads recomputes the engine's load view from the data planes'

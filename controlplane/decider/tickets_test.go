@@ -37,8 +37,8 @@ func TestSweepSettlesOldestExcessPerPair(t *testing.T) {
 	yb := []uint64{routeFor(t, d, "y", "b", "y b one"), routeFor(t, d, "y", "b", "y b two")}
 	now = now.Add(8 * time.Second)
 	young := routeFor(t, d, "x", "a", "x a young")
-	d.SyncLoads("x", 0, map[string]int{"a": 2}, 0)
-	d.SyncLoads("y", 0, map[string]int{"b": 2}, 0)
+	d.SyncLoads("x", 0, map[string]int{"a": 2}, 0, SyncFence{})
+	d.SyncLoads("y", 0, map[string]int{"b": 2}, 0, SyncFence{})
 
 	now = now.Add(3 * time.Second) // the first five are past the lease
 	if exp := d.Sweep(); len(exp) != 0 {
@@ -64,7 +64,7 @@ func TestSweepSettlesOldestExcessPerPair(t *testing.T) {
 
 	// y stops syncing; x keeps syncing: y's lease lapses, its two go.
 	now = now.Add(11 * time.Second)
-	d.SyncLoads("x", 0, map[string]int{}, 0)
+	d.SyncLoads("x", 0, map[string]int{}, 0, SyncFence{})
 	if exp := d.Sweep(); len(exp) != 1 || exp[0] != "y" {
 		t.Fatalf("expired %v, want [y]", exp)
 	}
@@ -202,5 +202,103 @@ func TestCompleteSettlesInChunks(t *testing.T) {
 	}
 	if got := d.Stats().Unsettled; got != 0 || d.Load("a") != 0 {
 		t.Fatalf("after the batch: unsettled %d, load %d", got, d.Load("a"))
+	}
+}
+
+// routeForID is routeFor with the data plane's route id.
+func routeForID(t *testing.T, d *Decider, dp, w, text string, route uint64) uint64 {
+	t.Helper()
+	r := req(text)
+	r.PinTo = w
+	dec, err := d.RouteFor(context.Background(), Caller{DataPlane: dp, RouteID: route}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dec.Ticket.ID
+}
+
+// A Sync's counts are taken at one instant on the data plane; its fence
+// says what they could not include yet, so the leader's count after it is
+// every decision whose load a later message will release, no more: each
+// report then takes exactly one off, down to zero. Without the fence the
+// Sync would set 2 and the reports would hit the floor.
+func TestSyncFenceCountsWhatReportsWillRelease(t *testing.T) {
+	now := time.Unix(1000, 0)
+	d := newTestDecider(&now, 1000, -1)
+	d.Lead(true)
+	d.SyncLoads("x", 0, map[string]int{}, 0, SyncFence{LastRouteID: 9})
+	delivered := Outcome{Delivered: true}
+
+	held := routeForID(t, d, "x", "a", "held one", 10)         // answered before the counts: in them
+	open := routeForID(t, d, "x", "a", "open one", 11)         // its answer still on its way
+	unreported := routeForID(t, d, "x", "a", "unreported", 12) // finished before the counts, report queued
+	lateDone := routeForID(t, d, "x", "a", "late done", 13)    // in the counts, then finished and reported before the Sync
+	routeForID(t, d, "x", "a", "abandoned", 14)                // given up on, abandon report queued
+	openDone := routeForID(t, d, "x", "a", "open done", 15)    // answer on its way, then finished and reported before the Sync
+	other := routeForID(t, d, "y", "a", "other dp", 1)         // another data plane's: not x's business
+	// The data plane takes its counts here: held and lateDone in flight
+	// on a, one finished request (unreported's, done_seq 1).
+	after := routeForID(t, d, "x", "a", "after one", 16)      // a call made after the counts
+	afterDone := routeForID(t, d, "x", "a", "after done", 17) // made, finished and reported after them
+	if n := d.Complete("x", []Completion{
+		{Ticket: lateDone, Worker: "a", DoneSeq: 2, Outcome: delivered},
+		{Ticket: afterDone, Worker: "a", DoneSeq: 3, Outcome: delivered},
+		{Ticket: openDone, Worker: "a", DoneSeq: 4, Outcome: delivered},
+	}); n != 3 {
+		t.Fatalf("settled %d, want 3", n)
+	}
+	d.SyncLoads("x", 0, map[string]int{"a": 2}, 0, SyncFence{LastRouteID: 15, OpenRoutes: []uint64{11, 14, 15}, Unsettled: []uint64{unreported}, DoneSeq: 1})
+	// held, open, unreported, abandoned and after for x; other for y.
+	if got := d.Load("a"); got != 6 {
+		t.Fatalf("load after the Sync = %d, want 6", got)
+	}
+	for i, c := range []Completion{
+		{Ticket: unreported, Worker: "a", DoneSeq: 1, Outcome: delivered},
+		{Abandoned: true, RouteID: 14},
+		{Ticket: open, Worker: "a", DoneSeq: 5, Outcome: delivered},
+		{Ticket: after, Worker: "a", DoneSeq: 6, Outcome: delivered},
+		{Ticket: held, Worker: "a", DoneSeq: 7, Outcome: delivered},
+	} {
+		if n := d.Complete("x", []Completion{c}); n != 1 {
+			t.Fatalf("report %d settled %d", i, n)
+		}
+		if got, want := d.Load("a"), 6-1-i; got != want {
+			t.Fatalf("load after report %d = %d, want %d", i, got, want)
+		}
+	}
+	d.Complete("y", []Completion{{Ticket: other, Worker: "a", Outcome: delivered}})
+	// The next Sync, with nothing in flight and nothing pending.
+	d.SyncLoads("x", 0, map[string]int{}, 0, SyncFence{LastRouteID: 17, DoneSeq: 7})
+	if got := d.Load("a"); got != 0 {
+		t.Fatalf("load at the end = %d, want 0", got)
+	}
+}
+
+// A Sync without a fence (an older data plane) is taken as it is.
+func TestSyncWithoutFence(t *testing.T) {
+	now := time.Unix(1000, 0)
+	d := newTestDecider(&now, 1000, -1)
+	d.Lead(true)
+	routeForID(t, d, "x", "a", "one", 10)
+	routeForID(t, d, "x", "a", "two", 11)
+	d.SyncLoads("x", 0, map[string]int{"a": 1}, 0, SyncFence{OpenRoutes: []uint64{11}})
+	if got := d.Load("a"); got != 1 {
+		t.Fatalf("load = %d, want the Sync's 1", got)
+	}
+}
+
+// A fence that names a ticket twice, or another data plane's, counts it
+// once, or not at all.
+func TestSyncFenceCountsEachTicketOnce(t *testing.T) {
+	now := time.Unix(1000, 0)
+	d := newTestDecider(&now, 1000, -1)
+	d.Lead(true)
+	d.SyncLoads("x", 0, nil, 0, SyncFence{LastRouteID: 9})
+	open := routeForID(t, d, "x", "a", "open", 10)
+	theirs := routeForID(t, d, "y", "a", "theirs", 10)
+	d.SyncLoads("x", 0, nil, 0, SyncFence{LastRouteID: 10, OpenRoutes: []uint64{10, 10}, Unsettled: []uint64{open, open, theirs}})
+	// x: open, once; y: theirs, from its own decision.
+	if got := d.Load("a"); got != 2 {
+		t.Fatalf("load = %d, want 2", got)
 	}
 }

@@ -197,15 +197,16 @@ func completions(cs []*cartv1.Completion) []decider.Completion {
 	}
 	out := make([]decider.Completion, len(cs))
 	for i, comp := range cs {
-		out[i] = decider.Completion{Ticket: comp.GetTicket(), Worker: comp.GetWorker(), Abandoned: comp.GetAbandoned(), RouteID: comp.GetRouteId(),
+		out[i] = decider.Completion{Ticket: comp.GetTicket(), Worker: comp.GetWorker(), Abandoned: comp.GetAbandoned(), RouteID: comp.GetRouteId(), DoneSeq: comp.GetDoneSeq(),
 			Outcome: decider.Outcome{Delivered: comp.GetDelivered(), PromptTokens: int(comp.GetPromptTokens()), CachedTokens: int(comp.GetCachedTokens())}}
 	}
 	return out
 }
 
 // Sync implements RouterService.Sync: the data plane's absolute in-flight
-// counts replace what the leader had for it (reconciling drift both ways),
-// and the answer carries the worker set with live health and load.
+// counts, with what its fence says they could not include yet, replace
+// what the leader had for it (reconciling drift both ways), and the answer
+// carries the worker set with live health and load.
 func (h *RouterHandler) Sync(ctx context.Context, req *connect.Request[cartv1.SyncRequest]) (*connect.Response[cartv1.SyncResponse], error) {
 	c := h.c
 	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Sync); done {
@@ -226,7 +227,9 @@ func (c *Core) sync(m *cartv1.SyncRequest) (*cartv1.SyncResponse, error) {
 		reported[l.GetWorker()] = int(l.GetInFlight())
 	}
 	_, version := c.st.Workers()
-	c.dec.SyncLoads(m.GetDataplaneId(), version, reported, m.GetFallbacks())
+	c.dec.SyncLoads(m.GetDataplaneId(), version, reported, m.GetFallbacks(), decider.SyncFence{
+		LastRouteID: m.GetLastRouteId(), OpenRoutes: m.GetOpenRouteIds(), Unsettled: m.GetUnsettledTickets(), DoneSeq: m.GetDoneSeq(),
+	})
 	resp, err := c.workerList()
 	if err != nil {
 		return nil, err

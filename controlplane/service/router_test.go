@@ -490,6 +490,26 @@ func TestCompleteAfterSyncDoesNotDoubleRelease(t *testing.T) {
 	}
 }
 
+// With a fence, the same Sync says dp1's request finished but its report
+// is still on its way: the leader keeps counting it until the report comes,
+// so neither data plane's share is ever under-counted.
+func TestSyncFenceKeepsAnUnreportedRequest(t *testing.T) {
+	cp, rc := leaderWith(t, w1)
+	a := route(t, rc, &cartv1.RouteRequest{Text: "x", DataplaneId: "dp1", RouteId: 10})
+	route(t, rc, &cartv1.RouteRequest{Text: "y", DataplaneId: "dp2", RouteId: 1})
+	req := &cartv1.SyncRequest{DataplaneId: "dp1", LastRouteId: 10, UnsettledTickets: []uint64{a.GetTicket()}, DoneSeq: 1}
+	if _, err := rc.Sync(context.Background(), connect.NewRequest(req)); err != nil {
+		t.Fatal(err)
+	}
+	if got := cp.loads(t)[w1]; got != 2 {
+		t.Fatalf("load after dp1's fenced sync = %d, want 2 (its report is still to come)", got)
+	}
+	complete(t, rc, "dp1", &cartv1.Completion{Ticket: a.GetTicket(), Worker: w1, Delivered: true, DoneSeq: 1})
+	if got := cp.loads(t)[w1]; got != 1 {
+		t.Fatalf("load after dp1's report = %d, want 1 (dp2's request)", got)
+	}
+}
+
 func TestLoadLeaseExpiry(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true, dec: func(o *decider.Options) { o.LoadLease = 500 * time.Millisecond }})
 	cp.addWorkers(t, w1, w2)

@@ -111,9 +111,18 @@ type Router struct {
 
 	clients  *cpclient.ByURL[cartv1connect.RouterServiceClient]
 	flushNow chan struct{}
-	// routeIDs names each Route call, so one given up on can be reported
-	// abandoned (it has no ticket to name it by).
-	routeIDs atomic.Uint64
+	// lastRouteID names each Route call, so one given up on can be
+	// reported abandoned (it has no ticket to name it by). With open, the
+	// calls without an answer yet, and the reports taken from the queues
+	// and not yet acknowledged (sentTickets, sentAbandons), it is what a
+	// Sync's fence says its counts could not include; doneSeq counts the
+	// finished ticketed requests. All under mu, with local, so that a Sync
+	// sees each call in exactly one place.
+	lastRouteID  uint64
+	open         map[uint64]struct{}
+	sentTickets  map[uint64]int // ticket → reports in flight carrying it
+	sentAbandons map[uint64]int // route id → abandon reports in flight
+	doneSeq      uint64
 
 	shadow     *shadow    // nil when disabled
 	cpb        *cpBreaker // nil when disabled
@@ -164,7 +173,9 @@ func New(o Options) *Router {
 	}
 	// A random start keeps a restarted data plane (same id) from naming
 	// its calls like its predecessor's still-unsettled ones.
-	r.routeIDs.Store(r.rng.Uint64() >> 1)
+	r.lastRouteID = r.rng.Uint64() >> 1
+	r.open = map[uint64]struct{}{}
+	r.sentTickets, r.sentAbandons = map[uint64]int{}, map[uint64]int{}
 	if len(r.targets) > 0 {
 		// Spread data planes across control-plane nodes for their first
 		// contact; Sync then points each at the leader.
@@ -264,15 +275,11 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		// the route timeout again would only add it to this request.
 		cause = CauseCPBreaker
 	} else {
-		var routeID uint64
-		if !req.DryRun {
-			routeID = r.routeIDs.Add(1)
-		}
 		// One look at the stream for both: riders must go only in the
 		// call of the stream whose leader said it settles them, never in
 		// a unary call to a node that may not.
 		st := r.streams.live(target)
-		riders := r.takeRiders(st)
+		routeID, riders := r.openCall(!req.DryRun, st)
 		rctx, cancel := context.WithTimeout(ctx, r.o.RouteTimeout)
 		m, err := r.routeCall(rctx, target, st, &cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: hashes, KeyLength: uint32(req.KeyLen),
@@ -280,34 +287,28 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID), Completions: riders,
 		})
 		cancel()
-		if err != nil && len(riders) > 0 {
-			// They may not have been settled (the call failed before the
-			// leader decoded it, or on a node that no longer leads): they
-			// go again, with the next call or flush. Settling twice is a
-			// no-op on the leader.
-			r.mu.Lock()
-			r.pending.putBack(riders)
-			r.mu.Unlock()
+		// The leader may have decided (and placed) before the answer was
+		// lost or came too late; this data plane will never use it, so
+		// say so rather than leave it for the leader to age out.
+		abandoned := err != nil && routeID != 0 && !answeredByLeader(err)
+		worker := ""
+		if err == nil && !req.DryRun {
+			worker = m.GetWorker()
+		}
+		r.closeCall(routeID, riders, err != nil, abandoned, worker)
+		if abandoned {
+			r.rememberAbandoned(routeID)
 		}
 		outcome := cpOutcome(ctx, err)
 		r.cpb.done(call, outcome)
 		if outcome == cpAnswered || outcome == cpFailed {
 			r.lat.add(target, time.Since(start))
 		}
-		if err != nil && routeID != 0 && !answeredByLeader(err) {
-			// The leader may have decided (and placed) before the answer
-			// was lost or came too late; this data plane will never use
-			// it, so say so rather than leave it for the leader to age out.
-			r.abandon(routeID)
-		}
 		if err == nil {
 			// A follower forwarded this call: go to the leader directly
 			// from the next one on, not after the next sync.
 			r.follow(m.GetLeaderUrl())
 			if !req.DryRun {
-				r.mu.Lock()
-				r.local[m.GetWorker()]++
-				r.mu.Unlock()
 				if !r.streams.fed() {
 					// Else the feed brings it, in the leader's order.
 					r.shadow.record(req.Hashes, m.GetWorker())
@@ -522,10 +523,74 @@ func (r *Router) LearnResponse(ctx context.Context, id, worker string) {
 }
 
 // abandon queues the report of a Route call whose answer will never be used.
+// openCall names a Route call (when it is not a dry run) and takes the
+// completions that ride with it, in one hold of mu: from here until
+// closeCall a Sync lists the call as open and its riders as unsettled.
+// Riders are the oldest queued completions, up to maxRiders: at thousands
+// of routes a second nearly every one then goes to the leader within a
+// route's interval, instead of in a flush's Complete call, a stream
+// message each way. Only a live stream whose leader said it settles
+// riders gets them: an older leader would ignore them.
+func (r *Router) openCall(named bool, st *routeStream) (routeID uint64, riders []*cartv1.Completion) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if named {
+		r.lastRouteID++
+		routeID = r.lastRouteID
+		r.open[routeID] = struct{}{}
+	}
+	if st != nil && st.riders {
+		riders = r.pending.take(maxRiders)
+		r.sending(riders, 1)
+	}
+	return routeID, riders
+}
+
+// closeCall ends a Route call in one hold of mu, so that a Sync sees it
+// either open or done: a failed call's riders go back to the queue (they
+// may not have been settled; settling twice is a no-op on the leader), an
+// abandoned call's report is queued, and an answer's worker is counted in
+// flight.
+func (r *Router) closeCall(routeID uint64, riders []*cartv1.Completion, failed, abandoned bool, worker string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.open, routeID)
+	r.sending(riders, -1)
+	if failed && len(riders) > 0 {
+		r.pending.putBack(riders)
+	}
+	if abandoned {
+		r.abandons.add(&cartv1.Completion{Abandoned: true, RouteId: routeID, PromptTokens: -1, CachedTokens: -1})
+	}
+	if worker != "" {
+		r.local[worker]++
+	}
+}
+
+// sending counts reports into (+1) or out of (-1) a call in flight. mu
+// held.
+func (r *Router) sending(cs []*cartv1.Completion, d int) {
+	for _, c := range cs {
+		m, k := r.sentTickets, c.GetTicket()
+		if c.GetAbandoned() {
+			m, k = r.sentAbandons, c.GetRouteId()
+		}
+		if m[k] += d; m[k] <= 0 {
+			delete(m, k)
+		}
+	}
+}
+
+// abandon queues the report of an abandoned Route call.
 func (r *Router) abandon(routeID uint64) {
 	r.mu.Lock()
 	r.abandons.add(&cartv1.Completion{Abandoned: true, RouteId: routeID, PromptTokens: -1, CachedTokens: -1})
 	r.mu.Unlock()
+	r.rememberAbandoned(routeID)
+}
+
+// rememberAbandoned keeps routeID out of the placement feed's records.
+func (r *Router) rememberAbandoned(routeID uint64) {
 	r.abandonedMu.Lock()
 	defer r.abandonedMu.Unlock()
 	if r.abandonedIDs == nil {
@@ -569,21 +634,6 @@ func (r *Router) applyFeed(p []*cartv1.RecentPlacement) {
 // leader settles that many in the decision's own lock hold.
 const maxRiders = 64
 
-// takeRiders takes the oldest queued completions, up to maxRiders, to ride
-// with a Route call to target: at thousands of routes a second nearly every
-// one then goes to the leader within a route's interval, instead of in a
-// flush's Complete call, a stream message each way. Only a live stream
-// whose leader said it settles riders gets them: an older leader would
-// ignore them.
-func (r *Router) takeRiders(st *routeStream) []*cartv1.Completion {
-	if st == nil || !st.riders {
-		return nil
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.pending.take(maxRiders)
-}
-
 // answeredByLeader reports whether a failed Route call was refused with a
 // code that says no decision was made: there is nothing to report
 // abandoned.
@@ -610,9 +660,10 @@ func (r *Router) Done(d router.Decision, o router.Outcome) {
 	}
 	n := 0
 	if t.ID != 0 {
+		r.doneSeq++
 		r.pending.add(&cartv1.Completion{
 			Ticket: t.ID, Worker: t.Worker, Delivered: o.Delivered,
-			PromptTokens: int32(o.PromptTokens), CachedTokens: int32(o.CachedTokens),
+			PromptTokens: int32(o.PromptTokens), CachedTokens: int32(o.CachedTokens), DoneSeq: r.doneSeq,
 		})
 		n = r.pending.len()
 	}
@@ -687,6 +738,7 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	for w, n := range r.local {
 		req.Loads = append(req.Loads, &cartv1.WorkerLoad{Worker: w, InFlight: uint32(n)})
 	}
+	r.fence(req)
 	r.mu.Unlock()
 	sctx, cancel := context.WithTimeout(ctx, max(r.o.SyncInterval, time.Second))
 	m, err := r.syncCall(sctx, target, req)
@@ -744,6 +796,40 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	return nil
 }
 
+// maxFenceIDs bounds each list of a Sync's fence; past it the Sync sends
+// no fence, and the leader takes the counts as they are.
+const maxFenceIDs = 1 << 15
+
+// fence adds to a Sync what its counts cannot include yet (see
+// decider.SyncFence): the calls without an answer, the abandon reports and
+// completions not yet acknowledged, and how many ticketed requests have
+// finished. mu held, as when the counts were taken.
+func (r *Router) fence(req *cartv1.SyncRequest) {
+	nOpen := len(r.open) + r.abandons.len() + len(r.sentAbandons)
+	nUnsettled := r.pending.len() + len(r.sentTickets)
+	if nOpen > maxFenceIDs || nUnsettled > maxFenceIDs {
+		return
+	}
+	req.LastRouteId, req.DoneSeq = r.lastRouteID, r.doneSeq
+	req.OpenRouteIds = make([]uint64, 0, nOpen)
+	for id := range r.open {
+		req.OpenRouteIds = append(req.OpenRouteIds, id)
+	}
+	for id := range r.sentAbandons {
+		req.OpenRouteIds = append(req.OpenRouteIds, id)
+	}
+	req.UnsettledTickets = make([]uint64, 0, nUnsettled)
+	for id := range r.sentTickets {
+		req.UnsettledTickets = append(req.UnsettledTickets, id)
+	}
+	for _, c := range r.abandons.q {
+		req.OpenRouteIds = append(req.OpenRouteIds, c.GetRouteId())
+	}
+	for _, c := range r.pending.q {
+		req.UnsettledTickets = append(req.UnsettledTickets, c.GetTicket())
+	}
+}
+
 // flushAllAt is the number of queued completions at which all of them
 // are sent at once, aged or not. Abandon reports do not count: a burst of
 // them must not make every Done send the few completions queued since.
@@ -791,7 +877,7 @@ func (r *Router) flushUnlessDone(ctx context.Context, kind flushKind) {
 // already queued at the tick before, so a report waits one to two
 // FlushIntervals (a rider put back by a failed call also its RouteTimeout),
 // and at a route every few milliseconds nearly every completion rides
-// with a Route call instead (takeRiders), a stream message less each. Only
+// with a Route call instead (openCall), a stream message less each. Only
 // ticks age what stays, and only ticks send abandon reports, so that one
 // queued just before a full queue is flushed still waits for its call to
 // reach the leader first. If the
@@ -809,10 +895,16 @@ func (r *Router) flush(ctx context.Context, kind flushKind) {
 		r.pending.tick()
 		r.abandons.tick()
 	}
+	r.sending(batch, 1)
 	r.mu.Unlock()
 	if len(batch) == 0 {
 		return
 	}
+	defer func() {
+		r.mu.Lock()
+		r.sending(batch, -1)
+		r.mu.Unlock()
+	}()
 	target := r.current()
 	if target == "" {
 		return

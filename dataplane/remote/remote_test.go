@@ -392,7 +392,7 @@ func TestRidersNeverGoUnary(t *testing.T) {
 	d := mustRoute(t, r)
 	r.Done(d, router.Outcome{Delivered: true})
 	st := r.streams.live(cp.url)
-	riders := r.takeRiders(st)
+	_, riders := r.openCall(false, st)
 	if len(riders) != 1 {
 		t.Fatalf("took %d riders, want 1", len(riders))
 	}
@@ -1142,5 +1142,96 @@ func TestSyncAnswerOverTheReadLimitIsRefused(t *testing.T) {
 	cp.set(func(f *fakeCP) { f.syncResp = &cartv1.SyncResponse{Workers: workers[:n], WorkersVersion: 100} })
 	if err := r.SyncOnce(context.Background()); err != nil {
 		t.Fatalf("sync of a %d-worker answer under the limit: %v", n, err)
+	}
+}
+
+// A Sync's fence lists, under the same lock as its counts, what they
+// cannot include yet: calls without an answer, abandon reports and
+// completions the leader has not acknowledged (queued or riding), and how
+// many ticketed requests have finished.
+func TestSyncFenceListsWhatTheCountsMiss(t *testing.T) {
+	r := newTestRouter(t, Options{ControlPlanes: []string{"http://127.0.0.1:1"}, BootWorkers: boot, FlushInterval: time.Hour})
+	fence := func() *cartv1.SyncRequest {
+		req := &cartv1.SyncRequest{}
+		r.mu.Lock()
+		r.fence(req)
+		r.mu.Unlock()
+		slices.Sort(req.OpenRouteIds)
+		slices.Sort(req.UnsettledTickets)
+		return req
+	}
+	open, _ := r.openCall(true, nil) // no answer yet
+	answered, _ := r.openCall(true, nil)
+	r.closeCall(answered, nil, false, false, wA) // answered: in the counts
+	given, _ := r.openCall(true, nil)
+	r.closeCall(given, nil, true, true, "") // given up on: abandon report queued
+	dry, _ := r.openCall(false, nil)        // a dry run is not named
+	for _, id := range []uint64{7, 8} {
+		r.Done(router.Decision{Worker: wA, Ticket: router.Ticket{ID: id, Worker: wA}}, router.Outcome{Delivered: true})
+	}
+	riding, riders := r.openCall(true, &routeStream{riders: true})
+	if dry != 0 || len(riders) != 2 {
+		t.Fatalf("dry run named %d; %d riders, want 2", dry, len(riders))
+	}
+	f := fence()
+	if f.GetLastRouteId() != riding || !slices.Equal(f.GetOpenRouteIds(), []uint64{open, given, riding}) ||
+		!slices.Equal(f.GetUnsettledTickets(), []uint64{7, 8}) || f.GetDoneSeq() != 2 {
+		t.Fatalf("fence = last %d open %v unsettled %v done %d; want %d, %v, [7 8], 2",
+			f.GetLastRouteId(), f.GetOpenRouteIds(), f.GetUnsettledTickets(), f.GetDoneSeq(), riding, []uint64{open, given, riding})
+	}
+	// The riding call fails: its riders are queued again (still
+	// unsettled), its abandon report is queued (still open).
+	r.closeCall(riding, riders, true, true, "")
+	if f := fence(); !slices.Equal(f.GetOpenRouteIds(), []uint64{open, given, riding}) || !slices.Equal(f.GetUnsettledTickets(), []uint64{7, 8}) {
+		t.Fatalf("after the failed call: open %v unsettled %v", f.GetOpenRouteIds(), f.GetUnsettledTickets())
+	}
+	// A call that rides and is answered: its riders are settled.
+	ok, riders := r.openCall(true, &routeStream{riders: true})
+	r.closeCall(ok, riders, false, false, wA)
+	if f := fence(); !slices.Equal(f.GetOpenRouteIds(), []uint64{open, given, riding}) || len(f.GetUnsettledTickets()) != 0 {
+		t.Fatalf("after the answered call: open %v unsettled %v", f.GetOpenRouteIds(), f.GetUnsettledTickets())
+	}
+}
+
+// Reports a flush has taken and the leader has not acknowledged stay in
+// the fence until the call returns.
+func TestSyncFenceListsReportsInAFlush(t *testing.T) {
+	cp, _ := newStreamCP(t)
+	cp.batches = true
+	in, release := make(chan struct{}), make(chan struct{})
+	cp.hold = func(m *cartv1.StreamRequest) {
+		if m.GetComplete() != nil {
+			in <- struct{}{}
+			<-release
+		}
+	}
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, FlushInterval: time.Hour, RouteTimeout: 5 * time.Second})
+	run(t, r)
+	streamLive(t, r, cp.url)
+	d := mustRoute(t, r)
+	r.Done(d, router.Outcome{Delivered: true})
+	r.abandon(42)
+	r.flush(context.Background(), flushTick) // ages them
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.flush(context.Background(), flushTick)
+	}()
+	<-in
+	req := &cartv1.SyncRequest{}
+	r.mu.Lock()
+	r.fence(req)
+	r.mu.Unlock()
+	if !slices.Equal(req.GetUnsettledTickets(), []uint64{d.Ticket.ID}) || !slices.Equal(req.GetOpenRouteIds(), []uint64{42}) {
+		t.Fatalf("fence during the flush: unsettled %v open %v, want [%d] [42]", req.GetUnsettledTickets(), req.GetOpenRouteIds(), d.Ticket.ID)
+	}
+	close(release)
+	<-done
+	req = &cartv1.SyncRequest{}
+	r.mu.Lock()
+	r.fence(req)
+	r.mu.Unlock()
+	if len(req.GetUnsettledTickets())+len(req.GetOpenRouteIds()) != 0 {
+		t.Fatalf("fence after the flush: unsettled %v open %v, want none", req.GetUnsettledTickets(), req.GetOpenRouteIds())
 	}
 }

@@ -956,7 +956,10 @@ type Completion struct {
 	// withdraws its placement. ticket and worker are unset.
 	Abandoned bool `protobuf:"varint,6,opt,name=abandoned,proto3" json:"abandoned,omitempty"`
 	// RouteRequest.route_id of the abandoned call.
-	RouteId       uint64 `protobuf:"varint,7,opt,name=route_id,json=routeId,proto3" json:"route_id,omitempty"`
+	RouteId uint64 `protobuf:"varint,7,opt,name=route_id,json=routeId,proto3" json:"route_id,omitempty"`
+	// Set on a ticket's completion: how many of its tickets' requests the
+	// data plane had finished, this one included (SyncRequest.done_seq).
+	DoneSeq       uint64 `protobuf:"varint,8,opt,name=done_seq,json=doneSeq,proto3" json:"done_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1036,6 +1039,13 @@ func (x *Completion) GetAbandoned() bool {
 func (x *Completion) GetRouteId() uint64 {
 	if x != nil {
 		return x.RouteId
+	}
+	return 0
+}
+
+func (x *Completion) GetDoneSeq() uint64 {
+	if x != nil {
+		return x.DoneSeq
 	}
 	return 0
 }
@@ -1271,8 +1281,25 @@ type SyncRequest struct {
 	RouteP90Micros   uint32 `protobuf:"varint,5,opt,name=route_p90_micros,json=routeP90Micros,proto3" json:"route_p90_micros,omitempty"`
 	RouteTarget      string `protobuf:"bytes,6,opt,name=route_target,json=routeTarget,proto3" json:"route_target,omitempty"`
 	RouteBreakerOpen bool   `protobuf:"varint,7,opt,name=route_breaker_open,json=routeBreakerOpen,proto3" json:"route_breaker_open,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// What the loads above could not count yet, taken at the same instant,
+	// so that the leader, which replaces its count for this data plane by
+	// them, can add back the decisions it still holds tickets for and its
+	// reports will release later. last_route_id: the newest RouteRequest.route_id
+	// sent so far; 0 when the fields below are not sent (an older data plane,
+	// or more than the data plane lists), and the loads are taken as they are.
+	LastRouteId uint64 `protobuf:"varint,8,opt,name=last_route_id,json=lastRouteId,proto3" json:"last_route_id,omitempty"`
+	// Route calls without an answer yet, and calls given up on whose
+	// abandon report the leader has not acknowledged.
+	OpenRouteIds []uint64 `protobuf:"varint,9,rep,packed,name=open_route_ids,json=openRouteIds,proto3" json:"open_route_ids,omitempty"`
+	// Tickets of finished requests whose completion the leader has not
+	// acknowledged.
+	UnsettledTickets []uint64 `protobuf:"varint,10,rep,packed,name=unsettled_tickets,json=unsettledTickets,proto3" json:"unsettled_tickets,omitempty"`
+	// How many of its tickets' requests the data plane had finished: a
+	// completion with a higher Completion.done_seq finished after the loads
+	// were taken, which still count it.
+	DoneSeq       uint64 `protobuf:"varint,11,opt,name=done_seq,json=doneSeq,proto3" json:"done_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SyncRequest) Reset() {
@@ -1352,6 +1379,34 @@ func (x *SyncRequest) GetRouteBreakerOpen() bool {
 		return x.RouteBreakerOpen
 	}
 	return false
+}
+
+func (x *SyncRequest) GetLastRouteId() uint64 {
+	if x != nil {
+		return x.LastRouteId
+	}
+	return 0
+}
+
+func (x *SyncRequest) GetOpenRouteIds() []uint64 {
+	if x != nil {
+		return x.OpenRouteIds
+	}
+	return nil
+}
+
+func (x *SyncRequest) GetUnsettledTickets() []uint64 {
+	if x != nil {
+		return x.UnsettledTickets
+	}
+	return nil
+}
+
+func (x *SyncRequest) GetDoneSeq() uint64 {
+	if x != nil {
+		return x.DoneSeq
+	}
+	return 0
 }
 
 type SyncResponse struct {
@@ -1798,7 +1853,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06pinned\x18\v \x01(\bR\x06pinned\x12\x1d\n" +
 	"\n" +
 	"leader_url\x18\f \x01(\tR\tleaderUrl\x12#\n" +
-	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\"\xdd\x01\n" +
+	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\"\xf8\x01\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +
@@ -1807,7 +1862,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x04 \x01(\x05R\fpromptTokens\x12#\n" +
 	"\rcached_tokens\x18\x05 \x01(\x05R\fcachedTokens\x12\x1c\n" +
 	"\tabandoned\x18\x06 \x01(\bR\tabandoned\x12\x19\n" +
-	"\broute_id\x18\a \x01(\x04R\arouteId\"\xaf\x01\n" +
+	"\broute_id\x18\a \x01(\x04R\arouteId\x12\x19\n" +
+	"\bdone_seq\x18\b \x01(\x04R\adoneSeq\"\xaf\x01\n" +
 	"\x0fCompleteRequest\x12!\n" +
 	"\fdataplane_id\x18\x01 \x01(\tR\vdataplaneId\x125\n" +
 	"\vcompletions\x18\x02 \x03(\v2\x13.cart.v1.CompletionR\vcompletions\x12B\n" +
@@ -1820,7 +1876,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
 	"WorkerLoad\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x1b\n" +
-	"\tin_flight\x18\x02 \x01(\rR\binFlight\"\x95\x02\n" +
+	"\tin_flight\x18\x02 \x01(\rR\binFlight\"\xa7\x03\n" +
 	"\vSyncRequest\x12!\n" +
 	"\fdataplane_id\x18\x01 \x01(\tR\vdataplaneId\x12)\n" +
 	"\x05loads\x18\x02 \x03(\v2\x13.cart.v1.WorkerLoadR\x05loads\x12\x1c\n" +
@@ -1829,7 +1885,12 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"routeCalls\x12(\n" +
 	"\x10route_p90_micros\x18\x05 \x01(\rR\x0erouteP90Micros\x12!\n" +
 	"\froute_target\x18\x06 \x01(\tR\vrouteTarget\x12,\n" +
-	"\x12route_breaker_open\x18\a \x01(\bR\x10routeBreakerOpen\"\xbf\x01\n" +
+	"\x12route_breaker_open\x18\a \x01(\bR\x10routeBreakerOpen\x12\"\n" +
+	"\rlast_route_id\x18\b \x01(\x04R\vlastRouteId\x12$\n" +
+	"\x0eopen_route_ids\x18\t \x03(\x04R\fopenRouteIds\x12+\n" +
+	"\x11unsettled_tickets\x18\n" +
+	" \x03(\x04R\x10unsettledTickets\x12\x19\n" +
+	"\bdone_seq\x18\v \x01(\x04R\adoneSeq\"\xbf\x01\n" +
 	"\fSyncResponse\x12)\n" +
 	"\aworkers\x18\x01 \x03(\v2\x0f.cart.v1.WorkerR\aworkers\x12'\n" +
 	"\x0fworkers_version\x18\x02 \x01(\x04R\x0eworkersVersion\x12\x1f\n" +
