@@ -91,7 +91,7 @@ func layoutNodes(t *testing.T, count int, o nodeOpts) []*node {
 }
 
 // startNodes lays out count nodes and starts them: the first until it
-// leads, then the others, until the first lists every one as a voter.
+// leads, then the others, until every node lists every one as a voter.
 func startNodes(t *testing.T, count int, o nodeOpts) []*node {
 	t.Helper()
 	nodes := layoutNodes(t, count, o)
@@ -100,10 +100,15 @@ func startNodes(t *testing.T, count int, o nodeOpts) []*node {
 	for _, n := range nodes[1:] {
 		n.Start(t)
 	}
-	nodes[0].WaitFor(t, 15*time.Second, "the cluster to form", func() (bool, string) {
-		st, err := nodes[0].status()
-		return err == nil && len(st.GetMembers()) == count && st.GetLeaderUrl() != "", fmt.Sprint(st, err)
-	})
+	// Every node, not only the first: a node that has not yet applied the
+	// configuration adding another would refuse that one's votes, and a
+	// test that kills the leader at once could be left without a quorum.
+	for _, n := range nodes {
+		n.WaitFor(t, 15*time.Second, "the cluster to form", func() (bool, string) {
+			st, err := n.status()
+			return err == nil && len(st.GetMembers()) == count && st.GetLeaderUrl() != "", fmt.Sprint(st, err)
+		})
+	}
 	return nodes
 }
 
