@@ -15,7 +15,10 @@ import (
 // their answers, report batches, their acknowledgements, and Syncs (one
 // at a time, as a data plane sends them). The data plane gives up on
 // calls (abandon reports), finishes requests at random and takes its
-// Sync's counts and fence at random instants.
+// Sync's counts and fence at random instants. Report batches and Syncs
+// also fail on the data plane's side: a failed batch is queued again and
+// its message arrives late or never; a failed Sync lets the next one go
+// at once, and arrives late, twice or never.
 type fenceSim struct {
 	t    *testing.T
 	seed uint64
@@ -31,6 +34,7 @@ type fenceSim struct {
 	abandons  []Completion         // abandon reports: only in report batches, as the data plane sends them
 	sent      map[int][]Completion // report batches in flight
 	doneSeq   uint64
+	syncSeq   uint64
 	syncing   bool
 	nextBatch int
 
@@ -170,7 +174,7 @@ func (s *fenceSim) report() {
 		}
 		return true
 	}
-	s.toLeader = append(s.toLeader, msg{ready: ready, deliver: func() {
+	deliver := func() {
 		for _, c := range batch {
 			if !c.Abandoned {
 				delete(s.live, c.Ticket)
@@ -181,7 +185,36 @@ func (s *fenceSim) report() {
 		s.log("leader: reports %v", batch)
 		s.d.Complete("x", batch)
 		s.toDP = append(s.toDP, func() { delete(s.sent, id) })
-	}})
+	}
+	if s.rng.IntN(4) == 0 {
+		// The call fails on the data plane (a timeout): the batch is
+		// queued again, and the message reaches the leader later, or
+		// never.
+		s.log("dp: report batch %d failed", id)
+		delete(s.sent, id)
+		for _, c := range batch {
+			if c.Abandoned {
+				s.abandons = append(s.abandons, c)
+			} else {
+				s.queue = append(s.queue, c)
+			}
+		}
+		if s.rng.IntN(2) == 0 {
+			return
+		}
+		deliver = func() {
+			for _, c := range batch {
+				if !c.Abandoned {
+					delete(s.live, c.Ticket)
+				} else if tid, ok := s.d.lead.byRoute[routeKey{"x", c.RouteID}]; ok {
+					delete(s.live, tid)
+				}
+			}
+			s.log("leader: late reports %v", batch)
+			s.d.Complete("x", batch)
+		}
+	}
+	s.toLeader = append(s.toLeader, msg{ready: ready, deliver: deliver})
 }
 
 func (s *fenceSim) sync() {
@@ -192,7 +225,8 @@ func (s *fenceSim) sync() {
 			counts[w] = n
 		}
 	}
-	f := SyncFence{LastRouteID: s.lastRoute, DoneSeq: s.doneSeq}
+	s.syncSeq++
+	f := SyncFence{FirstRouteID: 101, SyncSeq: s.syncSeq, LastRouteID: s.lastRoute, DoneSeq: s.doneSeq}
 	unsettled := func(cs []Completion) {
 		for _, c := range cs {
 			if c.Abandoned {
@@ -212,9 +246,23 @@ func (s *fenceSim) sync() {
 		unsettled(b)
 	}
 	s.log("dp: sync snapshot counts %v fence %+v", counts, f)
-	s.toLeader = append(s.toLeader, msg{deliver: func() {
+	apply := func() {
 		s.log("leader: sync %v %+v", counts, f)
 		s.d.SyncLoads("x", 0, counts, 0, f)
+	}
+	if s.rng.IntN(4) == 0 {
+		// The call fails on the data plane (a timeout, or a broken stream
+		// and the same Sync sent again unary): the next Sync may go at
+		// once, and this one reaches the leader late, twice, or never.
+		s.log("dp: sync %d failed", f.SyncSeq)
+		s.syncing = false
+		for range s.rng.IntN(3) {
+			s.toLeader = append(s.toLeader, msg{deliver: apply})
+		}
+		return
+	}
+	s.toLeader = append(s.toLeader, msg{deliver: func() {
+		apply()
 		s.toDP = append(s.toDP, func() { s.syncing = false })
 	}})
 }

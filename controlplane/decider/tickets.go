@@ -160,11 +160,18 @@ type dataPlane struct {
 	loads     map[string]int
 	lastSeen  time.Time
 	fallbacks uint64
-	// Since this data plane's last Sync: the tickets issued to it, and
-	// the completions that released load (SyncLoads' fence).
-	issued  []uint64
-	settled []settledRef
+	// The tickets issued to it and the completions that released load
+	// that the Syncs applied so far did not account for (SyncLoads'
+	// fence), and the process (SyncFence.FirstRouteID) and last Sync
+	// (SyncSeq) applied.
+	issued     []issuedRef
+	settled    []settledRef
+	firstRoute uint64
+	syncSeq    uint64
 }
+
+// issuedRef is a ticket issued to the data plane and the route it answered.
+type issuedRef struct{ id, route uint64 }
 
 // settledRef is a completion that released load: the route it answered
 // and the data plane's Completion.done_seq.
@@ -174,10 +181,25 @@ type settledRef struct {
 	doneSeq uint64
 }
 
-// maxSinceSync bounds dataPlane.issued and .settled: past it, a Sync's
-// fence misses what was not recorded (the load is then off by that much
-// until the next Sync, as without a fence).
-const maxSinceSync = 1 << 16
+// maxSinceSync bounds dataPlane.issued and .settled, which hold what the
+// Syncs applied so far did not account for: a few Sync intervals of one
+// data plane's decisions at most, unless its Syncs stop. Past it the
+// oldest half goes (a Sync's fence then misses those, as without one).
+const maxSinceSync = 1 << 14
+
+// appendBounded appends v to s, first dropping the oldest half when s is
+// full.
+func appendBounded[T any](s []T, v T) []T {
+	if len(s) >= maxSinceSync {
+		n := copy(s, s[len(s)/2:])
+		s = s[:n]
+	}
+	return append(s, v)
+}
+
+// routeSpan bounds how far past a Sync's last route id a call made after
+// its counts can be: route ids further away are another process's.
+const routeSpan = 1 << 20
 
 func (l *leaderState) init() {
 	l.tickets = map[uint64]*tracked{}
@@ -291,8 +313,8 @@ func (d *Decider) routeFor(ctx context.Context, c Caller, req Request) (Decision
 	dec.Ticket.ID = d.issue(&tracked{Ticket: dec.Ticket, dp: c.DataPlane, route: c.RouteID})
 	rec := d.dataPlane(c.DataPlane, now)
 	rec.loads[dec.Worker]++
-	if len(rec.issued) < maxSinceSync {
-		rec.issued = append(rec.issued, dec.Ticket.ID)
+	if c.RouteID != 0 {
+		rec.issued = appendBounded(rec.issued, issuedRef{dec.Ticket.ID, c.RouteID})
 	}
 	if len(dec.Ticket.placed) > 0 && d.lead.ledger != nil {
 		d.lead.ledger.Place(d.eng, dec.Worker, dec.Ticket.placed, now)
@@ -359,9 +381,9 @@ func (d *Decider) settleAll(dp string, cs []Completion, now time.Time) (settled 
 			continue
 		}
 		w, route := tk.Worker, tk.route
-		if d.settle(c.Ticket, c.Outcome, true) && c.DoneSeq != 0 {
-			if rec := d.lead.dps[dp]; rec != nil && len(rec.settled) < maxSinceSync {
-				rec.settled = append(rec.settled, settledRef{worker: w, route: route, doneSeq: c.DoneSeq})
+		if d.settle(c.Ticket, c.Outcome, true) && c.DoneSeq != 0 && route != 0 {
+			if rec := d.lead.dps[dp]; rec != nil {
+				rec.settled = appendBounded(rec.settled, settledRef{worker: w, route: route, doneSeq: c.DoneSeq})
 			}
 		}
 		settled++
@@ -451,15 +473,42 @@ func (d *Decider) settle(id uint64, o Outcome, release bool) (released bool) {
 // the load view is rebuilt from every data plane's counts. fence says what
 // those counts could not include yet (see SyncFence).
 func (d *Decider) SyncLoads(dp string, workersVersion uint64, inFlight map[string]int, fallbacks uint64, fence SyncFence) {
+	// What needs no lock, before taking it.
+	fenced := fence.LastRouteID != 0 && fence.FirstRouteID != 0 && fence.FirstRouteID <= fence.LastRouteID+1 &&
+		len(fence.OpenRoutes) <= maxFence && len(fence.Unsettled) <= maxFence
+	var open map[uint64]struct{}
+	if fenced {
+		inFlight = maps.Clone(inFlight)
+		if inFlight == nil {
+			inFlight = map[string]int{}
+		}
+		open = make(map[uint64]struct{}, len(fence.OpenRoutes))
+		for _, r := range fence.OpenRoutes {
+			open[r] = struct{}{}
+		}
+	}
 	t := d.lock()
 	defer d.unlock(OpSync, t)
 	d.rebuildLoads(workersVersion)
 	rec := d.dataPlane(dp, d.o.Now())
-	rec.fallbacks += fallbacks
-	if fence.LastRouteID != 0 {
-		inFlight = d.fenced(dp, rec, inFlight, fence)
+	if fence.FirstRouteID != 0 {
+		if fence.FirstRouteID != rec.firstRoute {
+			// A new process under this id (or its first Sync): what was
+			// recorded for an earlier one lies outside its route ids
+			// (each process starts at a random point), and fence
+			// neither counts it nor keeps it.
+			rec.firstRoute, rec.syncSeq = fence.FirstRouteID, 0
+		} else if fence.SyncSeq <= rec.syncSeq {
+			return // late or repeated: a newer Sync was applied
+		}
+		rec.syncSeq = fence.SyncSeq
 	}
-	rec.issued, rec.settled = rec.issued[:0], rec.settled[:0]
+	rec.fallbacks += fallbacks
+	if fenced {
+		d.fence(dp, rec, inFlight, open, fence)
+	} else if fence.FirstRouteID == 0 {
+		rec.issued, rec.settled = rec.issued[:0], rec.settled[:0] // an older data plane: never fenced
+	}
 	for w, n := range rec.loads {
 		if _, ok := inFlight[w]; !ok {
 			d.eng.AdjustLoad(w, -n)
@@ -485,6 +534,10 @@ func (d *Decider) SyncLoads(dp string, workersVersion uint64, inFlight map[strin
 // would keep a request that finished and was reported after the counts
 // were taken but before they arrived.
 type SyncFence struct {
+	// FirstRouteID names the data plane's process (its first route id);
+	// SyncSeq numbers its Syncs: one not newer than the last applied is
+	// ignored. 0: an older data plane, whose Syncs are all applied.
+	FirstRouteID, SyncSeq uint64
 	// LastRouteID is the newest route id the data plane had sent; 0: no
 	// fence, the counts are taken as they are.
 	LastRouteID uint64
@@ -498,22 +551,21 @@ type SyncFence struct {
 	DoneSeq uint64
 }
 
-// maxFence bounds the fence lists the leader reads from one Sync.
+// maxFence bounds the fence lists the leader reads from one Sync: a Sync
+// with longer ones is taken without its fence.
 const maxFence = 1 << 16
 
-// fenced returns dp's counts with what its fence says they could not
-// include: decisions still held as tickets whose answer had not arrived
-// (an open call, or one made after the counts were taken) or whose
-// request had finished unreported, are added, their reports releasing
-// them later; completions settled since the last Sync that finished after
-// the counts were taken, which still include them, are taken off. d.mu
-// held.
-func (d *Decider) fenced(dp string, rec *dataPlane, inFlight map[string]int, f SyncFence) map[string]int {
+// fence adds to dp's counts what its fence says they could not include:
+// decisions still held as tickets whose answer had not arrived (an open
+// call, or one made after the counts were taken) or whose request had
+// finished unreported, their reports releasing them later; and takes off
+// completions settled already that finished after the counts were taken,
+// which still include them. It then forgets what this Sync accounted for.
+// d.mu held.
+func (d *Decider) fence(dp string, rec *dataPlane, counts map[string]int, open map[uint64]struct{}, f SyncFence) {
 	l := &d.lead
-	out := maps.Clone(inFlight)
-	if out == nil {
-		out = map[string]int{}
-	}
+	// This process's calls made after the counts were taken.
+	after := func(route uint64) bool { return route > f.LastRouteID && route-f.LastRouteID <= routeSpan }
 	// Each ticket once, whatever the lists repeat.
 	added := map[uint64]struct{}{}
 	add := func(id uint64) {
@@ -523,33 +575,39 @@ func (d *Decider) fenced(dp string, rec *dataPlane, inFlight map[string]int, f S
 		}
 		if _, dup := added[id]; !dup {
 			added[id] = struct{}{}
-			out[tk.Worker]++
+			counts[tk.Worker]++
 		}
 	}
-	open := make(map[uint64]struct{}, min(len(f.OpenRoutes), maxFence))
-	for _, r := range f.OpenRoutes[:min(len(f.OpenRoutes), maxFence)] {
-		open[r] = struct{}{}
+	for r := range open {
 		if id, ok := l.byRoute[routeKey{dp, r}]; ok {
 			add(id)
 		}
 	}
-	for _, id := range rec.issued {
-		if tk := l.tickets[id]; tk != nil && tk.route > f.LastRouteID {
-			add(id)
+	for _, u := range f.Unsettled {
+		add(u)
+	}
+	kept := rec.issued[:0]
+	for _, is := range rec.issued {
+		if after(is.route) {
+			add(is.id)
+			kept = append(kept, is)
 		}
 	}
-	for _, id := range f.Unsettled[:min(len(f.Unsettled), maxFence)] {
-		add(id)
-	}
+	rec.issued = kept
+	keptS := rec.settled[:0]
 	for _, s := range rec.settled {
+		if s.doneSeq <= f.DoneSeq || s.route < f.FirstRouteID || s.route > f.LastRouteID+routeSpan {
+			continue // accounted for by these counts, or another process's
+		}
+		keptS = append(keptS, s)
 		_, wasOpen := open[s.route]
 		// Answered before the counts were taken (so counted), finished
 		// after (so still counted), and released already.
-		if s.doneSeq > f.DoneSeq && s.route != 0 && s.route <= f.LastRouteID && !wasOpen && out[s.worker] > 0 {
-			out[s.worker]--
+		if s.route <= f.LastRouteID && !wasOpen && counts[s.worker] > 0 {
+			counts[s.worker]--
 		}
 	}
-	return out
+	rec.settled = keptS
 }
 
 // rebuildLoads recomputes the engine's load view from the data planes'

@@ -226,7 +226,7 @@ func TestSyncFenceCountsWhatReportsWillRelease(t *testing.T) {
 	now := time.Unix(1000, 0)
 	d := newTestDecider(&now, 1000, -1)
 	d.Lead(true)
-	d.SyncLoads("x", 0, map[string]int{}, 0, SyncFence{LastRouteID: 9})
+	d.SyncLoads("x", 0, map[string]int{}, 0, SyncFence{FirstRouteID: 1, SyncSeq: 1, LastRouteID: 9})
 	delivered := Outcome{Delivered: true}
 
 	held := routeForID(t, d, "x", "a", "held one", 10)         // answered before the counts: in them
@@ -247,7 +247,7 @@ func TestSyncFenceCountsWhatReportsWillRelease(t *testing.T) {
 	}); n != 3 {
 		t.Fatalf("settled %d, want 3", n)
 	}
-	d.SyncLoads("x", 0, map[string]int{"a": 2}, 0, SyncFence{LastRouteID: 15, OpenRoutes: []uint64{11, 14, 15}, Unsettled: []uint64{unreported}, DoneSeq: 1})
+	d.SyncLoads("x", 0, map[string]int{"a": 2}, 0, SyncFence{FirstRouteID: 1, SyncSeq: 2, LastRouteID: 15, OpenRoutes: []uint64{11, 14, 15}, Unsettled: []uint64{unreported}, DoneSeq: 1})
 	// held, open, unreported, abandoned and after for x; other for y.
 	if got := d.Load("a"); got != 6 {
 		t.Fatalf("load after the Sync = %d, want 6", got)
@@ -268,7 +268,7 @@ func TestSyncFenceCountsWhatReportsWillRelease(t *testing.T) {
 	}
 	d.Complete("y", []Completion{{Ticket: other, Worker: "a", Outcome: delivered}})
 	// The next Sync, with nothing in flight and nothing pending.
-	d.SyncLoads("x", 0, map[string]int{}, 0, SyncFence{LastRouteID: 17, DoneSeq: 7})
+	d.SyncLoads("x", 0, map[string]int{}, 0, SyncFence{FirstRouteID: 1, SyncSeq: 3, LastRouteID: 17, DoneSeq: 7})
 	if got := d.Load("a"); got != 0 {
 		t.Fatalf("load at the end = %d, want 0", got)
 	}
@@ -293,12 +293,41 @@ func TestSyncFenceCountsEachTicketOnce(t *testing.T) {
 	now := time.Unix(1000, 0)
 	d := newTestDecider(&now, 1000, -1)
 	d.Lead(true)
-	d.SyncLoads("x", 0, nil, 0, SyncFence{LastRouteID: 9})
+	d.SyncLoads("x", 0, nil, 0, SyncFence{FirstRouteID: 1, SyncSeq: 1, LastRouteID: 9})
 	open := routeForID(t, d, "x", "a", "open", 10)
 	theirs := routeForID(t, d, "y", "a", "theirs", 10)
-	d.SyncLoads("x", 0, nil, 0, SyncFence{LastRouteID: 10, OpenRoutes: []uint64{10, 10}, Unsettled: []uint64{open, open, theirs}})
+	d.SyncLoads("x", 0, nil, 0, SyncFence{FirstRouteID: 1, SyncSeq: 2, LastRouteID: 10, OpenRoutes: []uint64{10, 10}, Unsettled: []uint64{open, open, theirs}})
 	// x: open, once; y: theirs, from its own decision.
 	if got := d.Load("a"); got != 2 {
 		t.Fatalf("load = %d, want 2", got)
+	}
+}
+
+// A data plane restarted under the same id starts its route ids at a new
+// random point: its first Sync neither adds back the old process's
+// decisions nor takes off its reports. A Sync not newer than the last
+// applied is not applied.
+func TestSyncFenceNewProcess(t *testing.T) {
+	now := time.Unix(1000, 0)
+	d := newTestDecider(&now, 1000, -1)
+	d.Lead(true)
+	const oldFirst, newFirst = 1 << 40, 5000
+	d.SyncLoads("x", 0, nil, 0, SyncFence{FirstRouteID: oldFirst, SyncSeq: 1, LastRouteID: oldFirst - 1})
+	held := routeForID(t, d, "x", "a", "old held", oldFirst) // finished and reported after its last Sync
+	routeForID(t, d, "x", "a", "old unanswered", oldFirst+1) // the process died before the answer came
+	d.Complete("x", []Completion{{Ticket: held, Worker: "a", DoneSeq: 1, Outcome: Outcome{Delivered: true}}})
+	// The new process has two requests in flight on a, of its own.
+	routeForID(t, d, "x", "a", "new one", newFirst)
+	routeForID(t, d, "x", "a", "new two", newFirst+1)
+	d.SyncLoads("x", 0, map[string]int{"a": 2}, 0, SyncFence{FirstRouteID: newFirst, SyncSeq: 1, LastRouteID: newFirst + 1})
+	if got := d.Load("a"); got != 2 {
+		t.Fatalf("load after the new process's first Sync = %d, want its 2", got)
+	}
+	// The same Sync again (a late copy, or sent again unary after the
+	// stream broke), and an older one: neither is applied.
+	d.SyncLoads("x", 0, map[string]int{"a": 2}, 0, SyncFence{FirstRouteID: newFirst, SyncSeq: 1, LastRouteID: newFirst + 1})
+	d.SyncLoads("x", 0, map[string]int{"a": 5}, 0, SyncFence{FirstRouteID: newFirst, SyncSeq: 0, LastRouteID: newFirst})
+	if got := d.Load("a"); got != 2 {
+		t.Fatalf("load after repeated Syncs = %d, want 2", got)
 	}
 }

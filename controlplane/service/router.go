@@ -228,6 +228,7 @@ func (c *Core) sync(m *cartv1.SyncRequest) (*cartv1.SyncResponse, error) {
 	}
 	_, version := c.st.Workers()
 	c.dec.SyncLoads(m.GetDataplaneId(), version, reported, m.GetFallbacks(), decider.SyncFence{
+		FirstRouteID: m.GetFirstRouteId(), SyncSeq: m.GetSyncSeq(),
 		LastRouteID: m.GetLastRouteId(), OpenRoutes: m.GetOpenRouteIds(), Unsettled: m.GetUnsettledTickets(), DoneSeq: m.GetDoneSeq(),
 	})
 	resp, err := c.workerList()

@@ -497,7 +497,7 @@ func TestSyncFenceKeepsAnUnreportedRequest(t *testing.T) {
 	cp, rc := leaderWith(t, w1)
 	a := route(t, rc, &cartv1.RouteRequest{Text: "x", DataplaneId: "dp1", RouteId: 10})
 	route(t, rc, &cartv1.RouteRequest{Text: "y", DataplaneId: "dp2", RouteId: 1})
-	req := &cartv1.SyncRequest{DataplaneId: "dp1", LastRouteId: 10, UnsettledTickets: []uint64{a.GetTicket()}, DoneSeq: 1}
+	req := &cartv1.SyncRequest{DataplaneId: "dp1", FirstRouteId: 10, SyncSeq: 1, LastRouteId: 10, UnsettledTickets: []uint64{a.GetTicket()}, DoneSeq: 1}
 	if _, err := rc.Sync(context.Background(), connect.NewRequest(req)); err != nil {
 		t.Fatal(err)
 	}

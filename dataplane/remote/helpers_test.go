@@ -35,7 +35,10 @@ type fakeCP struct {
 	routeErr   error
 	routeFn    func(*cartv1.RouteRequest) *cartv1.RouteResponse
 	syncErr    error
-	syncResp   *cartv1.SyncResponse
+	// completeErr fails Complete calls, after recording them (the leader
+	// may have settled what a failed call carried).
+	completeErr error
+	syncResp    *cartv1.SyncResponse
 	nextTicket uint64
 	routes     []*cartv1.RouteRequest
 	completes  []*cartv1.CompleteRequest
@@ -92,6 +95,9 @@ func (f *fakeCP) Complete(_ context.Context, req *connect.Request[cartv1.Complet
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.completes = append(f.completes, proto.Clone(req.Msg).(*cartv1.CompleteRequest))
+	if f.completeErr != nil {
+		return nil, f.completeErr
+	}
 	return connect.NewResponse(&cartv1.CompleteResponse{Settled: uint32(len(req.Msg.GetCompletions()))}), nil
 }
 
@@ -225,4 +231,13 @@ func loadOf(r *Router, url string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.local[url]
+}
+
+// abandon queues the report of an abandoned Route call, as a call given
+// up on does.
+func (r *Router) abandon(routeID uint64) {
+	r.mu.Lock()
+	r.abandons.add(&cartv1.Completion{Abandoned: true, RouteId: routeID, PromptTokens: -1, CachedTokens: -1})
+	r.mu.Unlock()
+	r.rememberAbandoned(routeID)
 }

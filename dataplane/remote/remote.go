@@ -119,6 +119,9 @@ type Router struct {
 	// finished ticketed requests. All under mu, with local, so that a Sync
 	// sees each call in exactly one place.
 	lastRouteID  uint64
+	firstRouteID uint64 // names this process to the leader
+	syncSeq      uint64
+	flushFailed  bool // the last flush's Complete call failed: no early flush until one works
 	open         map[uint64]struct{}
 	sentTickets  map[uint64]int // ticket → reports in flight carrying it
 	sentAbandons map[uint64]int // route id → abandon reports in flight
@@ -174,6 +177,7 @@ func New(o Options) *Router {
 	// A random start keeps a restarted data plane (same id) from naming
 	// its calls like its predecessor's still-unsettled ones.
 	r.lastRouteID = r.rng.Uint64() >> 1
+	r.firstRouteID = r.lastRouteID + 1
 	r.open = map[uint64]struct{}{}
 	r.sentTickets, r.sentAbandons = map[uint64]int{}, map[uint64]int{}
 	if len(r.targets) > 0 {
@@ -581,14 +585,6 @@ func (r *Router) sending(cs []*cartv1.Completion, d int) {
 	}
 }
 
-// abandon queues the report of an abandoned Route call.
-func (r *Router) abandon(routeID uint64) {
-	r.mu.Lock()
-	r.abandons.add(&cartv1.Completion{Abandoned: true, RouteId: routeID, PromptTokens: -1, CachedTokens: -1})
-	r.mu.Unlock()
-	r.rememberAbandoned(routeID)
-}
-
 // rememberAbandoned keeps routeID out of the placement feed's records.
 func (r *Router) rememberAbandoned(routeID uint64) {
 	r.abandonedMu.Lock()
@@ -667,8 +663,9 @@ func (r *Router) Done(d router.Decision, o router.Outcome) {
 		})
 		n = r.pending.len()
 	}
+	failing := r.flushFailed
 	r.mu.Unlock()
-	if n >= flushAllAt {
+	if n >= flushAllAt && !failing {
 		select {
 		case r.flushNow <- struct{}{}:
 		default:
@@ -732,14 +729,7 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	if target == "" {
 		return errors.New("no control plane configured")
 	}
-	r.mu.Lock()
-	req := &cartv1.SyncRequest{DataplaneId: r.o.ID, Fallbacks: r.fallbacks, RouteBreakerOpen: r.cpb.isOpen()}
-	req.RouteTarget, req.RouteCalls, req.RouteP90Micros = r.lat.take()
-	for w, n := range r.local {
-		req.Loads = append(req.Loads, &cartv1.WorkerLoad{Worker: w, InFlight: uint32(n)})
-	}
-	r.fence(req)
-	r.mu.Unlock()
+	req := r.syncRequest()
 	sctx, cancel := context.WithTimeout(ctx, max(r.o.SyncInterval, time.Second))
 	m, err := r.syncCall(sctx, target, req)
 	cancel()
@@ -794,6 +784,22 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// syncRequest takes a Sync's counts and their fence in one hold of mu:
+// the fence is only right for counts taken at the same instant.
+func (r *Router) syncRequest() *cartv1.SyncRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	req := &cartv1.SyncRequest{DataplaneId: r.o.ID, Fallbacks: r.fallbacks, RouteBreakerOpen: r.cpb.isOpen()}
+	req.RouteTarget, req.RouteCalls, req.RouteP90Micros = r.lat.take()
+	for w, n := range r.local {
+		req.Loads = append(req.Loads, &cartv1.WorkerLoad{Worker: w, InFlight: uint32(n)})
+	}
+	r.syncSeq++
+	req.FirstRouteId, req.SyncSeq = r.firstRouteID, r.syncSeq
+	r.fence(req)
+	return req
 }
 
 // maxFenceIDs bounds each list of a Sync's fence; past it the Sync sends
@@ -881,9 +887,8 @@ func (r *Router) flushUnlessDone(ctx context.Context, kind flushKind) {
 // ticks age what stays, and only ticks send abandon reports, so that one
 // queued just before a full queue is flushed still waits for its call to
 // reach the leader first. If the
-// control plane cannot take them they are dropped: the next Sync's
-// absolute counts reconcile the load, and an unsettled placement only
-// costs a stale index hint.
+// control plane cannot take them they are queued again (requeue), and no
+// full queue forces a flush until one works.
 func (r *Router) flush(ctx context.Context, kind flushKind) {
 	r.mu.Lock()
 	full := kind == flushFull || r.pending.len() >= flushAllAt
@@ -900,21 +905,54 @@ func (r *Router) flush(ctx context.Context, kind flushKind) {
 	if len(batch) == 0 {
 		return
 	}
+	var err error
 	defer func() {
 		r.mu.Lock()
 		r.sending(batch, -1)
+		r.flushFailed = err != nil
+		if err != nil && kind != flushFinal {
+			r.requeue(batch)
+		}
 		r.mu.Unlock()
 	}()
 	target := r.current()
 	if target == "" {
+		err = errors.New("no control plane")
 		return
 	}
 	fctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	if _, err := r.completeCall(fctx, target, &cartv1.CompleteRequest{DataplaneId: r.o.ID, Completions: batch}); err != nil {
+	if _, err = r.completeCall(fctx, target, &cartv1.CompleteRequest{DataplaneId: r.o.ID, Completions: batch}); err != nil {
 		r.logRPCError("report completions failed", target, err, "completions", len(batch))
 		if causeOf(err) != "timeout" {
 			r.rotate(target) // a dead node must not keep receiving every report
+		}
+	}
+}
+
+// maxQueuedReports bounds each report queue while the control plane
+// cannot take them: past it the oldest are dropped (the leader's stale
+// rule then settles their tickets, and their load is not in the Syncs).
+const maxQueuedReports = 1 << 15
+
+// requeue puts back the reports of a failed Complete call: it may have
+// reached the leader (a timeout) or not, and either way the reports stay
+// in the Syncs' fence until one is acknowledged; settling twice is a
+// no-op. mu held.
+func (r *Router) requeue(batch []*cartv1.Completion) {
+	var done, abandoned []*cartv1.Completion
+	for _, c := range batch {
+		if c.GetAbandoned() {
+			abandoned = append(abandoned, c)
+		} else {
+			done = append(done, c)
+		}
+	}
+	r.pending.putBack(done)
+	r.abandons.putBack(abandoned)
+	for _, q := range []*reports{&r.pending, &r.abandons} {
+		if over := q.len() - maxQueuedReports; over > 0 {
+			q.take(over)
 		}
 	}
 }

@@ -1152,10 +1152,7 @@ func TestSyncAnswerOverTheReadLimitIsRefused(t *testing.T) {
 func TestSyncFenceListsWhatTheCountsMiss(t *testing.T) {
 	r := newTestRouter(t, Options{ControlPlanes: []string{"http://127.0.0.1:1"}, BootWorkers: boot, FlushInterval: time.Hour})
 	fence := func() *cartv1.SyncRequest {
-		req := &cartv1.SyncRequest{}
-		r.mu.Lock()
-		r.fence(req)
-		r.mu.Unlock()
+		req := r.syncRequest()
 		slices.Sort(req.OpenRouteIds)
 		slices.Sort(req.UnsettledTickets)
 		return req
@@ -1218,20 +1215,75 @@ func TestSyncFenceListsReportsInAFlush(t *testing.T) {
 		r.flush(context.Background(), flushTick)
 	}()
 	<-in
-	req := &cartv1.SyncRequest{}
-	r.mu.Lock()
-	r.fence(req)
-	r.mu.Unlock()
+	req := r.syncRequest()
 	if !slices.Equal(req.GetUnsettledTickets(), []uint64{d.Ticket.ID}) || !slices.Equal(req.GetOpenRouteIds(), []uint64{42}) {
 		t.Fatalf("fence during the flush: unsettled %v open %v, want [%d] [42]", req.GetUnsettledTickets(), req.GetOpenRouteIds(), d.Ticket.ID)
 	}
 	close(release)
 	<-done
-	req = &cartv1.SyncRequest{}
-	r.mu.Lock()
-	r.fence(req)
-	r.mu.Unlock()
+	req = r.syncRequest()
 	if len(req.GetUnsettledTickets())+len(req.GetOpenRouteIds()) != 0 {
 		t.Fatalf("fence after the flush: unsettled %v open %v, want none", req.GetUnsettledTickets(), req.GetOpenRouteIds())
+	}
+}
+
+// A flush whose Complete call fails (it may still have reached the
+// leader) queues its reports again: they stay in the Syncs' fence and go
+// with the next tick, and while flushes fail no full queue forces one.
+func TestFailedFlushRequeuesItsReports(t *testing.T) {
+	cp := newFakeCP(t)
+	cp.set(func(f *fakeCP) { f.completeErr = connect.NewError(connect.CodeDeadlineExceeded, errors.New("slow")) })
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
+	done := func(id uint64) {
+		r.Done(router.Decision{Worker: wA, Ticket: router.Ticket{ID: id, Worker: wA}}, router.Outcome{Delivered: true})
+	}
+	done(1)
+	r.abandon(40)
+	r.flush(context.Background(), flushTick)
+	r.flush(context.Background(), flushTick) // sent, failed
+	fence := r.syncRequest
+	if f := fence(); !slices.Equal(f.GetUnsettledTickets(), []uint64{1}) || !slices.Equal(f.GetOpenRouteIds(), []uint64{40}) {
+		t.Fatalf("after a failed flush the fence lists %v and %v, want [1] and [40]", f.GetUnsettledTickets(), f.GetOpenRouteIds())
+	}
+	for id := range uint64(flushAllAt) {
+		done(id + 2)
+	}
+	if len(r.flushNow) != 0 {
+		t.Fatal("a full queue asked for a flush while flushes fail")
+	}
+	cp.set(func(f *fakeCP) { f.completeErr = nil })
+	r.flush(context.Background(), flushTick) // a full queue, the requeued ones first
+	calls, _ := cp.completions()
+	cp.mu.Lock()
+	last := cp.completes[len(cp.completes)-1].GetCompletions()
+	cp.mu.Unlock()
+	if n := len(last); calls != 2 || n != flushAllAt+2 || last[0].GetTicket() != 1 || !last[n-1].GetAbandoned() || last[n-1].GetRouteId() != 40 {
+		t.Fatalf("%d Complete calls, the last with %d reports; want 2, the last with the requeued two and the %d since", calls, len(last), flushAllAt)
+	}
+	if f := fence(); slices.Contains(f.GetUnsettledTickets(), 1) || len(f.GetOpenRouteIds()) != 0 {
+		t.Fatalf("after the flush worked the fence still lists %v and %v", f.GetUnsettledTickets(), f.GetOpenRouteIds())
+	}
+	for id := range uint64(flushAllAt) {
+		done(id + 1000)
+	}
+	if len(r.flushNow) != 1 {
+		t.Fatal("once a flush works, a full queue asks for one again")
+	}
+}
+
+// Each Sync names this process and numbers itself, so that the leader
+// ignores a late or repeated one.
+func TestSyncsAreNumbered(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
+	for range 2 {
+		if err := r.SyncOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := cp.syncRequests()
+	if len(s) != 2 || s[0].GetFirstRouteId() == 0 || s[1].GetFirstRouteId() != s[0].GetFirstRouteId() ||
+		s[0].GetSyncSeq() != 1 || s[1].GetSyncSeq() != 2 || s[0].GetLastRouteId() != s[0].GetFirstRouteId()-1 {
+		t.Fatalf("syncs: %v", s)
 	}
 }

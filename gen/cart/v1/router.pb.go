@@ -1297,7 +1297,15 @@ type SyncRequest struct {
 	// How many of its tickets' requests the data plane had finished: a
 	// completion with a higher Completion.done_seq finished after the loads
 	// were taken, which still count it.
-	DoneSeq       uint64 `protobuf:"varint,11,opt,name=done_seq,json=doneSeq,proto3" json:"done_seq,omitempty"`
+	DoneSeq uint64 `protobuf:"varint,11,opt,name=done_seq,json=doneSeq,proto3" json:"done_seq,omitempty"`
+	// The first route id of this data plane process (each starts at a random
+	// point), naming the process: route ids, done_seq and sync_seq are its
+	// own. 0 from an older data plane.
+	FirstRouteId uint64 `protobuf:"varint,12,opt,name=first_route_id,json=firstRouteId,proto3" json:"first_route_id,omitempty"`
+	// Numbers this process's Syncs: the leader applies the loads of a Sync
+	// only if it is newer than the last it applied (a late or repeated one,
+	// for instance sent again unary after the stream broke, is not).
+	SyncSeq       uint64 `protobuf:"varint,13,opt,name=sync_seq,json=syncSeq,proto3" json:"sync_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1405,6 +1413,20 @@ func (x *SyncRequest) GetUnsettledTickets() []uint64 {
 func (x *SyncRequest) GetDoneSeq() uint64 {
 	if x != nil {
 		return x.DoneSeq
+	}
+	return 0
+}
+
+func (x *SyncRequest) GetFirstRouteId() uint64 {
+	if x != nil {
+		return x.FirstRouteId
+	}
+	return 0
+}
+
+func (x *SyncRequest) GetSyncSeq() uint64 {
+	if x != nil {
+		return x.SyncSeq
 	}
 	return 0
 }
@@ -1876,7 +1898,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
 	"WorkerLoad\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x1b\n" +
-	"\tin_flight\x18\x02 \x01(\rR\binFlight\"\xa7\x03\n" +
+	"\tin_flight\x18\x02 \x01(\rR\binFlight\"\xe8\x03\n" +
 	"\vSyncRequest\x12!\n" +
 	"\fdataplane_id\x18\x01 \x01(\tR\vdataplaneId\x12)\n" +
 	"\x05loads\x18\x02 \x03(\v2\x13.cart.v1.WorkerLoadR\x05loads\x12\x1c\n" +
@@ -1890,7 +1912,9 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x0eopen_route_ids\x18\t \x03(\x04R\fopenRouteIds\x12+\n" +
 	"\x11unsettled_tickets\x18\n" +
 	" \x03(\x04R\x10unsettledTickets\x12\x19\n" +
-	"\bdone_seq\x18\v \x01(\x04R\adoneSeq\"\xbf\x01\n" +
+	"\bdone_seq\x18\v \x01(\x04R\adoneSeq\x12$\n" +
+	"\x0efirst_route_id\x18\f \x01(\x04R\ffirstRouteId\x12\x19\n" +
+	"\bsync_seq\x18\r \x01(\x04R\asyncSeq\"\xbf\x01\n" +
 	"\fSyncResponse\x12)\n" +
 	"\aworkers\x18\x01 \x03(\v2\x0f.cart.v1.WorkerR\aworkers\x12'\n" +
 	"\x0fworkers_version\x18\x02 \x01(\x04R\x0eworkersVersion\x12\x1f\n" +
