@@ -526,7 +526,6 @@ func (r *Router) LearnResponse(ctx context.Context, id, worker string) {
 	}
 }
 
-// abandon queues the report of a Route call whose answer will never be used.
 // openCall names a Route call (when it is not a dry run) and takes the
 // completions that ride with it, in one hold of mu: from here until
 // closeCall a Sync lists the call as open and its riders as unsettled.
@@ -886,9 +885,9 @@ func (r *Router) flushUnlessDone(ctx context.Context, kind flushKind) {
 // with a Route call instead (openCall), a stream message less each. Only
 // ticks age what stays, and only ticks send abandon reports, so that one
 // queued just before a full queue is flushed still waits for its call to
-// reach the leader first. If the
-// control plane cannot take them they are queued again (requeue), and no
-// full queue forces a flush until one works.
+// reach the leader first. If the control plane cannot take them they are
+// queued again (requeue), and no full queue forces a flush until one
+// works.
 func (r *Router) flush(ctx context.Context, kind flushKind) {
 	r.mu.Lock()
 	full := kind == flushFull || r.pending.len() >= flushAllAt
