@@ -39,11 +39,11 @@ type fakeCP struct {
 	// may have settled what a failed call carried).
 	completeErr error
 	syncResp    *cartv1.SyncResponse
-	nextTicket uint64
-	routes     []*cartv1.RouteRequest
-	completes  []*cartv1.CompleteRequest
-	syncs      []*cartv1.SyncRequest
-	auth       []string
+	nextTicket  uint64
+	routes      []*cartv1.RouteRequest
+	completes   []*cartv1.CompleteRequest
+	syncs       []*cartv1.SyncRequest
+	auth        []string
 }
 
 func newFakeCP(t testing.TB) *fakeCP {
