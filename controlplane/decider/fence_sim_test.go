@@ -174,18 +174,25 @@ func (s *fenceSim) report() {
 		}
 		return true
 	}
-	deliver := func() {
-		for _, c := range batch {
-			if !c.Abandoned {
-				delete(s.live, c.Ticket)
-			} else if tid, ok := s.d.lead.byRoute[routeKey{"x", c.RouteID}]; ok {
-				delete(s.live, tid)
+	// deliver settles the batch on the leader; awaited: the data plane
+	// still waits for the answer.
+	deliver := func(awaited bool) func() {
+		return func() {
+			for _, c := range batch {
+				if !c.Abandoned {
+					delete(s.live, c.Ticket)
+				} else if tid, ok := s.d.lead.byRoute[routeKey{"x", c.RouteID}]; ok {
+					delete(s.live, tid)
+				}
+			}
+			s.log("leader: reports %v (answer awaited: %v)", batch, awaited)
+			s.d.Complete("x", batch)
+			if awaited {
+				s.toDP = append(s.toDP, func() { delete(s.sent, id) })
 			}
 		}
-		s.log("leader: reports %v", batch)
-		s.d.Complete("x", batch)
-		s.toDP = append(s.toDP, func() { delete(s.sent, id) })
 	}
+	awaited := true
 	if s.rng.IntN(4) == 0 {
 		// The call fails on the data plane (a timeout): the batch is
 		// queued again, and the message reaches the leader later, or
@@ -202,19 +209,9 @@ func (s *fenceSim) report() {
 		if s.rng.IntN(2) == 0 {
 			return
 		}
-		deliver = func() {
-			for _, c := range batch {
-				if !c.Abandoned {
-					delete(s.live, c.Ticket)
-				} else if tid, ok := s.d.lead.byRoute[routeKey{"x", c.RouteID}]; ok {
-					delete(s.live, tid)
-				}
-			}
-			s.log("leader: late reports %v", batch)
-			s.d.Complete("x", batch)
-		}
+		awaited = false
 	}
-	s.toLeader = append(s.toLeader, msg{ready: ready, deliver: deliver})
+	s.toLeader = append(s.toLeader, msg{ready: ready, deliver: deliver(awaited)})
 }
 
 func (s *fenceSim) sync() {

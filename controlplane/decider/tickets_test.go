@@ -15,13 +15,7 @@ import (
 // routeFor issues a tracked decision for data plane dp pinned to worker w.
 func routeFor(t *testing.T, d *Decider, dp, w, text string) uint64 {
 	t.Helper()
-	r := req(text)
-	r.PinTo = w
-	dec, err := d.RouteFor(context.Background(), Caller{DataPlane: dp}, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dec.Ticket.ID
+	return routeForID(t, d, dp, w, text, 0)
 }
 
 // The stale rule settles, per (data plane, worker), the oldest tickets past
@@ -205,6 +199,14 @@ func TestCompleteSettlesInChunks(t *testing.T) {
 	}
 }
 
+// leadingDecider is a test decider that leads, its clock stopped.
+func leadingDecider() *Decider {
+	now := time.Unix(1000, 0)
+	d := newTestDecider(&now, 1000, -1)
+	d.Lead(true)
+	return d
+}
+
 // routeForID is routeFor with the data plane's route id.
 func routeForID(t *testing.T, d *Decider, dp, w, text string, route uint64) uint64 {
 	t.Helper()
@@ -223,9 +225,7 @@ func routeForID(t *testing.T, d *Decider, dp, w, text string, route uint64) uint
 // report then takes exactly one off, down to zero. Without the fence the
 // Sync would set 2 and the reports would hit the floor.
 func TestSyncFenceCountsWhatReportsWillRelease(t *testing.T) {
-	now := time.Unix(1000, 0)
-	d := newTestDecider(&now, 1000, -1)
-	d.Lead(true)
+	d := leadingDecider()
 	d.SyncLoads("x", 0, map[string]int{}, 0, SyncFence{FirstRouteID: 1, SyncSeq: 1, LastRouteID: 9})
 	delivered := Outcome{Delivered: true}
 
@@ -276,9 +276,7 @@ func TestSyncFenceCountsWhatReportsWillRelease(t *testing.T) {
 
 // A Sync without a fence (an older data plane) is taken as it is.
 func TestSyncWithoutFence(t *testing.T) {
-	now := time.Unix(1000, 0)
-	d := newTestDecider(&now, 1000, -1)
-	d.Lead(true)
+	d := leadingDecider()
 	routeForID(t, d, "x", "a", "one", 10)
 	routeForID(t, d, "x", "a", "two", 11)
 	d.SyncLoads("x", 0, map[string]int{"a": 1}, 0, SyncFence{OpenRoutes: []uint64{11}})
@@ -290,9 +288,7 @@ func TestSyncWithoutFence(t *testing.T) {
 // A fence that names a ticket twice, or another data plane's, counts it
 // once, or not at all.
 func TestSyncFenceCountsEachTicketOnce(t *testing.T) {
-	now := time.Unix(1000, 0)
-	d := newTestDecider(&now, 1000, -1)
-	d.Lead(true)
+	d := leadingDecider()
 	d.SyncLoads("x", 0, nil, 0, SyncFence{FirstRouteID: 1, SyncSeq: 1, LastRouteID: 9})
 	open := routeForID(t, d, "x", "a", "open", 10)
 	theirs := routeForID(t, d, "y", "a", "theirs", 10)
@@ -308,9 +304,7 @@ func TestSyncFenceCountsEachTicketOnce(t *testing.T) {
 // decisions nor takes off its reports. A Sync not newer than the last
 // applied is not applied.
 func TestSyncFenceNewProcess(t *testing.T) {
-	now := time.Unix(1000, 0)
-	d := newTestDecider(&now, 1000, -1)
-	d.Lead(true)
+	d := leadingDecider()
 	const oldFirst, newFirst = 1 << 40, 5000
 	d.SyncLoads("x", 0, nil, 0, SyncFence{FirstRouteID: oldFirst, SyncSeq: 1, LastRouteID: oldFirst - 1})
 	held := routeForID(t, d, "x", "a", "old held", oldFirst) // finished and reported after its last Sync
