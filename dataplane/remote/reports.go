@@ -8,7 +8,8 @@ import (
 
 // reports queues completion reports for the control plane. The flush
 // tick sends only the aged ones, those already queued at the tick before,
-// so that a report waits one to two intervals:
+// so that a report waits one to two intervals (one put back after a failed
+// call only until the next tick):
 // time for a Route call to carry it instead (riders), and, for the report
 // of an abandoned call, for the call it names to reach the leader first.
 // Not safe for concurrent use: the Router's mu guards it.
