@@ -138,6 +138,12 @@ func (e *Engine) setSession(key string, w index.WorkerID, now int64) {
 // whether none is left to expire.
 func (e *Engine) ExpireSessions(now int64, max int) (n int, done bool) {
 	t := &e.sessions
+	if len(t.byKey) == 0 {
+		// Also the zero table, which set has not initialised yet: its
+		// head and tail are 0, not noSession, so they must not be read.
+		t.slab, t.free, t.byKey = nil, nil, nil
+		return 0, true
+	}
 	for t.tail != noSession && now-t.slab[t.tail].last > e.pol.SessionTTL {
 		if n >= max {
 			return n, false
@@ -145,11 +151,10 @@ func (e *Engine) ExpireSessions(now int64, max int) (n int, done bool) {
 		t.remove(t.tail)
 		n++
 	}
-	if len(t.byKey) == 0 && len(t.slab) > 0 {
+	if len(t.byKey) == 0 {
 		// Everything expired: give the slab back rather than keep a
 		// past burst's worth of memory for good.
-		t.slab, t.free = nil, nil
-		t.byKey = nil
+		t.slab, t.free, t.byKey = nil, nil, nil
 	}
 	return n, true
 }
