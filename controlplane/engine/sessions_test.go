@@ -161,7 +161,7 @@ func (m *sessionModel) touch(k sessionHash) {
 // expiry (on an empty table, a full one, one emptied by expiry), with
 // bounds and chunk sizes chosen by the fuzzer. Seeds run in every test.
 func FuzzSessionTable(f *testing.F) {
-	f.Add([]byte{})                                    // expiry first, on the zero table
+	f.Add([]byte{})                                   // expiry first, on the zero table
 	f.Add([]byte{0x00, 0x10, 0x21, 0x80, 0xff, 0x03}) // set, set, expire all, set
 	f.Add([]byte("the session table takes any order of operations"))
 	f.Fuzz(func(t *testing.T, ops []byte) {
