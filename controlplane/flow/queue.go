@@ -1,0 +1,462 @@
+// Package flow is the scheduler of requests waiting for a saturated pool:
+// which one goes next when a worker has room. It is pure (no I/O, no
+// goroutines, no clock: times are arguments) and not safe for concurrent
+// use; its host (controlplane/decider) calls it under the routing lock, so
+// that "a worker has room" and "this request takes it" are one step.
+//
+// The policy, in order:
+//  1. Priority: a higher band is always offered first (strict priority).
+//  2. Fairness between the tenants of a band: the backlogged tenant with the
+//     least weighted tokens served goes first — the virtual token counter of
+//     "Fairness in Serving Large Language Models" (Sheng et al., OSDI 2024).
+//     Counting tokens rather than requests keeps long prompts from crowding
+//     others out. A tenant that becomes backlogged is lifted to the least
+//     counter among the band's backlogged tenants, so idle time is not saved
+//     up as credit to be spent in a burst later.
+//  3. Order within a tenant: earliest deadline first, where a request
+//     without a deadline of its own has its queue timeout as its deadline;
+//     for requests that all carry the same timeout that is first come,
+//     first served.
+//
+// Late binding: the queue never names a worker. Dispatch offers items in
+// policy order to a callback that tries to route each one (the cache-aware
+// choice among the workers with room) and says what became of it; an item
+// no worker with room can take is skipped, not blocking the ones behind it,
+// so no worker idles while a request it could serve waits (work-conserving).
+package flow
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Limits bound the queue. Zero fields are unbounded.
+type Limits struct {
+	MaxItems          int   // requests waiting, all tenants
+	MaxBytes          int64 // bytes of waiting requests' bodies, all tenants
+	MaxItemsPerTenant int
+	MaxBytesPerTenant int64
+	// MaxTenants bounds the fairness counters kept for tenants that have
+	// nothing queued (least recently active first out); 0 = 4096.
+	MaxTenants int
+	// ScanPerTenant bounds how many of one tenant's items Dispatch offers
+	// in a pass before moving to the next tenant (0 = 8): an item that no
+	// worker with room can take (another model) does not hide the next
+	// one, while one pass stays bounded.
+	ScanPerTenant int
+}
+
+// Item is one waiting request. The host fills the exported fields before
+// Push and must not change them while the item is queued.
+type Item[T any] struct {
+	Tenant   string
+	Priority int
+	// Weight scales the tenant's share (tokens served count 1/Weight);
+	// 0 means 1. The first item of a tenant sets it.
+	Weight float64
+	// Deadline orders the tenant's items (earliest first); the host sets
+	// it to the request's own deadline or, without one, its queue timeout.
+	Deadline int64
+	Bytes    int64
+	// Cost is the tokens the request is expected to be served (its prompt
+	// tokens, estimated), charged to the tenant when it is dispatched;
+	// Charge corrects it when the real figures are known.
+	Cost  int64
+	Value T
+
+	seq    uint64
+	queued bool
+}
+
+// Queued reports whether the item is still waiting.
+func (it *Item[T]) Queued() bool { return it.queued }
+
+// ErrFull is returned by Push when a bound would be exceeded.
+type ErrFull struct {
+	Scope string // "queue" or "tenant"
+	What  string // "requests" or "bytes"
+	Limit int64
+}
+
+func (e *ErrFull) Error() string {
+	return fmt.Sprintf("the %s's wait queue is full (%d %s)", e.Scope, e.Limit, e.What)
+}
+
+// ErrDuplicate: Push of an item already queued.
+var ErrDuplicate = errors.New("item already queued")
+
+// Verdict is what Dispatch's callback did with an item.
+type Verdict uint8
+
+const (
+	// Skip: no worker with room can take this item now; it keeps its place.
+	Skip Verdict = iota
+	// Taken: the item was bound to a worker; it leaves the queue and its
+	// Cost is charged to its tenant.
+	Taken
+	// Dropped: the item cannot be served at all (no worker serves it any
+	// more); it leaves the queue uncharged, and the host answers it.
+	Dropped
+	// Stop: no worker has room for anything; the item keeps its place and
+	// the pass ends.
+	Stop
+)
+
+type tenant[T any] struct {
+	name    string
+	band    *band[T]
+	items   []*Item[T] // ordered by (Deadline, seq)
+	bytes   int64
+	counter *counter
+}
+
+// counter is a tenant's virtual token counter, kept across bands and
+// across the times it has nothing queued (until pruned).
+type counter struct {
+	name    string
+	served  float64 // weighted tokens
+	weight  float64
+	queued  int   // items queued in any band
+	touched int64 // Dispatch pass of the last change, for pruning
+}
+
+type band[T any] struct {
+	priority int
+	tenants  map[string]*tenant[T] // backlogged tenants only
+}
+
+// Queue is the wait queue. The zero value is not usable; call New.
+type Queue[T any] struct {
+	lim      Limits
+	bands    []*band[T] // highest priority first; only bands with items
+	counters map[string]*counter
+	n        int
+	bytes    int64
+	seq      uint64
+	pass     int64
+}
+
+// New returns an empty queue with bounds lim.
+func New[T any](lim Limits) *Queue[T] {
+	if lim.MaxTenants <= 0 {
+		lim.MaxTenants = 4096
+	}
+	if lim.ScanPerTenant <= 0 {
+		lim.ScanPerTenant = 8
+	}
+	return &Queue[T]{lim: lim, counters: map[string]*counter{}}
+}
+
+// Len is the number of waiting items.
+func (q *Queue[T]) Len() int { return q.n }
+
+// Bytes is the body bytes of waiting items.
+func (q *Queue[T]) Bytes() int64 { return q.bytes }
+
+// SetLimits replaces the bounds; items already queued stay.
+func (q *Queue[T]) SetLimits(lim Limits) {
+	if lim.MaxTenants <= 0 {
+		lim.MaxTenants = 4096
+	}
+	if lim.ScanPerTenant <= 0 {
+		lim.ScanPerTenant = 8
+	}
+	q.lim = lim
+}
+
+// Push queues it, or refuses it with *ErrFull when a bound would be
+// exceeded.
+func (q *Queue[T]) Push(it *Item[T]) error {
+	if it.queued {
+		return ErrDuplicate
+	}
+	l := q.lim
+	if l.MaxItems > 0 && q.n+1 > l.MaxItems {
+		return &ErrFull{"queue", "requests", int64(l.MaxItems)}
+	}
+	if l.MaxBytes > 0 && q.bytes+it.Bytes > l.MaxBytes {
+		return &ErrFull{"queue", "bytes", l.MaxBytes}
+	}
+	b := q.band(it.Priority)
+	t := b.tenants[it.Tenant]
+	if t != nil {
+		if l.MaxItemsPerTenant > 0 && len(t.items)+1 > l.MaxItemsPerTenant {
+			return &ErrFull{"tenant", "requests", int64(l.MaxItemsPerTenant)}
+		}
+		if l.MaxBytesPerTenant > 0 && t.bytes+it.Bytes > l.MaxBytesPerTenant {
+			return &ErrFull{"tenant", "bytes", l.MaxBytesPerTenant}
+		}
+	} else if l.MaxBytesPerTenant > 0 && it.Bytes > l.MaxBytesPerTenant {
+		return &ErrFull{"tenant", "bytes", l.MaxBytesPerTenant}
+	}
+	if t == nil {
+		t = &tenant[T]{name: it.Tenant, band: b, counter: q.counterFor(it.Tenant, it.Weight)}
+		// Lifted to the least counter of the band's backlogged tenants:
+		// a tenant that was idle does not bank credit.
+		if lo, ok := b.least(); ok && t.counter.served < lo {
+			t.counter.served = lo
+		}
+		b.tenants[it.Tenant] = t
+		if len(b.tenants) == 1 {
+			q.insertBand(b)
+		}
+	}
+	q.seq++
+	it.seq, it.queued = q.seq, true
+	i, _ := slices.BinarySearchFunc(t.items, it, cmpItem[T])
+	t.items = slices.Insert(t.items, i, it)
+	t.bytes += it.Bytes
+	t.counter.queued++
+	q.n++
+	q.bytes += it.Bytes
+	return nil
+}
+
+func cmpItem[T any](a, b *Item[T]) int {
+	switch {
+	case a.Deadline < b.Deadline:
+		return -1
+	case a.Deadline > b.Deadline:
+		return 1
+	case a.seq < b.seq:
+		return -1
+	case a.seq > b.seq:
+		return 1
+	}
+	return 0
+}
+
+// Remove takes a waiting item out (its caller gave up: a client gone, a
+// timeout) and reports whether it was queued.
+func (q *Queue[T]) Remove(it *Item[T]) bool {
+	if !it.queued {
+		return false
+	}
+	b := q.findBand(it.Priority)
+	t := b.tenants[it.Tenant]
+	i, found := slices.BinarySearchFunc(t.items, it, cmpItem[T])
+	if !found || t.items[i] != it {
+		panic("flow: queued item not found in its tenant's queue")
+	}
+	q.unlink(b, t, i)
+	return true
+}
+
+// unlink removes t.items[i] from the queue.
+func (q *Queue[T]) unlink(b *band[T], t *tenant[T], i int) {
+	it := t.items[i]
+	t.items = slices.Delete(t.items, i, i+1)
+	it.queued = false
+	t.bytes -= it.Bytes
+	t.counter.queued--
+	t.counter.touched = q.pass
+	q.n--
+	q.bytes -= it.Bytes
+	if len(t.items) == 0 {
+		delete(b.tenants, t.name)
+		if len(b.tenants) == 0 {
+			q.bands = slices.DeleteFunc(q.bands, func(x *band[T]) bool { return x == b })
+		}
+	}
+}
+
+// Charge adds tokens (negative to correct an estimate) to tenant's served
+// count: the completion tokens and the real prompt tokens once the worker
+// reported them. A tenant without a counter any more is not charged.
+func (q *Queue[T]) Charge(tenantName string, tokens int64) {
+	c := q.counters[tenantName]
+	if c == nil {
+		return
+	}
+	c.served += float64(tokens) / c.weight
+	if c.served < 0 {
+		c.served = 0
+	}
+}
+
+// Served is tenant's weighted tokens served as the scheduler counts them
+// (0 for a tenant it does not know).
+func (q *Queue[T]) Served(tenantName string) float64 {
+	if c := q.counters[tenantName]; c != nil {
+		return c.served
+	}
+	return 0
+}
+
+// Dispatch offers waiting items to try in policy order until try says
+// Stop, nothing more is taken in a whole pass, or maxTries offers were
+// made (0: no bound), and returns the items taken and dropped.
+func (q *Queue[T]) Dispatch(maxTries int, try func(*Item[T]) Verdict) (taken, dropped int) {
+	q.pass++
+	tries := 0
+	for q.n > 0 {
+		progressed := false
+	bands:
+		for _, b := range slices.Clone(q.bands) {
+			for _, t := range b.byCounter() {
+				for i := 0; i < len(t.items) && i < q.lim.ScanPerTenant; {
+					if maxTries > 0 && tries >= maxTries {
+						return taken, dropped
+					}
+					tries++
+					it := t.items[i]
+					switch try(it) {
+					case Stop:
+						return taken, dropped
+					case Skip:
+						i++
+						continue
+					case Taken:
+						t.counter.served += float64(it.Cost) / t.counter.weight
+						q.unlink(b, t, i)
+						taken++
+						progressed = true
+						// The counters changed: the next item is chosen
+						// afresh, from the highest band down.
+						break bands
+					case Dropped:
+						q.unlink(b, t, i)
+						dropped++
+						progressed = true
+					}
+				}
+			}
+		}
+		if !progressed {
+			break
+		}
+	}
+	q.prune()
+	return taken, dropped
+}
+
+// Each calls fn for every waiting item, highest band first, each band's
+// tenants by counter, each tenant's items in order (for status pages).
+func (q *Queue[T]) Each(fn func(*Item[T])) {
+	for _, b := range q.bands {
+		for _, t := range b.byCounter() {
+			for _, it := range t.items {
+				fn(it)
+			}
+		}
+	}
+}
+
+// Depth is one (priority, tenant) pair's waiting items and bytes.
+type Depth struct {
+	Priority int
+	Tenant   string
+	Items    int
+	Bytes    int64
+	Served   float64
+}
+
+// Depths lists the backlogged (priority, tenant) pairs.
+func (q *Queue[T]) Depths() []Depth {
+	var out []Depth
+	for _, b := range q.bands {
+		for _, t := range b.byCounter() {
+			out = append(out, Depth{Priority: b.priority, Tenant: t.name, Items: len(t.items), Bytes: t.bytes, Served: t.counter.served})
+		}
+	}
+	return out
+}
+
+func (q *Queue[T]) band(priority int) *band[T] {
+	if b := q.findBand(priority); b != nil {
+		return b
+	}
+	return &band[T]{priority: priority, tenants: map[string]*tenant[T]{}}
+}
+
+func (q *Queue[T]) findBand(priority int) *band[T] {
+	for _, b := range q.bands {
+		if b.priority == priority {
+			return b
+		}
+	}
+	return nil
+}
+
+func (q *Queue[T]) insertBand(b *band[T]) {
+	i, _ := slices.BinarySearchFunc(q.bands, b, func(x, y *band[T]) int { return y.priority - x.priority })
+	q.bands = slices.Insert(q.bands, i, b)
+}
+
+func (q *Queue[T]) counterFor(name string, weight float64) *counter {
+	c := q.counters[name]
+	if c == nil {
+		if weight <= 0 {
+			weight = 1
+		}
+		c = &counter{name: name, weight: weight}
+		q.counters[name] = c
+	}
+	c.touched = q.pass
+	return c
+}
+
+// prune forgets the counters of idle tenants beyond MaxTenants, least
+// recently active first. A forgotten tenant comes back lifted to the
+// least backlogged counter, as any newly backlogged one.
+func (q *Queue[T]) prune() {
+	if len(q.counters) <= q.lim.MaxTenants {
+		return
+	}
+	var idle []*counter
+	for _, c := range q.counters {
+		if c.queued == 0 {
+			idle = append(idle, c)
+		}
+	}
+	slices.SortFunc(idle, func(a, b *counter) int {
+		switch {
+		case a.touched < b.touched:
+			return -1
+		case a.touched > b.touched:
+			return 1
+		}
+		return 0
+	})
+	for _, c := range idle {
+		if len(q.counters) <= q.lim.MaxTenants {
+			break
+		}
+		delete(q.counters, c.name)
+	}
+}
+
+// least is the least counter among the band's backlogged tenants.
+func (b *band[T]) least() (float64, bool) {
+	first, lo := true, 0.0
+	for _, t := range b.tenants {
+		if first || t.counter.served < lo {
+			lo, first = t.counter.served, false
+		}
+	}
+	return lo, !first
+}
+
+// byCounter lists the band's tenants by counter, then name (so that ties
+// break the same way on every node and in every test).
+func (b *band[T]) byCounter() []*tenant[T] {
+	ts := make([]*tenant[T], 0, len(b.tenants))
+	for _, t := range b.tenants {
+		ts = append(ts, t)
+	}
+	slices.SortFunc(ts, func(x, y *tenant[T]) int {
+		switch {
+		case x.counter.served < y.counter.served:
+			return -1
+		case x.counter.served > y.counter.served:
+			return 1
+		case x.name < y.name:
+			return -1
+		case x.name > y.name:
+			return 1
+		}
+		return 0
+	})
+	return ts
+}

@@ -1,0 +1,400 @@
+package flow
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+type req struct{ name string }
+
+func item(tenant string, prio int, deadline, cost int64, name string) *Item[req] {
+	return &Item[req]{Tenant: tenant, Priority: prio, Deadline: deadline, Cost: cost, Bytes: 10, Value: req{name}}
+}
+
+// takeAll dispatches everything, one item per Dispatch call as when one
+// slot frees at a time, and returns the names in dispatch order.
+func takeAll(q *Queue[req]) []string {
+	var out []string
+	for q.Len() > 0 {
+		n, _ := q.Dispatch(0, func(it *Item[req]) Verdict {
+			out = append(out, it.Value.name)
+			return Taken
+		})
+		if n == 0 {
+			break
+		}
+	}
+	return out
+}
+
+// takeOne dispatches the single item the policy picks next.
+func takeOne(t *testing.T, q *Queue[req]) string {
+	t.Helper()
+	var got string
+	first := true
+	q.Dispatch(0, func(it *Item[req]) Verdict {
+		if !first {
+			return Stop
+		}
+		first = false
+		got = it.Value.name
+		return Taken
+	})
+	return got
+}
+
+func mustPush(t *testing.T, q *Queue[req], its ...*Item[req]) {
+	t.Helper()
+	for _, it := range its {
+		if err := q.Push(it); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestHigherPriorityFirst(t *testing.T) {
+	q := New[req](Limits{})
+	mustPush(t, q,
+		item("a", 0, 1, 1, "a0"),
+		item("b", 5, 2, 1, "b5"),
+		item("c", -1, 0, 1, "c-1"),
+		item("a", 5, 3, 1, "a5"),
+	)
+	got := []string{takeOne(t, q), takeOne(t, q), takeOne(t, q), takeOne(t, q)}
+	// Band 5 first (its two tenants tie at 0 served: by name), then 0, then -1.
+	if want := []string{"a5", "b5", "a0", "c-1"}; !slices.Equal(got, want) {
+		t.Fatalf("order %v, want %v", got, want)
+	}
+}
+
+func TestEarliestDeadlineFirstWithinTenant(t *testing.T) {
+	q := New[req](Limits{})
+	mustPush(t, q,
+		item("a", 0, 300, 1, "late"),
+		item("a", 0, 100, 1, "early"),
+		item("a", 0, 200, 1, "mid1"),
+		item("a", 0, 200, 1, "mid2"), // same deadline: arrival order
+	)
+	if got, want := takeAll(q), []string{"early", "mid1", "mid2", "late"}; !slices.Equal(got, want) {
+		t.Fatalf("order %v, want %v", got, want)
+	}
+}
+
+// Fairness counts tokens, not requests: a tenant of long prompts gets as
+// many tokens as one of short prompts, so fewer requests.
+func TestTokenFairnessBetweenTenants(t *testing.T) {
+	q := New[req](Limits{})
+	for i := range 100 {
+		mustPush(t, q, item("long", 0, int64(i), 1000, "L"), item("short", 0, int64(i), 100, "S"))
+	}
+	served := map[string]int64{}
+	for range 55 {
+		switch takeOne(t, q) {
+		case "L":
+			served["long"] += 1000
+		case "S":
+			served["short"] += 100
+		}
+	}
+	// 55 dispatches: 5 long (5,000 tokens) and 50 short (5,000 tokens).
+	if d := served["long"] - served["short"]; d < -1000 || d > 1000 {
+		t.Fatalf("tokens served long %d short %d: not within one request of each other", served["long"], served["short"])
+	}
+}
+
+// A tenant that was idle is lifted to the busy tenants' level on arrival:
+// it goes next (it has served the least), but cannot spend its idle time
+// as credit for a burst.
+func TestIdleTenantIsLiftedNotCredited(t *testing.T) {
+	q := New[req](Limits{})
+	for i := range 50 {
+		mustPush(t, q, item("flood", 0, int64(i), 100, "F"))
+	}
+	for range 20 {
+		takeOne(t, q)
+	}
+	if q.Served("flood") != 2000 {
+		t.Fatalf("flood served %v, want 2000", q.Served("flood"))
+	}
+	for i := range 10 {
+		mustPush(t, q, item("calm", 0, int64(100+i), 100, "C"))
+	}
+	if q.Served("calm") != 2000 {
+		t.Fatalf("calm lifted to %v, want the flood's 2000", q.Served("calm"))
+	}
+	// From equal counters the two alternate; the calm burst does not take
+	// ten slots in a row.
+	var got []string
+	for range 6 {
+		got = append(got, takeOne(t, q))
+	}
+	if c := countOf(got, "C"); c != 3 {
+		t.Fatalf("dispatches %v: calm took %d of 6, want 3 (alternating)", got, c)
+	}
+}
+
+func countOf(s []string, v string) int {
+	n := 0
+	for _, x := range s {
+		if x == v {
+			n++
+		}
+	}
+	return n
+}
+
+func TestWeightsScaleShares(t *testing.T) {
+	q := New[req](Limits{})
+	for i := range 100 {
+		a := item("gold", 0, int64(i), 100, "G")
+		a.Weight = 3
+		mustPush(t, q, a, item("std", 0, int64(i), 100, "S"))
+	}
+	var got []string
+	for range 40 {
+		got = append(got, takeOne(t, q))
+	}
+	if g := countOf(got, "G"); g < 29 || g > 31 {
+		t.Fatalf("gold (weight 3) took %d of 40, want ~30", g)
+	}
+}
+
+// An item no worker with room can take is skipped; the ones behind it, of
+// its tenant and others, still go (work-conserving).
+func TestSkippedItemsDoNotBlock(t *testing.T) {
+	q := New[req](Limits{})
+	mustPush(t, q, item("a", 9, 1, 1, "other-model"), item("a", 9, 2, 1, "a2"), item("b", 0, 1, 1, "b1"))
+	var taken []string
+	q.Dispatch(0, func(it *Item[req]) Verdict {
+		if it.Value.name == "other-model" {
+			return Skip
+		}
+		taken = append(taken, it.Value.name)
+		return Taken
+	})
+	if !slices.Equal(taken, []string{"a2", "b1"}) || q.Len() != 1 {
+		t.Fatalf("taken %v, %d left; want a2, b1 and the skipped one left", taken, q.Len())
+	}
+}
+
+func TestStopEndsThePass(t *testing.T) {
+	q := New[req](Limits{})
+	mustPush(t, q, item("a", 0, 1, 1, "a1"), item("a", 0, 2, 1, "a2"))
+	offers := 0
+	q.Dispatch(0, func(*Item[req]) Verdict { offers++; return Stop })
+	if offers != 1 || q.Len() != 2 {
+		t.Fatalf("%d offers after Stop, %d left", offers, q.Len())
+	}
+}
+
+func TestDroppedLeavesUncharged(t *testing.T) {
+	q := New[req](Limits{})
+	mustPush(t, q, item("a", 0, 1, 500, "gone"), item("a", 0, 2, 1, "a2"))
+	taken, dropped := q.Dispatch(0, func(it *Item[req]) Verdict {
+		if it.Value.name == "gone" {
+			return Dropped
+		}
+		return Taken
+	})
+	if taken != 1 || dropped != 1 || q.Served("a") != 1 {
+		t.Fatalf("taken %d dropped %d served %v", taken, dropped, q.Served("a"))
+	}
+}
+
+func TestBounds(t *testing.T) {
+	cases := []struct {
+		name  string
+		lim   Limits
+		pushA int // items of tenant a pushed before the one that fails
+		scope string
+		what  string
+	}{
+		{"queue requests", Limits{MaxItems: 3}, 3, "queue", "requests"},
+		{"queue bytes", Limits{MaxBytes: 35}, 3, "queue", "bytes"},
+		{"tenant requests", Limits{MaxItemsPerTenant: 2}, 2, "tenant", "requests"},
+		{"tenant bytes", Limits{MaxBytesPerTenant: 25}, 2, "tenant", "bytes"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			q := New[req](c.lim)
+			for i := range c.pushA {
+				mustPush(t, q, item("a", 0, int64(i), 1, "a"))
+			}
+			err := q.Push(item("a", 0, 99, 1, "over"))
+			var full *ErrFull
+			if !errors.As(err, &full) || full.Scope != c.scope || full.What != c.what {
+				t.Fatalf("push over the bound: %v, want %s %s full", err, c.scope, c.what)
+			}
+			if q.Len() != c.pushA || q.Bytes() != int64(10*c.pushA) {
+				t.Fatalf("a refused push changed the queue: %d items %d bytes", q.Len(), q.Bytes())
+			}
+		})
+	}
+	// Per-tenant bounds leave other tenants their room.
+	q := New[req](Limits{MaxItemsPerTenant: 1})
+	mustPush(t, q, item("a", 0, 1, 1, "a"), item("b", 0, 1, 1, "b"))
+}
+
+func TestRemoveAndDuplicate(t *testing.T) {
+	q := New[req](Limits{})
+	a, b := item("a", 0, 1, 1, "a"), item("a", 0, 2, 1, "b")
+	mustPush(t, q, a, b)
+	if !errors.Is(q.Push(a), ErrDuplicate) {
+		t.Fatal("pushed an item twice")
+	}
+	if !q.Remove(a) || q.Remove(a) || a.Queued() {
+		t.Fatal("Remove of a queued item, then again")
+	}
+	if got := takeAll(q); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("left %v", got)
+	}
+	if q.Len() != 0 || q.Bytes() != 0 || len(q.bands) != 0 {
+		t.Fatalf("empty queue keeps %d items %d bytes %d bands", q.Len(), q.Bytes(), len(q.bands))
+	}
+}
+
+func TestIdleCountersArePruned(t *testing.T) {
+	q := New[req](Limits{MaxTenants: 3})
+	for i := range 10 {
+		mustPush(t, q, item(fmt.Sprint("t", i), 0, 1, 1, "x"))
+		takeAll(q)
+	}
+	if len(q.counters) > 3 {
+		t.Fatalf("%d counters kept with MaxTenants 3", len(q.counters))
+	}
+}
+
+// FuzzQueue drives the queue with any sequence of pushes, removals,
+// dispatches (with skips, drops and stops) and charges, and checks the
+// invariants after each step against a plain list of what is queued:
+// nothing is lost or dispatched twice, the counts and bounds hold, every
+// taken item had the highest priority among those the callback would
+// have taken (within the ScanPerTenant items a pass looks at per tenant),
+// and within its band its tenant had the least counter among the tenants
+// with such an item.
+func FuzzQueue(f *testing.F) {
+	f.Add([]byte{0x01, 0x22, 0x43, 0x84, 0xc5, 0x06, 0x87, 0xff})
+	f.Add([]byte("push push dispatch remove charge dispatch stop"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		lim := Limits{MaxItems: 12, MaxBytes: 400, MaxItemsPerTenant: 5, MaxBytesPerTenant: 200, MaxTenants: 3, ScanPerTenant: 2}
+		q := New[req](lim)
+		rng := rand.New(rand.NewPCG(uint64(len(ops)), 7))
+		live := map[*Item[req]]bool{}
+		done := map[*Item[req]]bool{}
+		var all []*Item[req]
+		for step, op := range ops {
+			switch op & 3 {
+			case 0: // push
+				it := &Item[req]{Tenant: fmt.Sprint("t", op>>2&3), Priority: int(op>>4&3) - 1,
+					Deadline: int64(rng.IntN(20)), Bytes: int64(op>>6) * 30, Cost: int64(rng.IntN(100))}
+				if err := q.Push(it); err == nil {
+					live[it] = true
+					all = append(all, it)
+				} else if _, ok := err.(*ErrFull); !ok {
+					t.Fatalf("step %d: push: %v", step, err)
+				}
+			case 1: // remove a random known item
+				if len(all) > 0 {
+					it := all[rng.IntN(len(all))]
+					if q.Remove(it) != live[it] {
+						t.Fatalf("step %d: Remove disagrees with the model", step)
+					}
+					delete(live, it)
+				}
+			case 2: // dispatch with a random eligibility
+				ok := func(it *Item[req]) bool { return (it.Deadline+int64(op))%3 != 0 }
+				// offerable: eligible and within the first ScanPerTenant of
+				// its tenant's items, the window a pass looks at.
+				offerable := func(it *Item[req]) bool {
+					if !ok(it) {
+						return false
+					}
+					ahead := 0
+					for o := range live {
+						if o.Priority == it.Priority && o.Tenant == it.Tenant && cmpItem(o, it) < 0 {
+							ahead++
+						}
+					}
+					return ahead < lim.ScanPerTenant
+				}
+				stopAfter := int(op>>2) % 4
+				n := 0
+				q.Dispatch(int(op>>4), func(it *Item[req]) Verdict {
+					if !live[it] || done[it] {
+						t.Fatalf("step %d: offered an item not queued", step)
+					}
+					if n >= stopAfter {
+						return Stop
+					}
+					switch {
+					case !ok(it):
+						return Skip
+					case it.Cost == 13:
+						delete(live, it)
+						done[it] = true
+						return Dropped
+					}
+					// The best offerable item is of the highest priority,
+					// and in its band of a tenant with the least counter.
+					for o := range live {
+						if o == it || !offerable(o) {
+							continue
+						}
+						if o.Priority > it.Priority {
+							t.Fatalf("step %d: took priority %d while an offerable %d waits", step, it.Priority, o.Priority)
+						}
+						if o.Priority == it.Priority && o.Tenant != it.Tenant && q.Served(o.Tenant) < q.Served(it.Tenant) {
+							t.Fatalf("step %d: took %s (served %v) before %s (served %v)", step, it.Tenant, q.Served(it.Tenant), o.Tenant, q.Served(o.Tenant))
+						}
+					}
+					n++
+					delete(live, it)
+					done[it] = true
+					return Taken
+				})
+			case 3:
+				q.Charge(fmt.Sprint("t", op>>2&3), int64(op>>4)-4)
+			}
+			// Invariants.
+			var bytes int64
+			perTenant := map[string]int{}
+			for it := range live {
+				if !it.Queued() {
+					t.Fatalf("step %d: live item not queued", step)
+				}
+				bytes += it.Bytes
+				perTenant[fmt.Sprint(it.Priority, it.Tenant)]++
+			}
+			if q.Len() != len(live) || q.Bytes() != bytes {
+				t.Fatalf("step %d: queue %d items %d bytes, model %d %d", step, q.Len(), q.Bytes(), len(live), bytes)
+			}
+			if q.Len() > lim.MaxItems || q.Bytes() > lim.MaxBytes {
+				t.Fatalf("step %d: bounds exceeded: %d items %d bytes", step, q.Len(), q.Bytes())
+			}
+			for k, n := range perTenant {
+				if n > lim.MaxItemsPerTenant {
+					t.Fatalf("step %d: %s has %d items", step, k, n)
+				}
+			}
+			seen := 0
+			q.Each(func(it *Item[req]) {
+				seen++
+				if !live[it] {
+					t.Fatalf("step %d: queue holds an item the model does not", step)
+				}
+			})
+			if seen != len(live) {
+				t.Fatalf("step %d: Each saw %d of %d", step, seen, len(live))
+			}
+			for _, c := range q.counters {
+				if c.served < 0 || c.queued < 0 {
+					t.Fatalf("step %d: counter %+v", step, c)
+				}
+			}
+		}
+	})
+}
