@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/flow"
 	"github.com/cartrouter/cart/controlplane/index"
 )
 
@@ -42,6 +43,8 @@ type Options struct {
 	LoadLease time.Duration
 	// MaxTickets caps unsettled tracked decisions (0: DefaultMaxTickets).
 	MaxTickets int
+	// Flow configures the queue in front of a saturated pool (flow.go).
+	Flow FlowOptions
 }
 
 // Decider is the routing core: see the package comment.
@@ -71,6 +74,14 @@ type Decider struct {
 	dropped  [numDropCauses]atomic.Uint64
 	rejected atomic.Uint64
 	hold     holdMetrics
+
+	// Flow control (flow.go), guarded by mu: the queue, the engine's
+	// Freed count at the last dispatch pass, and until when the headroom
+	// for high-priority traffic stays on.
+	fq           *flow.Queue[*waiter]
+	freedSeen    uint64
+	reserveUntil time.Time
+	fm           flowMetrics
 }
 
 // New builds a Decider with an empty index and no workers.
@@ -95,6 +106,7 @@ func New(o Options) *Decider {
 	}
 	d.lead.init()
 	d.hold.init()
+	d.initFlow()
 	return d
 }
 
@@ -112,6 +124,9 @@ type Decision struct {
 	// Pinned: the decision followed Request.PinTo.
 	Pinned bool
 	Ticket Ticket
+	// Waited is how long the request waited in the flow-control queue
+	// for a worker with room (0: it did not wait).
+	Waited time.Duration
 }
 
 // Ticket is a decision's claim to settle: the unit of load it took on
@@ -133,6 +148,10 @@ type Ticket struct {
 	keyLen    int
 	predicted int   // characters the index predicted cached
 	placedAgo int64 // age of that prediction, ns
+	// tenant and cost: the flow-control tenant charged for the request,
+	// and the tokens charged at dispatch (flow.go).
+	tenant string
+	cost   int64
 }
 
 // Outcome is what happened to a routed request.
@@ -146,6 +165,9 @@ type Outcome struct {
 	// report has no cache fields: unknown, never "nothing cached".
 	PromptTokens int
 	CachedTokens int
+	// CompletionTokens is the output the worker reported (-1 or 0 when
+	// unknown), charged to the request's tenant by flow control.
+	CompletionTokens int
 }
 
 // ErrNoCapacity marks the "no worker can take this" answers (no workers,
@@ -235,6 +257,7 @@ func (d *Decider) Settle(t Ticket, o Outcome) error {
 	at := d.lock()
 	d.eng.Release(t.Worker)
 	d.settleIndex(&t, o)
+	d.charge(&t, o)
 	d.unlock(OpSettle, at)
 	return nil
 }

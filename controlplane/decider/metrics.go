@@ -76,13 +76,14 @@ func (h *holdMetrics) init() {
 // lock-hold and lock-wait histograms, the count of settlements refused for
 // a foreign ticket and of the passes the index's size asked for.
 func (d *Decider) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{d.hold.vec, d.hold.waitVec, prometheus.NewCounterFunc(prometheus.CounterOpts{
+	cs := []prometheus.Collector{d.hold.vec, d.hold.waitVec, prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "cart_decider_rejected_tickets_total",
 		Help: "Settlements refused because the ticket was not issued by this routing core (expected to stay 0).",
 	}, func() float64 { return float64(d.rejected.Load()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "cart_decider_pressure_passes_total",
 		Help: "Maintenance passes that found the prefix index past half of its headroom (it asks for one at once when it grows there).",
 	}, func() float64 { return float64(d.kicked.Load()) })}
+	return append(cs, d.fm.collectors(d)...)
 }
 
 // held is when a lock was asked for and when it was taken.
@@ -99,6 +100,7 @@ func (d *Decider) lock() held {
 // it (observed after releasing, so the bookkeeping is not part of the
 // hold).
 func (d *Decider) unlock(op Op, t held) {
+	d.pump()
 	hold := time.Since(t.got)
 	if d.pressure != nil && !d.maintaining.Load() && d.eng.Index().Len() > d.highWater {
 		select {

@@ -241,6 +241,8 @@ func (d *Decider) Lead(leading bool) {
 	// this term's numbering somewhere they cannot collide with.
 	l.nextTicket = rand.Uint64() >> 1
 	l.leading = leading
+	// Queued calls were this term's: their data planes ask the next leader.
+	d.drainQueue(ErrNotLeading)
 }
 
 // Leading reports whether Lead(true) is in effect.
@@ -309,6 +311,15 @@ func (d *Decider) routeFor(ctx context.Context, c Caller, req Request) (Decision
 		}
 		return Decision{}, err
 	}
+	d.track(c, &dec, now)
+	return dec, nil
+}
+
+// track makes dec a tracked decision of c's data plane: its ticket, the
+// load on the data plane's account, its placement on the ledger. d.mu held.
+func (d *Decider) track(c Caller, dec *Decision, now time.Time) {
+	// Placed points into the caller's pooled hash buffer; the ticket and
+	// the ledger keep theirs.
 	dec.Ticket.placed = slices.Clone(dec.Placed)
 	dec.Ticket.ID = d.issue(&tracked{Ticket: dec.Ticket, dp: c.DataPlane, route: c.RouteID})
 	rec := d.dataPlane(c.DataPlane, now)
@@ -322,7 +333,6 @@ func (d *Decider) routeFor(ctx context.Context, c Caller, req Request) (Decision
 	if len(dec.Touched) > 0 && d.lead.ledger != nil {
 		d.lead.ledger.Touch(d.eng, dec.Worker, dec.Touched, now)
 	}
-	return dec, nil
 }
 
 // Completion is a data plane's report on one tracked decision.
@@ -464,6 +474,7 @@ func (d *Decider) settle(id uint64, o Outcome, release bool) (released bool) {
 		released = true
 	}
 	d.settleIndex(&tk.Ticket, o)
+	d.charge(&tk.Ticket, o)
 	return released
 }
 

@@ -22,7 +22,7 @@ var (
 	ErrNoWorkers    = errors.New("no workers configured")
 	ErrNoHealthy    = errors.New("no healthy workers")
 	ErrAllExcluded  = errors.New("every healthy worker is excluded for this request (circuit open or already failed)")
-	ErrAllSaturated = errors.New("every usable worker is at max_load")
+	ErrAllSaturated = errors.New("every usable worker is saturated (at max_load or its concurrency)")
 )
 
 // Policy holds the routing thresholds (cache.* in the config).
@@ -62,6 +62,11 @@ type Policy struct {
 	// MaxSessions bounds the session table, least recently used first
 	// out (0 = unbounded).
 	MaxSessions int
+	// ReservePriority and ReserveSlots are the headroom for high-priority
+	// traffic (saturation.go): while it is active, requests of a lower
+	// priority see every worker's limit lowered by ReserveSlots.
+	ReservePriority int
+	ReserveSlots    int
 }
 
 // WorkerSpec is what the engine needs to know about a worker.
@@ -74,6 +79,10 @@ type WorkerSpec struct {
 	// Source says where the worker came from ("static", "admin", "dns");
 	// discovery only ever removes workers of its own source.
 	Source string
+	// MaxConcurrency is how many requests the worker's engine runs at once
+	// (its max_num_seqs); 0 = learn it from the engine's metrics
+	// (saturation.go).
+	MaxConcurrency int
 }
 
 type worker struct {
@@ -84,6 +93,7 @@ type worker struct {
 	// requests finish (it left its discovery source).
 	draining bool
 	load     int // in-flight requests placed and not yet released
+	learned  int // concurrency learned from the engine (0 = unknown)
 	model    *blockLRU
 	acc      Accuracy
 	kv       kvFeed     // the engine's own KV-cache events (kvtruth.go)
@@ -109,6 +119,9 @@ type Request struct {
 	DryRun bool
 	// Session is the request's session key ("" = none).
 	Session string
+	// Priority is the request's flow-control priority: below
+	// Policy.ReservePriority it cannot use the slots kept in reserve.
+	Priority int
 }
 
 // Decision is the engine's answer.
@@ -167,6 +180,9 @@ type Engine struct {
 	hot      hotTracker
 	evicted  []uint64 // scratch for the capacity model
 	seeds    seeder   // models being seeded from the index (seed.go)
+	// reserveActive and freed: saturation.go.
+	reserveActive bool
+	freed         uint64
 	// Underflows counts releases of a worker with no load: a caller bug
 	// that the guard absorbed. Exported as a metric so it cannot hide.
 	Underflows uint64
@@ -226,6 +242,7 @@ func (e *Engine) SetWorkers(specs []WorkerSpec) (removed []string) {
 		e.idx.RetireWorker(w.id) // ids are never reused; MaintainStep purges
 	}
 	e.workers = next
+	e.freed++ // new workers, or raised limits
 	return removed
 }
 
@@ -233,6 +250,9 @@ func (e *Engine) SetWorkers(specs []WorkerSpec) (removed []string) {
 // worker may have been removed while its probe was in flight).
 func (e *Engine) SetHealthy(url string, healthy bool) {
 	if w, ok := e.byURL[url]; ok {
+		if healthy && !w.healthy {
+			e.freed++
+		}
 		w.healthy = healthy
 	}
 }
@@ -242,6 +262,9 @@ func (e *Engine) SetHealthy(url string, healthy bool) {
 // Unknown URLs are ignored.
 func (e *Engine) SetDraining(url string, draining bool) {
 	if w, ok := e.byURL[url]; ok {
+		if !draining && w.draining {
+			e.freed++
+		}
 		w.draining = draining
 	}
 }
@@ -286,6 +309,7 @@ func (e *Engine) Release(url string) {
 		return
 	}
 	w.load--
+	e.freed++
 }
 
 // Unplace withdraws the placement a decision recorded, for a request that
@@ -310,13 +334,13 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 		req.Hashes = req.Hashes[:MaxRouteBlocks]
 	}
 	avoidIgnored := false
-	if err := e.collectUsable(req.Exclude, req.Avoid); err != nil {
+	if err := e.collectUsable(req.Exclude, req.Avoid, req.Priority); err != nil {
 		if len(req.Avoid) == 0 {
 			return Decision{}, err
 		}
 		// The avoid list is soft, so the error, if any, is the one of
 		// the request without it (saturated, not "all excluded").
-		if err := e.collectUsable(req.Exclude, nil); err != nil {
+		if err := e.collectUsable(req.Exclude, nil, req.Priority); err != nil {
 			return Decision{}, err
 		}
 		avoidIgnored = true
@@ -393,7 +417,7 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 
 // collectUsable fills e.usable with the healthy, not draining, not
 // saturated workers in neither exclude nor avoid.
-func (e *Engine) collectUsable(exclude, avoid []string) error {
+func (e *Engine) collectUsable(exclude, avoid []string, prio int) error {
 	e.usable = e.usable[:0]
 	if len(e.workers) == 0 {
 		return ErrNoWorkers
@@ -410,7 +434,7 @@ func (e *Engine) collectUsable(exclude, avoid []string) error {
 			continue
 		}
 		notExcluded++
-		if w.spec.MaxLoad > 0 && w.load >= w.spec.MaxLoad {
+		if e.saturated(w, prio) {
 			continue
 		}
 		e.usable = append(e.usable, w)

@@ -10,6 +10,9 @@ func (e *Engine) AdjustLoad(url string, delta int) {
 		return
 	}
 	w.load += delta
+	if delta < 0 {
+		e.freed++
+	}
 	if w.load < 0 {
 		e.Underflows++
 		w.load = 0
@@ -22,6 +25,7 @@ func (e *Engine) ResetLoads() {
 	for _, w := range e.workers {
 		w.load = 0
 	}
+	e.freed++
 }
 
 // WorkerURL returns the URL of the worker with index id id.

@@ -1,0 +1,130 @@
+package engine
+
+// ---- saturation ------------------------------------------------------------
+//
+// A worker is saturated when it cannot start one more request without
+// queueing it in the engine: CART's in-flight count on it has reached its
+// limit, the least of its max_load and its concurrency (declared as
+// max_concurrency, or learned from the engine's own metrics, see
+// ObserveEngine). A worker without either has no limit and is never
+// saturated, which is CART's behaviour before flow control. When every
+// worker a request may use is saturated, Route fails with ErrAllSaturated
+// and the caller's flow control queues the request (controlplane/decider).
+//
+// Headroom: while traffic of priority >= Policy.ReservePriority is active
+// (SetReserveActive), requests below it see every limit lowered by
+// Policy.ReserveSlots, so a few slots per worker stay free for the
+// high-priority traffic and it never waits behind a flood.
+
+// limitFor is w's in-flight limit for a request of priority prio (0: none).
+func (e *Engine) limitFor(w *worker, prio int) int {
+	l := w.spec.MaxLoad
+	c := w.spec.MaxConcurrency
+	if c <= 0 {
+		c = w.learned
+	}
+	if c > 0 && (l <= 0 || c < l) {
+		l = c
+	}
+	if l > 0 && e.reserveActive && e.pol.ReserveSlots > 0 && prio < e.pol.ReservePriority {
+		l = max(l-e.pol.ReserveSlots, 0)
+		if l == 0 {
+			return -1 // reserved whole: no room at all below the priority
+		}
+	}
+	return l
+}
+
+// saturated reports whether w has no room for a request of priority prio.
+func (e *Engine) saturated(w *worker, prio int) bool {
+	l := e.limitFor(w, prio)
+	return l < 0 || l > 0 && w.load >= l
+}
+
+// SetReserveActive turns the headroom for high-priority traffic on or off
+// (the decider turns it on while such traffic was seen recently).
+func (e *Engine) SetReserveActive(on bool) {
+	if e.reserveActive && !on {
+		e.freed++ // low-priority requests may now use the reserved slots
+	}
+	e.reserveActive = on
+}
+
+// ReserveActive reports whether the headroom is in force.
+func (e *Engine) ReserveActive() bool { return e.reserveActive }
+
+// Freed counts the events that may have given a saturated worker room
+// (a release, a worker back in service, a raised limit): a queue host
+// that saw the same count after its last dispatch attempt knows that
+// trying again would find nothing new.
+func (e *Engine) Freed() uint64 { return e.freed }
+
+// HasRoom reports whether any healthy, not draining worker has room for a
+// request of priority prio (ignoring a request's own exclusions): when
+// none has, no queued request can be dispatched.
+func (e *Engine) HasRoom(prio int) bool {
+	for _, w := range e.workers {
+		if w.healthy && !w.draining && !e.saturated(w, prio) {
+			return true
+		}
+	}
+	return false
+}
+
+// EngineLoad is what a worker's engine reported in its metrics: requests
+// it runs and requests waiting in its own queue.
+type EngineLoad struct {
+	Running, Waiting int
+}
+
+// ObserveEngine learns url's concurrency from its engine's metrics, for a
+// worker with no declared max_concurrency:
+//   - the engine queued requests (Waiting > 0): it runs no more than
+//     Running at once now, so that is the limit (at least 1);
+//   - it queues nothing and runs at least the limit: it may take more, so
+//     the limit grows by one.
+//
+// Until the engine first queues, the limit stays unknown (no limit): an
+// engine that never queued has never been saturated. It reports whether
+// the limit changed.
+func (e *Engine) ObserveEngine(url string, l EngineLoad) bool {
+	w, ok := e.byURL[url]
+	if !ok || w.spec.MaxConcurrency > 0 {
+		return false
+	}
+	old := w.learned
+	switch {
+	case l.Waiting > 0:
+		w.learned = max(l.Running, 1)
+	case w.learned > 0 && l.Running >= w.learned:
+		w.learned++
+	}
+	if w.learned > old {
+		e.freed++
+	}
+	return w.learned != old
+}
+
+// Concurrency is url's concurrency limit in force: declared, else learned
+// (0: unknown).
+func (e *Engine) Concurrency(url string) (limit int, learned bool) {
+	w, ok := e.byURL[url]
+	if !ok {
+		return 0, false
+	}
+	if w.spec.MaxConcurrency > 0 {
+		return w.spec.MaxConcurrency, false
+	}
+	return w.learned, w.learned > 0
+}
+
+// SetLearnedConcurrency installs a learned limit (a data plane takes the
+// leader's through Sync); 0 forgets it.
+func (e *Engine) SetLearnedConcurrency(url string, n int) {
+	if w, ok := e.byURL[url]; ok {
+		if n > w.learned || n == 0 && w.learned > 0 {
+			e.freed++
+		}
+		w.learned = max(n, 0)
+	}
+}
