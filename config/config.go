@@ -69,6 +69,7 @@ type Config struct {
 	Discovery      Discovery      `yaml:"discovery"`
 	KVEvents       KVEvents       `yaml:"kv_events"`
 	Tracing        Tracing        `yaml:"tracing"`
+	Flow           Flow           `yaml:"flow"`
 
 	// origins maps dotted keys to the file and line that last set them, so
 	// validation errors can point at the offending file in a layered setup.
@@ -130,6 +131,11 @@ type Worker struct {
 	URL string `yaml:"url"`
 	// MaxLoad caps in-flight requests; 0 means no cap.
 	MaxLoad int `yaml:"max_load"`
+	// MaxConcurrency is how many requests the worker's engine runs at
+	// once (vLLM --max-num-seqs, SGLang --max-running-requests): more are
+	// held in CART's queue (flow.*) instead of the engine's. 0 learns it
+	// from the engine's metrics when flow.learn_concurrency is on.
+	MaxConcurrency int `yaml:"max_concurrency"`
 	// LoadPenalty is added to this worker's load when balancing, to steer
 	// traffic away from slower hardware without excluding it.
 	LoadPenalty int `yaml:"load_penalty"`
@@ -447,6 +453,17 @@ type ClientKey struct {
 	Name    string `yaml:"name"`
 	Key     string `yaml:"key"`
 	KeyFile string `yaml:"key_file"`
+	// Priority is this tenant's default flow-control priority: higher
+	// goes first when the pool is saturated; below 0 is sheddable (429 at
+	// once while the pool is saturated). Default 0.
+	Priority int `yaml:"priority"`
+	// MaxPriority is the highest priority this tenant's requests may ask
+	// for with a priority header (flow.priority_headers); nil: Priority,
+	// so a header can only lower it.
+	MaxPriority *int `yaml:"max_priority"`
+	// Weight scales this tenant's fair share of tokens within its
+	// priority (2 = twice the tokens of a tenant of weight 1). Default 1.
+	Weight float64 `yaml:"weight"`
 }
 
 // NamedKey is a resolved client key.
@@ -566,6 +583,62 @@ type DataPlane struct {
 	// placement it makes, for the local fallback's shadow index.
 	RouteStreamPlacementFeed bool `yaml:"route_stream_placement_feed"`
 }
+
+// Flow configures flow control: what happens when every worker a request
+// may use is saturated (at its max_load, or its engine's concurrency).
+type Flow struct {
+	// Enabled queues requests in front of a saturated pool (fleet-wide on
+	// the control-plane leader) instead of answering 503. A pool with room
+	// is unaffected: no request waits while an eligible worker has room.
+	Enabled bool `yaml:"enabled"`
+	// QueueTimeoutSecs: a request still waiting after this long is
+	// answered 429 with Retry-After.
+	QueueTimeoutSecs float64 `yaml:"queue_timeout_secs"`
+	// MaxQueued and MaxQueuedBytes bound the queue (requests and body
+	// bytes); the PerTenant ones each tenant's share. Past a bound: 429.
+	MaxQueued               int   `yaml:"max_queued"`
+	MaxQueuedBytes          int64 `yaml:"max_queued_bytes"`
+	MaxQueuedPerTenant      int   `yaml:"max_queued_per_tenant"`
+	MaxQueuedBytesPerTenant int64 `yaml:"max_queued_bytes_per_tenant"`
+	// PriorityHeaders are read in order for a request's priority (an
+	// integer; the first present wins), clamped to the client key's
+	// max_priority. Dynamo's and SMG's names are accepted by default.
+	PriorityHeaders []string `yaml:"priority_headers"`
+	// TenantHeader, when set, refines the tenant for fairness: client key
+	// name + "/" + the header's value (e.g. llm-d's
+	// x-llm-d-inference-fairness-id). Metrics keep the key name.
+	TenantHeader string `yaml:"tenant_header"`
+	// DeadlineHeader carries a request's own deadline in milliseconds from
+	// arrival: it orders the tenant's requests (earliest first) and ends
+	// the wait if earlier than the queue timeout.
+	DeadlineHeader string `yaml:"deadline_header"`
+	// ReservePriority and ReserveSlots keep ReserveSlots of every worker's
+	// limit for requests of priority >= ReservePriority while such
+	// requests came within ReserveWindowSecs. 0 slots: no headroom.
+	ReservePriority   int     `yaml:"reserve_priority"`
+	ReserveSlots      int     `yaml:"reserve_slots"`
+	ReserveWindowSecs float64 `yaml:"reserve_window_secs"`
+	// EnginePriority sets vLLM's request field "priority" (lower runs
+	// first under --scheduling-policy priority) to minus the request's
+	// priority, so the engine's own scheduler agrees with CART's.
+	EnginePriority bool `yaml:"engine_priority"`
+	// LearnConcurrency reads each worker's engine metrics
+	// (MetricsEndpoint, every MetricsIntervalSecs) and learns its
+	// concurrency from the requests it runs when it starts queueing, for
+	// workers without max_concurrency.
+	LearnConcurrency    bool    `yaml:"learn_concurrency"`
+	MetricsEndpoint     string  `yaml:"metrics_endpoint"`
+	MetricsIntervalSecs float64 `yaml:"metrics_interval_secs"`
+	// RetryAfterSecs is the Retry-After of a 429 from flow control.
+	RetryAfterSecs int `yaml:"retry_after_secs"`
+}
+
+// QueueTimeout is flow.queue_timeout_secs.
+func (f Flow) QueueTimeout() time.Duration { return Seconds(f.QueueTimeoutSecs) }
+
+// DefaultPriorityHeaders are read for a request's priority: CART's own,
+// then Dynamo's and SGLang Model Gateway's.
+var DefaultPriorityHeaders = []string{"X-CART-Priority", "X-Dynamo-Request-Priority", "X-SMG-Priority"}
 
 // Default returns a new Config with every default filled in. Each call
 // returns fresh slices, so callers may modify the result freely.
@@ -688,6 +761,22 @@ func Default() *Config {
 			},
 		},
 		Tracing: Tracing{SampleRatio: 1},
+		Flow: Flow{
+			Enabled:                 true,
+			QueueTimeoutSecs:        30,
+			MaxQueued:               10000,
+			MaxQueuedBytes:          256 << 20,
+			MaxQueuedPerTenant:      2000,
+			MaxQueuedBytesPerTenant: 64 << 20,
+			PriorityHeaders:         slices.Clone(DefaultPriorityHeaders),
+			DeadlineHeader:          "X-CART-Deadline-Ms",
+			ReservePriority:         1,
+			ReserveWindowSecs:       10,
+			LearnConcurrency:        true,
+			MetricsEndpoint:         "/metrics",
+			MetricsIntervalSecs:     1,
+			RetryAfterSecs:          1,
+		},
 	}
 }
 

@@ -114,6 +114,7 @@ func (c *Config) Validate(role Role) error {
 	v.discovery(role)
 	v.kvEvents(role)
 	v.tracing()
+	v.flow()
 	if role < RoleAllInOne || role > RoleDataPlane {
 		v.add("", "unknown role %v", role)
 	}
@@ -250,6 +251,7 @@ func (v *validator) workers(role Role) {
 			seen[workerKey(u)] = i
 		}
 		v.intAtLeast(key+".max_load", int64(w.MaxLoad), 0)
+		v.intAtLeast(key+".max_concurrency", int64(w.MaxConcurrency), 0)
 		v.intAtLeast(key+".load_penalty", int64(w.LoadPenalty), 0)
 		v.intAtLeast(key+".cache_capacity_tokens", w.CacheCapacityTokens, 0)
 		if w.APIKeyFile != "" {
@@ -479,6 +481,16 @@ func (v *validator) auth() {
 			}
 			names[k.Name] = i
 		}
+		v.intRange(key+".priority", int64(k.Priority), MinPriority, MaxPriority)
+		if k.MaxPriority != nil {
+			v.intRange(key+".max_priority", int64(*k.MaxPriority), MinPriority, MaxPriority)
+			if *k.MaxPriority < k.Priority {
+				v.add(key+".max_priority", "is below priority (%d): the key's own default would exceed what it may ask for", k.Priority)
+			}
+		}
+		if k.Weight != 0 {
+			v.positive(key+".weight", k.Weight)
+		}
 		switch {
 		case k.Key != "" && k.KeyFile != "":
 			v.add(key+".key_file", "cannot be combined with key: set only one of them")
@@ -489,6 +501,49 @@ func (v *validator) auth() {
 		}
 	}
 }
+
+// MinPriority and MaxPriority bound flow-control priorities (config and
+// headers alike), which also keeps the priority label of the metrics to a
+// bounded set.
+const (
+	MinPriority = -100
+	MaxPriority = 100
+)
+
+func (v *validator) flow() {
+	f := v.c.Flow
+	v.positive("flow.queue_timeout_secs", f.QueueTimeoutSecs)
+	v.intAtLeast("flow.max_queued", int64(f.MaxQueued), 1)
+	v.intAtLeast("flow.max_queued_bytes", f.MaxQueuedBytes, 1)
+	v.intAtLeast("flow.max_queued_per_tenant", int64(f.MaxQueuedPerTenant), 1)
+	v.intAtLeast("flow.max_queued_bytes_per_tenant", f.MaxQueuedBytesPerTenant, 1)
+	if f.MaxQueuedPerTenant > f.MaxQueued {
+		v.add("flow.max_queued_per_tenant", "exceeds flow.max_queued (%d)", f.MaxQueued)
+	}
+	for i, h := range f.PriorityHeaders {
+		if !headerName.MatchString(h) {
+			v.add(fmt.Sprintf("flow.priority_headers[%d]", i), "%q is not an HTTP header name", h)
+		}
+	}
+	for _, h := range []struct{ key, v string }{{"flow.tenant_header", f.TenantHeader}, {"flow.deadline_header", f.DeadlineHeader}} {
+		if h.v != "" && !headerName.MatchString(h.v) {
+			v.add(h.key, "%q is not an HTTP header name", h.v)
+		}
+	}
+	v.intRange("flow.reserve_priority", int64(f.ReservePriority), MinPriority, MaxPriority)
+	v.intAtLeast("flow.reserve_slots", int64(f.ReserveSlots), 0)
+	v.positive("flow.reserve_window_secs", f.ReserveWindowSecs)
+	if f.LearnConcurrency {
+		if !strings.HasPrefix(f.MetricsEndpoint, "/") {
+			v.add("flow.metrics_endpoint", "must be a path starting with /, got %q", f.MetricsEndpoint)
+		}
+		v.positive("flow.metrics_interval_secs", f.MetricsIntervalSecs)
+	}
+	v.intAtLeast("flow.retry_after_secs", int64(f.RetryAfterSecs), 1)
+}
+
+// headerName is an HTTP field name (RFC 9110 token).
+var headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 // secret resolves an inline-or-file secret, reporting an unreadable or
 // empty file against fileKey, so `--config-check` catches a missing secret

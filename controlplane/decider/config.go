@@ -1,8 +1,11 @@
 package decider
 
 import (
+	"time"
+
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/flow"
 	"github.com/cartrouter/cart/controlplane/index"
 )
 
@@ -20,10 +23,28 @@ func PolicyFrom(cfg *config.Config) engine.Policy {
 		TTL:                 int64(config.Seconds(c.TTLSecs)),
 		ClosedLoop:          c.ClosedLoop,
 		HotFraction:         c.HotPrefixFraction,
+		ReservePriority:     cfg.Flow.ReservePriority,
+		ReserveSlots:        cfg.Flow.ReserveSlots,
 	}
 	if cfg.Session.Enabled {
 		p.SessionTTL = int64(config.Seconds(cfg.Session.TTLSecs))
 		p.MaxSessions = cfg.Session.MaxSessions
 	}
 	return p
+}
+
+// FlowFrom translates flow.* into the queue's options, the same for both
+// hosts.
+func FlowFrom(cfg *config.Config) FlowOptions {
+	f := cfg.Flow
+	return FlowOptions{
+		Off: !f.Enabled,
+		Limits: flow.Limits{
+			MaxItems: f.MaxQueued, MaxBytes: f.MaxQueuedBytes,
+			MaxItemsPerTenant: f.MaxQueuedPerTenant, MaxBytesPerTenant: f.MaxQueuedBytesPerTenant,
+		},
+		QueueTimeout:  f.QueueTimeout(),
+		ReserveWindow: config.Seconds(f.ReserveWindowSecs),
+		RetryAfter:    time.Duration(f.RetryAfterSecs) * time.Second,
+	}
 }

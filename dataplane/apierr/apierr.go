@@ -35,6 +35,9 @@ const (
 	TypeServer         = "server_error"
 	TypeUnavailable    = "service_unavailable"
 	TypeAuthentication = "authentication_error"
+	// TypeRateLimit: a 429, the request was not served and may be retried
+	// after Retry-After.
+	TypeRateLimit = "rate_limit_error"
 )
 
 // BadRequest is a 400 invalid_request_error about param.

@@ -29,7 +29,7 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 	} else if len(c.modelExclude) > 0 {
 		exclude = append(append(make([]string, 0, len(c.failed)+len(c.modelExclude)), c.failed...), c.modelExclude...)
 	}
-	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude, Avoid: p.o.Breakers.Blocked(p.o.Now())}
+	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude, Avoid: p.o.Breakers.Blocked(p.o.Now()), Admission: c.admission}
 	if c.pin == "" {
 		req.ResponseID = c.responseID
 	}
@@ -71,7 +71,8 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 			p.log.Info("route",
 				"request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "model", clip(c.model), "reason", d.Reason,
 				"matched_ratio", math.Round(d.MatchedRatio*1000)/1000, "matched_chars", d.MatchedChars,
-				"worker", d.Worker, "decision_us", d.Latency.Microseconds(), "attempt", c.attempts)
+				"worker", d.Worker, "decision_us", d.Latency.Microseconds(), "attempt", c.attempts,
+				"queued_ms", d.Waited.Milliseconds(), "priority", c.admission.Priority)
 		}
 	}
 	return a, nil
@@ -236,7 +237,7 @@ func (a *attempt) finish() {
 	}
 	u := a.body.usage()
 	a.body.release()
-	a.settle(router.Outcome{Delivered: true, PromptTokens: u.prompt, CachedTokens: u.cached})
+	a.settle(router.Outcome{Delivered: true, PromptTokens: u.prompt, CachedTokens: u.cached, CompletionTokens: u.completion})
 	a.p.observeUsage(a.c, a.d, a.w, u)
 }
 

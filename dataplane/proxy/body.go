@@ -137,7 +137,9 @@ func (t *trackedBody) Close() error {
 	return t.rc.Close()
 }
 
-type usage struct{ prompt, cached int }
+// usage is what a worker reported: prompt, cached and completion tokens
+// (-1 when absent).
+type usage struct{ prompt, cached, completion int }
 
 // usage reads token counts from the kept bytes; -1 when absent. A report
 // without cache fields leaves cached at -1 (unknown), never 0: vLLM omits
@@ -147,7 +149,7 @@ type usage struct{ prompt, cached int }
 func (t *trackedBody) usage() usage {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	u := usage{prompt: -1, cached: -1}
+	u := usage{prompt: -1, cached: -1, completion: -1}
 	// OpenAI / vLLM / SGLang: usage.prompt_tokens and
 	// usage.prompt_tokens_details.cached_tokens.
 	if v, ok := lastInt(t.tail, `"prompt_tokens":`); ok {
@@ -155,7 +157,15 @@ func (t *trackedBody) usage() usage {
 		if c, ok := lastInt(t.tail, `"cached_tokens":`); ok {
 			u.cached = c
 		}
+		if c, ok := lastInt(t.tail, `"completion_tokens":`); ok {
+			u.completion = c
+		}
 		return u
+	}
+	// Anthropic and the Responses API: output_tokens, in the tail (a
+	// stream's last event, or the body's usage).
+	if c, ok := lastInt(t.tail, `"output_tokens":`); ok {
+		u.completion = c
 	}
 	// Anthropic: input_tokens excludes cache reads and writes. A stream
 	// reports usage in message_start (head) and message_delta (tail); a
@@ -170,10 +180,10 @@ func (t *trackedBody) usage() usage {
 		created = max(created, 0)
 		read, known := lastInt(buf, `"cache_read_input_tokens":`)
 		if known {
-			return usage{prompt: in + read + created, cached: read}
+			return usage{prompt: in + read + created, cached: read, completion: u.completion}
 		}
 		if !found {
-			u, found = usage{prompt: in + created, cached: -1}, true
+			u, found = usage{prompt: in + created, cached: -1, completion: u.completion}, true
 		}
 	}
 	return u

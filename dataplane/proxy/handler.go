@@ -59,6 +59,8 @@ type call struct {
 	// responseID is the stored response the call names, responseParam the
 	// field it came from ("" for /v1/responses/{id}).
 	responseID, responseParam string
+	// admission is the call's flow-control identity (admission.go).
+	admission router.Admission
 }
 
 // maxPooledHashes bounds the hash buffers kept for reuse (64k blocks = a
@@ -198,6 +200,10 @@ func tooLarge(limit int64) error {
 }
 
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
+	if err := p.admission(r, c); err != nil {
+		p.fail(w, c, err)
+		return
+	}
 	p.active.Add(1)
 	defer p.active.Add(-1)
 	c.sw.ResponseWriter = w
@@ -275,7 +281,10 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, c *call, er
 		// The client left; nobody is listening for an error body.
 		return
 	}
-	ae := upstreamError(err)
+	ae, refused := refusal(w, err)
+	if !refused {
+		ae = upstreamError(err)
+	}
 	if ae.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}

@@ -109,6 +109,9 @@ type Options struct {
 	// loopback callers. WorkerKeys are sent to workers instead of the
 	// client's credentials, which are never forwarded.
 	ClientKeys []ClientKey
+	// Flow says how a request's tenant, priority and deadline are read
+	// for flow control (admission.go).
+	Flow       FlowPolicy
 	AdminToken string
 	WorkerKeys WorkerKeys
 	// MetricsElsewhere: /metrics is served on its own listener, so the

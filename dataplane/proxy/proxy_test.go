@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"io"
 	"net/http"
 	"strings"
@@ -95,11 +96,13 @@ func TestOverloadMovesAffinity(t *testing.T) {
 	r.waitLoadZero()
 }
 
-func TestMaxLoadAnswers503(t *testing.T) {
+// With flow control off, a worker at max_load is a 503 at once, as before
+// flow control.
+func TestMaxLoadAnswers503WithFlowOff(t *testing.T) {
 	a := newBackend(t, "a")
 	release := make(chan struct{})
 	a.set(func(w http.ResponseWriter, r *http.Request) { <-release; _, _ = io.WriteString(w, "{}") })
-	r := newRig(t, []string{a.URL}, func(_ *proxy.Options, _ *engine.Policy, s []engine.WorkerSpec) { s[0].MaxLoad = 1 })
+	r := newFlowRig(t, []string{a.URL}, decider.FlowOptions{Off: true}, func(_ *proxy.Options, _ *engine.Policy, s []engine.WorkerSpec) { s[0].MaxLoad = 1 })
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

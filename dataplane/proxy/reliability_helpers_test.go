@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"io"
 	"log/slog"
 	"net"
@@ -35,6 +36,9 @@ type wiring struct {
 	// wrap, when set, stands between the proxy and the rig's router: a
 	// test's recorder sees every call the proxy makes.
 	wrap func(router.Router) router.Router
+	// flow configures the router's flow control (the zero value: on, with
+	// its defaults).
+	flow decider.FlowOptions
 }
 
 func defaultWiring() wiring {
@@ -56,7 +60,7 @@ func newWiredRig(t testing.TB, urls []string, w wiring, opts ...rigOpt) *rig {
 		f(&o, &pol, specs)
 	}
 	r := &rig{t: t}
-	r.router = router.NewLocal(router.LocalOptions{Policy: pol, MaxEntries: 1 << 16, CleanupHour: -1, Seed: 1, Now: w.now}, specs)
+	r.router = router.NewLocal(router.LocalOptions{Policy: pol, MaxEntries: 1 << 16, CleanupHour: -1, Seed: 1, Now: w.now, Flow: w.flow}, specs)
 	r.metrics = metrics.New(func() (int, uint64, uint64, uint64) {
 		st, u := r.router.IndexStats()
 		return st.Entries, st.Evicted, st.SkippedInserts, u
@@ -348,4 +352,12 @@ func assertNoDoubleRelease(t *testing.T, r *rig) {
 	if v := counterValue(t, r, "cart_load_release_underflows_total", ""); v != 0 {
 		t.Fatalf("load release underflows = %v: some decision was released twice", v)
 	}
+}
+
+// newFlowRig is newRig with the router's flow control configured.
+func newFlowRig(t testing.TB, urls []string, flow decider.FlowOptions, opts ...rigOpt) *rig {
+	t.Helper()
+	w := defaultWiring()
+	w.flow = flow
+	return newWiredRig(t, urls, w, opts...)
 }

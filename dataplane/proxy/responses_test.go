@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"io"
 	"net/http"
 	"strings"
@@ -238,10 +239,12 @@ func TestPreviousResponseOnRemovedReplica(t *testing.T) {
 }
 
 // A pinned request never moves: the replica's own failure reaches the
-// client after its retries there, and a replica at max_load gives 503.
+// client after its retries there, and a replica at max_load gives 503
+// (flow control off; with it on, the request waits for its replica:
+// TestPinnedRequestWaitsForItsReplica).
 func TestPinnedRequestNeverMoves(t *testing.T) {
 	pool := newResponsesPool(t, 3)
-	r := newRig(t, pool.urls(), func(_ *proxy.Options, _ *engine.Policy, specs []engine.WorkerSpec) {
+	r := newFlowRig(t, pool.urls(), decider.FlowOptions{Off: true}, func(_ *proxy.Options, _ *engine.Policy, specs []engine.WorkerSpec) {
 		for i := range specs {
 			specs[i].MaxLoad = 1
 		}

@@ -31,6 +31,7 @@ type LocalOptions struct {
 	CleanupHour int  // UTC hour of the daily full reset, -1 disables
 	Seed        uint64
 	Now         func() time.Time // nil: time.Now
+	Flow        decider.FlowOptions
 }
 
 // NewLocal builds an in-process router over workers.
@@ -46,6 +47,7 @@ func NewLocal(o LocalOptions, workers []engine.WorkerSpec) *Local {
 		ResetHourUTC: o.CleanupHour,
 		Rand:         rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)),
 		Now:          o.Now,
+		Flow:         o.Flow,
 	})
 	dec.SetWorkers(workers)
 	l := &Local{dec: dec}
@@ -53,17 +55,19 @@ func NewLocal(o LocalOptions, workers []engine.WorkerSpec) *Local {
 	return l
 }
 
-// Route implements Router.
-func (l *Local) Route(_ context.Context, req *Request) (Decision, error) {
+// Route implements Router: a decision at once while a worker has room,
+// else a wait in the flow-control queue until one does (or ctx ends, or
+// flow control refuses the request).
+func (l *Local) Route(ctx context.Context, req *Request) (Decision, error) {
 	start := time.Now()
-	d, err := l.dec.Route(decider.Request{Request: engine.Request{
+	d, err := l.dec.Admit(ctx, decider.Request{Request: engine.Request{
 		Hashes:  req.Hashes,
 		KeyLen:  req.KeyLen,
 		Exclude: req.Exclude,
 		Avoid:   req.Avoid,
 		DryRun:  req.DryRun,
 		Session: req.Session,
-	}})
+	}}, req.Admission)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -78,6 +82,7 @@ func (l *Local) Route(_ context.Context, req *Request) (Decision, error) {
 		FromLeader:   true,
 		Ticket:       d.Ticket,
 		AvoidIgnored: d.AvoidIgnored,
+		Waited:       d.Waited,
 	}, nil
 }
 
@@ -141,3 +146,12 @@ func (l *Local) Run(ctx context.Context, interval time.Duration) {
 // Collectors are the routing core's metrics (lock hold, rejected
 // tickets), for the data plane's /metrics.
 func (l *Local) Collectors() []prometheus.Collector { return l.dec.Collectors() }
+
+// ObserveEngine hands a worker's engine metrics to the learned concurrency.
+func (l *Local) ObserveEngine(url string, e engine.EngineLoad) { l.dec.ObserveEngine(url, e) }
+
+// Queue lists the requests waiting for a worker.
+func (l *Local) Queue() decider.QueueStatus { return l.dec.Queue() }
+
+// PoolSaturation is the pool's demand against its known slots.
+func (l *Local) PoolSaturation() decider.PoolLoad { return l.dec.PoolSaturation() }

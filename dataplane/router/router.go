@@ -36,7 +36,29 @@ type Request struct {
 	// affinity between data planes pins the request to the worker that
 	// produced it (Decision.Pinned), or fails with ErrResponseGone.
 	ResponseID string
+	// Admission is what flow control knows of the request: when every
+	// worker it may use is saturated, it waits by these (tenant, priority,
+	// deadline), and Route returns once a worker takes it or flow control
+	// refuses it (ErrRefused).
+	Admission Admission
 }
+
+// Admission is a request's flow-control identity (decider.Admission).
+type Admission = decider.Admission
+
+// RefusedError is a flow-control refusal: 429 with Retry-After.
+type RefusedError = decider.RefusedError
+
+// ErrRefused marks flow control's refusals.
+var ErrRefused = decider.ErrRefused
+
+// Flow control's refusal reasons (RefusedError.Reason).
+const (
+	RefusedShed       = decider.RefusedShed
+	RefusedTimeout    = decider.RefusedTimeout
+	RefusedQueueFull  = decider.RefusedQueueFull
+	RefusedTenantFull = decider.RefusedTenantFull
+)
 
 // Decision is where a request goes and why. The Ticket must be handed back
 // to Done exactly once (for non-dry-run decisions).
@@ -63,6 +85,9 @@ type Decision struct {
 	// AvoidIgnored: every usable worker was in Request.Avoid, so the
 	// router ignored it and this decision is a trial.
 	AvoidIgnored bool
+	// Waited is how long the request waited for a worker with room
+	// (flow control; 0 when it did not wait).
+	Waited time.Duration
 }
 
 // Ticket is a decision's claim to settle (decider.Ticket): a router fills

@@ -14,6 +14,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/enginemetrics"
 	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/controlplane/kvtruth"
@@ -60,7 +61,7 @@ type AllInOne struct {
 func WorkerSpecs(ws []config.Worker, blockChars int) []engine.WorkerSpec {
 	out := make([]engine.WorkerSpec, len(ws))
 	for i, w := range ws {
-		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty,
+		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, MaxConcurrency: w.MaxConcurrency, LoadPenalty: w.LoadPenalty,
 			CapacityBlocks: index.CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
 	}
 	return out
@@ -101,6 +102,7 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		InlineEvict: cfg.Cache.EvictionIntervalSecs <= 0,
 		CleanupHour: cfg.Cache.DailyCleanupHourUTC,
 		Seed:        seed,
+		Flow:        decider.FlowFrom(cfg),
 	}, WorkerSpecs(cfg.Workers, cfg.Cache.BlockChars))
 	a.Metrics = metrics.New(func() (int, uint64, uint64, uint64) {
 		st, under := a.Router.IndexStats()
@@ -212,6 +214,9 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 		a.Health.Run,
 		func(ctx context.Context) { a.Router.Run(ctx, config.Seconds(cfg.Cache.EvictionIntervalSecs)) },
 	}
+	if cfg.Flow.Enabled && cfg.Flow.LearnConcurrency {
+		tasks = append(tasks, a.engineScraper(cfg).Run)
+	}
 	for _, w := range a.watchers {
 		tasks = append(tasks, w.Run)
 	}
@@ -309,4 +314,26 @@ func (a *AllInOne) applyWorkersLocked(cfg *config.Config) (removed []string) {
 		a.Metrics.BreakerState.DeletePartialMatch(map[string]string{"worker": w})
 	}
 	return removed
+}
+
+// engineScraper reads the engines' metrics for flow control's learned
+// concurrency, with the workers' keys.
+func (a *AllInOne) engineScraper(cfg *config.Config) *enginemetrics.Scraper {
+	return &enginemetrics.Scraper{
+		Client:   &http.Client{Transport: http.DefaultTransport},
+		Path:     cfg.Flow.MetricsEndpoint,
+		Interval: config.Seconds(cfg.Flow.MetricsIntervalSecs),
+		Timeout:  min(config.Seconds(cfg.Flow.MetricsIntervalSecs), config.Seconds(cfg.Health.TimeoutSecs)),
+		Workers: func() []string {
+			ws := a.Router.Workers()
+			out := make([]string, len(ws))
+			for i, w := range ws {
+				out[i] = w.URL
+			}
+			return out
+		},
+		Key:     a.Proxy.WorkerKey,
+		Observe: a.Router.ObserveEngine,
+		Log:     a.log,
+	}
 }

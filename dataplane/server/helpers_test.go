@@ -174,6 +174,10 @@ func newReplica(t *testing.T, name string) *replica {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"cart-sim","object":"model"}]}`)
 			return
+		case "/metrics":
+			// An engine that never queues, as flow control reads it.
+			_, _ = io.WriteString(w, "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+			return
 		}
 		_, _ = io.Copy(io.Discard, r.Body)
 		rp.chats.Add(1)

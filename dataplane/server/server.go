@@ -61,7 +61,26 @@ func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metric
 		BodyReadTimeout:      config.Seconds(p.BodyReadTimeoutSecs),
 		MaxInflightBodyBytes: p.MaxInflightBodyBytes,
 		MaxItems:             p.MaxMessages,
+		Flow:                 FlowPolicy(cfg),
 	}
+}
+
+// FlowPolicy translates flow.* and the client keys' priority settings.
+func FlowPolicy(cfg *config.Config) proxy.FlowPolicy {
+	f := cfg.Flow
+	fp := proxy.FlowPolicy{PriorityHeaders: f.PriorityHeaders, TenantHeader: f.TenantHeader, DeadlineHeader: f.DeadlineHeader,
+		Keys: map[string]proxy.TenantFlow{}, Default: proxy.TenantFlow{Weight: 1}}
+	for _, k := range cfg.Auth.ClientKeys {
+		tf := proxy.TenantFlow{Priority: k.Priority, MaxPriority: k.Priority, Weight: k.Weight}
+		if k.MaxPriority != nil {
+			tf.MaxPriority = *k.MaxPriority
+		}
+		if tf.Weight <= 0 {
+			tf.Weight = 1
+		}
+		fp.Keys[k.Name] = tf
+	}
+	return fp
 }
 
 func sessionKeys(cfg *config.Config) []string {
