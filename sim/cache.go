@@ -112,3 +112,11 @@ func (c *prefixCache) reset(cleared func()) {
 		cleared()
 	}
 }
+
+// usage is the fraction of the capacity held (0 when unbounded).
+func (c *prefixCache) usage() float64 {
+	if c.capacity <= 0 {
+		return 0
+	}
+	return float64(c.len()) / float64(c.capacity)
+}

@@ -78,6 +78,14 @@ type Config struct {
 	DecodeSlowdown float64
 	// MaxConcurrency is the number of requests that can prefill at once.
 	MaxConcurrency int
+	// MaxRunning is the engine's batch limit (vLLM --max-num-seqs): at
+	// most this many requests run, from admission to their last token; the
+	// rest wait in the engine's queue. 0 runs every request at once.
+	MaxRunning int
+	// PriorityScheduling orders that queue by the request's "priority"
+	// field (lower first, then arrival), as vLLM's --scheduling-policy
+	// priority; otherwise first come, first served.
+	PriorityScheduling bool
 
 	// OutputTokens is the output length when a request sets no max_tokens.
 	OutputTokens int
@@ -159,6 +167,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConcurrency < 1 {
 		errs = append(errs, fmt.Errorf("max concurrency must be positive, got %d", c.MaxConcurrency))
+	}
+	if c.MaxRunning < 0 {
+		errs = append(errs, fmt.Errorf("max running must be 0 (unbounded) or positive, got %d", c.MaxRunning))
 	}
 	if c.StoredResponses < 0 {
 		errs = append(errs, fmt.Errorf("stored responses must be 0 (default) or positive, got %d", c.StoredResponses))

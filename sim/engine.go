@@ -27,6 +27,9 @@ type job struct {
 	includeUsage bool
 
 	cachedTokens int // set by admit
+	// priority is the request's "priority" field (vLLM: lower runs first
+	// under the priority scheduling policy).
+	priority int
 }
 
 // newJob prepares the engine's view of a rendered prompt, or answers vLLM's
@@ -95,9 +98,14 @@ type namedLimit struct {
 // On failure (ctx ended) nothing is left held.
 func (s *Server) admit(ctx context.Context, j *job) (func(), error) {
 	s.queued.Add(1)
+	if err := s.seqs.acquire(ctx, j.priority); err != nil {
+		s.queued.Add(-1)
+		return nil, err
+	}
 	err := s.slots.Acquire(ctx, 1)
 	s.queued.Add(-1)
 	if err != nil {
+		s.seqs.release()
 		return nil, err
 	}
 	s.running.Add(1)
@@ -120,9 +128,10 @@ func (s *Server) admit(ctx context.Context, j *job) (func(), error) {
 	s.slots.Release(1)
 	if err != nil {
 		s.running.Add(-1)
+		s.seqs.release()
 		return nil, err
 	}
-	return func() { s.running.Add(-1) }, nil
+	return func() { s.running.Add(-1); s.seqs.release() }, nil
 }
 
 // scaled converts an amount of unit into a duration multiplied by TimeScale,

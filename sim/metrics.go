@@ -50,6 +50,23 @@ func newMetrics(s *Server) *metrics {
 			Name: "sim_queue_depth",
 			Help: "Requests waiting for a prefill slot.",
 		}, func() float64 { return float64(s.queued.Load()) }),
+		// vLLM's own names (llm-d-inference-sim exports them too), which
+		// routers read to see a replica's batch and queue.
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "vllm:num_requests_running",
+			Help:        "Number of requests in model execution batches.",
+			ConstLabels: prometheus.Labels{"model_name": s.cfg.Model},
+		}, func() float64 { r, _ := s.seqs.counts(); return float64(r) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "vllm:num_requests_waiting",
+			Help:        "Number of requests waiting to be processed.",
+			ConstLabels: prometheus.Labels{"model_name": s.cfg.Model},
+		}, func() float64 { _, w := s.seqs.counts(); return float64(w) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "vllm:kv_cache_usage_perc",
+			Help:        "KV-cache usage. 1 means 100 percent usage.",
+			ConstLabels: prometheus.Labels{"model_name": s.cfg.Model},
+		}, func() float64 { return s.cache.usage() }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sim_cache_blocks",
 			Help: "Blocks held by the prefix cache.",

@@ -22,6 +22,7 @@ type chatRequest struct {
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Priority            int             `json:"priority"`
 }
 
 type completionRequest struct {
@@ -30,6 +31,7 @@ type completionRequest struct {
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
 	MaxTokens     *int            `json:"max_tokens"`
+	Priority      int             `json:"priority"`
 }
 
 type usage struct {
@@ -144,6 +146,7 @@ func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.R
 		j, aerr := s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_completion_tokens", req.MaxCompletionTokens}, namedLimit{"max_tokens", req.MaxTokens})
 		if j != nil {
 			j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+			j.priority = req.Priority
 		}
 		return j, aerr
 	}
@@ -201,6 +204,7 @@ func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r 
 		j, aerr := s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
 		if j != nil {
 			j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+			j.priority = req.Priority
 		}
 		return j, aerr
 	}

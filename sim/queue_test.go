@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -234,5 +235,94 @@ func TestCloseUnblocksWritesToStalledClient(t *testing.T) {
 	testkit.WaitFor(t, 10*time.Second, "the blocked handler to give up", func() bool { return s.Stats().Running == 0 })
 	if got := s.Stats().CompletionTokens; got >= 4096 {
 		t.Fatalf("all %d tokens were written; the client never blocked the stream", got)
+	}
+}
+
+// The batch limit holds at most MaxRunning requests from admission to
+// their last token; the rest wait, and /metrics reports both with vLLM's
+// names.
+func TestMaxRunningQueuesAndReports(t *testing.T) {
+	s := New(Config{MaxRunning: 2, MaxConcurrency: 8, OutputTokens: 50, DecodeMsPerToken: 2, TimeScale: 1})
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	defer s.Close()
+	var wg sync.WaitGroup
+	for i := range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(`{"prompt":"p%d"}`, i)))
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	var text string
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(ts.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		text = string(b)
+		if strings.Contains(text, `vllm:num_requests_running{model_name="cart-sim"} 2`) && strings.Contains(text, `vllm:num_requests_waiting{model_name="cart-sim"} 3`) {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if !strings.Contains(text, `vllm:num_requests_running{model_name="cart-sim"} 2`) || !strings.Contains(text, `vllm:num_requests_waiting{model_name="cart-sim"} 3`) {
+		t.Fatalf("never saw 2 running and 3 waiting:\n%s", text)
+	}
+	wg.Wait()
+	if r, w := s.seqs.counts(); r != 0 || w != 0 {
+		t.Fatalf("after all finished: %d running, %d waiting", r, w)
+	}
+}
+
+// Under the priority policy the engine's queue runs lower "priority"
+// values first; first come, first served otherwise.
+func TestPrioritySchedulingOrder(t *testing.T) {
+	for _, prio := range []bool{false, true} {
+		q := &sequences{max: 1, priority: prio}
+		if err := q.acquire(context.Background(), 0); err != nil {
+			t.Fatal(err)
+		}
+		order := make(chan int, 3)
+		var wg sync.WaitGroup
+		for i, p := range []int{5, 1, 3} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := q.acquire(context.Background(), p); err != nil {
+					t.Error(err)
+					return
+				}
+				order <- p
+				q.release()
+			}()
+			for { // queue them in this order
+				if _, w := q.counts(); w == i+1 {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		q.release()
+		wg.Wait()
+		close(order)
+		var got []int
+		for p := range order {
+			got = append(got, p)
+		}
+		want := []int{5, 1, 3}
+		if prio {
+			want = []int{1, 3, 5}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("priority policy %v: ran %v, want %v", prio, got, want)
+		}
 	}
 }

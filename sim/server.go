@@ -30,6 +30,7 @@ type Server struct {
 	models  *models
 	stored  *responseStore
 	slots   *semaphore.Weighted // prefill slots, granted in FIFO order
+	seqs    *sequences          // the running batch and the engine's waiting queue
 	metrics *metrics
 	handler http.Handler
 	started time.Time
@@ -82,6 +83,7 @@ func New(cfg Config) *Server {
 		models:  newModels(cfg),
 		stored:  newResponseStore(cfg.StoredResponses),
 		slots:   semaphore.NewWeighted(int64(cfg.MaxConcurrency)),
+		seqs:    &sequences{max: cfg.MaxRunning, priority: cfg.PriorityScheduling},
 		fault:   Fault{Mode: FaultNone},
 		started: time.Now(),
 	}

@@ -47,7 +47,7 @@ func newCommand(run serveFunc) *cobra.Command {
 	var listen string
 	var loras []string
 	var kv kvevents.PublisherConfig
-	var kvEncoding string
+	var kvEncoding, schedPolicy string
 
 	cmd := &cobra.Command{
 		Use:   "cart-sim",
@@ -94,6 +94,13 @@ POST /sim/reset.`,
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
+			switch schedPolicy {
+			case "fcfs":
+			case "priority":
+				cfg.PriorityScheduling = true
+			default:
+				return fmt.Errorf("--scheduling-policy %q: want fcfs or priority", schedPolicy)
+			}
 			return run(cmd.Context(), listen, kv, cfg, cmd.ErrOrStderr())
 		},
 	}
@@ -112,6 +119,8 @@ POST /sim/reset.`,
 	f.Float64Var(&cfg.DecodeMsPerToken, "decode-ms-per-token", cfg.DecodeMsPerToken, "decode time per output token for a lone request, in milliseconds")
 	f.Float64Var(&cfg.DecodeSlowdown, "decode-slowdown", cfg.DecodeSlowdown, "extra decode time fraction per additional running request")
 	f.IntVar(&cfg.MaxConcurrency, "max-concurrency", cfg.MaxConcurrency, "requests that may prefill at once")
+	f.IntVar(&cfg.MaxRunning, "max-num-seqs", 0, "requests the engine runs at once, from admission to their last token (vLLM --max-num-seqs); more wait in its queue (0 = unbounded)")
+	f.StringVar(&schedPolicy, "scheduling-policy", "fcfs", "order of the engine's waiting queue: fcfs, or priority (the request's \"priority\" field, lower first, as vLLM)")
 	f.IntVar(&cfg.OutputTokens, "output-tokens", cfg.OutputTokens, "output tokens when a request sets no max_tokens")
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed for the generated filler text")
 	f.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "multiplier for every simulated delay (0 = never sleep)")
