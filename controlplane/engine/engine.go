@@ -94,6 +94,7 @@ type worker struct {
 	draining bool
 	load     int // in-flight requests placed and not yet released
 	learned  int // concurrency learned from the engine (0 = unknown)
+	atLimit  int // observations in a row at the learned limit, nothing waiting
 	model    *blockLRU
 	acc      Accuracy
 	kv       kvFeed     // the engine's own KV-cache events (kvtruth.go)

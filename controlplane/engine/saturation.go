@@ -77,12 +77,19 @@ type EngineLoad struct {
 	Running, Waiting int
 }
 
+// GrowAfter is how many observations in a row of an engine running at its
+// learned limit with nothing waiting it takes to try one more: often
+// enough to follow an engine whose room grows (KV memory freed), rarely
+// enough that a request sent past its real limit, which then waits in the
+// engine's queue where priority and fairness no longer apply, is rare.
+const GrowAfter = 30
+
 // ObserveEngine learns url's concurrency from its engine's metrics, for a
 // worker with no declared max_concurrency:
 //   - the engine queued requests (Waiting > 0): it runs no more than
 //     Running at once now, so that is the limit (at least 1);
-//   - it queues nothing and runs at least the limit: it may take more, so
-//     the limit grows by one.
+//   - it queued nothing while running at least the limit, GrowAfter times
+//     in a row: it may take more, so the limit grows by one.
 //
 // Until the engine first queues, the limit stays unknown (no limit): an
 // engine that never queued has never been saturated. It reports whether
@@ -95,9 +102,13 @@ func (e *Engine) ObserveEngine(url string, l EngineLoad) bool {
 	old := w.learned
 	switch {
 	case l.Waiting > 0:
-		w.learned = max(l.Running, 1)
+		w.learned, w.atLimit = max(l.Running, 1), 0
 	case w.learned > 0 && l.Running >= w.learned:
-		w.learned++
+		if w.atLimit++; w.atLimit >= GrowAfter {
+			w.learned, w.atLimit = w.learned+1, 0
+		}
+	default:
+		w.atLimit = 0
 	}
 	if w.learned > old {
 		e.freed++
