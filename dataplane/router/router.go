@@ -34,8 +34,12 @@ type Request struct {
 	// ResponseID names the stored Responses API response the request
 	// continues or reads ("" = none). A router that shares response
 	// affinity between data planes pins the request to the worker that
-	// produced it (Decision.Pinned), or fails with ErrResponseGone.
+	// produced it (Decision.Pinned), or fails with ErrResponseGone, or
+	// with ErrResponseNotFound when it belongs to another tenant.
 	ResponseID string
+	// Tenant is the client key's name the request came with, for
+	// ResponseID's owner check ("" when ResponseID is).
+	Tenant string
 }
 
 // Decision is where a request goes and why. The Ticket must be handed back
@@ -110,12 +114,16 @@ type Router interface {
 // the pool, and the stored response with it.
 var ErrResponseGone = errors.New("the replica that produced this response is no longer in the pool")
 
+// ErrResponseNotFound: Request.ResponseID belongs to another tenant than
+// Request.Tenant; the request must be answered as for an unknown id.
+var ErrResponseNotFound = errors.New("the response belongs to another tenant")
+
 // ResponseLearner is implemented by routers that share response affinity:
-// LearnResponse tells the others which worker produced a response, and
-// returns once they can route by it (or it gave up: the data plane's own
-// table still has it).
+// LearnResponse tells the others which worker produced a response for
+// which tenant, and returns once they can route by it (or it gave up: the
+// data plane's own table still has it).
 type ResponseLearner interface {
-	LearnResponse(ctx context.Context, id, worker string)
+	LearnResponse(ctx context.Context, id, worker, tenant string)
 }
 
 // ErrUnavailable marks the "no worker can take this" conditions so the
