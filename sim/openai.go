@@ -22,6 +22,7 @@ type chatRequest struct {
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	CacheSalt           *string         `json:"cache_salt"`
 }
 
 type completionRequest struct {
@@ -30,6 +31,7 @@ type completionRequest struct {
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
 	MaxTokens     *int            `json:"max_tokens"`
+	CacheSalt     *string         `json:"cache_salt"`
 }
 
 type usage struct {
@@ -141,7 +143,7 @@ func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.R
 			return nil, badRequest(err.Error(), "messages")
 		}
 		// max_completion_tokens supersedes the deprecated max_tokens.
-		j, aerr := s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_completion_tokens", req.MaxCompletionTokens}, namedLimit{"max_tokens", req.MaxTokens})
+		j, aerr := s.newJob(r, req.Model, req.CacheSalt, prompt, req.Stream, namedLimit{"max_completion_tokens", req.MaxCompletionTokens}, namedLimit{"max_tokens", req.MaxTokens})
 		if j != nil {
 			j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 		}
@@ -198,7 +200,7 @@ func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r 
 		if err != nil {
 			return nil, badRequest(err.Error(), "prompt")
 		}
-		j, aerr := s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
+		j, aerr := s.newJob(r, req.Model, req.CacheSalt, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
 		if j != nil {
 			j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 		}
