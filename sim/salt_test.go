@@ -13,9 +13,13 @@ func cachedTokensOf(t *testing.T, body []byte) int {
 	t.Helper()
 	var v struct {
 		Usage struct {
-			PromptTokensDetails  *struct{ CachedTokens int `json:"cached_tokens"` } `json:"prompt_tokens_details"`
-			InputTokensDetails   *struct{ CachedTokens int `json:"cached_tokens"` } `json:"input_tokens_details"`
-			CacheReadInputTokens *int                                              `json:"cache_read_input_tokens"`
+			PromptTokensDetails *struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+			InputTokensDetails *struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"input_tokens_details"`
+			CacheReadInputTokens *int `json:"cache_read_input_tokens"`
 		} `json:"usage"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
@@ -47,7 +51,9 @@ func TestCacheSaltIsolatesCache(t *testing.T) {
 		pathCompletions: func(salt any) map[string]any {
 			return map[string]any{"model": "m", "prompt": prompt, "cache_salt": salt}
 		},
-		pathResponses: func(salt any) map[string]any { return map[string]any{"model": "m", "input": prompt, "cache_salt": salt} },
+		pathResponses: func(salt any) map[string]any {
+			return map[string]any{"model": "m", "input": prompt, "cache_salt": salt}
+		},
 		pathMessages: func(salt any) map[string]any {
 			return map[string]any{"model": "m", "max_tokens": 4, "messages": []map[string]string{{"role": "user", "content": prompt}}, "cache_salt": salt}
 		},
