@@ -142,7 +142,13 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 			hashPool.Put(hp)
 		}
 	}()
-	*hp = router.Hash((*hp)[:0], req.Model, req.CacheSalt, req.Key, p.o.BlockChars)
+	salt := req.CacheSalt
+	if !extract.SaltHonored(ep) {
+		// The engine ignores it there: requests with and without it share
+		// its cache, and so must their hashes.
+		salt = ""
+	}
+	*hp = router.Hash((*hp)[:0], req.Model, salt, req.Key, p.o.BlockChars)
 	c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
 	c.session = p.sessionKey(r, req)
 	p.forward(w, r, c)
