@@ -3,8 +3,6 @@ package extract
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"io"
 	"net/http"
 
 	"github.com/cartrouter/cart/dataplane/apierr"
@@ -24,39 +22,31 @@ const CacheSaltField = "cache_salt"
 // before extraction refuses those). Key text and policy checks are
 // unaffected: cache_salt is no part of either.
 func SetCacheSalt(body []byte, salt string) ([]byte, error) {
-	bad := func() error {
-		return apierr.BadRequest(codeInvalidJSON, "", "The request body is not a JSON object.")
+	// Checked whole first (the standard library's scanner, no
+	// allocation): the member walk below then only has to find where
+	// each top-level member ends.
+	if !json.Valid(body) {
+		return nil, apierr.BadRequest(codeInvalidJSON, "", "The request body is not valid JSON.")
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, bad()
+	i := skipSpace(body, 0)
+	if body[i] != '{' {
+		return nil, apierr.BadRequest(codeInvalidJSON, "", "The request body is not a JSON object.")
 	}
-	out := make([]byte, 0, len(body)+len(salt)+len(CacheSaltField)+8)
-	out = append(out, '{')
-	for dec.More() {
-		start := dec.InputOffset() // before the separator and the key
-		key, err := dec.Token()
-		if err != nil {
-			return nil, bad()
+	out := make([]byte, 1, len(body)+len(salt)+len(CacheSaltField)+8)
+	out[0] = '{'
+	for i = skipSpace(body, i+1); body[i] != '}'; i = skipSpace(body, i) {
+		if body[i] == ',' {
+			i = skipSpace(body, i+1)
 		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return nil, bad()
+		keyEnd := stringEnd(body, i)
+		valEnd := valueEnd(body, skipSpace(body, skipSpace(body, keyEnd)+1)) // past the ':'
+		if !isCacheSaltKey(body[i:keyEnd]) {
+			if len(out) > 1 {
+				out = append(out, ',')
+			}
+			out = append(out, bytes.TrimRight(body[i:valEnd], " \t\r\n")...)
 		}
-		if key == CacheSaltField {
-			continue
-		}
-		member := bytes.TrimLeft(body[start:dec.InputOffset()], " \t\r\n,")
-		if len(out) > 1 {
-			out = append(out, ',')
-		}
-		out = append(out, member...)
-	}
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
-		return nil, bad()
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, bad() // something after the object
+		i = valEnd
 	}
 	if len(out) > 1 {
 		out = append(out, ',')
@@ -65,6 +55,61 @@ func SetCacheSalt(body []byte, salt string) ([]byte, error) {
 	out = append(out, `"`+CacheSaltField+`":`...)
 	out = append(out, q...)
 	return append(out, '}'), nil
+}
+
+// The walk below runs on valid JSON only (SetCacheSalt checks it first).
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index just past the string starting at b[i].
+func stringEnd(b []byte, i int) int {
+	for i++; b[i] != '"'; i++ {
+		if b[i] == '\\' {
+			i++
+		}
+	}
+	return i + 1
+}
+
+// valueEnd returns the index just past the value starting at b[i]: a
+// scalar ends before the ',' or '}' that follows it (whitespace included).
+func valueEnd(b []byte, i int) int {
+	depth := 0
+	for ; ; i++ {
+		switch b[i] {
+		case '"':
+			i = stringEnd(b, i) - 1
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i
+			}
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		case ',':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+}
+
+// isCacheSaltKey reports whether the quoted key k names cache_salt once
+// unescaped.
+func isCacheSaltKey(k []byte) bool {
+	raw := k[1 : len(k)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw) == CacheSaltField
+	}
+	var key string
+	return json.Unmarshal(k, &key) == nil && key == CacheSaltField
 }
 
 // ErrCacheSaltUnsupported refuses a request whose cache must be isolated

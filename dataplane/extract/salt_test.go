@@ -3,6 +3,8 @@ package extract
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -88,4 +90,40 @@ func FuzzSetCacheSalt(f *testing.F) {
 			}
 		}
 	})
+}
+
+// longChatBody is a 105 KB chat completions body: 100 turns.
+func longChatBody() []byte {
+	msgs := make([]map[string]string, 0, 100)
+	for i := range 100 {
+		msgs = append(msgs, map[string]string{"role": "user", "content": strings.Repeat(fmt.Sprintf("turn %d of a long conversation. ", i), 32)})
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "cache_salt": "client"})
+	return body
+}
+
+// BenchmarkSetCacheSalt rewrites a 105 KB chat body, the cost an isolated
+// tenant's request pays on top of extraction.
+func BenchmarkSetCacheSalt(b *testing.B) {
+	body := longChatBody()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := SetCacheSalt(body, "0123456789abcdef0123456789abcdef0123456789a"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkExtractChat100K is extraction of the body BenchmarkSetCacheSalt
+// rewrites, for comparison: what every routed request pays already.
+func BenchmarkExtractChat100K(b *testing.B) {
+	body := longChatBody()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Extract(ChatCompletions, body); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

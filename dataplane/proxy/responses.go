@@ -72,11 +72,12 @@ func (p *Proxy) pinResponse(id, param, tenant string) (string, error) {
 		// answer): never pinned, nor remembered below.
 		return "", nil
 	}
-	o, ok := p.affinity.Lookup(id, affinity.HashTenant(tenant), p.o.Now())
+	th := affinity.HashTenant(tenant)
+	o, ok := p.affinity.Lookup(id, th, p.o.Now())
 	if !ok {
 		return "", nil
 	}
-	if o.Foreign(affinity.HashTenant(tenant)) {
+	if o.Foreign(th) {
 		return "", responseNotFound(id)
 	}
 	for _, ws := range p.o.Router.Workers() {
