@@ -60,18 +60,18 @@ type OpenAISender struct {
 // NewOpenAISender targets baseURL (e.g. http://127.0.0.1:6700; "/v1" is
 // appended unless present). The client never retries: a failed request is a
 // result.
-func NewOpenAISender(baseURL, model string, hc *http.Client) *OpenAISender {
+func NewOpenAISender(baseURL, model string, hc *http.Client, opts ...option.RequestOption) *OpenAISender {
 	base := strings.TrimRight(baseURL, "/")
 	if !strings.HasSuffix(base, "/v1") {
 		base += "/v1"
 	}
 	return &OpenAISender{
-		client: openai.NewClient(
-			option.WithBaseURL(base+"/"),
+		client: openai.NewClient(append([]option.RequestOption{
+			option.WithBaseURL(base + "/"),
 			option.WithAPIKey("cart-bench"),
 			option.WithHTTPClient(hc),
 			option.WithMaxRetries(0),
-		),
+		}, opts...)...),
 		model: model,
 	}
 }

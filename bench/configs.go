@@ -79,6 +79,9 @@ backend be
 
 // CartRouterConfig is what the suite varies in a generated cart config.
 type CartRouterConfig struct {
+	// Extra is YAML appended to the config as is (sections the rest does
+	// not write: auth, flow).
+	Extra   string
 	Port    int
 	Workers []string // base URLs
 	// CacheTokens is each worker's cache capacity (0 = unbounded).
@@ -201,5 +204,6 @@ log:
 			fmt.Fprintf(&b, "  id: %s\n", c.DataPlaneID)
 		}
 	}
+	b.WriteString(c.Extra)
 	return b.String()
 }

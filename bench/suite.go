@@ -51,6 +51,12 @@ type SimConfig struct {
 	DecodeSlowdown    float64 `json:"decode_slowdown"`
 	MaxConcurrency    int     `json:"max_concurrency"`
 	TimeScale         float64 `json:"time_scale"`
+	// MaxRunning and SchedulingPolicy are the engine's batch limit and
+	// queue order (cart-sim --max-num-seqs, --scheduling-policy); 0 and ""
+	// leave them unset (no batch limit).
+	MaxRunning       int    `json:"max_running,omitempty"`
+	SchedulingPolicy string `json:"scheduling_policy,omitempty"`
+	OutputTokens     int    `json:"output_tokens,omitempty"`
 }
 
 // TraceProfile is how the suite slices and paces one trace, and the cache
@@ -250,6 +256,9 @@ type suite struct {
 	haproxy     string
 	cartBin     string
 	simBin      string
+	// extra is YAML added to every cart config this suite writes
+	// (CartRouterConfig.Extra): the overload benchmark's keys and flow.
+	extra string
 }
 
 // RunSuite runs every configured scenario on every configured trace and
@@ -429,6 +438,15 @@ func (s *suite) simArgs(r *replica) []string {
 		"--prefill-us-per-token", fmt.Sprint(c.PrefillUsPerToken), "--decode-ms-per-token", fmt.Sprint(c.DecodeMsPerToken),
 		"--decode-slowdown", fmt.Sprint(c.DecodeSlowdown), "--max-concurrency", strconv.Itoa(c.MaxConcurrency),
 		"--time-scale", fmt.Sprint(c.TimeScale),
+	}
+	if c.MaxRunning > 0 {
+		args = append(args, "--max-num-seqs", strconv.Itoa(c.MaxRunning))
+	}
+	if c.SchedulingPolicy != "" {
+		args = append(args, "--scheduling-policy", c.SchedulingPolicy)
+	}
+	if c.OutputTokens > 0 {
+		args = append(args, "--output-tokens", strconv.Itoa(c.OutputTokens))
 	}
 	if r.kvPort > 0 {
 		args = append(args, "--kv-events-endpoint", "tcp://"+hostPort(r.kvPort), "--kv-events-replay-endpoint", "tcp://"+hostPort(r.replayPort))
@@ -807,6 +825,9 @@ func (s *suite) startRole(ctx context.Context, dir, name, role string, c CartRou
 // startRoleEnv is startRole with env added to the process's environment.
 func (s *suite) startRoleEnv(ctx context.Context, dir, name, role string, c CartRouterConfig, env []string, ready func() error) (*Proc, error) {
 	cfgPath := filepath.Join(dir, name+".yaml")
+	if c.Extra == "" {
+		c.Extra = s.extra
+	}
 	if err := os.WriteFile(cfgPath, []byte(CartConfig(c)), 0o644); err != nil {
 		return nil, err
 	}

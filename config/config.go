@@ -464,12 +464,22 @@ type ClientKey struct {
 	// Weight scales this tenant's fair share of tokens within its
 	// priority (2 = twice the tokens of a tenant of weight 1). Default 1.
 	Weight float64 `yaml:"weight"`
+	// IsolateCache gives the tenant a prefix cache of its own on the
+	// workers: its requests carry a vLLM cache_salt derived from its key
+	// (combined with any cache_salt the client sends), and the router's
+	// index is seeded with it, so no other tenant shares its cached blocks
+	// or learns from their timing what it sent. The cost: no sharing of
+	// common prefixes (system prompts) with other tenants. vLLM ignores
+	// cache_salt on /v1/messages, so that endpoint is refused for the
+	// tenant.
+	IsolateCache bool `yaml:"isolate_cache"`
 }
 
 // NamedKey is a resolved client key.
 type NamedKey struct {
-	Name string
-	Key  string
+	Name         string
+	Key          string
+	IsolateCache bool
 }
 
 // AnonymousTenant labels requests when no client keys are configured (and
@@ -818,7 +828,7 @@ func (c *Config) ClientKeys() ([]NamedKey, error) {
 		if key == "" {
 			return nil, fmt.Errorf("auth.client_keys[%d]: key or key_file is required", i)
 		}
-		out = append(out, NamedKey{Name: k.Name, Key: key})
+		out = append(out, NamedKey{Name: k.Name, Key: key, IsolateCache: k.IsolateCache})
 	}
 	return out, nil
 }

@@ -253,6 +253,11 @@ func TestLoadProblems(t *testing.T) {
 			want:  []want{{1, 3, "server.prot", "unknown key"}},
 		},
 		{
+			name:  "isolate_cache is a boolean",
+			files: []string{"auth:\n  client_keys:\n    - name: a\n      key: k\n      isolate_cache: sometimes\n"},
+			want:  []want{{0, 5, "auth.client_keys[0].isolate_cache", `expected true or false, got "sometimes"`}},
+		},
+		{
 			name:  "string where int expected",
 			files: []string{"server:\n  port: abc\n"},
 			want:  []want{{0, 2, "server.port", `expected an integer, got "abc"`}},

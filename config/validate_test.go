@@ -469,7 +469,7 @@ func TestSecretFilesAreRead(t *testing.T) {
 		})
 	}
 	c := validBase()
-	c.Auth.ClientKeys = []ClientKey{{Name: "team-a", KeyFile: good}, {Name: "team-b", Key: "inline"}}
+	c.Auth.ClientKeys = []ClientKey{{Name: "team-a", KeyFile: good}, {Name: "team-b", Key: "inline", IsolateCache: true}}
 	c.Workers[0].APIKeyFile = good
 	c.Workers = append(c.Workers, Worker{URL: "http://127.0.0.1:8002"})
 	c.Proxy.WorkerAPIKeyFile = filepath.Join(dir, "pool")
@@ -480,7 +480,7 @@ func TestSecretFilesAreRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys, err := c.ClientKeys()
-	if err != nil || len(keys) != 2 || keys[0] != (NamedKey{"team-a", "k3y"}) || keys[1] != (NamedKey{"team-b", "inline"}) {
+	if err != nil || len(keys) != 2 || keys[0] != (NamedKey{"team-a", "k3y", false}) || keys[1] != (NamedKey{"team-b", "inline", true}) {
 		t.Fatalf("ClientKeys() = %v, %v", keys, err)
 	}
 	per, def, err := c.WorkerKeys()

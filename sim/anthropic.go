@@ -124,7 +124,9 @@ func (s *Server) serveMessages(ctx context.Context, w http.ResponseWriter, r *ht
 		}
 		// Anthropic requires max_tokens; accepting its absence keeps hand-written
 		// curl tests short and costs nothing.
-		return s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
+		// vLLM's Messages request has no cache_salt (and drops fields it
+		// does not know): the cache is shared whatever the client sends.
+		return s.newJob(r, req.Model, nil, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
 	}
 	return s.serveGeneration(ctx, w, r, styleAnthropic, &req, prepare, func(j *job) reply {
 		id := newID("msg_")

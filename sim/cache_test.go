@@ -62,20 +62,20 @@ func TestPrefixCacheEvictsSuffixBeforePrefix(t *testing.T) {
 func TestBlockHashesAreChained(t *testing.T) {
 	a := []byte(strings.Repeat("a", 64) + strings.Repeat("b", 64) + "tail")
 	b := []byte(strings.Repeat("x", 64) + strings.Repeat("b", 64) + "tail")
-	ha, hb := blockHashes(a, 16, ""), blockHashes(b, 16, "")
+	ha, hb := blockHashes(a, 16, "", ""), blockHashes(b, 16, "", "")
 	if len(ha) != 2 || len(hb) != 2 {
 		t.Fatalf("got %d and %d full blocks, want 2", len(ha), len(hb))
 	}
 	if ha[1] == hb[1] {
 		t.Fatal("identical second blocks after different first blocks hash equal; hashes are not chained")
 	}
-	if again := blockHashes(a[:130], 16, ""); again[0] != ha[0] || again[1] != ha[1] {
+	if again := blockHashes(a[:130], 16, "", ""); again[0] != ha[0] || again[1] != ha[1] {
 		t.Fatal("hashes of a shared prefix differ")
 	}
-	if got := blockHashes([]byte(strings.Repeat("z", 63)), 16, ""); len(got) != 1 {
+	if got := blockHashes([]byte(strings.Repeat("z", 63)), 16, "", ""); len(got) != 1 {
 		t.Fatalf("63 bytes = 16 tokens should be one full block, got %d", len(got))
 	}
-	if got := blockHashes([]byte("short"), 16, ""); got != nil {
+	if got := blockHashes([]byte("short"), 16, "", ""); got != nil {
 		t.Fatalf("a prompt shorter than a block has %d blocks", len(got))
 	}
 }

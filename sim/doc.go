@@ -71,6 +71,15 @@
 // seeds its block hashes with the adapter name, so different adapters, and
 // an adapter and its base model, never share cached blocks.
 //
+// # cache_salt
+//
+// A request's cache_salt seeds its block hashes as well, as vLLM mixes it
+// into the first block's hash: requests with different salts, or one with
+// a salt and one without, share no cached block. Like vLLM, the simulator
+// reads the field on chat completions, completions and responses (an empty
+// string is a 400), and not on /v1/messages, whose vLLM request model has
+// no such field.
+//
 // # Responses API
 //
 // POST /v1/responses renders instructions as a system turn, then the input:

@@ -33,13 +33,17 @@ type job struct {
 }
 
 // newJob prepares the engine's view of a rendered prompt, or answers vLLM's
-// 404 when the replica does not serve the model.
+// 404 when the replica does not serve the model (400 for an empty
+// cache_salt, as vLLM's request validation does).
 // Its output length comes from the first of limits the client set (see
 // outputBudget).
-func (s *Server) newJob(r *http.Request, model string, prompt []byte, stream bool, limits ...namedLimit) (*job, *apiError) {
+func (s *Server) newJob(r *http.Request, model string, salt *string, prompt []byte, stream bool, limits ...namedLimit) (*job, *apiError) {
 	adapter, ok := s.models.resolve(model)
 	if !ok {
 		return nil, modelNotFound(model)
+	}
+	if salt != nil && *salt == "" {
+		return nil, badRequest("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
 	}
 	if model == "" {
 		model = s.cfg.Model
@@ -50,7 +54,7 @@ func (s *Server) newJob(r *http.Request, model string, prompt []byte, stream boo
 		adapter:      adapter,
 		prompt:       prompt,
 		promptTokens: tokenCount(prompt),
-		hashes:       blockHashes(prompt, s.cfg.BlockTokens, adapter),
+		hashes:       blockHashes(prompt, s.cfg.BlockTokens, adapter, deref(salt)),
 		stream:       stream,
 	}
 	return j, s.outputBudget(j, limits...)
@@ -273,4 +277,12 @@ func (d *decoder) generate(text *fillerText, n int) (string, error) {
 		out.WriteString(text.next())
 	}
 	return out.String(), nil
+}
+
+// deref is *p, "" for nil.
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }

@@ -51,7 +51,7 @@ func (s *Server) serveMatch(w http.ResponseWriter, r *http.Request) {
 	adapter, ok := s.models.resolve(req.Model)
 	blocks := 0
 	if ok {
-		blocks = s.cache.peek(blockHashes(prompt, s.cfg.BlockTokens, adapter))
+		blocks = s.cache.peek(blockHashes(prompt, s.cfg.BlockTokens, adapter, deref(req.CacheSalt)))
 	}
 	writeJSON(w, http.StatusOK, MatchReport{
 		PromptTokens: tokens,

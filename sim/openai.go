@@ -23,6 +23,7 @@ type chatRequest struct {
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Priority            int             `json:"priority"`
+	CacheSalt           *string         `json:"cache_salt"`
 }
 
 type completionRequest struct {
@@ -32,6 +33,7 @@ type completionRequest struct {
 	StreamOptions *streamOptions  `json:"stream_options"`
 	MaxTokens     *int            `json:"max_tokens"`
 	Priority      int             `json:"priority"`
+	CacheSalt     *string         `json:"cache_salt"`
 }
 
 type usage struct {
@@ -143,7 +145,7 @@ func (s *Server) serveChat(ctx context.Context, w http.ResponseWriter, r *http.R
 			return nil, badRequest(err.Error(), "messages")
 		}
 		// max_completion_tokens supersedes the deprecated max_tokens.
-		j, aerr := s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_completion_tokens", req.MaxCompletionTokens}, namedLimit{"max_tokens", req.MaxTokens})
+		j, aerr := s.newJob(r, req.Model, req.CacheSalt, prompt, req.Stream, namedLimit{"max_completion_tokens", req.MaxCompletionTokens}, namedLimit{"max_tokens", req.MaxTokens})
 		if j != nil {
 			j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 			j.priority = req.Priority
@@ -201,7 +203,7 @@ func (s *Server) serveCompletions(ctx context.Context, w http.ResponseWriter, r 
 		if err != nil {
 			return nil, badRequest(err.Error(), "prompt")
 		}
-		j, aerr := s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
+		j, aerr := s.newJob(r, req.Model, req.CacheSalt, prompt, req.Stream, namedLimit{"max_tokens", req.MaxTokens})
 		if j != nil {
 			j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 			j.priority = req.Priority

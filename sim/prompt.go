@@ -27,8 +27,11 @@ func tokenCount(prompt []byte) int {
 //
 // A non-empty adapter (LoRA name) seeds the chain, as vLLM puts the adapter
 // into every block's hash: KV computed under one adapter is never reused
-// under another or under the base model.
-func blockHashes(prompt []byte, blockTokens int, adapter string) []uint64 {
+// under another or under the base model. A non-empty salt (the request's
+// cache_salt) seeds it too, as vLLM puts the salt into the first block's
+// hash: requests with different salts, or with a salt and without, share
+// no block.
+func blockHashes(prompt []byte, blockTokens int, adapter, salt string) []uint64 {
 	n := tokenCount(prompt) / blockTokens
 	if n == 0 {
 		return nil
@@ -39,6 +42,12 @@ func blockHashes(prompt []byte, blockTokens int, adapter string) []uint64 {
 	var prev [8]byte
 	if adapter != "" {
 		_, _ = h.Write([]byte("lora:" + adapter))
+		binary.LittleEndian.PutUint64(prev[:], h.Sum64())
+	}
+	if salt != "" {
+		h.Reset()
+		_, _ = h.Write(prev[:])
+		_, _ = h.Write([]byte("salt:" + salt))
 		binary.LittleEndian.PutUint64(prev[:], h.Sum64())
 	}
 	for i := range n {

@@ -30,6 +30,7 @@ type responsesRequest struct {
 	Metadata           json.RawMessage `json:"metadata"`
 	Temperature        *float64        `json:"temperature"`
 	TopP               *float64        `json:"top_p"`
+	CacheSalt          *string         `json:"cache_salt"`
 }
 
 // responseObject is a Response as OpenAI's SDKs decode it. Fields the
@@ -225,7 +226,7 @@ func (s *Server) serveResponses(ctx context.Context, w http.ResponseWriter, r *h
 		if err != nil {
 			return nil, badRequest(err.Error(), "input")
 		}
-		return s.newJob(r, req.Model, prompt, req.Stream, namedLimit{"max_output_tokens", req.MaxOutputTokens})
+		return s.newJob(r, req.Model, req.CacheSalt, prompt, req.Stream, namedLimit{"max_output_tokens", req.MaxOutputTokens})
 	}
 	return s.serveGeneration(ctx, w, r, styleOpenAI, &req, prepare, func(j *job) reply {
 		return s.responsesReply(j, &req, msgs)

@@ -40,7 +40,7 @@ func newRootCmd() *cobra.Command {
 		Version:      buildinfo.String("cart-bench"),
 		SilenceUsage: true,
 	}
-	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd())
+	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd(), newOverloadCmd())
 	return root
 }
 
@@ -392,4 +392,42 @@ func addFailoverFlags(f *pflag.FlagSet, c *bench.FailoverConfig, prefix string) 
 	f.IntVar(&c.CacheGroups, prefix+"cache-groups", c.CacheGroups, "groups each worker's modelled cache holds")
 	addDataPlaneFlags(f, prefix, &c.DataPlanes, "data planes", &c.RouteTimeout, &c.Unary, &c.NoPlacementFeed)
 	addNodeProcsFlag(f, prefix, &c.NodeProcs)
+}
+
+func newOverloadCmd() *cobra.Command {
+	c := bench.DefaultOverload()
+	out := filepath.Join(repoRoot(), "bench", "results", time.Now().UTC().Format("2006-01-02")+"-overload")
+	cmd := &cobra.Command{
+		Use:   "overload",
+		Short: "A calm tenant under a flood: TTFT, fairness, priority and shedding through nginx and CART",
+		Long: `Starts cart-sim replicas with a batch limit and a waiting queue (--max-num-seqs),
+and for each scenario and target measures a calm tenant's streamed chats alone
+and under a flood: its TTFT p50/p90/p99 and their ratio, errors, the flood's
+throughput, tokens/s served, the hit ratio and, with two flooding tenants,
+their shares of the tokens. Scenarios: flood (equal priority), priority (the
+calm tenant at priority 5 with headroom and the engines' priority scheduling),
+two-floods (two flooding tenants of different concurrency, through different
+data planes in distributed mode), shed (a sheddable flood).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			res, err := bench.RunOverload(cmd.Context(), repoRoot(), out, c, cmd.ErrOrStderr())
+			if res != nil {
+				fmt.Fprint(cmd.OutOrStdout(), bench.FormatOverload(res))
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&out, "out", out, "results directory (results.json, summary.md, logs/)")
+	f.IntVar(&c.Replicas, "replicas", c.Replicas, "cart-sim replicas")
+	f.IntVar(&c.Seqs, "seqs", c.Seqs, "each replica's batch limit (--max-num-seqs)")
+	f.IntVar(&c.OutputTokens, "output-tokens", c.OutputTokens, "output tokens per request")
+	f.Float64Var(&c.DecodeMsPerToken, "decode-ms-per-token", c.DecodeMsPerToken, "replica decode time per token")
+	f.Float64Var(&c.CalmRate, "calm-rate", c.CalmRate, "calm tenant's requests per second")
+	f.IntVar(&c.FloodConcurrency, "flood", c.FloodConcurrency, "flooding tenant's requests in flight")
+	f.DurationVar(&c.Measure, "measure", c.Measure, "each measured window")
+	f.DurationVar(&c.Warmup, "warmup", c.Warmup, "the flood's head start before its window")
+	f.StringSliceVar(&c.Scenarios, "scenarios", c.Scenarios, "scenarios: "+strings.Join(bench.OverloadScenarios, ", "))
+	f.StringSliceVar(&c.Targets, "targets", c.Targets, "targets: "+strings.Join(bench.OverloadTargets, ", "))
+	return cmd
 }

@@ -1,8 +1,10 @@
 // Package affinity remembers which worker produced each stored Responses
-// API response, so that requests naming it (previous_response_id, GET
-// /v1/responses/{id}) reach the one replica that keeps it in memory. Data
-// planes key their table by response id, the control-plane leader by the
-// id's hash (HashID), which is what data planes send it.
+// API response, and for which tenant, so that requests naming it
+// (previous_response_id, GET /v1/responses/{id}) reach the one replica that
+// keeps it in memory, and only when they come from the tenant that made it.
+// Data planes key their table by response id, the control-plane leader by
+// the id's hash (HashID), which is what data planes send it; both keep the
+// tenant as its hash (HashTenant).
 package affinity
 
 import (
@@ -32,8 +34,24 @@ type Table[K comparable] struct {
 
 type entry[K comparable] struct {
 	key     K
-	worker  string
+	origin  Origin
 	expires time.Time
+}
+
+// Origin is where a stored response lives and whom it belongs to.
+type Origin struct {
+	Worker string
+	// Tenant is HashTenant of the client key's name that produced the
+	// response; 0 when unknown (learned from a node that predates tenants).
+	Tenant uint64
+}
+
+// Foreign reports whether a request from tenant (HashTenant; 0 when the
+// asker does not say) must be refused the response: both are known and
+// differ. An origin or a request from a node that predates tenants is not
+// refused, so that a rolling upgrade keeps conversations going.
+func (o Origin) Foreign(tenant uint64) bool {
+	return o.Tenant != 0 && tenant != 0 && o.Tenant != tenant
 }
 
 // New builds a table; ttl <= 0 and max <= 0 pick the defaults.
@@ -47,17 +65,17 @@ func New[K comparable](ttl time.Duration, max int) *Table[K] {
 	return &Table[K]{ttl: ttl, max: max, m: map[K]*list.Element{}}
 }
 
-// Learn records that worker produced k.
-func (t *Table[K]) Learn(k K, worker string, now time.Time) {
+// Learn records that o.Worker produced k for o.Tenant.
+func (t *Table[K]) Learn(k K, o Origin, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if el, ok := t.m[k]; ok {
 		e := el.Value.(*entry[K])
-		e.worker, e.expires = worker, now.Add(t.ttl)
+		e.origin, e.expires = o, now.Add(t.ttl)
 		t.lru.MoveToFront(el)
 		return
 	}
-	t.m[k] = t.lru.PushFront(&entry[K]{key: k, worker: worker, expires: now.Add(t.ttl)})
+	t.m[k] = t.lru.PushFront(&entry[K]{key: k, origin: o, expires: now.Add(t.ttl)})
 	for t.lru.Len() > t.max {
 		t.remove(t.lru.Back())
 	}
@@ -67,29 +85,33 @@ func (t *Table[K]) Learn(k K, worker string, now time.Time) {
 	}
 }
 
-// Lookup returns the worker that produced k and refreshes the entry: a
-// conversation in use stays remembered.
-func (t *Table[K]) Lookup(k K, now time.Time) (string, bool) {
+// Lookup returns the origin of k. Asked by its own tenant (or by one that
+// does not say), it refreshes the entry: a conversation in use stays
+// remembered. Another tenant's lookups leave it as it was, so that they can
+// neither keep it alive nor push others out of the table.
+func (t *Table[K]) Lookup(k K, tenant uint64, now time.Time) (Origin, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	el, ok := t.m[k]
 	if !ok {
-		return "", false
+		return Origin{}, false
 	}
 	e := el.Value.(*entry[K])
 	if !now.Before(e.expires) {
 		t.remove(el)
-		return "", false
+		return Origin{}, false
 	}
-	e.expires = now.Add(t.ttl)
-	t.lru.MoveToFront(el)
-	return e.worker, true
+	if !e.origin.Foreign(tenant) {
+		e.expires = now.Add(t.ttl)
+		t.lru.MoveToFront(el)
+	}
+	return e.origin, true
 }
 
 // Entry is one remembered key, as Entries lists it and Merge takes it.
 type Entry[K comparable] struct {
-	Key     K
-	Worker  string
+	Key K
+	Origin
 	Expires time.Time
 }
 
@@ -102,7 +124,7 @@ func (t *Table[K]) Entries(now time.Time) []Entry[K] {
 	defer t.mu.Unlock()
 	for el := t.lru.Front(); el != nil; el = el.Next() {
 		if e := el.Value.(*entry[K]); now.Before(e.expires) {
-			out = append(out, Entry[K]{Key: e.key, Worker: e.worker, Expires: e.expires})
+			out = append(out, Entry[K]{Key: e.key, Origin: e.origin, Expires: e.expires})
 		}
 	}
 	return out
@@ -128,14 +150,14 @@ func (t *Table[K]) Merge(es []Entry[K], now time.Time) {
 		}
 		if el, ok := t.m[e.Key]; ok {
 			if old := el.Value.(*entry[K]); e.Expires.After(old.expires) {
-				old.worker, old.expires = e.Worker, e.Expires
+				old.origin, old.expires = e.Origin, e.Expires
 			}
 			continue
 		}
 		if t.lru.Len() >= t.max {
 			continue // full: only keys it holds may still move their expiry
 		}
-		t.m[e.Key] = t.lru.PushBack(&entry[K]{key: e.Key, worker: e.Worker, expires: e.Expires})
+		t.m[e.Key] = t.lru.PushBack(&entry[K]{key: e.Key, origin: e.Origin, expires: e.Expires})
 	}
 }
 
@@ -156,10 +178,24 @@ func (t *Table[K]) remove(el *list.Element) {
 // between any two 64-bit values, and a table of hashes has a fixed entry
 // size whatever ids a client makes up.
 func HashID(id string) uint64 {
+	return nonZero(id)
+}
+
+// HashTenant is the 64-bit hash of a tenant (a client key's name) that
+// travels with a response's origin and with a request for one. Only
+// equality matters: names are few and chosen by the operator, so a
+// collision between two of them is as unlikely as between two random
+// 64-bit values, and no client picks a name.
+func HashTenant(name string) uint64 {
+	return nonZero("tenant\x00" + name)
+}
+
+// nonZero is FNV-1a 64 of s, never 0: 0 means "none" on the wire.
+func nonZero(s string) uint64 {
 	h := fnv.New64a()
-	_, _ = h.Write([]byte(id))
-	if s := h.Sum64(); s != 0 {
-		return s
+	_, _ = h.Write([]byte(s))
+	if v := h.Sum64(); v != 0 {
+		return v
 	}
-	return 1 // 0 means "no response" on the wire
+	return 1
 }

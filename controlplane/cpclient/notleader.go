@@ -26,3 +26,21 @@ func NotLeaderOf(err error) (*cartv1.NotLeader, bool) {
 	}
 	return nil, false
 }
+
+// IsResponseNotFound reports whether err is a Route refusal for a stored
+// response of another tenant (NOT_FOUND with a ResponseNotFound detail),
+// whether it came in a unary answer or a stream's.
+func IsResponseNotFound(err error) bool {
+	ce, ok := errors.AsType[*connect.Error](err)
+	if !ok || ce.Code() != connect.CodeNotFound {
+		return false
+	}
+	for _, d := range ce.Details() {
+		if v, err := d.Value(); err == nil {
+			if _, ok := v.(*cartv1.ResponseNotFound); ok {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -303,7 +303,7 @@ type originTable struct {
 func (o originTable) Learn(origins []*cartv1.ResponseOrigin) {
 	now := o.now()
 	for _, r := range origins {
-		o.t.Learn(r.GetIdHash(), r.GetWorker(), now)
+		o.t.Learn(r.GetIdHash(), affinity.Origin{Worker: r.GetWorker(), Tenant: r.GetTenantHash()}, now)
 	}
 }
 
@@ -311,7 +311,7 @@ func (o originTable) Stored() []*cartv1.StoredOrigin {
 	es := o.t.Entries(o.now())
 	out := make([]*cartv1.StoredOrigin, len(es))
 	for i, e := range es {
-		out[i] = &cartv1.StoredOrigin{IdHash: e.Key, Worker: e.Worker, ExpiresUnixNanos: e.Expires.UnixNano()}
+		out[i] = &cartv1.StoredOrigin{IdHash: e.Key, Worker: e.Worker, TenantHash: e.Tenant, ExpiresUnixNanos: e.Expires.UnixNano()}
 	}
 	return out
 }
@@ -319,7 +319,7 @@ func (o originTable) Stored() []*cartv1.StoredOrigin {
 func (o originTable) Restore(stored []*cartv1.StoredOrigin) {
 	es := make([]affinity.Entry[uint64], len(stored))
 	for i, r := range stored {
-		es[i] = affinity.Entry[uint64]{Key: r.GetIdHash(), Worker: r.GetWorker(), Expires: time.Unix(0, r.GetExpiresUnixNanos())}
+		es[i] = affinity.Entry[uint64]{Key: r.GetIdHash(), Origin: affinity.Origin{Worker: r.GetWorker(), Tenant: r.GetTenantHash()}, Expires: time.Unix(0, r.GetExpiresUnixNanos())}
 	}
 	o.t.Merge(es, o.now())
 }

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
@@ -96,9 +97,13 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 		exclude = append(slices.Clip(exclude), ex...)
 	}
 	now := c.o.Now()
+	pin, err := c.pinnedWorker(m.GetResponseIdHash(), m.GetTenantHash(), now)
+	if err != nil {
+		return refuse(err)
+	}
 	d, err := c.dec.RouteFor(ctx, decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId(), Expired: expired, Settle: settle}, decider.Request{
 		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, Avoid: m.GetAvoidWorkers(), DryRun: m.GetDryRun(), Session: session},
-		PinTo:   c.pinnedWorker(m.GetResponseIdHash(), now),
+		PinTo:   pin,
 	})
 	if err != nil {
 		return nil, routeError(ctx, err)
@@ -131,13 +136,23 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 // learned which worker produced it, the decision is pinned to that worker
 // (the response lives there only; load and prefix do not matter).
 // "" when the request names no response or one this leader does not know
-// (never seen, or forgotten): routed like any request.
-func (c *Core) pinnedWorker(hash uint64, now time.Time) string {
+// (never seen, or forgotten): routed like any request. A response of
+// another tenant is NOT_FOUND with a ResponseNotFound detail: the data
+// plane answers as the engine does for an unknown id, and the request
+// reaches no worker.
+func (c *Core) pinnedWorker(hash, tenant uint64, now time.Time) (string, error) {
 	if hash == 0 {
-		return ""
+		return "", nil
 	}
-	w, _ := c.responses.Lookup(hash, now)
-	return w
+	o, ok := c.responses.Lookup(hash, tenant, now)
+	if ok && o.Foreign(tenant) {
+		e := connect.NewError(connect.CodeNotFound, errors.New("the stored response belongs to another tenant"))
+		if d, err := connect.NewErrorDetail(&cartv1.ResponseNotFound{}); err == nil {
+			e.AddDetail(d)
+		}
+		return "", e
+	}
+	return o.Worker, nil
 }
 
 // routeError maps the decider's answers to Connect codes. "Nobody can take
@@ -179,8 +194,8 @@ func (c *Core) complete(m *cartv1.CompleteRequest) *cartv1.CompleteResponse {
 	var origins []*cartv1.ResponseOrigin
 	for _, o := range m.GetResponseOrigins() {
 		if o.GetIdHash() != 0 && o.GetWorker() != "" {
-			c.responses.Learn(o.GetIdHash(), o.GetWorker(), now)
-			origins = append(origins, &cartv1.ResponseOrigin{IdHash: o.GetIdHash(), Worker: o.GetWorker()})
+			c.responses.Learn(o.GetIdHash(), affinity.Origin{Worker: o.GetWorker(), Tenant: o.GetTenantHash()}, now)
+			origins = append(origins, &cartv1.ResponseOrigin{IdHash: o.GetIdHash(), Worker: o.GetWorker(), TenantHash: o.GetTenantHash()})
 		}
 	}
 	if len(origins) > 0 {

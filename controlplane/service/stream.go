@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
@@ -303,9 +304,16 @@ func invalidBatched(x *cartv1.StreamRequest) string {
 	return ""
 }
 
-// streamErrorAnswer is the answer to call id that failed with err.
+// streamErrorAnswer is the answer to call id that failed with err, with
+// the details the unary call's error would carry.
 func streamErrorAnswer(id uint64, err error) *cartv1.StreamResponse {
-	return &cartv1.StreamResponse{Id: id, Result: &cartv1.StreamResponse_Error{Error: &cartv1.StreamError{Code: uint32(connect.CodeOf(err)), Message: errMessage(err)}}}
+	se := &cartv1.StreamError{Code: uint32(connect.CodeOf(err)), Message: errMessage(err)}
+	if ce, ok := errors.AsType[*connect.Error](err); ok {
+		for _, d := range ce.Details() {
+			se.Details = append(se.Details, &anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})
+		}
+	}
+	return &cartv1.StreamResponse{Id: id, Result: &cartv1.StreamResponse_Error{Error: se}}
 }
 
 // streamCall serves one call of a stream.

@@ -20,6 +20,10 @@ type Error struct {
 	Code    string // machine-readable code, e.g. body_too_large
 	Param   string // offending request field, if any
 	Message string // human-readable explanation
+	// NumericCode sends Status as the "code", a number, instead of Code:
+	// what vLLM's own errors carry, for answers that must read exactly as
+	// the engine's.
+	NumericCode bool
 }
 
 func (e *Error) Error() string {
@@ -58,12 +62,15 @@ type bodyError struct {
 	Message string  `json:"message"`
 	Type    string  `json:"type"`
 	Param   *string `json:"param"`
-	Code    string  `json:"code"`
+	Code    any     `json:"code"` // a string, or the status for NumericCode
 }
 
 // JSON returns the OpenAI-shaped body for e.
 func (e *Error) JSON() []byte {
 	b := body{Error: bodyError{Message: e.Message, Type: e.Type, Code: e.Code}}
+	if e.NumericCode {
+		b.Error.Code = e.Status
+	}
 	if e.Param != "" {
 		p := e.Param
 		b.Error.Param = &p

@@ -121,6 +121,7 @@ func TestCacheSalt(t *testing.T) {
 		ChatCompletions: `{"cache_salt":"s1","messages":[{"role":"user","content":"hi"}]}`,
 		Completions:     `{"cache_salt":"s1","prompt":"hi"}`,
 		Messages:        `{"cache_salt":"s1","messages":[{"role":"user","content":"hi"}]}`,
+		Responses:       `{"cache_salt":"s1","input":"hi"}`,
 	} {
 		if r := mustExtract(t, e, body); r.CacheSalt != "s1" {
 			t.Errorf("%s: cache salt %q", e, r.CacheSalt)

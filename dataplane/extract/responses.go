@@ -29,6 +29,7 @@ type responsesRequest struct {
 	Stream             bool            `json:"stream"`
 	User               string          `json:"user"`
 	PromptCacheKey     string          `json:"prompt_cache_key"`
+	CacheSalt          string          `json:"cache_salt"`
 	Instructions       json.RawMessage `json:"instructions"`
 	Input              json.RawMessage `json:"input"`
 	PreviousResponseID json.RawMessage `json:"previous_response_id"`
@@ -87,6 +88,7 @@ func (b *builder) responses(body []byte) (*Request, error) {
 		Stream:         req.Stream,
 		User:           req.User,
 		PromptCacheKey: req.PromptCacheKey,
+		CacheSalt:      req.CacheSalt,
 	}
 	if firstByte(req.PreviousResponseID) == '"' {
 		out.PreviousResponseID = string(b.decode(req.PreviousResponseID))

@@ -30,8 +30,8 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 		exclude = append(append(make([]string, 0, len(c.failed)+len(c.modelExclude)), c.failed...), c.modelExclude...)
 	}
 	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude, Avoid: p.o.Breakers.Blocked(p.o.Now()), Admission: c.admission}
-	if c.pin == "" {
-		req.ResponseID = c.responseID
+	if c.pin == "" && c.responseID != "" {
+		req.ResponseID, req.Tenant = c.responseID, c.tenant
 	}
 	if c.routed {
 		req.Endpoint, req.Hashes, req.KeyLen, req.Session = c.endpoint, c.hashes, c.keyLen, c.session
@@ -42,6 +42,9 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 	}
 	if errors.Is(err, router.ErrResponseGone) {
 		return nil, responseGone(c.responseID, c.responseParam)
+	}
+	if errors.Is(err, router.ErrResponseNotFound) {
+		return nil, responseNotFound(c.responseID)
 	}
 	if err != nil {
 		if c.pin != "" && errors.Is(err, router.ErrUnavailable) {
@@ -68,11 +71,11 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 		p.m.MatchedRatio.Observe(d.MatchedRatio)
 		p.m.DecisionLatency.Observe(d.Latency.Seconds())
 		if p.log.Enabled(ctx, slog.LevelInfo) {
-			p.log.Info("route",
+			p.log.Info("route", c.logArgs(
 				"request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "model", clip(c.model), "reason", d.Reason,
 				"matched_ratio", math.Round(d.MatchedRatio*1000)/1000, "matched_chars", d.MatchedChars,
 				"worker", d.Worker, "decision_us", d.Latency.Microseconds(), "attempt", c.attempts,
-				"queued_ms", d.Waited.Milliseconds(), "priority", c.admission.Priority)
+				"queued_ms", d.Waited.Milliseconds(), "priority", c.admission.Priority)...)
 		}
 	}
 	return a, nil
@@ -152,6 +155,13 @@ func (a *attempt) send(ctx context.Context) (*http.Response, error) {
 	req.URL.Scheme, req.URL.Host = w.url.Scheme, w.url.Host
 	req.URL.Path = singleJoin(w.url.Path, out.URL.Path)
 	req.URL.RawPath = ""
+	if out.URL.RawPath != "" || w.url.RawPath != "" {
+		// The path has escapes its decoded form would lose: a "%2F" sent
+		// as "/" is another path to the worker (a response id decoding to
+		// "../../sim/stats"). Joined escaped, it reaches the worker as the
+		// client wrote it.
+		req.URL.RawPath = singleJoin(w.url.EscapedPath(), out.URL.EscapedPath())
+	}
 	req.Host = ""
 	if p.workerKeys.get(d.Worker) != "" {
 		// Keys differ per worker, so this attempt needs its own headers.

@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"net"
 	"net/http"
 	"strings"
@@ -16,6 +18,9 @@ import (
 type ClientKey struct {
 	Name string // tenant label in logs and metrics
 	Key  string
+	// IsolateCache gives the tenant a prefix cache of its own: its
+	// requests carry a cache_salt derived from its key (see cacheSalt).
+	IsolateCache bool
 }
 
 // AnonymousTenant labels requests when no client keys are configured, and
@@ -39,12 +44,21 @@ type keyDigest struct {
 type clientAuth struct {
 	keys  []keyDigest
 	admin *[sha256.Size]byte // nil: /workers answers loopback callers only
+	// salts are the cache-salt secrets of the tenants whose prefix cache
+	// is isolated, by tenant name.
+	salts map[string][]byte
 }
 
 func newClientAuth(keys []ClientKey, admin string) clientAuth {
 	a := clientAuth{keys: make([]keyDigest, len(keys))}
 	for i, k := range keys {
 		a.keys[i] = keyDigest{name: k.Name, sum: sha256.Sum256([]byte(k.Key))}
+		if k.IsolateCache {
+			if a.salts == nil {
+				a.salts = map[string][]byte{}
+			}
+			a.salts[k.Name] = saltSecret(k.Key)
+		}
 	}
 	if admin != "" {
 		sum := sha256.Sum256([]byte(admin))
@@ -107,7 +121,7 @@ func (p *Proxy) authenticate(w http.ResponseWriter, r *http.Request, endpoint st
 	if _, ok := bearer(r.Header); ok || r.Header.Get("X-Api-Key") != "" {
 		msg = "invalid API key"
 	}
-	c := &call{id: requestID(r), endpoint: endpoint, tenant: AnonymousTenant, anthropic: apierr.IsAnthropicPath(r.URL.Path)}
+	c := p.newCall(r, endpoint, AnonymousTenant)
 	p.fail(w, c, apierr.New(http.StatusUnauthorized, apierr.TypeAuthentication, "invalid_api_key", "%s", msg))
 	return "", false
 }
@@ -187,4 +201,38 @@ func (p *Proxy) setWorkerAuth(h http.Header, worker string) {
 	if k := p.workerKeys.get(worker); k != "" {
 		h.Set("Authorization", "Bearer "+k)
 	}
+}
+
+// Prefix-cache isolation. A tenant whose key has IsolateCache gets a
+// cache_salt on every request, which vLLM mixes into its block hashes: its
+// cached blocks match no other tenant's, so no other tenant can learn
+// from a cache hit (the time to first token, or cached_tokens) what it
+// sent. The salt is derived from the tenant's key, a secret no other
+// tenant holds, so none can send it: HMAC-SHA256 of a fixed label keyed
+// by the key is the tenant's salt secret, and the salt of a request is
+// HMAC-SHA256 of the client's own cache_salt ("" when it sent none) keyed
+// by that secret, in base64url (43 characters, 256 bits, as vLLM
+// recommends). The client's salt still splits the tenant's own cache as
+// it meant to, and cannot lead out of it. Every data plane derives the
+// same salt from the same key; a new key (rotation) starts a cold cache.
+
+// saltLabel keys the salt secret to its one use.
+const saltLabel = "cart cache_salt v1"
+
+func saltSecret(key string) []byte {
+	m := hmac.New(sha256.New, []byte(key))
+	m.Write([]byte(saltLabel))
+	return m.Sum(nil)
+}
+
+// cacheSalt returns the salt to send for tenant's request that carried
+// client's cache_salt, and whether the tenant is isolated at all.
+func (a *clientAuth) cacheSalt(tenant, client string) (string, bool) {
+	secret, ok := a.salts[tenant]
+	if !ok {
+		return "", false
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(client))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil)), true
 }

@@ -248,7 +248,7 @@ func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
 		p.serveRouted(ep, w, r, tenant)
 		return
 	}
-	c := &call{id: requestID(r), endpoint: "other", tenant: tenant, anthropic: apierr.IsAnthropicPath(r.URL.Path), start: p.o.Now()}
+	c := p.newCall(r, "other", tenant)
 	if !p.passPaths.allows(r.URL.Path) {
 		p.fail(w, c, apierr.New(http.StatusNotFound, apierr.TypeInvalidRequest, "unknown_url",
 			"Unknown request URL: %s %s. This router forwards only the paths listed in proxy.pass_through_paths.", r.Method, truncate(r.URL.Path, 200)))

@@ -22,7 +22,8 @@ import (
 
 // call is one client request on its way through the proxy.
 type call struct {
-	id        string
+	id        string // CART's request id (X-Request-Id to the worker)
+	clientID  string // the client's own X-Request-Id, sanitized, for logs
 	endpoint  string // metric label
 	tenant    string // metric and log label: a configured client key name or AnonymousTenant
 	anthropic bool   // errors go out in the Anthropic shape
@@ -63,6 +64,15 @@ type call struct {
 	admission router.Admission
 }
 
+// logArgs adds the client's own request id, when it sent one, to the
+// arguments of a log line about the call.
+func (c *call) logArgs(args ...any) []any {
+	if c.clientID != "" {
+		args = append(args, "client_request_id", c.clientID)
+	}
+	return args
+}
+
 // maxPooledHashes bounds the hash buffers kept for reuse (64k blocks = a
 // 4 MB prompt at the default block size).
 const maxPooledHashes = 1 << 16
@@ -85,7 +95,8 @@ func (p *Proxy) routed(ep extract.Endpoint) http.HandlerFunc {
 }
 
 func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.Request, tenant string) {
-	c := &call{id: requestID(r), endpoint: ep.String(), tenant: tenant, anthropic: apierr.IsAnthropicPath(r.URL.Path), routed: true, start: p.o.Now()}
+	c := p.newCall(r, ep.String(), tenant)
+	c.routed = true
 	defer c.hold.free()
 	body, err := p.readBody(w, r, c)
 	if err != nil {
@@ -114,6 +125,10 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 		p.fail(w, c, err)
 		return
 	}
+	if body, err = p.isolateCache(w, ep, c, body, req); err != nil {
+		p.fail(w, c, err)
+		return
+	}
 	if ep == extract.Responses {
 		if err := p.prepareResponses(c, req); err != nil {
 			p.fail(w, c, err)
@@ -129,10 +144,42 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 			hashPool.Put(hp)
 		}
 	}()
-	*hp = router.Hash((*hp)[:0], req.Model, req.CacheSalt, req.Key, p.o.BlockChars)
+	salt := req.CacheSalt
+	if !extract.SaltHonored(ep) {
+		// The engine ignores it there: requests with and without it share
+		// its cache, and so must their hashes.
+		salt = ""
+	}
+	*hp = router.Hash((*hp)[:0], req.Model, salt, req.Key, p.o.BlockChars)
 	c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
 	c.session = p.sessionKey(r, req)
 	p.forward(w, r, c)
+}
+
+// isolateCache gives the request of a tenant whose cache is isolated its
+// cache_salt (auth.go), in the body the worker gets and in req, whose
+// salt seeds the block hashes: the index then never matches the tenant's
+// prefixes with another's either. Other tenants' bodies are returned as
+// they came.
+func (p *Proxy) isolateCache(w http.ResponseWriter, ep extract.Endpoint, c *call, body []byte, req *extract.Request) ([]byte, error) {
+	salt, ok := p.auth.cacheSalt(c.tenant, req.CacheSalt)
+	if !ok {
+		return body, nil
+	}
+	if !extract.SaltHonored(ep) {
+		return nil, extract.ErrCacheSaltUnsupported(ep)
+	}
+	out, err := extract.SetCacheSalt(body, salt)
+	if err != nil {
+		return nil, err
+	}
+	// The copy replaces the body (the old one is garbage now): the budget
+	// holds the few bytes it grew by.
+	if n := int64(len(out) - len(body)); n > 0 && !c.hold.grow(n) {
+		return nil, overBudget(w)
+	}
+	req.CacheSalt = salt
+	return out, nil
 }
 
 // sessionKey returns the first session key present, in configured order,
@@ -245,8 +292,8 @@ func (p *Proxy) finish(r *http.Request, c *call, sw *statusWriter, aborted bool)
 	tracing.Annotate(r.Context(), c.endpoint, c.tenant, c.model, worker)
 	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(status), worker, c.tenant).Inc()
 	if status == 499 || aborted {
-		p.log.Info("request ended early", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", status, "worker", worker,
-			"duration_ms", p.o.Now().Sub(c.start).Milliseconds(), "client_gone", r.Context().Err() != nil)
+		p.log.Info("request ended early", c.logArgs("request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", status, "worker", worker,
+			"duration_ms", p.o.Now().Sub(c.start).Milliseconds(), "client_gone", r.Context().Err() != nil)...)
 	}
 }
 
@@ -272,7 +319,7 @@ func (p *Proxy) fail(w http.ResponseWriter, c *call, err error) {
 		apierr.Write(w, ae)
 	}
 	p.m.Requests.WithLabelValues(c.endpoint, statusLabel(ae.Status), "", c.tenant).Inc()
-	p.log.Info("request refused", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "code", ae.Code, "error", clip(err.Error()))
+	p.log.Info("request refused", c.logArgs("request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "code", ae.Code, "error", clip(err.Error()))...)
 }
 
 // errorHandler answers a call that got no usable response.
@@ -289,7 +336,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, c *call, er
 		w.Header().Set("Retry-After", "1")
 	}
 	apierr.WriteFor(w, r, ae)
-	p.log.Warn("request failed", "request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "attempts", c.attempts, "error", err.Error())
+	p.log.Warn("request failed", c.logArgs("request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", ae.Status, "attempts", c.attempts, "error", err.Error())...)
 }
 
 // upstreamError is what a client is told about a failure behind the proxy.

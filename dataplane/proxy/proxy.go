@@ -22,6 +22,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/models"
+	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/metrics"
@@ -301,13 +302,48 @@ func singleJoin(base, path string) string {
 	return base + path
 }
 
-func requestID(r *http.Request) string {
-	if id := r.Header.Get(HeaderRequestID); id != "" && len(id) <= 128 {
-		return id
-	}
+// newCall starts the record of one client request. Its id is CART's own,
+// always: it is what the worker receives as X-Request-Id and what every
+// log line of the request carries, so a client must not choose it (to
+// collide with another tenant's requests in the logs, or to inject text
+// into them). The client's own X-Request-Id is kept, sanitized, for the
+// logs only.
+func (p *Proxy) newCall(r *http.Request, endpoint, tenant string) *call {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	return &call{id: hex.EncodeToString(b[:]), clientID: clientRequestID(r), endpoint: endpoint, tenant: tenant,
+		anthropic: apierr.IsAnthropicPath(r.URL.Path), start: p.o.Now()}
+}
+
+// maxClientRequestID bounds the client's X-Request-Id as logged.
+const maxClientRequestID = 128
+
+// clientRequestID is the client's X-Request-Id for the logs: printable
+// ASCII only (anything else, a line break included, becomes '?'), at most
+// maxClientRequestID bytes, "" when the client sent none.
+func clientRequestID(r *http.Request) string {
+	v := r.Header.Get(HeaderRequestID)
+	if v == "" {
+		return ""
+	}
+	n := min(len(v), maxClientRequestID)
+	clean := true
+	for i := range n {
+		if v[i] < 0x20 || v[i] > 0x7e {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return v[:n]
+	}
+	b := []byte(v[:n])
+	for i, c := range b {
+		if c < 0x20 || c > 0x7e {
+			b[i] = '?'
+		}
+	}
+	return string(b)
 }
 
 // maxLoggedString bounds a client-chosen string in a log line: a 60 KB

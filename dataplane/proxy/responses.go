@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -14,9 +15,13 @@ import (
 // The Responses API stores each response in the memory of the replica that
 // produced it (vLLM, and cart-sim like it), so a request continuing it
 // (previous_response_id) and the calls on a stored response (GET, DELETE,
-// cancel) work on that replica only. The proxy learns which replica
-// produced each response id from the answers themselves and pins those
-// requests there, ahead of the prefix rule and of load balancing.
+// cancel, input_items) work on that replica only. The proxy learns which
+// replica produced each response id, and for which tenant, from the
+// answers themselves and pins those requests there, ahead of the prefix
+// rule and of load balancing. The engine has no notion of tenants: any
+// client holding an id could read, cancel or continue the response, so a
+// tenant other than the one that made it is answered as the engine answers
+// an id it does not know, and its request never reaches a replica.
 
 const (
 	// maxResponseIDLen bounds the ids remembered: vLLM's are 37 bytes.
@@ -27,24 +32,57 @@ const (
 	responseIDSniff = 8 << 10
 )
 
+// validResponseID reports whether id can be a response id: letters,
+// digits, '_' and '-' (vLLM's are "resp_" and 32 hex digits, OpenAI's
+// "resp_" and more alphanumerics), at most maxResponseIDLen bytes. The id
+// of /v1/responses/{id} is one escaped path segment: anything else ("%2F",
+// "..", a NUL) is refused before an outbound path is built from it.
+func validResponseID[T string | []byte](id T) bool {
+	if len(id) == 0 || len(id) > maxResponseIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// responseNotFound is vLLM's answer for a response id its store does not
+// hold (serving.py, _make_not_found_error), byte for byte in shape: CART
+// gives it for another tenant's response and for an id that cannot be
+// one, so that neither is told apart from an id nobody made.
+func responseNotFound(id string) *apierr.Error {
+	return &apierr.Error{Status: http.StatusNotFound, Type: apierr.TypeInvalidRequest, Code: "response_not_found", Param: "response_id", NumericCode: true,
+		Message: "Response with id '" + truncate(id, maxResponseIDLen) + "' not found."}
+}
+
 // pinResponse returns the worker holding response id, "" when this router
 // never saw it produced (it is then routed normally: the id may predate a
-// restart, and the replica that made it can still answer). A worker that
-// left the pool took the response with it: the client is told so rather
-// than sent to a replica that never saw it.
-func (p *Proxy) pinResponse(id, param string) (string, error) {
+// restart, and the replica that made it can still answer). A response of
+// another tenant is not found; a worker that left the pool took the
+// response with it: the client is told so rather than sent to a replica
+// that never saw it.
+func (p *Proxy) pinResponse(id, param, tenant string) (string, error) {
 	if len(id) > maxResponseIDLen {
 		// Longer than any engine's ids (and than any learned from an
 		// answer): never pinned, nor remembered below.
 		return "", nil
 	}
-	worker, ok := p.affinity.Lookup(id, p.o.Now())
+	th := affinity.HashTenant(tenant)
+	o, ok := p.affinity.Lookup(id, th, p.o.Now())
 	if !ok {
 		return "", nil
 	}
+	if o.Foreign(th) {
+		return "", responseNotFound(id)
+	}
 	for _, ws := range p.o.Router.Workers() {
-		if ws.URL == worker {
-			return worker, nil
+		if ws.URL == o.Worker {
+			return o.Worker, nil
 		}
 	}
 	return "", responseGone(id, param)
@@ -80,7 +118,7 @@ func (p *Proxy) prepareResponses(c *call, req *extract.Request) error {
 	if req.PreviousResponseID == "" {
 		return nil
 	}
-	w, err := p.pinResponse(req.PreviousResponseID, "previous_response_id")
+	w, err := p.pinResponse(req.PreviousResponseID, "previous_response_id", c.tenant)
 	c.pin = w
 	c.responseID, c.responseParam = req.PreviousResponseID, "previous_response_id"
 	return err
@@ -94,7 +132,7 @@ func (p *Proxy) storedResponse(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	c := &call{id: requestID(r), endpoint: extract.Responses.String(), tenant: tenant, start: p.o.Now()}
+	c := p.newCall(r, extract.Responses.String(), tenant)
 	defer c.hold.free()
 	body, err := p.readBody(w, r, c)
 	if err == nil && len(body) > 0 && p.o.RemoteMediaPolicy != 0 {
@@ -105,7 +143,13 @@ func (p *Proxy) storedResponse(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		c.responseID = r.PathValue("id")
-		c.pin, err = p.pinResponse(c.responseID, "")
+		if !validResponseID(c.responseID) {
+			// Not an id any engine makes, and the outbound path would
+			// carry whatever it decodes to ("../../sim/stats").
+			err = responseNotFound(c.responseID)
+		} else {
+			c.pin, err = p.pinResponse(c.responseID, "", tenant)
+		}
 	}
 	if err != nil {
 		p.fail(w, c, err)
@@ -122,24 +166,25 @@ func (p *Proxy) sniffResponseID(c *call, resp *http.Response) *http.Response {
 	if !c.learnResponseID || resp.StatusCode/100 != 2 {
 		return resp
 	}
-	worker := c.final.Worker
+	worker, tenant := c.final.Worker, c.tenant
 	resp.Body = &responseIDSniffer{ReadCloser: resp.Body, learn: func(id string) {
-		p.affinity.Learn(id, worker, p.o.Now())
+		p.affinity.Learn(id, affinity.Origin{Worker: worker, Tenant: affinity.HashTenant(tenant)}, p.o.Now())
 		if l, ok := p.o.Router.(router.ResponseLearner); ok {
 			// Waited for: a client may send the follow-up to another
 			// data plane as soon as it holds the id.
-			l.LearnResponse(context.WithoutCancel(resp.Request.Context()), id, worker)
+			l.LearnResponse(context.WithoutCancel(resp.Request.Context()), id, worker, tenant)
 		}
 	}}
 	return resp
 }
 
 // pinFromRouter adopts the pin a shared-affinity router found for the
-// call's response id, so that retries stay on that worker too.
+// call's response id, so that retries stay on that worker too. The router
+// pins only a response of the call's own tenant (router.Request.Tenant).
 func (p *Proxy) pinFromRouter(c *call, d router.Decision) {
 	if d.Pinned && c.pin == "" && c.responseID != "" && len(c.responseID) <= maxResponseIDLen {
 		c.pin = d.Worker
-		p.affinity.Learn(c.responseID, d.Worker, p.o.Now())
+		p.affinity.Learn(c.responseID, affinity.Origin{Worker: d.Worker, Tenant: affinity.HashTenant(c.tenant)}, p.o.Now())
 	}
 }
 
@@ -194,7 +239,7 @@ func findResponseID(b []byte) (string, bool) {
 			return "", false // not all here yet
 		}
 		id := v[1 : 1+end]
-		if bytes.IndexByte(id, '\\') >= 0 || len(id) > maxResponseIDLen {
+		if !validResponseID(id) {
 			continue
 		}
 		return string(id), true

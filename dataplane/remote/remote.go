@@ -288,7 +288,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		m, err := r.routeCall(rctx, target, st, &cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: hashes, KeyLength: uint32(req.KeyLen),
 			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, AvoidWorkers: req.Avoid, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
-			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID), Completions: riders,
+			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID), TenantHash: tenantHash(req), Completions: riders,
 		})
 		cancel()
 		// The leader may have decided (and placed) before the answer was
@@ -329,6 +329,10 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		if req.ResponseID != "" && connect.CodeOf(err) == connect.CodeFailedPrecondition {
 			// The leader knows the response, and that its worker is gone.
 			return router.Decision{}, fmt.Errorf("%w: %v", router.ErrResponseGone, err)
+		}
+		if req.ResponseID != "" && cpclient.IsResponseNotFound(err) {
+			// The leader knows the response: another tenant's.
+			return router.Decision{}, router.ErrResponseNotFound
 		}
 		if ctx.Err() != nil {
 			return router.Decision{}, ctx.Err() // the client left; nothing to route
@@ -501,13 +505,22 @@ func responseHash(id string) uint64 {
 	return affinity.HashID(id)
 }
 
+// tenantHash is the RouteRequest.tenant_hash of req: only a request naming
+// a stored response needs it.
+func tenantHash(req *router.Request) uint64 {
+	if req.ResponseID == "" {
+		return 0
+	}
+	return affinity.HashTenant(req.Tenant)
+}
+
 // LearnResponse implements router.ResponseLearner: it tells the leader at
 // once, not with the next completion batch, because the client holds the
 // id as soon as this returns and may continue the conversation through
 // another data plane. A failure is logged and otherwise ignored: this data
 // plane's own table still pins the id, and another data plane routes an
 // id it cannot resolve by prefix.
-func (r *Router) LearnResponse(ctx context.Context, id, worker string) {
+func (r *Router) LearnResponse(ctx context.Context, id, worker, tenant string) {
 	target := r.current()
 	if target == "" {
 		return
@@ -519,7 +532,7 @@ func (r *Router) LearnResponse(ctx context.Context, id, worker string) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	_, err := r.completeCall(ctx, target, &cartv1.CompleteRequest{
-		DataplaneId: r.o.ID, ResponseOrigins: []*cartv1.ResponseOrigin{{IdHash: affinity.HashID(id), Worker: worker}},
+		DataplaneId: r.o.ID, ResponseOrigins: []*cartv1.ResponseOrigin{{IdHash: affinity.HashID(id), Worker: worker, TenantHash: affinity.HashTenant(tenant)}},
 	})
 	if err != nil {
 		r.logRPCError("report response origin failed", target, err)

@@ -541,7 +541,13 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 // answer unpacks a stream answer into the unary call's result or error.
 func answer[T any](m *cartv1.StreamResponse, get func(*cartv1.StreamResponse) *T) (*T, error) {
 	if e := m.GetError(); e != nil {
-		return nil, connect.NewError(connect.Code(e.GetCode()), errors.New(e.GetMessage()))
+		ce := connect.NewError(connect.Code(e.GetCode()), errors.New(e.GetMessage()))
+		for _, a := range e.GetDetails() {
+			if d, err := connect.NewErrorDetail(a); err == nil {
+				ce.AddDetail(d)
+			}
+		}
+		return nil, ce
 	}
 	if v := get(m); v != nil {
 		return v, nil

@@ -34,13 +34,17 @@ type Request struct {
 	// ResponseID names the stored Responses API response the request
 	// continues or reads ("" = none). A router that shares response
 	// affinity between data planes pins the request to the worker that
-	// produced it (Decision.Pinned), or fails with ErrResponseGone.
+	// produced it (Decision.Pinned), or fails with ErrResponseGone, or
+	// with ErrResponseNotFound when it belongs to another tenant.
 	ResponseID string
 	// Admission is what flow control knows of the request: when every
 	// worker it may use is saturated, it waits by these (tenant, priority,
 	// deadline), and Route returns once a worker takes it or flow control
 	// refuses it (ErrRefused).
 	Admission Admission
+	// Tenant is the client key's name the request came with, for
+	// ResponseID's owner check ("" when ResponseID is).
+	Tenant string
 }
 
 // Admission is a request's flow-control identity (decider.Admission).
@@ -135,12 +139,16 @@ type Router interface {
 // the pool, and the stored response with it.
 var ErrResponseGone = errors.New("the replica that produced this response is no longer in the pool")
 
+// ErrResponseNotFound: Request.ResponseID belongs to another tenant than
+// Request.Tenant; the request must be answered as for an unknown id.
+var ErrResponseNotFound = errors.New("the response belongs to another tenant")
+
 // ResponseLearner is implemented by routers that share response affinity:
-// LearnResponse tells the others which worker produced a response, and
-// returns once they can route by it (or it gave up: the data plane's own
-// table still has it).
+// LearnResponse tells the others which worker produced a response for
+// which tenant, and returns once they can route by it (or it gave up: the
+// data plane's own table still has it).
 type ResponseLearner interface {
-	LearnResponse(ctx context.Context, id, worker string)
+	LearnResponse(ctx context.Context, id, worker, tenant string)
 }
 
 // ErrUnavailable marks the "no worker can take this" conditions so the

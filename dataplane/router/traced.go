@@ -61,6 +61,6 @@ type tracedLearner struct {
 	l ResponseLearner
 }
 
-func (r *tracedLearner) LearnResponse(ctx context.Context, id, worker string) {
-	r.l.LearnResponse(ctx, id, worker)
+func (r *tracedLearner) LearnResponse(ctx context.Context, id, worker, tenant string) {
+	r.l.LearnResponse(ctx, id, worker, tenant)
 }

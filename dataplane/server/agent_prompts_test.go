@@ -121,8 +121,10 @@ func TestCustomIgnorePrefixKeepsRoute(t *testing.T) {
 	}
 }
 
-// vLLM's cache_salt isolates caches: the same prompt with another salt
-// shares nothing with it, with the same salt it matches.
+// vLLM's cache_salt isolates caches on the endpoints that read it: the same
+// prompt with another salt shares nothing with it, with the same salt it
+// matches. vLLM's /v1/messages ignores the field, so there salted requests
+// share the cache, and the index says so.
 func TestCacheSaltSeparatesCaches(t *testing.T) {
 	base := simPool(t, 3, "")
 	prompt := longText("A long system prompt shared by two tenants", 6000)
@@ -130,22 +132,21 @@ func TestCacheSaltSeparatesCaches(t *testing.T) {
 	if reason != "cache_miss" {
 		t.Fatalf("first request: reason %q", reason)
 	}
-	for _, salt := range []string{"tenant-b", ""} {
-		if _, reason := routeOf(t, base, "/v1/messages", messagesBody([]string{prompt}, salt)); reason != "cache_miss" {
-			t.Fatalf("salt %q after tenant-a: reason %q, want cache_miss", salt, reason)
+	for _, salt := range []string{"tenant-b", "", "tenant-a"} {
+		if peer, reason := routeOf(t, base, "/v1/messages", messagesBody([]string{prompt}, salt)); reason != "cache_hit" || peer != first {
+			t.Fatalf("/v1/messages, salt %q after tenant-a: reason %q on %s, want cache_hit on %s", salt, reason, peer, first)
 		}
 	}
-	if peer, reason := routeOf(t, base, "/v1/messages", messagesBody([]string{prompt}, "tenant-a")); reason != "cache_hit" || peer != first {
-		t.Fatalf("same salt again: reason %q on %s, want cache_hit on %s", reason, peer, first)
-	}
-	// The same holds on the OpenAI endpoints.
-	for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/v1/responses"} {
 		body := func(salt string) string {
 			m := map[string]any{"model": "cart-sim", "max_tokens": 2, "cache_salt": salt}
-			if path == "/v1/completions" {
+			switch path {
+			case "/v1/completions":
 				m["prompt"] = "completions " + prompt
-			} else {
-				m["messages"] = []map[string]string{{"role": "user", "content": prompt}}
+			case "/v1/responses":
+				m["input"] = "responses " + prompt
+			default:
+				m["messages"] = []map[string]string{{"role": "user", "content": "chat " + prompt}}
 			}
 			b, _ := json.Marshal(m)
 			return string(b)

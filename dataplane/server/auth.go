@@ -31,7 +31,7 @@ func applyAuth(o *proxy.Options, cfg *config.Config) error {
 	}
 	o.ClientKeys = make([]proxy.ClientKey, len(keys))
 	for i, k := range keys {
-		o.ClientKeys[i] = proxy.ClientKey{Name: k.Name, Key: k.Key}
+		o.ClientKeys[i] = proxy.ClientKey{Name: k.Name, Key: k.Key, IsolateCache: k.IsolateCache}
 	}
 	o.AdminToken = admin
 	o.WorkerKeys = wk

@@ -469,8 +469,8 @@ type learningRouter struct {
 	learned []string
 }
 
-func (l *learningRouter) LearnResponse(_ context.Context, id, worker string) {
-	l.learned = append(l.learned, id+"@"+worker)
+func (l *learningRouter) LearnResponse(_ context.Context, id, worker, tenant string) {
+	l.learned = append(l.learned, id+"@"+worker+"/"+tenant)
 }
 
 func TestWrapRouter(t *testing.T) {
@@ -512,8 +512,8 @@ func TestWrapRouter(t *testing.T) {
 	if !ok {
 		t.Fatal("the wrapper hides the router's ResponseLearner")
 	}
-	wl.LearnResponse(ctx, "resp_1", "http://w:1")
-	if len(lr.learned) != 1 {
+	wl.LearnResponse(ctx, "resp_1", "http://w:1", "team-a")
+	if len(lr.learned) != 1 || lr.learned[0] != "resp_1@http://w:1/team-a" {
 		t.Errorf("LearnResponse not forwarded: %v", lr.learned)
 	}
 }

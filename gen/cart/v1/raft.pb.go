@@ -903,8 +903,10 @@ type StoredOrigin struct {
 	Worker string `protobuf:"bytes,2,opt,name=worker,proto3" json:"worker,omitempty"`
 	// When the origin is forgotten unless used again (Unix nanoseconds).
 	ExpiresUnixNanos int64 `protobuf:"varint,3,opt,name=expires_unix_nanos,json=expiresUnixNanos,proto3" json:"expires_unix_nanos,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// ResponseOrigin.tenant_hash; 0 in snapshots that predate tenants.
+	TenantHash    uint64 `protobuf:"fixed64,4,opt,name=tenant_hash,json=tenantHash,proto3" json:"tenant_hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StoredOrigin) Reset() {
@@ -954,6 +956,13 @@ func (x *StoredOrigin) GetWorker() string {
 func (x *StoredOrigin) GetExpiresUnixNanos() int64 {
 	if x != nil {
 		return x.ExpiresUnixNanos
+	}
+	return 0
+}
+
+func (x *StoredOrigin) GetTenantHash() uint64 {
+	if x != nil {
+		return x.TenantHash
 	}
 	return 0
 }
@@ -1098,11 +1107,13 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\x0eorigin_records\x18\b \x01(\x04R\roriginRecords\x1a:\n" +
 	"\fMembersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\a\x10\b\"m\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\a\x10\b\"\x8e\x01\n" +
 	"\fStoredOrigin\x12\x17\n" +
 	"\aid_hash\x18\x01 \x01(\x06R\x06idHash\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\tR\x06worker\x12,\n" +
-	"\x12expires_unix_nanos\x18\x03 \x01(\x03R\x10expiresUnixNanos\"\x87\x01\n" +
+	"\x12expires_unix_nanos\x18\x03 \x01(\x03R\x10expiresUnixNanos\x12\x1f\n" +
+	"\vtenant_hash\x18\x04 \x01(\x06R\n" +
+	"tenantHash\"\x87\x01\n" +
 	"\vIndexRecord\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\x06R\x04hash\x12&\n" +
 	"\x0fused_unix_nanos\x18\x02 \x01(\x03R\rusedUnixNanos\x12\x18\n" +

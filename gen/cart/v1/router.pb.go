@@ -9,6 +9,7 @@ package cartv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -540,8 +541,11 @@ func (*StreamResponse_Placements) isStreamResponse_Result() {}
 type StreamError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The Connect code, as a number (connectrpc.com/connect Code).
-	Code          uint32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
-	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Code    uint32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// The error details the unary call would carry (a ResponseNotFound, a
+	// NotLeader). A leader that predates the field sends none.
+	Details       []*anypb.Any `protobuf:"bytes,3,rep,name=details,proto3" json:"details,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -590,6 +594,13 @@ func (x *StreamError) GetMessage() string {
 	return ""
 }
 
+func (x *StreamError) GetDetails() []*anypb.Any {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
 type RouteRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Endpoint the request arrived on, e.g. "chat_completions".
@@ -624,7 +635,9 @@ type RouteRequest struct {
 	// (previous_response_id, GET /v1/responses/{id}): FNV-1a 64 of its id,
 	// 0 = none. When the leader knows which worker produced it, that worker
 	// is the only candidate (pinned is set in the answer); when that worker
-	// left the pool the call fails with NOT_FOUND.
+	// left the pool the call fails with FAILED_PRECONDITION; when the
+	// response belongs to another tenant than tenant_hash, with NOT_FOUND
+	// and a ResponseNotFound detail.
 	ResponseIdHash uint64 `protobuf:"fixed64,12,opt,name=response_id_hash,json=responseIdHash,proto3" json:"response_id_hash,omitempty"`
 	// Worker URLs to keep out unless that leaves no usable worker (the data
 	// plane's open circuit breakers): then they are ignored, the decision
@@ -639,7 +652,11 @@ type RouteRequest struct {
 	// to a leader whose stream hello answer set settles_riders, and puts them
 	// back when the call fails (settling twice is a no-op). Reports of
 	// abandoned calls do not ride: they must not overtake the call they name.
-	Completions   []*Completion `protobuf:"bytes,14,rep,name=completions,proto3" json:"completions,omitempty"`
+	Completions []*Completion `protobuf:"bytes,14,rep,name=completions,proto3" json:"completions,omitempty"`
+	// The tenant asking for the stored response named by response_id_hash:
+	// the hash of its client key's name (controlplane/affinity HashTenant);
+	// 0 = not said (a data plane that predates tenants: never refused).
+	TenantHash    uint64 `protobuf:"fixed64,15,opt,name=tenant_hash,json=tenantHash,proto3" json:"tenant_hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -770,6 +787,13 @@ func (x *RouteRequest) GetCompletions() []*Completion {
 		return x.Completions
 	}
 	return nil
+}
+
+func (x *RouteRequest) GetTenantHash() uint64 {
+	if x != nil {
+		return x.TenantHash
+	}
+	return 0
 }
 
 type RouteResponse struct {
@@ -1112,12 +1136,16 @@ func (x *CompleteRequest) GetResponseOrigins() []*ResponseOrigin {
 	return nil
 }
 
-// ResponseOrigin says which worker produced a stored response.
+// ResponseOrigin says which worker produced a stored response, and for
+// which tenant.
 type ResponseOrigin struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// FNV-1a 64 of the response id.
-	IdHash        uint64 `protobuf:"fixed64,1,opt,name=id_hash,json=idHash,proto3" json:"id_hash,omitempty"`
-	Worker        string `protobuf:"bytes,2,opt,name=worker,proto3" json:"worker,omitempty"`
+	IdHash uint64 `protobuf:"fixed64,1,opt,name=id_hash,json=idHash,proto3" json:"id_hash,omitempty"`
+	Worker string `protobuf:"bytes,2,opt,name=worker,proto3" json:"worker,omitempty"`
+	// The tenant that produced it (RouteRequest.tenant_hash); 0 = unknown
+	// (a data plane that predates tenants: served to any tenant).
+	TenantHash    uint64 `protobuf:"fixed64,3,opt,name=tenant_hash,json=tenantHash,proto3" json:"tenant_hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1166,6 +1194,53 @@ func (x *ResponseOrigin) GetWorker() string {
 	return ""
 }
 
+func (x *ResponseOrigin) GetTenantHash() uint64 {
+	if x != nil {
+		return x.TenantHash
+	}
+	return 0
+}
+
+// ResponseNotFound is the detail of the NOT_FOUND a Route call naming a
+// stored response gets when the response belongs to another tenant: the
+// data plane answers the client as the engine does for an id it does not
+// know.
+type ResponseNotFound struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResponseNotFound) Reset() {
+	*x = ResponseNotFound{}
+	mi := &file_cart_v1_router_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResponseNotFound) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResponseNotFound) ProtoMessage() {}
+
+func (x *ResponseNotFound) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResponseNotFound.ProtoReflect.Descriptor instead.
+func (*ResponseNotFound) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
+}
+
 type CompleteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// How many completions matched a live ticket on the leader.
@@ -1176,7 +1251,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1263,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1276,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CompleteResponse) GetSettled() uint32 {
@@ -1222,7 +1297,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_cart_v1_router_proto_msgTypes[12]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1309,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[12]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1322,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WorkerLoad) GetWorker() string {
@@ -1312,7 +1387,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[13]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1399,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[13]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1412,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SyncRequest) GetDataplaneId() string {
@@ -1447,7 +1522,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[14]
+	mi := &file_cart_v1_router_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +1534,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[14]
+	mi := &file_cart_v1_router_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1472,7 +1547,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SyncResponse) GetWorkers() []*Worker {
@@ -1530,7 +1605,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_cart_v1_router_proto_msgTypes[15]
+	mi := &file_cart_v1_router_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1617,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[15]
+	mi := &file_cart_v1_router_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1630,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{15}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NotLeader) GetLeaderId() string {
@@ -1613,7 +1688,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_cart_v1_router_proto_msgTypes[16]
+	mi := &file_cart_v1_router_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1700,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[16]
+	mi := &file_cart_v1_router_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1713,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{16}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Worker) GetUrl() string {
@@ -1751,7 +1826,7 @@ type KVCache struct {
 
 func (x *KVCache) Reset() {
 	*x = KVCache{}
-	mi := &file_cart_v1_router_proto_msgTypes[17]
+	mi := &file_cart_v1_router_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1838,7 @@ func (x *KVCache) String() string {
 func (*KVCache) ProtoMessage() {}
 
 func (x *KVCache) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[17]
+	mi := &file_cart_v1_router_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1851,7 @@ func (x *KVCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCache.ProtoReflect.Descriptor instead.
 func (*KVCache) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{17}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KVCache) GetOccupiedTokens() int64 {
@@ -1797,7 +1872,7 @@ var File_cart_v1_router_proto protoreflect.FileDescriptor
 
 const file_cart_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x14cart/v1/router.proto\x12\acart.v1\"\xd9\x03\n" +
+	"\x14cart/v1/router.proto\x12\acart.v1\x1a\x19google/protobuf/any.proto\"\xd9\x03\n" +
 	"\rStreamRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12%\n" +
 	"\x0etimeout_micros\x18\x02 \x01(\rR\rtimeoutMicros\x12-\n" +
@@ -1836,10 +1911,11 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x04more\x18\a \x03(\v2\x17.cart.v1.StreamResponseR\x04more\x12\x18\n" +
 	"\abatches\x18\b \x01(\bR\abatches\x12%\n" +
 	"\x0esettles_riders\x18\t \x01(\bR\rsettlesRidersB\b\n" +
-	"\x06result\";\n" +
+	"\x06result\"k\n" +
 	"\vStreamError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xdc\x03\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
+	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xfd\x03\n" +
 	"\fRouteRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
@@ -1858,7 +1934,9 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\broute_id\x18\v \x01(\x04R\arouteId\x12(\n" +
 	"\x10response_id_hash\x18\f \x01(\x06R\x0eresponseIdHash\x12#\n" +
 	"\ravoid_workers\x18\r \x03(\tR\favoidWorkers\x125\n" +
-	"\vcompletions\x18\x0e \x03(\v2\x13.cart.v1.CompletionR\vcompletions\"\xa5\x03\n" +
+	"\vcompletions\x18\x0e \x03(\v2\x13.cart.v1.CompletionR\vcompletions\x12\x1f\n" +
+	"\vtenant_hash\x18\x0f \x01(\x06R\n" +
+	"tenantHash\"\xa5\x03\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -1889,10 +1967,13 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x0fCompleteRequest\x12!\n" +
 	"\fdataplane_id\x18\x01 \x01(\tR\vdataplaneId\x125\n" +
 	"\vcompletions\x18\x02 \x03(\v2\x13.cart.v1.CompletionR\vcompletions\x12B\n" +
-	"\x10response_origins\x18\x03 \x03(\v2\x17.cart.v1.ResponseOriginR\x0fresponseOrigins\"A\n" +
+	"\x10response_origins\x18\x03 \x03(\v2\x17.cart.v1.ResponseOriginR\x0fresponseOrigins\"b\n" +
 	"\x0eResponseOrigin\x12\x17\n" +
 	"\aid_hash\x18\x01 \x01(\x06R\x06idHash\x12\x16\n" +
-	"\x06worker\x18\x02 \x01(\tR\x06worker\",\n" +
+	"\x06worker\x18\x02 \x01(\tR\x06worker\x12\x1f\n" +
+	"\vtenant_hash\x18\x03 \x01(\x06R\n" +
+	"tenantHash\"\x12\n" +
+	"\x10ResponseNotFound\",\n" +
 	"\x10CompleteResponse\x12\x18\n" +
 	"\asettled\x18\x01 \x01(\rR\asettled\"A\n" +
 	"\n" +
@@ -1964,7 +2045,7 @@ func file_cart_v1_router_proto_rawDescGZIP() []byte {
 	return file_cart_v1_router_proto_rawDescData
 }
 
-var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_cart_v1_router_proto_goTypes = []any{
 	(*StreamRequest)(nil),    // 0: cart.v1.StreamRequest
 	(*PlacementFeed)(nil),    // 1: cart.v1.PlacementFeed
@@ -1977,48 +2058,51 @@ var file_cart_v1_router_proto_goTypes = []any{
 	(*Completion)(nil),       // 8: cart.v1.Completion
 	(*CompleteRequest)(nil),  // 9: cart.v1.CompleteRequest
 	(*ResponseOrigin)(nil),   // 10: cart.v1.ResponseOrigin
-	(*CompleteResponse)(nil), // 11: cart.v1.CompleteResponse
-	(*WorkerLoad)(nil),       // 12: cart.v1.WorkerLoad
-	(*SyncRequest)(nil),      // 13: cart.v1.SyncRequest
-	(*SyncResponse)(nil),     // 14: cart.v1.SyncResponse
-	(*NotLeader)(nil),        // 15: cart.v1.NotLeader
-	(*Worker)(nil),           // 16: cart.v1.Worker
-	(*KVCache)(nil),          // 17: cart.v1.KVCache
-	nil,                      // 18: cart.v1.StreamRequest.TraceEntry
+	(*ResponseNotFound)(nil), // 11: cart.v1.ResponseNotFound
+	(*CompleteResponse)(nil), // 12: cart.v1.CompleteResponse
+	(*WorkerLoad)(nil),       // 13: cart.v1.WorkerLoad
+	(*SyncRequest)(nil),      // 14: cart.v1.SyncRequest
+	(*SyncResponse)(nil),     // 15: cart.v1.SyncResponse
+	(*NotLeader)(nil),        // 16: cart.v1.NotLeader
+	(*Worker)(nil),           // 17: cart.v1.Worker
+	(*KVCache)(nil),          // 18: cart.v1.KVCache
+	nil,                      // 19: cart.v1.StreamRequest.TraceEntry
+	(*anypb.Any)(nil),        // 20: google.protobuf.Any
 }
 var file_cart_v1_router_proto_depIdxs = []int32{
 	6,  // 0: cart.v1.StreamRequest.route:type_name -> cart.v1.RouteRequest
 	9,  // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
-	13, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
-	18, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
+	14, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
+	19, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
 	1,  // 4: cart.v1.StreamRequest.placement_feed:type_name -> cart.v1.PlacementFeed
 	0,  // 5: cart.v1.StreamRequest.more:type_name -> cart.v1.StreamRequest
 	3,  // 6: cart.v1.RecentPlacements.placements:type_name -> cart.v1.RecentPlacement
 	7,  // 7: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
-	11, // 8: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
-	14, // 9: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
+	12, // 8: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
+	15, // 9: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
 	5,  // 10: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
 	2,  // 11: cart.v1.StreamResponse.placements:type_name -> cart.v1.RecentPlacements
 	4,  // 12: cart.v1.StreamResponse.more:type_name -> cart.v1.StreamResponse
-	8,  // 13: cart.v1.RouteRequest.completions:type_name -> cart.v1.Completion
-	8,  // 14: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
-	10, // 15: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
-	12, // 16: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	16, // 17: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	17, // 18: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
-	6,  // 19: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	9,  // 20: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	13, // 21: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
-	0,  // 22: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
-	7,  // 23: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	11, // 24: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	14, // 25: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
-	4,  // 26: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
-	23, // [23:27] is the sub-list for method output_type
-	19, // [19:23] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	20, // 13: cart.v1.StreamError.details:type_name -> google.protobuf.Any
+	8,  // 14: cart.v1.RouteRequest.completions:type_name -> cart.v1.Completion
+	8,  // 15: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
+	10, // 16: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
+	13, // 17: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
+	17, // 18: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	18, // 19: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	6,  // 20: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
+	9,  // 21: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	14, // 22: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	0,  // 23: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
+	7,  // 24: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	12, // 25: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	15, // 26: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	4,  // 27: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
+	24, // [24:28] is the sub-list for method output_type
+	20, // [20:24] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_router_proto_init() }
@@ -2044,7 +2128,7 @@ func file_cart_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_router_proto_rawDesc), len(file_cart_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,129 @@
+package extract
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+
+	"github.com/cartrouter/cart/dataplane/apierr"
+)
+
+// CacheSaltField is the request field vLLM isolates its prefix cache by:
+// requests with different salts share no cached block.
+const CacheSaltField = "cache_salt"
+
+// SetCacheSalt returns body, a JSON object, with its top-level cache_salt
+// member set to salt: every member named cache_salt is dropped and one is
+// added at the end. Every other member keeps its bytes and its order. The
+// name is matched as the engine matches it, exactly and after unescaping
+// (Python's json.loads turns "cache\u005fsalt" into cache_salt too), so no
+// spelling of the field the client chose survives next to CART's; the
+// routed endpoints' bodies hold no case variant of it either (the scan
+// before extraction refuses those). Key text and policy checks are
+// unaffected: cache_salt is no part of either.
+func SetCacheSalt(body []byte, salt string) ([]byte, error) {
+	// Checked whole first (the standard library's scanner, no
+	// allocation): the member walk below then only has to find where
+	// each top-level member ends.
+	if !json.Valid(body) {
+		return nil, apierr.BadRequest(codeInvalidJSON, "", "The request body is not valid JSON.")
+	}
+	i := skipSpace(body, 0)
+	if body[i] != '{' {
+		return nil, apierr.BadRequest(codeInvalidJSON, "", "The request body is not a JSON object.")
+	}
+	out := make([]byte, 1, len(body)+len(salt)+len(CacheSaltField)+8)
+	out[0] = '{'
+	for i = skipSpace(body, i+1); body[i] != '}'; i = skipSpace(body, i) {
+		if body[i] == ',' {
+			i = skipSpace(body, i+1)
+		}
+		keyEnd := stringEnd(body, i)
+		valEnd := valueEnd(body, skipSpace(body, skipSpace(body, keyEnd)+1)) // past the ':'
+		if !isCacheSaltKey(body[i:keyEnd]) {
+			if len(out) > 1 {
+				out = append(out, ',')
+			}
+			out = append(out, bytes.TrimRight(body[i:valEnd], " \t\r\n")...)
+		}
+		i = valEnd
+	}
+	if len(out) > 1 {
+		out = append(out, ',')
+	}
+	q, _ := json.Marshal(salt) // a string cannot fail to encode
+	out = append(out, `"`+CacheSaltField+`":`...)
+	out = append(out, q...)
+	return append(out, '}'), nil
+}
+
+// The walk below runs on valid JSON only (SetCacheSalt checks it first).
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index just past the string starting at b[i].
+func stringEnd(b []byte, i int) int {
+	for i++; b[i] != '"'; i++ {
+		if b[i] == '\\' {
+			i++
+		}
+	}
+	return i + 1
+}
+
+// valueEnd returns the index just past the value starting at b[i]: a
+// scalar ends before the ',' or '}' that follows it (whitespace included).
+func valueEnd(b []byte, i int) int {
+	depth := 0
+	for ; ; i++ {
+		switch b[i] {
+		case '"':
+			i = stringEnd(b, i) - 1
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i
+			}
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		case ',':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+}
+
+// isCacheSaltKey reports whether the quoted key k names cache_salt once
+// unescaped.
+func isCacheSaltKey(k []byte) bool {
+	raw := k[1 : len(k)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw) == CacheSaltField
+	}
+	var key string
+	return json.Unmarshal(k, &key) == nil && key == CacheSaltField
+}
+
+// ErrCacheSaltUnsupported refuses a request whose cache must be isolated
+// on an endpoint where vLLM ignores cache_salt.
+func ErrCacheSaltUnsupported(e Endpoint) error {
+	return &apierr.Error{Status: http.StatusBadRequest, Type: apierr.TypeInvalidRequest, Code: "cache_isolation_unsupported",
+		Message: "this API key's prefix cache is isolated from other tenants (auth.client_keys[].isolate_cache), and vLLM ignores cache_salt on " +
+			e.Path() + ", so the isolation could not be kept: send the request to /v1/chat/completions instead"}
+}
+
+// SaltHonored reports whether vLLM reads cache_salt on e: chat
+// completions, completions and responses declare it; its Anthropic
+// Messages request model has no such field (and drops what it does not
+// know), so a salt sent there isolates nothing.
+func SaltHonored(e Endpoint) bool {
+	return e != Messages
+}
