@@ -339,7 +339,7 @@ func (d *Daemon) seedWorkers(ctx context.Context) {
 			}
 			cmd := &cartv1.SetWorkersCommand{}
 			for _, w := range d.cfg.Workers {
-				cmd.Workers = append(cmd.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: w.CacheCapacityTokens, Source: state.SourceStatic})
+				cmd.Workers = append(cmd.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), MaxConcurrency: uint32(w.MaxConcurrency), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: w.CacheCapacityTokens, Source: state.SourceStatic})
 			}
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := d.Node.Apply(actx, &cartv1.RaftCommand{RequestId: "seed-workers", Actor: "node " + d.cfg.ControlPlane.NodeID + " (workers from its config, first bootstrap)", Body: &cartv1.RaftCommand_SetWorkers{SetWorkers: cmd}})

@@ -426,3 +426,16 @@ func (d *Decider) Concurrency(url string) (limit int, learned bool) {
 	defer d.unlock(OpRead, t)
 	return d.eng.Concurrency(url)
 }
+
+// Concurrencies maps each worker to its concurrency limit in force
+// (declared or learned; 0 unknown), read in one lock hold.
+func (d *Decider) Concurrencies() map[string]int {
+	t := d.lock()
+	defer d.unlock(OpRead, t)
+	ws := d.eng.Workers()
+	out := make(map[string]int, len(ws))
+	for _, w := range ws {
+		out[w.URL], _ = d.eng.Concurrency(w.URL)
+	}
+	return out
+}

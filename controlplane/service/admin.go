@@ -86,7 +86,7 @@ func toSpec(w *cartv1.Worker) (*cartv1.WorkerSpec, error) {
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("worker url: %w", err))
 	}
-	return &cartv1.WorkerSpec{Url: u, MaxLoad: w.GetMaxLoad(), LoadPenalty: w.GetLoadPenalty(), CacheCapacityTokens: w.GetCacheCapacityTokens(), Source: state.SourceAdmin}, nil
+	return &cartv1.WorkerSpec{Url: u, MaxLoad: w.GetMaxLoad(), MaxConcurrency: w.GetMaxConcurrency(), LoadPenalty: w.GetLoadPenalty(), CacheCapacityTokens: w.GetCacheCapacityTokens(), Source: state.SourceAdmin}, nil
 }
 
 func (c *Core) findWorker(url string) (*cartv1.Worker, bool) {
@@ -129,7 +129,7 @@ func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv
 		return nil, err
 	}
 	if w, ok := c.findWorker(spec.GetUrl()); ok {
-		if w.GetMaxLoad() == spec.GetMaxLoad() && w.GetLoadPenalty() == spec.GetLoadPenalty() && w.GetCacheCapacityTokens() == spec.GetCacheCapacityTokens() {
+		if w.GetMaxLoad() == spec.GetMaxLoad() && w.GetMaxConcurrency() == spec.GetMaxConcurrency() && w.GetLoadPenalty() == spec.GetLoadPenalty() && w.GetCacheCapacityTokens() == spec.GetCacheCapacityTokens() {
 			return connect.NewResponse(&cartv1.AddWorkerResponse{Worker: w}), nil
 		}
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("worker %s already exists with other settings; use update", spec.GetUrl()))
@@ -293,4 +293,21 @@ func (c *Core) membersString() string {
 		parts[i] = fmt.Sprintf("%s@%s(%s)", m.ID, m.Addr, m.Suffrage)
 	}
 	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// Queue implements AdminService.Queue: the leader's flow-control queue,
+// in dispatch order, and the pool's saturation.
+func (h *AdminHandler) Queue(ctx context.Context, req *connect.Request[cartv1.QueueRequest]) (*connect.Response[cartv1.QueueResponse], error) {
+	c := h.c
+	if resp, done, err := forward(ctx, c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.Queue); done {
+		return resp, err
+	}
+	q := c.dec.Queue()
+	p := c.dec.PoolSaturation()
+	out := &cartv1.QueueResponse{Bytes: q.Bytes, Slots: uint32(p.Slots), Demand: p.Demand, Served: q.Served}
+	for _, it := range q.Items {
+		out.Requests = append(out.Requests, &cartv1.QueuedRequest{Tenant: it.Tenant, Label: it.Label, Priority: int32(it.Priority),
+			WaitedMicros: it.Waited.Microseconds(), Bytes: it.Bytes})
+	}
+	return connect.NewResponse(out), nil
 }

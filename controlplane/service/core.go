@@ -80,6 +80,9 @@ type Core struct {
 	o            Options
 	log          *slog.Logger
 	dec          *decider.Decider // decisions, load, tickets; shared with the state machine
+	// queuedCalls are Route calls waiting in the flow-control queue, so an
+	// abandon report can end their wait (router.go).
+	queuedCalls queuedCalls
 	st           *state.State
 	node         Node
 

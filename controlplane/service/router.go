@@ -44,7 +44,7 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Route); done {
 		return resp, err
 	}
-	resp, err := c.route(ctx, req.Msg, nil)
+	resp, err := c.route(ctx, req.Msg, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -53,8 +53,9 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 
 // route is the leader's Route, for the unary call and the stream.
 // expired, when set, reports that the caller stopped waiting
-// (decider.Caller.Expired).
-func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func() bool) (*cartv1.RouteResponse, error) {
+// (decider.Caller.Expired). queued, when set, is told (once) that the call
+// waits in the flow-control queue: the stream sends the interim answer.
+func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func() bool, queued func()) (*cartv1.RouteResponse, error) {
 	start := time.Now()
 	hashes, keyLen := m.GetBlockHashes(), int(m.GetKeyLength())
 	if text := m.GetText(); len(hashes) == 0 && text != "" {
@@ -101,10 +102,19 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 	if err != nil {
 		return refuse(err)
 	}
-	d, err := c.dec.RouteFor(ctx, decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId(), Expired: expired, Settle: settle}, decider.Request{
+	caller := decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId(), Expired: expired, Settle: settle}
+	dreq := decider.Request{
 		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, Avoid: m.GetAvoidWorkers(), DryRun: m.GetDryRun(), Session: session},
 		PinTo:   pin,
-	})
+	}
+	var d decider.Decision
+	if a := m.GetAdmission(); a != nil && !m.GetDryRun() {
+		adm, wait, cancel := c.admission(ctx, m, a, &caller, queued)
+		d, err = c.dec.AdmitFor(wait, caller, dreq, adm)
+		cancel()
+	} else {
+		d, err = c.dec.RouteFor(ctx, caller, dreq)
+	}
 	if err != nil {
 		return nil, routeError(ctx, err)
 	}
@@ -129,6 +139,7 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 		LeaderUrl:      c.o.APIURL, // this node's own, as published by ensureMember
 		Pinned:         d.Pinned,
 		AvoidIgnored:   d.AvoidIgnored,
+		WaitedMicros:   d.Waited.Microseconds(),
 	}, nil
 }
 
@@ -172,6 +183,16 @@ func routeError(ctx context.Context, err error) error {
 		// The caller's deadline passed while this waited for the lock or
 		// decided: it has routed elsewhere; the decider undid the decision.
 		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	case errors.Is(err, decider.ErrRefused):
+		// Flow control turned it away: the detail tells the data plane to
+		// answer 429, not the 503 of an empty pool.
+		var re *decider.RefusedError
+		errors.As(err, &re)
+		ce := connect.NewError(connect.CodeResourceExhausted, err)
+		if d, derr := connect.NewErrorDetail(&cartv1.FlowRefused{Reason: re.Reason, RetryAfterMillis: uint32(re.RetryAfter.Milliseconds())}); derr == nil {
+			ce.AddDetail(d)
+		}
+		return ce
 	case errors.Is(err, decider.ErrNoCapacity):
 		return connect.NewError(connect.CodeResourceExhausted, err)
 	}
@@ -293,6 +314,7 @@ func (c *Core) checkSyncSize(m *cartv1.SyncResponse) error {
 func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 	ws, version := c.st.Workers()
 	live := c.dec.Workers()
+	limits := c.dec.Concurrencies()
 	kv := c.dec.KVStates()
 	byURL := make(map[string]engine.WorkerState, len(live))
 	for _, w := range live {
@@ -303,6 +325,7 @@ func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 		l := byURL[w.URL]
 		out.Workers = append(out.Workers, &cartv1.Worker{
 			Url: w.URL, MaxLoad: uint32(w.MaxLoad), LoadPenalty: uint32(w.LoadPenalty),
+			MaxConcurrency: uint32(w.MaxConcurrency), ConcurrencyLimit: uint32(limits[w.URL]),
 			CacheCapacityTokens: w.CacheCapacityTokens, Healthy: l.Healthy, Load: uint32(l.Load),
 			PredictedCachedTokens: l.Accuracy.PredictedTokens, ActualCachedTokens: l.Accuracy.ActualTokens,
 			CacheMisses: l.Accuracy.Misses, ModelCapacityBlocks: uint32(l.Accuracy.ModelCapacity), Source: w.Source, Draining: l.Draining,

@@ -192,12 +192,22 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 		}
 		go func() {
 			defer calls.Done()
-			defer func() { <-slots }()
+			var freed sync.Once
+			free := func() { freed.Do(func() { <-slots }) }
+			defer free()
 			if invalid != "" {
 				send(streamErrorAnswer(m.GetId(), connect.NewError(connect.CodeInvalidArgument, errors.New(invalid))))
 				return
 			}
-			send(c.streamCall(ctx, st.Peer().Protocol, m))
+			// A call waiting in the flow-control queue gives its slot
+			// back: a fleet-wide queue deeper than maxStreamInFlight must
+			// not stop the stream from carrying the completions that free
+			// room for it.
+			queued := func() {
+				send(&cartv1.StreamResponse{Id: m.GetId(), Result: &cartv1.StreamResponse_Route{Route: &cartv1.RouteResponse{Queued: true}}})
+				free()
+			}
+			send(c.streamCall(ctx, st.Peer().Protocol, m, queued))
 		}()
 		return nil
 	}
@@ -229,9 +239,9 @@ func (h *RouterHandler) Stream(ctx context.Context, st *connect.BidiStream[cartv
 					// An empty frame acknowledges the feed: a data plane
 					// whose leader predates it keeps recording its own
 					// answers.
-					send(&cartv1.StreamResponse{Batches: true, SettlesRiders: true, Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{}}})
+					send(&cartv1.StreamResponse{Batches: true, SettlesRiders: true, Queues: true, Result: &cartv1.StreamResponse_Placements{Placements: &cartv1.RecentPlacements{}}})
 				} else {
-					send(&cartv1.StreamResponse{Batches: true, SettlesRiders: true})
+					send(&cartv1.StreamResponse{Batches: true, SettlesRiders: true, Queues: true})
 				}
 				if m.GetPlacementFeed() != nil && !feeding {
 					feeding = true
@@ -316,8 +326,10 @@ func streamErrorAnswer(id uint64, err error) *cartv1.StreamResponse {
 	return &cartv1.StreamResponse{Id: id, Result: &cartv1.StreamResponse_Error{Error: se}}
 }
 
-// streamCall serves one call of a stream.
-func (c *Core) streamCall(ctx context.Context, protocol string, m *cartv1.StreamRequest) *cartv1.StreamResponse {
+// streamCall serves one call of a stream. queued, when set, is called
+// (once) if a Route call starts waiting in the flow-control queue: the
+// stream sends the interim answer and frees the call's slot.
+func (c *Core) streamCall(ctx context.Context, protocol string, m *cartv1.StreamRequest, queued func()) *cartv1.StreamResponse {
 	resp := &cartv1.StreamResponse{Id: m.GetId()}
 	// Only a Route uses the call's timeout: it is a deadline the decision
 	// is checked against (an answer past it is undone), not a context with
@@ -334,10 +346,10 @@ func (c *Core) streamCall(ctx context.Context, protocol string, m *cartv1.Stream
 		if c.streamTracer != nil && len(m.GetTrace()) > 0 {
 			var a any
 			a, err = c.streamTracer.StreamCall(ctx, cartv1connect.RouterServiceRouteProcedure, protocol, "", false, m.GetTrace(), call.Route,
-				func(ctx context.Context) (any, error) { return c.route(ctx, call.Route, expired) })
+				func(ctx context.Context) (any, error) { return c.route(ctx, call.Route, expired, queued) })
 			r, _ = a.(*cartv1.RouteResponse)
 		} else {
-			r, err = c.route(ctx, call.Route, expired)
+			r, err = c.route(ctx, call.Route, expired, queued)
 		}
 		if err == nil {
 			resp.Result = &cartv1.StreamResponse_Route{Route: r}

@@ -257,7 +257,7 @@ func (s *State) workerString(url string) (string, bool) {
 		return "(none)", false
 	}
 	w := s.specs[i]
-	return fmt.Sprintf("%s max_load=%d load_penalty=%d cache_capacity_tokens=%d", w.URL, w.MaxLoad, w.LoadPenalty, s.capacity[w.URL]), true
+	return fmt.Sprintf("%s max_load=%d max_concurrency=%d load_penalty=%d cache_capacity_tokens=%d", w.URL, w.MaxLoad, w.MaxConcurrency, w.LoadPenalty, s.capacity[w.URL]), true
 }
 
 func (s *State) workerSetString() string {
@@ -314,7 +314,7 @@ func (s *State) applyStep(eng *engine.Engine, ps []placement, mode applyMode) {
 }
 
 func (s *State) specFrom(eng *engine.Engine, w *cartv1.WorkerSpec) engine.WorkerSpec {
-	spec := engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Source: SourceOf(w.GetSource())}
+	spec := engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), MaxConcurrency: int(w.GetMaxConcurrency()), LoadPenalty: int(w.GetLoadPenalty()), Source: SourceOf(w.GetSource())}
 	spec.CapacityBlocks = index.CapacityBlocks(w.GetCacheCapacityTokens(), eng.Policy().BlockChars)
 	return spec
 }

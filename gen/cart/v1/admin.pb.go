@@ -906,6 +906,198 @@ func (x *TransferLeadershipResponse) GetLeaderId() string {
 	return ""
 }
 
+type QueueRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueueRequest) Reset() {
+	*x = QueueRequest{}
+	mi := &file_cart_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueueRequest) ProtoMessage() {}
+
+func (x *QueueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueueRequest.ProtoReflect.Descriptor instead.
+func (*QueueRequest) Descriptor() ([]byte, []int) {
+	return file_cart_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+type QueueResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Requests []*QueuedRequest       `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	// Body bytes of the waiting requests.
+	Bytes int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// The pool's known slots (sum of healthy workers' limits) and its
+	// demand: (in flight + queued) / slots; 0 while no limit is known.
+	Slots  uint32  `protobuf:"varint,3,opt,name=slots,proto3" json:"slots,omitempty"`
+	Demand float64 `protobuf:"fixed64,4,opt,name=demand,proto3" json:"demand,omitempty"`
+	// Weighted tokens served, per backlogged tenant (the fairness counters).
+	Served        map[string]float64 `protobuf:"bytes,5,rep,name=served,proto3" json:"served,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueueResponse) Reset() {
+	*x = QueueResponse{}
+	mi := &file_cart_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueueResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueueResponse) ProtoMessage() {}
+
+func (x *QueueResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueueResponse.ProtoReflect.Descriptor instead.
+func (*QueueResponse) Descriptor() ([]byte, []int) {
+	return file_cart_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *QueueResponse) GetRequests() []*QueuedRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *QueueResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *QueueResponse) GetSlots() uint32 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
+func (x *QueueResponse) GetDemand() float64 {
+	if x != nil {
+		return x.Demand
+	}
+	return 0
+}
+
+func (x *QueueResponse) GetServed() map[string]float64 {
+	if x != nil {
+		return x.Served
+	}
+	return nil
+}
+
+type QueuedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Label         string                 `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
+	Priority      int32                  `protobuf:"zigzag32,3,opt,name=priority,proto3" json:"priority,omitempty"`
+	WaitedMicros  int64                  `protobuf:"varint,4,opt,name=waited_micros,json=waitedMicros,proto3" json:"waited_micros,omitempty"`
+	Bytes         int64                  `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueuedRequest) Reset() {
+	*x = QueuedRequest{}
+	mi := &file_cart_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueuedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueuedRequest) ProtoMessage() {}
+
+func (x *QueuedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueuedRequest.ProtoReflect.Descriptor instead.
+func (*QueuedRequest) Descriptor() ([]byte, []int) {
+	return file_cart_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *QueuedRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *QueuedRequest) GetLabel() string {
+	if x != nil {
+		return x.Label
+	}
+	return ""
+}
+
+func (x *QueuedRequest) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *QueuedRequest) GetWaitedMicros() int64 {
+	if x != nil {
+		return x.WaitedMicros
+	}
+	return 0
+}
+
+func (x *QueuedRequest) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 var File_cart_v1_admin_proto protoreflect.FileDescriptor
 
 const file_cart_v1_admin_proto_rawDesc = "" +
@@ -964,7 +1156,23 @@ const file_cart_v1_admin_proto_rawDesc = "" +
 	"\x19TransferLeadershipRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"9\n" +
 	"\x1aTransferLeadershipResponse\x12\x1b\n" +
-	"\tleader_id\x18\x01 \x01(\tR\bleaderId2\x83\x05\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\x0e\n" +
+	"\fQueueRequest\"\xfe\x01\n" +
+	"\rQueueResponse\x122\n" +
+	"\brequests\x18\x01 \x03(\v2\x16.cart.v1.QueuedRequestR\brequests\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x14\n" +
+	"\x05slots\x18\x03 \x01(\rR\x05slots\x12\x16\n" +
+	"\x06demand\x18\x04 \x01(\x01R\x06demand\x12:\n" +
+	"\x06served\x18\x05 \x03(\v2\".cart.v1.QueueResponse.ServedEntryR\x06served\x1a9\n" +
+	"\vServedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x94\x01\n" +
+	"\rQueuedRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05label\x18\x02 \x01(\tR\x05label\x12\x1a\n" +
+	"\bpriority\x18\x03 \x01(\x11R\bpriority\x12#\n" +
+	"\rwaited_micros\x18\x04 \x01(\x03R\fwaitedMicros\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x03R\x05bytes2\xbd\x05\n" +
 	"\fAdminService\x12J\n" +
 	"\vListWorkers\x12\x1b.cart.v1.ListWorkersRequest\x1a\x1c.cart.v1.ListWorkersResponse\"\x00\x12D\n" +
 	"\tAddWorker\x12\x19.cart.v1.AddWorkerRequest\x1a\x1a.cart.v1.AddWorkerResponse\"\x00\x12M\n" +
@@ -973,7 +1181,8 @@ const file_cart_v1_admin_proto_rawDesc = "" +
 	"\rClusterStatus\x12\x1d.cart.v1.ClusterStatusRequest\x1a\x1e.cart.v1.ClusterStatusResponse\"\x00\x12A\n" +
 	"\bAddVoter\x12\x18.cart.v1.AddVoterRequest\x1a\x19.cart.v1.AddVoterResponse\"\x00\x12M\n" +
 	"\fRemoveServer\x12\x1c.cart.v1.RemoveServerRequest\x1a\x1d.cart.v1.RemoveServerResponse\"\x00\x12_\n" +
-	"\x12TransferLeadership\x12\".cart.v1.TransferLeadershipRequest\x1a#.cart.v1.TransferLeadershipResponse\"\x00B/Z-github.com/cartrouter/cart/gen/cart/v1;cartv1b\x06proto3"
+	"\x12TransferLeadership\x12\".cart.v1.TransferLeadershipRequest\x1a#.cart.v1.TransferLeadershipResponse\"\x00\x128\n" +
+	"\x05Queue\x12\x15.cart.v1.QueueRequest\x1a\x16.cart.v1.QueueResponse\"\x00B/Z-github.com/cartrouter/cart/gen/cart/v1;cartv1b\x06proto3"
 
 var (
 	file_cart_v1_admin_proto_rawDescOnce sync.Once
@@ -987,7 +1196,7 @@ func file_cart_v1_admin_proto_rawDescGZIP() []byte {
 	return file_cart_v1_admin_proto_rawDescData
 }
 
-var file_cart_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_cart_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_cart_v1_admin_proto_goTypes = []any{
 	(*ListWorkersRequest)(nil),         // 0: cart.v1.ListWorkersRequest
 	(*ListWorkersResponse)(nil),        // 1: cart.v1.ListWorkersResponse
@@ -1006,36 +1215,44 @@ var file_cart_v1_admin_proto_goTypes = []any{
 	(*RemoveServerResponse)(nil),       // 14: cart.v1.RemoveServerResponse
 	(*TransferLeadershipRequest)(nil),  // 15: cart.v1.TransferLeadershipRequest
 	(*TransferLeadershipResponse)(nil), // 16: cart.v1.TransferLeadershipResponse
-	(*Worker)(nil),                     // 17: cart.v1.Worker
+	(*QueueRequest)(nil),               // 17: cart.v1.QueueRequest
+	(*QueueResponse)(nil),              // 18: cart.v1.QueueResponse
+	(*QueuedRequest)(nil),              // 19: cart.v1.QueuedRequest
+	nil,                                // 20: cart.v1.QueueResponse.ServedEntry
+	(*Worker)(nil),                     // 21: cart.v1.Worker
 }
 var file_cart_v1_admin_proto_depIdxs = []int32{
-	17, // 0: cart.v1.ListWorkersResponse.workers:type_name -> cart.v1.Worker
-	17, // 1: cart.v1.AddWorkerRequest.worker:type_name -> cart.v1.Worker
-	17, // 2: cart.v1.AddWorkerResponse.worker:type_name -> cart.v1.Worker
-	17, // 3: cart.v1.UpdateWorkerRequest.worker:type_name -> cart.v1.Worker
-	17, // 4: cart.v1.UpdateWorkerResponse.worker:type_name -> cart.v1.Worker
+	21, // 0: cart.v1.ListWorkersResponse.workers:type_name -> cart.v1.Worker
+	21, // 1: cart.v1.AddWorkerRequest.worker:type_name -> cart.v1.Worker
+	21, // 2: cart.v1.AddWorkerResponse.worker:type_name -> cart.v1.Worker
+	21, // 3: cart.v1.UpdateWorkerRequest.worker:type_name -> cart.v1.Worker
+	21, // 4: cart.v1.UpdateWorkerResponse.worker:type_name -> cart.v1.Worker
 	9,  // 5: cart.v1.ClusterStatusResponse.members:type_name -> cart.v1.Member
-	0,  // 6: cart.v1.AdminService.ListWorkers:input_type -> cart.v1.ListWorkersRequest
-	2,  // 7: cart.v1.AdminService.AddWorker:input_type -> cart.v1.AddWorkerRequest
-	4,  // 8: cart.v1.AdminService.UpdateWorker:input_type -> cart.v1.UpdateWorkerRequest
-	6,  // 9: cart.v1.AdminService.RemoveWorker:input_type -> cart.v1.RemoveWorkerRequest
-	8,  // 10: cart.v1.AdminService.ClusterStatus:input_type -> cart.v1.ClusterStatusRequest
-	11, // 11: cart.v1.AdminService.AddVoter:input_type -> cart.v1.AddVoterRequest
-	13, // 12: cart.v1.AdminService.RemoveServer:input_type -> cart.v1.RemoveServerRequest
-	15, // 13: cart.v1.AdminService.TransferLeadership:input_type -> cart.v1.TransferLeadershipRequest
-	1,  // 14: cart.v1.AdminService.ListWorkers:output_type -> cart.v1.ListWorkersResponse
-	3,  // 15: cart.v1.AdminService.AddWorker:output_type -> cart.v1.AddWorkerResponse
-	5,  // 16: cart.v1.AdminService.UpdateWorker:output_type -> cart.v1.UpdateWorkerResponse
-	7,  // 17: cart.v1.AdminService.RemoveWorker:output_type -> cart.v1.RemoveWorkerResponse
-	10, // 18: cart.v1.AdminService.ClusterStatus:output_type -> cart.v1.ClusterStatusResponse
-	12, // 19: cart.v1.AdminService.AddVoter:output_type -> cart.v1.AddVoterResponse
-	14, // 20: cart.v1.AdminService.RemoveServer:output_type -> cart.v1.RemoveServerResponse
-	16, // 21: cart.v1.AdminService.TransferLeadership:output_type -> cart.v1.TransferLeadershipResponse
-	14, // [14:22] is the sub-list for method output_type
-	6,  // [6:14] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	19, // 6: cart.v1.QueueResponse.requests:type_name -> cart.v1.QueuedRequest
+	20, // 7: cart.v1.QueueResponse.served:type_name -> cart.v1.QueueResponse.ServedEntry
+	0,  // 8: cart.v1.AdminService.ListWorkers:input_type -> cart.v1.ListWorkersRequest
+	2,  // 9: cart.v1.AdminService.AddWorker:input_type -> cart.v1.AddWorkerRequest
+	4,  // 10: cart.v1.AdminService.UpdateWorker:input_type -> cart.v1.UpdateWorkerRequest
+	6,  // 11: cart.v1.AdminService.RemoveWorker:input_type -> cart.v1.RemoveWorkerRequest
+	8,  // 12: cart.v1.AdminService.ClusterStatus:input_type -> cart.v1.ClusterStatusRequest
+	11, // 13: cart.v1.AdminService.AddVoter:input_type -> cart.v1.AddVoterRequest
+	13, // 14: cart.v1.AdminService.RemoveServer:input_type -> cart.v1.RemoveServerRequest
+	15, // 15: cart.v1.AdminService.TransferLeadership:input_type -> cart.v1.TransferLeadershipRequest
+	17, // 16: cart.v1.AdminService.Queue:input_type -> cart.v1.QueueRequest
+	1,  // 17: cart.v1.AdminService.ListWorkers:output_type -> cart.v1.ListWorkersResponse
+	3,  // 18: cart.v1.AdminService.AddWorker:output_type -> cart.v1.AddWorkerResponse
+	5,  // 19: cart.v1.AdminService.UpdateWorker:output_type -> cart.v1.UpdateWorkerResponse
+	7,  // 20: cart.v1.AdminService.RemoveWorker:output_type -> cart.v1.RemoveWorkerResponse
+	10, // 21: cart.v1.AdminService.ClusterStatus:output_type -> cart.v1.ClusterStatusResponse
+	12, // 22: cart.v1.AdminService.AddVoter:output_type -> cart.v1.AddVoterResponse
+	14, // 23: cart.v1.AdminService.RemoveServer:output_type -> cart.v1.RemoveServerResponse
+	16, // 24: cart.v1.AdminService.TransferLeadership:output_type -> cart.v1.TransferLeadershipResponse
+	18, // 25: cart.v1.AdminService.Queue:output_type -> cart.v1.QueueResponse
+	17, // [17:26] is the sub-list for method output_type
+	8,  // [8:17] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_admin_proto_init() }
@@ -1050,7 +1267,7 @@ func file_cart_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_admin_proto_rawDesc), len(file_cart_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -254,9 +254,11 @@ type WorkerSpec struct {
 	CacheCapacityTokens int64                  `protobuf:"varint,4,opt,name=cache_capacity_tokens,json=cacheCapacityTokens,proto3" json:"cache_capacity_tokens,omitempty"`
 	// Where the worker came from: "static", "admin" or "dns"; empty in
 	// entries written before sources existed (read as "static").
-	Source        string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Source string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	// Requests the worker's engine runs at once (0 = learn it).
+	MaxConcurrency uint32 `protobuf:"varint,6,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -322,6 +324,13 @@ func (x *WorkerSpec) GetSource() string {
 		return x.Source
 	}
 	return ""
+}
+
+func (x *WorkerSpec) GetMaxConcurrency() uint32 {
+	if x != nil {
+		return x.MaxConcurrency
+	}
+	return 0
 }
 
 type UpsertWorkerCommand struct {
@@ -1061,14 +1070,15 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"set_member\x18\x0f \x01(\v2\x19.cart.v1.SetMemberCommandH\x00R\tsetMember\x12C\n" +
 	"\rremove_member\x18\x10 \x01(\v2\x1c.cart.v1.RemoveMemberCommandH\x00R\fremoveMember\x12F\n" +
 	"\x0eclear_holdings\x18\x11 \x01(\v2\x1d.cart.v1.ClearHoldingsCommandH\x00R\rclearHoldingsB\x06\n" +
-	"\x04body\"\xa8\x01\n" +
+	"\x04body\"\xd1\x01\n" +
 	"\n" +
 	"WorkerSpec\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
 	"\bmax_load\x18\x02 \x01(\rR\amaxLoad\x12!\n" +
 	"\fload_penalty\x18\x03 \x01(\rR\vloadPenalty\x122\n" +
 	"\x15cache_capacity_tokens\x18\x04 \x01(\x03R\x13cacheCapacityTokens\x12\x16\n" +
-	"\x06source\x18\x05 \x01(\tR\x06source\"B\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\x12'\n" +
+	"\x0fmax_concurrency\x18\x06 \x01(\rR\x0emaxConcurrency\"B\n" +
 	"\x13UpsertWorkerCommand\x12+\n" +
 	"\x06worker\x18\x01 \x01(\v2\x13.cart.v1.WorkerSpecR\x06worker\"'\n" +
 	"\x13RemoveWorkerCommand\x12\x10\n" +

@@ -386,6 +386,10 @@ type StreamResponse struct {
 	// with its Route calls. A leader that predates the field leaves it false
 	// (and would ignore them).
 	SettlesRiders bool `protobuf:"varint,9,opt,name=settles_riders,json=settlesRiders,proto3" json:"settles_riders,omitempty"`
+	// Set in the answer to the hello only: this leader holds a flow-control
+	// queue, so a Route call whose admission sets queue may get an interim
+	// queued answer. A leader that predates flow control leaves it false.
+	Queues        bool `protobuf:"varint,10,opt,name=queues,proto3" json:"queues,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -496,6 +500,13 @@ func (x *StreamResponse) GetBatches() bool {
 func (x *StreamResponse) GetSettlesRiders() bool {
 	if x != nil {
 		return x.SettlesRiders
+	}
+	return false
+}
+
+func (x *StreamResponse) GetQueues() bool {
+	if x != nil {
+		return x.Queues
 	}
 	return false
 }
@@ -656,7 +667,14 @@ type RouteRequest struct {
 	// The tenant asking for the stored response named by response_id_hash:
 	// the hash of its client key's name (controlplane/affinity HashTenant);
 	// 0 = not said (a data plane that predates tenants: never refused).
-	TenantHash    uint64 `protobuf:"fixed64,15,opt,name=tenant_hash,json=tenantHash,proto3" json:"tenant_hash,omitempty"`
+	TenantHash uint64 `protobuf:"fixed64,15,opt,name=tenant_hash,json=tenantHash,proto3" json:"tenant_hash,omitempty"`
+	// Flow control: who the request is, for the leader's queue. A data plane
+	// that sets it with queue set waits in the leader's queue when every
+	// worker the request may use is saturated: the leader answers at once
+	// with queued set, and later, under the same call, with the decision or
+	// a refusal. Unset: the leader answers RESOURCE_EXHAUSTED when the pool is
+	// saturated, as before flow control.
+	Admission     *Admission `protobuf:"bytes,16,opt,name=admission,proto3" json:"admission,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -796,6 +814,198 @@ func (x *RouteRequest) GetTenantHash() uint64 {
 	return 0
 }
 
+func (x *RouteRequest) GetAdmission() *Admission {
+	if x != nil {
+		return x.Admission
+	}
+	return nil
+}
+
+// Admission is a request's flow-control identity (controlplane/flow).
+type Admission struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fairness key (the client key's name, optionally refined by a header)
+	// and the name metrics use (the client key's name).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Label  string `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
+	// Higher goes first; below 0 is sheddable (refused, never queued, while
+	// the pool is saturated).
+	Priority int32 `protobuf:"zigzag32,3,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Fair-share weight (0 = 1).
+	Weight float64 `protobuf:"fixed64,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	// When the request arrived at the data plane, and its own deadline (0 =
+	// none), in Unix microseconds: a request resent to a new leader keeps its
+	// place.
+	ArrivalUnixMicros  int64 `protobuf:"varint,5,opt,name=arrival_unix_micros,json=arrivalUnixMicros,proto3" json:"arrival_unix_micros,omitempty"`
+	DeadlineUnixMicros int64 `protobuf:"varint,6,opt,name=deadline_unix_micros,json=deadlineUnixMicros,proto3" json:"deadline_unix_micros,omitempty"`
+	// Body bytes, for the queue's byte bounds, and its estimated prompt
+	// tokens, charged to the tenant when it is dispatched.
+	Bytes int64 `protobuf:"varint,7,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Cost  int64 `protobuf:"varint,8,opt,name=cost,proto3" json:"cost,omitempty"`
+	// The caller reads an interim queued answer (RouteResponse.queued) on
+	// the stream and waits for the final one; it waits at most until
+	// queue_deadline_unix_micros.
+	Queue                   bool  `protobuf:"varint,9,opt,name=queue,proto3" json:"queue,omitempty"`
+	QueueDeadlineUnixMicros int64 `protobuf:"varint,10,opt,name=queue_deadline_unix_micros,json=queueDeadlineUnixMicros,proto3" json:"queue_deadline_unix_micros,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
+}
+
+func (x *Admission) Reset() {
+	*x = Admission{}
+	mi := &file_cart_v1_router_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Admission) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Admission) ProtoMessage() {}
+
+func (x *Admission) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Admission.ProtoReflect.Descriptor instead.
+func (*Admission) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Admission) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Admission) GetLabel() string {
+	if x != nil {
+		return x.Label
+	}
+	return ""
+}
+
+func (x *Admission) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *Admission) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Admission) GetArrivalUnixMicros() int64 {
+	if x != nil {
+		return x.ArrivalUnixMicros
+	}
+	return 0
+}
+
+func (x *Admission) GetDeadlineUnixMicros() int64 {
+	if x != nil {
+		return x.DeadlineUnixMicros
+	}
+	return 0
+}
+
+func (x *Admission) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Admission) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+func (x *Admission) GetQueue() bool {
+	if x != nil {
+		return x.Queue
+	}
+	return false
+}
+
+func (x *Admission) GetQueueDeadlineUnixMicros() int64 {
+	if x != nil {
+		return x.QueueDeadlineUnixMicros
+	}
+	return 0
+}
+
+// FlowRefused is the detail of the RESOURCE_EXHAUSTED a Route call gets
+// when flow control refuses it (the data plane answers 429, not 503).
+type FlowRefused struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// shed, timeout, queue_full or tenant_full.
+	Reason           string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	RetryAfterMillis uint32 `protobuf:"varint,2,opt,name=retry_after_millis,json=retryAfterMillis,proto3" json:"retry_after_millis,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *FlowRefused) Reset() {
+	*x = FlowRefused{}
+	mi := &file_cart_v1_router_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowRefused) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowRefused) ProtoMessage() {}
+
+func (x *FlowRefused) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowRefused.ProtoReflect.Descriptor instead.
+func (*FlowRefused) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *FlowRefused) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *FlowRefused) GetRetryAfterMillis() uint32 {
+	if x != nil {
+		return x.RetryAfterMillis
+	}
+	return 0
+}
+
 type RouteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// URL of the chosen worker.
@@ -837,14 +1047,20 @@ type RouteResponse struct {
 	// paying the forwarding hop until its next Sync.
 	LeaderUrl string `protobuf:"bytes,12,opt,name=leader_url,json=leaderUrl,proto3" json:"leader_url,omitempty"`
 	// Every usable worker was in avoid_workers, so the list was ignored.
-	AvoidIgnored  bool `protobuf:"varint,13,opt,name=avoid_ignored,json=avoidIgnored,proto3" json:"avoid_ignored,omitempty"`
+	AvoidIgnored bool `protobuf:"varint,13,opt,name=avoid_ignored,json=avoidIgnored,proto3" json:"avoid_ignored,omitempty"`
+	// Interim answer: the call waits in the leader's queue (every worker it
+	// may use is saturated); its final answer follows under the same call id.
+	// Only sent to a call whose admission set queue.
+	Queued bool `protobuf:"varint,14,opt,name=queued,proto3" json:"queued,omitempty"`
+	// How long the request waited in the leader's queue, in microseconds.
+	WaitedMicros  int64 `protobuf:"varint,15,opt,name=waited_micros,json=waitedMicros,proto3" json:"waited_micros,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteResponse) Reset() {
 	*x = RouteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[7]
+	mi := &file_cart_v1_router_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +1072,7 @@ func (x *RouteResponse) String() string {
 func (*RouteResponse) ProtoMessage() {}
 
 func (x *RouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[7]
+	mi := &file_cart_v1_router_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +1085,7 @@ func (x *RouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteResponse.ProtoReflect.Descriptor instead.
 func (*RouteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{7}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RouteResponse) GetWorker() string {
@@ -963,6 +1179,20 @@ func (x *RouteResponse) GetAvoidIgnored() bool {
 	return false
 }
 
+func (x *RouteResponse) GetQueued() bool {
+	if x != nil {
+		return x.Queued
+	}
+	return false
+}
+
+func (x *RouteResponse) GetWaitedMicros() int64 {
+	if x != nil {
+		return x.WaitedMicros
+	}
+	return 0
+}
+
 type Completion struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Ticket from RouteResponse.
@@ -983,14 +1213,17 @@ type Completion struct {
 	RouteId uint64 `protobuf:"varint,7,opt,name=route_id,json=routeId,proto3" json:"route_id,omitempty"`
 	// Set on a ticket's completion: how many of its tickets' requests the
 	// data plane had finished, this one included (SyncRequest.done_seq).
-	DoneSeq       uint64 `protobuf:"varint,8,opt,name=done_seq,json=doneSeq,proto3" json:"done_seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DoneSeq uint64 `protobuf:"varint,8,opt,name=done_seq,json=doneSeq,proto3" json:"done_seq,omitempty"`
+	// Completion tokens the worker reported (-1 or 0 unknown), charged to
+	// the request's tenant by flow control.
+	CompletionTokens int32 `protobuf:"varint,9,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_cart_v1_router_proto_msgTypes[8]
+	mi := &file_cart_v1_router_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1235,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[8]
+	mi := &file_cart_v1_router_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1248,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{8}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Completion) GetTicket() uint64 {
@@ -1074,6 +1307,13 @@ func (x *Completion) GetDoneSeq() uint64 {
 	return 0
 }
 
+func (x *Completion) GetCompletionTokens() int32 {
+	if x != nil {
+		return x.CompletionTokens
+	}
+	return 0
+}
+
 type CompleteRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	DataplaneId string                 `protobuf:"bytes,1,opt,name=dataplane_id,json=dataplaneId,proto3" json:"dataplane_id,omitempty"`
@@ -1087,7 +1327,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[9]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1339,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[9]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1352,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CompleteRequest) GetDataplaneId() string {
@@ -1152,7 +1392,7 @@ type ResponseOrigin struct {
 
 func (x *ResponseOrigin) Reset() {
 	*x = ResponseOrigin{}
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1404,7 @@ func (x *ResponseOrigin) String() string {
 func (*ResponseOrigin) ProtoMessage() {}
 
 func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1417,7 @@ func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseOrigin.ProtoReflect.Descriptor instead.
 func (*ResponseOrigin) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResponseOrigin) GetIdHash() uint64 {
@@ -1213,7 +1453,7 @@ type ResponseNotFound struct {
 
 func (x *ResponseNotFound) Reset() {
 	*x = ResponseNotFound{}
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1465,7 @@ func (x *ResponseNotFound) String() string {
 func (*ResponseNotFound) ProtoMessage() {}
 
 func (x *ResponseNotFound) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,7 +1478,7 @@ func (x *ResponseNotFound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseNotFound.ProtoReflect.Descriptor instead.
 func (*ResponseNotFound) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
 }
 
 type CompleteResponse struct {
@@ -1251,7 +1491,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[12]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1503,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[12]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1516,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CompleteResponse) GetSettled() uint32 {
@@ -1297,7 +1537,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_cart_v1_router_proto_msgTypes[13]
+	mi := &file_cart_v1_router_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1549,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[13]
+	mi := &file_cart_v1_router_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1562,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WorkerLoad) GetWorker() string {
@@ -1387,7 +1627,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[14]
+	mi := &file_cart_v1_router_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1639,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[14]
+	mi := &file_cart_v1_router_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1652,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SyncRequest) GetDataplaneId() string {
@@ -1522,7 +1762,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[15]
+	mi := &file_cart_v1_router_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1774,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[15]
+	mi := &file_cart_v1_router_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1787,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{15}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SyncResponse) GetWorkers() []*Worker {
@@ -1605,7 +1845,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_cart_v1_router_proto_msgTypes[16]
+	mi := &file_cart_v1_router_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1857,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[16]
+	mi := &file_cart_v1_router_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1870,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{16}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NotLeader) GetLeaderId() string {
@@ -1681,14 +1921,21 @@ type Worker struct {
 	Models []string `protobuf:"bytes,13,rep,name=models,proto3" json:"models,omitempty"`
 	// The worker's prefix cache as its engine's KV events report it, set
 	// only while those events drive its model (the leader's view).
-	KvCache       *KVCache `protobuf:"bytes,14,opt,name=kv_cache,json=kvCache,proto3" json:"kv_cache,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	KvCache *KVCache `protobuf:"bytes,14,opt,name=kv_cache,json=kvCache,proto3" json:"kv_cache,omitempty"`
+	// Requests the worker's engine runs at once, as declared
+	// (workers[].max_concurrency; 0 = learn it).
+	MaxConcurrency uint32 `protobuf:"varint,15,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
+	// The concurrency in force: declared, or learned by the leader from the
+	// engine's metrics (0 = unknown). Data planes use it to queue locally
+	// while the control plane is away.
+	ConcurrencyLimit uint32 `protobuf:"varint,16,opt,name=concurrency_limit,json=concurrencyLimit,proto3" json:"concurrency_limit,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_cart_v1_router_proto_msgTypes[17]
+	mi := &file_cart_v1_router_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1700,7 +1947,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[17]
+	mi := &file_cart_v1_router_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1713,7 +1960,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{17}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Worker) GetUrl() string {
@@ -1814,6 +2061,20 @@ func (x *Worker) GetKvCache() *KVCache {
 	return nil
 }
 
+func (x *Worker) GetMaxConcurrency() uint32 {
+	if x != nil {
+		return x.MaxConcurrency
+	}
+	return 0
+}
+
+func (x *Worker) GetConcurrencyLimit() uint32 {
+	if x != nil {
+		return x.ConcurrencyLimit
+	}
+	return 0
+}
+
 // KVCache is an engine's reported prefix cache.
 type KVCache struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -1826,7 +2087,7 @@ type KVCache struct {
 
 func (x *KVCache) Reset() {
 	*x = KVCache{}
-	mi := &file_cart_v1_router_proto_msgTypes[18]
+	mi := &file_cart_v1_router_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +2099,7 @@ func (x *KVCache) String() string {
 func (*KVCache) ProtoMessage() {}
 
 func (x *KVCache) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[18]
+	mi := &file_cart_v1_router_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +2112,7 @@ func (x *KVCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCache.ProtoReflect.Descriptor instead.
 func (*KVCache) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{18}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *KVCache) GetOccupiedTokens() int64 {
@@ -1898,7 +2159,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\x06R\x06hashes\x12!\n" +
 	"\fdataplane_id\x18\x03 \x01(\tR\vdataplaneId\x12\x19\n" +
-	"\broute_id\x18\x04 \x01(\x04R\arouteId\"\x99\x03\n" +
+	"\broute_id\x18\x04 \x01(\x04R\arouteId\"\xb1\x03\n" +
 	"\x0eStreamResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05route\x18\x02 \x01(\v2\x16.cart.v1.RouteResponseH\x00R\x05route\x127\n" +
@@ -1910,12 +2171,14 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"placements\x12+\n" +
 	"\x04more\x18\a \x03(\v2\x17.cart.v1.StreamResponseR\x04more\x12\x18\n" +
 	"\abatches\x18\b \x01(\bR\abatches\x12%\n" +
-	"\x0esettles_riders\x18\t \x01(\bR\rsettlesRidersB\b\n" +
+	"\x0esettles_riders\x18\t \x01(\bR\rsettlesRiders\x12\x16\n" +
+	"\x06queues\x18\n" +
+	" \x01(\bR\x06queuesB\b\n" +
 	"\x06result\"k\n" +
 	"\vStreamError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
-	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xfd\x03\n" +
+	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xaf\x04\n" +
 	"\fRouteRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
@@ -1936,7 +2199,23 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\ravoid_workers\x18\r \x03(\tR\favoidWorkers\x125\n" +
 	"\vcompletions\x18\x0e \x03(\v2\x13.cart.v1.CompletionR\vcompletions\x12\x1f\n" +
 	"\vtenant_hash\x18\x0f \x01(\x06R\n" +
-	"tenantHash\"\xa5\x03\n" +
+	"tenantHash\x120\n" +
+	"\tadmission\x18\x10 \x01(\v2\x12.cart.v1.AdmissionR\tadmission\"\xcc\x02\n" +
+	"\tAdmission\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05label\x18\x02 \x01(\tR\x05label\x12\x1a\n" +
+	"\bpriority\x18\x03 \x01(\x11R\bpriority\x12\x16\n" +
+	"\x06weight\x18\x04 \x01(\x01R\x06weight\x12.\n" +
+	"\x13arrival_unix_micros\x18\x05 \x01(\x03R\x11arrivalUnixMicros\x120\n" +
+	"\x14deadline_unix_micros\x18\x06 \x01(\x03R\x12deadlineUnixMicros\x12\x14\n" +
+	"\x05bytes\x18\a \x01(\x03R\x05bytes\x12\x12\n" +
+	"\x04cost\x18\b \x01(\x03R\x04cost\x12\x14\n" +
+	"\x05queue\x18\t \x01(\bR\x05queue\x12;\n" +
+	"\x1aqueue_deadline_unix_micros\x18\n" +
+	" \x01(\x03R\x17queueDeadlineUnixMicros\"S\n" +
+	"\vFlowRefused\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12,\n" +
+	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\xe2\x03\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -1953,7 +2232,9 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06pinned\x18\v \x01(\bR\x06pinned\x12\x1d\n" +
 	"\n" +
 	"leader_url\x18\f \x01(\tR\tleaderUrl\x12#\n" +
-	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\"\xf8\x01\n" +
+	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\x12\x16\n" +
+	"\x06queued\x18\x0e \x01(\bR\x06queued\x12#\n" +
+	"\rwaited_micros\x18\x0f \x01(\x03R\fwaitedMicros\"\xa5\x02\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +
@@ -1963,7 +2244,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\rcached_tokens\x18\x05 \x01(\x05R\fcachedTokens\x12\x1c\n" +
 	"\tabandoned\x18\x06 \x01(\bR\tabandoned\x12\x19\n" +
 	"\broute_id\x18\a \x01(\x04R\arouteId\x12\x19\n" +
-	"\bdone_seq\x18\b \x01(\x04R\adoneSeq\"\xaf\x01\n" +
+	"\bdone_seq\x18\b \x01(\x04R\adoneSeq\x12+\n" +
+	"\x11completion_tokens\x18\t \x01(\x05R\x10completionTokens\"\xaf\x01\n" +
 	"\x0fCompleteRequest\x12!\n" +
 	"\fdataplane_id\x18\x01 \x01(\tR\vdataplaneId\x125\n" +
 	"\vcompletions\x18\x02 \x03(\v2\x13.cart.v1.CompletionR\vcompletions\x12B\n" +
@@ -2007,7 +2289,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\tNotLeader\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12\x1d\n" +
 	"\n" +
-	"leader_url\x18\x02 \x01(\tR\tleaderUrl\"\xf4\x03\n" +
+	"leader_url\x18\x02 \x01(\tR\tleaderUrl\"\xca\x04\n" +
 	"\x06Worker\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
 	"\bmax_load\x18\x02 \x01(\rR\amaxLoad\x12!\n" +
@@ -2023,7 +2305,9 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06source\x18\v \x01(\tR\x06source\x12\x1a\n" +
 	"\bdraining\x18\f \x01(\bR\bdraining\x12\x16\n" +
 	"\x06models\x18\r \x03(\tR\x06models\x12+\n" +
-	"\bkv_cache\x18\x0e \x01(\v2\x10.cart.v1.KVCacheR\akvCache\"[\n" +
+	"\bkv_cache\x18\x0e \x01(\v2\x10.cart.v1.KVCacheR\akvCache\x12'\n" +
+	"\x0fmax_concurrency\x18\x0f \x01(\rR\x0emaxConcurrency\x12+\n" +
+	"\x11concurrency_limit\x18\x10 \x01(\rR\x10concurrencyLimit\"[\n" +
 	"\aKVCache\x12'\n" +
 	"\x0foccupied_tokens\x18\x01 \x01(\x03R\x0eoccupiedTokens\x12'\n" +
 	"\x0fcapacity_tokens\x18\x02 \x01(\x03R\x0ecapacityTokens2\x84\x02\n" +
@@ -2045,7 +2329,7 @@ func file_cart_v1_router_proto_rawDescGZIP() []byte {
 	return file_cart_v1_router_proto_rawDescData
 }
 
-var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_cart_v1_router_proto_goTypes = []any{
 	(*StreamRequest)(nil),    // 0: cart.v1.StreamRequest
 	(*PlacementFeed)(nil),    // 1: cart.v1.PlacementFeed
@@ -2054,55 +2338,58 @@ var file_cart_v1_router_proto_goTypes = []any{
 	(*StreamResponse)(nil),   // 4: cart.v1.StreamResponse
 	(*StreamError)(nil),      // 5: cart.v1.StreamError
 	(*RouteRequest)(nil),     // 6: cart.v1.RouteRequest
-	(*RouteResponse)(nil),    // 7: cart.v1.RouteResponse
-	(*Completion)(nil),       // 8: cart.v1.Completion
-	(*CompleteRequest)(nil),  // 9: cart.v1.CompleteRequest
-	(*ResponseOrigin)(nil),   // 10: cart.v1.ResponseOrigin
-	(*ResponseNotFound)(nil), // 11: cart.v1.ResponseNotFound
-	(*CompleteResponse)(nil), // 12: cart.v1.CompleteResponse
-	(*WorkerLoad)(nil),       // 13: cart.v1.WorkerLoad
-	(*SyncRequest)(nil),      // 14: cart.v1.SyncRequest
-	(*SyncResponse)(nil),     // 15: cart.v1.SyncResponse
-	(*NotLeader)(nil),        // 16: cart.v1.NotLeader
-	(*Worker)(nil),           // 17: cart.v1.Worker
-	(*KVCache)(nil),          // 18: cart.v1.KVCache
-	nil,                      // 19: cart.v1.StreamRequest.TraceEntry
-	(*anypb.Any)(nil),        // 20: google.protobuf.Any
+	(*Admission)(nil),        // 7: cart.v1.Admission
+	(*FlowRefused)(nil),      // 8: cart.v1.FlowRefused
+	(*RouteResponse)(nil),    // 9: cart.v1.RouteResponse
+	(*Completion)(nil),       // 10: cart.v1.Completion
+	(*CompleteRequest)(nil),  // 11: cart.v1.CompleteRequest
+	(*ResponseOrigin)(nil),   // 12: cart.v1.ResponseOrigin
+	(*ResponseNotFound)(nil), // 13: cart.v1.ResponseNotFound
+	(*CompleteResponse)(nil), // 14: cart.v1.CompleteResponse
+	(*WorkerLoad)(nil),       // 15: cart.v1.WorkerLoad
+	(*SyncRequest)(nil),      // 16: cart.v1.SyncRequest
+	(*SyncResponse)(nil),     // 17: cart.v1.SyncResponse
+	(*NotLeader)(nil),        // 18: cart.v1.NotLeader
+	(*Worker)(nil),           // 19: cart.v1.Worker
+	(*KVCache)(nil),          // 20: cart.v1.KVCache
+	nil,                      // 21: cart.v1.StreamRequest.TraceEntry
+	(*anypb.Any)(nil),        // 22: google.protobuf.Any
 }
 var file_cart_v1_router_proto_depIdxs = []int32{
 	6,  // 0: cart.v1.StreamRequest.route:type_name -> cart.v1.RouteRequest
-	9,  // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
-	14, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
-	19, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
+	11, // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
+	16, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
+	21, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
 	1,  // 4: cart.v1.StreamRequest.placement_feed:type_name -> cart.v1.PlacementFeed
 	0,  // 5: cart.v1.StreamRequest.more:type_name -> cart.v1.StreamRequest
 	3,  // 6: cart.v1.RecentPlacements.placements:type_name -> cart.v1.RecentPlacement
-	7,  // 7: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
-	12, // 8: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
-	15, // 9: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
+	9,  // 7: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
+	14, // 8: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
+	17, // 9: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
 	5,  // 10: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
 	2,  // 11: cart.v1.StreamResponse.placements:type_name -> cart.v1.RecentPlacements
 	4,  // 12: cart.v1.StreamResponse.more:type_name -> cart.v1.StreamResponse
-	20, // 13: cart.v1.StreamError.details:type_name -> google.protobuf.Any
-	8,  // 14: cart.v1.RouteRequest.completions:type_name -> cart.v1.Completion
-	8,  // 15: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
-	10, // 16: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
-	13, // 17: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	17, // 18: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	18, // 19: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
-	6,  // 20: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	9,  // 21: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	14, // 22: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
-	0,  // 23: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
-	7,  // 24: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	12, // 25: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	15, // 26: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
-	4,  // 27: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
-	24, // [24:28] is the sub-list for method output_type
-	20, // [20:24] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	22, // 13: cart.v1.StreamError.details:type_name -> google.protobuf.Any
+	10, // 14: cart.v1.RouteRequest.completions:type_name -> cart.v1.Completion
+	7,  // 15: cart.v1.RouteRequest.admission:type_name -> cart.v1.Admission
+	10, // 16: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
+	12, // 17: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
+	15, // 18: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
+	19, // 19: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	20, // 20: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	6,  // 21: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
+	11, // 22: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	16, // 23: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	0,  // 24: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
+	9,  // 25: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	14, // 26: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	17, // 27: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	4,  // 28: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
+	25, // [25:29] is the sub-list for method output_type
+	21, // [21:25] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_router_proto_init() }
@@ -2128,7 +2415,7 @@ func file_cart_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_router_proto_rawDesc), len(file_cart_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -55,6 +55,8 @@ const (
 	// AdminServiceTransferLeadershipProcedure is the fully-qualified name of the AdminService's
 	// TransferLeadership RPC.
 	AdminServiceTransferLeadershipProcedure = "/cart.v1.AdminService/TransferLeadership"
+	// AdminServiceQueueProcedure is the fully-qualified name of the AdminService's Queue RPC.
+	AdminServiceQueueProcedure = "/cart.v1.AdminService/Queue"
 )
 
 // AdminServiceClient is a client for the cart.v1.AdminService service.
@@ -67,6 +69,9 @@ type AdminServiceClient interface {
 	AddVoter(context.Context, *connect.Request[v1.AddVoterRequest]) (*connect.Response[v1.AddVoterResponse], error)
 	RemoveServer(context.Context, *connect.Request[v1.RemoveServerRequest]) (*connect.Response[v1.RemoveServerResponse], error)
 	TransferLeadership(context.Context, *connect.Request[v1.TransferLeadershipRequest]) (*connect.Response[v1.TransferLeadershipResponse], error)
+	// Queue lists the requests waiting in the leader's flow-control queue,
+	// in the order they would be dispatched, and the pool's saturation.
+	Queue(context.Context, *connect.Request[v1.QueueRequest]) (*connect.Response[v1.QueueResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the cart.v1.AdminService service. By default, it
@@ -128,6 +133,12 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("TransferLeadership")),
 			connect.WithClientOptions(opts...),
 		),
+		queue: connect.NewClient[v1.QueueRequest, v1.QueueResponse](
+			httpClient,
+			baseURL+AdminServiceQueueProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Queue")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -141,6 +152,7 @@ type adminServiceClient struct {
 	addVoter           *connect.Client[v1.AddVoterRequest, v1.AddVoterResponse]
 	removeServer       *connect.Client[v1.RemoveServerRequest, v1.RemoveServerResponse]
 	transferLeadership *connect.Client[v1.TransferLeadershipRequest, v1.TransferLeadershipResponse]
+	queue              *connect.Client[v1.QueueRequest, v1.QueueResponse]
 }
 
 // ListWorkers calls cart.v1.AdminService.ListWorkers.
@@ -183,6 +195,11 @@ func (c *adminServiceClient) TransferLeadership(ctx context.Context, req *connec
 	return c.transferLeadership.CallUnary(ctx, req)
 }
 
+// Queue calls cart.v1.AdminService.Queue.
+func (c *adminServiceClient) Queue(ctx context.Context, req *connect.Request[v1.QueueRequest]) (*connect.Response[v1.QueueResponse], error) {
+	return c.queue.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the cart.v1.AdminService service.
 type AdminServiceHandler interface {
 	ListWorkers(context.Context, *connect.Request[v1.ListWorkersRequest]) (*connect.Response[v1.ListWorkersResponse], error)
@@ -193,6 +210,9 @@ type AdminServiceHandler interface {
 	AddVoter(context.Context, *connect.Request[v1.AddVoterRequest]) (*connect.Response[v1.AddVoterResponse], error)
 	RemoveServer(context.Context, *connect.Request[v1.RemoveServerRequest]) (*connect.Response[v1.RemoveServerResponse], error)
 	TransferLeadership(context.Context, *connect.Request[v1.TransferLeadershipRequest]) (*connect.Response[v1.TransferLeadershipResponse], error)
+	// Queue lists the requests waiting in the leader's flow-control queue,
+	// in the order they would be dispatched, and the pool's saturation.
+	Queue(context.Context, *connect.Request[v1.QueueRequest]) (*connect.Response[v1.QueueResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -250,6 +270,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("TransferLeadership")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceQueueHandler := connect.NewUnaryHandler(
+		AdminServiceQueueProcedure,
+		svc.Queue,
+		connect.WithSchema(adminServiceMethods.ByName("Queue")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/cart.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceListWorkersProcedure:
@@ -268,6 +294,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceRemoveServerHandler.ServeHTTP(w, r)
 		case AdminServiceTransferLeadershipProcedure:
 			adminServiceTransferLeadershipHandler.ServeHTTP(w, r)
+		case AdminServiceQueueProcedure:
+			adminServiceQueueHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -307,4 +335,8 @@ func (UnimplementedAdminServiceHandler) RemoveServer(context.Context, *connect.R
 
 func (UnimplementedAdminServiceHandler) TransferLeadership(context.Context, *connect.Request[v1.TransferLeadershipRequest]) (*connect.Response[v1.TransferLeadershipResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cart.v1.AdminService.TransferLeadership is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Queue(context.Context, *connect.Request[v1.QueueRequest]) (*connect.Response[v1.QueueResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cart.v1.AdminService.Queue is not implemented"))
 }
