@@ -13,6 +13,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/service"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"
 )
 
@@ -191,4 +192,104 @@ func counterValue(t testing.TB, c prometheus.Metric) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// routeLoop routes every 5 ms on r until the test ends, as traffic does.
+func routeLoop(t *testing.T, r *Router) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			if d, err := r.Route(ctx, &router.Request{Model: "m"}); err == nil {
+				r.Done(d, router.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// While the control-plane breaker is open the stream retries no less
+// often than the breaker probes, and the probe that finds the leader back
+// brings the stream back at once: over issue 32's partition the backoff
+// had grown to 12.8-30 s, and the data plane stayed on unary calls that
+// long after the leader answered again.
+func TestStreamRetryFollowsTheBreakerProbe(t *testing.T) {
+	cp, pc := newStreamCP(t)
+	cp.electing.Store(true) // streams refused at once: the backoff grows fastest
+	cp.set(func(f *fakeCP) { f.routeDelay = time.Minute })
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true,
+		RouteTimeout: 50 * time.Millisecond, RouteBreakerFailures: 5, RouteBreakerCooloff: time.Second})
+	var mu sync.Mutex
+	var openWaits []time.Duration
+	r.streams.retryHook = func(wait time.Duration, open bool) {
+		if open {
+			mu.Lock()
+			openWaits = append(openWaits, wait)
+			mu.Unlock()
+		}
+	}
+	run(t, r)
+	routeLoop(t, r)
+	testkit.WaitFor(t, 10*time.Second, "the breaker open", r.cpb.isOpen)
+	// Uncapped, attempts go at 0, 50, 150, 350, 750, 1550, 3150 ms...: by
+	// the sixth the wait is 1.6 s, past the 1 s probe interval.
+	testkit.WaitFor(t, 20*time.Second, "seven stream attempts", func() bool { return pc.count(cartv1connect.RouterServiceStreamProcedure) >= 7 })
+	mu.Lock()
+	waits := append([]time.Duration(nil), openWaits...)
+	mu.Unlock()
+	for _, w := range waits {
+		if w > time.Second {
+			t.Fatalf("the stream waited %v to redial while the breaker was open (waits %v); want at most its 1 s probe interval", w, waits)
+		}
+	}
+	if len(waits) < 3 {
+		t.Fatalf("%d stream retries seen while the breaker was open, want several", len(waits))
+	}
+
+	cp.electing.Store(false)
+	cp.set(func(f *fakeCP) { f.routeDelay = 0 })
+	// The next probe (within the 1 s cool-off) is answered and pokes the
+	// stream; the margin is for a loaded machine.
+	testkit.WaitFor(t, 3*time.Second, "the stream back within a probe interval of the leader's return", func() bool { return r.streams.live(cp.url) != nil })
+}
+
+// Route calls that keep timing out on a connection whose PINGs are still
+// answered (a slow leader, or an HTTP/2 proxy in front of a dead one) make
+// the data plane drop it after redialAfter rounds and dial a new one.
+func TestRedialAfterRouteTimeouts(t *testing.T) {
+	cp := newFakeCP(t)
+	conns := testkit.NewBlackhole(t, cp.srv.Listener.Addr().String()) // never cut: counts the connections
+	client := cpclient.NewWithTLS(nil)
+	t.Cleanup(client.CloseIdleConnections)
+	r := newTestRouter(t, Options{ControlPlanes: []string{"http://" + conns.Addr()}, HTTPClient: client, BootWorkers: boot,
+		RouteTimeout: 50 * time.Millisecond}) // no breaker: every call goes
+	if d := routeOnce(t, r); !d.FromLeader {
+		t.Fatalf("first route: %+v", d)
+	}
+	cp.set(func(f *fakeCP) { f.routeDelay = time.Minute })
+	dropped := func() float64 { return counterValue(t, r.redials.WithLabelValues("route_timeouts")) }
+	for i := range redialAfter {
+		if d := routeOnce(t, r); d.FromLeader {
+			t.Fatalf("route %d with the leader stalled: %+v", i, d)
+		}
+		if i < redialAfter-1 && (dropped() != 0 || conns.Accepted() != 1) {
+			t.Fatalf("after %d timeouts: %v drops, %d connections; want none yet, 1", i+1, dropped(), conns.Accepted())
+		}
+	}
+	if got := dropped(); got != 1 {
+		t.Fatalf("%v drops after %d timeouts in a row, want 1", got, redialAfter)
+	}
+	cp.set(func(f *fakeCP) { f.routeDelay = 0 })
+	if d := routeOnce(t, r); !d.FromLeader {
+		t.Fatalf("route after the drop: %+v", d)
+	}
+	if n := conns.Accepted(); n != 2 {
+		t.Fatalf("%d connections dialled, want 2 (a fresh one after the drop)", n)
+	}
 }
