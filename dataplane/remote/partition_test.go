@@ -7,12 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/service"
 	"github.com/cartrouter/cart/dataplane/router"
+	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
 	"github.com/cartrouter/cart/internal/testkit"
 )
@@ -33,8 +35,14 @@ type partitionResult struct {
 }
 
 func (p partitionResult) String() string {
-	return fmt.Sprintf("answers from the leader %v after the heal, stream live again after %v; breaker opened %v, %d stream retries while it was open (longest wait %v), %v connection drops",
-		p.leaderBack.Round(10*time.Millisecond), p.streamBack.Round(10*time.Millisecond), p.opened, p.openWaits, p.maxOpenWait, p.redials)
+	back := func(d time.Duration) string {
+		if d == 0 {
+			return "not within the wait"
+		}
+		return d.Round(10*time.Millisecond).String() + " after the heal"
+	}
+	return fmt.Sprintf("answers from the leader %s, a new stream live %s; breaker opened %v, %d stream retries while it was open (longest wait %v), %v connection drops",
+		back(p.leaderBack), back(p.streamBack), p.opened, p.openWaits, p.maxOpenWait, p.redials)
 }
 
 // partitionRig is a data plane with production settings (shadow, breaker
@@ -261,7 +269,8 @@ func TestStreamRetryFollowsTheBreakerProbe(t *testing.T) {
 
 // Route calls that keep timing out on a connection whose PINGs are still
 // answered (a slow leader, or an HTTP/2 proxy in front of a dead one) make
-// the data plane drop it after redialAfter rounds and dial a new one.
+// the data plane drop it after redialAfter rounds (the breaker is off
+// here) and dial a new one.
 func TestRedialAfterRouteTimeouts(t *testing.T) {
 	cp := newFakeCP(t)
 	conns := testkit.NewBlackhole(t, cp.srv.Listener.Addr().String()) // never cut: counts the connections
@@ -291,5 +300,42 @@ func TestRedialAfterRouteTimeouts(t *testing.T) {
 	}
 	if n := conns.Accepted(); n != 2 {
 		t.Fatalf("%d connections dialled, want 2 (a fresh one after the drop)", n)
+	}
+}
+
+// silentStreamCP accepts Route streams and never answers their hello, as
+// a leader behind a dead path whose PINGs something else answers.
+type silentStreamCP struct {
+	*fakeCP
+	streams chan struct{} // one per stream opened
+}
+
+func (c silentStreamCP) Stream(ctx context.Context, _ *connect.BidiStream[cartv1.StreamRequest, cartv1.StreamResponse]) error {
+	select {
+	case c.streams <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A Route stream hello left unanswered drops the connection it went on:
+// the next attempt dials a new one instead of waiting on the same path.
+func TestUnansweredHelloDropsTheConnection(t *testing.T) {
+	cp := silentStreamCP{&fakeCP{}, make(chan struct{}, 1)}
+	_, h := cartv1connect.NewRouterServiceHandler(cp)
+	srv := serveH2C(t, h)
+	conns := testkit.NewBlackhole(t, srv.Listener.Addr().String()) // never cut: counts the connections
+	client := cpclient.NewWithTLS(nil)
+	t.Cleanup(client.CloseIdleConnections)
+	r := newTestRouter(t, Options{ControlPlanes: []string{"http://" + conns.Addr()}, HTTPClient: client, BootWorkers: boot, RouteStream: true})
+	run(t, r)
+	<-cp.streams // the first hello is out, on the connections there are
+	before := conns.Accepted()
+	testkit.WaitForMsg(t, 20*time.Second, "a new connection after an unanswered hello", func() (bool, string) {
+		return conns.Accepted() > before, fmt.Sprintf("%d connections, %d when the first hello went", conns.Accepted(), before)
+	})
+	if got := counterValue(t, r.redials.WithLabelValues("stream_hello")); got < 1 {
+		t.Fatalf("%v drops counted for an unanswered hello, want at least 1", got)
 	}
 }

@@ -38,7 +38,7 @@ func TestTimeoutRunDropsAfterRoundsInARow(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var run timeoutRun
+			run := timeoutRun{after: 3}
 			rounds := make([]uint64, len(tt.calls))
 			for i, c := range tt.calls {
 				rounds[i] = run.start()

@@ -174,6 +174,10 @@ func New(o Options) *Router {
 		cpb:      newCPBreaker(o.RouteBreakerFailures, o.RouteBreakerCooloff, o.Now),
 	}
 	r.clients = cpclient.NewByURL(r.newClient)
+	r.timeouts.after = redialAfter
+	if o.RouteBreakerFailures > 0 {
+		r.timeouts.after = o.RouteBreakerFailures
+	}
 	r.redials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_redials_total",
 		Help: "Times this data plane closed its connections to a control-plane node to dial afresh, by why: route_timeouts (Route calls kept timing out on them) or stream_hello (the Route stream's hello went unanswered)."}, []string{"why"})
 	if o.RouteStream {
