@@ -581,7 +581,9 @@ type DataPlane struct {
 	// RouteBreakerFailures consecutive Route timeouts/unavailable answers
 	// (calls that were in flight together count once) stop Route calls for
 	// RouteBreakerCooloffMs (0 disables the breaker), 100 ms after a call that
-	// was refused at once.
+	// was refused at once. As many timeouts in a row also drop the
+	// connections to the node (dataplane/remote/redial.go), and while the
+	// breaker is open the Route stream retries at least once a cool-off.
 	RouteBreakerFailures  int `yaml:"route_breaker_failures"`
 	RouteBreakerCooloffMs int `yaml:"route_breaker_cooloff_ms"`
 	// RouteStream carries Route, Complete and Sync on one long-lived

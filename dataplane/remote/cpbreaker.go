@@ -93,10 +93,11 @@ const (
 	cpUnknown         // neither (the client left, another error): no verdict
 )
 
-// done records the outcome of a call that allow let through.
-func (b *cpBreaker) done(c cpCall, outcome int) {
+// done records the outcome of a call that allow let through, and reports
+// whether it closed the breaker.
+func (b *cpBreaker) done(c cpCall, outcome int) (closed bool) {
 	if b == nil {
-		return
+		return false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -108,6 +109,7 @@ func (b *cpBreaker) done(c cpCall, outcome int) {
 	case cpAnswered:
 		// Any answer, even from a call started before the breaker opened,
 		// shows the control plane is answering in time again.
+		closed = b.open
 		b.consecutive, b.open = 0, false
 	case cpFailed, cpRefused:
 		if c.round == b.round {
@@ -126,6 +128,7 @@ func (b *cpBreaker) done(c cpCall, outcome int) {
 			b.nextProbe = b.now().Add(wait)
 		}
 	}
+	return closed
 }
 
 // reset closes the breaker: the control plane it judged is no longer the
@@ -140,6 +143,30 @@ func (b *cpBreaker) reset() {
 	// Calls still in flight to the old control plane (a probe included)
 	// fail against it, not against the new one.
 	b.round++
+}
+
+// probeSoon lets the next call through as a probe, when the breaker is
+// open: the control plane just answered something else (the Route
+// stream's hello), and waiting out the cool-off would keep falling back
+// for nothing.
+func (b *cpBreaker) probeSoon() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.open && !b.probing {
+		b.nextProbe = b.now()
+	}
+}
+
+// probeEvery is the interval of the probes while the breaker is open (0:
+// no breaker).
+func (b *cpBreaker) probeEvery() time.Duration {
+	if b == nil {
+		return 0
+	}
+	return b.cooloff
 }
 
 // isOpen reports whether Route calls are being skipped.

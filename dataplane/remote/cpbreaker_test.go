@@ -345,3 +345,40 @@ func TestCPBreakerCountsAStallOnce(t *testing.T) {
 		t.Fatal("a probe of the previous leader counted against the new one")
 	}
 }
+
+// done says when an answer closed an open breaker (the stream then
+// redials at once), and probeSoon lets a probe go before the cool-off
+// ends (a stream came back: its leader answered).
+func TestCPBreakerReportsClosingAndProbesSoon(t *testing.T) {
+	clock := newFakeClock()
+	b := newCPBreaker(1, time.Second, clock.now)
+	_, c := b.allow()
+	if b.done(c, cpAnswered) {
+		t.Fatal("an answer to a closed breaker reported closing it")
+	}
+	_, c = b.allow()
+	b.done(c, cpFailed)
+	if !b.isOpen() {
+		t.Fatal("not open after a failure")
+	}
+	if ok, _ := b.allow(); ok {
+		t.Fatal("a call went through an open breaker before its cool-off")
+	}
+	b.probeSoon()
+	ok, probe := b.allow()
+	if !ok || !probe.probe {
+		t.Fatal("no probe right after probeSoon")
+	}
+	b.probeSoon() // a probe in flight: no second one
+	if ok, _ := b.allow(); ok {
+		t.Fatal("probeSoon let a second probe through while one was in flight")
+	}
+	if !b.done(probe, cpAnswered) || b.isOpen() {
+		t.Fatal("the answered probe did not report closing the breaker")
+	}
+	var none *cpBreaker
+	none.probeSoon()
+	if none.done(cpCall{}, cpAnswered) || none.probeEvery() != 0 {
+		t.Fatal("a disabled breaker reported something")
+	}
+}

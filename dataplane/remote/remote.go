@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/cpclient"
@@ -129,6 +130,8 @@ type Router struct {
 
 	shadow     *shadow    // nil when disabled
 	cpb        *cpBreaker // nil when disabled
+	timeouts   timeoutRun // when to drop the connections to the control plane (redial.go)
+	redials    *prometheus.CounterVec
 	streams    *streamer  // nil when Options.RouteStream is off
 	authWarned every.Gate // the rejected-token warning
 	// cpBlockChars is the control plane's cache.block_chars when its last
@@ -171,6 +174,12 @@ func New(o Options) *Router {
 		cpb:      newCPBreaker(o.RouteBreakerFailures, o.RouteBreakerCooloff, o.Now),
 	}
 	r.clients = cpclient.NewByURL(r.newClient)
+	r.timeouts.after = redialAfter
+	if o.RouteBreakerFailures > 0 {
+		r.timeouts.after = o.RouteBreakerFailures
+	}
+	r.redials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_cp_redials_total",
+		Help: "Times this data plane closed its connections to a control-plane node to dial afresh, by why: route_timeouts (Route calls kept timing out on them) or stream_hello (the Route stream's hello went unanswered)."}, []string{"why"})
 	if o.RouteStream {
 		r.streams = newStreamer(r, o.RouteStreamMaxInFlight)
 	}
@@ -272,6 +281,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	if target != "" {
 		allowed, call = r.cpb.allow()
 	}
+	round := r.timeouts.start()
 	if target == "" {
 		cause = "no_control_plane"
 	} else if !allowed {
@@ -304,7 +314,15 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			r.rememberAbandoned(routeID)
 		}
 		outcome := cpOutcome(ctx, err)
-		r.cpb.done(call, outcome)
+		if r.cpb.done(call, outcome) {
+			// The probe of an open breaker was answered: the leader is
+			// back, and the stream should follow now, not after a
+			// backoff grown while it was away.
+			r.streams.answered()
+		}
+		if r.timeouts.done(target, round, outcome) {
+			r.dropConns(target, "route_timeouts")
+		}
 		if outcome == cpAnswered || outcome == cpFailed {
 			r.lat.add(target, time.Since(start))
 		}
@@ -370,6 +388,21 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		r.o.OnFallback(cause)
 	}
 	return d, nil
+}
+
+// dropConns closes this data plane's connections to the control-plane
+// node at target, calls in flight on them included, so that the next call
+// dials afresh (cpclient.Transport.DropConns). A client without that
+// (tests, a caller's own) is left alone.
+func (r *Router) dropConns(target, why string) {
+	d, ok := r.o.HTTPClient.Transport.(interface{ DropConns(string) int })
+	if !ok {
+		return
+	}
+	n := d.DropConns(target)
+	r.redials.WithLabelValues(why).Inc()
+	r.log.Info("dropped the connections to a control-plane node that did not answer; the next call dials afresh",
+		"control_plane", target, "connections", n, "why", why)
 }
 
 // cpOutcome classifies a Route call for the control-plane breaker.

@@ -279,16 +279,20 @@ type streamer struct {
 	kick        chan struct{}           // the target may have changed
 	tracer      cpclient.StreamTracer   // traces the Route calls it carries; nil: off
 	flushHook   func(queued func() int) // tests only: see routeStream.flushHook
+	// retryHook (tests only) is told of each wait before a redial, and
+	// whether the control-plane breaker was open then.
+	retryHook func(wait time.Duration, breakerOpen bool)
 	// noBatch (tests only) makes this data plane neither declare nor send
 	// batches, as one that predates them.
 	noBatch bool
 
 	// cur is the live stream, if any; read on every call, hence atomic.
 	cur atomic.Pointer[routeStream]
-	// synced: a unary Sync was answered since the last failed dial. The
-	// dial failed because the node had no leader or was unreachable; now
-	// that one answers, retry at once rather than after a backoff that
-	// grew during an election (up to streamBackoffMax).
+	// synced: a unary Sync, or the probe of an open control-plane
+	// breaker, was answered since the last failed dial. The dial failed
+	// because the node had no leader or was unreachable; now that one
+	// answers, retry at once rather than after a backoff that grew during
+	// an election or a partition (up to streamBackoffMax).
 	synced atomic.Bool
 
 	open      prometheus.GaugeFunc
@@ -342,9 +346,10 @@ func (s *streamer) unary(call string) {
 	}
 }
 
-// syncedUnary tells the loop a unary Sync was answered: a leader is there.
-// Sync runs once a sync interval, which bounds the redials this causes.
-func (s *streamer) syncedUnary() {
+// answered tells the loop a unary call was answered: a leader is there.
+// Only a Sync (once a sync interval) and the probe that closes an open
+// breaker (once per recovery) call it, which bounds the redials it causes.
+func (s *streamer) answered() {
 	if s != nil && s.live("") == nil {
 		s.synced.Store(true)
 		s.poke()
@@ -386,21 +391,28 @@ func (s *streamer) run(ctx context.Context) {
 				continue
 			}
 			redirected = false
-			s.r.logRPCError("route stream to the control plane not available; using unary calls", target, err, "retry_in", backoff.String())
-			transient := connect.CodeOf(err) == connect.CodeUnavailable
+			wait := s.retryIn(backoff)
+			s.r.logRPCError("route stream to the control plane not available; using unary calls", target, err, "retry_in", wait.String())
+			// Unreachable, or no answer to the hello (a partition): a
+			// leader answering a unary call is reason to retry at once.
+			// A node without the RPC is not.
+			transient := connect.CodeOf(err) == connect.CodeUnavailable || connect.CodeOf(err) == connect.CodeDeadlineExceeded
 			s.synced.Store(false)
-			if !s.wait(ctx, backoff) {
+			if !s.wait(ctx, wait) {
 				return
 			}
 			if transient && s.synced.Load() {
 				backoff = streamBackoffMin
 			} else {
-				backoff = min(2*backoff, streamBackoffMax)
+				backoff = s.grow(backoff)
 			}
 			continue
 		}
 		redirected = false
 		s.cur.Store(st)
+		// The leader answered the hello: if the breaker is open (the
+		// stream came back after a fault), probe it now, on the stream.
+		s.r.cpb.probeSoon()
 		s.hold(ctx, st)
 		s.cur.CompareAndSwap(st, nil)
 		st.fail(errors.New("stream closed"))
@@ -412,11 +424,40 @@ func (s *streamer) run(ctx context.Context) {
 			s.r.follow(url) // the leader stepped down and named its successor
 			continue
 		}
-		if ctx.Err() == nil && !s.wait(ctx, backoff) {
+		if ctx.Err() == nil && !s.wait(ctx, s.retryIn(backoff)) {
 			return
 		}
-		backoff = min(2*backoff, streamBackoffMax)
+		backoff = s.grow(backoff)
 	}
+}
+
+// retryIn is how long to wait before the next dial: backoff, but no more
+// than the control-plane breaker's probe interval while it is open. An
+// open breaker asks the leader once per cool-off whether it is back, and
+// the stream must not lag far behind its answer: over a partition of
+// issue 32's length the backoff grew to 12.8, 25.6, then 30 s, and the
+// data plane kept every call unary (and its fallbacks) that much longer.
+// Trying as often as the probe costs one small call per cool-off.
+func (s *streamer) retryIn(backoff time.Duration) time.Duration {
+	open := s.r.cpb.isOpen()
+	if open {
+		backoff = min(backoff, s.r.cpb.probeEvery())
+	}
+	if s.retryHook != nil {
+		s.retryHook(backoff, open)
+	}
+	return backoff
+}
+
+// grow doubles backoff, up to the breaker's probe interval while it is
+// open (so that the wait after it closes starts from there, not from a
+// backoff grown during the fault), else to streamBackoffMax.
+func (s *streamer) grow(backoff time.Duration) time.Duration {
+	limit := streamBackoffMax
+	if s.r.cpb.isOpen() {
+		limit = s.r.cpb.probeEvery()
+	}
+	return min(2*backoff, limit)
 }
 
 // hold returns when st breaks, the target changes or ctx ends.
@@ -493,6 +534,10 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	case <-t.C:
 		abort(conn, cancel)
 		<-hello
+		// A leader answers a hello in a round trip; two seconds of
+		// silence is a dead connection (or a dead leader), and the next
+		// dial must not be made on it again.
+		s.r.dropConns(target, "stream_hello")
 		return nil, nil, connect.NewError(connect.CodeDeadlineExceeded, errors.New("no answer to the route stream hello"))
 	}
 	if err != nil {
@@ -603,7 +648,7 @@ func (r *Router) syncCall(ctx context.Context, target string, m *cartv1.SyncRequ
 		(*cartv1.StreamResponse).GetSync, func(c cartv1connect.RouterServiceClient) (*connect.Response[cartv1.SyncResponse], error) {
 			resp, err := c.Sync(ctx, connect.NewRequest(m))
 			if err == nil {
-				r.streams.syncedUnary()
+				r.streams.answered()
 			}
 			return resp, err
 		})
@@ -634,11 +679,11 @@ func reportCall[T any](ctx context.Context, r *Router, target, name string, req 
 	return resp.Msg, nil
 }
 
-// Collectors are the Route stream's metrics (none when it is off), for
-// the data plane's /metrics.
+// Collectors are the router's metrics (the Route stream's only when it is
+// on), for the data plane's /metrics.
 func (r *Router) Collectors() []prometheus.Collector {
 	if r.streams == nil {
-		return nil
+		return []prometheus.Collector{r.redials}
 	}
-	return []prometheus.Collector{r.streams.open, r.streams.fallbacks}
+	return []prometheus.Collector{r.redials, r.streams.open, r.streams.fallbacks}
 }

@@ -74,6 +74,14 @@ type oneNodeCP struct {
 
 func newOneNodeCP(t testing.TB, auth service.AuthOptions) *oneNodeCP {
 	t.Helper()
+	return newOneNodeCPAt(t, auth, nil)
+}
+
+// newOneNodeCPAt is newOneNodeCP reached, and advertised (leader_url), at
+// the URL front returns for its server's address: a proxy in front of it.
+// front nil: the server's own URL.
+func newOneNodeCPAt(t testing.TB, auth service.AuthOptions, front func(addr string) string) *oneNodeCP {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	_, trans := raft.NewInmemTransport("")
 	dec := decider.New(decider.Options{Policy: engine.Policy{Threshold: 0.3, BalanceAbsThreshold: 4, BalanceRelThreshold: 1.5, BlockChars: 64},
@@ -82,6 +90,9 @@ func newOneNodeCP(t testing.TB, auth service.AuthOptions) *oneNodeCP {
 	x := &oneNodeCP{dec: dec, paths: &pathCounter{}}
 	x.srv = testkit.H2CServer(x.paths)
 	x.url = "http://" + x.srv.Listener.Addr().String()
+	if front != nil {
+		x.url = front(x.srv.Listener.Addr().String())
+	}
 	x.core = service.New(service.Options{
 		NodeID: "n1", APIURL: x.url, BlockChars: 64, PlacementBatch: 10 * time.Millisecond, PlacementMax: 512,
 		Health:       health.Config{Endpoint: "/health", Interval: time.Hour, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
