@@ -19,6 +19,7 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/decider"
+	"github.com/cartrouter/cart/controlplane/enginemetrics"
 	"github.com/cartrouter/cart/controlplane/discovery"
 	"github.com/cartrouter/cart/controlplane/health"
 	"github.com/cartrouter/cart/controlplane/kvtruth"
@@ -135,6 +136,30 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 				go func() { defer wg.Done(); w.Run(ctx) }()
 			}
 			wg.Wait()
+		})
+	}
+	if cfg.Flow.Enabled && cfg.Flow.LearnConcurrency {
+		// The engines' metrics, read once per pool like their health: the
+		// leader learns each worker's concurrency for the fleet's queue.
+		leaderLoops = append(leaderLoops, func(ctx context.Context) {
+			s := &enginemetrics.Scraper{
+				Client:   &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()},
+				Path:     cfg.Flow.MetricsEndpoint,
+				Interval: config.Seconds(cfg.Flow.MetricsIntervalSecs),
+				Timeout:  min(config.Seconds(cfg.Flow.MetricsIntervalSecs), healthCfg.Timeout),
+				Workers: func() []string {
+					ws, _ := d.St.Workers()
+					out := make([]string, len(ws))
+					for i, w := range ws {
+						out[i] = w.URL
+					}
+					return out
+				},
+				Key:     healthCfg.WorkerKey,
+				Observe: d.Dec.ObserveEngine,
+				Log:     log,
+			}
+			s.Run(ctx)
 		})
 	}
 	var kvLoop func(context.Context)
@@ -280,6 +305,7 @@ func deciderOptions(cfg *config.Config) decider.Options {
 		ResetHourUTC: cfg.Cache.DailyCleanupHourUTC,
 		LoadLease:    time.Duration(cfg.ControlPlane.LoadLeaseSecs * float64(time.Second)),
 		MaxTickets:   cfg.ControlPlane.MaxUnsettledTickets,
+		Flow:         decider.FlowFrom(cfg),
 	}
 }
 

@@ -223,6 +223,13 @@ func (c *Core) complete(m *cartv1.CompleteRequest) *cartv1.CompleteResponse {
 		// Replicated with the placements, so a new leader keeps them.
 		c.batch.Origins(origins)
 	}
+	for _, comp := range m.GetCompletions() {
+		if comp.GetAbandoned() {
+			// A call still waiting in the queue leaves it now; one that
+			// was dispatched is settled below as abandoned.
+			c.queuedCalls.cancel(routeKey{dpID, comp.GetRouteId()})
+		}
+	}
 	return &cartv1.CompleteResponse{Settled: uint32(c.dec.Complete(dpID, completions(m.GetCompletions())))}
 }
 
@@ -234,7 +241,8 @@ func completions(cs []*cartv1.Completion) []decider.Completion {
 	out := make([]decider.Completion, len(cs))
 	for i, comp := range cs {
 		out[i] = decider.Completion{Ticket: comp.GetTicket(), Worker: comp.GetWorker(), Abandoned: comp.GetAbandoned(), RouteID: comp.GetRouteId(), DoneSeq: comp.GetDoneSeq(),
-			Outcome: decider.Outcome{Delivered: comp.GetDelivered(), PromptTokens: int(comp.GetPromptTokens()), CachedTokens: int(comp.GetCachedTokens())}}
+			Outcome: decider.Outcome{Delivered: comp.GetDelivered(), PromptTokens: int(comp.GetPromptTokens()), CachedTokens: int(comp.GetCachedTokens()),
+				CompletionTokens: int(comp.GetCompletionTokens())}}
 	}
 	return out
 }

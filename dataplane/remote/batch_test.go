@@ -114,7 +114,7 @@ func TestStreamReadsBatchedAnswers(t *testing.T) {
 	}
 	for _, p := range []string{prompt, early} {
 		testkit.WaitFor(t, 5*time.Second, "the batched feed frame in the shadow: "+p, func() bool {
-			d, err := r.fallback(&router.Request{Model: "m", Hashes: keyHashes(p + " next"), KeyLen: len(p) + 5, DryRun: true})
+			d, err := r.fallback(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(p + " next"), KeyLen: len(p) + 5, DryRun: true})
 			return err == nil && d.Candidate == wA
 		})
 	}

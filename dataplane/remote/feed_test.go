@@ -40,10 +40,10 @@ func TestFallbackKnowsOtherDataPlanesPlacements(t *testing.T) {
 	other.Done(d, router.Outcome{Delivered: true})
 	next := &router.Request{Model: "m", Hashes: hashes(prompt + " and a follow-up question"), KeyLen: len(prompt) + 25}
 	testkit.WaitFor(t, 5*time.Second, "the placement fed to dp-fed", func() bool {
-		got, err := fed.fallback(&router.Request{Model: "m", Hashes: next.Hashes, KeyLen: next.KeyLen, DryRun: true})
+		got, err := fed.fallback(context.Background(), &router.Request{Model: "m", Hashes: next.Hashes, KeyLen: next.KeyLen, DryRun: true})
 		return err == nil && got.Candidate == d.Worker
 	})
-	got, err := unfed.fallback(&router.Request{Model: "m", Hashes: next.Hashes, KeyLen: next.KeyLen, DryRun: true})
+	got, err := unfed.fallback(context.Background(), &router.Request{Model: "m", Hashes: next.Hashes, KeyLen: next.KeyLen, DryRun: true})
 	if err != nil || got.Candidate != "" {
 		t.Fatalf("a data plane without the feed matched another's prompt: %+v, %v", got, err)
 	}
@@ -66,7 +66,7 @@ func TestFeedNotAcknowledgedKeepsOwnAnswers(t *testing.T) {
 	if err != nil || d.Reason == ReasonFallbackLocal {
 		t.Fatalf("Route = %+v, %v", d, err)
 	}
-	got, err := r.fallback(&router.Request{Model: "m", Hashes: keyHashes(prompt + " next"), KeyLen: len(prompt) + 5, DryRun: true})
+	got, err := r.fallback(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prompt + " next"), KeyLen: len(prompt) + 5, DryRun: true})
 	if err != nil || got.Candidate != d.Worker {
 		t.Fatalf("fallback after the leader's answer = %+v, %v; want its worker %s from the shadow", got, err, d.Worker)
 	}
@@ -80,7 +80,7 @@ func TestApplyFeedSkipsAbandonedAndMismatched(t *testing.T) {
 		BootWorkers: []router.WorkerStatus{{URL: wA, Healthy: true}, {URL: wB, Healthy: true}, {URL: wC, Healthy: true}}})
 	pick := func(prompt string) string {
 		t.Helper()
-		d, err := r.fallback(&router.Request{Model: "m", Hashes: keyHashes(prompt + " next"), KeyLen: len(prompt) + 5, DryRun: true})
+		d, err := r.fallback(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prompt + " next"), KeyLen: len(prompt) + 5, DryRun: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/affinity"
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/controlplane/flow"
 	"github.com/cartrouter/cart/controlplane/models"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -81,6 +82,8 @@ type Options struct {
 	// flight on it (0: DefaultStreamInFlight).
 	RouteStream            bool
 	RouteStreamMaxInFlight int
+	// Flow is the data plane's side of flow control (flow.go).
+	Flow FlowOptions
 }
 
 // Router implements router.Router against the control plane.
@@ -147,6 +150,12 @@ type Router struct {
 	abandonedMu  sync.Mutex
 	abandonedIDs map[uint64]struct{}
 	abandonedLog []uint64
+
+	// lq is the local flow-control queue used while no leader answers,
+	// and leaderBack is closed (and replaced) when one answers again, to
+	// hand its requests over (flow.go). Both under mu; nil with flow off.
+	lq         *flow.Queue[*localWaiter]
+	leaderBack chan struct{}
 }
 
 // New builds the router. Call Run to start syncing.
@@ -174,6 +183,16 @@ func New(o Options) *Router {
 		cpb:      newCPBreaker(o.RouteBreakerFailures, o.RouteBreakerCooloff, o.Now),
 	}
 	r.clients = cpclient.NewByURL(r.newClient)
+	if o.Flow.On {
+		if r.o.Flow.QueueTimeout <= 0 {
+			r.o.Flow.QueueTimeout = 30 * time.Second
+		}
+		if r.o.Flow.RetryAfter <= 0 {
+			r.o.Flow.RetryAfter = time.Second
+		}
+		r.lq = flow.New[*localWaiter](o.Flow.Limits)
+		r.leaderBack = make(chan struct{})
+	}
 	r.timeouts.after = redialAfter
 	if o.RouteBreakerFailures > 0 {
 		r.timeouts.after = o.RouteBreakerFailures
@@ -266,9 +285,31 @@ func notLeaderURL(err error) string {
 	return nl.GetLeaderUrl()
 }
 
-// Route implements router.Router.
+// Route implements router.Router. With flow control on, a request that
+// finds the pool saturated waits in the leader's queue (or, while no
+// leader answers, in this data plane's), and is asked again of the next
+// leader if its queued call's stream breaks (flow.go).
 func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
 	start := time.Now()
+	if r.flowOn() && req.Admission.Arrival.IsZero() {
+		req.Admission.Arrival = start
+	}
+	for round := 1; ; round++ {
+		d, again, err := r.routeOnce(ctx, req, start)
+		if !again {
+			return d, err
+		}
+		if round >= maxRouteRounds || !time.Now().Before(r.queueDeadline(req)) {
+			return router.Decision{}, &router.RefusedError{Reason: router.RefusedTimeout, RetryAfter: r.o.Flow.RetryAfter,
+				Err: fmt.Errorf("no worker took the request before its queue deadline (the control plane changed while it waited): %w", err)}
+		}
+	}
+}
+
+// routeOnce asks the control plane once (or decides locally). again: the
+// request waited in a queue that went away (the leader's stream broke, or
+// a leader answers again while it waited locally) and is to be asked again.
+func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.Time) (_ router.Decision, again bool, _ error) {
 	target := r.current()
 	var cause string
 	allowed, call := true, cpCall{}
@@ -295,12 +336,22 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		st := r.streams.live(target)
 		routeID, riders := r.openCall(!req.DryRun, st)
 		rctx, cancel := context.WithTimeout(ctx, r.o.RouteTimeout)
-		m, err := r.routeCall(rctx, target, st, &cartv1.RouteRequest{
+		queue := st != nil && st.queues
+		var wait context.Context
+		waitCancel := func() {}
+		if queue {
+			// Once queued, the call waits until the queue deadline, plus a
+			// second for the leader's own 429 to arrive first.
+			wait, waitCancel = context.WithDeadline(ctx, r.queueDeadline(req).Add(time.Second))
+		}
+		m, queued, err := r.routeCallQueued(rctx, wait, target, st, &cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: hashes, KeyLength: uint32(req.KeyLen),
 			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, AvoidWorkers: req.Avoid, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID), TenantHash: tenantHash(req), Completions: riders,
+			Admission: r.admission(req, queue),
 		})
 		cancel()
+		waitCancel()
 		// The leader may have decided (and placed) before the answer was
 		// lost or came too late; this data plane will never use it, so
 		// say so rather than leave it for the leader to age out.
@@ -314,6 +365,11 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			r.rememberAbandoned(routeID)
 		}
 		outcome := cpOutcome(ctx, err)
+		if queued && outcome == cpFailed {
+			// It waited in the queue as long as the queue allows: the
+			// leader answered (queued), it is not a slow leader.
+			outcome = cpAnswered
+		}
 		if r.cpb.done(call, outcome) {
 			// The probe of an open breaker was answered: the leader is
 			// back, and the stream should follow now, not after a
@@ -327,6 +383,11 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 			r.lat.add(target, time.Since(start))
 		}
 		if err == nil {
+			if r.flowOn() {
+				r.mu.Lock()
+				r.leaderIsBackLocked()
+				r.mu.Unlock()
+			}
 			// A follower forwarded this call: go to the leader directly
 			// from the next one on, not after the next sync.
 			r.follow(m.GetLeaderUrl())
@@ -341,28 +402,44 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 				MatchedRatio: m.GetMatchedRatio(), Candidate: m.GetCandidate(), ChosenChars: int(m.GetChosenChars()),
 				Latency: time.Since(start), FromLeader: m.GetFromLeader(),
 				Ticket: router.Ticket{ID: m.GetTicket(), Worker: m.GetWorker()}, Pinned: m.GetPinned(),
-				AvoidIgnored: m.GetAvoidIgnored(),
-			}, nil
+				AvoidIgnored: m.GetAvoidIgnored(), Waited: time.Duration(m.GetWaitedMicros()) * time.Microsecond,
+			}, false, nil
+		}
+		if re, ok := refused(err); ok {
+			return router.Decision{}, false, re
+		}
+		if queued && ctx.Err() == nil {
+			if !time.Now().Before(r.queueDeadline(req)) {
+				return router.Decision{}, false, &router.RefusedError{Reason: router.RefusedTimeout, RetryAfter: r.o.Flow.RetryAfter,
+					Err: errors.New("no worker had room within the queue timeout")}
+			}
+			// Queued at a leader whose stream broke (it stepped down, or
+			// the path to it failed): ask again, keeping the arrival.
+			r.logRPCError("queued route call lost with its stream; asking again", target, err)
+			if url := notLeaderURL(err); url != "" && url != target {
+				r.follow(url)
+			}
+			return router.Decision{}, true, err
 		}
 		if req.ResponseID != "" && connect.CodeOf(err) == connect.CodeFailedPrecondition {
 			// The leader knows the response, and that its worker is gone.
-			return router.Decision{}, fmt.Errorf("%w: %v", router.ErrResponseGone, err)
+			return router.Decision{}, false, fmt.Errorf("%w: %v", router.ErrResponseGone, err)
 		}
 		if req.ResponseID != "" && cpclient.IsResponseNotFound(err) {
 			// The leader knows the response: another tenant's.
-			return router.Decision{}, router.ErrResponseNotFound
+			return router.Decision{}, false, router.ErrResponseNotFound
 		}
 		if ctx.Err() != nil {
-			return router.Decision{}, ctx.Err() // the client left; nothing to route
+			return router.Decision{}, false, ctx.Err() // the client left; nothing to route
 		}
 		if connect.CodeOf(err) == connect.CodeResourceExhausted {
 			// The control plane answered: no worker can take this.
-			return router.Decision{}, &unavailable{err}
+			return router.Decision{}, false, &unavailable{err}
 		}
 		if connect.CodeOf(err) == connect.CodeNotFound {
 			// The leader knows better than this data plane's last sync (an
 			// adapter was just unloaded): no worker serves the model.
-			return router.Decision{}, apierr.New(http.StatusNotFound, apierr.TypeInvalidRequest, "model_not_found",
+			return router.Decision{}, false, apierr.New(http.StatusNotFound, apierr.TypeInvalidRequest, "model_not_found",
 				"The model `%s` does not exist: no worker of this pool serves it.", req.Model)
 		}
 		cause = causeOf(err)
@@ -376,9 +453,12 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 		}
 		r.logRPCError("route via control plane failed; routing locally", target, err)
 	}
-	d, err := r.fallback(req)
+	d, err := r.fallback(ctx, req)
+	if errors.Is(err, errHandOver) {
+		return router.Decision{}, true, err
+	}
 	if err != nil {
-		return d, err
+		return d, false, err
 	}
 	if !req.DryRun {
 		r.shadow.record(req.Hashes, d.Worker) // outside r.mu: an insert walks the whole path
@@ -387,7 +467,7 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	if r.o.OnFallback != nil {
 		r.o.OnFallback(cause)
 	}
-	return d, nil
+	return d, false, nil
 }
 
 // dropConns closes this data plane's connections to the control-plane
@@ -462,13 +542,25 @@ func (u *unavailable) Unwrap() []error { return []error{u.err, router.ErrUnavail
 // index remembers a good enough prefix match on a worker that is not
 // overloaded by the control plane's balance rule, that worker. Avoided
 // workers are kept out as the leader would: unless nobody else is usable.
-func (r *Router) fallback(req *router.Request) (router.Decision, error) {
+// With flow control on, a request that finds every worker it may use at
+// its limit waits in the local queue (flow.go).
+func (r *Router) fallback(ctx context.Context, req *router.Request) (router.Decision, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	best, bestLoad, usable, known := r.leastLoaded(req.Exclude, req.Avoid)
+	d, full, err := r.pickLocked(req)
+	if err != nil && full && r.flowOn() && !req.DryRun {
+		return r.waitLocal(ctx, req) // unlocks
+	}
+	r.mu.Unlock()
+	return d, err
+}
+
+// pickLocked is fallback's choice; full reports that workers were usable
+// but every one at its limit. r.mu held.
+func (r *Router) pickLocked(req *router.Request) (_ router.Decision, full bool, _ error) {
+	best, bestLoad, usable, known, atLimit := r.leastLoaded(req.Exclude, req.Avoid)
 	avoidIgnored := false
 	if best == "" && len(req.Avoid) > 0 {
-		best, bestLoad, usable, _ = r.leastLoaded(req.Exclude, nil)
+		best, bestLoad, usable, _, atLimit = r.leastLoaded(req.Exclude, nil)
 		avoidIgnored = best != ""
 	}
 	if best == "" {
@@ -476,7 +568,7 @@ func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 		if known == 0 {
 			msg = "no workers configured"
 		}
-		return router.Decision{}, &unavailable{connect.NewError(connect.CodeResourceExhausted, errors.New(msg))}
+		return router.Decision{}, atLimit > 0, &unavailable{connect.NewError(connect.CodeResourceExhausted, errors.New(msg))}
 	}
 	d := router.Decision{Reason: ReasonFallbackLocal, AvoidIgnored: avoidIgnored}
 	if c, chars := r.shadow.pick(req.Hashes, req.KeyLen, r.o.BlockChars, usable, best, bestLoad); c != "" {
@@ -488,13 +580,14 @@ func (r *Router) fallback(req *router.Request) (router.Decision, error) {
 		r.local[best]++
 		r.fallbacks++
 	}
-	return d, nil
+	return d, false, nil
 }
 
 // leastLoaded returns the least-loaded usable worker outside exclude and
 // avoid ("" when none), its effective load, the usable workers for the
-// shadow (nil when it is off) and how many workers are known. r.mu held.
-func (r *Router) leastLoaded(exclude, avoid []string) (best string, bestLoad int, usable []usableWorker, known int) {
+// shadow (nil when it is off), how many workers are known and how many
+// were left out only for being at their limit. r.mu held.
+func (r *Router) leastLoaded(exclude, avoid []string) (best string, bestLoad int, usable []usableWorker, known, atLimit int) {
 	ties := 0
 	for _, w := range r.workers {
 		known++
@@ -502,7 +595,8 @@ func (r *Router) leastLoaded(exclude, avoid []string) (best string, bestLoad int
 			continue
 		}
 		load := r.local[w.URL]
-		if w.MaxLoad > 0 && load >= w.MaxLoad {
+		if lim := limitOf(w); lim > 0 && load >= lim {
+			atLimit++
 			continue
 		}
 		eff := load + w.LoadPenalty
@@ -519,7 +613,7 @@ func (r *Router) leastLoaded(exclude, avoid []string) (best string, bestLoad int
 			}
 		}
 	}
-	return best, bestLoad, usable, known
+	return best, bestLoad, usable, known, atLimit
 }
 
 func contains(list []string, s string) bool {
@@ -693,18 +787,14 @@ func (r *Router) Done(d router.Decision, o router.Outcome) {
 		return // a zero decision: nothing was routed
 	}
 	r.mu.Lock()
-	if r.local[t.Worker] > 0 {
-		r.local[t.Worker]--
-		if r.local[t.Worker] == 0 {
-			delete(r.local, t.Worker)
-		}
-	}
+	r.releaseLocked(t.Worker)
 	n := 0
 	if t.ID != 0 {
 		r.doneSeq++
 		r.pending.add(&cartv1.Completion{
 			Ticket: t.ID, Worker: t.Worker, Delivered: o.Delivered,
 			PromptTokens: int32(o.PromptTokens), CachedTokens: int32(o.CachedTokens), DoneSeq: r.doneSeq,
+			CompletionTokens: int32(o.CompletionTokens),
 		})
 		n = r.pending.len()
 	}
@@ -790,7 +880,7 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	}
 	ws := make([]router.WorkerStatus, len(m.GetWorkers()))
 	for i, w := range m.GetWorkers() {
-		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy(), Source: w.GetSource(), Draining: w.GetDraining(),
+		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), Concurrency: int(w.GetConcurrencyLimit()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy(), Source: w.GetSource(), Draining: w.GetDraining(),
 			PredictedCachedTokens: w.GetPredictedCachedTokens(), ActualCachedTokens: w.GetActualCachedTokens(),
 			CacheMisses: w.GetCacheMisses(), ModelCapacityBlocks: int(w.GetModelCapacityBlocks())}
 		if k := w.GetKvCache(); k != nil {
@@ -810,6 +900,10 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 		}
 	}
 	r.workers, r.version, r.synced = ws, m.GetWorkersVersion(), true
+	// A leader answers: hand the locally queued requests to its queue, and
+	// a raised limit may let some go at once.
+	r.leaderIsBackLocked()
+	r.pumpLocked()
 	if r.o.Models != nil {
 		mws := make([]models.Worker, len(ws))
 		for i, w := range ws {

@@ -80,7 +80,10 @@ type routeStream struct {
 	batches bool
 	// riders: the leader settles completions that ride with Route calls
 	// (its hello answer said so).
-	riders    bool
+	riders bool
+	// queues: the leader holds a flow-control queue and answers a queued
+	// Route call with an interim answer first (its hello answer said so).
+	queues    bool
 	flushHook func(queued func() int) // tests only: runs before each message sent
 
 	// feed queues the leader's placement feed for the shadow; nil: not
@@ -199,10 +202,16 @@ func (s *routeStream) deliver(m *cartv1.StreamResponse) {
 	}
 	s.mu.Lock()
 	ch := s.pending[m.GetId()]
-	delete(s.pending, m.GetId())
+	interim := m.GetRoute().GetQueued()
+	if !interim {
+		delete(s.pending, m.GetId())
+	}
 	s.mu.Unlock()
 	if ch != nil {
-		ch <- m // buffered: a caller that gave up does not block this
+		select {
+		case ch <- m: // buffered: a caller that gave up does not block this
+		default: // a second interim answer: the first one said it all
+		}
 	}
 }
 
@@ -218,19 +227,30 @@ func ctxError(ctx context.Context) error {
 // finds every slot taken waits for one (flow control) no longer than ctx
 // allows, and then times out as a unary call would.
 func (s *routeStream) do(ctx context.Context, req *cartv1.StreamRequest) (*cartv1.StreamResponse, error) {
+	m, _, err := s.doQueued(ctx, req, nil)
+	return m, err
+}
+
+// doQueued is do for a Route call that may wait in the leader's queue: an
+// interim queued answer (within ctx) frees the call's slot, and the final
+// answer is then awaited within wait instead (nil: no interim answer is
+// expected). queued reports that the interim answer came.
+func (s *routeStream) doQueued(ctx context.Context, req *cartv1.StreamRequest, wait context.Context) (_ *cartv1.StreamResponse, queued bool, _ error) {
 	select {
 	case s.slots <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctxError(ctx)
+		return nil, false, ctxError(ctx)
 	case <-s.done:
-		return nil, s.brokenErr()
+		return nil, false, s.brokenErr()
 	}
-	defer func() { <-s.slots }()
+	var freed sync.Once
+	free := func() { freed.Do(func() { <-s.slots }) }
+	defer free()
 	ch := make(chan *cartv1.StreamResponse, 1)
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
-		return nil, s.brokenErr()
+		return nil, false, s.brokenErr()
 	}
 	s.nextID++
 	id := s.nextID
@@ -247,21 +267,33 @@ func (s *routeStream) do(ctx context.Context, req *cartv1.StreamRequest) (*cartv
 	// this call then ends through done like every other in flight.
 	if err := s.out.Send(req); err != nil {
 		s.fail(err)
-		return nil, s.brokenErr()
+		return nil, false, s.brokenErr()
 	}
-	select {
-	case m := <-ch:
-		return m, nil
-	case <-ctx.Done():
-		s.forget(id)
-		return nil, ctxError(ctx)
-	case <-s.done:
+	for {
 		select {
-		case m := <-ch: // answered just before the break
-			return m, nil
-		default:
+		case m := <-ch:
+			if wait != nil && !queued && m.GetRoute().GetQueued() {
+				// The leader queued it: the route timeout no longer
+				// applies, the queue's deadline does, and the slot goes to
+				// calls in flight (as the leader freed its own).
+				queued, ctx = true, wait
+				free()
+				continue
+			}
+			return m, queued, nil
+		case <-ctx.Done():
+			s.forget(id)
+			return nil, queued, ctxError(ctx)
+		case <-s.done:
+			select {
+			case m := <-ch: // answered just before the break
+				if !m.GetRoute().GetQueued() {
+					return m, queued, nil
+				}
+			default:
+			}
+			return nil, queued, s.brokenErr()
 		}
-		return nil, s.brokenErr()
 	}
 }
 
@@ -508,7 +540,7 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	// riders: the leader settles completions riding with Route calls.
 	// early: what the leader batched with its answer (not sent by this
 	// leader, but allowed). Read after hello delivers.
-	acked, batches, riders := false, false, false
+	acked, batches, riders, queues := false, false, false, false
 	var early []*cartv1.StreamResponse
 	go func() {
 		if err := conn.Send(&cartv1.StreamRequest{PlacementFeed: feed, Batches: !s.noBatch}); err != nil && !errors.Is(err, io.EOF) {
@@ -523,6 +555,7 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 			hello <- fmt.Errorf("unexpected answer to the stream hello: id %d", m.GetId())
 		default:
 			acked, batches, riders, early = m.GetPlacements() != nil, m.GetBatches(), m.GetSettlesRiders(), m.GetMore()
+			queues = m.GetQueues()
 			hello <- nil
 		}
 	}()
@@ -547,7 +580,7 @@ func (s *streamer) dial(ctx context.Context, target string) (*routeStream, chan 
 	}
 	st := &routeStream{target: target, conn: conn, cancel: cancel, slots: make(chan struct{}, s.maxInFlight),
 		opened: time.Now(), pending: map[uint64]chan *cartv1.StreamResponse{}, done: make(chan struct{}),
-		batches: batches && !s.noBatch, riders: riders, flushHook: s.flushHook}
+		batches: batches && !s.noBatch, riders: riders, queues: queues, flushHook: s.flushHook}
 	// The queue holds no more calls than may be in flight: a caller that
 	// gave up (and freed its slot) while its call still waited here does
 	// not let another queue beyond the bound.
@@ -603,10 +636,18 @@ func answer[T any](m *cartv1.StreamResponse, get func(*cartv1.StreamResponse) *T
 // routeCall is Route on st, the stream to target the caller found live
 // (it may have ended since: the call then fails), or unary when st is nil.
 func (r *Router) routeCall(ctx context.Context, target string, st *routeStream, m *cartv1.RouteRequest) (*cartv1.RouteResponse, error) {
+	resp, _, err := r.routeCallQueued(ctx, nil, target, st, m)
+	return resp, err
+}
+
+// routeCallQueued is routeCall for a call that may wait in the leader's
+// queue (see doQueued); wait is nil for a unary call.
+func (r *Router) routeCallQueued(ctx, wait context.Context, target string, st *routeStream, m *cartv1.RouteRequest) (_ *cartv1.RouteResponse, queued bool, _ error) {
 	if st != nil {
 		req := &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Route{Route: m}}
 		do := func(ctx context.Context) (any, error) {
-			a, err := st.do(ctx, req)
+			a, q, err := st.doQueued(ctx, req, wait)
+			queued = q
 			if err != nil {
 				return nil, err
 			}
@@ -621,17 +662,17 @@ func (r *Router) routeCall(ctx context.Context, target string, st *routeStream, 
 			resp, err = r.streams.tracer.StreamCall(ctx, cartv1connect.RouterServiceRouteProcedure, st.conn.Peer().Protocol, st.conn.Peer().Addr, true, req.Trace, m, do)
 		}
 		if err != nil {
-			return nil, err
+			return nil, queued, err
 		}
 		rr, _ := resp.(*cartv1.RouteResponse)
-		return rr, nil
+		return rr, queued, nil
 	}
 	r.streams.unary("route")
 	resp, err := r.client(target).Route(ctx, connect.NewRequest(m))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return resp.Msg, nil
+	return resp.Msg, false, nil
 }
 
 // completeCall is Complete on the live stream to target, or unary.

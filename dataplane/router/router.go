@@ -106,6 +106,9 @@ type Outcome = decider.Outcome
 type WorkerStatus struct {
 	URL         string
 	MaxLoad     int
+	// Concurrency is the worker's concurrency limit in force (declared
+	// max_concurrency, or learned from its engine; 0 unknown).
+	Concurrency int
 	LoadPenalty int
 	Healthy     bool
 	Load        int

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"github.com/cartrouter/cart/controlplane/decider"
 	"log/slog"
 	"net"
 	"net/http"
@@ -99,6 +100,7 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client, opt
 		RouteStream:            cfg.DataPlane.RouteStream,
 		RouteStreamMaxInFlight: cfg.DataPlane.RouteStreamMaxInFlight,
 		PlacementFeed:          cfg.DataPlane.RouteStreamPlacementFeed,
+		Flow:                   RemoteFlow(cfg),
 	})
 	d.Metrics.Registry.MustRegister(d.Router.Collectors()...)
 	d.Break = breaker.NewSet(BreakerConfig(cfg), func(t breaker.Transition) {
@@ -123,4 +125,10 @@ func (d *DataPlane) Run(ctx context.Context, ln net.Listener) error {
 	}
 	d.log.Info("cart data plane listening", "addr", ln.Addr().String(), "control_plane", d.cfg.DataPlane.ControlPlane)
 	return serveAlongside(ctx, frontServer(d.HTTP, d.cfg.Server.OwnHTTP1Loop), ln, config.Seconds(d.cfg.Server.ShutdownGraceSecs), d.MetricsHTTP, mln, d.log, d.Router.Run)
+}
+
+// RemoteFlow translates flow.* for the data plane's side of flow control.
+func RemoteFlow(cfg *config.Config) remote.FlowOptions {
+	f := decider.FlowFrom(cfg)
+	return remote.FlowOptions{On: !f.Off, Limits: f.Limits, QueueTimeout: f.QueueTimeout, RetryAfter: f.RetryAfter}
 }
