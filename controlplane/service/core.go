@@ -83,8 +83,8 @@ type Core struct {
 	// queuedCalls are Route calls waiting in the flow-control queue, so an
 	// abandon report can end their wait (router.go).
 	queuedCalls queuedCalls
-	st           *state.State
-	node         Node
+	st          *state.State
+	node        Node
 
 	// models are the workers' model lists the leader's prober learned.
 	models *models.Registry

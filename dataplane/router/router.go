@@ -104,8 +104,8 @@ type Outcome = decider.Outcome
 
 // WorkerStatus is the router's view of one worker.
 type WorkerStatus struct {
-	URL         string
-	MaxLoad     int
+	URL     string
+	MaxLoad int
 	// Concurrency is the worker's concurrency limit in force (declared
 	// max_concurrency, or learned from its engine; 0 unknown).
 	Concurrency int
