@@ -135,7 +135,7 @@ that other local users can read is warned about.
 	// unknown shell; ours is a usage error like everything else.
 	root.CompletionOptions.DisableDefaultCmd = true
 	a.flags.register(root)
-	root.AddCommand(a.workersCmd(), a.clusterCmd(), a.routeCmd(), versionCmd(), completionCmd())
+	root.AddCommand(a.workersCmd(), a.clusterCmd(), a.routeCmd(), a.queueCmd(), versionCmd(), completionCmd())
 	return root
 }
 

@@ -164,7 +164,12 @@ func writeRoute(w io.Writer, r *cartv1.RouteResponse, keyLen int, why string) er
 	if candidate == "" {
 		candidate = "-"
 	}
-	fmt.Fprintf(tw, "worker:\t%s\n", r.GetWorker())
+	if r.GetQueued() {
+		fmt.Fprintf(tw, "worker:\t- (pool saturated: a live request would wait)\n")
+		fmt.Fprintf(tw, "queue:\t%d waiting\n", r.GetQueueDepth())
+	} else {
+		fmt.Fprintf(tw, "worker:\t%s\n", r.GetWorker())
+	}
 	fmt.Fprintf(tw, "reason:\t%s\n", r.GetReason())
 	fmt.Fprintf(tw, "matched:\t%d of %d chars (ratio %.2f)\n", r.GetMatchedChars(), keyLen, r.GetMatchedRatio())
 	fmt.Fprintf(tw, "candidate:\t%s\n", candidate)
@@ -208,6 +213,14 @@ func writeRouteJSON(w io.Writer, r *cartv1.RouteResponse, why string) error {
 // The thresholds are named by their config keys: the response does not
 // carry their values.
 func explain(r *cartv1.RouteResponse, keyLen int) string {
+	if r.GetQueued() {
+		return fmt.Sprintf("Every worker this request may use is saturated: its in-flight requests reached its limit (the "+
+			"least of max_load and its engine's concurrency, declared as max_concurrency or learned from the engine's "+
+			"metrics). A live request would wait in the leader's flow-control queue, behind the %d requests waiting now "+
+			"(in priority, then token-fair, then deadline order), until a worker has room and then go to the cache-aware "+
+			"choice among those with room; after flow.queue_timeout_secs it is answered 429. A sheddable one (priority "+
+			"below 0) is refused at once.", r.GetQueueDepth())
+	}
 	meaning, ok := engine.Reason(r.GetReason()).Meaning()
 	if !ok {
 		return fmt.Sprintf("the control plane gave reason %q, which this cartctl does not know; it may be older than the "+

@@ -65,18 +65,21 @@ func listWorkers(ctx context.Context, cp *controlPlane) (*cartv1.ListWorkersResp
 // workerFlags are the tunables of one worker.
 type workerFlags struct {
 	maxLoad     uint32
+	maxConc     uint32
 	loadPenalty uint32
 	capacity    int64
 }
 
 const (
 	flagMaxLoad     = "max-load"
+	flagMaxConc     = "max-concurrency"
 	flagLoadPenalty = "load-penalty"
 	flagCapacity    = "cache-capacity-tokens"
 )
 
 func (f *workerFlags) register(cmd *cobra.Command) {
 	cmd.Flags().Uint32Var(&f.maxLoad, flagMaxLoad, 0, "in-flight request cap (0 = unlimited)")
+	cmd.Flags().Uint32Var(&f.maxConc, flagMaxConc, 0, "requests the worker's engine runs at once (vLLM --max-num-seqs); more wait in CART's queue (0 = learn it from the engine's metrics)")
 	cmd.Flags().Uint32Var(&f.loadPenalty, flagLoadPenalty, 0, "constant added to the worker's load when balancing (steers traffic away from slower hardware)")
 	cmd.Flags().Int64Var(&f.capacity, flagCapacity, 0, "modelled KV cache capacity in tokens (0 = pool default)")
 }
@@ -124,7 +127,7 @@ other settings it fails with exit code 4 (use 'cartctl workers update').`),
 				return err
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
-				w := &cartv1.Worker{Url: u, MaxLoad: f.maxLoad, LoadPenalty: f.loadPenalty, CacheCapacityTokens: f.capacity}
+				w := &cartv1.Worker{Url: u, MaxLoad: f.maxLoad, MaxConcurrency: f.maxConc, LoadPenalty: f.loadPenalty, CacheCapacityTokens: f.capacity}
 				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.AddWorker, &cartv1.AddWorkerRequest{Worker: w})
 				if err != nil {
 					return err
@@ -156,8 +159,8 @@ therefore overwrite each other's change to a different setting.`),
 				return err
 			}
 			fl := cmd.Flags()
-			if !fl.Changed(flagMaxLoad) && !fl.Changed(flagLoadPenalty) && !fl.Changed(flagCapacity) {
-				return usagef("nothing to update: give --%s, --%s or --%s", flagMaxLoad, flagLoadPenalty, flagCapacity)
+			if !fl.Changed(flagMaxLoad) && !fl.Changed(flagMaxConc) && !fl.Changed(flagLoadPenalty) && !fl.Changed(flagCapacity) {
+				return usagef("nothing to update: give --%s, --%s, --%s or --%s", flagMaxLoad, flagMaxConc, flagLoadPenalty, flagCapacity)
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
 				list, err := listWorkers(ctx, s.cp)
@@ -174,9 +177,12 @@ therefore overwrite each other's change to a different setting.`),
 				if cur == nil {
 					return connect.NewError(connect.CodeNotFound, fmt.Errorf("worker %s not found", u))
 				}
-				w := &cartv1.Worker{Url: u, MaxLoad: cur.GetMaxLoad(), LoadPenalty: cur.GetLoadPenalty(), CacheCapacityTokens: cur.GetCacheCapacityTokens()}
+				w := &cartv1.Worker{Url: u, MaxLoad: cur.GetMaxLoad(), MaxConcurrency: cur.GetMaxConcurrency(), LoadPenalty: cur.GetLoadPenalty(), CacheCapacityTokens: cur.GetCacheCapacityTokens()}
 				if fl.Changed(flagMaxLoad) {
 					w.MaxLoad = f.maxLoad
+				}
+				if fl.Changed(flagMaxConc) {
+					w.MaxConcurrency = f.maxConc
 				}
 				if fl.Changed(flagLoadPenalty) {
 					w.LoadPenalty = f.loadPenalty

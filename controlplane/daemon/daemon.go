@@ -171,6 +171,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 		NodeID:         cp.NodeID,
 		APIURL:         cp.EffectiveAdvertiseAPIURL(),
 		BlockChars:     cfg.Cache.BlockChars,
+		FlowOn:         cfg.Flow.Enabled,
 		PlacementBatch: time.Duration(cp.PlacementBatchMs) * time.Millisecond,
 		PlacementMax:   cp.PlacementBatchMax,
 		Health:         healthCfg,

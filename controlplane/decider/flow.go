@@ -439,3 +439,10 @@ func (d *Decider) Concurrencies() map[string]int {
 	}
 	return out
 }
+
+// QueueLen is the number of requests waiting.
+func (d *Decider) QueueLen() int {
+	t := d.lock()
+	defer d.unlock(OpRead, t)
+	return d.fq.Len()
+}

@@ -115,6 +115,12 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 	} else {
 		d, err = c.dec.RouteFor(ctx, caller, dreq)
 	}
+	if err != nil && m.GetDryRun() && errors.Is(err, engine.ErrAllSaturated) && c.o.FlowOn {
+		// What a live request would meet: the queue, not a refusal.
+		id, _ := c.node.Leader()
+		return &cartv1.RouteResponse{Queued: true, QueueDepth: uint32(c.dec.QueueLen()), FromLeader: true, LeaderId: id, LeaderUrl: c.o.APIURL,
+			DecisionMicros: time.Since(start).Microseconds()}, nil
+	}
 	if err != nil {
 		return nil, routeError(ctx, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"strconv"
 
 	"github.com/cartrouter/cart/dataplane/apierr"
 )
@@ -22,6 +23,30 @@ const CacheSaltField = "cache_salt"
 // before extraction refuses those). Key text and policy checks are
 // unaffected: cache_salt is no part of either.
 func SetCacheSalt(body []byte, salt string) ([]byte, error) {
+	q, _ := json.Marshal(salt) // a string cannot fail to encode
+	return setMember(body, CacheSaltField, q)
+}
+
+// PriorityField is vLLM's request priority: under --scheduling-policy
+// priority, lower values run first.
+const PriorityField = "priority"
+
+// SetPriority returns body with its top-level priority member set to p,
+// as SetCacheSalt sets cache_salt (flow.engine_priority: the engine's own
+// scheduler then orders its queue as CART does).
+func SetPriority(body []byte, p int) ([]byte, error) {
+	return setMember(body, PriorityField, strconv.AppendInt(nil, int64(p), 10))
+}
+
+// PriorityHonored reports whether vLLM reads priority on e: chat
+// completions, completions and responses; not its Messages endpoint.
+func PriorityHonored(e Endpoint) bool { return e != Messages }
+
+// setMember returns body, a JSON object, with its top-level member name
+// set to the JSON value v: every member of that name (after unescaping) is
+// dropped and one added at the end; every other member keeps its bytes
+// and order.
+func setMember(body []byte, name string, v []byte) ([]byte, error) {
 	// Checked whole first (the standard library's scanner, no
 	// allocation): the member walk below then only has to find where
 	// each top-level member ends.
@@ -32,7 +57,7 @@ func SetCacheSalt(body []byte, salt string) ([]byte, error) {
 	if body[i] != '{' {
 		return nil, apierr.BadRequest(codeInvalidJSON, "", "The request body is not a JSON object.")
 	}
-	out := make([]byte, 1, len(body)+len(salt)+len(CacheSaltField)+8)
+	out := make([]byte, 1, len(body)+len(v)+len(name)+8)
 	out[0] = '{'
 	for i = skipSpace(body, i+1); body[i] != '}'; i = skipSpace(body, i) {
 		if body[i] == ',' {
@@ -40,7 +65,7 @@ func SetCacheSalt(body []byte, salt string) ([]byte, error) {
 		}
 		keyEnd := stringEnd(body, i)
 		valEnd := valueEnd(body, skipSpace(body, skipSpace(body, keyEnd)+1)) // past the ':'
-		if !isCacheSaltKey(body[i:keyEnd]) {
+		if !isKey(body[i:keyEnd], name) {
 			if len(out) > 1 {
 				out = append(out, ',')
 			}
@@ -51,9 +76,8 @@ func SetCacheSalt(body []byte, salt string) ([]byte, error) {
 	if len(out) > 1 {
 		out = append(out, ',')
 	}
-	q, _ := json.Marshal(salt) // a string cannot fail to encode
-	out = append(out, `"`+CacheSaltField+`":`...)
-	out = append(out, q...)
+	out = append(out, `"`+name+`":`...)
+	out = append(out, v...)
 	return append(out, '}'), nil
 }
 
@@ -101,15 +125,14 @@ func valueEnd(b []byte, i int) int {
 	}
 }
 
-// isCacheSaltKey reports whether the quoted key k names cache_salt once
-// unescaped.
-func isCacheSaltKey(k []byte) bool {
+// isKey reports whether the quoted key k is name once unescaped.
+func isKey(k []byte, name string) bool {
 	raw := k[1 : len(k)-1]
 	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw) == CacheSaltField
+		return string(raw) == name
 	}
 	var key string
-	return json.Unmarshal(k, &key) == nil && key == CacheSaltField
+	return json.Unmarshal(k, &key) == nil && key == name
 }
 
 // ErrCacheSaltUnsupported refuses a request whose cache must be isolated

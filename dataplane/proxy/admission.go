@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/dataplane/apierr"
+	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/router"
 )
 
@@ -25,6 +26,10 @@ type FlowPolicy struct {
 	// requests without a configured key (AnonymousTenant).
 	Keys    map[string]TenantFlow
 	Default TenantFlow
+	// EnginePriority sets vLLM's request field priority to minus the
+	// request's priority on the routed endpoints that read it, so the
+	// engine's own queue (--scheduling-policy priority) agrees with CART.
+	EnginePriority bool
 }
 
 // TenantFlow is one client key's flow-control settings.
@@ -43,7 +48,7 @@ const maxTenantSuffix = 128
 
 // admission fills c's flow-control identity from its client key and
 // headers; a malformed priority or deadline header is a 400.
-func (p *Proxy) admission(r *http.Request, c *call) error {
+func (p *Proxy) admission(w http.ResponseWriter, r *http.Request, c *call) error {
 	f := &p.o.Flow
 	tf, ok := f.Keys[c.tenant]
 	if !ok {
@@ -77,6 +82,16 @@ func (p *Proxy) admission(r *http.Request, c *call) error {
 			}
 			a.Deadline = c.start.Add(time.Duration(ms) * time.Millisecond)
 		}
+	}
+	if f.EnginePriority && c.routed && c.endpoint != extract.Messages.String() {
+		out, err := extract.SetPriority(c.body, -a.Priority)
+		if err != nil {
+			return err
+		}
+		if n := int64(len(out) - len(c.body)); n > 0 && !c.hold.grow(n) {
+			return overBudget(w)
+		}
+		c.body = out
 	}
 	a.Bytes = int64(len(c.body))
 	// Fairness counts tokens; the prompt's are estimated at ~4 characters

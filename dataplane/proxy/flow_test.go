@@ -236,3 +236,31 @@ func TestPinnedRequestWaitsForItsReplica(t *testing.T) {
 	}
 	r.waitLoadZero()
 }
+
+// With engine priority on, the worker gets vLLM's priority field (lower
+// first) as CART ranks the request, replacing the client's own, on the
+// endpoints vLLM reads it on.
+func TestEnginePriorityField(t *testing.T) {
+	a, release, entered := heldBackend(t, "a")
+	close(release)
+	r := newRig(t, []string{a.URL}, func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+		o.Flow = proxy.FlowPolicy{PriorityHeaders: []string{"X-CART-Priority"}, EnginePriority: true,
+			Default: proxy.TenantFlow{Priority: 0, MaxPriority: 10, Weight: 1}}
+	})
+	body := `{"model":"m","priority":-99,"messages":[{"role":"user","content":"hi"}]}`
+	resp := r.post("/v1/chat/completions", body, "X-CART-Priority", "7")
+	readAll(t, resp)
+	got := <-entered
+	var m map[string]any
+	if err := json.Unmarshal([]byte(got), &m); err != nil {
+		t.Fatalf("the worker got invalid JSON: %s", got)
+	}
+	if m["priority"] != float64(-7) || strings.Count(got, `"priority"`) != 1 {
+		t.Fatalf("worker body %s: want exactly one priority, -7", got)
+	}
+	resp = r.post("/v1/messages", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`, "X-CART-Priority", "7")
+	readAll(t, resp)
+	if got := <-entered; strings.Contains(got, "priority") {
+		t.Fatalf("/v1/messages body got a priority vLLM does not read there: %s", got)
+	}
+}

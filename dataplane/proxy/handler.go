@@ -247,7 +247,7 @@ func tooLarge(limit int64) error {
 }
 
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
-	if err := p.admission(r, c); err != nil {
+	if err := p.admission(w, r, c); err != nil {
 		p.fail(w, c, err)
 		return
 	}

@@ -68,7 +68,7 @@ func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metric
 // FlowPolicy translates flow.* and the client keys' priority settings.
 func FlowPolicy(cfg *config.Config) proxy.FlowPolicy {
 	f := cfg.Flow
-	fp := proxy.FlowPolicy{PriorityHeaders: f.PriorityHeaders, TenantHeader: f.TenantHeader, DeadlineHeader: f.DeadlineHeader,
+	fp := proxy.FlowPolicy{PriorityHeaders: f.PriorityHeaders, TenantHeader: f.TenantHeader, DeadlineHeader: f.DeadlineHeader, EnginePriority: f.EnginePriority,
 		Keys: map[string]proxy.TenantFlow{}, Default: proxy.TenantFlow{Weight: 1}}
 	for _, k := range cfg.Auth.ClientKeys {
 		tf := proxy.TenantFlow{Priority: k.Priority, MaxPriority: k.Priority, Weight: k.Weight}

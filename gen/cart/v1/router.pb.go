@@ -1053,7 +1053,11 @@ type RouteResponse struct {
 	// Only sent to a call whose admission set queue.
 	Queued bool `protobuf:"varint,14,opt,name=queued,proto3" json:"queued,omitempty"`
 	// How long the request waited in the leader's queue, in microseconds.
-	WaitedMicros  int64 `protobuf:"varint,15,opt,name=waited_micros,json=waitedMicros,proto3" json:"waited_micros,omitempty"`
+	WaitedMicros int64 `protobuf:"varint,15,opt,name=waited_micros,json=waitedMicros,proto3" json:"waited_micros,omitempty"`
+	// A dry run that found every worker it may use saturated: queued is
+	// set (no worker is named) and queue_depth says how many requests wait
+	// in the leader's queue; a live request would wait there.
+	QueueDepth    uint32 `protobuf:"varint,16,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1189,6 +1193,13 @@ func (x *RouteResponse) GetQueued() bool {
 func (x *RouteResponse) GetWaitedMicros() int64 {
 	if x != nil {
 		return x.WaitedMicros
+	}
+	return 0
+}
+
+func (x *RouteResponse) GetQueueDepth() uint32 {
+	if x != nil {
+		return x.QueueDepth
 	}
 	return 0
 }
@@ -2215,7 +2226,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	" \x01(\x03R\x17queueDeadlineUnixMicros\"S\n" +
 	"\vFlowRefused\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12,\n" +
-	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\xe2\x03\n" +
+	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\x83\x04\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -2234,7 +2245,9 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"leader_url\x18\f \x01(\tR\tleaderUrl\x12#\n" +
 	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\x12\x16\n" +
 	"\x06queued\x18\x0e \x01(\bR\x06queued\x12#\n" +
-	"\rwaited_micros\x18\x0f \x01(\x03R\fwaitedMicros\"\xa5\x02\n" +
+	"\rwaited_micros\x18\x0f \x01(\x03R\fwaitedMicros\x12\x1f\n" +
+	"\vqueue_depth\x18\x10 \x01(\rR\n" +
+	"queueDepth\"\xa5\x02\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +
