@@ -12,7 +12,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-func discardLog() *log.Logger    { return log.New(io.Discard, "", 0) }
+func discardLog() *log.Logger   { return log.New(io.Discard, "", 0) }
 func discardSlog() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // serve runs zmq4's own handshake and reader (as a SUB socket runs them)
