@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/cartrouter/cart/kvevents/zmtpguard"
 )
 
 // DefaultReplayBuffer is how many batches a Publisher keeps for replay, as
@@ -84,14 +86,15 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	// Bounded as the subscriber is: the consumer is a peer too.
+	ctx, cancel := context.WithCancel(zmtpguard.Context(context.Background(), zmtpguard.Limits{Logger: logger}))
 	p := &Publisher{cfg: cfg, log: logger, cancel: cancel, done: make(chan struct{})}
-	p.pub = zmq4.NewPub(ctx)
+	p.pub = zmq4.NewPub(ctx, guarded(logger)...)
 	var err error
 	if cfg.Connect {
-		err = p.pub.Dial(cfg.Endpoint)
+		err = p.pub.Dial(zmtpguard.Endpoint(cfg.Endpoint))
 	} else {
-		err = p.pub.Listen(cfg.Endpoint)
+		err = p.pub.Listen(zmtpguard.Endpoint(cfg.Endpoint))
 	}
 	if err != nil {
 		cancel()
@@ -102,8 +105,8 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		close(p.done)
 		return p, nil
 	}
-	p.replay = zmq4.NewRouter(ctx)
-	if err := p.replay.Listen(cfg.ReplayEndpoint); err != nil {
+	p.replay = zmq4.NewRouter(ctx, guarded(logger)...)
+	if err := p.replay.Listen(zmtpguard.Endpoint(cfg.ReplayEndpoint)); err != nil {
 		cancel()
 		_ = p.replay.Close()
 		_ = p.pub.Close()

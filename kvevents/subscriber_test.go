@@ -121,14 +121,17 @@ func TestSubscriberReplaysAGap(t *testing.T) {
 	sink.want(t, "BlockStored:1:true", "BlockStored:2:true", "BlockStored:3:true", "replayed:1-3", "BlockStored:4:true")
 }
 
-func TestSubscriberJoiningLateReplaysFromZero(t *testing.T) {
+// A subscriber that joins a running publisher knows the stream from the
+// first batch it sees: it asks for no replay of what came before.
+func TestSubscriberJoiningLateIsKnownFromTheFirstBatch(t *testing.T) {
 	p := newPublisher(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0"})
 	p.Publish(storedEv(1)) // nobody subscribed yet: buffered only
 	p.Publish(storedEv(2))
 	sink := &recSink{}
 	connected(t, p, "", sink)
 	p.Publish(storedEv(3))
-	sink.want(t, "BlockStored:1:true", "BlockStored:2:true", "replayed:0-2", "BlockStored:3:true")
+	p.Publish(storedEv(4))
+	sink.want(t, "BlockStored:3:true", "BlockStored:4:true")
 }
 
 func TestSubscriberGapBeyondReplayIsLost(t *testing.T) {
@@ -159,14 +162,12 @@ func TestSubscriberWithoutReplayLosesTheGap(t *testing.T) {
 	p := newPublisher(t, PublisherConfig{})
 	sink := &recSink{}
 	connected(t, p, "", sink)
-	p.mu.Lock()
-	p.unsent = 1
-	p.mu.Unlock()
 	p.Publish(storedEv(1))
+	sink.waitLen(t, 1)
+	p.DropNext(1)
 	p.Publish(storedEv(2))
-	if got := sink.waitLen(t, 2); !slices.Equal(got, []string{"lost:0-1", "BlockStored:2:false"}) {
-		t.Fatalf("got %v", got)
-	}
+	p.Publish(storedEv(3))
+	sink.want(t, "BlockStored:1:true", "lost:1-2", "BlockStored:3:false")
 }
 
 // The llm-d layout: CART binds, engines dial; a publisher that restarts
@@ -215,13 +216,14 @@ func TestSubscriberReplayFailureAndRanks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.handle(Message{Seq: 1, Payload: payload})
 	s.handle(Message{Seq: 3, Payload: payload})
 	s.handle(Message{Seq: 4, Payload: []byte{0xc1}}) // undecodable
 	s.handle(Message{Seq: 5, Payload: payload})
-	if want := []string{"tcp://10.0.0.1:5560 0-3"}; !slices.Equal(asked, want) {
+	if want := []string{"tcp://10.0.0.1:5560 2-3"}; !slices.Equal(asked, want) {
 		t.Fatalf("replay asked %v, want %v (rank 2 offsets the port by 2)", asked, want)
 	}
-	if got, want := sink.entries(), []string{"lost:0-3", "BlockStored:5:false", "lost:4-5", "BlockStored:5:false"}; !slices.Equal(got, want) {
+	if got, want := sink.entries(), []string{"BlockStored:5:true", "lost:2-3", "BlockStored:5:false", "lost:4-5", "BlockStored:5:false"}; !slices.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 	// A socket of one rank (SGLang sends no rank in its batches) replays
@@ -229,8 +231,9 @@ func TestSubscriberReplayFailureAndRanks(t *testing.T) {
 	asked = nil
 	s.cfg.Topics[""] = Route{Worker: "w", ReplayEndpoint: "tcp://10.0.0.1:5559", Rank: 1}
 	s.streams, s.lastRank = map[streamKey]*stream{}, map[string]int{}
-	s.handle(Message{Seq: 1, Payload: payload})
-	if want := []string{"tcp://10.0.0.1:5559 0-1"}; !slices.Equal(asked, want) {
+	s.handle(Message{Seq: 0, Payload: payload})
+	s.handle(Message{Seq: 2, Payload: payload})
+	if want := []string{"tcp://10.0.0.1:5559 1-2"}; !slices.Equal(asked, want) {
 		t.Fatalf("replay asked %v, want %v", asked, want)
 	}
 }
