@@ -97,7 +97,7 @@ func seq(from, n uint64) []uint64 {
 
 type nopApplier struct{}
 
-func (nopApplier) ClearHoldings(string)                   {}
+func (nopApplier) ClearHoldings(string)                  {}
 func (nopApplier) ApplyKVReport(string, engine.KVReport) {}
 
 // BenchmarkStoredFlood: the heap a flood of forged BlockStored hashes (in

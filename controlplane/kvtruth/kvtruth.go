@@ -194,9 +194,9 @@ type workerView struct {
 type rankView struct {
 	blocks    *blockSet // engine block hashes held (GPU)
 	blockSize int       // tokens per engine block
-	peak      int64               // most tokens held since the engine started
-	evicted   bool                // the engine has evicted: it is full at peak
-	known     bool                // blocks is the engine's whole cache
+	peak      int64     // most tokens held since the engine started
+	evicted   bool      // the engine has evicted: it is full at peak
+	known     bool      // blocks is the engine's whole cache
 }
 
 func newTracker(o Options) (*tracker, error) {
