@@ -192,7 +192,7 @@ func (s *syncSink) Batch(_ Batch, synced bool) {
 		s.unsynced++
 	}
 }
-func (s *syncSink) Restarted()           { s.restarts++ }
+func (s *syncSink) Restarted()            { s.restarts++ }
 func (s *syncSink) Replayed(int64, int64) { s.replayed++ }
 func (s *syncSink) Lost(int64, int64)     { s.lost++ }
 
