@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -58,9 +56,7 @@ func ready(typ string) []byte {
 // crashingFrame is the 73 bytes of issue 33's attack: a greeting, then a
 // long frame header claiming 2^62 bytes, which zmq4 (v0.17.0) allocates
 // before reading and panics on.
-func crashingFrame() []byte {
-	return append(greeting(), binary.BigEndian.AppendUint64([]byte{flagLong}, 1<<62)...)
-}
+func crashingFrame() []byte { return testkit.ZMTPCrashingFrame() }
 
 func TestCrashingFrameIs73Bytes(t *testing.T) {
 	if n := len(crashingFrame()); n != 73 {
@@ -213,23 +209,9 @@ func goodPublisher(t *testing.T, addr string, got <-chan zmq4.Msg) {
 	}
 }
 
-// attack connects to addr and sends b, then keeps the connection open
-// until the peer closes it (an EOF, or a reset when it left bytes unread);
-// it returns whether the peer closed it within 10 s.
-func attack(t *testing.T, addr string, b []byte) bool {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.Write(b); err != nil {
-		return true
-	}
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	_, err = io.Copy(io.Discard, c)
-	return !errors.Is(err, os.ErrDeadlineExceeded)
-}
+// attack sends b to addr and reports whether the listener closed that
+// connection.
+func attack(t *testing.T, addr string, b []byte) bool { return testkit.SendAndWaitClosed(t, addr, b) }
 
 type rejects struct {
 	mu  sync.Mutex
