@@ -38,11 +38,11 @@ func (s *blockSet) has(h uint64) bool {
 	return ok
 }
 
-// add stores h (a no-op when held) and returns how many of the oldest
-// hashes it pushed out.
-func (s *blockSet) add(h uint64) (dropped int) {
+// add stores h (a no-op when held, then added is false) and returns how
+// many of the oldest hashes it pushed out.
+func (s *blockSet) add(h uint64) (added bool, dropped int) {
 	if _, ok := s.at[h]; ok {
-		return 0
+		return false, 0
 	}
 	i := s.free
 	if i != none {
@@ -63,7 +63,7 @@ func (s *blockSet) add(h uint64) (dropped int) {
 		s.remove(s.nodes[s.head].hash)
 		dropped++
 	}
-	return dropped
+	return true, dropped
 }
 
 // remove drops h and reports whether it was held.

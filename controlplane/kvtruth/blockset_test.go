@@ -32,7 +32,7 @@ func TestBlockSetKeepsTheNewest(t *testing.T) {
 						wantDrop++
 					}
 				}
-				if got := s.add(h); got != wantDrop {
+				if _, got := s.add(h); got != wantDrop {
 					t.Fatalf("seed %d: add(%d) dropped %d, want %d", seed, h, got, wantDrop)
 				}
 			case op < 19:

@@ -188,6 +188,9 @@ type workerView struct {
 	name  string
 	mu    sync.Mutex // streams of one worker may be read by several sockets
 	ranks map[int]*rankView
+	// storedChars counts what the engine newly stored (in index
+	// characters) and no report has passed on yet.
+	storedChars int64
 }
 
 // rankView is one data-parallel rank's cache as its events describe it.
@@ -275,7 +278,11 @@ func (s *stream) Batch(b kvevents.Batch, _ bool) {
 				s.r.blockSize = ev.BlockSize
 			}
 			for _, h := range ev.BlockHashes {
-				dropped += s.r.blocks.add(h)
+				added, d := s.r.blocks.add(h)
+				dropped += d
+				if added {
+					s.w.storedChars += int64(max(s.r.blockSize, 1)) * CharsPerToken
+				}
 			}
 		case kvevents.BlockRemoved:
 			for _, h := range ev.BlockHashes {
@@ -367,6 +374,7 @@ func (w *workerView) report(blockChars int) engine.KVReport {
 	var capacity int64
 	for _, r := range w.ranks {
 		if !r.known {
+			w.storedChars = 0 // stores during the gap are not the ledger's to count
 			return engine.KVReport{}
 		}
 		rep.OccupiedTokens += r.tokens()
@@ -376,6 +384,8 @@ func (w *workerView) report(blockChars int) engine.KVReport {
 	if allEvicted {
 		rep.CapacityTokens = capacity
 	}
+	rep.StoredBlocks = int(w.storedChars / int64(blockChars))
+	w.storedChars -= int64(rep.StoredBlocks) * int64(blockChars)
 	rep.OccupiedBlocks = blocksOf(rep.OccupiedTokens, blockChars)
 	rep.CapacityBlocks = blocksOf(rep.CapacityTokens, blockChars)
 	if rep.CapacityTokens > 0 {
