@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"runtime/debug"
 	"strconv"
@@ -295,8 +296,9 @@ func (s *Subscriber) handle(msg Message) {
 			s.lastRank[msg.Topic] = rank
 		}
 	}
-	if msg.Seq < 0 {
-		s.log.Warn("kv events: negative sequence number", "worker", route.Worker, "seq", msg.Seq)
+	if msg.Seq < 0 || msg.Seq == math.MaxInt64 {
+		// -1 ends a replay; the last number has no next.
+		s.log.Warn("kv events: sequence number out of range", "worker", route.Worker, "seq", msg.Seq)
 		return
 	}
 	key := streamKey{msg.Topic, rank}
