@@ -82,6 +82,17 @@ func (g *conn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// Write passes writes on; one the handshake deadline cut closes the
+// connection (zmq4 would leave a connection whose greeting it could not
+// send open, and its listener slot taken).
+func (g *conn) Write(p []byte) (int, error) {
+	n, err := g.Conn.Write(p)
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && !g.ck.handshook() {
+		_ = g.Close()
+	}
+	return n, err
+}
+
 // afterBody lifts the handshake deadline once the peer's READY is in.
 func (g *conn) afterBody() {
 	if g.open && g.ck.handshook() {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -329,5 +330,23 @@ func TestEndpoint(t *testing.T) {
 		if got := Endpoint(in); got != want {
 			t.Errorf("Endpoint(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A peer that never reads stalls zmq4's greeting write: the handshake
+// deadline cuts it and the connection is closed, freeing its slot.
+func TestPeerThatNeverReadsIsClosed(t *testing.T) {
+	client, server := net.Pipe() // unbuffered: a write waits for a read
+	defer client.Close()
+	released := make(chan struct{})
+	g := wrap(server, &Limits{HandshakeTimeout: 200 * time.Millisecond}, func() { close(released) })
+	_, err := zmq4.Open(g, Security(), zmq4.Sub, zmq4.SocketIdentity("x"), true, nil)
+	if err == nil {
+		t.Fatal("handshake succeeded with a peer that never answered")
+	}
+	select {
+	case <-released:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection was left open")
 	}
 }
