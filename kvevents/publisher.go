@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -230,24 +231,34 @@ func (p *Publisher) serveReplay() {
 		if err != nil {
 			return // closed
 		}
-		frames := msg.Frames
-		if len(frames) < 2 || len(frames) > 3 || (len(frames) == 3 && len(frames[1]) != 0) {
-			p.log.Warn("kv events: invalid replay request", "frames", len(frames))
-			continue
-		}
-		start, err := ParseSeq(frames[len(frames)-1])
-		if err != nil {
-			p.log.Warn("kv events: invalid replay request", "err", err)
-			continue
-		}
-		envelope := frames[:len(frames)-1]
-		for _, b := range p.since(start) {
-			if !p.answer(envelope, SeqBytes(b.seq), b.payload) {
-				break
-			}
-		}
-		p.answer(envelope, SeqBytes(EndOfReplay), nil)
+		p.serveRequest(msg.Frames)
 	}
+}
+
+// serveRequest answers one replay request. It survives a panic: the
+// request comes from a peer.
+func (p *Publisher) serveRequest(frames [][]byte) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.log.Error("kv events: panic answering a replay request", "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	if len(frames) < 2 || len(frames) > 3 || (len(frames) == 3 && len(frames[1]) != 0) {
+		p.log.Warn("kv events: invalid replay request", "frames", len(frames))
+		return
+	}
+	start, err := ParseSeq(frames[len(frames)-1])
+	if err != nil {
+		p.log.Warn("kv events: invalid replay request", "err", err)
+		return
+	}
+	envelope := frames[:len(frames)-1]
+	for _, b := range p.since(start) {
+		if !p.answer(envelope, SeqBytes(b.seq), b.payload) {
+			break
+		}
+	}
+	p.answer(envelope, SeqBytes(EndOfReplay), nil)
 }
 
 func (p *Publisher) answer(envelope [][]byte, seq, payload []byte) bool {
