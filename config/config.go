@@ -13,10 +13,13 @@ package config
 
 import (
 	"fmt"
+	"io/fs"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -187,6 +190,53 @@ type KVEvents struct {
 	AllowUnauthenticatedListen bool `yaml:"allow_unauthenticated_listen"`
 	// ReplayTimeoutMs bounds one replay exchange with an engine.
 	ReplayTimeoutMs int `yaml:"replay_timeout_ms"`
+	// AllowedPublishers lists the source addresses (IPs or CIDRs) whose
+	// connections the listen socket accepts; empty accepts any. It lets a
+	// non-loopback listen start without AllowUnauthenticatedListen.
+	AllowedPublishers []string `yaml:"allowed_publishers"`
+	// IPCSocketMode is the file mode of an ipc:// listen socket (octal; a
+	// peer must be able to write it to connect).
+	IPCSocketMode string `yaml:"ipc_socket_mode"`
+	// MaxMessageBytes bounds one ZMQ message (and frame) from any event
+	// peer, checked on each frame header before anything is allocated.
+	MaxMessageBytes int64 `yaml:"max_message_bytes"`
+	// MaxPublisherConnections bounds the connections the listen socket
+	// keeps at once.
+	MaxPublisherConnections int `yaml:"max_publisher_connections"`
+	// MaxHashesPerRank bounds the block hashes CART keeps per engine
+	// data-parallel rank; beyond it the oldest go.
+	MaxHashesPerRank int `yaml:"max_hashes_per_rank"`
+}
+
+// Publishers parses AllowedPublishers: an IP stands for itself (/32 or
+// /128).
+func (k KVEvents) Publishers() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range k.AllowedPublishers {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is neither an IP address nor a CIDR", s)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
+}
+
+// SocketMode parses IPCSocketMode ("" is 0600).
+func (k KVEvents) SocketMode() (fs.FileMode, error) {
+	if k.IPCSocketMode == "" {
+		return 0o600, nil
+	}
+	m, err := strconv.ParseUint(k.IPCSocketMode, 8, 32)
+	if err != nil || m > 0o777 || m&0o200 == 0 {
+		return 0, fmt.Errorf("%q: want an octal file mode up to 0777 that the owner can write, e.g. 0600 or 0660", k.IPCSocketMode)
+	}
+	return fs.FileMode(m), nil
 }
 
 // Cache tunes the cache-aware routing decision and the prefix index.
@@ -751,7 +801,8 @@ func Default() *Config {
 			RouteStreamMaxInFlight:   128,
 			RouteStreamPlacementFeed: true,
 		},
-		KVEvents: KVEvents{ReplayTimeoutMs: 2000},
+		KVEvents: KVEvents{ReplayTimeoutMs: 2000, IPCSocketMode: "0600", MaxMessageBytes: 4 << 20,
+			MaxPublisherConnections: 128, MaxHashesPerRank: 1_000_000},
 		Discovery: Discovery{
 			DrainTimeoutSecs: 60,
 			DNS: DiscoveryDNS{

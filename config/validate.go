@@ -739,12 +739,28 @@ func (v *validator) sourceRules(prefix string, minSecs, maxSecs float64, addAfte
 func (v *validator) kvEvents(role Role) {
 	k := v.c.KVEvents
 	v.intAtLeast("kv_events.replay_timeout_ms", int64(k.ReplayTimeoutMs), 1)
+	// A batch is one engine step's events; below 64 KiB real ones are cut.
+	v.intRange("kv_events.max_message_bytes", k.MaxMessageBytes, 64<<10, 1<<30)
+	v.intRange("kv_events.max_publisher_connections", int64(k.MaxPublisherConnections), 1, 65536)
+	v.intAtLeast("kv_events.max_hashes_per_rank", int64(k.MaxHashesPerRank), 1)
+	if _, err := k.Publishers(); err != nil {
+		v.add("kv_events.allowed_publishers", "%v", err)
+	}
+	if mode, err := k.SocketMode(); err != nil {
+		v.add("kv_events.ipc_socket_mode", "%v", err)
+	} else if mode&0o007 != 0 {
+		v.add("kv_events.ipc_socket_mode", "%q lets every local user connect and publish events; grant a group (e.g. 0660) instead", k.IPCSocketMode)
+	}
 	if k.Listen != "" {
 		if err := kvevents.CheckEndpoint(k.Listen); err != nil {
 			v.add("kv_events.listen", "%v", err)
-		} else if !k.AllowUnauthenticatedListen && !loopbackEndpoint(k.Listen) {
-			v.add("kv_events.listen", "%q accepts KV events from anyone who reaches it (ZMQ carries no credentials, and a forged cache reset empties a worker's holdings): bind 127.0.0.1 or ipc://, or set kv_events.allow_unauthenticated_listen and restrict the port (NetworkPolicy, firewall)", k.Listen)
+		} else if !k.AllowUnauthenticatedListen && len(k.AllowedPublishers) == 0 && !loopbackEndpoint(k.Listen) {
+			v.add("kv_events.listen", "%q accepts KV events from anyone who reaches it (ZMQ carries no credentials, and a forged cache reset empties a worker's holdings): bind 127.0.0.1 or ipc://, list the engines' addresses in kv_events.allowed_publishers, or set kv_events.allow_unauthenticated_listen and restrict the port (NetworkPolicy, firewall)", k.Listen)
+		} else if len(k.AllowedPublishers) > 0 && strings.HasPrefix(k.Listen, "ipc://") {
+			v.add("kv_events.allowed_publishers", "source addresses do not apply to an ipc:// listen socket: its file mode (kv_events.ipc_socket_mode) decides who connects")
 		}
+	} else if len(k.AllowedPublishers) > 0 {
+		v.add("kv_events.allowed_publishers", "applies to kv_events.listen, which is not set (CART dials engines otherwise)")
 	}
 	used := k.Listen != ""
 	topics := map[string]int{}

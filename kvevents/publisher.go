@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/cartrouter/cart/kvevents/zmtpguard"
 )
 
 // DefaultReplayBuffer is how many batches a Publisher keeps for replay, as
@@ -84,14 +87,15 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	// Bounded as the subscriber is: the consumer is a peer too.
+	ctx, cancel := context.WithCancel(zmtpguard.Context(context.Background(), zmtpguard.Limits{Logger: logger}))
 	p := &Publisher{cfg: cfg, log: logger, cancel: cancel, done: make(chan struct{})}
-	p.pub = zmq4.NewPub(ctx)
+	p.pub = zmq4.NewPub(ctx, guarded(logger)...)
 	var err error
 	if cfg.Connect {
-		err = p.pub.Dial(cfg.Endpoint)
+		err = p.pub.Dial(zmtpguard.Endpoint(cfg.Endpoint))
 	} else {
-		err = p.pub.Listen(cfg.Endpoint)
+		err = p.pub.Listen(zmtpguard.Endpoint(cfg.Endpoint))
 	}
 	if err != nil {
 		cancel()
@@ -102,8 +106,8 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		close(p.done)
 		return p, nil
 	}
-	p.replay = zmq4.NewRouter(ctx)
-	if err := p.replay.Listen(cfg.ReplayEndpoint); err != nil {
+	p.replay = zmq4.NewRouter(ctx, guarded(logger)...)
+	if err := p.replay.Listen(zmtpguard.Endpoint(cfg.ReplayEndpoint)); err != nil {
 		cancel()
 		_ = p.replay.Close()
 		_ = p.pub.Close()
@@ -227,24 +231,34 @@ func (p *Publisher) serveReplay() {
 		if err != nil {
 			return // closed
 		}
-		frames := msg.Frames
-		if len(frames) < 2 || len(frames) > 3 || (len(frames) == 3 && len(frames[1]) != 0) {
-			p.log.Warn("kv events: invalid replay request", "frames", len(frames))
-			continue
-		}
-		start, err := ParseSeq(frames[len(frames)-1])
-		if err != nil {
-			p.log.Warn("kv events: invalid replay request", "err", err)
-			continue
-		}
-		envelope := frames[:len(frames)-1]
-		for _, b := range p.since(start) {
-			if !p.answer(envelope, SeqBytes(b.seq), b.payload) {
-				break
-			}
-		}
-		p.answer(envelope, SeqBytes(EndOfReplay), nil)
+		p.serveRequest(msg.Frames)
 	}
+}
+
+// serveRequest answers one replay request. It survives a panic: the
+// request comes from a peer.
+func (p *Publisher) serveRequest(frames [][]byte) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.log.Error("kv events: panic answering a replay request", "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	if len(frames) < 2 || len(frames) > 3 || (len(frames) == 3 && len(frames[1]) != 0) {
+		p.log.Warn("kv events: invalid replay request", "frames", len(frames))
+		return
+	}
+	start, err := ParseSeq(frames[len(frames)-1])
+	if err != nil {
+		p.log.Warn("kv events: invalid replay request", "err", err)
+		return
+	}
+	envelope := frames[:len(frames)-1]
+	for _, b := range p.since(start) {
+		if !p.answer(envelope, SeqBytes(b.seq), b.payload) {
+			break
+		}
+	}
+	p.answer(envelope, SeqBytes(EndOfReplay), nil)
 }
 
 func (p *Publisher) answer(envelope [][]byte, seq, payload []byte) bool {

@@ -1,17 +1,22 @@
 package kvevents
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/cartrouter/cart/kvevents/zmtpguard"
 )
 
 // StreamSink receives one publisher's batches (one engine, one
@@ -47,7 +52,15 @@ type Route struct {
 	// for one socket that carries several ranks (the listen layout).
 	Rank        int
 	PayloadRank bool
+	// MaxRanks bounds the ranks a PayloadRank route accepts (0:
+	// DefaultMaxRanks): each rank is a stream with its own block set, so a
+	// publisher naming ranks at will must not create them at will.
+	MaxRanks int
 }
+
+// DefaultMaxRanks is the most data-parallel ranks one listen-mode topic may
+// carry when its worker's data_parallel_size is not set.
+const DefaultMaxRanks = 64
 
 // SubscriberConfig configures one SUB socket.
 type SubscriberConfig struct {
@@ -69,6 +82,10 @@ type SubscriberConfig struct {
 	// Replay fetches batches [from, to) from a replay endpoint; nil uses
 	// the ROUTER protocol (ReplayFrom). Tests replace it.
 	Replay func(ctx context.Context, endpoint string, from, to int64) ([]Message, error)
+	// Guard bounds what peers may send and who may connect (zero: the
+	// zmtpguard defaults, any source address); it applies to the replay
+	// exchanges too.
+	Guard zmtpguard.Limits
 }
 
 // Subscriber reads one SUB socket until Close.
@@ -122,11 +139,14 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	if cfg.Guard.Logger == nil {
+		cfg.Guard.Logger = logger
+	}
+	ctx, cancel := context.WithCancel(zmtpguard.Context(context.Background(), cfg.Guard))
 	s := &Subscriber{cfg: cfg, log: logger, cancel: cancel, ctx: ctx, done: make(chan struct{}), streams: map[streamKey]*stream{}, lastRank: map[string]int{}}
 	// Retried forever (until Close) and re-dialled when the engine goes
 	// away: an engine restart must not end the subscription.
-	s.sck = zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(500*time.Millisecond), zmq4.WithAutomaticReconnect(!cfg.Listen))
+	s.sck = zmq4.NewSub(ctx, append(guarded(logger), zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(500*time.Millisecond), zmq4.WithAutomaticReconnect(!cfg.Listen))...)
 	for topic := range cfg.Topics {
 		if err := s.sck.SetOption(zmq4.OptionSubscribe, topic); err != nil {
 			cancel()
@@ -135,7 +155,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		}
 	}
 	if cfg.Listen {
-		if err := s.sck.Listen(cfg.Endpoint); err != nil {
+		if err := s.sck.Listen(zmtpguard.Endpoint(cfg.Endpoint)); err != nil {
 			cancel()
 			_ = s.sck.Close()
 			return nil, fmt.Errorf("kv events SUB listen %s: %w", cfg.Endpoint, err)
@@ -145,7 +165,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		return s, nil
 	}
 	go func() {
-		if err := s.sck.Dial(cfg.Endpoint); err != nil {
+		if err := s.sck.Dial(zmtpguard.Endpoint(cfg.Endpoint)); err != nil {
 			if ctx.Err() == nil {
 				s.log.Error("kv events: dialling the engine's publisher", "endpoint", cfg.Endpoint, "err", err)
 			}
@@ -204,7 +224,39 @@ func (s *Subscriber) read() {
 			s.log.Warn("kv events: malformed message", "endpoint", s.cfg.Endpoint, "err", err)
 			continue
 		}
-		s.handle(msg)
+		s.handleSafely(msg)
+	}
+}
+
+// handleSafely is handle, surviving a panic: the message comes from a
+// peer, and no peer may end the process. The topic's streams count as lost
+// (what the message would have changed is unknown).
+func (s *Subscriber) handleSafely(msg Message) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("kv events: panic handling a message; its streams fall back to the approximate index",
+				"endpoint", s.cfg.Endpoint, "topic", msg.Topic, "seq", msg.Seq, "panic", r, "stack", string(debug.Stack()))
+			for k, st := range s.streams {
+				if k.topic == msg.Topic {
+					func() {
+						defer func() { _ = recover() }()
+						s.lost(st, st.next, st.next+1, "panic")
+					}()
+				}
+			}
+		}
+	}()
+	s.handle(msg)
+}
+
+// guarded are the zmq4 options of every socket that talks to engines: the
+// checked handshake, and zmq4's own log lines (a refused handshake, a
+// failed accept) at debug level, so a peer cannot flood the log.
+func guarded(logger *slog.Logger) []zmq4.Option {
+	zmtpguard.Register()
+	return []zmq4.Option{
+		zmq4.WithSecurity(zmtpguard.Security()),
+		zmq4.WithLogger(slog.NewLogLogger(logger.Handler(), slog.LevelDebug)),
 	}
 }
 
@@ -237,28 +289,39 @@ func (s *Subscriber) handle(msg Message) {
 			if b.DPRank != nil {
 				rank = *b.DPRank
 			}
+			if maxRanks := cmp.Or(route.MaxRanks, DefaultMaxRanks); rank < 0 || rank >= maxRanks {
+				s.log.Warn("kv events: batch of a data-parallel rank out of range, dropped", "worker", route.Worker, "rank", rank, "ranks", maxRanks)
+				return
+			}
 			s.lastRank[msg.Topic] = rank
 		}
 	}
-	key := streamKey{msg.Topic, rank}
-	st := s.streams[key]
-	if st == nil {
-		// A publisher starts at 0 with an empty cache, so a stream first
-		// seen at 0 is known in full; one joined later must be replayed
-		// from 0 to be.
-		st = &stream{route: route, rank: rank, sink: s.cfg.Sink(route.Worker, rank), synced: true}
-		s.streams[key] = st
-	}
-	if msg.Seq < 0 {
-		s.log.Warn("kv events: negative sequence number", "worker", route.Worker, "seq", msg.Seq)
+	if msg.Seq < 0 || msg.Seq == math.MaxInt64 {
+		// -1 ends a replay; the last number has no next.
+		s.log.Warn("kv events: sequence number out of range", "worker", route.Worker, "seq", msg.Seq)
 		return
 	}
-	if msg.Seq < st.next {
+	key := streamKey{msg.Topic, rank}
+	st := s.streams[key]
+	switch {
+	case st == nil:
+		// Known from the first batch seen, whatever its number: vLLM's
+		// publisher starts at 0, llm-d-inference-sim's at 1, and a
+		// publisher joined late holds blocks stored before CART came,
+		// which no event will name. Those are its oldest blocks, so an
+		// LRU engine evicts them before any it reports; and replay could
+		// not bring them back (it starts at a number the publisher may
+		// never have used, or past the buffer).
+		st = &stream{route: route, rank: rank, sink: s.cfg.Sink(route.Worker, rank), synced: true, next: msg.Seq}
+		s.streams[key] = st
+	case msg.Seq < st.next:
+		// The sequence went back: a new publisher, so a new engine
+		// process with an empty cache, known from this batch on (its
+		// first number is its own business, as above).
 		s.log.Info("kv events: publisher restarted, engine cache treated as empty", "worker", route.Worker, "rank", rank, "seq", msg.Seq, "expected", st.next)
 		st.sink.Restarted()
-		st.next, st.synced = 0, true
-	}
-	if msg.Seq > st.next {
+		st.next, st.synced = msg.Seq, true
+	case msg.Seq > st.next:
 		s.catchUp(st, msg.Seq)
 	}
 	st.next = msg.Seq + 1
@@ -333,9 +396,9 @@ func (s *Subscriber) lost(st *stream, from, to int64, why string) {
 func ReplayFrom(ctx context.Context, endpoint string, from, to int64) ([]Message, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0))
+	d := zmq4.NewDealer(ctx, append(guarded(slog.New(slog.DiscardHandler)), zmq4.WithDialerMaxRetries(0))...)
 	defer d.Close()
-	if err := d.Dial(endpoint); err != nil {
+	if err := d.Dial(zmtpguard.Endpoint(endpoint)); err != nil {
 		return nil, err
 	}
 	// The empty delimiter makes the request look like a REQ socket's,
@@ -352,26 +415,20 @@ func ReplayFrom(ctx context.Context, endpoint string, from, to int64) ([]Message
 			}
 			return out, err
 		}
-		frames := m.Frames
-		if len(frames) == 3 && len(frames[0]) == 0 {
-			frames = frames[1:]
-		}
-		if len(frames) != 2 {
-			return out, fmt.Errorf("replay answer has %d frames, want 2 (sequence, payload)", len(frames))
-		}
-		seq, err := ParseSeq(frames[0])
+		ans, err := ParseReplayAnswer(m.Frames)
 		if err != nil {
 			return out, err
 		}
-		if seq == EndOfReplay {
+		if ans.Seq == EndOfReplay {
 			return out, nil
 		}
-		if len(out) == 0 && seq > from {
+		if len(out) == 0 && ans.Seq > from {
 			// The buffer starts past the gap: it cannot be filled, so the
 			// rest (up to a whole buffer of batches) is not worth reading.
-			return []Message{{Seq: seq, Payload: frames[1]}}, nil
+			return []Message{ans}, nil
 		}
-		out = append(out, Message{Seq: seq, Payload: frames[1]})
+		out = append(out, ans)
+		seq := ans.Seq
 		if seq >= to-1 {
 			return out, nil
 		}

@@ -121,14 +121,17 @@ func TestSubscriberReplaysAGap(t *testing.T) {
 	sink.want(t, "BlockStored:1:true", "BlockStored:2:true", "BlockStored:3:true", "replayed:1-3", "BlockStored:4:true")
 }
 
-func TestSubscriberJoiningLateReplaysFromZero(t *testing.T) {
+// A subscriber that joins a running publisher knows the stream from the
+// first batch it sees: it asks for no replay of what came before.
+func TestSubscriberJoiningLateIsKnownFromTheFirstBatch(t *testing.T) {
 	p := newPublisher(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0"})
 	p.Publish(storedEv(1)) // nobody subscribed yet: buffered only
 	p.Publish(storedEv(2))
 	sink := &recSink{}
 	connected(t, p, "", sink)
 	p.Publish(storedEv(3))
-	sink.want(t, "BlockStored:1:true", "BlockStored:2:true", "replayed:0-2", "BlockStored:3:true")
+	p.Publish(storedEv(4))
+	sink.want(t, "BlockStored:3:true", "BlockStored:4:true")
 }
 
 func TestSubscriberGapBeyondReplayIsLost(t *testing.T) {
@@ -159,14 +162,12 @@ func TestSubscriberWithoutReplayLosesTheGap(t *testing.T) {
 	p := newPublisher(t, PublisherConfig{})
 	sink := &recSink{}
 	connected(t, p, "", sink)
-	p.mu.Lock()
-	p.unsent = 1
-	p.mu.Unlock()
 	p.Publish(storedEv(1))
+	sink.waitLen(t, 1)
+	p.DropNext(1)
 	p.Publish(storedEv(2))
-	if got := sink.waitLen(t, 2); !slices.Equal(got, []string{"lost:0-1", "BlockStored:2:false"}) {
-		t.Fatalf("got %v", got)
-	}
+	p.Publish(storedEv(3))
+	sink.want(t, "BlockStored:1:true", "lost:1-2", "BlockStored:3:false")
 }
 
 // The llm-d layout: CART binds, engines dial; a publisher that restarts
@@ -215,13 +216,14 @@ func TestSubscriberReplayFailureAndRanks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.handle(Message{Seq: 1, Payload: payload})
 	s.handle(Message{Seq: 3, Payload: payload})
 	s.handle(Message{Seq: 4, Payload: []byte{0xc1}}) // undecodable
 	s.handle(Message{Seq: 5, Payload: payload})
-	if want := []string{"tcp://10.0.0.1:5560 0-3"}; !slices.Equal(asked, want) {
+	if want := []string{"tcp://10.0.0.1:5560 2-3"}; !slices.Equal(asked, want) {
 		t.Fatalf("replay asked %v, want %v (rank 2 offsets the port by 2)", asked, want)
 	}
-	if got, want := sink.entries(), []string{"lost:0-3", "BlockStored:5:false", "lost:4-5", "BlockStored:5:false"}; !slices.Equal(got, want) {
+	if got, want := sink.entries(), []string{"BlockStored:5:true", "lost:2-3", "BlockStored:5:false", "lost:4-5", "BlockStored:5:false"}; !slices.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 	// A socket of one rank (SGLang sends no rank in its batches) replays
@@ -229,8 +231,9 @@ func TestSubscriberReplayFailureAndRanks(t *testing.T) {
 	asked = nil
 	s.cfg.Topics[""] = Route{Worker: "w", ReplayEndpoint: "tcp://10.0.0.1:5559", Rank: 1}
 	s.streams, s.lastRank = map[streamKey]*stream{}, map[string]int{}
-	s.handle(Message{Seq: 1, Payload: payload})
-	if want := []string{"tcp://10.0.0.1:5559 0-1"}; !slices.Equal(asked, want) {
+	s.handle(Message{Seq: 0, Payload: payload})
+	s.handle(Message{Seq: 2, Payload: payload})
+	if want := []string{"tcp://10.0.0.1:5559 1-2"}; !slices.Equal(asked, want) {
 		t.Fatalf("replay asked %v, want %v", asked, want)
 	}
 }
@@ -313,4 +316,115 @@ func TestReplayFromStopsWhenTheBufferStartsLater(t *testing.T) {
 	if err != nil || len(got) != 2 || got[0].Seq != 3 || got[1].Seq != 4 {
 		t.Fatalf("replay 3-5: %+v, %v", got, err)
 	}
+}
+
+func TestParseReplayAnswer(t *testing.T) {
+	seq, end := SeqBytes(7), SeqBytes(EndOfReplay)
+	for _, c := range []struct {
+		name   string
+		frames [][]byte
+		seq    int64
+		ok     bool
+	}{
+		{"REQ-style (vLLM to a REQ)", [][]byte{seq, []byte("p")}, 7, true},
+		{"vLLM to a DEALER: delimiter", [][]byte{{}, seq, []byte("p")}, 7, true},
+		{"llm-d-inference-sim: delimiter and topic", [][]byte{{}, []byte("kv@a@m"), seq, []byte("p")}, 7, true},
+		{"sim end marker: empty topic and payload", [][]byte{{}, {}, end, {}}, EndOfReplay, true},
+		{"vLLM end marker", [][]byte{{}, end, {}}, EndOfReplay, true},
+		{"one frame", [][]byte{seq}, 0, false},
+		{"short sequence", [][]byte{{}, {1, 2}, []byte("p")}, 0, false},
+	} {
+		m, err := ParseReplayAnswer(c.frames)
+		if (err == nil) != c.ok || (c.ok && m.Seq != c.seq) {
+			t.Errorf("%s: %+v, %v", c.name, m, err)
+		}
+	}
+}
+
+// A panic while handling one message (here the sink's) is recovered: the
+// topic's streams count as lost, and the next batch is handled.
+func TestSubscriberSurvivesAPanickingSink(t *testing.T) {
+	sink := &recSink{}
+	panicky := &panicSink{recSink: sink, left: 1}
+	s := &Subscriber{
+		cfg: SubscriberConfig{Topics: map[string]Route{"": {Worker: "w"}}, Sink: func(string, int) StreamSink { return panicky }},
+		log: discard(), ctx: context.Background(), streams: map[streamKey]*stream{}, lastRank: map[string]int{},
+	}
+	payload, err := Encode(Batch{Events: storedEv(1)}, EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.handleSafely(Message{Seq: 0, Payload: payload})
+	s.handleSafely(Message{Seq: 1, Payload: payload})
+	if got, want := sink.entries(), []string{"lost:1-2", "BlockStored:1:false"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+type panicSink struct {
+	*recSink
+	left int
+}
+
+func (p *panicSink) Batch(b Batch, synced bool) {
+	if p.left > 0 {
+		p.left--
+		panic("sink bug")
+	}
+	p.recSink.Batch(b, synced)
+}
+
+// In the listen layout each rank a batch names is a stream with its own
+// block set: ranks past the route's bound are dropped, not created.
+func TestSubscriberBoundsPayloadRanks(t *testing.T) {
+	sink := &recSink{}
+	ranks := map[int]bool{}
+	s := &Subscriber{
+		cfg: SubscriberConfig{
+			Topics: map[string]Route{"a": {Worker: "w", PayloadRank: true, MaxRanks: 2}, "b": {Worker: "v", PayloadRank: true}},
+			Sink:   func(_ string, r int) StreamSink { ranks[r] = true; return sink },
+		},
+		log: discard(), ctx: context.Background(), streams: map[streamKey]*stream{}, lastRank: map[string]int{},
+	}
+	for _, c := range []struct {
+		topic string
+		rank  int
+	}{{"a", 0}, {"a", 1}, {"a", 2}, {"a", -1}, {"b", DefaultMaxRanks - 1}, {"b", DefaultMaxRanks}, {"b", 1 << 30}} {
+		payload, err := Encode(Batch{Events: storedEv(1), DPRank: &c.rank}, EncodingMap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.handle(Message{Topic: c.topic, Payload: payload})
+	}
+	if len(s.streams) != 3 || !ranks[0] || !ranks[1] || !ranks[DefaultMaxRanks-1] {
+		t.Fatalf("streams %v, ranks %v", s.streams, ranks)
+	}
+}
+
+// FuzzSubscriberMessage: any frames a peer sends, through the parser and
+// the sequence logic (with a replay that answers anything), never panic.
+func FuzzSubscriberMessage(f *testing.F) {
+	payload, _ := Encode(Batch{Events: storedEv(1)}, EncodingMap)
+	f.Add([]byte("kv@a@m"), SeqBytes(3), payload, SeqBytes(1), payload)
+	f.Add([]byte{}, SeqBytes(-5), []byte{0xc1}, SeqBytes(EndOfReplay), []byte{})
+	f.Add([]byte("a"), SeqBytes(1<<62), testkit.ZMTPCrashingFrame(), []byte{1}, testkit.ZMTPCrashingFrame())
+	f.Fuzz(func(t *testing.T, topic, seq, body, replaySeq, replayBody []byte) {
+		sink := &recSink{}
+		s := &Subscriber{
+			cfg: SubscriberConfig{
+				Topics: map[string]Route{"": {Worker: "w", ReplayEndpoint: "tcp://e:1", PayloadRank: true}},
+				Sink:   func(string, int) StreamSink { return sink },
+				Replay: func(_ context.Context, _ string, _, _ int64) ([]Message, error) {
+					m, err := ParseReplayAnswer([][]byte{{}, replaySeq, replayBody})
+					return []Message{m}, err
+				},
+			},
+			log: discard(), ctx: context.Background(), streams: map[streamKey]*stream{}, lastRank: map[string]int{},
+		}
+		for _, frames := range [][][]byte{{topic, seq, body}, {topic, SeqBytes(0), body}, {topic, seq, payload}} {
+			if m, err := ParseMessage(frames); err == nil {
+				s.handle(m) // not handleSafely: a panic here is the bug to find
+			}
+		}
+	})
 }

@@ -7,11 +7,12 @@
 //
 // Each batch goes out on a ZMQ PUB socket as a three-frame message: the topic
 // (possibly empty), the batch's sequence number as 8 bytes big-endian
-// (consecutive from 0 per publisher, so a gap shows a loss and a return to
-// 0 a restart), and the msgpack payload. A ROUTER replay socket answers a
-// request whose last frame is an 8-byte big-endian start sequence with one
-// (sequence, payload) message per buffered batch from that sequence on,
-// then (-1, empty).
+// (consecutive per publisher, from 0 in vLLM and from 1 in
+// llm-d-inference-sim, so a gap shows a loss and a step back a restart),
+// and the msgpack payload. A ROUTER replay socket answers a request whose
+// last frame is an 8-byte big-endian start sequence with one message per
+// buffered batch from that sequence on, ending in its (sequence, payload)
+// frames, then the same with sequence -1 and an empty payload.
 //
 // # Payload
 //
@@ -168,6 +169,23 @@ func ParseMessage(frames [][]byte) (Message, error) {
 		return Message{}, err
 	}
 	return Message{Topic: string(frames[0]), Seq: seq, Payload: frames[2]}, nil
+}
+
+// ParseReplayAnswer reads one message of a replay answer as a DEALER
+// receives it. Publishers differ in what precedes the (sequence, payload)
+// pair: vLLM's ROUTER sends an empty delimiter first (a REQ client sees
+// none), llm-d-inference-sim's a delimiter and the topic; so the last two
+// frames are the pair and whatever comes before is not read. The
+// end-of-replay marker is sequence -1 (all ones) with any payload.
+func ParseReplayAnswer(frames [][]byte) (Message, error) {
+	if len(frames) < 2 {
+		return Message{}, fmt.Errorf("replay answer has %d frames, want at least 2 (sequence, payload)", len(frames))
+	}
+	seq, err := ParseSeq(frames[len(frames)-2])
+	if err != nil {
+		return Message{}, fmt.Errorf("replay answer: %w", err)
+	}
+	return Message{Seq: seq, Payload: frames[len(frames)-1]}, nil
 }
 
 // Encode returns the msgpack payload of b.

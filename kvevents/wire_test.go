@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // These payloads are built with msgpack's generic encoder from the layouts
@@ -215,6 +217,7 @@ func FuzzDecode(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add(marshal(f, map[string]any{"ts": 1.0, "events": []any{}}))
+	f.Add(testkit.ZMTPCrashingFrame()) // issue 33's frame, as a payload
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		b, err := Decode(payload)
 		if err != nil {

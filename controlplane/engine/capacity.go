@@ -185,7 +185,9 @@ func (e *Engine) modelTouch(w *worker, hashes []uint64, partial bool) {
 	if partial {
 		hashes = hashes[:e.idx.HeldPrefix(hashes, w.id)]
 	}
+	before := w.model.len()
 	e.evicted = w.model.touch(hashes, e.evicted[:0])
+	w.kvPlaced(w.model.len() - before + len(e.evicted))
 	e.forget(w, e.evicted)
 }
 

@@ -463,6 +463,12 @@ func (e *Engine) leastLoaded() *worker {
 		case best == nil || e.effLoad(w) < e.effLoad(best):
 			best, ties = w, 1
 		case e.effLoad(w) == e.effLoad(best):
+			if c := e.kvRoomCmp(w, best); c != 0 {
+				if c > 0 {
+					best, ties = w, 1
+				}
+				continue
+			}
 			ties++
 			if e.rng.IntN(ties) == 0 {
 				best = w

@@ -1,5 +1,7 @@
 package engine
 
+import "cmp"
+
 // This file holds the corrections the engines' own KV-cache events make to
 // the index (controlplane/kvtruth reads the events). While a worker's events
 // flow complete, its modelled capacity is what its engine reports, not the
@@ -17,6 +19,74 @@ type kvFeed struct {
 	occupied int
 	// The same in the engine's tokens, for display.
 	occupiedTokens, capacityTokens int64
+	// stores follows what the engine stored, to age the model by the
+	// stores CART did not cause.
+	stores storeLedger
+}
+
+// storeLedger tells, of the engine's latest stores, how many CART did not
+// place: requests that reached the engine some other way, recomputation,
+// blocks CART took for held. An LRU engine keeps its latest stores, so
+// these take room that CART's model, which sees only CART's placements,
+// would otherwise count as its own holdings: the model is trimmed to the
+// engine's capacity less them. That is what makes an engine flushed by
+// traffic CART never saw lose its holdings in CART's view too, without
+// CART knowing the engine's block hashes (its own are of characters, the
+// engine's of tokens).
+type storeLedger struct {
+	// buckets are the engine's latest stores, oldest first, covering at
+	// most the engine's capacity in about ledgerBuckets buckets; total and
+	// foreign sum them.
+	buckets        []storeBucket
+	total, foreign int
+	// placed counts the blocks CART placed on the worker since the last
+	// report; owed those the engine has not reported storing yet (it
+	// stores them as it prefills, after CART routed).
+	placed, owed int
+}
+
+// storeBucket is a run of consecutive stores, foreign of them CART's not.
+type storeBucket struct{ blocks, foreign int }
+
+// ledgerBuckets is the ledger's resolution: the window is trimmed a
+// bucket (1/64 of the capacity) at a time, proportionally within one.
+const ledgerBuckets = 64
+
+// record accounts for stored blocks the engine reported since the last
+// report, with capacity the engine's size (0: unknown, nothing kept).
+func (l *storeLedger) record(stored, capacity int) {
+	stored = max(stored, 0)
+	owed := l.owed + l.placed
+	cart := min(stored, owed)
+	// A placement the engine never stored (CART predicted a miss the
+	// engine served from cache) is not owed beyond a cache's worth.
+	l.owed, l.placed = min(owed-cart, max(capacity, 0)), 0
+	if capacity <= 0 {
+		*l = storeLedger{}
+		return
+	}
+	size := max(capacity/ledgerBuckets, 1)
+	if n := len(l.buckets); n == 0 || l.buckets[n-1].blocks >= size {
+		l.buckets = append(l.buckets, storeBucket{})
+	}
+	last := &l.buckets[len(l.buckets)-1]
+	last.blocks += stored
+	last.foreign += stored - cart
+	l.total += stored
+	l.foreign += stored - cart
+	for l.total > capacity && len(l.buckets) > 0 {
+		b := &l.buckets[0]
+		drop := min(b.blocks, l.total-capacity)
+		// Within a bucket the order is not kept: drop proportionally.
+		f := b.foreign * drop / b.blocks
+		b.blocks -= drop
+		b.foreign -= f
+		l.total -= drop
+		l.foreign -= f
+		if b.blocks == 0 {
+			l.buckets = l.buckets[1:]
+		}
+	}
 }
 
 // KVReport is what a worker's KV events say about its prefix cache, in
@@ -33,6 +103,9 @@ type KVReport struct {
 	// Evicted says the engine removed blocks since the last report: the
 	// worker's oldest holdings beyond OccupiedBlocks are to go.
 	Evicted bool
+	// StoredBlocks is how many blocks the engine newly stored since the
+	// last report (CART's placements and whatever else it served).
+	StoredBlocks int
 	// OccupiedTokens and CapacityTokens are the same in the engine's
 	// tokens, kept for display only.
 	OccupiedTokens, CapacityTokens int64
@@ -78,26 +151,81 @@ func (e *Engine) ApplyKVReport(url string, r KVReport, dst []uint64) []uint64 {
 		}
 		return dst
 	}
-	w.kv = kvFeed{on: true, capacity: max(r.CapacityBlocks, 0), occupied: max(r.OccupiedBlocks, 0), occupiedTokens: r.OccupiedTokens, capacityTokens: r.CapacityTokens}
+	stores := w.kv.stores
+	if !w.kv.on {
+		stores = storeLedger{} // the stream was not followed until now
+	}
+	w.kv = kvFeed{on: true, capacity: max(r.CapacityBlocks, 0), occupied: max(r.OccupiedBlocks, 0), occupiedTokens: r.OccupiedTokens, capacityTokens: r.CapacityTokens, stores: stores}
+	w.kv.stores.record(r.StoredBlocks, w.kv.capacity)
 	e.resizeModel(w)
-	if r.Evicted && w.model != nil {
+	if (r.Evicted || w.kv.stores.foreign > 0) && w.model != nil {
 		if w.seed != nil && w.seed.model == w.model {
 			// While seeding, the model lacks the oldest holdings: its
 			// tail is not the oldest, and its length is short of what
 			// the worker holds. The trim waits for the end of the seed
 			// (SeedResult.Trims), sized by the occupancy reported then.
-			w.seed.evicted = true
+			w.seed.evicted = w.seed.evicted || r.Evicted
 			return dst
 		}
-		dst = e.kvTrim(w, dst)
+		target := -1
+		if r.Evicted {
+			target = w.kv.occupied
+		}
+		if f := w.kv.stores.foreign; f > 0 && w.kv.capacity > 0 && (target < 0 || w.kv.capacity-f < target) {
+			target = max(w.kv.capacity-f, 0)
+		}
+		dst = e.kvTrimTo(w, target, dst)
 	}
 	return dst
+}
+
+// kvRoomCmp compares the free room of two event-fed workers' engines
+// (their capacity, as the events show it or else as declared, less the
+// occupancy the events report): 1 when a has more, -1 when b has, 0 when
+// equal or either is not event-fed with a capacity. An LRU engine is full
+// once warm, so this tells an engine that restarted or was cleared (it has
+// room) from the others: the prefixes it lost and new ones fill it again,
+// instead of pushing others' out at random.
+func (e *Engine) kvRoomCmp(a, b *worker) int {
+	ra, oka := e.kvRoom(a)
+	rb, okb := e.kvRoom(b)
+	if !oka || !okb {
+		return 0
+	}
+	return cmp.Compare(ra, rb)
+}
+
+func (e *Engine) kvRoom(w *worker) (int, bool) {
+	if !w.kv.on {
+		return 0, false
+	}
+	c := w.kv.capacity
+	if c <= 0 {
+		c = e.configuredCapacity(w)
+	}
+	return c - w.kv.occupied, c > 0
+}
+
+// kvPlaced counts blocks CART placed on an event-fed worker (new in its
+// model), which the engine's next stores are expected to be.
+func (w *worker) kvPlaced(n int) {
+	if w.kv.on {
+		w.kv.stores.placed += n
+	}
 }
 
 // kvTrim appends to dst w's oldest modelled holdings beyond its engine's
 // reported occupancy.
 func (e *Engine) kvTrim(w *worker, dst []uint64) []uint64 {
-	excess := w.model.len() - w.kv.occupied
+	return e.kvTrimTo(w, w.kv.occupied, dst)
+}
+
+// kvTrimTo appends to dst w's oldest modelled holdings beyond target.
+func (e *Engine) kvTrimTo(w *worker, target int, dst []uint64) []uint64 {
+	if target < 0 {
+		return dst
+	}
+	excess := w.model.len() - target
 	for n := w.model.tail; n >= 0 && excess > 0; n = w.model.node(n).prev {
 		dst = append(dst, w.model.node(n).hash)
 		excess--
@@ -147,5 +275,6 @@ func (e *Engine) ClearHoldings(url string) bool {
 		w.model = newBlockLRU(w.model.capacity)
 	}
 	w.kv.occupied, w.kv.occupiedTokens = 0, 0
+	w.kv.stores = storeLedger{}
 	return true
 }

@@ -145,3 +145,100 @@ func workerOf(t *testing.T, e *Engine, url string) *worker {
 	}
 	return wk
 }
+
+// Stores the engine reports beyond CART's own placements age CART's model:
+// a worker flushed by traffic CART never saw loses its holdings in CART's
+// view, oldest first, although no event names one of them (the engine's
+// hashes are not CART's).
+func TestForeignStoresAgeTheModel(t *testing.T) {
+	pol := testPolicy()
+	pol.CapacityBlocks = 12 // modelled from the start (no seed to wait for)
+	e := newTestEngine(t, pol, urls("a")...)
+	e.ApplyKVReport("a", KVReport{Synced: true, CapacityBlocks: 12, OccupiedBlocks: 0}, nil)
+	p := []string{textOf(4*testBC, 1), textOf(4*testBC, 2), textOf(4*testBC, 3)}
+	for _, s := range p {
+		place(t, e, "a", s)
+	}
+	// The engine stored what CART placed: nothing foreign, no trim.
+	if got := e.ApplyKVReport("a", KVReport{Synced: true, CapacityBlocks: 12, OccupiedBlocks: 12, StoredBlocks: 12}, nil); len(got) != 0 {
+		t.Fatalf("trim after CART's own stores: %v", got)
+	}
+	// Then 6 blocks CART did not place: of the engine's 12, 6 are its
+	// latest foreign ones, so 6 of CART's holdings are gone: the oldest.
+	trim := e.ApplyKVReport("a", KVReport{Synced: true, CapacityBlocks: 12, OccupiedBlocks: 12, StoredBlocks: 6}, nil)
+	e.RemoveHoldings("a", trim)
+	if len(trim) != 6 || holds(t, e, "a", p[0]) != 0 || holds(t, e, "a", p[1]) != 2 || holds(t, e, "a", p[2]) != 4 {
+		t.Fatalf("trim %d; holds %d %d %d", len(trim), holds(t, e, "a", p[0]), holds(t, e, "a", p[1]), holds(t, e, "a", p[2]))
+	}
+	// A cache's worth of foreign stores leaves nothing of CART's.
+	trim = e.ApplyKVReport("a", KVReport{Synced: true, CapacityBlocks: 12, OccupiedBlocks: 12, StoredBlocks: 12}, nil)
+	e.RemoveHoldings("a", trim)
+	if holds(t, e, "a", p[2]) != 0 {
+		t.Fatal("holdings survive a full cache of foreign stores")
+	}
+	// CART's new placements are again its own, and push the foreign
+	// stores out of the window as the engine stores them.
+	place(t, e, "a", p[0])
+	if got := e.ApplyKVReport("a", KVReport{Synced: true, CapacityBlocks: 12, OccupiedBlocks: 12, StoredBlocks: 4}, nil); len(got) != 0 {
+		t.Fatalf("trim of a fresh placement: %v", got)
+	}
+	if w := workerOf(t, e, "a"); w.kv.stores.foreign != 8 || w.kv.stores.total != 12 {
+		t.Fatalf("ledger %+v", w.kv.stores)
+	}
+}
+
+func TestStoreLedger(t *testing.T) {
+	var l storeLedger
+	l.placed = 5
+	l.record(3, 10) // 3 of CART's 5 stored, 2 still owed
+	if l.foreign != 0 || l.owed != 2 || l.total != 3 {
+		t.Fatalf("%+v", l)
+	}
+	l.record(6, 10) // 2 owed, 4 foreign
+	if l.foreign != 4 || l.owed != 0 || l.total != 9 {
+		t.Fatalf("%+v", l)
+	}
+	l.record(7, 10) // 7 foreign; the window keeps the latest 10, of which
+	// the 3 before are CART's 3 and 4 foreign, trimmed in proportion
+	if l.total != 10 || l.foreign < 9 {
+		t.Fatalf("%+v", l)
+	}
+	l.placed = 50
+	l.record(0, 10) // never stored: owed at most a cache's worth
+	if l.owed != 10 {
+		t.Fatalf("%+v", l)
+	}
+	for i := range 2000 { // alternating runs stay bounded
+		l.placed = i % 2
+		l.record(1, 1000)
+	}
+	if len(l.buckets) > 2*ledgerBuckets || l.total != 1000 || l.foreign < 450 || l.foreign > 550 {
+		t.Fatalf("buckets %d, total %d, foreign %d", len(l.buckets), l.total, l.foreign)
+	}
+	l.record(5, 0) // capacity unknown: nothing kept
+	if l.total != 0 || len(l.buckets) != 0 {
+		t.Fatalf("%+v", l)
+	}
+}
+
+// Among equally loaded event-fed workers, a new prefix goes to the engine
+// with the most room: one that restarted or was cleared, rather than one
+// chosen at random whose cache is full.
+func TestNewPrefixesFillTheEngineWithRoom(t *testing.T) {
+	e := newTestEngine(t, testPolicy(), urls("a", "b", "c")...)
+	for _, w := range []string{"a", "b", "c"} {
+		e.ApplyKVReport(w, KVReport{Synced: true, CapacityBlocks: 1000, OccupiedBlocks: 1000}, nil)
+	}
+	e.ClearHoldings("b")
+	e.ApplyKVReport("b", KVReport{Synced: true, CapacityBlocks: 1000, OccupiedBlocks: 0}, nil)
+	for i := range 20 {
+		d, err := e.Route(req(textOf(4*testBC, byte(i))), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Release(d.Worker)
+		if d.Worker != "b" {
+			t.Fatalf("prefix %d went to %s, not to the emptied engine", i, d.Worker)
+		}
+	}
+}

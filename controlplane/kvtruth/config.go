@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/kvevents/zmtpguard"
 )
 
 // SourcesFrom lists the workers whose engines' KV events are consumed. It
@@ -25,9 +26,16 @@ func SourcesFrom(cfg *config.Config) []Source {
 }
 
 // OptionsFrom translates kv_events.* and workers[].kv_events into Options;
-// the caller supplies the applier.
+// the caller supplies the applier. The config is validated: a key that
+// does not parse here was refused at startup.
 func OptionsFrom(cfg *config.Config, app Applier, m *Metrics, log *slog.Logger) Options {
-	return Options{Sources: SourcesFrom(cfg), Listen: cfg.KVEvents.Listen, BlockChars: cfg.Cache.BlockChars,
-		ReplayTimeout: time.Duration(cfg.KVEvents.ReplayTimeoutMs) * time.Millisecond,
-		Applier:       app, Metrics: m, Logger: log}
+	k := cfg.KVEvents
+	allow, _ := k.Publishers()
+	mode, _ := k.SocketMode()
+	return Options{Sources: SourcesFrom(cfg), Listen: k.Listen, BlockChars: cfg.Cache.BlockChars,
+		ReplayTimeout:    time.Duration(k.ReplayTimeoutMs) * time.Millisecond,
+		MaxHashesPerRank: k.MaxHashesPerRank,
+		Guard: zmtpguard.Limits{MaxMessageBytes: k.MaxMessageBytes, MaxConns: k.MaxPublisherConnections,
+			Allow: allow, IPCMode: mode},
+		Applier: app, Metrics: m, Logger: log}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
 	"github.com/cartrouter/cart/kvevents"
+	"github.com/cartrouter/cart/kvevents/zmtpguard"
 )
 
 // Applier is the engine side. Its calls may come from several goroutines.
@@ -59,10 +60,16 @@ type Options struct {
 	// index blocks at CharsPerToken characters a token.
 	BlockChars    int
 	ReplayTimeout time.Duration
-	Applier       Applier
-	Metrics       *Metrics
-	Logger        *slog.Logger
-	Now           func() time.Time
+	// MaxHashesPerRank bounds the block hashes kept per engine rank (0:
+	// DefaultMaxHashesPerRank); beyond it the oldest go.
+	MaxHashesPerRank int
+	// Guard bounds what the event sockets' peers may send and who may
+	// connect to the listen socket (see kvevents/zmtpguard).
+	Guard   zmtpguard.Limits
+	Applier Applier
+	Metrics *Metrics
+	Logger  *slog.Logger
+	Now     func() time.Time
 }
 
 // CharsPerToken is how many key characters the index counts per engine
@@ -115,11 +122,20 @@ func Start(o Options) (_ *Runner, err error) {
 			r.Close()
 		}
 	}()
+	guard := o.Guard
+	guard.Logger = t.log
+	onReject := guard.OnReject
+	guard.OnReject = func(reason string) {
+		t.o.Metrics.refused.WithLabelValues(reason).Inc()
+		if onReject != nil {
+			onReject(reason)
+		}
+	}
 	listenTopics := map[string]kvevents.Route{}
 	for _, src := range o.Sources {
 		if src.Endpoint == "" {
 			// One socket for every engine and rank: the batch says its rank.
-			listenTopics[src.Topic] = kvevents.Route{Worker: src.Worker, ReplayEndpoint: src.ReplayEndpoint, PayloadRank: true}
+			listenTopics[src.Topic] = kvevents.Route{Worker: src.Worker, ReplayEndpoint: src.ReplayEndpoint, PayloadRank: true, MaxRanks: src.DataParallelSize}
 			continue
 		}
 		for rank := range max(src.DataParallelSize, 1) {
@@ -137,7 +153,7 @@ func Start(o Options) (_ *Runner, err error) {
 			}
 			s, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 				Endpoint: ep, Topics: map[string]kvevents.Route{src.Topic: route},
-				Sink: t.sink, ReplayTimeout: o.ReplayTimeout, Logger: t.log,
+				Sink: t.sink, ReplayTimeout: o.ReplayTimeout, Logger: t.log, Guard: guard,
 			})
 			if err != nil {
 				return nil, err
@@ -146,10 +162,9 @@ func Start(o Options) (_ *Runner, err error) {
 		}
 	}
 	if len(listenTopics) > 0 {
-
 		s, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 			Endpoint: o.Listen, Listen: true, Topics: listenTopics,
-			Sink: t.sink, ReplayTimeout: o.ReplayTimeout, Logger: t.log,
+			Sink: t.sink, ReplayTimeout: o.ReplayTimeout, Logger: t.log, Guard: guard,
 		})
 		if err != nil {
 			return nil, err
@@ -173,15 +188,18 @@ type workerView struct {
 	name  string
 	mu    sync.Mutex // streams of one worker may be read by several sockets
 	ranks map[int]*rankView
+	// storedChars counts what the engine newly stored (in index
+	// characters) and no report has passed on yet.
+	storedChars int64
 }
 
 // rankView is one data-parallel rank's cache as its events describe it.
 type rankView struct {
-	blocks    map[uint64]struct{} // engine block hashes held (GPU)
-	blockSize int                 // tokens per engine block
-	peak      int64               // most tokens held since the engine started
-	evicted   bool                // the engine has evicted: it is full at peak
-	known     bool                // blocks is the engine's whole cache
+	blocks    *blockSet // engine block hashes held (GPU)
+	blockSize int       // tokens per engine block
+	peak      int64     // most tokens held since the engine started
+	evicted   bool      // the engine has evicted: it is full at peak
+	known     bool      // blocks is the engine's whole cache
 }
 
 func newTracker(o Options) (*tracker, error) {
@@ -196,6 +214,9 @@ func newTracker(o Options) (*tracker, error) {
 	}
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
+	}
+	if o.MaxHashesPerRank <= 0 {
+		o.MaxHashesPerRank = DefaultMaxHashesPerRank
 	}
 	return &tracker{o: o, log: o.Logger, ws: map[string]*workerView{}}, nil
 }
@@ -218,16 +239,17 @@ func (t *tracker) sink(worker string, rank int) kvevents.StreamSink {
 	defer w.mu.Unlock()
 	r := w.ranks[rank]
 	if r == nil {
-		r = &rankView{blocks: map[uint64]struct{}{}, known: true}
+		r = &rankView{blocks: newBlockSet(t.o.MaxHashesPerRank), known: true}
 		w.ranks[rank] = r
 	}
 	return &stream{t: t, w: w, r: r}
 }
 
 type stream struct {
-	t *tracker
-	w *workerView
-	r *rankView
+	t      *tracker
+	w      *workerView
+	r      *rankView
+	warned bool // the cap's log line was written
 }
 
 // Batch applies a batch: a clear at once (it must not wait for the rest),
@@ -236,6 +258,7 @@ func (s *stream) Batch(b kvevents.Batch, _ bool) {
 	m := s.t.o.Metrics
 	name := s.w.name
 	removed := false
+	dropped := 0
 	// Counted per kind and added once per batch: a label lookup per event
 	// would cost more than applying the event.
 	var kinds [kvevents.AllBlocksCleared + 1]int
@@ -255,18 +278,19 @@ func (s *stream) Batch(b kvevents.Batch, _ bool) {
 				s.r.blockSize = ev.BlockSize
 			}
 			for _, h := range ev.BlockHashes {
-				s.r.blocks[h] = struct{}{}
+				added, d := s.r.blocks.add(h)
+				dropped += d
+				if added {
+					s.w.storedChars += int64(max(s.r.blockSize, 1)) * CharsPerToken
+				}
 			}
 		case kvevents.BlockRemoved:
 			for _, h := range ev.BlockHashes {
-				if _, ok := s.r.blocks[h]; ok {
-					delete(s.r.blocks, h)
-					removed = true
-				}
+				removed = s.r.blocks.remove(h) || removed
 			}
 		case kvevents.AllBlocksCleared:
 			// Empty now, whatever was missed before: known again.
-			clear(s.r.blocks)
+			s.r.blocks.clear()
 			s.r.known = true
 			m.clears.WithLabelValues(name).Inc()
 			s.t.o.Applier.ClearHoldings(name)
@@ -284,6 +308,14 @@ func (s *stream) Batch(b kvevents.Batch, _ bool) {
 			m.events.WithLabelValues(name, kvevents.Kind(k).String()).Add(float64(n))
 		}
 	}
+	if dropped > 0 {
+		m.dropped.WithLabelValues(name).Add(float64(dropped))
+		if !s.warned {
+			s.warned = true
+			s.t.log.Warn("kv events: a rank reported more blocks than kv_events.max_hashes_per_rank; the oldest are dropped from its view (raise the cap if the engine is that large, else someone floods the event port)",
+				"worker", name, "max_hashes_per_rank", s.t.o.MaxHashesPerRank)
+		}
+	}
 	if b.TS > 0 {
 		lag := s.t.o.Now().Sub(time.Unix(0, int64(b.TS*1e9))).Seconds()
 		m.lag.WithLabelValues(name).Set(max(lag, 0))
@@ -296,7 +328,7 @@ func (s *stream) Restarted() {
 	s.w.mu.Lock()
 	// A new engine process: empty, and possibly of another size.
 	*s.r = rankView{blocks: s.r.blocks, blockSize: s.r.blockSize, known: true}
-	clear(s.r.blocks)
+	s.r.blocks.clear()
 	rep := s.w.report(s.t.o.BlockChars)
 	s.w.mu.Unlock()
 	s.t.o.Applier.ClearHoldings(s.w.name)
@@ -331,7 +363,7 @@ func (t *tracker) apply(name string, rep engine.KVReport) {
 
 func onGPU(medium string) bool { return medium == "" || medium == kvevents.MediumGPU }
 
-func (r *rankView) tokens() int64 { return int64(len(r.blocks)) * int64(max(r.blockSize, 1)) }
+func (r *rankView) tokens() int64 { return int64(r.blocks.len()) * int64(max(r.blockSize, 1)) }
 
 // report sums the ranks: synced only when every rank is known; a capacity
 // only once every rank has evicted (a rank that never did may hold more).
@@ -342,6 +374,7 @@ func (w *workerView) report(blockChars int) engine.KVReport {
 	var capacity int64
 	for _, r := range w.ranks {
 		if !r.known {
+			w.storedChars = 0 // stores during the gap are not the ledger's to count
 			return engine.KVReport{}
 		}
 		rep.OccupiedTokens += r.tokens()
@@ -351,6 +384,8 @@ func (w *workerView) report(blockChars int) engine.KVReport {
 	if allEvicted {
 		rep.CapacityTokens = capacity
 	}
+	rep.StoredBlocks = int(w.storedChars / int64(blockChars))
+	w.storedChars -= int64(rep.StoredBlocks) * int64(blockChars)
 	rep.OccupiedBlocks = blocksOf(rep.OccupiedTokens, blockChars)
 	rep.CapacityBlocks = blocksOf(rep.CapacityTokens, blockChars)
 	if rep.CapacityTokens > 0 {
@@ -375,6 +410,8 @@ type Metrics struct {
 	occupied *prometheus.GaugeVec
 	capacity *prometheus.GaugeVec
 	synced   *prometheus.GaugeVec
+	dropped  *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: not
@@ -399,9 +436,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "A worker's prefix-cache size as its events show it (peak occupancy once it has evicted; 0 before)."}, []string{"worker"}),
 		synced: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cart_kv_event_synced",
 			Help: "1 while a worker's KV events are complete and drive its index model, 0 when it fell back to the approximate index."}, []string{"worker"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_kv_event_hashes_dropped_total",
+			Help: "Block hashes dropped, oldest first, because a rank of a worker's engine reported more than kv_events.max_hashes_per_rank (a cap too low for the engine, or a flood on the event port)."}, []string{"worker"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_kv_event_connections_refused_total",
+			Help: "Connections of the KV event sockets closed by CART, by reason: not_allowed (source outside kv_events.allowed_publishers), too_many_connections, handshake (none within the deadline), bad_greeting, bad_frame, oversize (a frame or message beyond kv_events.max_message_bytes)."}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.gaps, m.replayed, m.restarts, m.clears, m.lag, m.occupied, m.capacity, m.synced)
+		reg.MustRegister(m.events, m.gaps, m.replayed, m.restarts, m.clears, m.lag, m.occupied, m.capacity, m.synced, m.dropped, m.refused)
 	}
 	return m
 }

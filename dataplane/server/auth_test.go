@@ -59,7 +59,7 @@ func (k *keyedReplica) requests() []string {
 	return append([]string(nil), k.seen...)
 }
 
-func post(t *testing.T, url, body string, hdr ...string) (int, string) {
+func post(t testing.TB, url, body string, hdr ...string) (int, string) {
 	t.Helper()
 	resp, b, _ := testkit.PostJSON(t, url, body, hdr...)
 	return resp.StatusCode, b

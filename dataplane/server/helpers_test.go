@@ -71,7 +71,7 @@ func workersYAML(entries ...string) string {
 	return sb.String()
 }
 
-func writeFile(t *testing.T, path, content string) {
+func writeFile(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func writeFile(t *testing.T, path, content string) {
 
 // configFiles writes the base config and an override file (the workers
 // and per-test settings) and returns both paths, in layering order.
-func configFiles(t *testing.T, override string) []string {
+func configFiles(t testing.TB, override string) []string {
 	t.Helper()
 	dir := t.TempDir()
 	base, over := filepath.Join(dir, "base.yaml"), filepath.Join(dir, "override.yaml")
@@ -91,7 +91,7 @@ func configFiles(t *testing.T, override string) []string {
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-func newAllInOne(t *testing.T, paths []string) *server.AllInOne {
+func newAllInOne(t testing.TB, paths []string) *server.AllInOne {
 	t.Helper()
 	cfg, err := config.Load(paths...)
 	if err != nil {
@@ -127,7 +127,7 @@ func serveHTTP(t *testing.T, a *server.AllInOne) string {
 
 // runAllInOne runs a (health loop and index maintenance included) on a
 // loopback listener until the test ends.
-func runAllInOne(t *testing.T, a *server.AllInOne) string {
+func runAllInOne(t testing.TB, a *server.AllInOne) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -219,7 +219,7 @@ func chat(t *testing.T, base, body string) (int, string, string) {
 	return resp.StatusCode, resp.Header.Get(proxy.HeaderRoutedPeer), b
 }
 
-func getJSON(t *testing.T, url string, v any) int {
+func getJSON(t testing.TB, url string, v any) int {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -232,7 +232,7 @@ func getJSON(t *testing.T, url string, v any) int {
 	return resp.StatusCode
 }
 
-func workers(t *testing.T, base string) map[string]proxy.WorkerView {
+func workers(t testing.TB, base string) map[string]proxy.WorkerView {
 	t.Helper()
 	var body struct{ Workers []proxy.WorkerView }
 	getJSON(t, base+"/workers", &body)
