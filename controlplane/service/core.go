@@ -38,12 +38,12 @@ type Node interface {
 
 // Options configure a Core.
 type Options struct {
-	NodeID         string
-	APIURL         string // this node's advertised API URL
-	BlockChars     int
+	NodeID     string
+	APIURL     string // this node's advertised API URL
+	BlockChars int
 	// FlowOn: the leader queues requests for a saturated pool (flow.*), so
 	// a dry run that finds it saturated says a live one would wait.
-	FlowOn bool
+	FlowOn         bool
 	PlacementBatch time.Duration
 	PlacementMax   int
 	Health         health.Config
