@@ -44,10 +44,10 @@ func TestAuditLog(t *testing.T) {
 	apply(&cartv1.RaftCommand{Body: &cartv1.RaftCommand_RemoveMember{RemoveMember: &cartv1.RemoveMemberCommand{NodeId: "n1"}}})
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	want := []string{
-		`msg="audit: worker added" audit=true index=1 actor="admin token from 192.0.2.1:5" request_id="" worker=http://a:1 old=(none) new="http://a:1 max_load=4 load_penalty=0 cache_capacity_tokens=0"`,
-		`msg="audit: worker updated" audit=true index=3 actor="admin token from 192.0.2.1:5" request_id="" worker=http://a:1 old="http://a:1 max_load=4 load_penalty=0 cache_capacity_tokens=0" new="http://a:1 max_load=8 load_penalty=0 cache_capacity_tokens=0"`,
-		`msg="audit: worker set replaced" audit=true index=4 actor="admin token from 192.0.2.1:5" request_id="" old="[http://a:1 max_load=8 load_penalty=0 cache_capacity_tokens=0]" new="[http://b:1 max_load=2 load_penalty=0 cache_capacity_tokens=0]"`,
-		`msg="audit: worker removed" audit=true index=5 actor="admin token from 192.0.2.1:5" request_id="" worker=http://b:1 old="http://b:1 max_load=2 load_penalty=0 cache_capacity_tokens=0" new=(none)`,
+		`msg="audit: worker added" audit=true index=1 actor="admin token from 192.0.2.1:5" request_id="" worker=http://a:1 old=(none) new="http://a:1 max_load=4 max_concurrency=0 load_penalty=0 cache_capacity_tokens=0"`,
+		`msg="audit: worker updated" audit=true index=3 actor="admin token from 192.0.2.1:5" request_id="" worker=http://a:1 old="http://a:1 max_load=4 max_concurrency=0 load_penalty=0 cache_capacity_tokens=0" new="http://a:1 max_load=8 max_concurrency=0 load_penalty=0 cache_capacity_tokens=0"`,
+		`msg="audit: worker set replaced" audit=true index=4 actor="admin token from 192.0.2.1:5" request_id="" old="[http://a:1 max_load=8 max_concurrency=0 load_penalty=0 cache_capacity_tokens=0]" new="[http://b:1 max_load=2 max_concurrency=0 load_penalty=0 cache_capacity_tokens=0]"`,
+		`msg="audit: worker removed" audit=true index=5 actor="admin token from 192.0.2.1:5" request_id="" worker=http://b:1 old="http://b:1 max_load=2 max_concurrency=0 load_penalty=0 cache_capacity_tokens=0" new=(none)`,
 		`msg="audit: member API URL set" audit=true index=6 actor="admin token from 192.0.2.1:5" request_id="" member=n1 old=(none) new=http://n1:1`,
 		`msg="audit: member removed from the node directory" audit=true index=8 actor="admin token from 192.0.2.1:5" request_id="" member=n1 old=http://n1:1 new=(none)`,
 	}
