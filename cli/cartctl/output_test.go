@@ -75,7 +75,9 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   -            
       "source": "",
       "draining": false,
       "models": [],
-      "kv_cache": null
+      "kv_cache": null,
+      "max_concurrency": 0,
+      "concurrency_limit": 0
     },
     {
       "url": "http://10.0.0.6:8000",
@@ -91,7 +93,9 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   -            
       "source": "dns",
       "draining": true,
       "models": [],
-      "kv_cache": null
+      "kv_cache": null,
+      "max_concurrency": 0,
+      "concurrency_limit": 0
     }
   ],
   "workers_version": "12"
@@ -171,6 +175,9 @@ was chosen. The least-loaded worker was http://w2.
   "pinned": false,
   "leader_url": "",
   "avoid_ignored": false,
+  "queued": false,
+  "waited_micros": "0",
+  "queue_depth": 0,
   "explanation": "because"
 }
 `},

@@ -39,7 +39,11 @@ type WorkerView struct {
 	URL          string `json:"url"`
 	Load         int    `json:"load"`
 	MaxLoad      int    `json:"max_load"`
-	LoadPenalty  int    `json:"load_penalty"`
+	// ConcurrencyLimit is the worker's concurrency in force (declared
+	// max_concurrency, or learned from its engine's metrics; 0 unknown):
+	// with max_load, what makes it saturated for flow control.
+	ConcurrencyLimit int `json:"concurrency_limit"`
+	LoadPenalty      int `json:"load_penalty"`
 	Healthy      bool   `json:"healthy"`
 	BreakerState string `json:"breaker_state"`
 	// How right the prefix index has been about this worker's cache:
@@ -78,7 +82,7 @@ func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
 	ws := p.o.Router.Workers()
 	out := make([]WorkerView, len(ws))
 	for i, wk := range ws {
-		out[i] = WorkerView{URL: wk.URL, Load: wk.Load, MaxLoad: wk.MaxLoad, LoadPenalty: wk.LoadPenalty,
+		out[i] = WorkerView{URL: wk.URL, Load: wk.Load, MaxLoad: wk.MaxLoad, ConcurrencyLimit: wk.Concurrency, LoadPenalty: wk.LoadPenalty,
 			Healthy: wk.Healthy, BreakerState: p.o.Breakers.StateAt(wk.URL, p.o.Now()).String(),
 			PredictedCachedTokens: wk.PredictedCachedTokens, ActualCachedTokens: wk.ActualCachedTokens,
 			CacheMisses: wk.CacheMisses, ModelCapacityBlocks: wk.ModelCapacityBlocks, Source: wk.Source, Draining: wk.Draining,
@@ -94,7 +98,14 @@ func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
 			out[i].PredictionAccuracy = &acc
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"workers": out})
+	view := map[string]any{"workers": out}
+	if q, ok := p.o.Router.(router.QueueReporter); ok {
+		// The all-in-one router's own queue (a data plane's is the
+		// leader's: cartctl queue).
+		qs, pool := q.Queue(), q.PoolSaturation()
+		view["queue"] = map[string]any{"waiting": len(qs.Items), "bytes": qs.Bytes, "slots": pool.Slots, "demand": pool.Demand}
+	}
+	writeJSON(w, http.StatusOK, view)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -97,9 +97,10 @@ func (l *Local) Done(d Decision, o Outcome) {
 func (l *Local) Workers() []WorkerStatus {
 	ws := l.dec.Workers()
 	kv := l.dec.KVStates()
+	conc := l.dec.Concurrencies()
 	out := make([]WorkerStatus, len(ws))
 	for i, w := range ws {
-		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load, Source: w.Source, Draining: w.Draining,
+		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, Concurrency: conc[w.URL], LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load, Source: w.Source, Draining: w.Draining,
 			PredictedCachedTokens: w.Accuracy.PredictedTokens, ActualCachedTokens: w.Accuracy.ActualTokens,
 			CacheMisses: w.Accuracy.Misses, ModelCapacityBlocks: w.Accuracy.ModelCapacity}
 		if k := kv[w.URL]; k.On {

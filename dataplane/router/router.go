@@ -138,6 +138,13 @@ type Router interface {
 	Workers() []WorkerStatus
 }
 
+// QueueReporter is implemented by routers that hold the flow-control queue
+// in process (the all-in-one router), for /workers.
+type QueueReporter interface {
+	Queue() decider.QueueStatus
+	PoolSaturation() decider.PoolLoad
+}
+
 // ErrResponseGone: the worker that produced Request.ResponseID has left
 // the pool, and the stored response with it.
 var ErrResponseGone = errors.New("the replica that produced this response is no longer in the pool")
