@@ -36,16 +36,16 @@ func (p *Proxy) handleHealth(w http.ResponseWriter, _ *http.Request) {
 
 // WorkerView is one row of GET /workers.
 type WorkerView struct {
-	URL          string `json:"url"`
-	Load         int    `json:"load"`
-	MaxLoad      int    `json:"max_load"`
+	URL     string `json:"url"`
+	Load    int    `json:"load"`
+	MaxLoad int    `json:"max_load"`
 	// ConcurrencyLimit is the worker's concurrency in force (declared
 	// max_concurrency, or learned from its engine's metrics; 0 unknown):
 	// with max_load, what makes it saturated for flow control.
-	ConcurrencyLimit int `json:"concurrency_limit"`
-	LoadPenalty      int `json:"load_penalty"`
-	Healthy      bool   `json:"healthy"`
-	BreakerState string `json:"breaker_state"`
+	ConcurrencyLimit int    `json:"concurrency_limit"`
+	LoadPenalty      int    `json:"load_penalty"`
+	Healthy          bool   `json:"healthy"`
+	BreakerState     string `json:"breaker_state"`
 	// How right the prefix index has been about this worker's cache:
 	// cached prompt tokens it predicted vs what the worker reported.
 	PredictedCachedTokens uint64   `json:"predicted_cached_tokens"`
