@@ -433,6 +433,15 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 			return router.Decision{}, false, ctx.Err() // the client left; nothing to route
 		}
 		if connect.CodeOf(err) == connect.CodeResourceExhausted {
+			if !queue && r.flowOn() && r.streams != nil && !req.DryRun && isSaturated(err) {
+				// A unary call while the stream is down (reconnecting
+				// after a leader change) could not wait in the queue:
+				// wait for the stream, then ask again, rather than turn a
+				// request that should wait into a 503.
+				if r.waitStream(ctx, r.queueDeadline(req)) {
+					return router.Decision{}, true, err
+				}
+			}
 			// The control plane answered: no worker can take this.
 			return router.Decision{}, false, &unavailable{err}
 		}
