@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -203,7 +204,10 @@ func TestLeaderChangeWithQueuedRequests(t *testing.T) {
 	}
 	testkit.WaitFor(t, 5*time.Second, "three queued at the leader", func() bool { return len(cp.dec.Queue().Items) == 3 })
 
-	cp.core.OnLeadership(false) // the leader steps down: its queue and streams end
+	// The leader steps down: its queue and streams end, and it answers
+	// nothing (no leader) until it leads again.
+	cp.node.setLeader(false, "")
+	cp.core.OnLeadership(false)
 	time.Sleep(200 * time.Millisecond)
 	for _, ch := range waiting {
 		select {
@@ -212,8 +216,13 @@ func TestLeaderChangeWithQueuedRequests(t *testing.T) {
 		default:
 		}
 	}
-	cp.core.OnLeadership(true) // the next leader (this node again, fresh state)
-	testkit.WaitFor(t, 10*time.Second, "the requests queued at the new leader", func() bool { return len(cp.dec.Queue().Items) == 3 })
+	// The next leader (this node again, fresh soft state) serves once its
+	// term started, as a real one does after its barrier.
+	cp.core.OnLeadership(true)
+	cp.node.setLeader(true, "n1")
+	testkit.WaitForMsg(t, 10*time.Second, "the requests queued at the new leader", func() (bool, string) {
+		return len(cp.dec.Queue().Items) == 3, fmt.Sprintf("leader queue %d, load %v, unsettled %d", len(cp.dec.Queue().Items), cp.loads(t), cp.unsettled())
+	})
 	dp.Done(first.d, router.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
 	// The highest priority first, each released before the next goes.
 	for want := 2; want >= 0; want-- {
