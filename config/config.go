@@ -410,14 +410,16 @@ type Log struct {
 	Format string `yaml:"format"`
 }
 
-// Auth configures the credentials of the three roles that talk to CART.
-// They never stand in for one another:
+// Auth configures the credentials of the roles that talk to CART. They
+// never stand in for one another:
 //
 //   - client keys (ClientKeys): what API clients present to the proxy
 //     (all-in-one router and data planes);
 //   - the cluster token (Token): what data planes and control-plane peers
 //     present to the control-plane API (RouterService);
-//   - the admin token (AdminToken): AdminService and the proxy's /workers.
+//   - the admin token (AdminToken): AdminService and the proxy's /workers;
+//   - the Raft token (RaftToken): what control-plane nodes prove to each
+//     other on the Raft port. Data planes never hold it.
 //
 // Secrets may be given inline or read from files (preferred: keeps them out
 // of config repos and process listings); use Config.Tokens and
@@ -427,6 +429,20 @@ type Auth struct {
 	TokenFile      string `yaml:"token_file"`
 	AdminToken     string `yaml:"admin_token"`
 	AdminTokenFile string `yaml:"admin_token_file"`
+	// RaftToken keys the peer handshake on the Raft port (control plane
+	// only): every node of a cluster holds the same one.
+	RaftToken     string `yaml:"raft_token"`
+	RaftTokenFile string `yaml:"raft_token_file"`
+	// RaftAcceptClusterToken is the rolling-upgrade setting from releases
+	// whose Raft handshake was keyed by the cluster token: the node also
+	// accepts that handshake, and uses it towards peers that refuse the
+	// Raft token's. Remove it once every node has the Raft token: while it
+	// is on, the cluster token (every data plane's) still opens the port.
+	RaftAcceptClusterToken bool `yaml:"raft_accept_cluster_token"`
+	// RefuseInsecureSecretFiles makes a secret file readable by its group
+	// or by others (token, key and TLS private key files) a config error,
+	// instead of a warning at start.
+	RefuseInsecureSecretFiles bool `yaml:"refuse_insecure_secret_files"`
 	// ClientKeys are the named API keys clients send as
 	// "Authorization: Bearer <key>" or "x-api-key: <key>". The name is the
 	// tenant label in logs and metrics.
@@ -716,6 +732,12 @@ func (c *Config) Tokens() (cluster, admin string, err error) {
 		return "", "", err
 	}
 	return cluster, admin, nil
+}
+
+// RaftToken returns the effective Raft token, reading the file when
+// configured; "" means none.
+func (c *Config) RaftToken() (string, error) {
+	return resolveToken(c.Auth.RaftToken, c.Auth.RaftTokenFile, "auth.raft_token_file")
 }
 
 // ClientKeys returns the configured client keys with key files read.
