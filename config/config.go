@@ -250,6 +250,11 @@ type Proxy struct {
 	// WorkerAPIKeyFile is the pool-wide worker key, for workers without
 	// their own api_key_file (including workers added through cartctl).
 	WorkerAPIKeyFile string `yaml:"worker_api_key_file"`
+	// WorkerAPIKeySources are the worker sources (static, admin, dns,
+	// kubernetes) whose workers get the pool-wide key: a discovered
+	// endpoint is not the operator's word, so discovery sources are
+	// opt-in.
+	WorkerAPIKeySources []string `yaml:"worker_api_key_sources"`
 
 	// MaxInflightBodyBytes bounds the request body bytes held by all
 	// requests at once, so concurrent large or stalled uploads cannot
@@ -309,9 +314,14 @@ func (t Tracing) Enabled() bool { return t.OTLPEndpoint != "" }
 type Discovery struct {
 	// DrainTimeoutSecs bounds how long a worker that left its source keeps
 	// its in-flight requests before it is removed anyway.
-	DrainTimeoutSecs float64             `yaml:"drain_timeout_secs"`
-	DNS              DiscoveryDNS        `yaml:"dns"`
-	Kubernetes       DiscoveryKubernetes `yaml:"kubernetes"`
+	DrainTimeoutSecs float64 `yaml:"drain_timeout_secs"`
+	// AllowedNetworks are the networks (CIDR, or single addresses) a
+	// discovered endpoint must lie in. Empty: any address but loopback and
+	// link-local. Unspecified and multicast addresses and this process's
+	// own listeners are refused whatever it says.
+	AllowedNetworks []string            `yaml:"allowed_networks"`
+	DNS             DiscoveryDNS        `yaml:"dns"`
+	Kubernetes      DiscoveryKubernetes `yaml:"kubernetes"`
 }
 
 // DiscoveryKubernetes discovers workers from the ready endpoints of a
@@ -629,6 +639,7 @@ func Default() *Config {
 			RetryBudgetRatio:      0.2,
 			RetryBudgetMin:        3,
 			ModelsCacheSecs:       600,
+			WorkerAPIKeySources:   []string{SourceStatic, SourceAdmin},
 
 			MaxInflightBodyBytes: 256 << 20,
 			BodyReadTimeoutSecs:  30,
@@ -756,28 +767,60 @@ func (c *Config) ClientKeys() ([]NamedKey, error) {
 	return out, nil
 }
 
-// WorkerKeys returns the key each configured worker expects, by worker URL,
-// and the pool default (for workers not in the config, e.g. added through
-// the control plane). Workers without a key of their own get the default.
-func (c *Config) WorkerKeys() (perWorker map[string]string, poolDefault string, err error) {
-	poolDefault, err = resolveToken("", c.Proxy.WorkerAPIKeyFile, "proxy.worker_api_key_file")
-	if err != nil {
-		return nil, "", err
+// Worker sources: where a worker in the pool came from.
+const (
+	SourceStatic     = "static"     // the config's workers list
+	SourceAdmin      = "admin"      // cartctl (AdminService)
+	SourceDNS        = "dns"        // discovery.dns
+	SourceKubernetes = "kubernetes" // discovery.kubernetes
+)
+
+// WorkerSources are every worker source, in documentation order.
+var WorkerSources = []string{SourceStatic, SourceAdmin, SourceDNS, SourceKubernetes}
+
+// WorkerKeySet is the key each worker gets as its bearer token (vLLM
+// --api-key): its own (workers[].api_key_file, by URL), else the pool's
+// (proxy.worker_api_key_file) when its source is one the operator trusts
+// with it (proxy.worker_api_key_sources).
+type WorkerKeySet struct {
+	PerWorker      map[string]string
+	Default        string
+	DefaultSources []string
+}
+
+// Get returns the key for worker, which came from source ("" reads as
+// static, as the replicated state does), or "" for none.
+func (k WorkerKeySet) Get(worker, source string) string {
+	if s, ok := k.PerWorker[worker]; ok {
+		return s
 	}
-	perWorker = make(map[string]string, len(c.Workers))
+	if source == "" {
+		source = SourceStatic
+	}
+	if k.Default != "" && slices.Contains(k.DefaultSources, source) {
+		return k.Default
+	}
+	return ""
+}
+
+// WorkerKeys resolves the keys each configured worker expects and the pool
+// default, with the sources the default may go to.
+func (c *Config) WorkerKeys() (WorkerKeySet, error) {
+	poolDefault, err := resolveToken("", c.Proxy.WorkerAPIKeyFile, "proxy.worker_api_key_file")
+	if err != nil {
+		return WorkerKeySet{}, err
+	}
+	perWorker := make(map[string]string, len(c.Workers))
 	for i, w := range c.Workers {
 		k, err := resolveToken("", w.APIKeyFile, fmt.Sprintf("workers[%d].api_key_file", i))
 		if err != nil {
-			return nil, "", err
-		}
-		if k == "" {
-			k = poolDefault
+			return WorkerKeySet{}, err
 		}
 		if k != "" {
 			perWorker[w.URL] = k
 		}
 	}
-	return perWorker, poolDefault, nil
+	return WorkerKeySet{PerWorker: perWorker, Default: poolDefault, DefaultSources: slices.Clone(c.Proxy.WorkerAPIKeySources)}, nil
 }
 
 func resolveToken(inline, file, key string) (string, error) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -321,6 +322,15 @@ func (v *validator) proxy() {
 	v.floatAtLeast("proxy.models_cache_secs", p.ModelsCacheSecs, 0)
 	if p.WorkerAPIKeyFile != "" {
 		v.secret("proxy.worker_api_key_file", "", p.WorkerAPIKeyFile)
+	}
+	for i, src := range p.WorkerAPIKeySources {
+		key := fmt.Sprintf("proxy.worker_api_key_sources[%d]", i)
+		switch {
+		case !slices.Contains(WorkerSources, src):
+			v.add(key, "must be one of %s, got %q", strings.Join(WorkerSources, ", "), src)
+		case slices.Index(p.WorkerAPIKeySources, src) < i:
+			v.add(key, "duplicate source %q", src)
+		}
 	}
 	seen := map[string]bool{}
 	for i, e := range p.PassThroughPaths {
@@ -676,6 +686,14 @@ func (v *validator) dataPlane(role Role) {
 func (v *validator) discovery(role Role) {
 	d := v.c.Discovery
 	v.positive("discovery.drain_timeout_secs", d.DrainTimeoutSecs)
+	if len(d.AllowedNetworks) > 0 && role == RoleDataPlane {
+		v.add("discovery.allowed_networks", "a data plane does not discover workers: set discovery on the control plane (its leader runs it)")
+	}
+	for i, n := range d.AllowedNetworks {
+		if _, err := ParseNetworks([]string{n}); err != nil {
+			v.add(fmt.Sprintf("discovery.allowed_networks[%d]", i), "%v", err)
+		}
+	}
 	v.discoveryKubernetes(role)
 	n := d.DNS
 	if !n.Enabled() {

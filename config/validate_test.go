@@ -282,6 +282,11 @@ func TestValidateRules(t *testing.T) {
 		{"worker api key file missing", RoleAllInOne, func(c *Config) { c.Workers[0].APIKeyFile = "/nonexistent/worker-key" }, "workers[0].api_key_file", "no such file"},
 		{"worker model id empty", RoleAllInOne, func(c *Config) { c.Workers[0].Models = []string{"m", " "} }, "workers[0].models[1]", "empty model id"},
 		{"worker model id duplicate", RoleAllInOne, func(c *Config) { c.Workers[0].Models = []string{"m", "m"} }, "workers[0].models[1]", "duplicate model"},
+		{"worker key source unknown", RoleDataPlane, func(c *Config) { c.Proxy.WorkerAPIKeySources = []string{"static", "consul"} }, "proxy.worker_api_key_sources[1]", "must be one of static, admin, dns, kubernetes"},
+		{"worker key source twice", RoleAllInOne, func(c *Config) { c.Proxy.WorkerAPIKeySources = []string{"dns", "dns"} }, "proxy.worker_api_key_sources[1]", "duplicate source"},
+		{"allowed network invalid", RoleControlPlane, func(c *Config) { c.Discovery.AllowedNetworks = []string{"10.0.0.0/8", "10.0.0.0/33"} }, "discovery.allowed_networks[1]", "not a network"},
+		{"allowed network a name", RoleAllInOne, func(c *Config) { c.Discovery.AllowedNetworks = []string{"workers.internal"} }, "discovery.allowed_networks[0]", "not a network"},
+		{"allowed networks on a data plane", RoleDataPlane, func(c *Config) { c.Discovery.AllowedNetworks = []string{"10.0.0.0/8"} }, "discovery.allowed_networks", "a data plane does not discover"},
 		{"pool worker api key file missing", RoleDataPlane, func(c *Config) { c.Proxy.WorkerAPIKeyFile = "/nonexistent/worker-key" }, "proxy.worker_api_key_file", "no such file"},
 		{"metrics addr invalid", RoleAllInOne, func(c *Config) { c.Server.MetricsAddr = "9090" }, "server.metrics_addr", "must be host:port"},
 		{"metrics addr same as client listener", RoleAllInOne, func(c *Config) { c.Server.MetricsAddr = "0.0.0.0:6700" }, "server.metrics_addr", "must differ from the client listener"},
@@ -502,9 +507,29 @@ func TestSecretFilesAreRead(t *testing.T) {
 	if err != nil || len(keys) != 2 || keys[0] != (NamedKey{"team-a", "k3y"}) || keys[1] != (NamedKey{"team-b", "inline"}) {
 		t.Fatalf("ClientKeys() = %v, %v", keys, err)
 	}
-	per, def, err := c.WorkerKeys()
-	if err != nil || def != "pool-key" || per["http://127.0.0.1:8001"] != "k3y" || per["http://127.0.0.1:8002"] != "pool-key" {
-		t.Fatalf("WorkerKeys() = %v, %q, %v", per, def, err)
+	wk, err := c.WorkerKeys()
+	if err != nil || wk.Default != "pool-key" || len(wk.PerWorker) != 1 {
+		t.Fatalf("WorkerKeys() = %+v, %v", wk, err)
+	}
+	// A worker's own key goes to it whatever its source; the pool key only
+	// to workers of the sources trusted with it: static and admin by
+	// default, discovered ones when listed.
+	for _, tc := range []struct{ worker, source, want string }{
+		{"http://127.0.0.1:8001", "dns", "k3y"},
+		{"http://127.0.0.1:8002", "static", "pool-key"},
+		{"http://127.0.0.1:8002", "", "pool-key"},
+		{"http://10.0.0.9:8000", "admin", "pool-key"},
+		{"http://10.0.0.9:8000", "dns", ""},
+		{"http://10.0.0.9:8000", "kubernetes", ""},
+		{"http://10.0.0.9:8000", "unknown", ""},
+	} {
+		if got := wk.Get(tc.worker, tc.source); got != tc.want {
+			t.Errorf("Get(%s, %q) = %q, want %q", tc.worker, tc.source, got, tc.want)
+		}
+	}
+	c.Proxy.WorkerAPIKeySources = []string{"static", "dns"}
+	if wk, err = c.WorkerKeys(); err != nil || wk.Get("http://10.0.0.9:8000", "dns") != "pool-key" || wk.Get("http://10.0.0.9:8000", "admin") != "" {
+		t.Errorf("with sources static and dns: %+v, %v", wk, err)
 	}
 }
 

@@ -171,6 +171,7 @@ was chosen. The least-loaded worker was http://w2.
   "pinned": false,
   "leader_url": "",
   "avoid_ignored": false,
+  "worker_source": "",
   "explanation": "because"
 }
 `},

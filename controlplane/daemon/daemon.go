@@ -105,17 +105,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 	}
 	// The leader probes workers; keyed workers (vLLM --api-key) need their
 	// key on probes or they are all marked down.
-	perWorker, poolKey, err := cfg.WorkerKeys()
+	workerKeys, err := cfg.WorkerKeys()
 	if err != nil {
 		return nil, err
 	}
 	healthCfg := health.ConfigFrom(cfg.Health)
-	healthCfg.WorkerKey = func(w string) string {
-		if k, ok := perWorker[w]; ok {
-			return k
-		}
-		return poolKey // workers added through cartctl or discovery
-	}
 	cp := cfg.ControlPlane
 	client, err := cpclient.New(cfg.DataPlane.ClientTLS)
 	if err != nil {
@@ -126,6 +120,16 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 		d.seeded = make(chan struct{})
 	}
 	d.Dec = decider.New(deciderOptions(cfg))
+	// The pool key goes only to workers of the sources trusted with it
+	// (proxy.worker_api_key_sources): a discovered endpoint is not the
+	// operator's word.
+	healthCfg.WorkerKey = func(w string) string {
+		src, ok := d.Dec.WorkerSource(w)
+		if !ok {
+			return ""
+		}
+		return workerKeys.Get(w, src)
+	}
 	d.St = state.New(d.Dec)
 	var leaderLoops []func(context.Context)
 	if cfg.Discovery.DNS.Enabled() || cfg.Discovery.Kubernetes.Enabled {
@@ -178,7 +182,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 		kvLoop = d.kvLeaderLoop(kvtruth.NewMetrics(d.Core.Registry()))
 	}
 	if d.watchers, err = discovery.Watchers(cfg, log, discovery.NewMetrics(d.Core.Registry()),
-		func(source string) discovery.Sink { return cpSink{d, source} }); err != nil {
+		func(source string) discovery.Sink { return cpSink{d, source} }, cfg.Listeners(config.RoleControlPlane)...); err != nil {
 		return nil, err
 	}
 	srvTLS, cliTLS, err := raftTLS(cp.RaftTLS)

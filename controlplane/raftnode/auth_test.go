@@ -65,7 +65,7 @@ func mustAuth(t *testing.T, token, id string) *peerAuth {
 
 // mustAuthWith is a node holding a Raft token and a legacy (cluster) token;
 // either may be empty.
-func mustAuthWith(t *testing.T, id, raftToken, legacy string) *peerAuth {
+func mustAuthWith(t testing.TB, id, raftToken, legacy string) *peerAuth {
 	t.Helper()
 	a, err := newPeerAuth(id, raftToken, legacy)
 	if err != nil {

@@ -124,6 +124,7 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 		LeaderUrl:      c.o.APIURL, // this node's own, as published by ensureMember
 		Pinned:         d.Pinned,
 		AvoidIgnored:   d.AvoidIgnored,
+		WorkerSource:   d.WorkerSource,
 	}, nil
 }
 

@@ -63,7 +63,15 @@ type Decision struct {
 	// AvoidIgnored: every usable worker was in Request.Avoid, so the
 	// router ignored it and this decision is a trial.
 	AvoidIgnored bool
+	// Source is where Worker came from (static, admin, dns, kubernetes;
+	// "unknown" when the router cannot tell): the proxy sends the pool's
+	// worker key only to workers of the sources trusted with it.
+	Source string
 }
+
+// SourceUnknown marks a decision for a worker whose source the router does
+// not know: no source-dependent trust applies to it.
+const SourceUnknown = "unknown"
 
 // Ticket is a decision's claim to settle (decider.Ticket): a router fills
 // ID and Worker for decisions made elsewhere (a remote control plane, a

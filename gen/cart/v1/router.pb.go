@@ -813,7 +813,13 @@ type RouteResponse struct {
 	// paying the forwarding hop until its next Sync.
 	LeaderUrl string `protobuf:"bytes,12,opt,name=leader_url,json=leaderUrl,proto3" json:"leader_url,omitempty"`
 	// Every usable worker was in avoid_workers, so the list was ignored.
-	AvoidIgnored  bool `protobuf:"varint,13,opt,name=avoid_ignored,json=avoidIgnored,proto3" json:"avoid_ignored,omitempty"`
+	AvoidIgnored bool `protobuf:"varint,13,opt,name=avoid_ignored,json=avoidIgnored,proto3" json:"avoid_ignored,omitempty"`
+	// Where the worker came from ("static", "admin", "dns", "kubernetes"):
+	// the data plane sends the pool's worker key only to workers of the
+	// sources its proxy.worker_api_key_sources lists. Empty from leaders
+	// that predate it: the data plane then looks the worker up in its last
+	// synced set.
+	WorkerSource  string `protobuf:"bytes,14,opt,name=worker_source,json=workerSource,proto3" json:"worker_source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -937,6 +943,13 @@ func (x *RouteResponse) GetAvoidIgnored() bool {
 		return x.AvoidIgnored
 	}
 	return false
+}
+
+func (x *RouteResponse) GetWorkerSource() string {
+	if x != nil {
+		return x.WorkerSource
+	}
+	return ""
 }
 
 type Completion struct {
@@ -1858,7 +1871,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\broute_id\x18\v \x01(\x04R\arouteId\x12(\n" +
 	"\x10response_id_hash\x18\f \x01(\x06R\x0eresponseIdHash\x12#\n" +
 	"\ravoid_workers\x18\r \x03(\tR\favoidWorkers\x125\n" +
-	"\vcompletions\x18\x0e \x03(\v2\x13.cart.v1.CompletionR\vcompletions\"\xa5\x03\n" +
+	"\vcompletions\x18\x0e \x03(\v2\x13.cart.v1.CompletionR\vcompletions\"\xca\x03\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -1875,7 +1888,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06pinned\x18\v \x01(\bR\x06pinned\x12\x1d\n" +
 	"\n" +
 	"leader_url\x18\f \x01(\tR\tleaderUrl\x12#\n" +
-	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\"\xf8\x01\n" +
+	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\x12#\n" +
+	"\rworker_source\x18\x0e \x01(\tR\fworkerSource\"\xf8\x01\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +
