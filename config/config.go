@@ -529,8 +529,8 @@ type ControlPlane struct {
 	// body, so stalled uploads cannot pin memory.
 	APIBodyReadTimeoutSecs float64 `yaml:"api_body_read_timeout_secs"`
 	// AllowUnauthenticatedRaft is the explicit opt-in to run a Raft port
-	// reachable beyond loopback with neither a cluster token (peer
-	// handshake) nor mutual TLS: anyone who reaches it could join.
+	// reachable beyond loopback with neither a Raft token (peer handshake)
+	// nor mutual TLS: anyone who reaches it could join.
 	AllowUnauthenticatedRaft bool `yaml:"allow_unauthenticated_raft"`
 	// RaftHandshakeTimeoutMs bounds the TLS and peer handshakes of one
 	// Raft connection; a silent connection is closed after it.
