@@ -109,7 +109,7 @@ func TestWatcherRefusesEndpoints(t *testing.T) {
 	m := NewMetrics(prometheus.NewRegistry())
 	w := NewWatcher(WatchOptions{Source: "dns", Resolver: res, Sink: sink, Metrics: m, SettleEvery: time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logBuf, nil)), Policy: &AddressPolicy{},
-		Rules:  Options{AddAfter: 1, RemoveAfter: 1, DrainTimeout: time.Hour, MinInterval: time.Millisecond, MaxInterval: time.Millisecond}})
+		Rules: Options{AddAfter: 1, RemoveAfter: 1, DrainTimeout: time.Hour, MinInterval: time.Millisecond, MaxInterval: time.Millisecond}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(ctx) }()
