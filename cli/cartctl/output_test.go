@@ -175,9 +175,10 @@ was chosen. The least-loaded worker was http://w2.
   "pinned": false,
   "leader_url": "",
   "avoid_ignored": false,
-  "queued": false,
+  "worker_source": "",
   "waited_micros": "0",
   "queue_depth": 0,
+  "queued": false,
   "explanation": "because"
 }
 `},

@@ -146,6 +146,7 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 		Pinned:         d.Pinned,
 		AvoidIgnored:   d.AvoidIgnored,
 		WaitedMicros:   d.Waited.Microseconds(),
+		WorkerSource:   d.WorkerSource,
 	}, nil
 }
 

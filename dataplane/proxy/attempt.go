@@ -163,10 +163,10 @@ func (a *attempt) send(ctx context.Context) (*http.Response, error) {
 		req.URL.RawPath = singleJoin(w.url.EscapedPath(), out.URL.EscapedPath())
 	}
 	req.Host = ""
-	if p.workerKeys.get(d.Worker) != "" {
+	if p.workerKeys.get(d.Worker, d.Source) != "" {
 		// Keys differ per worker, so this attempt needs its own headers.
 		req.Header = out.Header.Clone()
-		p.setWorkerAuth(req.Header, d.Worker)
+		p.setWorkerAuth(req.Header, d.Worker, d.Source)
 	}
 	req.ContentLength = int64(len(c.body))
 	req.Body = http.NoBody

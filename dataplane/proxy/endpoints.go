@@ -207,7 +207,7 @@ func (p *Proxy) fetchModels(ctx context.Context) ([]byte, string, error) {
 			}
 			return nil, "", apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_worker_available", "%v", err)
 		}
-		body, ctype, err := p.getModels(ctx, d.Worker, timeout)
+		body, ctype, err := p.getModels(ctx, d.Worker, d.Source, timeout)
 		p.o.Router.Done(d, router.Outcome{Delivered: err == nil, PromptTokens: -1, CachedTokens: -1})
 		if err == nil {
 			return body, ctype, nil
@@ -218,14 +218,14 @@ func (p *Proxy) fetchModels(ctx context.Context) ([]byte, string, error) {
 	return nil, "", lastErr
 }
 
-func (p *Proxy) getModels(ctx context.Context, worker string, timeout time.Duration) ([]byte, string, error) {
+func (p *Proxy) getModels(ctx context.Context, worker, source string, timeout time.Duration) ([]byte, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, worker+models.Path, nil)
 	if err != nil {
 		return nil, "", fmt.Errorf("models request: %w", err)
 	}
-	p.setWorkerAuth(req.Header, worker)
+	p.setWorkerAuth(req.Header, worker, source)
 	resp, err := p.upstream.RoundTrip(req)
 	if err != nil {
 		return nil, "", fmt.Errorf("models from %s: %w", worker, err)

@@ -397,12 +397,19 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 					r.shadow.record(req.Hashes, m.GetWorker())
 				}
 			}
+			source := m.GetWorkerSource()
+			if source == "" {
+				// A leader that predates worker_source: as last synced.
+				r.mu.Lock()
+				source = r.sourceOf(m.GetWorker())
+				r.mu.Unlock()
+			}
 			return router.Decision{
 				Worker: m.GetWorker(), Reason: m.GetReason(), MatchedChars: int(m.GetMatchedChars()),
 				MatchedRatio: m.GetMatchedRatio(), Candidate: m.GetCandidate(), ChosenChars: int(m.GetChosenChars()),
 				Latency: time.Since(start), FromLeader: m.GetFromLeader(),
 				Ticket: router.Ticket{ID: m.GetTicket(), Worker: m.GetWorker()}, Pinned: m.GetPinned(),
-				AvoidIgnored: m.GetAvoidIgnored(), Waited: time.Duration(m.GetWaitedMicros()) * time.Microsecond,
+				AvoidIgnored: m.GetAvoidIgnored(), Waited: time.Duration(m.GetWaitedMicros()) * time.Microsecond, Source: source,
 			}, false, nil
 		}
 		if re, ok := refused(err); ok {
@@ -585,11 +592,23 @@ func (r *Router) pickLocked(req *router.Request) (_ router.Decision, full bool, 
 		d.MatchedRatio = float64(chars) / float64(req.KeyLen)
 	}
 	d.Worker, d.Ticket = best, router.Ticket{Worker: best} // no control-plane ticket
+	d.Source = r.sourceOf(best)
 	if !req.DryRun {
 		r.local[best]++
 		r.fallbacks++
 	}
 	return d, false, nil
+}
+
+// sourceOf is the source of the worker at url in the last synced set,
+// router.SourceUnknown when it is not there. r.mu held.
+func (r *Router) sourceOf(url string) string {
+	for _, w := range r.workers {
+		if w.URL == url {
+			return w.Source
+		}
+	}
+	return router.SourceUnknown
 }
 
 // leastLoaded returns the least-loaded usable worker outside exclude and

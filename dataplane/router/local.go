@@ -83,6 +83,7 @@ func (l *Local) Route(ctx context.Context, req *Request) (Decision, error) {
 		Ticket:       d.Ticket,
 		AvoidIgnored: d.AvoidIgnored,
 		Waited:       d.Waited,
+		Source:       d.WorkerSource,
 	}, nil
 }
 
@@ -123,6 +124,10 @@ func (l *Local) SetDraining(url string, draining bool) { l.dec.SetDraining(url, 
 
 // Load is a worker's in-flight count.
 func (l *Local) Load(url string) int { return l.dec.Load(url) }
+
+// WorkerSource is the source of the worker at url, and whether it is in
+// the set.
+func (l *Local) WorkerSource(url string) (string, bool) { return l.dec.WorkerSource(url) }
 
 // IndexStats reports the index counters plus the engine's underflow guard.
 func (l *Local) IndexStats() (index.Stats, uint64) { return l.dec.IndexStats() }

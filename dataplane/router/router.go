@@ -92,7 +92,15 @@ type Decision struct {
 	// Waited is how long the request waited for a worker with room
 	// (flow control; 0 when it did not wait).
 	Waited time.Duration
+	// Source is where Worker came from (static, admin, dns, kubernetes;
+	// "unknown" when the router cannot tell): the proxy sends the pool's
+	// worker key only to workers of the sources trusted with it.
+	Source string
 }
+
+// SourceUnknown marks a decision for a worker whose source the router does
+// not know: no source-dependent trust applies to it.
+const SourceUnknown = "unknown"
 
 // Ticket is a decision's claim to settle (decider.Ticket): a router fills
 // ID and Worker for decisions made elsewhere (a remote control plane, a

@@ -1048,10 +1048,16 @@ type RouteResponse struct {
 	LeaderUrl string `protobuf:"bytes,12,opt,name=leader_url,json=leaderUrl,proto3" json:"leader_url,omitempty"`
 	// Every usable worker was in avoid_workers, so the list was ignored.
 	AvoidIgnored bool `protobuf:"varint,13,opt,name=avoid_ignored,json=avoidIgnored,proto3" json:"avoid_ignored,omitempty"`
+	// Where the worker came from ("static", "admin", "dns", "kubernetes"):
+	// the data plane sends the pool's worker key only to workers of the
+	// sources its proxy.worker_api_key_sources lists. Empty from leaders
+	// that predate it: the data plane then looks the worker up in its last
+	// synced set.
+	WorkerSource string `protobuf:"bytes,14,opt,name=worker_source,json=workerSource,proto3" json:"worker_source,omitempty"`
 	// Interim answer: the call waits in the leader's queue (every worker it
 	// may use is saturated); its final answer follows under the same call id.
 	// Only sent to a call whose admission set queue.
-	Queued bool `protobuf:"varint,14,opt,name=queued,proto3" json:"queued,omitempty"`
+	Queued bool `protobuf:"varint,17,opt,name=queued,proto3" json:"queued,omitempty"`
 	// How long the request waited in the leader's queue, in microseconds.
 	WaitedMicros int64 `protobuf:"varint,15,opt,name=waited_micros,json=waitedMicros,proto3" json:"waited_micros,omitempty"`
 	// A dry run that found every worker it may use saturated: queued is
@@ -1181,6 +1187,13 @@ func (x *RouteResponse) GetAvoidIgnored() bool {
 		return x.AvoidIgnored
 	}
 	return false
+}
+
+func (x *RouteResponse) GetWorkerSource() string {
+	if x != nil {
+		return x.WorkerSource
+	}
+	return ""
 }
 
 func (x *RouteResponse) GetQueued() bool {
@@ -2226,7 +2239,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	" \x01(\x03R\x17queueDeadlineUnixMicros\"S\n" +
 	"\vFlowRefused\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12,\n" +
-	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\x83\x04\n" +
+	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\xa8\x04\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -2243,8 +2256,9 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06pinned\x18\v \x01(\bR\x06pinned\x12\x1d\n" +
 	"\n" +
 	"leader_url\x18\f \x01(\tR\tleaderUrl\x12#\n" +
-	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\x12\x16\n" +
-	"\x06queued\x18\x0e \x01(\bR\x06queued\x12#\n" +
+	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\x12#\n" +
+	"\rworker_source\x18\x0e \x01(\tR\fworkerSource\x12\x16\n" +
+	"\x06queued\x18\x11 \x01(\bR\x06queued\x12#\n" +
 	"\rwaited_micros\x18\x0f \x01(\x03R\fwaitedMicros\x12\x1f\n" +
 	"\vqueue_depth\x18\x10 \x01(\rR\n" +
 	"queueDepth\"\xa5\x02\n" +
