@@ -422,3 +422,36 @@ func TestFlowUnderConcurrency(t *testing.T) {
 		t.Fatalf("%d load underflows", under)
 	}
 }
+
+// A tenant is charged its estimated prompt at dispatch and corrected by
+// its usage report to prompt + completion tokens: what it was served.
+func TestFairnessChargesTokensServed(t *testing.T) {
+	d := flowDecider(t, FlowOptions{}, engine.Policy{}, 1)
+	busy, err := d.Admit(context.Background(), req("busy"), Admission{Tenant: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := admitAsync(t, d, context.Background(), "x", "queued prompt", Admission{Tenant: "x", Cost: 40})
+	// A second tenant keeps x's counter alive in the queue's table.
+	admitAsync(t, d, context.Background(), "y", "other queued", Admission{Tenant: "y", Cost: 1000})
+	settleOK(t, d, busy)
+	r := result(t, ch)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	served := func(tenant string) float64 {
+		t.Helper()
+		tk := d.lock()
+		defer d.unlock(OpRead, tk)
+		return d.fq.Served(tenant)
+	}
+	if got := served("x"); got != 40 {
+		t.Fatalf("charged %v at dispatch, want the estimate 40", got)
+	}
+	if err := d.Settle(r.dec.Ticket, Outcome{Delivered: true, PromptTokens: 100, CachedTokens: -1, CompletionTokens: 30}); err != nil {
+		t.Fatal(err)
+	}
+	if got := served("x"); got != 130 {
+		t.Fatalf("after the usage report: %v, want 100 prompt + 30 completion", got)
+	}
+}
