@@ -176,9 +176,9 @@ was chosen. The least-loaded worker was http://w2.
   "leader_url": "",
   "avoid_ignored": false,
   "worker_source": "",
+  "queued": false,
   "waited_micros": "0",
   "queue_depth": 0,
-  "queued": false,
   "explanation": "because"
 }
 `},
