@@ -379,7 +379,9 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 		if r.timeouts.done(target, round, outcome) {
 			r.dropConns(target, "route_timeouts")
 		}
-		if outcome == cpAnswered || outcome == cpFailed {
+		if (outcome == cpAnswered || outcome == cpFailed) && !queued {
+			// A queued call's time is the queue's, not the leader's: it
+			// must not look like a slow leader (slow-leader handover).
 			r.lat.add(target, time.Since(start))
 		}
 		if err == nil {
