@@ -251,6 +251,7 @@ type suite struct {
 	cfg      SuiteConfig
 	replicas []*replica
 	nginx    string // path, "" if missing
+	caddy    string // path, "" if missing (the overhead benchmark only)
 	// cacheTokens is the current trace's per-replica cache capacity.
 	cacheTokens int
 	haproxy     string
@@ -775,6 +776,30 @@ func (s *suite) startNginx(ctx context.Context, dir, name string, upstreams []st
 		return "", nil, err
 	}
 	p, err := s.env.Start(name, s.nginx, "-e", filepath.Join(dir, "error.log"), "-c", conf, "-p", dir, "-g", "daemon off;")
+	if err != nil {
+		return "", nil, err
+	}
+	err = s.env.WaitReady(ctx, p, s.cfg.StartTimeout, s.env.httpOK(baseURL(port)+"/health"))
+	return baseURL(port), []*Proc{p}, err
+}
+
+// startCaddy runs Caddy as a reverse proxy to upstream (host:port), with
+// its admin endpoint off and its state kept under dir.
+func (s *suite) startCaddy(ctx context.Context, dir, name, upstream string) (string, []*Proc, error) {
+	if s.caddy == "" {
+		return "", nil, errors.New("caddy not found: apt-get install -y caddy")
+	}
+	port, err := s.env.FreePort()
+	if err != nil {
+		return "", nil, err
+	}
+	conf := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(conf, []byte(CaddyConfig(port, upstream)), 0o644); err != nil {
+		return "", nil, err
+	}
+	home := filepath.Join(dir, "caddy-home")
+	env := []string{"HOME=" + home, "XDG_CONFIG_HOME=" + home, "XDG_DATA_HOME=" + home}
+	p, err := s.env.StartEnv(name, s.caddy, env, "run", "--adapter", "caddyfile", "--config", conf)
 	if err != nil {
 		return "", nil, err
 	}
