@@ -84,7 +84,6 @@ func CaddyConfig(listen int, upstream string) string {
 	return fmt.Sprintf(`{
 	admin off
 	auto_https off
-	persist_config off
 }
 http://127.0.0.1:%d {
 	reverse_proxy %s
