@@ -142,10 +142,38 @@ func runOne(ctx context.Context, c AlternateConfig, v AlternateVariant, self, ba
 	return err
 }
 
-// alternateRun is what the summary reads from either result shape.
+// alternateRun is what the summary reads from either result shape (their
+// configs differ, so neither is read).
 type alternateRun struct {
-	OverheadResult
-	Runs []CPRun `json:"runs"`
+	Targets       []OverheadTarget `json:"targets"`
+	Rounds        []OverheadRound  `json:"rounds"`
+	CartOverNginx float64          `json:"cart_over_nginx"`
+	CartOverCaddy float64          `json:"cart_over_caddy"`
+	Runs          []CPRun          `json:"runs"`
+}
+
+// rounds returns an overhead result's rounds; a result from before the
+// rounds existed is its one nginx/CART pair.
+func (r alternateRun) rounds() []OverheadRound {
+	if len(r.Rounds) > 0 || len(r.Runs) > 0 {
+		return r.Rounds
+	}
+	var rd OverheadRound
+	for _, t := range r.Targets {
+		switch t.Name {
+		case "nginx":
+			rd.Nginx = t
+		case "caddy":
+			rd.Caddy = t
+		case "cart":
+			rd.Cart = t
+		}
+	}
+	if rd.Cart.Name == "" {
+		return nil
+	}
+	rd.CartOverNginx, rd.CartOverCaddy = ratio(rd.Cart, rd.Nginx), ratio(rd.Cart, rd.Caddy)
+	return []OverheadRound{rd}
 }
 
 // SummarizeAlternate renders the medians of the runs in dir, variants in
@@ -212,12 +240,16 @@ func overheadSummary(b *strings.Builder, variants []string, runs map[string][]al
 	for _, v := range variants {
 		var overNginx, overCaddy, cart, cartCPU, nginxCPU, caddyCPU []float64
 		for _, r := range runs[v] {
-			if len(r.Runs) > 0 || len(r.Rounds) == 0 {
+			rounds := r.rounds()
+			if len(rounds) == 0 {
 				continue
+			}
+			if len(r.Rounds) == 0 {
+				r.CartOverNginx, r.CartOverCaddy = rounds[0].CartOverNginx, rounds[0].CartOverCaddy
 			}
 			overNginx = append(overNginx, r.CartOverNginx)
 			overCaddy = append(overCaddy, r.CartOverCaddy)
-			for _, rd := range r.Rounds {
+			for _, rd := range rounds {
 				cart = append(cart, rd.Cart.ReqPerS)
 				cartCPU = append(cartCPU, rd.Cart.CPUUsPerReq)
 				nginxCPU = append(nginxCPU, rd.Nginx.CPUUsPerReq)

@@ -170,3 +170,26 @@ func TestSummarizeAlternateCP(t *testing.T) {
 		t.Errorf("runs out of the benchmark's order:\n%s", sum)
 	}
 }
+
+// Results from before the rounds (one nginx/CART pair, in targets) and the
+// control plane's, whose config has another shape, summarize too.
+func TestSummarizeAlternateOldOverhead(t *testing.T) {
+	dir := t.TempDir()
+	old := `{"config":{"duration_ns":1},"targets":[{"name":"direct","req_per_s":9000},{"name":"nginx","req_per_s":1000,"cpu_us_per_req":36},` +
+		`{"name":"cart","req_per_s":650,"cpu_us_per_req":110}],"cart_over_nginx":0.65}`
+	if err := os.WriteFile(filepath.Join(dir, "before-1.json"), []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteJSON(filepath.Join(dir, "cp-1.json"), CPResult{Config: DefaultCPConfig(), Runs: []CPRun{{Name: "closed c=32", RoutesPerS: 7000}}}); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := SummarizeAlternate(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"| before | 1 | **0.65** (0.65) | - | **650** (650) | **110** (110) | **36** (36) | - |", "| closed c=32 | cp | 1 | **7000** (7000) |"} {
+		if !strings.Contains(sum, w) {
+			t.Errorf("summary lacks %q:\n%s", w, sum)
+		}
+	}
+}
