@@ -98,6 +98,10 @@ func workerKey(normalized string) string {
 // from Load.
 func (c *Config) Validate(role Role) error {
 	v := &validator{c: c}
+	if role == RoleEPP {
+		role = c.EPPBase()
+		v.epp()
+	}
 	v.server()
 	v.workers(role)
 	v.cache()
@@ -232,6 +236,15 @@ func (v *validator) server() {
 	v.tls("server.tls", s.TLS)
 	if s.MetricsAddr != "" && v.hostPort("server.metrics_addr", s.MetricsAddr) && s.MetricsAddr == s.Addr() {
 		v.add("server.metrics_addr", "must differ from the client listener (%s): leave it empty to serve /metrics there", s.Addr())
+	}
+}
+
+// epp checks epp.* and what an endpoint picker needs besides: its port
+// speaks gRPC only, so /metrics needs a listener of its own.
+func (v *validator) epp() {
+	v.intRange("epp.fallback_endpoints", int64(v.c.EPP.FallbackEndpoints), 0, MaxFallbackEndpoints)
+	if v.c.Server.MetricsAddr == "" {
+		v.add("server.metrics_addr", "is required by cart epp: server.port serves ext_proc (gRPC) only, so /metrics needs its own listener (e.g. 0.0.0.0:9090)")
 	}
 }
 
