@@ -23,16 +23,8 @@ import (
 // is released when its response ends.
 func TestOpenAIClientThroughTheGateway(t *testing.T) {
 	p := startPicker(t, 3, nil)
-	var served []string
-	base := p.gateway(t, &epptest.Gateway{Observe: func(ex epptest.Exchange) {
-		if ex.Err != nil {
-			t.Errorf("exchange: %v", ex.Err)
-		}
-		if !ex.ClearRouteCache {
-			t.Error("the headers response did not clear the route cache")
-		}
-		served = append(served, ex.Served)
-	}})
+	exchanges := make(chan epptest.Exchange, 8)
+	base := p.gateway(t, &epptest.Gateway{Observe: func(ex epptest.Exchange) { exchanges <- ex }})
 	client := openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	system := strings.Repeat("You are the CART picker test assistant; answer briefly. ", 40)
 	ctx := context.Background()
@@ -50,6 +42,9 @@ func TestOpenAIClientThroughTheGateway(t *testing.T) {
 			t.Errorf("request %d: the shared system prompt was not cached (replicas so far %v)", i, replicas)
 		}
 		replicas = append(replicas, raw.Header.Get(sim.HeaderReplica))
+		if ex := <-exchanges; ex.Err != nil || !ex.ClearRouteCache || ex.Served != p.endpoint(t, indexOf(t, p, replicas[i])) {
+			t.Fatalf("request %d: exchange %+v: want no error, the route cache cleared, served by the replica that answered", i, ex)
+		}
 	}
 	if replicas[1] != replicas[0] || replicas[2] != replicas[0] {
 		t.Fatalf("same-prefix requests spread over replicas: %v", replicas)
@@ -72,9 +67,13 @@ func TestOpenAIClientThroughTheGateway(t *testing.T) {
 	if chunks < 3 || cached == 0 {
 		t.Fatalf("stream: %d chunks, %d cached tokens; want several chunks and a cache hit", chunks, cached)
 	}
+	// The client may hang up once it has read [DONE], before the
+	// worker's stream ends: the gateway then resets the stream (a 499,
+	// as the proxy counts it).
+	<-exchanges
 	p.waitIdle(t)
-	if got := p.metric(t, `cart_requests_total{endpoint="chat_completions",status="2xx",tenant="anonymous",worker="`+p.Sims[indexOf(t, p, replicas[0])].URL+`"}`); got != 4 {
-		t.Errorf("cart_requests_total 2xx on the chosen replica = %v, want 4", got)
+	if got := p.metric(t, `cart_requests_total{endpoint="chat_completions",status="2xx",tenant="anonymous",worker="`+p.Sims[indexOf(t, p, replicas[0])].URL+`"}`); got < 3 {
+		t.Errorf("cart_requests_total 2xx on the chosen replica = %v, want at least 3", got)
 	}
 }
 

@@ -45,7 +45,8 @@ func startPicker(t *testing.T, n int, mutate func(*config.Config)) *picker {
 	for i := range n {
 		r := simtest.Start(t, sim.Config{Name: fmt.Sprint("sim-", i), BlockTokens: 16, OutputTokens: 8, Models: []string{"sim"}})
 		sims = append(sims, r)
-		cfg.Workers = append(cfg.Workers, config.Worker{URL: r.URL})
+		// Declared, so that the model filter knows them from the start.
+		cfg.Workers = append(cfg.Workers, config.Worker{URL: r.URL, Models: []string{"sim"}})
 	}
 	cfg.Server.Host, cfg.Server.MinOpenFiles, cfg.Server.ShutdownGraceSecs = "127.0.0.1", 0, 1
 	cfg.Server.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))

@@ -129,7 +129,9 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 				return st.fail(st.sendImmediate())
 			}
 		case <-ctx.Done():
-			return ctx.Err()
+			// The gateway cancelled the call (a reset), seen before the
+			// reader's error.
+			return st.recvError(status.FromContextError(ctx.Err()).Err())
 		}
 	}
 }

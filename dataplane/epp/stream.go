@@ -41,6 +41,7 @@ type stream struct {
 	answered    bool // the headers and body responses went out
 	respStarted bool
 	respDone    bool
+	servedSeen  bool // the gateway's served report was acted on
 	gone        bool // the stream broke off rather than ending
 }
 
@@ -238,9 +239,10 @@ func (st *stream) answer() error {
 // servedBy passes the gateway's report of the endpoint that served the
 // request.
 func (st *stream) servedBy(addr string) {
-	if addr == "" || st.pick == nil {
+	if addr == "" || st.pick == nil || st.servedSeen {
 		return
 	}
+	st.servedSeen = true
 	st.mu.Lock()
 	p := st.pool
 	st.mu.Unlock()

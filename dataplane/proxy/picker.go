@@ -86,6 +86,7 @@ type Pick struct {
 	sniff      *trackedBody // the answer's head and tail, for usage
 	ids        *responseIDSniffer
 	elsewhere  bool // the gateway reported another worker served it
+	gone       bool // the exchange broke off (a client that hung up)
 }
 
 // pick is forward's last step for a request under WithPicker: route, hand
@@ -120,13 +121,16 @@ func (p *Proxy) pick(w http.ResponseWriter, r *http.Request, c *call, o *PickOpt
 	}
 	pk.mu.Lock()
 	status := pk.status
+	if pk.gone {
+		status = 0
+	}
 	pk.mu.Unlock()
 	p.recordPick(r, c, status, pk.Worker)
 }
 
 // recordPick counts the request as finish does a forwarded one. No status
-// means no answer was seen: the gateway's stream broke off (a client
-// that hung up, as the proxy logs it: 499).
+// means the exchange broke off before its end (a client that hung up, as
+// the proxy logs it: 499), or no answer was ever seen.
 func (p *Proxy) recordPick(r *http.Request, c *call, status int, worker string) {
 	if status == 0 {
 		status = 499
@@ -231,6 +235,7 @@ func (pk *Pick) Finish(clientGone bool) {
 		defer close(pk.done)
 		pk.mu.Lock()
 		defer pk.mu.Unlock()
+		pk.gone = clientGone
 		p, a := pk.p, pk.a
 		if pk.elsewhere {
 			return // settled by ServedBy
