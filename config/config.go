@@ -378,13 +378,17 @@ type Discovery struct {
 }
 
 // DiscoveryKubernetes discovers workers from the ready endpoints of a
-// Service's EndpointSlices, or from ready pods matching a label selector,
-// through a client-go watch.
+// Service's EndpointSlices, from ready pods matching a label selector, or
+// from the ready pods of an InferencePool (its selector, on each of its
+// target ports), through a client-go watch.
 type DiscoveryKubernetes struct {
 	Enabled bool `yaml:"enabled"`
-	// Exactly one of Service and Selector.
+	// Exactly one of Service, Selector and InferencePool.
 	Service  string `yaml:"service"`
 	Selector string `yaml:"selector"`
+	// InferencePool names an inference.networking.k8s.io/v1 InferencePool
+	// (Gateway API Inference Extension); its targetPorts are the ports.
+	InferencePool string `yaml:"inference_pool"`
 	// Namespace; "" = the pod's own namespace in-cluster, the kubeconfig
 	// context's namespace, else "default".
 	Namespace string `yaml:"namespace"`

@@ -80,7 +80,7 @@ func parseHeaders(hm *corev3.HeaderMap) (*inbound, error) {
 			if strings.HasPrefix(k, ":") || k == "" {
 				continue
 			}
-			in.header.Add(http.CanonicalHeaderKey(k), v)
+			in.header.Add(k, v) // canonical, as net/http keys its map
 		}
 	}
 	if in.method == "" || in.path == "" || in.path[0] != '/' {

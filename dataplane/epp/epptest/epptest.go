@@ -196,9 +196,10 @@ func ApplyMutation(h http.Header, m *extprocv3.HeaderMutation) {
 		}
 		_, exists := h[k]
 		action := o.GetAppendAction()
-		if o.GetAppend() != nil {
+		//lint:ignore SA1019 Envoy still honours the deprecated flag, and before append_action
+		if ap := o.GetAppend(); ap != nil {
 			action = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
-			if o.GetAppend().GetValue() {
+			if ap.GetValue() {
 				action = corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD
 			}
 		}
