@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -31,12 +32,18 @@ type Exchange struct {
 	Status int
 	// Err is what went wrong on the gateway's side, if anything.
 	Err error
+
+	answered func() // the response is complete: the client may go
 }
 
 // Gateway forwards HTTP requests to the endpoints a picker names: the
 // Envoy side of the Endpoint Picker Protocol, as an http.Handler.
 type Gateway struct {
-	Conn *grpc.ClientConn
+	// Conn is the picker; Conns, when set, are several replicas of it,
+	// each request's stream going to the next (round robin, as an Envoy
+	// cluster of picker endpoints balances streams).
+	Conn  *grpc.ClientConn
+	Conns []*grpc.ClientConn
 	// ChunkSize is the size of the request and response body chunks sent
 	// to the picker (Envoy's are its buffer's, often 16 KiB); 0: 16 KiB.
 	ChunkSize int
@@ -51,6 +58,14 @@ type Gateway struct {
 
 	once sync.Once
 	rt   http.RoundTripper
+	next atomic.Uint64
+}
+
+func (g *Gateway) conn() *grpc.ClientConn {
+	if len(g.Conns) == 0 {
+		return g.Conn
+	}
+	return g.Conns[(g.next.Add(1)-1)%uint64(len(g.Conns))]
 }
 
 func (g *Gateway) transport() http.RoundTripper {
@@ -85,13 +100,31 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	s, err := Open(ctx, g.Conn)
+	// The stream outlives the client by a little: once the answer is
+	// complete, a client that hangs up does not reset it (Envoy closes a
+	// finished stream normally); before, it does.
+	s, err := Open(context.WithoutCancel(ctx), g.conn())
 	if err != nil {
 		ex.Err = err
 		http.Error(w, "ext_proc: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
 	defer s.Reset()
+	answered := make(chan struct{})
+	var answeredOnce sync.Once
+	ex.answered = func() { answeredOnce.Do(func() { close(answered) }) }
+	defer ex.answered()
+	go func() {
+		select {
+		case <-ctx.Done():
+			select {
+			case <-answered:
+			default:
+				s.Reset()
+			}
+		case <-answered:
+		}
+	}()
 	h := http.Header{}
 	for k, vv := range r.Header {
 		if !hopByHop[k] {
@@ -113,7 +146,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The body goes out as it arrives, without waiting for answers.
 	sendErr := make(chan error, 1)
 	if hasBody {
-		go func() { sendErr <- g.sendBody(s, r.Body) }()
+		go func() { sendErr <- g.sendBody(s, r.Body, r.ContentLength) }()
 	} else {
 		sendErr <- nil
 	}
@@ -132,13 +165,19 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.forward(ctx, s, w, r, h, body, &ex)
 }
 
-func (g *Gateway) sendBody(s *Stream, rb io.Reader) error {
+func (g *Gateway) sendBody(s *Stream, rb io.Reader, length int64) error {
 	buf := make([]byte, g.chunk())
+	left := length
 	for {
 		n, err := io.ReadFull(rb, buf)
 		eof := err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF)
 		if err != nil && !eof {
 			return err
+		}
+		// A body of known length ends with its last bytes, as HTTP/2's
+		// end_stream comes with the last DATA frame.
+		if left -= int64(n); left == 0 {
+			eof = true
 		}
 		if n > 0 || eof {
 			if serr := s.Send(RequestBody(append([]byte(nil), buf[:n]...), eof)); serr != nil {
@@ -288,10 +327,15 @@ func (g *Gateway) responsePhase(s *Stream, w http.ResponseWriter, resp *http.Res
 	for k, vv := range rh {
 		w.Header()[k] = vv
 	}
-	w.WriteHeader(resp.StatusCode)
 	if empty {
+		ex.answered()
+		w.WriteHeader(resp.StatusCode)
+		if err := s.Close(); err != nil {
+			ex.Err = err
+		}
 		return
 	}
+	w.WriteHeader(resp.StatusCode)
 	flusher, _ := w.(http.Flusher)
 	relayed := make(chan error, 1)
 	go func() {
@@ -305,6 +349,11 @@ func (g *Gateway) responsePhase(s *Stream, w http.ResponseWriter, resp *http.Res
 			if err != nil {
 				relayed <- err
 				return
+			}
+			if eos {
+				// The whole answer is in: the client may hang up once it
+				// has it, the stream ends normally anyway.
+				ex.answered()
 			}
 			if _, err := w.Write(b); err != nil {
 				relayed <- err
@@ -320,11 +369,17 @@ func (g *Gateway) responsePhase(s *Stream, w http.ResponseWriter, resp *http.Res
 		}
 	}()
 	buf := make([]byte, g.chunk())
+	left := resp.ContentLength
 	for {
 		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if err := s.Send(ResponseBody(append([]byte(nil), buf[:n]...), false, served)); err != nil {
+		if left -= int64(n); n > 0 {
+			// With a known length the last bytes end the stream; a stream
+			// of unknown length ends with an empty chunk once it is over.
+			if err := s.Send(ResponseBody(append([]byte(nil), buf[:n]...), left == 0, served)); err != nil {
 				ex.Err = err
+				break
+			}
+			if left == 0 {
 				break
 			}
 		}
@@ -345,6 +400,7 @@ func (g *Gateway) responsePhase(s *Stream, w http.ResponseWriter, resp *http.Res
 	if err := <-relayed; err != nil && ex.Err == nil {
 		ex.Err = err
 	}
+	ex.answered()
 	if ex.Err == nil {
 		if err := s.Close(); err != nil {
 			ex.Err = err
