@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,22 +28,47 @@ type replay struct {
 	grpc.ServerStream
 	ctx context.Context
 	in  []*extprocv3.ProcessingRequest
-	out []*extprocv3.ProcessingResponse
+	// wait, when set, holds the i-th message back until the picker has
+	// sent wait[i] answers (Envoy sends the response only once the
+	// request is answered); the fuzzer sends everything at once.
+	wait []int
+
+	mu   sync.Mutex
+	sent chan struct{}
+	out  []*extprocv3.ProcessingResponse
+	next int
 }
 
 func (r *replay) Context() context.Context { return r.ctx }
 
 func (r *replay) Send(m *extprocv3.ProcessingResponse) error {
+	r.mu.Lock()
 	r.out = append(r.out, m)
+	r.mu.Unlock()
+	if r.sent != nil {
+		select {
+		case r.sent <- struct{}{}:
+		default:
+		}
+	}
 	return nil
 }
 
+func (r *replay) answers() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.out)
+}
+
 func (r *replay) Recv() (*extprocv3.ProcessingRequest, error) {
-	if len(r.in) == 0 {
+	if r.next >= len(r.in) {
 		return nil, io.EOF
 	}
-	m := r.in[0]
-	r.in = r.in[1:]
+	for r.next < len(r.wait) && r.answers() < r.wait[r.next] {
+		<-r.sent
+	}
+	m := r.in[r.next]
+	r.next++
 	return m, nil
 }
 
