@@ -81,12 +81,12 @@ backend be
 type CartRouterConfig struct {
 	// Extra is YAML appended to the config as is (sections the rest does
 	// not write: auth, flow).
-	Extra   string
-	Port    int
+	Extra string
+	Port  int
 	// MetricsPort, when > 0, moves /metrics to its own listener
 	// (server.metrics_addr; an endpoint picker needs one).
 	MetricsPort int
-	Workers []string // base URLs
+	Workers     []string // base URLs
 	// CacheTokens is each worker's cache capacity (0 = unbounded).
 	CacheTokens int
 	// KVEvents and KVReplay are each worker's KV event PUB and replay
