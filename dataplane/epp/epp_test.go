@@ -12,6 +12,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/epp"
 	"github.com/cartrouter/cart/dataplane/epp/epptest"
 	"github.com/cartrouter/cart/sim"
@@ -183,5 +184,47 @@ func TestHealth(t *testing.T) {
 		if st != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("%s: %v, want SERVING", name, st)
 		}
+	}
+	// The same over HTTP on the metrics listener, for the kubelet.
+	for _, path := range []string{"/livez", "/readyz"} {
+		resp, err := http.Get(p.Metrics + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: %d", path, resp.StatusCode)
+		}
+	}
+}
+
+// A picker that knows no worker yet is not ready (a gateway that fails
+// open routes on its own meanwhile) and answers 503 to a request.
+func TestNotReadyWithoutWorkers(t *testing.T) {
+	p := startPicker(t, 0, func(c *config.Config) {
+		c.Discovery.DNS.Name, c.Discovery.DNS.Port, c.Discovery.DNS.Resolver = "nothing.invalid", 8000, "127.0.0.1:1"
+	})
+	hc := healthpb.NewHealthClient(p.Conn)
+	for _, name := range []string{"readiness", epp.ServiceName} {
+		r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("%s: %v %v, want NOT_SERVING", name, r.GetStatus(), err)
+		}
+	}
+	if r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "liveness"}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("liveness: %v %v, want SERVING", r.GetStatus(), err)
+	}
+	resp, err := http.Get(p.Metrics + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("GET /readyz: %d, want 503", resp.StatusCode)
+	}
+	s := p.open(t)
+	send(t, s, epptest.RequestHeaders("POST", "/v1/chat/completions", "gw", jsonHeaders(len(chatBody("s", "q"))), false), epptest.RequestBody(chatBody("s", "q"), true))
+	if m := recv(t, s); m.GetImmediateResponse().GetStatus().GetCode() != http.StatusServiceUnavailable {
+		t.Errorf("a request with no worker: %v, want a 503 ImmediateResponse", m)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -35,6 +36,7 @@ type EPP struct {
 
 	workers func() []router.WorkerStatus
 	log     *slog.Logger
+	ready   atomic.Bool
 }
 
 // Health-check names besides epp.ServiceName and "" (the server as a
@@ -56,18 +58,22 @@ func NewEPP(cfg *config.Config, paths []string, log *slog.Logger, seed uint64, c
 	var handler http.Handler
 	var p *proxy.Proxy
 	var m *metrics.Metrics
+	var ms *http.Server
 	if cfg.EPPBase() == config.RoleDataPlane {
 		d, err := NewDataPlane(cfg, log, client, opts...)
 		if err != nil {
 			return nil, err
 		}
-		e.DataPlane, handler, p, m, e.workers = d, d.HTTP.Handler, d.Proxy, d.Metrics, d.Router.Workers
+		e.DataPlane, handler, p, m, ms, e.workers = d, d.HTTP.Handler, d.Proxy, d.Metrics, d.MetricsHTTP, d.Router.Workers
 	} else {
 		a, err := NewAllInOne(cfg, paths, log, seed, opts...)
 		if err != nil {
 			return nil, err
 		}
-		e.AllInOne, handler, p, m, e.workers = a, a.HTTP.Handler, a.Proxy, a.Metrics, a.Router.Workers
+		e.AllInOne, handler, p, m, ms, e.workers = a, a.HTTP.Handler, a.Proxy, a.Metrics, a.MetricsHTTP, a.Router.Workers
+	}
+	if ms != nil {
+		ms.Handler = e.probes(ms.Handler)
 	}
 	e.Picker = epp.New(epp.Options{
 		Handler:      handler,
@@ -100,8 +106,27 @@ func NewEPP(cfg *config.Config, paths []string, log *slog.Logger, seed uint64, c
 	return e, nil
 }
 
+// probes adds GET /livez and /readyz to the metrics listener: the gRPC
+// checks' answers over plain HTTP, for a kubelet that cannot run a gRPC
+// probe against the ext_proc port (it speaks TLS to gateways, and the
+// kubelet's gRPC probes do not).
+func (e *EPP) probes(metrics http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", metrics)
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !e.ready.Load() {
+			http.Error(w, "not ready: no worker known yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
 // setReady sets readiness, the ext_proc service and the server as a whole.
 func (e *EPP) setReady(ok bool) {
+	e.ready.Store(ok)
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if ok {
 		st = healthpb.HealthCheckResponse_SERVING
