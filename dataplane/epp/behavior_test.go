@@ -399,3 +399,17 @@ func TestServedElsewhereReleasesThePrimary(t *testing.T) {
 		t.Errorf("served elsewhere counted %v, want 1", got)
 	}
 }
+
+// A worker known by a host name cannot be an answer (a gateway dials the
+// address it is given): it is left out, and a pool of only such workers
+// answers 503.
+func TestWorkersWithoutAnAddress(t *testing.T) {
+	p := startPicker(t, 1, func(c *config.Config) {
+		c.Workers[0].URL = strings.Replace(c.Workers[0].URL, "127.0.0.1", "localhost", 1)
+	})
+	s := p.open(t)
+	code, _, body := immediateStatus(t, request(t, s, nil, chatBody("s", "q"), nil))
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "no_worker_available") {
+		t.Fatalf("only a host-named worker: %d %s, want 503 no_worker_available", code, body)
+	}
+}

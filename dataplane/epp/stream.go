@@ -189,7 +189,7 @@ func (st *stream) answer() error {
 	if !ok {
 		// A worker the router knows by a host name only: no gateway can
 		// dial it as an endpoint.
-		pk.Finish(false)
+		pk.Refuse(http.StatusServiceUnavailable)
 		o.Metrics.Immediate.WithLabelValues("503").Inc()
 		st.answered = true
 		return st.send(immediate(http.StatusServiceUnavailable, http.Header{"Content-Type": {"application/json"}, "Retry-After": {"1"}},

@@ -101,7 +101,11 @@ func (p *Proxy) pick(w http.ResponseWriter, r *http.Request, c *call, o *PickOpt
 	if err != nil {
 		sw := &statusWriter{ResponseWriter: w}
 		p.errorHandler(sw, r, c, err)
-		p.recordPick(r, c, sw.status, "")
+		status := sw.status
+		if status == 0 {
+			status = 499 // the client left: nothing was written
+		}
+		p.recordPick(r, c, status, "")
 		return
 	}
 	c.final = a.d
@@ -122,18 +126,17 @@ func (p *Proxy) pick(w http.ResponseWriter, r *http.Request, c *call, o *PickOpt
 	pk.mu.Lock()
 	status := pk.status
 	if pk.gone {
-		status = 0
+		status = 499
 	}
 	pk.mu.Unlock()
 	p.recordPick(r, c, status, pk.Worker)
 }
 
-// recordPick counts the request as finish does a forwarded one. No status
-// means the exchange broke off before its end (a client that hung up, as
-// the proxy logs it: 499), or no answer was ever seen.
+// recordPick counts the request as finish does a forwarded one: 499 for
+// an exchange that broke off (a client that hung up, as the proxy logs
+// it), 0 ("other") for one that ended without an answer the picker saw.
 func (p *Proxy) recordPick(r *http.Request, c *call, status int, worker string) {
-	if status == 0 {
-		status = 499
+	if status == 499 {
 		p.m.ClientDisconnects.Inc()
 		p.log.Info("request ended early", c.logArgs("request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "status", status, "worker", worker,
 			"duration_ms", p.o.Now().Sub(c.start).Milliseconds(), "client_gone", r.Context().Err() != nil)...)
@@ -162,6 +165,17 @@ func (pk *Pick) Dispatched() {
 	// counted against new uploads.
 	c.body, pk.Body = nil, nil
 	c.hold.free()
+}
+
+// Refuse ends a Pick the picker could not hand to the gateway, answering
+// status itself: the decision is settled as undelivered.
+func (pk *Pick) Refuse(status int) {
+	pk.mu.Lock()
+	if pk.dispatched.IsZero() {
+		pk.status = status
+	}
+	pk.mu.Unlock()
+	pk.Finish(false)
 }
 
 // Response says the worker's answer began with status.
