@@ -256,7 +256,7 @@ func TestProtocolErrors(t *testing.T) {
 		"body before headers":          {epptest.RequestBody([]byte("{}"), true)},
 		"buffered body mode":           {buffered},
 		"response before the answer":   {epptest.RequestHeaders("POST", "/v1/chat/completions", "gw", nil, false), epptest.ResponseHeaders(200, nil, true, "")},
-		"headers twice":                {epptest.RequestHeaders("POST", "/x", "gw", nil, false), epptest.RequestHeaders("POST", "/x", "gw", nil, false)},
+		"headers twice":                {epptest.RequestHeaders("POST", "/v1/chat/completions", "gw", nil, false), epptest.RequestHeaders("POST", "/v1/chat/completions", "gw", nil, false)},
 		"no path":                      {epptest.RequestHeaders("POST", "", "gw", nil, false)},
 		"an empty message":             {{}},
 		"a bad content-length":         {epptest.RequestHeaders("POST", "/v1/chat/completions", "gw", http.Header{"Content-Length": {"-1"}}, false)},

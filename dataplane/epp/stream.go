@@ -211,6 +211,7 @@ func (st *stream) answer() error {
 		hm.RemoveHeaders = []string{"authorization", "x-api-key"}
 	}
 	st.answered = true
+	o.Metrics.Answers.WithLabelValues(strconv.Itoa(len(fb))).Inc()
 	if err := st.send(&extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 			Response: &extprocv3.CommonResponse{HeaderMutation: hm, ClearRouteCache: true},
@@ -232,7 +233,6 @@ func (st *stream) answer() error {
 		}
 	}
 	pk.Dispatched()
-	o.Metrics.Answers.WithLabelValues(strconv.Itoa(len(fb))).Inc()
 	return nil
 }
 
@@ -278,16 +278,13 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders, servedAddr string) e
 		// CART's own header: a worker must not make it up either.
 		hm.RemoveHeaders = []string{"x-routed-peer"}
 	}
-	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
-		Response: &extprocv3.CommonResponse{HeaderMutation: hm},
-	}}}); err != nil {
-		return err
-	}
 	if h.GetEndOfStream() {
 		st.respDone = true
-		st.pick.Finish(false)
+		st.pick.Finish(false) // before the answer goes on, as for a body's end
 	}
-	return nil
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: hm},
+	}}})
 }
 
 // responseBody passes each chunk of the answer back as it came (the
@@ -298,14 +295,18 @@ func (st *stream) responseBody(b *extprocv3.HttpBody, servedAddr string) error {
 	}
 	st.servedBy(servedAddr)
 	st.pick.ResponseBody(b.GetBody())
+	if b.GetEndOfStream() {
+		// Settled before the last bytes go back: the worker is done, and
+		// a client that sends its next request as soon as it has them
+		// must find the load released (as the proxy settles at the
+		// worker's end of stream).
+		st.respDone = true
+		st.pick.Finish(false)
+	}
 	for _, c := range bodyChunks(b.GetBody(), b.GetEndOfStream()) {
 		if err := st.send(responseBody(c)); err != nil {
 			return err
 		}
-	}
-	if b.GetEndOfStream() {
-		st.respDone = true
-		st.pick.Finish(false)
 	}
 	return nil
 }
