@@ -15,7 +15,6 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/cartrouter/cart/dataplane/epp/epptest"
 )
@@ -98,12 +97,8 @@ func pickerHealthy(conn *grpc.ClientConn, workers int) func() error {
 	return func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
-		if err != nil {
-			return err
-		}
-		if r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			return fmt.Errorf("readiness %v", r.GetStatus())
+		if ok, st := epptest.Ready(ctx, conn); !ok {
+			return fmt.Errorf("readiness: %s", st)
 		}
 		st, err := epptest.Open(ctx, conn)
 		if err != nil {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/cartrouter/cart/dataplane/epp/epptest"
 	"github.com/cartrouter/cart/internal/testkit"
@@ -61,15 +60,10 @@ dataplane:
 		e.epps = append(e.epps, n)
 	}
 	for _, n := range e.epps {
-		hc := healthpb.NewHealthClient(n.conn)
 		n.WaitFor(t, 20*time.Second, "readiness", func() (bool, string) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
-			if err != nil {
-				return false, err.Error()
-			}
-			return r.GetStatus() == healthpb.HealthCheckResponse_SERVING, r.GetStatus().String()
+			return epptest.Ready(ctx, n.conn)
 		})
 	}
 }

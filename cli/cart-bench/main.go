@@ -209,47 +209,39 @@ apt-get install -y nginx haproxy`,
 }
 
 func newOverheadCmd() *cobra.Command {
-	root := repoRoot()
-	c := bench.DefaultSuiteConfig(root)
-	var out string
-	cmd := &cobra.Command{
-		Use:   "overhead",
-		Short: "Proxy overhead: requests/s and latency of CART all-in-one vs nginx in front of one fast replica",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := c.Overhead.Validate(); err != nil {
-				return err
-			}
-			env, err := bench.NewEnv(c, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			defer env.Close()
-			res := bench.RunOverhead(cmd.Context(), env, c.Overhead)
-			fmt.Fprint(cmd.OutOrStdout(), bench.FormatOverhead(res))
-			if out != "" {
-				return bench.WriteJSON(out, res)
-			}
-			return nil
-		},
-	}
+	cmd, c := overheadCmd("overhead", "Proxy overhead: requests/s and latency of CART all-in-one vs nginx in front of one fast replica",
+		func(ctx context.Context, env *bench.Env, o bench.OverheadConfig) (string, any) {
+			res := bench.RunOverhead(ctx, env, o)
+			return bench.FormatOverhead(res), res
+		})
 	f := cmd.Flags()
-	f.StringVar(&c.BinDir, "bin", c.BinDir, "directory holding cart and cart-sim")
-	f.DurationVar(&c.Overhead.Duration, "duration", c.Overhead.Duration, "duration per target")
-	f.IntVar(&c.Overhead.Concurrency, "concurrency", c.Overhead.Concurrency, "closed-loop concurrency")
 	f.BoolVar(&c.Overhead.UseWrk, "wrk", false, "drive the load with wrk when it is installed")
 	f.IntVar(&c.Overhead.Rounds, "rounds", c.Overhead.Rounds, "nginx/CART rounds, alternating; the ratio is their median")
-	f.StringVarP(&out, "out", "o", "", "write the JSON result here")
 	return cmd
 }
 
 func newEPPOverheadCmd() *cobra.Command {
+	cmd, c := overheadCmd("epp-overhead",
+		"Endpoint-picker overhead: latency and CART CPU per request of the proxy path vs the ext_proc path (cart epp behind a gateway)",
+		func(ctx context.Context, env *bench.Env, o bench.OverheadConfig) (string, any) {
+			res := bench.RunEPPOverhead(ctx, env, o)
+			return bench.FormatEPPOverhead(res), res
+		})
+	f := cmd.Flags()
+	f.IntVar(&c.Overhead.Rounds, "rounds", c.Overhead.Rounds, "rounds over the four targets, in turn")
+	f.IntVar(&c.Overhead.PromptChars, "prompt-chars", c.Overhead.PromptChars, "characters of the fixed prompt")
+	return cmd
+}
+
+// overheadCmd is a closed-loop overhead benchmark's command: its flags
+// shared by both, run printing a table and writing the JSON with -o.
+func overheadCmd(use, short string, run func(context.Context, *bench.Env, bench.OverheadConfig) (string, any)) (*cobra.Command, *bench.SuiteConfig) {
 	root := repoRoot()
 	c := bench.DefaultSuiteConfig(root)
 	var out string
 	cmd := &cobra.Command{
-		Use:   "epp-overhead",
-		Short: "Endpoint-picker overhead: latency and CART CPU per request of the proxy path vs the ext_proc path (cart epp behind a gateway)",
+		Use:   use,
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := c.Overhead.Validate(); err != nil {
@@ -260,8 +252,8 @@ func newEPPOverheadCmd() *cobra.Command {
 				return err
 			}
 			defer env.Close()
-			res := bench.RunEPPOverhead(cmd.Context(), env, c.Overhead)
-			fmt.Fprint(cmd.OutOrStdout(), bench.FormatEPPOverhead(res))
+			table, res := run(cmd.Context(), env, c.Overhead)
+			fmt.Fprint(cmd.OutOrStdout(), table)
 			if out != "" {
 				return bench.WriteJSON(out, res)
 			}
@@ -272,10 +264,8 @@ func newEPPOverheadCmd() *cobra.Command {
 	f.StringVar(&c.BinDir, "bin", c.BinDir, "directory holding cart and cart-sim")
 	f.DurationVar(&c.Overhead.Duration, "duration", c.Overhead.Duration, "duration per target")
 	f.IntVar(&c.Overhead.Concurrency, "concurrency", c.Overhead.Concurrency, "closed-loop concurrency")
-	f.IntVar(&c.Overhead.Rounds, "rounds", c.Overhead.Rounds, "rounds over the four targets, in turn")
-	f.IntVar(&c.Overhead.PromptChars, "prompt-chars", c.Overhead.PromptChars, "characters of the fixed prompt")
 	f.StringVarP(&out, "out", "o", "", "write the JSON result here")
-	return cmd
+	return cmd, &c
 }
 
 func splitList(s string) []string {

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/openai/openai-go/v3"
 	openaiopt "github.com/openai/openai-go/v3/option"
 	"google.golang.org/grpc"
@@ -60,15 +59,10 @@ func startEPP(t *testing.T, yaml string, tc *tls.Config, g *epptest.Gateway) *ep
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	hc := healthpb.NewHealthClient(conn)
 	p.WaitFor(t, 20*time.Second, "readiness", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
-		if err != nil {
-			return false, err.Error()
-		}
-		return r.GetStatus() == healthpb.HealthCheckResponse_SERVING, r.GetStatus().String()
+		return epptest.Ready(ctx, conn)
 	})
 	if g == nil {
 		g = &epptest.Gateway{}
@@ -192,13 +186,9 @@ func TestEPPProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := []byte(`{"model":"sim","max_tokens":4,"messages":[{"role":"user","content":"reset me"}]}`)
-	for _, m := range []*extprocv3.ProcessingRequest{
-		epptest.RequestHeaders("POST", "/v1/chat/completions", "gw", http.Header{"Content-Type": {"application/json"}, "Content-Length": {strconv.Itoa(len(body))}}, false),
-		epptest.RequestBody(body, true),
-	} {
-		if err := s.Send(m); err != nil {
-			t.Fatal(err)
-		}
+	if err := s.SendAll(epptest.RequestHeaders("POST", "/v1/chat/completions", "gw", http.Header{"Content-Type": {"application/json"}, "Content-Length": {strconv.Itoa(len(body))}}, false),
+		epptest.RequestBody(body, true)); err != nil {
+		t.Fatal(err)
 	}
 	first, err := s.Recv()
 	if err != nil {
@@ -286,10 +276,8 @@ func pickFrom(t *testing.T, conn *grpc.ClientConn, subset ...string) string {
 	body := []byte(`{"model":"sim","max_tokens":4,"messages":[{"role":"user","content":"which one?"}]}`)
 	h := epptest.RequestHeaders("POST", "/v1/chat/completions", "gw", http.Header{"Content-Type": {"application/json"}}, false)
 	h.MetadataContext = epptest.Subset(subset...)
-	for _, m := range []*extprocv3.ProcessingRequest{h, epptest.RequestBody(body, true)} {
-		if err := s.Send(m); err != nil {
-			t.Fatal(err)
-		}
+	if err := s.SendAll(h, epptest.RequestBody(body, true)); err != nil {
+		t.Fatal(err)
 	}
 	m, err := s.Recv()
 	if err != nil {

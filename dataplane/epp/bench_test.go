@@ -26,19 +26,21 @@ func exchange(body []byte) []*extprocv3.ProcessingRequest {
 	}
 }
 
-func benchBody(i int) []byte {
-	return []byte(fmt.Sprintf(`{"model":"m","max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`,
-		strings.Repeat("shared system prompt ", 25), i))
+// benchBodies are 64 chat requests sharing a system prompt.
+func benchBodies() [][]byte {
+	out := make([][]byte, 64)
+	for i := range out {
+		out[i] = []byte(fmt.Sprintf(`{"model":"m","max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`,
+			strings.Repeat("shared system prompt ", 25), i))
+	}
+	return out
 }
 
 // BenchmarkProcess is the picker's own work per request (the proxy's
 // handler included), without gRPC: one exchange replayed through Process.
 func BenchmarkProcess(b *testing.B) {
 	s, _ := fuzzServer(b)
-	bodies := make([][]byte, 64)
-	for i := range bodies {
-		bodies[i] = benchBody(i)
-	}
+	bodies := benchBodies()
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -72,10 +74,7 @@ func BenchmarkGRPCExchange(b *testing.B) {
 	}
 	defer conn.Close()
 	client := extprocv3.NewExternalProcessorClient(conn)
-	bodies := make([][]byte, 64)
-	for i := range bodies {
-		bodies[i] = benchBody(i)
-	}
+	bodies := benchBodies()
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -231,4 +232,25 @@ func StreamedBody(c *extprocv3.CommonResponse) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("body response without a streamed_response (FULL_DUPLEX_STREAMED needs one)")
 	}
 	return sr.GetBody(), sr.GetEndOfStream(), nil
+}
+
+// SendAll sends msgs in order, without waiting for answers (as Envoy
+// streams a request).
+func (s *Stream) SendAll(msgs ...*extprocv3.ProcessingRequest) error {
+	for _, m := range msgs {
+		if err := s.Send(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Ready asks the picker's gRPC readiness check, as a gateway's health
+// checker does; it says whether it is SERVING, and the status seen.
+func Ready(ctx context.Context, conn *grpc.ClientConn) (bool, string) {
+	r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
+	if err != nil {
+		return false, err.Error()
+	}
+	return r.GetStatus() == healthpb.HealthCheckResponse_SERVING, r.GetStatus().String()
 }
