@@ -178,7 +178,7 @@ func TestEPPProcess(t *testing.T) {
 	}
 
 	time.Sleep(600 * time.Millisecond) // past several index maintenance passes
-	askThroughGateway(t, e, 4, 2) // the chosen replica and one fallback
+	askThroughGateway(t, e, 4, 2)      // the chosen replica and one fallback
 
 	// A stream reset in the middle of the answer releases its load.
 	s, err := epptest.Open(context.Background(), e.conn)
