@@ -286,3 +286,24 @@ func pickFrom(t *testing.T, conn *grpc.ClientConn, subset ...string) string {
 	dest, _ := epptest.Destination(m)
 	return dest
 }
+
+// `cart epp --config-check` refuses what `cart epp` refuses: no metrics
+// listener, too many fallbacks, discovery on a picker that asks a control
+// plane; and passes a picker's config.
+func TestEPPConfigCheck(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{
+		{"workers: [{url: http://127.0.0.1:8001}]\n", "server.metrics_addr"},
+		{"workers: [{url: http://127.0.0.1:8001}]\nserver: {metrics_addr: 127.0.0.1:9090}\nepp: {fallback_endpoints: 9}\n", "epp.fallback_endpoints"},
+		{"server: {metrics_addr: 127.0.0.1:9090}\ndataplane: {control_plane: [http://cp:6701]}\ndiscovery: {kubernetes: {enabled: true, inference_pool: chat}}\n",
+			"a data plane does not discover workers"},
+	} {
+		_, stderr, err := runCart(t, "epp", "-c", writeFile(t, "epp.yaml", c.yaml), "--config-check")
+		if err == nil || !strings.Contains(stderr, c.want) {
+			t.Errorf("%q: %v\n%s\nwant a problem naming %s", c.yaml, err, stderr, c.want)
+		}
+	}
+	out, _, err := runCart(t, "epp", "-c", writeFile(t, "epp.yaml", "server: {metrics_addr: 127.0.0.1:9090}\ndataplane: {control_plane: [http://cp:6701]}\nepp: {fallback_endpoints: 2}\n"), "--config-check")
+	if err != nil || !strings.Contains(out, "fallback_endpoints: 2") {
+		t.Fatalf("a picker's config: %v\n%s", err, out)
+	}
+}
