@@ -95,9 +95,12 @@ http://127.0.0.1:%d {
 type CartRouterConfig struct {
 	// Extra is YAML appended to the config as is (sections the rest does
 	// not write: auth, flow).
-	Extra   string
-	Port    int
-	Workers []string // base URLs
+	Extra string
+	Port  int
+	// MetricsPort, when > 0, moves /metrics to its own listener
+	// (server.metrics_addr; an endpoint picker needs one).
+	MetricsPort int
+	Workers     []string // base URLs
 	// CacheTokens is each worker's cache capacity (0 = unbounded).
 	CacheTokens int
 	// KVEvents and KVReplay are each worker's KV event PUB and replay
@@ -160,8 +163,11 @@ func CartConfig(c CartRouterConfig) string {
   port: %d
   min_open_files: 1024
   shutdown_grace_secs: 2
-workers:
 `, port)
+	if c.MetricsPort > 0 {
+		fmt.Fprintf(&b, "  metrics_addr: 127.0.0.1:%d\n", c.MetricsPort)
+	}
+	b.WriteString("workers:\n")
 	v := CartVariants[c.Variant]
 	declare := c.CacheTokens > 0 && v.Capacity
 	for i, w := range c.Workers {

@@ -701,6 +701,8 @@ func (s *suite) setup(ctx context.Context, trace, sc string) (deployment, error)
 		}
 		d.target, d.routers = baseURL(port), []int{port}
 		d.procs, err = s.startCart(ctx, dir, sc, port, strings.TrimPrefix(strings.TrimPrefix(sc, ScenarioCart), "-"))
+	case sc == ScenarioEPP || strings.HasPrefix(sc, ScenarioEPPDistPrefix):
+		err = s.startEPPs(ctx, dir, sc, &d)
 	case strings.HasPrefix(sc, ScenarioDistPrefix):
 		n, aerr := strconv.Atoi(strings.TrimPrefix(sc, ScenarioDistPrefix))
 		if aerr != nil || n < 1 || n > 16 {
@@ -712,7 +714,7 @@ func (s *suite) setup(ctx context.Context, trace, sc string) (deployment, error)
 		d.dataplanes = 4
 		err = s.startSplit(ctx, dir, sc, 4, &d)
 	default:
-		err = fmt.Errorf("unknown scenario %q (known: %s)", sc, strings.Join(AllScenarios, ", "))
+		err = fmt.Errorf("unknown scenario %q (known: %s, %s, %sN)", sc, strings.Join(AllScenarios, ", "), ScenarioEPP, ScenarioEPPDistPrefix)
 	}
 	return d, err
 }
@@ -923,32 +925,9 @@ func (s *suite) startDistributed(ctx context.Context, dir, name string, n int, d
 	if s.haproxy == "" {
 		return errors.New("haproxy not found: " + InstallHint)
 	}
-	var apiURLs []string
-	for i := range 3 {
-		api, err1 := s.env.FreePort()
-		raft, err2 := s.env.FreePort()
-		if err := errors.Join(err1, err2); err != nil {
-			return err
-		}
-		node := fmt.Sprintf("cp%d", i+1)
-		c := CartRouterConfig{Workers: s.replicaURLs(), CacheTokens: s.cacheTokens,
-			NodeID: node, APIAddr: hostPort(api), RaftAddr: hostPort(raft), DataDir: filepath.Join(dir, node)}
-		if i == 0 {
-			c.Bootstrap = true
-		} else {
-			c.Join = []string{apiURLs[0]}
-		}
-		p, err := s.startRoleEnv(ctx, dir, name+"-"+node, "controlplane", c, procsEnv(s.cfg.CP.NodeProcs), tcpOpen(api))
-		if p != nil {
-			d.procs = append(d.procs, p)
-		}
-		if err != nil {
-			return fmt.Errorf("control plane %s: %w", node, err)
-		}
-		apiURLs = append(apiURLs, baseURL(api))
-	}
-	if err := s.env.WaitReady(ctx, d.procs[0], s.cfg.StartTimeout, s.clusterReady(apiURLs[0], 3)); err != nil {
-		return fmt.Errorf("control-plane cluster: %w", err)
+	apiURLs, err := s.startControlPlanes(ctx, dir, name, d)
+	if err != nil {
+		return err
 	}
 	var backends []string
 	for i := range n {
@@ -970,6 +949,40 @@ func (s *suite) startDistributed(ctx context.Context, dir, name string, n int, d
 		d.routers = append(d.routers, port)
 	}
 	return s.front(ctx, dir, name, backends, d)
+}
+
+// startControlPlanes runs three control-plane nodes (GOMAXPROCS as the cp
+// section's, --cp-node-procs) and returns their API URLs once they form a
+// cluster with a leader.
+func (s *suite) startControlPlanes(ctx context.Context, dir, name string, d *deployment) ([]string, error) {
+	var apiURLs []string
+	for i := range 3 {
+		api, err1 := s.env.FreePort()
+		raft, err2 := s.env.FreePort()
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, err
+		}
+		node := fmt.Sprintf("cp%d", i+1)
+		c := CartRouterConfig{Workers: s.replicaURLs(), CacheTokens: s.cacheTokens,
+			NodeID: node, APIAddr: hostPort(api), RaftAddr: hostPort(raft), DataDir: filepath.Join(dir, node)}
+		if i == 0 {
+			c.Bootstrap = true
+		} else {
+			c.Join = []string{apiURLs[0]}
+		}
+		p, err := s.startRoleEnv(ctx, dir, name+"-"+node, "controlplane", c, procsEnv(s.cfg.CP.NodeProcs), tcpOpen(api))
+		if p != nil {
+			d.procs = append(d.procs, p)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("control plane %s: %w", node, err)
+		}
+		apiURLs = append(apiURLs, baseURL(api))
+	}
+	if err := s.env.WaitReady(ctx, d.procs[0], s.cfg.StartTimeout, s.clusterReady(apiURLs[0], 3)); err != nil {
+		return nil, fmt.Errorf("control-plane cluster: %w", err)
+	}
+	return apiURLs, nil
 }
 
 // clusterReady asks a control-plane node for its cluster status (Connect

@@ -34,6 +34,10 @@ const (
 	RoleControlPlane
 	// RoleDataPlane proxies requests and asks the control plane for routes.
 	RoleDataPlane
+	// RoleEPP answers a gateway's ext_proc calls (cart epp) instead of
+	// proxying: with dataplane.control_plane it is a data plane, without
+	// an all-in-one router, and is validated as that role plus epp.*.
+	RoleEPP
 )
 
 // String returns the role's CLI name, used in error messages.
@@ -45,6 +49,8 @@ func (r Role) String() string {
 		return "controlplane"
 	case RoleDataPlane:
 		return "dataplane"
+	case RoleEPP:
+		return "epp"
 	default:
 		return fmt.Sprintf("Role(%d)", int(r))
 	}
@@ -73,6 +79,7 @@ type Config struct {
 	KVEvents       KVEvents       `yaml:"kv_events"`
 	Tracing        Tracing        `yaml:"tracing"`
 	Flow           Flow           `yaml:"flow"`
+	EPP            EPP            `yaml:"epp"`
 
 	// origins maps dotted keys to the file and line that last set them, so
 	// validation errors can point at the offending file in a layered setup.
@@ -376,13 +383,17 @@ type Discovery struct {
 }
 
 // DiscoveryKubernetes discovers workers from the ready endpoints of a
-// Service's EndpointSlices, or from ready pods matching a label selector,
-// through a client-go watch.
+// Service's EndpointSlices, from ready pods matching a label selector, or
+// from the ready pods of an InferencePool (its selector, on each of its
+// target ports), through a client-go watch.
 type DiscoveryKubernetes struct {
 	Enabled bool `yaml:"enabled"`
-	// Exactly one of Service and Selector.
+	// Exactly one of Service, Selector and InferencePool.
 	Service  string `yaml:"service"`
 	Selector string `yaml:"selector"`
+	// InferencePool names an inference.networking.k8s.io/v1 InferencePool
+	// (Gateway API Inference Extension); its targetPorts are the ports.
+	InferencePool string `yaml:"inference_pool"`
 	// Namespace; "" = the pod's own namespace in-cluster, the kubeconfig
 	// context's namespace, else "default".
 	Namespace string `yaml:"namespace"`
@@ -714,6 +725,30 @@ type Flow struct {
 	MetricsIntervalSecs float64 `yaml:"metrics_interval_secs"`
 	// RetryAfterSecs is the Retry-After of a 429 from flow control.
 	RetryAfterSecs int `yaml:"retry_after_secs"`
+}
+
+// EPP configures the endpoint picker role (cart epp): CART answering a
+// gateway's Envoy ext_proc calls, as the Gateway API Inference Extension's
+// Endpoint Picker, with the destination instead of proxying.
+type EPP struct {
+	// FallbackEndpoints is how many endpoints may follow the chosen one in
+	// an answer ("ip:port,ip:port,..."), for a gateway that tries them in
+	// order when one cannot be reached. 0 answers the chosen one alone,
+	// which every gateway reads (Envoy's ORIGINAL_DST cluster takes one
+	// address).
+	FallbackEndpoints int `yaml:"fallback_endpoints"`
+}
+
+// MaxFallbackEndpoints bounds epp.fallback_endpoints.
+const MaxFallbackEndpoints = 8
+
+// EPPBase is the role an endpoint picker is otherwise: a data plane when
+// it has control planes to ask, else an all-in-one router.
+func (c *Config) EPPBase() Role {
+	if len(c.DataPlane.ControlPlane) > 0 {
+		return RoleDataPlane
+	}
+	return RoleAllInOne
 }
 
 // QueueTimeout is flow.queue_timeout_secs.

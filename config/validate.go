@@ -99,6 +99,10 @@ func workerKey(normalized string) string {
 // from Load.
 func (c *Config) Validate(role Role) error {
 	v := &validator{c: c}
+	if role == RoleEPP {
+		role = c.EPPBase()
+		v.epp()
+	}
 	v.server()
 	v.workers(role)
 	v.cache()
@@ -233,6 +237,15 @@ func (v *validator) server() {
 	v.tls("server.tls", s.TLS)
 	if s.MetricsAddr != "" && v.hostPort("server.metrics_addr", s.MetricsAddr) && s.MetricsAddr == s.Addr() {
 		v.add("server.metrics_addr", "must differ from the client listener (%s): leave it empty to serve /metrics there", s.Addr())
+	}
+}
+
+// epp checks epp.* and what an endpoint picker needs besides: its port
+// speaks gRPC only, so /metrics needs a listener of its own.
+func (v *validator) epp() {
+	v.intRange("epp.fallback_endpoints", int64(v.c.EPP.FallbackEndpoints), 0, MaxFallbackEndpoints)
+	if v.c.Server.MetricsAddr == "" {
+		v.add("server.metrics_addr", "is required by cart epp: server.port serves ext_proc (gRPC) only, so /metrics needs its own listener (e.g. 0.0.0.0:9090)")
 	}
 }
 
@@ -901,7 +914,7 @@ func (v *validator) tracing() {
 func (v *validator) discoveryKubernetes(role Role) {
 	k := v.c.Discovery.Kubernetes
 	if !k.Enabled {
-		for _, kv := range [][2]string{{"service", k.Service}, {"selector", k.Selector}, {"namespace", k.Namespace}, {"port", k.Port}, {"kubeconfig", k.Kubeconfig}} {
+		for _, kv := range [][2]string{{"service", k.Service}, {"selector", k.Selector}, {"inference_pool", k.InferencePool}, {"namespace", k.Namespace}, {"port", k.Port}, {"kubeconfig", k.Kubeconfig}} {
 			if kv[1] != "" {
 				v.add("discovery.kubernetes."+kv[0], "is set but discovery.kubernetes.enabled is false: set enabled: true, or remove it")
 			}
@@ -912,10 +925,16 @@ func (v *validator) discoveryKubernetes(role Role) {
 		v.add("discovery.kubernetes.enabled", "a data plane does not discover workers: set discovery on the control plane (its leader runs it)")
 	}
 	switch {
+	case k.InferencePool != "" && (k.Service != "" || k.Selector != ""):
+		v.add("discovery.kubernetes.inference_pool", "service or selector is set too: watch one InferencePool, one Service's EndpointSlices or pods by label")
+	case k.InferencePool != "":
+		if errs := validation.IsDNS1123Subdomain(k.InferencePool); len(errs) > 0 {
+			v.add("discovery.kubernetes.inference_pool", "not an InferencePool name: %s", strings.Join(errs, "; "))
+		}
 	case k.Service != "" && k.Selector != "":
 		v.add("discovery.kubernetes.selector", "service and selector are both set: watch one Service's EndpointSlices or pods by label, not both")
 	case k.Service == "" && k.Selector == "":
-		v.add("discovery.kubernetes.service", "set service (a Service's EndpointSlices) or selector (pods by label) when enabled")
+		v.add("discovery.kubernetes.service", "set service (a Service's EndpointSlices), selector (pods by label) or inference_pool when enabled")
 	case k.Service != "":
 		if errs := validation.IsDNS1035Label(k.Service); len(errs) > 0 {
 			v.add("discovery.kubernetes.service", "not a Service name: %s", strings.Join(errs, "; "))
@@ -932,7 +951,11 @@ func (v *validator) discoveryKubernetes(role Role) {
 			v.add("discovery.kubernetes.namespace", "not a namespace name: %s", strings.Join(errs, "; "))
 		}
 	}
-	if err := checkPort(k.Port); err != nil {
+	if k.InferencePool != "" {
+		if k.Port != "" {
+			v.add("discovery.kubernetes.port", "must be empty with inference_pool: the pool's targetPorts are the ports")
+		}
+	} else if err := checkPort(k.Port); err != nil {
 		v.add("discovery.kubernetes.port", "%v", err)
 	}
 	if k.Scheme != "http" && k.Scheme != "https" {

@@ -147,6 +147,32 @@ func TestValidateRules(t *testing.T) {
 		{"k8s interval bounds", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.MaxIntervalSecs = 0.5 }, "discovery.kubernetes.max_interval_secs", "at least min_interval_secs"},
 		{"k8s remove_after zero", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.RemoveAfter = 0 }, "discovery.kubernetes.remove_after", "between 1 and 1000"},
 		{"k8s on a data plane", RoleDataPlane, func(c *Config) { c.Discovery.Kubernetes = k8sOK() }, "discovery.kubernetes.enabled", "a data plane does not discover workers"},
+		{"k8s pool and service", RoleAllInOne, func(c *Config) {
+			c.Discovery.Kubernetes = k8sOK()
+			c.Discovery.Kubernetes.Port, c.Discovery.Kubernetes.InferencePool = "", "chat"
+		}, "discovery.kubernetes.inference_pool", "service or selector is set too"},
+		{"k8s pool with a port", RoleAllInOne, func(c *Config) {
+			c.Discovery.Kubernetes = k8sOK()
+			c.Discovery.Kubernetes.Service, c.Discovery.Kubernetes.InferencePool = "", "chat"
+		}, "discovery.kubernetes.port", "targetPorts are the ports"},
+		{"k8s bad pool name", RoleAllInOne, func(c *Config) {
+			c.Discovery.Kubernetes = k8sOK()
+			c.Discovery.Kubernetes.Service, c.Discovery.Kubernetes.Port, c.Discovery.Kubernetes.InferencePool = "", "", "Chat_Pool"
+		}, "discovery.kubernetes.inference_pool", "not an InferencePool name"},
+		{"k8s pool set but disabled", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes.InferencePool = "chat" }, "discovery.kubernetes.inference_pool", "enabled is false"},
+		// epp
+		{"epp without a metrics listener", RoleEPP, func(c *Config) {}, "server.metrics_addr", "required by cart epp"},
+		{"epp fallbacks negative", RoleEPP, func(c *Config) { c.Server.MetricsAddr = "127.0.0.1:9090"; c.EPP.FallbackEndpoints = -1 }, "epp.fallback_endpoints", "between 0 and 8"},
+		{"epp fallbacks too many", RoleEPP, func(c *Config) { c.Server.MetricsAddr = "127.0.0.1:9090"; c.EPP.FallbackEndpoints = 9 }, "epp.fallback_endpoints", "between 0 and 8"},
+		{"epp as a data plane: no discovery", RoleEPP, func(c *Config) {
+			c.Server.MetricsAddr = "127.0.0.1:9090"
+			c.DataPlane.ControlPlane = []string{"http://cp:6701"}
+			c.Discovery.Kubernetes = k8sOK()
+		}, "discovery.kubernetes.enabled", "a data plane does not discover workers"},
+		{"epp all-in-one needs workers", RoleEPP, func(c *Config) {
+			c.Server.MetricsAddr = "127.0.0.1:9090"
+			c.Workers, c.DataPlane.ControlPlane = nil, nil
+		}, "workers", "at least one worker"},
 
 		// workers
 		{"no workers all-in-one", RoleAllInOne, func(c *Config) { c.Workers = nil }, "workers",
@@ -585,6 +611,28 @@ func TestKubernetesDiscoveryConfig(t *testing.T) {
 	}
 	if got := l.Discovery.Kubernetes; got.Port != "8000" || got.Service != "vllm" || got.RemoveAfter != 1 {
 		t.Fatalf("loaded %+v", got)
+	}
+}
+
+func TestInferencePoolAndEPPConfig(t *testing.T) {
+	c := validBase()
+	c.Workers, c.DataPlane.ControlPlane = nil, nil
+	c.Discovery.Kubernetes = k8sOK()
+	c.Discovery.Kubernetes.Service, c.Discovery.Kubernetes.Port, c.Discovery.Kubernetes.InferencePool = "", "", "chat-pool"
+	c.Server.MetricsAddr = "0.0.0.0:9090"
+	c.EPP.FallbackEndpoints = 2
+	if err := c.Validate(RoleEPP); err != nil {
+		t.Fatalf("an all-in-one endpoint picker over an InferencePool: %v", err)
+	}
+	if c.EPPBase() != RoleAllInOne || RoleEPP.String() != "epp" {
+		t.Fatalf("EPPBase %v, String %q", c.EPPBase(), RoleEPP.String())
+	}
+	d := validBase()
+	d.Workers = nil
+	d.DataPlane.ControlPlane = []string{"http://cp:6701"}
+	d.Server.MetricsAddr = "0.0.0.0:9090"
+	if err := d.Validate(RoleEPP); err != nil || d.EPPBase() != RoleDataPlane {
+		t.Fatalf("an endpoint picker asking a control plane: %v (base %v)", err, d.EPPBase())
 	}
 }
 

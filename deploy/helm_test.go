@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -804,5 +805,132 @@ func TestHelmRaftTokenTransition(t *testing.T) {
 	}
 	if dp.Auth.RaftAcceptClusterToken || dp.Auth.RaftTokenFile != "" {
 		t.Errorf("data plane auth %+v: holds Raft settings", dp.Auth)
+	}
+}
+
+// The chart as an InferencePool's Endpoint Picker: the pickers'
+// Deployment (cart epp, probes on the metrics port) and Service, the
+// InferencePool naming them, the control plane discovering the pool's pods
+// with RBAC for exactly that, a generated TLS certificate, and configs
+// that validate for their roles.
+func TestHelmEndpointPicker(t *testing.T) {
+	pickers := []string{"--set", "endpointPicker.enabled=true", "--set", "endpointPicker.inferencePool.selector.app=vllm",
+		"--set", "endpointPicker.inferencePool.targetPorts={8000,8001}", "--set", "endpointPicker.fallbackEndpoints=1"}
+	run(t, repoRoot(t), helmBin(t), append([]string{"lint", "--strict", "--kube-version", helmKubeVersion, chartDir}, pickers...)...)
+	m := mustTemplate(t, pickers...)
+
+	dep := m.get(t, "Deployment", "rel-cart-epp")
+	pod := dig(dep, "spec", "template", "spec")
+	c := dig(pod, "containers", 0)
+	if got := strings.Join(toStrings(dig(c, "args")), " "); got != "cart epp -c /etc/cart/epp.yaml -c /etc/cart/tls.yaml" {
+		t.Errorf("picker args %q", got)
+	}
+	if dig(c, "readinessProbe", "httpGet", "path") != "/readyz" || dig(c, "readinessProbe", "httpGet", "port") != "metrics" ||
+		dig(c, "livenessProbe", "httpGet", "path") != "/livez" {
+		t.Errorf("picker probes %v %v: want /readyz and /livez on the metrics port", dig(c, "readinessProbe"), dig(c, "livenessProbe"))
+	}
+	if dig(pod, "automountServiceAccountToken") != false {
+		t.Error("the pickers mount a ServiceAccount token: they read nothing from the API server")
+	}
+	svc := m.get(t, "Service", "rel-cart-epp")
+	if dig(svc, "spec", "ports", 0, "port") != 9002 || dig(svc, "spec", "ports", 0, "name") != "grpc-ext-proc" {
+		t.Errorf("picker Service ports %v", dig(svc, "spec", "ports"))
+	}
+	pool := m.get(t, "InferencePool", "rel-cart")
+	if dig(pool, "apiVersion") != "inference.networking.k8s.io/v1" || dig(pool, "spec", "endpointPickerRef", "name") != "rel-cart-epp" ||
+		dig(pool, "spec", "endpointPickerRef", "port", "number") != 9002 || dig(pool, "spec", "endpointPickerRef", "failureMode") != "FailClose" ||
+		dig(pool, "spec", "selector", "matchLabels", "app") != "vllm" || dig(pool, "spec", "targetPorts", 1, "number") != 8001 {
+		t.Errorf("InferencePool %v", dig(pool, "spec"))
+	}
+	role := m.get(t, "Role", "rel-cart-discovery")
+	want := []any{
+		obj{"apiGroups": []any{"inference.networking.k8s.io"}, "resources": []any{"inferencepools"}, "verbs": []any{"get", "list", "watch"}},
+		obj{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}},
+	}
+	if fmt.Sprint(dig(role, "rules")) != fmt.Sprint(want) {
+		t.Errorf("discovery Role rules %v, want %v", dig(role, "rules"), want)
+	}
+	var apiFrom []string
+	for _, f := range list(dig(m.get(t, "NetworkPolicy", "rel-cart-cp"), "spec", "ingress", 1, "from")) {
+		apiFrom = append(apiFrom, str(dig(f, "podSelector", "matchLabels", "app.kubernetes.io/component")))
+	}
+	if !slices.Contains(apiFrom, "epp") {
+		t.Errorf("the control plane's API is closed to the pickers: open to %v", apiFrom)
+	}
+	if sa := dig(m.get(t, "StatefulSet", "rel-cart-cp"), "spec", "template", "spec", "serviceAccountName"); sa != "rel-cart-discovery" {
+		t.Errorf("control plane runs as %v, want the discovery ServiceAccount", sa)
+	}
+	tlsSecret := m.get(t, "Secret", "rel-cart-epp-tls")
+	if dig(tlsSecret, "type") != "kubernetes.io/tls" {
+		t.Errorf("TLS Secret type %v", dig(tlsSecret, "type"))
+	}
+	if existing := mustTemplate(t, append(pickers, "--set", "endpointPicker.tls.existingSecret=my-cert")...); len(existing.all("Secret")) != 1 {
+		t.Error("a TLS Secret is generated although endpointPicker.tls.existingSecret names one")
+	}
+
+	// The configs: the pickers' validates as cart epp (asking the control
+	// plane), with the mounted certificate; the control plane discovers
+	// the pool.
+	dir := t.TempDir()
+	data, _ := dig(m.get(t, "ConfigMap", "rel-cart-config"), "data").(obj)
+	for _, f := range []string{"epp.yaml", "epp-tls.yaml", "controlplane.yaml", "rel-cart-cp-0.yaml"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(str(data[f])), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, kv := range [][2]string{{"tls.crt", "crt.pem"}, {"tls.key", "key.pem"}} {
+		b, err := base64.StdEncoding.DecodeString(str(dig(tlsSecret, "data", kv[0])))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, kv[1]), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := config.Load(filepath.Join(dir, "epp.yaml"), filepath.Join(dir, "epp-tls.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Server.Port != 9002 || cfg.Server.MetricsAddr != "0.0.0.0:9090" || cfg.EPP.FallbackEndpoints != 1 || len(cfg.DataPlane.ControlPlane) != 3 ||
+		cfg.Server.TLS.CertFile != "/etc/cart-tls/tls.crt" || !cfg.Auth.AllowUnauthenticatedRemote || len(cfg.Auth.ClientKeys) != 0 {
+		t.Errorf("epp.yaml: %+v %+v %+v", cfg.Server, cfg.EPP, cfg.Auth)
+	}
+	withSecretFiles(cfg, fakeSecrets(t))
+	cfg.Server.TLS.CertFile, cfg.Server.TLS.KeyFile = filepath.Join(dir, "crt.pem"), filepath.Join(dir, "key.pem")
+	if err := cfg.Validate(config.RoleEPP); err != nil {
+		t.Errorf("epp.yaml: %v", err)
+	}
+	if _, err := cfg.Server.TLS.ServerConfig(); err != nil {
+		t.Errorf("the generated certificate does not load: %v", err)
+	}
+	cp, err := config.Load(filepath.Join(dir, "controlplane.yaml"), filepath.Join(dir, "rel-cart-cp-0.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := cp.Discovery.Kubernetes; !k.Enabled || k.InferencePool != "rel-cart" || k.Namespace != "ns" || k.Port != "" {
+		t.Errorf("control-plane discovery %+v, want the InferencePool rel-cart", k)
+	}
+	withSecretFiles(cp, fakeSecrets(t))
+	if err := cp.Validate(config.RoleControlPlane); err != nil {
+		t.Errorf("controlplane.yaml: %v", err)
+	}
+
+	// Pickers only: no HTTP data planes.
+	only := mustTemplate(t, append(pickers, "--set", "dataPlane.enabled=false")...)
+	for _, kind := range []string{"Deployment", "Service", "PodDisruptionBudget"} {
+		for _, d := range only.all(kind) {
+			if strings.Contains(str(dig(d, "metadata", "name")), "dataplane") {
+				t.Errorf("dataPlane.enabled=false still renders %s %s", kind, dig(d, "metadata", "name"))
+			}
+		}
+	}
+	for _, bad := range [][]string{
+		{"--set", "endpointPicker.enabled=true"},
+		append(slices.Clone(pickers), "--set", "discovery.kubernetes.enabled=true", "--set", "discovery.kubernetes.service=vllm"),
+		append(slices.Clone(pickers), "--set", "endpointPicker.inferencePool.failureMode=Maybe"),
+	} {
+		if _, err := helmTemplate(t, bad...); err == nil {
+			t.Errorf("%v rendered; want an error", bad)
+		}
 	}
 }

@@ -37,6 +37,8 @@ func TestCluster(t *testing.T) {
 		{"AddWorker", testAddWorker},
 		{"HitRatio", testHitRatio},
 		{"LeaderKill", testLeaderKill},
+		{"EPPHitRatio", testEPPHitRatio},
+		{"EPPLeaderKill", testEPPLeaderKill},
 		{"DataPlaneKill", testDataPlaneKill},
 		{"RemoveWorker", testRemoveWorker},
 		{"RouteLatency", testRouteLatency},
@@ -48,7 +50,7 @@ func TestCluster(t *testing.T) {
 			// Only LeaderKill may change the leader. An election elsewhere
 			// (a CPU-starved leader stepping down) resets the leader's soft
 			// state and explains odd failures; say so.
-			if after := e.term(t); s.name != "LeaderKill" && after != before {
+			if after := e.term(t); s.name != "LeaderKill" && s.name != "EPPLeaderKill" && after != before {
 				t.Logf("WARNING: the Raft leader changed during this step (%s -> %s)", before, after)
 			}
 		})
@@ -297,11 +299,17 @@ func testHitRatio(t *testing.T, e *env) {
 // prefixes established before the kill).
 func testLeaderKill(t *testing.T, e *env) {
 	e.setWorkers(t, urlsOf(e.fast))
+	leaderKill(t, e, "failover", e.fe["dp2"], e.liveDPs(), len(e.liveDPs())+len(e.epps))
+}
+
+// leaderKill runs the leader kill through base, whose routers are nodes
+// (their cart_fallback_total is summed); failover is complete once the
+// new leader hears from reporters data planes (endpoint pickers count).
+func leaderKill(t *testing.T, e *env, label, base string, dps []*httpNode, reporters int) {
 	for _, r := range e.fast {
 		r.s.Reset()
 	}
 	const (
-		label       = "failover"
 		groups      = 12
 		workers     = 4
 		maxRequests = 6000 // hard bound; the phases below end it much sooner
@@ -310,7 +318,7 @@ func testLeaderKill(t *testing.T, e *env) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c := newClient(e.fe["dp2"], oneShotHTTP())
+	c := newClient(base, oneShotHTTP())
 	prefixes := make([]string, groups)
 	for g := range prefixes {
 		prefixes[g] = groupPrefix(label, g, hrPrefixChars)
@@ -380,7 +388,6 @@ func testLeaderKill(t *testing.T, e *env) {
 		return n >= beforeN, fmt.Sprint(n, " requests")
 	})
 
-	dps := e.liveDPs()
 	fb0 := e.fallbackSum(t, dps)
 	old := e.waitLeader(t, 5*time.Second)
 	killAt := time.Now()
@@ -422,7 +429,7 @@ func testLeaderKill(t *testing.T, e *env) {
 		if err != nil {
 			return false, err.Error()
 		}
-		return int(st.GetDataplanes()) >= len(dps), fmt.Sprint(st.GetDataplanes(), " data planes")
+		return int(st.GetDataplanes()) >= reporters, fmt.Sprint(st.GetDataplanes(), " data planes")
 	})
 	settledAt := time.Now()
 	fbSettled := e.fallbackSum(t, dps)

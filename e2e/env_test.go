@@ -132,6 +132,7 @@ type env struct {
 	dps    []*httpNode // dp1..dp4
 	aios   []*httpNode // all-in-one routers over fast, the split baseline
 	aioLat *httpNode   // all-in-one over latRep only
+	epps   []*eppNode  // endpoint pickers asking the control plane, started by the EPP steps
 	hp     *proc.Proc
 	fe     map[string]string // HAProxy frontend name -> base URL
 

@@ -3,6 +3,7 @@
 //	cart-bench run --target http://127.0.0.1:6700 --trace ../shared/traces/mooncake_conversation.jsonl --limit 200
 //	cart-bench suite                 # every scenario on the default slice
 //	cart-bench overhead              # proxy overhead: CART vs nginx and Caddy
+//	cart-bench epp-overhead          # endpoint picker: the ext_proc path vs the proxy path
 //	cart-bench cp                    # control plane: Route load on three nodes
 //	cart-bench failover              # leader kill under load: hit ratio, errors
 //	cart-bench alternate --variant base=/tmp/base-bin --variant new=bin -o DIR -- overhead
@@ -42,7 +43,7 @@ func newRootCmd() *cobra.Command {
 		Version:      buildinfo.String("cart-bench"),
 		SilenceUsage: true,
 	}
-	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd(), newOverloadCmd(), newAlternateCmd())
+	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newEPPOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd(), newOverloadCmd(), newAlternateCmd())
 	return root
 }
 
@@ -180,7 +181,8 @@ apt-get install -y nginx haproxy`,
 	f.StringVar(&c.BinDir, "bin", c.BinDir, "directory holding cart and cart-sim")
 	f.StringVar(&c.TraceDir, "traces-dir", c.TraceDir, "directory of the trace files")
 	f.StringVar(&traces, "traces", strings.Join(c.Traces, ","), "trace files (names in --traces-dir) to replay; add llmd_shared_prefix_73pct_blk512 for the llm-d workload")
-	f.StringVar(&scenarios, "scenarios", strings.Join(c.Scenarios, ","), "scenarios to run: "+strings.Join(bench.AllScenarios, ","))
+	f.StringVar(&scenarios, "scenarios", strings.Join(c.Scenarios, ","), "scenarios to run: "+strings.Join(bench.AllScenarios, ",")+
+		" (and the endpoint picker's: "+bench.ScenarioEPP+", "+bench.ScenarioEPPDistPrefix+"N)")
 	f.StringVar(&c.OutDir, "out", "", "output directory (default bench/results/<date>)")
 	f.IntVar(&c.Limit, "limit", 0, "requests per trace slice, for every trace (0 = each trace's default; ignored with BENCH_FULL=1)")
 	f.IntVar(&c.Start, "start", c.Start, "first trace record of the slice")
@@ -209,12 +211,39 @@ apt-get install -y nginx haproxy`,
 }
 
 func newOverheadCmd() *cobra.Command {
+	cmd, c := overheadCmd("overhead", "Proxy overhead: requests/s and latency of CART all-in-one vs nginx in front of one fast replica",
+		func(ctx context.Context, env *bench.Env, o bench.OverheadConfig) (string, any) {
+			res := bench.RunOverhead(ctx, env, o)
+			return bench.FormatOverhead(res), res
+		})
+	f := cmd.Flags()
+	f.BoolVar(&c.Overhead.UseWrk, "wrk", false, "drive the load with wrk when it is installed")
+	f.IntVar(&c.Overhead.Rounds, "rounds", c.Overhead.Rounds, "nginx/CART rounds, alternating; the ratio is their median")
+	return cmd
+}
+
+func newEPPOverheadCmd() *cobra.Command {
+	cmd, c := overheadCmd("epp-overhead",
+		"Endpoint-picker overhead: latency and CART CPU per request of the proxy path vs the ext_proc path (cart epp behind a gateway)",
+		func(ctx context.Context, env *bench.Env, o bench.OverheadConfig) (string, any) {
+			res := bench.RunEPPOverhead(ctx, env, o)
+			return bench.FormatEPPOverhead(res), res
+		})
+	f := cmd.Flags()
+	f.IntVar(&c.Overhead.Rounds, "rounds", c.Overhead.Rounds, "rounds over the four targets, in turn")
+	f.IntVar(&c.Overhead.PromptChars, "prompt-chars", c.Overhead.PromptChars, "characters of the fixed prompt")
+	return cmd
+}
+
+// overheadCmd is a closed-loop overhead benchmark's command: its flags
+// shared by both, run printing a table and writing the JSON with -o.
+func overheadCmd(use, short string, run func(context.Context, *bench.Env, bench.OverheadConfig) (string, any)) (*cobra.Command, *bench.SuiteConfig) {
 	root := repoRoot()
 	c := bench.DefaultSuiteConfig(root)
 	var out string
 	cmd := &cobra.Command{
-		Use:   "overhead",
-		Short: "Proxy overhead: requests/s and latency of CART all-in-one vs nginx in front of one fast replica",
+		Use:   use,
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := c.Overhead.Validate(); err != nil {
@@ -225,8 +254,8 @@ func newOverheadCmd() *cobra.Command {
 				return err
 			}
 			defer env.Close()
-			res := bench.RunOverhead(cmd.Context(), env, c.Overhead)
-			fmt.Fprint(cmd.OutOrStdout(), bench.FormatOverhead(res))
+			table, res := run(cmd.Context(), env, c.Overhead)
+			fmt.Fprint(cmd.OutOrStdout(), table)
 			if out != "" {
 				return bench.WriteJSON(out, res)
 			}
@@ -237,10 +266,8 @@ func newOverheadCmd() *cobra.Command {
 	f.StringVar(&c.BinDir, "bin", c.BinDir, "directory holding cart and cart-sim")
 	f.DurationVar(&c.Overhead.Duration, "duration", c.Overhead.Duration, "duration per target")
 	f.IntVar(&c.Overhead.Concurrency, "concurrency", c.Overhead.Concurrency, "closed-loop concurrency")
-	f.BoolVar(&c.Overhead.UseWrk, "wrk", false, "drive the load with wrk when it is installed")
-	f.IntVar(&c.Overhead.Rounds, "rounds", c.Overhead.Rounds, "nginx/CART rounds, alternating; the ratio is their median")
 	f.StringVarP(&out, "out", "o", "", "write the JSON result here")
-	return cmd
+	return cmd, &c
 }
 
 func newAlternateCmd() *cobra.Command {

@@ -38,7 +38,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}, config.RoleAllInOne, runAllInOne)
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(newControlPlaneCmd(), newDataPlaneCmd())
+	root.AddCommand(newControlPlaneCmd(), newDataPlaneCmd(), newEPPCmd())
 	return root
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -145,6 +147,51 @@ func runDataPlane(ctx context.Context, cfg *config.Config, _ []string, log *slog
 		log.Warn("SIGHUP ignored: a data plane learns its worker set from the control plane")
 	})
 	return d.Run(ctx, ln)
+}
+
+func newEPPCmd() *cobra.Command {
+	return configured(&cobra.Command{
+		Use:   "epp -c config.yaml",
+		Short: "Run an endpoint picker: answer a gateway's ext_proc calls (Gateway API Inference Extension) with the worker to use",
+		Long: `Serves envoy.service.ext_proc.v3.ExternalProcessor and gRPC health on
+server.host:server.port (TLS with server.tls): a gateway fronting an
+InferencePool asks it where each request goes and forwards it itself.
+With dataplane.control_plane set it routes through the control plane, as a
+data plane does; otherwise it is an all-in-one router (workers, discovery).
+/metrics is served on server.metrics_addr.`,
+	}, config.RoleEPP, runEPP)
+}
+
+func runEPP(ctx context.Context, cfg *config.Config, paths []string, log *slog.Logger) error {
+	if _, err := fdlimit.Ensure(uint64(cfg.Server.MinOpenFiles)); err != nil {
+		return err
+	}
+	var client *http.Client
+	if cfg.EPPBase() == config.RoleDataPlane {
+		c, err := cpclient.New(cfg.DataPlane.ClientTLS)
+		if err != nil {
+			return err
+		}
+		client = c
+	}
+	e, err := server.NewEPP(cfg, paths, log, rand.Uint64(), client)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Server.Addr())
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	onHUP(ctx, func() {
+		if e.AllInOne == nil {
+			log.Warn("SIGHUP ignored: an endpoint picker with a control plane learns its worker set from it")
+			return
+		}
+		if err := e.Reload(); err != nil {
+			log.Error("SIGHUP reload", "error", err.Error())
+		}
+	})
+	return e.Run(ctx, ln)
 }
 
 // onHUP calls fn for every SIGHUP until ctx ends. Every role handles the

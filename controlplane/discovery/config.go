@@ -46,7 +46,7 @@ func Watchers(cfg *config.Config, log *slog.Logger, m *Metrics, sink func(source
 	}
 	if cfg.Discovery.Kubernetes.Enabled {
 		k := cfg.Discovery.Kubernetes
-		src, err := NewKubernetesSource(KubernetesOptions{Service: k.Service, Selector: k.Selector,
+		src, err := NewKubernetesSource(KubernetesOptions{Service: k.Service, Selector: k.Selector, InferencePool: k.InferencePool,
 			Namespace: k.Namespace, Port: k.Port, Scheme: k.Scheme, Kubeconfig: k.Kubeconfig,
 			SyncTimeout: config.Seconds(k.SyncTimeoutSecs), Logger: log})
 		if err != nil {

@@ -29,12 +29,14 @@ import (
 )
 
 // KubernetesOptions configure a Kubernetes source: the ready endpoints of
-// one Service (its EndpointSlices), or the ready pods matching a label
-// selector, in one namespace.
+// one Service (its EndpointSlices), the ready pods matching a label
+// selector, or the ready pods of an InferencePool (its selector, on each
+// of its target ports), in one namespace.
 type KubernetesOptions struct {
-	// Exactly one of Service and Selector.
-	Service  string
-	Selector string
+	// Exactly one of Service, Selector and InferencePool.
+	Service       string
+	Selector      string
+	InferencePool string
 	// Namespace; "" = the namespace of the in-cluster service account, or
 	// of the kubeconfig's current context, else "default".
 	Namespace string
@@ -47,8 +49,9 @@ type KubernetesOptions struct {
 	// SyncTimeout bounds how long an answer waits for the first list.
 	SyncTimeout time.Duration
 	// Client replaces the one built from Kubeconfig (tests: a fake
-	// clientset).
+	// clientset); Pools, the InferencePool client, likewise.
 	Client KubernetesClient
+	Pools  InferencePools
 	Logger *slog.Logger
 }
 
@@ -100,6 +103,7 @@ type KubernetesSource struct {
 
 type informerRun struct {
 	inf     cache.SharedIndexInformer
+	pool    cache.SharedIndexInformer // InferencePool mode: the pool itself
 	synced  chan struct{}
 	mu      sync.Mutex
 	lastErr error
@@ -110,14 +114,18 @@ const saNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace
 // NewKubernetesSource checks o and builds the API client (nothing is
 // contacted until Start).
 func NewKubernetesSource(o KubernetesOptions) (*KubernetesSource, error) {
-	switch {
-	case o.Service != "" && o.Selector != "":
-		return nil, errors.New("kubernetes discovery: service and selector are both set; choose one")
-	case o.Service == "" && o.Selector == "":
-		return nil, errors.New("kubernetes discovery: neither service nor selector is set")
+	switch modes := btoi(o.Service != "") + btoi(o.Selector != "") + btoi(o.InferencePool != ""); {
+	case modes > 1:
+		return nil, errors.New("kubernetes discovery: more than one of service, selector and inference_pool is set; choose one")
+	case modes == 0:
+		return nil, errors.New("kubernetes discovery: none of service, selector and inference_pool is set")
 	}
 	k := &KubernetesSource{o: o, notify: make(chan struct{}, 1)}
-	if o.Service != "" {
+	if o.InferencePool != "" {
+		if err := k.checkPool(); err != nil {
+			return nil, err
+		}
+	} else if o.Service != "" {
 		if errs := validation.IsDNS1035Label(o.Service); len(errs) > 0 {
 			return nil, fmt.Errorf("kubernetes discovery: service %q: %s", o.Service, strings.Join(errs, "; "))
 		}
@@ -131,11 +139,13 @@ func NewKubernetesSource(o KubernetesOptions) (*KubernetesSource, error) {
 		}
 		k.selector = sel
 	}
-	n, err := parsePort(o.Port)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes discovery: %w", err)
+	if o.InferencePool == "" {
+		n, err := parsePort(o.Port)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes discovery: %w", err)
+		}
+		k.portNum = n
 	}
-	k.portNum = n
 	if k.o.Scheme == "" {
 		k.o.Scheme = "http"
 	}
@@ -153,6 +163,11 @@ func NewKubernetesSource(o KubernetesOptions) (*KubernetesSource, error) {
 		cfg.UserAgent = "cart-discovery"
 		if k.o.Client, err = newClient(cfg); err != nil {
 			return nil, fmt.Errorf("kubernetes discovery: %w", err)
+		}
+		if o.InferencePool != "" && k.o.Pools == nil {
+			if k.o.Pools, err = newPoolClient(cfg); err != nil {
+				return nil, fmt.Errorf("kubernetes discovery: %w", err)
+			}
 		}
 		if k.o.Namespace == "" {
 			k.o.Namespace = ns
@@ -219,6 +234,9 @@ func (k *KubernetesSource) Namespace() string { return k.o.Namespace }
 
 // Describe names what is watched, for logs.
 func (k *KubernetesSource) Describe() string {
+	if k.o.InferencePool != "" {
+		return "pods of InferencePool " + k.o.Namespace + "/" + k.o.InferencePool
+	}
 	if k.o.Service != "" {
 		return "endpointslices of service " + k.o.Namespace + "/" + k.o.Service
 	}
@@ -259,7 +277,13 @@ func (k *KubernetesSource) Start(ctx context.Context) (stop func()) {
 	var lw *cache.ListWatch
 	var example runtime.Object
 	ns := k.o.Namespace
-	if k.o.Service != "" {
+	if k.o.InferencePool != "" {
+		// Every pod of the namespace: the pool's selector may change, and
+		// filtering here needs no new watch when it does.
+		pods := k.o.Client.CoreV1().Pods(ns)
+		example = &corev1.Pod{}
+		lw = selectedListWatch("", pods.List, pods.Watch)
+	} else if k.o.Service != "" {
 		// The label the EndpointSlice controller puts on a Service's slices.
 		sel := labels.Set{discoveryv1.LabelServiceName: k.o.Service}.String()
 		eps := k.o.Client.DiscoveryV1().EndpointSlices(ns)
@@ -274,28 +298,42 @@ func (k *KubernetesSource) Start(ctx context.Context) (stop func()) {
 	// client-go's generated informers do.
 	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, k.o.Client), example, 0, cache.Indexers{})
 	r := &informerRun{inf: inf, synced: make(chan struct{})}
-	// Before Run, as client-go requires. The reflector retries with
-	// back-off on its own; the error is kept to explain an answer that
-	// waits for a first list (RBAC denied, API server unreachable).
-	_ = inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-		r.mu.Lock()
-		r.lastErr = err
-		r.mu.Unlock()
-		k.o.Logger.Warn("discovery: kubernetes list/watch failed; client-go retries, the last listed set is kept",
-			"source", "kubernetes", "watch", k.Describe(), "error", err.Error())
-	})
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { k.poke() },
-		UpdateFunc: func(any, any) { k.poke() },
-		DeleteFunc: func(any) { k.poke() },
-	})
+	infs := []cache.SharedIndexInformer{inf}
+	if k.o.InferencePool != "" {
+		_ = inf.SetTransform(slimPod)
+		r.pool = k.poolInformer()
+		infs = append(infs, r.pool)
+	}
+	for _, inf := range infs {
+		// Before Run, as client-go requires. The reflector retries with
+		// back-off on its own; the error is kept to explain an answer
+		// that waits for a first list (RBAC denied, API server
+		// unreachable).
+		_ = inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+			r.mu.Lock()
+			r.lastErr = err
+			r.mu.Unlock()
+			k.o.Logger.Warn("discovery: kubernetes list/watch failed; client-go retries, the last listed set is kept",
+				"source", "kubernetes", "watch", k.Describe(), "error", err.Error())
+		})
+		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { k.poke() },
+			UpdateFunc: func(any, any) { k.poke() },
+			DeleteFunc: func(any) { k.poke() },
+		})
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); inf.RunWithContext(ctx) }()
+	synced := make([]cache.InformerSynced, len(infs))
+	for i, inf := range infs {
+		synced[i] = inf.HasSynced
+		wg.Add(1)
+		go func() { defer wg.Done(); inf.RunWithContext(ctx) }()
+	}
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		if cache.WaitForCacheSync(ctx.Done(), synced...) {
 			close(r.synced)
 			k.poke()
 		}
@@ -341,7 +379,9 @@ func (k *KubernetesSource) Resolve(ctx context.Context) Answer {
 		return Answer{Err: errors.New(msg)}
 	}
 	var a Answer
-	if k.o.Service != "" {
+	if k.o.InferencePool != "" {
+		a = k.fromPool(r.pool.GetStore().List(), r.inf.GetStore().List())
+	} else if k.o.Service != "" {
 		a = k.fromSlices(r.inf.GetStore().List())
 	} else {
 		a = k.fromPods(r.inf.GetStore().List())

@@ -138,8 +138,11 @@ func TestNewKubernetesSourceRejectsBadOptions(t *testing.T) {
 		o    KubernetesOptions
 		want string
 	}{
-		{KubernetesOptions{Service: "a", Selector: "app=a", Port: "http"}, "both set"},
-		{KubernetesOptions{Port: "http"}, "neither service nor selector"},
+		{KubernetesOptions{Service: "a", Selector: "app=a", Port: "http"}, "more than one"},
+		{KubernetesOptions{Selector: "app=a", InferencePool: "pool"}, "more than one"},
+		{KubernetesOptions{Port: "http"}, "none of service, selector and inference_pool"},
+		{KubernetesOptions{InferencePool: "pool", Port: "http"}, "targetPorts are the ports"},
+		{KubernetesOptions{InferencePool: "Pool_1"}, "inference_pool"},
 		{KubernetesOptions{Service: "A_b", Port: "http"}, "service"},
 		{KubernetesOptions{Selector: "app in (", Port: "http"}, "selector"},
 		{KubernetesOptions{Service: "a"}, "port is empty"},

@@ -23,13 +23,7 @@ import (
 // decision comes back as an attempt, which owes the router its one
 // settlement.
 func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
-	exclude := c.failed
-	if c.pin != "" {
-		exclude = p.pinExclude(c)
-	} else if len(c.modelExclude) > 0 {
-		exclude = append(append(make([]string, 0, len(c.failed)+len(c.modelExclude)), c.failed...), c.modelExclude...)
-	}
-	req := &router.Request{ID: c.id, Model: c.model, Exclude: exclude, Avoid: p.o.Breakers.Blocked(p.o.Now()), Admission: c.admission}
+	req := &router.Request{ID: c.id, Model: c.model, Exclude: p.excluded(c), Avoid: p.o.Breakers.Blocked(p.o.Now()), Admission: c.admission}
 	if c.pin == "" && c.responseID != "" {
 		req.ResponseID, req.Tenant = c.responseID, c.tenant
 	}
@@ -79,6 +73,18 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 		}
 	}
 	return a, nil
+}
+
+// excluded are the workers c's next attempt must not go to: those that
+// failed it, those not serving its model, or all but its pin.
+func (p *Proxy) excluded(c *call) []string {
+	switch {
+	case c.pin != "":
+		return p.pinExclude(c)
+	case len(c.modelExclude) > 0:
+		return append(append(make([]string, 0, len(c.failed)+len(c.modelExclude)), c.failed...), c.modelExclude...)
+	}
+	return c.failed
 }
 
 // attempt is one try of a call on one worker, in the shape of Caddy's

@@ -101,11 +101,16 @@ func (t *trackedBody) Read(b []byte) (int, error) {
 		if t.timer != nil {
 			t.timer.Reset(t.idle)
 		}
-		t.mu.Lock()
-		t.keep(b[:n])
-		t.mu.Unlock()
+		t.see(b[:n])
 	}
 	return n, err
+}
+
+// see keeps what usage needs of a chunk of the body.
+func (t *trackedBody) see(p []byte) {
+	t.mu.Lock()
+	t.keep(p)
+	t.mu.Unlock()
 }
 
 func (t *trackedBody) keep(p []byte) {

@@ -251,6 +251,10 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 		p.fail(w, c, err)
 		return
 	}
+	if o := pickerOf(r); o != nil {
+		p.pick(w, r, c, o) // picker.go: a gateway dispatches
+		return
+	}
 	p.active.Add(1)
 	defer p.active.Add(-1)
 	c.sw.ResponseWriter = w

@@ -166,16 +166,22 @@ func (p *Proxy) sniffResponseID(c *call, resp *http.Response) *http.Response {
 	if !c.learnResponseID || resp.StatusCode/100 != 2 {
 		return resp
 	}
+	resp.Body = &responseIDSniffer{ReadCloser: resp.Body, learn: p.learnResponseID(c, context.WithoutCancel(resp.Request.Context()))}
+	return resp
+}
+
+// learnResponseID returns what records the id of the response c's final
+// worker produced, here and, through a sharing router, everywhere.
+func (p *Proxy) learnResponseID(c *call, ctx context.Context) func(string) {
 	worker, tenant := c.final.Worker, c.tenant
-	resp.Body = &responseIDSniffer{ReadCloser: resp.Body, learn: func(id string) {
+	return func(id string) {
 		p.affinity.Learn(id, affinity.Origin{Worker: worker, Tenant: affinity.HashTenant(tenant)}, p.o.Now())
 		if l, ok := p.o.Router.(router.ResponseLearner); ok {
 			// Waited for: a client may send the follow-up to another
 			// data plane as soon as it holds the id.
-			l.LearnResponse(context.WithoutCancel(resp.Request.Context()), id, worker, tenant)
+			l.LearnResponse(ctx, id, worker, tenant)
 		}
-	}}
-	return resp
+	}
 }
 
 // pinFromRouter adopts the pin a shared-affinity router found for the
@@ -201,16 +207,24 @@ type responseIDSniffer struct {
 
 func (s *responseIDSniffer) Read(b []byte) (int, error) {
 	n, err := s.ReadCloser.Read(b)
-	if n > 0 && !s.done {
-		s.head = append(s.head, b[:min(n, responseIDSniff-len(s.head))]...)
-		if id, ok := findResponseID(s.head); ok {
-			s.learn(id)
-			s.done, s.head = true, nil
-		} else if len(s.head) >= responseIDSniff {
-			s.done, s.head = true, nil
-		}
+	if n > 0 {
+		s.observe(b[:n])
 	}
 	return n, err
+}
+
+// observe looks for the id in the answer's bytes so far, b the next ones.
+func (s *responseIDSniffer) observe(b []byte) {
+	if s.done {
+		return
+	}
+	s.head = append(s.head, b[:min(len(b), responseIDSniff-len(s.head))]...)
+	if id, ok := findResponseID(s.head); ok {
+		s.learn(id)
+		s.done, s.head = true, nil
+	} else if len(s.head) >= responseIDSniff {
+		s.done, s.head = true, nil
+	}
 }
 
 var idKey = []byte(`"id"`)

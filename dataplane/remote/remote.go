@@ -1145,3 +1145,11 @@ func (r *Router) logRPCError(msg, target string, err error, attrs ...any) {
 	r.log.Warn("the control plane rejected this data plane's cluster token (auth.token / auth.token_file): routing locally until it is fixed",
 		append([]any{"control_plane", target, "during", msg, "error", err.Error()}, attrs...)...)
 }
+
+// WorkerSource is where url came from, as the last Sync said
+// (router.SourceUnknown when this data plane does not know it).
+func (r *Router) WorkerSource(url string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sourceOf(url)
+}

@@ -191,6 +191,13 @@ func (s aioSink) Load(url string) int             { return s.a.Router.Load(url) 
 // Run serves on ln until ctx ends, with health checks and index
 // maintenance running alongside.
 func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
+	return a.serve(ctx, ln, func(*config.Config) httpServer { return stdServer{a.HTTP} }, "cart all-in-one router listening")
+}
+
+// serve runs the server front builds on ln (the proxy's HTTP server, or an
+// endpoint picker's gRPC one), with everything else that runs alongside,
+// and extra tasks.
+func (a *AllInOne) serve(ctx context.Context, ln net.Listener, front func(*config.Config) httpServer, listening string, extra ...func(context.Context)) error {
 	if a.ownTracer {
 		defer closeTracer(a.Tracer, a.log)
 	}
@@ -221,8 +228,9 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 	for _, w := range a.watchers {
 		tasks = append(tasks, w.Run)
 	}
-	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers))
-	return serveAlongside(ctx, a.HTTP, ln, config.Seconds(cfg.Server.ShutdownGraceSecs), a.MetricsHTTP, mln, a.log, tasks...)
+	tasks = append(tasks, extra...)
+	a.log.Info(listening, "addr", ln.Addr().String(), "workers", len(cfg.Workers))
+	return serveAlongside(ctx, front(cfg), ln, config.Seconds(cfg.Server.ShutdownGraceSecs), a.MetricsHTTP, mln, a.log, tasks...)
 }
 
 // Reload re-reads the config files. Only the worker list may change; any

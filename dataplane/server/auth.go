@@ -48,18 +48,19 @@ func WorkerKeys(cfg *config.Config) (proxy.WorkerKeys, error) { return cfg.Worke
 var ErrUnauthenticatedRemote = errors.New("refusing to serve without client authentication on a non-loopback address")
 
 // CheckExposure refuses to run a proxy listener bound to a non-loopback
-// address without client keys: anyone who can reach the port could spend
-// the pool's GPUs and read its models. It checks the address actually bound,
-// not the configured host, because that is what the network sees.
+// address without client authentication (client keys, or mutual TLS on
+// the listener): anyone who can reach the port could spend the pool's GPUs
+// and read its models. It checks the address actually bound, not the
+// configured host, because that is what the network sees.
 func CheckExposure(cfg *config.Config, addr net.Addr, log *slog.Logger) error {
-	if len(cfg.Auth.ClientKeys) > 0 || credential.IsLoopback(addr.String()) {
+	if len(cfg.Auth.ClientKeys) > 0 || cfg.Server.TLS.ClientCAFile != "" || credential.IsLoopback(addr.String()) {
 		return nil
 	}
 	if cfg.Auth.AllowUnauthenticatedRemote {
 		log.Warn("serving without client authentication on a non-loopback address (auth.allow_unauthenticated_remote: true)", "addr", addr.String())
 		return nil
 	}
-	return fmt.Errorf("%w (%s): set auth.client_keys, bind server.host to 127.0.0.1, or set auth.allow_unauthenticated_remote: true", ErrUnauthenticatedRemote, addr)
+	return fmt.Errorf("%w (%s): set auth.client_keys, server.tls.client_ca_file (mutual TLS), bind server.host to 127.0.0.1, or set auth.allow_unauthenticated_remote: true", ErrUnauthenticatedRemote, addr)
 }
 
 // MetricsServer builds the /metrics-only listener of server.metrics_addr,

@@ -190,6 +190,12 @@ func TestRefusesRemoteBindWithoutClientKeys(t *testing.T) {
 	if err := server.CheckExposure(cfg, &net.TCPAddr{IP: net.IPv6loopback, Port: 1}, discardLogger()); err != nil {
 		t.Fatalf("CheckExposure([::1]) = %v", err)
 	}
+	// Mutual TLS authenticates the clients (a gateway, for an endpoint
+	// picker) as keys do.
+	cfg.Server.TLS = config.TLS{CertFile: "c.pem", KeyFile: "k.pem", ClientCAFile: "ca.pem"}
+	if err := server.CheckExposure(cfg, public, discardLogger()); err != nil {
+		t.Fatalf("CheckExposure(0.0.0.0) with mutual TLS = %v", err)
+	}
 }
 
 // TestMetricsOnOwnListener: with server.metrics_addr, /metrics is served

@@ -116,6 +116,12 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client, opt
 
 // Run serves on ln until ctx ends, syncing with the control plane.
 func (d *DataPlane) Run(ctx context.Context, ln net.Listener) error {
+	return d.serve(ctx, ln, stdServer{d.HTTP}, "cart data plane listening")
+}
+
+// serve runs srv on ln (the proxy's HTTP server, or an endpoint picker's
+// gRPC one) with the control-plane client and extra tasks alongside.
+func (d *DataPlane) serve(ctx context.Context, ln net.Listener, srv httpServer, listening string, extra ...func(context.Context)) error {
 	if d.ownTracer {
 		defer closeTracer(d.Tracer, d.log)
 	}
@@ -123,8 +129,8 @@ func (d *DataPlane) Run(ctx context.Context, ln net.Listener) error {
 	if err != nil {
 		return err
 	}
-	d.log.Info("cart data plane listening", "addr", ln.Addr().String(), "control_plane", d.cfg.DataPlane.ControlPlane)
-	return serveAlongside(ctx, d.HTTP, ln, config.Seconds(d.cfg.Server.ShutdownGraceSecs), d.MetricsHTTP, mln, d.log, d.Router.Run)
+	d.log.Info(listening, "addr", ln.Addr().String(), "control_plane", d.cfg.DataPlane.ControlPlane)
+	return serveAlongside(ctx, srv, ln, config.Seconds(d.cfg.Server.ShutdownGraceSecs), d.MetricsHTTP, mln, d.log, append([]func(context.Context){d.Router.Run}, extra...)...)
 }
 
 // RemoteFlow translates flow.* for the data plane's side of flow control.

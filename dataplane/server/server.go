@@ -126,14 +126,30 @@ func HTTPServer(cfg *config.Config, h http.Handler, log *slog.Logger) (*http.Ser
 // connections stop, in-flight requests (streams included) get grace to
 // finish. It serves TLS when srv has a TLS config.
 func Serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
+	return serveUntil(ctx, stdServer{srv}, ln, grace)
+}
+
+// httpServer is what serves a client listener: net/http's server, or an
+// endpoint picker's gRPC server.
+type httpServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
+
+// stdServer is net/http's server, with TLS when configured.
+type stdServer struct{ *http.Server }
+
+func (s stdServer) Serve(ln net.Listener) error {
+	if s.TLSConfig != nil {
+		return s.ServeTLS(ln, "", "")
+	}
+	return s.Server.Serve(ln)
+}
+
+func serveUntil(ctx context.Context, srv httpServer, ln net.Listener, grace time.Duration) error {
 	errc := make(chan error, 1)
-	go func() {
-		if srv.TLSConfig != nil {
-			errc <- srv.ServeTLS(ln, "", "")
-			return
-		}
-		errc <- srv.Serve(ln)
-	}()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve %s: %w", ln.Addr(), err)

@@ -22,6 +22,9 @@ so it is cut to leave room within the 63-character DNS label limit. */}}
 {{/* Headless: stable per-pod DNS names for Raft and the API. */}}
 {{- define "cart.cpHeadless" -}}{{ include "cart.fullname" . }}-cp-headless{{- end }}
 {{- define "cart.dpName" -}}{{ include "cart.fullname" . }}-dataplane{{- end }}
+{{- define "cart.eppName" -}}{{ include "cart.fullname" . }}-epp{{- end }}
+{{/* The InferencePool the endpoint pickers serve. */}}
+{{- define "cart.poolName" -}}{{ default (include "cart.fullname" .) .Values.endpointPicker.inferencePool.name }}{{- end }}
 
 {{- define "cart.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -47,11 +50,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* The control plane's ServiceAccount under Kubernetes discovery. */}}
 {{- define "cart.discoverySA" -}}{{ include "cart.fullname" . }}-discovery{{- end }}
 
-{{/* Kubernetes discovery in cart config form (control plane only). */}}
+{{/* Whether the control plane discovers workers through the Kubernetes
+API: discovery.kubernetes, or the endpoint pickers' InferencePool. */}}
+{{- define "cart.discoveryOn" -}}
+{{- if or .Values.discovery.kubernetes.enabled .Values.endpointPicker.enabled }}true{{ end }}
+{{- end }}
+
+{{/* Kubernetes discovery in cart config form (control plane only). With
+the endpoint pickers, the workers are the InferencePool's pods. */}}
 {{- define "cart.discoveryConfig" -}}
 {{- $k := .Values.discovery.kubernetes }}
 {{- $out := dict }}
-{{- if $k.enabled }}
+{{- if .Values.endpointPicker.enabled }}
+{{- if $k.enabled }}{{ fail "endpointPicker.enabled discovers the InferencePool's pods: leave discovery.kubernetes disabled" }}{{ end }}
+{{- $out = dict "discovery" (dict "kubernetes" (dict "enabled" true "namespace" .Release.Namespace "inference_pool" (include "cart.poolName" .))) }}
+{{- else if $k.enabled }}
 {{- $kc := dict "enabled" true "namespace" (default .Release.Namespace $k.namespace) "port" (toString $k.port) }}
 {{- with $k.service }}{{ $_ := set $kc "service" . }}{{ end }}
 {{- with $k.selector }}{{ $_ := set $kc "selector" . }}{{ end }}
@@ -167,6 +180,24 @@ place; the chart's own key is appended, since lists are replaced on merge. */}}
 {{- $cfg = mustMergeOverwrite $cfg (include "cart.workersConfig" $root | fromYaml) }}
 {{- end }}
 {{- toYaml $cfg }}
+{{- end }}
+
+{{/* epp.yaml: an endpoint picker asking the control plane, ext_proc on
+endpointPicker.port, /metrics on endpointPicker.metricsPort. */}}
+{{- define "cart.eppConfig" -}}
+{{- $root := . }}
+{{- $e := .Values.endpointPicker }}
+{{- $fixed := include "cart.commonFixed" $root | fromYaml }}
+{{- $cps := list }}
+{{- range $i := until (int $root.Values.controlPlane.replicas) }}
+{{- $cps = append $cps (printf "http://%s:6701" (include "cart.cpPodHost" (dict "root" $root "i" $i))) }}
+{{- end }}
+{{- $server := dict "host" "0.0.0.0" "port" (int $e.port) "metrics_addr" (printf "0.0.0.0:%d" (int $e.metricsPort)) }}
+{{- $epp := dict "server" $server "dataplane" (dict "control_plane" $cps) "epp" (dict "fallback_endpoints" (int $e.fallbackEndpoints)) }}
+{{- if $e.allowUnauthenticatedGateways }}
+{{- $_ := set $epp "auth" (dict "allow_unauthenticated_remote" true) }}
+{{- end }}
+{{- toYaml (mustMergeOverwrite (dict) (deepCopy $root.Values.config) (deepCopy $e.config) $fixed $epp) }}
 {{- end }}
 
 {{/* The credentials volume of a pod: (dict "root" $ "keys" (list ...)),

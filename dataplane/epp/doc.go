@@ -1,0 +1,58 @@
+// Package epp is CART's Endpoint Picker: envoy.service.ext_proc.v3.
+// ExternalProcessor as the Gateway API Inference Extension's Endpoint
+// Picker Protocol (docs/proposals/004-endpoint-picker-protocol, v1.0.0)
+// defines it. A gateway opens one stream per HTTP request; the picker
+// answers with the worker to use and the gateway forwards the request.
+//
+// # Routing is the proxy's
+//
+// A stream runs the proxy's own handler (dataplane/proxy) on a request
+// rebuilt from the headers message (pseudo-headers to method, path and
+// host; no remote address, so the proxy's loopback-only admin view stays
+// closed), under proxy.WithPicker. Everything up to the decision is the
+// proxy's code path: client keys, the body limit and budget, extraction,
+// the media policy, the model filter, cache isolation, the Responses API
+// pins, session keys, flow control, and the router (router.Local, or the
+// control plane through remote.Router). Only where the proxy would
+// dispatch does it hand the decision over (a proxy.Pick) and wait, holding
+// it as an attempt is held, until the picker says how the exchange ended.
+// What the handler answers itself (errors, GET /v1/models, /health) is
+// recorded and sent as an ImmediateResponse, in the proxy's error shape.
+//
+// The body reaches the handler through a feed (feed.go) the stream's
+// goroutine appends the gateway's chunks to without ever waiting: that
+// goroutine must go on reading the stream to notice a reset while the
+// handler waits in flow control's queue. The feed keeps at most
+// proxy.max_body_bytes + 1 bytes, so a peer cannot grow it past what the
+// handler refuses anyway.
+//
+// # Message order
+//
+// FULL_DUPLEX_STREAMED both ways (other modes are refused: the picker must
+// send the body back, since in that mode the gateway forwards what the
+// picker sends). The picker answers once the decision is made and the
+// request body complete (end_of_stream, or trailers): the headers response
+// (destination header and envoy.lb metadata, equal; clear_route_cache),
+// the body in chunks of at most MaxChunk bytes, the last one ending the
+// stream unless trailers follow, then the trailers' response. Response
+// messages are answered one for one as they come: headers (x-routed-peer),
+// each body chunk sent back as it came, trailers.
+//
+// # Settlement
+//
+// A decision is settled exactly once (proxy.Pick): at the response's end
+// of stream with the usage read from its head and tail (the proxy's
+// sniffing), undelivered at once when the gateway's served report names
+// another endpoint (it fell back; the chosen worker never saw the prompt),
+// or as a client that hung up when the stream breaks off. A request the
+// picker never answered is settled undelivered.
+//
+// # What was checked against what
+//
+// Field names, message shapes and modes: go-control-plane's generated
+// types (envoy v1.40.0). The protocol's keys, the subset hint and served
+// report, the 503/429 rules, the health-check names: the proposal's text.
+// The answer's order (headers response held until the body is complete,
+// the body always sent back in 62,000-byte chunks, one chunk echoed per
+// response chunk, trailers answered): llm-d-router's pkg/epp/handlers.
+package epp
