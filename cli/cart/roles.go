@@ -27,9 +27,9 @@ import (
 type roleRun func(ctx context.Context, cfg *config.Config, paths []string, log *slog.Logger) error
 
 // configured gives cmd the -c and --config-check flags every role shares
-// and a RunE that loads the config for role, then either reports the check
-// or runs run.
-func configured(cmd *cobra.Command, role config.Role, run roleRun) *cobra.Command {
+// and a RunE that loads the config for role and runs checks on it (nil:
+// none), then either reports the check or runs run.
+func configured(cmd *cobra.Command, role config.Role, run roleRun, checks func(*config.Config) config.Problems) *cobra.Command {
 	var paths []string
 	var check bool
 	cmd.Args = cobra.NoArgs
@@ -38,6 +38,11 @@ func configured(cmd *cobra.Command, role config.Role, run roleRun) *cobra.Comman
 			return errors.New("no config file: pass -c config.yaml (see config.example.yaml)")
 		}
 		cfg, err := loadConfig(paths, role)
+		if err == nil && checks != nil {
+			if err = checks(cfg).Err(); err != nil {
+				cfg = nil
+			}
+		}
 		if check {
 			return reportCheck(cmd, cfg, err)
 		}
@@ -60,7 +65,7 @@ func newControlPlaneCmd() *cobra.Command {
 	cmd := configured(&cobra.Command{
 		Use:   "controlplane -c config.yaml",
 		Short: "Run one control-plane node (Raft member serving Route and the admin API)",
-	}, config.RoleControlPlane, runControlPlane)
+	}, config.RoleControlPlane, runControlPlane, startChecks(config.RoleControlPlane))
 	cmd.AddCommand(newMigrateLogCmd())
 	return cmd
 }
@@ -73,7 +78,7 @@ func newMigrateLogCmd() *cobra.Command {
 into a WAL, checks the copy entry by entry, puts it in place and moves raft.db
 to raft.db.migrated (delete it once the node runs). The node must be stopped:
 the data dir is locked. An interrupted run leaves raft.db in use; run it again.`,
-	}, config.RoleControlPlane, runMigrateLog)
+	}, config.RoleControlPlane, runMigrateLog, nil) // its data dir holds the other log: that is the point
 }
 
 func runMigrateLog(ctx context.Context, cfg *config.Config, _ []string, log *slog.Logger) error {
@@ -91,7 +96,7 @@ func newDataPlaneCmd() *cobra.Command {
 	return configured(&cobra.Command{
 		Use:   "dataplane -c config.yaml",
 		Short: "Run a stateless data plane that asks the control plane where to route",
-	}, config.RoleDataPlane, runDataPlane)
+	}, config.RoleDataPlane, runDataPlane, startChecks(config.RoleDataPlane))
 }
 
 func runControlPlane(ctx context.Context, cfg *config.Config, _ []string, log *slog.Logger) error {
