@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BINARIES := cart cartctl cart-sim
 GOFILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro bench-quality bench-cp bench-failover
+.PHONY: help build run run-cluster test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro bench-quality bench-cp bench-failover
 
 # Code generation tools, pinned and built from the Go module proxy into
 # .tools/ (buf's remote plugins are never used).
@@ -23,15 +23,20 @@ HELM_KUBE_VERSION := 1.30.0
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/cart, bin/cartctl, bin/cart-sim
-	@mkdir -p bin
-	@for b in $(BINARIES); do \
-		[ -d cli/$$b ] || continue; \
-		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/$$b ./cli/$$b || exit 1; \
-	done
+build: $(addprefix bin/,$(BINARIES)) ## build bin/cart, bin/cartctl, bin/cart-sim
 
-run: build ## start three cart-sim replicas and cart on :6700 (Ctrl-C stops all)
+# One target per binary, so that run and run-cluster build only what they
+# start; go build itself skips what is up to date.
+.PHONY: $(addprefix bin/,$(BINARIES))
+$(addprefix bin/,$(BINARIES)):
+	@mkdir -p bin
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $@ ./cli/$(notdir $@)
+
+run: bin/cart bin/cart-sim ## start three cart-sim replicas and cart on :6700 (Ctrl-C stops all)
 	@deploy/local/run.sh
+
+run-cluster: bin/cart bin/cart-sim ## three control-plane nodes, two data planes, HAProxy on :6700, three cart-sim replicas; files in tmp/cluster (Ctrl-C stops all)
+	@deploy/local/cluster.sh
 
 test: fmt-check vet staticcheck ## the one test command: format, vet, staticcheck, go test -race
 	HELM=$(TOOLS)/helm $(GO) test -race -count=1 -timeout 25m ./...

@@ -63,3 +63,32 @@ func TestDocsNameEveryWorkerSource(t *testing.T) {
 		t.Error("README still calls Kubernetes discovery planned; it is built (controlplane/discovery/kubernetes.go)")
 	}
 }
+
+// The distributed quick start is one command that writes nothing outside
+// tmp/ and says how to stop; talking to the control plane by hand says
+// where buf comes from and shows the dry run.
+func TestReadmeDistributedQuickStart(t *testing.T) {
+	readme := string(readFile(t, "README.md"))
+	i := strings.Index(readme, "## Distributed mode")
+	j := strings.Index(readme[i+1:], "\n## ")
+	if i < 0 || j < 0 {
+		t.Fatal("README has no distributed-mode section")
+	}
+	section := readme[i : i+1+j]
+	for _, want := range []string{"make run-cluster", "tmp/cluster/", "Ctrl-C", "make tools", `"dry_run":true`, "--reflect-header"} {
+		if !strings.Contains(section, want) {
+			t.Errorf("the distributed quick start does not mention %s", want)
+		}
+	}
+	if strings.Contains(section, "cat >") {
+		t.Error("the distributed quick start writes files by hand (into the repository root)")
+	}
+	makefile := string(readFile(t, "Makefile"))
+	if !regexp.MustCompile(`(?m)^run-cluster: .*\n\t@deploy/local/cluster\.sh$`).MatchString(makefile) {
+		t.Error("Makefile has no run-cluster target running deploy/local/cluster.sh")
+	}
+	script := string(readFile(t, "deploy", "local", "cluster.sh"))
+	if !strings.Contains(script, "dir=${CART_CLUSTER_DIR:-tmp/cluster}") {
+		t.Error("cluster.sh does not default to tmp/cluster")
+	}
+}
