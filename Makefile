@@ -4,18 +4,18 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/cartrouter/cart/cli/internal/buildinfo.Version=$(VERSION) -X github.com/cartrouter/cart/cli/internal/buildinfo.Commit=$(COMMIT)
-STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BINARIES := cart cartctl cart-sim
 GOFILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
 .PHONY: help build run run-cluster test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro bench-quality bench-cp bench-failover
 
-# Code generation tools, pinned and built from the Go module proxy into
-# .tools/ (buf's remote plugins are never used).
+# Code generation and lint tools, pinned and built from the Go module proxy
+# into .tools/ once (buf's remote plugins are never used).
 TOOLS := $(CURDIR)/.tools
 BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_CONNECT_GO_VERSION := v1.19.2
+STATICCHECK_VERSION := v0.8.2
 HELM_VERSION := v3.22.0
 # A go-installed helm assumes Kubernetes 1.20, below the chart's kubeVersion.
 HELM_KUBE_VERSION := 1.30.0
@@ -49,8 +49,8 @@ fmt-check:
 vet:
 	$(GO) vet ./...
 
-staticcheck:
-	$(GO) run $(STATICCHECK) ./...
+staticcheck: $(TOOLS)/staticcheck
+	$(TOOLS)/staticcheck ./...
 
 FUZZTIME ?= 30s
 fuzz: ## run every fuzz target for FUZZTIME each
@@ -77,7 +77,7 @@ bin/cart-bench: ## the load generator and benchmark suite (not part of the image
 bench-micro: ## micro-benchmarks of the routing path
 	$(GO) test -run XXX -bench . -benchmem ./controlplane/index ./controlplane/engine ./dataplane/extract
 
-tools: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-connect-go ## install pinned buf and protoc plugins into .tools/
+tools: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-connect-go $(TOOLS)/staticcheck ## install pinned buf, protoc plugins and staticcheck into .tools/
 
 $(TOOLS)/buf:
 	GOBIN=$(TOOLS) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
@@ -85,6 +85,8 @@ $(TOOLS)/protoc-gen-go:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 $(TOOLS)/protoc-gen-connect-go:
 	GOBIN=$(TOOLS) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
+$(TOOLS)/staticcheck:
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 generate: tools ## buf lint + regenerate gen/ from proto/ with local plugins
 	PATH="$(TOOLS):$$PATH" buf lint
