@@ -4,18 +4,18 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/cartrouter/cart/cli/internal/buildinfo.Version=$(VERSION) -X github.com/cartrouter/cart/cli/internal/buildinfo.Commit=$(COMMIT)
-STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BINARIES := cart cartctl cart-sim
 GOFILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: help build run test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro bench-quality bench-cp bench-failover
+.PHONY: help build run run-cluster test lint fmt-check vet staticcheck fuzz bench clean tools generate checkgenerate deploy-tools deploy-check bench-micro bench-quality bench-cp bench-failover
 
-# Code generation tools, pinned and built from the Go module proxy into
-# .tools/ (buf's remote plugins are never used).
+# Code generation and lint tools, pinned and built from the Go module proxy
+# into .tools/ once (buf's remote plugins are never used).
 TOOLS := $(CURDIR)/.tools
 BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_CONNECT_GO_VERSION := v1.19.2
+STATICCHECK_VERSION := v0.8.2
 HELM_VERSION := v3.22.0
 # A go-installed helm assumes Kubernetes 1.20, below the chart's kubeVersion.
 HELM_KUBE_VERSION := 1.30.0
@@ -23,15 +23,20 @@ HELM_KUBE_VERSION := 1.30.0
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/cart, bin/cartctl, bin/cart-sim
-	@mkdir -p bin
-	@for b in $(BINARIES); do \
-		[ -d cli/$$b ] || continue; \
-		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/$$b ./cli/$$b || exit 1; \
-	done
+build: $(addprefix bin/,$(BINARIES)) ## build bin/cart, bin/cartctl, bin/cart-sim
 
-run: build ## start three cart-sim replicas and cart on :6700 (Ctrl-C stops all)
+# One target per binary, so that run and run-cluster build only what they
+# start; go build itself skips what is up to date.
+.PHONY: $(addprefix bin/,$(BINARIES))
+$(addprefix bin/,$(BINARIES)):
+	@mkdir -p bin
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $@ ./cli/$(notdir $@)
+
+run: bin/cart bin/cart-sim ## start three cart-sim replicas and cart on :6700 (Ctrl-C stops all)
 	@deploy/local/run.sh
+
+run-cluster: bin/cart bin/cart-sim ## three control-plane nodes, two data planes, HAProxy on :6700, three cart-sim replicas; files in tmp/cluster (Ctrl-C stops all)
+	@deploy/local/cluster.sh
 
 test: fmt-check vet staticcheck ## the one test command: format, vet, staticcheck, go test -race
 	HELM=$(TOOLS)/helm $(GO) test -race -count=1 -timeout 25m ./...
@@ -41,11 +46,18 @@ lint: fmt-check vet staticcheck ## format, vet and staticcheck only
 fmt-check:
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-vet:
-	$(GO) vet ./...
+# vet and staticcheck build the packages as go test -race does, so that on
+# a cold build cache make test compiles every package once, not twice: vet +
+# staticcheck + compiling the race test binaries took 1270 s instead of
+# 2140 s (fresh GOCACHE, loaded 2-core box). The !race files left unchecked
+# only define raceEnabled.
+LINT_GOFLAGS := -race
 
-staticcheck:
-	$(GO) run $(STATICCHECK) ./...
+vet:
+	$(GO) vet $(LINT_GOFLAGS) ./...
+
+staticcheck: $(TOOLS)/staticcheck
+	GOFLAGS="$$GOFLAGS $(LINT_GOFLAGS)" $(TOOLS)/staticcheck ./...
 
 FUZZTIME ?= 30s
 fuzz: ## run every fuzz target for FUZZTIME each
@@ -72,7 +84,7 @@ bin/cart-bench: ## the load generator and benchmark suite (not part of the image
 bench-micro: ## micro-benchmarks of the routing path
 	$(GO) test -run XXX -bench . -benchmem ./controlplane/index ./controlplane/engine ./dataplane/extract
 
-tools: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-connect-go ## install pinned buf and protoc plugins into .tools/
+tools: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-connect-go $(TOOLS)/staticcheck ## install pinned buf, protoc plugins and staticcheck into .tools/
 
 $(TOOLS)/buf:
 	GOBIN=$(TOOLS) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
@@ -80,6 +92,8 @@ $(TOOLS)/protoc-gen-go:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 $(TOOLS)/protoc-gen-connect-go:
 	GOBIN=$(TOOLS) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
+$(TOOLS)/staticcheck:
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 generate: tools ## buf lint + regenerate gen/ from proto/ with local plugins
 	PATH="$(TOOLS):$$PATH" buf lint

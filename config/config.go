@@ -523,8 +523,9 @@ type Auth struct {
 	// credentials on a non-loopback address: a proxy role without client
 	// keys, or a control plane without a cluster token. Validate does not
 	// enforce it: the defaults (0.0.0.0, no keys) must stay loadable, and
-	// only the server knows which listeners it actually opens, so the check
-	// belongs there.
+	// only the server knows which listeners it actually opens. The roles'
+	// start checks (which --config-check runs too) refuse server.host, and
+	// the server refuses the address it bound.
 	AllowUnauthenticatedRemote bool `yaml:"allow_unauthenticated_remote"`
 }
 

@@ -84,3 +84,13 @@ func (ps Problems) asError() error {
 	}
 	return &ps
 }
+
+// At makes a problem of err against key, with the file and line that set
+// key: for the checks the roles make at start, outside this package.
+func (c *Config) At(key string, err error) Problem {
+	file, line := c.Origin(key)
+	return Problem{File: file, Line: line, Key: key, Reason: err.Error(), cause: err}
+}
+
+// Err returns ps as an error, nil when it is empty.
+func (ps Problems) Err() error { return ps.asError() }

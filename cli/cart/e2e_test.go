@@ -27,7 +27,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, append(testkit.IdleHTTPConns(), testkit.IgnoreZMQPubWriter,
+	goleak.VerifyTestMain(m, append(testkit.IdleHTTPConns(), testkit.IgnoreZMQPubWriter, // features_test.go's publishers
 		goleak.Cleanup(proc.Exit))...) // removes the cart binary sighup_test.go builds
 }
 

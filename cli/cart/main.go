@@ -36,7 +36,7 @@ func newRoot() *cobra.Command {
 		Version:       buildinfo.String("cart"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
-	}, config.RoleAllInOne, runAllInOne)
+	}, config.RoleAllInOne, runAllInOne, startChecks(config.RoleAllInOne))
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.AddCommand(newControlPlaneCmd(), newDataPlaneCmd(), newEPPCmd())
 	return root

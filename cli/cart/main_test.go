@@ -49,7 +49,9 @@ func TestConfigCheckListsEveryProblem(t *testing.T) {
 }
 
 func TestConfigCheckPrintsEffectiveConfig(t *testing.T) {
-	base := writeFile(t, "base.yaml", "workers:\n  - url: http://127.0.0.1:8001\n")
+	// A config the router would start with: on loopback, since it has no
+	// client keys, and within this machine's open-files limit.
+	base := writeFile(t, "base.yaml", "workers:\n  - url: http://127.0.0.1:8001\nserver: {host: 127.0.0.1, min_open_files: 0}\n")
 	overlay := writeFile(t, "overlay.yaml", "# only a comment\n")
 	out, _, err := runCart(t, "-c", base, "-c", overlay, "--config-check")
 	if err != nil {

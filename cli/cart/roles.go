@@ -29,9 +29,9 @@ import (
 type roleRun func(ctx context.Context, cfg *config.Config, paths []string, log *slog.Logger) error
 
 // configured gives cmd the -c and --config-check flags every role shares
-// and a RunE that loads the config for role, then either reports the check
-// or runs run.
-func configured(cmd *cobra.Command, role config.Role, run roleRun) *cobra.Command {
+// and a RunE that loads the config for role and runs checks on it (nil:
+// none), then either reports the check or runs run.
+func configured(cmd *cobra.Command, role config.Role, run roleRun, checks func(*config.Config) config.Problems) *cobra.Command {
 	var paths []string
 	var check bool
 	cmd.Args = cobra.NoArgs
@@ -40,6 +40,11 @@ func configured(cmd *cobra.Command, role config.Role, run roleRun) *cobra.Comman
 			return errors.New("no config file: pass -c config.yaml (see config.example.yaml)")
 		}
 		cfg, err := loadConfig(paths, role)
+		if err == nil && checks != nil {
+			if err = checks(cfg).Err(); err != nil {
+				cfg = nil
+			}
+		}
 		if check {
 			if err == nil {
 				for _, f := range cfg.ExposedSecretFiles() {
@@ -77,7 +82,7 @@ func newControlPlaneCmd() *cobra.Command {
 	cmd := configured(&cobra.Command{
 		Use:   "controlplane -c config.yaml",
 		Short: "Run one control-plane node (Raft member serving Route and the admin API)",
-	}, config.RoleControlPlane, runControlPlane)
+	}, config.RoleControlPlane, runControlPlane, startChecks(config.RoleControlPlane))
 	cmd.AddCommand(newMigrateLogCmd())
 	return cmd
 }
@@ -90,7 +95,7 @@ func newMigrateLogCmd() *cobra.Command {
 into a WAL, checks the copy entry by entry, puts it in place and moves raft.db
 to raft.db.migrated (delete it once the node runs). The node must be stopped:
 the data dir is locked. An interrupted run leaves raft.db in use; run it again.`,
-	}, config.RoleControlPlane, runMigrateLog)
+	}, config.RoleControlPlane, runMigrateLog, nil) // its data dir holds the other log: that is the point
 }
 
 func runMigrateLog(ctx context.Context, cfg *config.Config, _ []string, log *slog.Logger) error {
@@ -108,7 +113,7 @@ func newDataPlaneCmd() *cobra.Command {
 	return configured(&cobra.Command{
 		Use:   "dataplane -c config.yaml",
 		Short: "Run a stateless data plane that asks the control plane where to route",
-	}, config.RoleDataPlane, runDataPlane)
+	}, config.RoleDataPlane, runDataPlane, startChecks(config.RoleDataPlane))
 }
 
 func runControlPlane(ctx context.Context, cfg *config.Config, _ []string, log *slog.Logger) error {
@@ -159,7 +164,10 @@ InferencePool asks it where each request goes and forwards it itself.
 With dataplane.control_plane set it routes through the control plane, as a
 data plane does; otherwise it is an all-in-one router (workers, discovery).
 /metrics is served on server.metrics_addr.`,
-	}, config.RoleEPP, runEPP)
+	}, config.RoleEPP, runEPP, func(cfg *config.Config) config.Problems {
+		// A picker starts as the router it wraps: all-in-one or data plane.
+		return startChecks(cfg.EPPBase())(cfg)
+	})
 }
 
 func runEPP(ctx context.Context, cfg *config.Config, paths []string, log *slog.Logger) error {

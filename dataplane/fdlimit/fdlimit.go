@@ -25,10 +25,28 @@ func Ensure(min uint64) (uint64, error) {
 		}
 	}
 	if min > 0 && lim.Cur < min {
-		return lim.Cur, fmt.Errorf("open-files limit is %d (hard limit %d), below the required %d: "+
-			"raise it (ulimit -n %d; systemd LimitNOFILE=%d; docker run --ulimit nofile=%d:%d) "+
-			"or, for tests and laptops only, lower server.min_open_files",
-			lim.Cur, lim.Max, min, min, min, min, min)
+		return lim.Cur, tooLow(lim, min)
 	}
 	return lim.Cur, nil
+}
+
+// Check reports, changing nothing, whether Ensure(min) would succeed: the
+// soft limit can always be raised to the hard one, so the hard limit
+// decides. --config-check runs it.
+func Check(min uint64) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return fmt.Errorf("read open-files limit: %w", err)
+	}
+	if min > 0 && lim.Max < min {
+		return tooLow(lim, min)
+	}
+	return nil
+}
+
+func tooLow(lim syscall.Rlimit, min uint64) error {
+	return fmt.Errorf("open-files limit is %d (hard limit %d), below the required %d: "+
+		"raise it (ulimit -n %d; systemd LimitNOFILE=%d; docker run --ulimit nofile=%d:%d) "+
+		"or, for tests and laptops only, lower server.min_open_files",
+		lim.Cur, lim.Max, min, min, min, min, min)
 }

@@ -1,6 +1,7 @@
 package fdlimit
 
 import (
+	"math"
 	"strings"
 	"syscall"
 	"testing"
@@ -95,5 +96,32 @@ func TestEnsureAtExactlyTheHardLimitSucceeds(t *testing.T) {
 	lim := getLimit(t)
 	if _, err := Ensure(lim.Max); err != nil {
 		t.Fatalf("Ensure(hard limit %d): %v", lim.Max, err)
+	}
+}
+
+// Check answers as Ensure would, from the hard limit, and leaves the soft
+// limit where it was.
+func TestCheckAgreesWithEnsureWithoutRaising(t *testing.T) {
+	restoreLimit(t)
+	lim := getLimit(t)
+	if lim.Max < 256 || lim.Max == math.MaxUint64 {
+		t.Skipf("hard limit %d: cannot test around it", lim.Max)
+	}
+	low := lim
+	low.Cur = 128
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	if err := Check(200); err != nil {
+		t.Errorf("Check(200) with hard limit %d: %v (Ensure would raise the soft limit)", lim.Max, err)
+	}
+	if err := Check(lim.Max + 1); err == nil || !strings.Contains(err.Error(), "server.min_open_files") {
+		t.Errorf("Check(hard+1) = %v, want the refusal Ensure gives", err)
+	}
+	if got := getLimit(t); got.Cur != 128 {
+		t.Errorf("Check changed the soft limit to %d", got.Cur)
+	}
+	if _, err := Ensure(lim.Max + 1); err == nil {
+		t.Error("Ensure(hard+1) succeeded: Check's refusal would not match the start")
 	}
 }

@@ -53,7 +53,8 @@ type WorkerView struct {
 	PredictionAccuracy    *float64 `json:"prediction_accuracy"` // actual/predicted; null until a report with cache fields predicted a hit
 	CacheMisses           uint64   `json:"cache_misses"`
 	ModelCapacityBlocks   int      `json:"model_capacity_blocks"`
-	// Source is where the worker came from: static, admin or dns.
+	// Source is where the worker came from: static, admin, dns or
+	// kubernetes (state.Source*).
 	Source string `json:"source"`
 	// Draining: left its discovery source; no new requests, in-flight finish.
 	Draining bool `json:"draining"`

@@ -60,7 +60,36 @@ func CheckExposure(cfg *config.Config, addr net.Addr, log *slog.Logger) error {
 		log.Warn("serving without client authentication on a non-loopback address (auth.allow_unauthenticated_remote: true)", "addr", addr.String())
 		return nil
 	}
+	return exposed(addr.String())
+}
+
+func exposed(addr string) error {
 	return fmt.Errorf("%w (%s): set auth.client_keys, server.tls.client_ca_file (mutual TLS), bind server.host to 127.0.0.1, or set auth.allow_unauthenticated_remote: true", ErrUnauthenticatedRemote, addr)
+}
+
+// CheckExposureHost is CheckExposure before anything is bound, for
+// --config-check and the start's first checks: server.host as the listener
+// will bind it. A name is resolved (a name that does not resolve cannot be
+// bound either); any non-loopback answer counts as exposed.
+func CheckExposureHost(cfg *config.Config) error {
+	if len(cfg.Auth.ClientKeys) > 0 || cfg.Server.TLS.ClientCAFile != "" || cfg.Auth.AllowUnauthenticatedRemote {
+		return nil
+	}
+	host := cfg.Server.Host
+	ips := []net.IP{net.ParseIP(host)}
+	if ips[0] == nil {
+		addrs, err := net.LookupIP(host)
+		if err != nil {
+			return fmt.Errorf("server.host %q: %w", host, err)
+		}
+		ips = addrs
+	}
+	for _, ip := range ips {
+		if !ip.IsLoopback() {
+			return exposed(cfg.Server.Addr())
+		}
+	}
+	return nil
 }
 
 // MetricsServer builds the /metrics-only listener of server.metrics_addr,

@@ -198,6 +198,43 @@ func TestRefusesRemoteBindWithoutClientKeys(t *testing.T) {
 	}
 }
 
+// CheckExposureHost answers from server.host, before anything is bound,
+// as CheckExposure answers for the address bound there.
+func TestCheckExposureHost(t *testing.T) {
+	for _, tc := range []struct {
+		host  string
+		keys  bool
+		allow bool
+		want  bool // refused
+	}{
+		{"127.0.0.1", false, false, false},
+		{"::1", false, false, false},
+		{"localhost", false, false, false},
+		{"0.0.0.0", false, false, true},
+		{"::", false, false, true},
+		{"10.1.2.3", false, false, true},
+		{"0.0.0.0", true, false, false},
+		{"0.0.0.0", false, true, false},
+		{"name.invalid", false, false, true}, // does not resolve: cannot be bound either
+	} {
+		cfg := config.Default()
+		cfg.Server.Host, cfg.Auth.AllowUnauthenticatedRemote = tc.host, tc.allow
+		if tc.keys {
+			cfg.Auth.ClientKeys = []config.ClientKey{{Name: "a", Key: "k"}}
+		}
+		err := server.CheckExposureHost(cfg)
+		if (err != nil) != tc.want {
+			t.Errorf("host %q keys %v allow %v: %v, want refused %v", tc.host, tc.keys, tc.allow, err, tc.want)
+		}
+		if ip := net.ParseIP(tc.host); ip != nil && !tc.keys && !tc.allow {
+			bound := server.CheckExposure(cfg, &net.TCPAddr{IP: ip, Port: 1}, discardLogger())
+			if (bound != nil) != (err != nil) {
+				t.Errorf("host %q: CheckExposureHost %v but CheckExposure on it %v", tc.host, err, bound)
+			}
+		}
+	}
+}
+
 // TestMetricsOnOwnListener: with server.metrics_addr, /metrics is served
 // there and no longer on the client listener.
 func TestMetricsOnOwnListener(t *testing.T) {

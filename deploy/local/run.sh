@@ -4,8 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # A random client key on first start, readable only by this user.
 key_file=tmp/cart-local-client-key
+mkdir -p tmp
 if [ ! -s "$key_file" ]; then
-  mkdir -p tmp
   (umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$key_file")
 fi
 key=$(cat "$key_file")
@@ -13,7 +13,7 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 for i in 1 2 3; do
-  bin/cart-sim --listen "127.0.0.1:800$i" --name "sim-$i" >"/tmp/cart-sim-$i.log" 2>&1 &
+  bin/cart-sim --listen "127.0.0.1:800$i" --name "sim-$i" >"tmp/cart-sim-$i.log" 2>&1 &
   pids+=($!)
 done
 bin/cart -c deploy/local/cart.yaml &

@@ -103,6 +103,16 @@ func New(c config.Tracing, role config.Role, instanceID string) (*Tracer, error)
 	}), nil
 }
 
+// Check reports what New would refuse in c (an unreadable or empty
+// tracing.ca_file), building nothing: --config-check runs it.
+func Check(c config.Tracing) error {
+	if !c.Enabled() {
+		return nil
+	}
+	_, err := exporterOptions(c)
+	return err
+}
+
 // exporterOptions turns tracing.* into OTLP/HTTP exporter options. Options
 // given here win over the OTEL_EXPORTER_OTLP_* environment, which still
 // supplies what CART has no key for (headers, compression).

@@ -252,8 +252,8 @@ type WorkerSpec struct {
 	MaxLoad             uint32                 `protobuf:"varint,2,opt,name=max_load,json=maxLoad,proto3" json:"max_load,omitempty"`
 	LoadPenalty         uint32                 `protobuf:"varint,3,opt,name=load_penalty,json=loadPenalty,proto3" json:"load_penalty,omitempty"`
 	CacheCapacityTokens int64                  `protobuf:"varint,4,opt,name=cache_capacity_tokens,json=cacheCapacityTokens,proto3" json:"cache_capacity_tokens,omitempty"`
-	// Where the worker came from: "static", "admin" or "dns"; empty in
-	// entries written before sources existed (read as "static").
+	// Where the worker came from: "static", "admin", "dns" or "kubernetes";
+	// empty in entries written before sources existed (read as "static").
 	Source string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
 	// Requests the worker's engine runs at once (0 = learn it).
 	MaxConcurrency uint32 `protobuf:"varint,6,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`

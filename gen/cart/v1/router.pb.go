@@ -1933,8 +1933,9 @@ type Worker struct {
 	CacheMisses uint64 `protobuf:"varint,9,opt,name=cache_misses,json=cacheMisses,proto3" json:"cache_misses,omitempty"`
 	// Current modelled cache capacity in index blocks (0 = unbounded).
 	ModelCapacityBlocks uint32 `protobuf:"varint,10,opt,name=model_capacity_blocks,json=modelCapacityBlocks,proto3" json:"model_capacity_blocks,omitempty"`
-	// Where the worker came from: "static" (config), "admin" (cartctl) or
-	// "dns" (discovery). Discovery only ever removes its own workers.
+	// Where the worker came from: "static" (config), "admin" (cartctl),
+	// "dns" or "kubernetes" (discovery). Discovery only ever removes its own
+	// workers.
 	Source string `protobuf:"bytes,11,opt,name=source,proto3" json:"source,omitempty"`
 	// Left its discovery source: takes no new requests (data planes skip it
 	// in local fallback too) while in-flight ones finish.
