@@ -249,7 +249,8 @@ func TestEPPProcessInferencePool(t *testing.T) {
 			readyPod("other", ns, "127.0.0.2", map[string]string{"app": "other"})),
 		"/apis/inference.networking.k8s.io/v1/namespaces/" + ns + "/inferencepools": poolList("chat", ns, map[string]string{"app": "sim"}, ports...),
 	})
-	yaml := fmt.Sprintf("cache: {eviction_interval_secs: 0.2}\ndiscovery:\n  kubernetes: {enabled: true, inference_pool: chat, kubeconfig: %s}\n", api.kubeconfig(t, ns))
+	// The pods are on loopback, which discovery refuses unless allowed.
+	yaml := fmt.Sprintf("cache: {eviction_interval_secs: 0.2}\ndiscovery:\n  allowed_networks: [127.0.0.0/8]\n  kubernetes: {enabled: true, inference_pool: chat, kubeconfig: %s}\n", api.kubeconfig(t, ns))
 	e := startEPP(t, yaml, nil, nil)
 	e.WaitLog(t, 10*time.Second, "discovery: worker added")
 	time.Sleep(600 * time.Millisecond)
@@ -302,7 +303,9 @@ func TestEPPConfigCheck(t *testing.T) {
 			t.Errorf("%q: %v\n%s\nwant a problem naming %s", c.yaml, err, stderr, c.want)
 		}
 	}
-	out, _, err := runCart(t, "epp", "-c", writeFile(t, "epp.yaml", "server: {metrics_addr: 127.0.0.1:9090}\ndataplane: {control_plane: [http://cp:6701]}\nepp: {fallback_endpoints: 2}\n"), "--config-check")
+	// A config that starts: the start checks (open files, the listener's
+	// exposure) pass too.
+	out, _, err := runCart(t, "epp", "-c", writeFile(t, "epp.yaml", "server: {host: 127.0.0.1, min_open_files: 0, metrics_addr: 127.0.0.1:9090}\ndataplane: {control_plane: [http://cp:6701]}\nepp: {fallback_endpoints: 2}\n"), "--config-check")
 	if err != nil || !strings.Contains(out, "fallback_endpoints: 2") {
 		t.Fatalf("a picker's config: %v\n%s", err, out)
 	}

@@ -46,8 +46,12 @@ import (
 // checks that Validate does refuse each (so the list cannot hide a switch
 // a role accepts).
 var offForRole = map[config.Role]map[string]string{
+	config.RoleAllInOne: {
+		"auth.raft_accept_cluster_token": "the all-in-one router runs no Raft",
+	},
 	config.RoleDataPlane: {
-		"discovery.kubernetes.enabled": "a data plane does not discover: the control-plane leader does",
+		"discovery.kubernetes.enabled":   "a data plane does not discover: the control-plane leader does",
+		"auth.raft_accept_cluster_token": "a data plane is no Raft peer",
 	},
 }
 
@@ -130,7 +134,7 @@ type featureEnv struct {
 	spans                              *atomic.Int64
 	otlp                               string
 	clientKey, token, adminToken       string
-	clientKeyFile, tokenFile, adminKey string
+	clientKeyFile, tokenFile, adminKey, raftTokenFile string
 	workerKeyFile                      string
 }
 
@@ -219,6 +223,7 @@ func newFeatureEnv(t *testing.T) *featureEnv {
 	}
 	e.clientKey, e.token, e.adminToken = "client-key-features", "cluster-token-features", "admin-token-features"
 	e.clientKeyFile, e.tokenFile, e.adminKey = secret("client-key", e.clientKey), secret("token", e.token), secret("admin-token", e.adminToken)
+	e.raftTokenFile = secret("raft-token", "raft-token-for-the-features-test")
 	e.workerKeyFile = secret("worker-key", "worker-key-features")
 	return e
 }
@@ -258,12 +263,16 @@ func (e *featureEnv) config(t *testing.T, role config.Role, port int, metricsAdd
 		d.DNS.MinIntervalSecs, d.DNS.MaxIntervalSecs = 0.2, 1
 		d.Kubernetes.Service, d.Kubernetes.Namespace, d.Kubernetes.Port, d.Kubernetes.Kubeconfig = "vllm", e.kube.Namespace, "http", e.kubeconfig
 		d.Kubernetes.MinIntervalSecs = 0.2
+		// The test's DNS and Kubernetes answers name loopback workers,
+		// which discovery refuses unless allowed.
+		d.AllowedNetworks = []string{"127.0.0.0/8"}
 	}
 	switch role {
 	case config.RoleControlPlane:
 		cp := &c.ControlPlane
 		cp.NodeID, cp.APIAddr, cp.RaftAddr, cp.DataDir = cpID, api, raft, filepath.Join(e.dir, "raft-"+cpID)
 		cp.PlacementBatchMs, cp.LoadLeaseSecs = 5, 1
+		c.Auth.RaftTokenFile = e.raftTokenFile
 	case config.RoleDataPlane:
 		dp := &c.DataPlane
 		dp.ID, dp.ControlPlane = "dp-features", cps
