@@ -123,19 +123,19 @@ func setBools(v reflect.Value, prefix string, off map[string]string) []string {
 // server and a Kubernetes API server that each announce one more replica,
 // an OTLP receiver, and the credentials.
 type featureEnv struct {
-	dir                                string
-	static                             []string  // workers of the config
-	kvDialled                          string    // endpoint of static[0]'s event publisher
-	kvListen                           string    // where the current process binds for static[1]'s publisher to dial
-	lateSink                           *lateSink // static[1]'s events, published once dialEvents connected
-	dnsName, dnsResolver, dnsWorker    string
-	kube                               *kubeapi.Server
-	kubeconfig, kubeWorker             string
-	spans                              *atomic.Int64
-	otlp                               string
-	clientKey, token, adminToken       string
+	dir                                               string
+	static                                            []string  // workers of the config
+	kvDialled                                         string    // endpoint of static[0]'s event publisher
+	kvListen                                          string    // where the current process binds for static[1]'s publisher to dial
+	lateSink                                          *lateSink // static[1]'s events, published once dialEvents connected
+	dnsName, dnsResolver, dnsWorker                   string
+	kube                                              *kubeapi.Server
+	kubeconfig, kubeWorker                            string
+	spans                                             *atomic.Int64
+	otlp                                              string
+	clientKey, token, adminToken                      string
 	clientKeyFile, tokenFile, adminKey, raftTokenFile string
-	workerKeyFile                      string
+	workerKeyFile                                     string
 }
 
 const featureModel = "sim"
