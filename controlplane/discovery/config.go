@@ -27,7 +27,7 @@ func RulesFrom(cfg *config.Config) Options {
 func Watchers(cfg *config.Config, log *slog.Logger, m *Metrics, sink func(source string) Sink) ([]*Watcher, error) {
 	var out []*Watcher
 	if cfg.Discovery.DNS.Enabled() {
-		res, err := DNSResolverFrom(cfg)
+		res, err := DNSSourceFrom(cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -38,7 +38,7 @@ func Watchers(cfg *config.Config, log *slog.Logger, m *Metrics, sink func(source
 	}
 	if cfg.Discovery.Kubernetes.Enabled {
 		k := cfg.Discovery.Kubernetes
-		src, err := NewKubernetesSource(KubernetesOptions{Service: k.Service, Selector: k.Selector,
+		src, err := NewKubernetesSource(KubernetesOptions{Service: k.Service, Selector: k.Selector, RoleLabel: k.RoleLabel,
 			Namespace: k.Namespace, Port: k.Port, Scheme: k.Scheme, Kubeconfig: k.Kubeconfig,
 			SyncTimeout: config.Seconds(k.SyncTimeoutSecs), Logger: log})
 		if err != nil {

@@ -343,7 +343,7 @@ func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 			CacheCapacityTokens: w.CacheCapacityTokens, Healthy: l.Healthy, Load: uint32(l.Load),
 			PredictedCachedTokens: l.Accuracy.PredictedTokens, ActualCachedTokens: l.Accuracy.ActualTokens,
 			CacheMisses: l.Accuracy.Misses, ModelCapacityBlocks: uint32(l.Accuracy.ModelCapacity), Source: w.Source, Draining: l.Draining,
-			Models: c.models.IDs(w.URL),
+			Models: c.models.IDs(w.URL), Role: w.Role.String(),
 		})
 		if k := kv[w.URL]; k.On {
 			out.Workers[len(out.Workers)-1].KvCache = &cartv1.KVCache{OccupiedTokens: k.OccupiedTokens, CapacityTokens: k.CapacityTokens}
