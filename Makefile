@@ -30,8 +30,8 @@ build: ## build bin/cart, bin/cartctl, bin/cart-sim
 		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/$$b ./cli/$$b || exit 1; \
 	done
 
-run: build ## start three cart-sim replicas and cart on :6700 (Ctrl-C stops all)
-	@deploy/local/run.sh
+run: build ## start three cart-sim replicas and cart on :6700 (Ctrl-C stops all); SPLIT=1: two prefill + two decode replicas
+	@SPLIT=$(SPLIT) deploy/local/run.sh
 
 test: fmt-check vet staticcheck ## the one test command: format, vet, staticcheck, go test -race
 	HELM=$(TOOLS)/helm $(GO) test -race -count=1 -timeout 25m ./...
