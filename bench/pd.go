@@ -190,7 +190,12 @@ func (s *suite) pdRun(ctx context.Context, c PDConfig, trace, target string, w *
 	rc := CartRouterConfig{Port: port, Workers: s.replicaURLs(), Roles: roles, CacheTokens: s.cacheTokens, Blind: target == "blind-pd"}
 	p, err := s.startRole(ctx, dir, target, "", rc, s.cartHealthy(port, len(s.replicas)))
 	if p != nil {
-		defer func() { s.keepLogs([]*Proc{p}); s.env.StopAll([]*Proc{p}) }()
+		defer func() {
+			if run.Status != "ok" {
+				s.keepLogs([]*Proc{p})
+			}
+			s.env.StopAll([]*Proc{p})
+		}()
 	}
 	if err != nil {
 		return fail("skipped", err)
