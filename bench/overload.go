@@ -31,9 +31,9 @@ import (
 // OverloadConfig sizes the benchmark.
 type OverloadConfig struct {
 	Replicas int `json:"replicas"`
-	// Seqs is each engine's batch limit; OutputTokens and
-	// DecodeMsPerToken make a request's run time (~OutputTokens x
-	// DecodeMsPerToken, slowed by the batch).
+	// Seqs is each engine's batch limit; OutputTokens (the mean of a
+	// uniform spread of ±50%) and DecodeMsPerToken make a request's run
+	// time (~OutputTokens x DecodeMsPerToken, slowed by the batch).
 	Seqs              int     `json:"seqs"`
 	OutputTokens      int     `json:"output_tokens"`
 	DecodeMsPerToken  float64 `json:"decode_ms_per_token"`
@@ -396,7 +396,14 @@ func (l *tenantLoad) run(ctx context.Context, from time.Time) {
 	var nmu sync.Mutex
 	next := func() uint64 { nmu.Lock(); defer nmu.Unlock(); n++; return n }
 	one := func() {
-		r := l.send.Send(ctx, l.messages(next()), l.c.OutputTokens, false)
+		// Output lengths vary (uniform over ±50% of OutputTokens), as
+		// real answers do: a flood of equal lengths finishes in lockstep,
+		// and a calm request that just missed a batch of completions would
+		// wait for the whole next one.
+		l.mu.Lock()
+		tokens := max(1, l.c.OutputTokens/2+l.rng.IntN(l.c.OutputTokens+1))
+		l.mu.Unlock()
+		r := l.send.Send(ctx, l.messages(next()), tokens, false)
 		if ctx.Err() != nil && r.Err != nil {
 			return // cut by the end of the run, not an answer
 		}

@@ -350,6 +350,11 @@ type Proxy struct {
 	// WorkerAPIKeyFile is the pool-wide worker key, for workers without
 	// their own api_key_file (including workers added through cartctl).
 	WorkerAPIKeyFile string `yaml:"worker_api_key_file"`
+	// WorkerAPIKeySources are the worker sources (static, admin, dns,
+	// kubernetes) whose workers get the pool-wide key: a discovered
+	// endpoint is not the operator's word, so discovery sources are
+	// opt-in.
+	WorkerAPIKeySources []string `yaml:"worker_api_key_sources"`
 
 	// MaxInflightBodyBytes bounds the request body bytes held by all
 	// requests at once, so concurrent large or stalled uploads cannot
@@ -409,9 +414,14 @@ func (t Tracing) Enabled() bool { return t.OTLPEndpoint != "" }
 type Discovery struct {
 	// DrainTimeoutSecs bounds how long a worker that left its source keeps
 	// its in-flight requests before it is removed anyway.
-	DrainTimeoutSecs float64             `yaml:"drain_timeout_secs"`
-	DNS              DiscoveryDNS        `yaml:"dns"`
-	Kubernetes       DiscoveryKubernetes `yaml:"kubernetes"`
+	DrainTimeoutSecs float64 `yaml:"drain_timeout_secs"`
+	// AllowedNetworks are the networks (CIDR, or single addresses) a
+	// discovered endpoint must lie in. Empty: any address but loopback and
+	// link-local. Unspecified and multicast addresses and this process's
+	// own listeners are refused whatever it says.
+	AllowedNetworks []string            `yaml:"allowed_networks"`
+	DNS             DiscoveryDNS        `yaml:"dns"`
+	Kubernetes      DiscoveryKubernetes `yaml:"kubernetes"`
 }
 
 // DiscoveryKubernetes discovers workers from the ready endpoints of a
@@ -522,14 +532,16 @@ type Log struct {
 	Format string `yaml:"format"`
 }
 
-// Auth configures the credentials of the three roles that talk to CART.
-// They never stand in for one another:
+// Auth configures the credentials of the roles that talk to CART. They
+// never stand in for one another:
 //
 //   - client keys (ClientKeys): what API clients present to the proxy
 //     (all-in-one router and data planes);
 //   - the cluster token (Token): what data planes and control-plane peers
 //     present to the control-plane API (RouterService);
-//   - the admin token (AdminToken): AdminService and the proxy's /workers.
+//   - the admin token (AdminToken): AdminService and the proxy's /workers;
+//   - the Raft token (RaftToken): what control-plane nodes prove to each
+//     other on the Raft port. Data planes never hold it.
 //
 // Secrets may be given inline or read from files (preferred: keeps them out
 // of config repos and process listings); use Config.Tokens and
@@ -539,6 +551,20 @@ type Auth struct {
 	TokenFile      string `yaml:"token_file"`
 	AdminToken     string `yaml:"admin_token"`
 	AdminTokenFile string `yaml:"admin_token_file"`
+	// RaftToken keys the peer handshake on the Raft port (control plane
+	// only): every node of a cluster holds the same one.
+	RaftToken     string `yaml:"raft_token"`
+	RaftTokenFile string `yaml:"raft_token_file"`
+	// RaftAcceptClusterToken is the rolling-upgrade setting from releases
+	// whose Raft handshake was keyed by the cluster token: the node also
+	// accepts that handshake, and uses it towards peers that refuse the
+	// Raft token's. Remove it once every node has the Raft token: while it
+	// is on, the cluster token (every data plane's) still opens the port.
+	RaftAcceptClusterToken bool `yaml:"raft_accept_cluster_token"`
+	// RefuseInsecureSecretFiles makes a secret file readable by its group
+	// or by others (token, key and TLS private key files) a config error,
+	// instead of a warning at start.
+	RefuseInsecureSecretFiles bool `yaml:"refuse_insecure_secret_files"`
 	// ClientKeys are the named API keys clients send as
 	// "Authorization: Bearer <key>" or "x-api-key: <key>". The name is the
 	// tenant label in logs and metrics.
@@ -636,8 +662,8 @@ type ControlPlane struct {
 	// body, so stalled uploads cannot pin memory.
 	APIBodyReadTimeoutSecs float64 `yaml:"api_body_read_timeout_secs"`
 	// AllowUnauthenticatedRaft is the explicit opt-in to run a Raft port
-	// reachable beyond loopback with neither a cluster token (peer
-	// handshake) nor mutual TLS: anyone who reaches it could join.
+	// reachable beyond loopback with neither a Raft token (peer handshake)
+	// nor mutual TLS: anyone who reaches it could join.
 	AllowUnauthenticatedRaft bool `yaml:"allow_unauthenticated_raft"`
 	// RaftHandshakeTimeoutMs bounds the TLS and peer handshakes of one
 	// Raft connection; a silent connection is closed after it.
@@ -804,6 +830,7 @@ func Default() *Config {
 			RetryBudgetRatio:      0.2,
 			RetryBudgetMin:        3,
 			ModelsCacheSecs:       600,
+			WorkerAPIKeySources:   []string{SourceStatic, SourceAdmin},
 
 			MaxInflightBodyBytes: 256 << 20,
 			BodyReadTimeoutSecs:  30,
@@ -927,6 +954,12 @@ func (c *Config) Tokens() (cluster, admin string, err error) {
 	return cluster, admin, nil
 }
 
+// RaftToken returns the effective Raft token, reading the file when
+// configured; "" means none.
+func (c *Config) RaftToken() (string, error) {
+	return resolveToken(c.Auth.RaftToken, c.Auth.RaftTokenFile, "auth.raft_token_file")
+}
+
 // ClientKeys returns the configured client keys with key files read.
 func (c *Config) ClientKeys() ([]NamedKey, error) {
 	out := make([]NamedKey, 0, len(c.Auth.ClientKeys))
@@ -943,28 +976,60 @@ func (c *Config) ClientKeys() ([]NamedKey, error) {
 	return out, nil
 }
 
-// WorkerKeys returns the key each configured worker expects, by worker URL,
-// and the pool default (for workers not in the config, e.g. added through
-// the control plane). Workers without a key of their own get the default.
-func (c *Config) WorkerKeys() (perWorker map[string]string, poolDefault string, err error) {
-	poolDefault, err = resolveToken("", c.Proxy.WorkerAPIKeyFile, "proxy.worker_api_key_file")
-	if err != nil {
-		return nil, "", err
+// Worker sources: where a worker in the pool came from.
+const (
+	SourceStatic     = "static"     // the config's workers list
+	SourceAdmin      = "admin"      // cartctl (AdminService)
+	SourceDNS        = "dns"        // discovery.dns
+	SourceKubernetes = "kubernetes" // discovery.kubernetes
+)
+
+// WorkerSources are every worker source, in documentation order.
+var WorkerSources = []string{SourceStatic, SourceAdmin, SourceDNS, SourceKubernetes}
+
+// WorkerKeySet is the key each worker gets as its bearer token (vLLM
+// --api-key): its own (workers[].api_key_file, by URL), else the pool's
+// (proxy.worker_api_key_file) when its source is one the operator trusts
+// with it (proxy.worker_api_key_sources).
+type WorkerKeySet struct {
+	PerWorker      map[string]string
+	Default        string
+	DefaultSources []string
+}
+
+// Get returns the key for worker, which came from source ("" reads as
+// static, as the replicated state does), or "" for none.
+func (k WorkerKeySet) Get(worker, source string) string {
+	if s, ok := k.PerWorker[worker]; ok {
+		return s
 	}
-	perWorker = make(map[string]string, len(c.Workers))
+	if source == "" {
+		source = SourceStatic
+	}
+	if k.Default != "" && slices.Contains(k.DefaultSources, source) {
+		return k.Default
+	}
+	return ""
+}
+
+// WorkerKeys resolves the keys each configured worker expects and the pool
+// default, with the sources the default may go to.
+func (c *Config) WorkerKeys() (WorkerKeySet, error) {
+	poolDefault, err := resolveToken("", c.Proxy.WorkerAPIKeyFile, "proxy.worker_api_key_file")
+	if err != nil {
+		return WorkerKeySet{}, err
+	}
+	perWorker := make(map[string]string, len(c.Workers))
 	for i, w := range c.Workers {
 		k, err := resolveToken("", w.APIKeyFile, fmt.Sprintf("workers[%d].api_key_file", i))
 		if err != nil {
-			return nil, "", err
-		}
-		if k == "" {
-			k = poolDefault
+			return WorkerKeySet{}, err
 		}
 		if k != "" {
 			perWorker[w.URL] = k
 		}
 	}
-	return perWorker, poolDefault, nil
+	return WorkerKeySet{PerWorker: perWorker, Default: poolDefault, DefaultSources: slices.Clone(c.Proxy.WorkerAPIKeySources)}, nil
 }
 
 func resolveToken(inline, file, key string) (string, error) {

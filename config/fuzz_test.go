@@ -76,7 +76,7 @@ func FuzzLoad(f *testing.F) {
 		}
 		var diff []string
 		for _, k := range DiffKeys(c, c2) {
-			if k != "auth.token" && k != "auth.admin_token" {
+			if k != "auth.token" && k != "auth.admin_token" && k != "auth.raft_token" {
 				diff = append(diff, k)
 			}
 		}

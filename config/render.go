@@ -26,6 +26,9 @@ func (c *Config) YAML() ([]byte, error) {
 	if out.Auth.AdminToken != "" {
 		out.Auth.AdminToken = Redacted
 	}
+	if out.Auth.RaftToken != "" {
+		out.Auth.RaftToken = Redacted
+	}
 	if len(out.Auth.ClientKeys) > 0 {
 		// A fresh slice: out shares the caller's backing array.
 		keys := make([]ClientKey, len(out.Auth.ClientKeys))

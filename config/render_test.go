@@ -147,6 +147,7 @@ func TestYAMLRedactsTokens(t *testing.T) {
 	c := validBase()
 	c.Auth.Token = "s3cret-data"
 	c.Auth.AdminToken = "s3cret-admin"
+	c.Auth.RaftToken = "s3cret-raft"
 	c.Auth.TokenFile = "/run/secrets/unused"
 	c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "s3cret-client"}, {Name: "b", KeyFile: "/run/secrets/b"}}
 	out, err := c.YAML()
@@ -157,8 +158,8 @@ func TestYAMLRedactsTokens(t *testing.T) {
 	if strings.Contains(s, "s3cret") {
 		t.Errorf("rendered YAML leaks a token:\n%s", s)
 	}
-	if strings.Count(s, Redacted) != 3 {
-		t.Errorf("want three %q markers:\n%s", Redacted, s)
+	if strings.Count(s, Redacted) != 4 {
+		t.Errorf("want four %q markers:\n%s", Redacted, s)
 	}
 	if !strings.Contains(s, "/run/secrets/unused") {
 		t.Errorf("token file path should be shown:\n%s", s)
@@ -167,7 +168,7 @@ func TestYAMLRedactsTokens(t *testing.T) {
 		t.Errorf("YAML() modified the config")
 	}
 	back := mustLoad(t, s)
-	if d := DiffKeys(c, back); !reflect.DeepEqual(d, []string{"auth.token", "auth.admin_token", "auth.client_keys"}) {
+	if d := DiffKeys(c, back); !reflect.DeepEqual(d, []string{"auth.token", "auth.admin_token", "auth.raft_token", "auth.client_keys"}) {
 		t.Errorf("DiffKeys after round trip = %v", d)
 	}
 

@@ -109,7 +109,7 @@ func (c *Config) Validate(role Role) error {
 	v.extract()
 	v.responses()
 	v.log()
-	v.auth()
+	v.auth(role)
 	v.controlPlane(role)
 	v.dataPlane(role)
 	v.discovery(role)
@@ -329,6 +329,15 @@ func (v *validator) proxy() {
 	if p.WorkerAPIKeyFile != "" {
 		v.secret("proxy.worker_api_key_file", "", p.WorkerAPIKeyFile)
 	}
+	for i, src := range p.WorkerAPIKeySources {
+		key := fmt.Sprintf("proxy.worker_api_key_sources[%d]", i)
+		switch {
+		case !slices.Contains(WorkerSources, src):
+			v.add(key, "must be one of %s, got %q", strings.Join(WorkerSources, ", "), src)
+		case slices.Index(p.WorkerAPIKeySources, src) < i:
+			v.add(key, "duplicate source %q", src)
+		}
+	}
 	seen := map[string]bool{}
 	for i, e := range p.PassThroughPaths {
 		key := fmt.Sprintf("proxy.pass_through_paths[%d]", i)
@@ -445,8 +454,14 @@ func (v *validator) log() {
 	v.oneOf("log.format", v.c.Log.Format, "json", "text")
 }
 
-func (v *validator) auth() {
+func (v *validator) auth(role Role) {
 	a := v.c.Auth
+	v.raftAuth(role)
+	if a.RefuseInsecureSecretFiles {
+		for _, f := range v.c.ExposedSecretFiles() {
+			v.add(f.Key, "%s %s (auth.refuse_insecure_secret_files is on)", f.Path, f.Why)
+		}
+	}
 	// owner maps each secret to the key that set it: one value serving two
 	// roles would let a client key act as the cluster or admin credential.
 	owner := map[string]string{}
@@ -455,7 +470,7 @@ func (v *validator) auth() {
 			return
 		}
 		if first, dup := owner[secret]; dup {
-			v.add(key, "has the same value as %s: client keys, the cluster token and the admin token must all differ, or one role's credential would work for another", first)
+			v.add(key, "has the same value as %s: client keys, the cluster token, the admin token and the Raft token must all differ, or one role's credential would work for another", first)
 			return
 		}
 		owner[secret] = key
@@ -469,6 +484,11 @@ func (v *validator) auth() {
 		v.add("auth.admin_token_file", "cannot be combined with auth.admin_token: set only one of them")
 	} else {
 		claim("auth.admin_token", v.secret("auth.admin_token_file", a.AdminToken, a.AdminTokenFile))
+	}
+	if a.RaftToken != "" && a.RaftTokenFile != "" {
+		v.add("auth.raft_token_file", "cannot be combined with auth.raft_token: set only one of them")
+	} else if role == RoleControlPlane { // other roles are refused it (raftAuth)
+		claim("auth.raft_token", v.secret("auth.raft_token_file", a.RaftToken, a.RaftTokenFile))
 	}
 	names := map[string]int{}
 	for i, k := range a.ClientKeys {
@@ -550,6 +570,37 @@ func (v *validator) flow() {
 // headerName is an HTTP field name (RFC 9110 token).
 var headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
+// raftAuth checks the Raft secret's settings against the role: only
+// control-plane nodes may hold it (a data plane holding it could act as a
+// Raft peer, the very thing it is for), and the transition setting needs
+// both the secret it moves to and the one it moves from.
+func (v *validator) raftAuth(role Role) {
+	a := v.c.Auth
+	set := a.RaftToken != "" || a.RaftTokenFile != ""
+	if set && role != RoleControlPlane {
+		key := "auth.raft_token"
+		if a.RaftTokenFile != "" {
+			key = "auth.raft_token_file"
+		}
+		what := "a data plane must never hold it (it would make the data plane a Raft peer)"
+		if role == RoleAllInOne {
+			what = "the all-in-one router runs no Raft"
+		}
+		v.add(key, "is for control-plane nodes only: %s; remove it", what)
+	}
+	if !a.RaftAcceptClusterToken {
+		return
+	}
+	switch {
+	case role != RoleControlPlane:
+		v.add("auth.raft_accept_cluster_token", "is for control-plane nodes only; remove it")
+	case !set:
+		v.add("auth.raft_accept_cluster_token", "needs auth.raft_token_file: it is the transition to the Raft token, during which a node accepts both")
+	case a.Token == "" && a.TokenFile == "":
+		v.add("auth.raft_accept_cluster_token", "needs auth.token or auth.token_file: there is no cluster token to accept")
+	}
+}
+
 // secret resolves an inline-or-file secret, reporting an unreadable or
 // empty file against fileKey, so `--config-check` catches a missing secret
 // mount before the process starts without it.
@@ -629,7 +680,7 @@ func (v *validator) controlPlane(role Role) {
 	if role == RoleControlPlane && raftOK && !cp.AllowUnauthenticatedRaft && !v.c.RaftPeerAuthenticated() {
 		for _, a := range []string{cp.RaftAddr, cp.AdvertiseRaftAddr} {
 			if a != "" && !LoopbackHostPort(a) {
-				v.add("controlplane.raft_addr", "%q is reachable beyond loopback but Raft peers are not authenticated: anyone who reaches it could join the cluster and rewrite the worker set; set auth.token or auth.token_file (peer handshake), or controlplane.raft_tls with client_ca_file (mutual TLS), or controlplane.allow_unauthenticated_raft: true on a network you trust", a)
+				v.add("controlplane.raft_addr", "%q is reachable beyond loopback but Raft peers are not authenticated: anyone who reaches it could join the cluster and rewrite the worker set; set auth.raft_token_file (peer handshake; the cluster token, which data planes hold, no longer authenticates Raft peers), or controlplane.raft_tls with client_ca_file (mutual TLS), or controlplane.allow_unauthenticated_raft: true on a network you trust", a)
 				break
 			}
 		}
@@ -637,10 +688,11 @@ func (v *validator) controlPlane(role Role) {
 }
 
 // RaftPeerAuthenticated reports whether Raft peers must authenticate: a
-// cluster token (the peer handshake) or mutual TLS on the Raft transport.
+// Raft token (the peer handshake) or mutual TLS on the Raft transport. The
+// cluster token does not count: every data plane holds it.
 func (c *Config) RaftPeerAuthenticated() bool {
 	t := c.ControlPlane.RaftTLS
-	return c.Auth.Token != "" || c.Auth.TokenFile != "" || (t.CertFile != "" && t.ClientCAFile != "")
+	return c.Auth.RaftToken != "" || c.Auth.RaftTokenFile != "" || (t.CertFile != "" && t.ClientCAFile != "")
 }
 
 // LoopbackHostPort reports whether host:port names a loopback address
@@ -693,6 +745,14 @@ func (v *validator) dataPlane(role Role) {
 func (v *validator) discovery(role Role) {
 	d := v.c.Discovery
 	v.positive("discovery.drain_timeout_secs", d.DrainTimeoutSecs)
+	if len(d.AllowedNetworks) > 0 && role == RoleDataPlane {
+		v.add("discovery.allowed_networks", "a data plane does not discover workers: set discovery on the control plane (its leader runs it)")
+	}
+	for i, n := range d.AllowedNetworks {
+		if _, err := ParseNetworks([]string{n}); err != nil {
+			v.add(fmt.Sprintf("discovery.allowed_networks[%d]", i), "%v", err)
+		}
+	}
 	v.discoveryKubernetes(role)
 	n := d.DNS
 	if !n.Enabled() {

@@ -46,14 +46,18 @@ func TestValidateRoles(t *testing.T) {
 		{"control plane bootstrap", RoleControlPlane, func(c *Config) { c.ControlPlane.Bootstrap = true }},
 		{"control plane join", RoleControlPlane, func(c *Config) { c.ControlPlane.Join = []string{"http://cp-2.internal:6701"} }},
 		{"bind all interfaces with advertise", RoleControlPlane, func(c *Config) {
-			c.Auth.Token = "cluster"
+			c.Auth.Token, c.Auth.RaftToken = "cluster", "raft"
 			c.ControlPlane.RaftAddr = "0.0.0.0:6702"
 			c.ControlPlane.AdvertiseRaftAddr = "cp-1.internal:6702"
 			c.ControlPlane.APIAddr = ":6701"
 			c.ControlPlane.AdvertiseAPIURL = "https://cp-1.internal:6701"
 		}},
-		{"remote raft with a cluster token file", RoleControlPlane, func(c *Config) {
-			c.Auth.TokenFile = tokenFile
+		{"remote raft with a Raft token file", RoleControlPlane, func(c *Config) {
+			c.Auth.RaftTokenFile = tokenFile
+			c.ControlPlane.RaftAddr = "10.0.0.5:6702"
+		}},
+		{"rolling upgrade to the Raft token", RoleControlPlane, func(c *Config) {
+			c.Auth.Token, c.Auth.RaftTokenFile, c.Auth.RaftAcceptClusterToken = "cluster", tokenFile, true
 			c.ControlPlane.RaftAddr = "10.0.0.5:6702"
 		}},
 		{"remote raft with mutual TLS", RoleControlPlane, func(c *Config) {
@@ -250,6 +254,19 @@ func TestValidateRules(t *testing.T) {
 		{"admin token and file", RoleAllInOne, func(c *Config) { c.Auth.AdminToken, c.Auth.AdminTokenFile = "t", "f" }, "auth.admin_token_file", "cannot be combined with auth.admin_token"},
 		{"token file missing", RoleDataPlane, func(c *Config) { c.Auth.TokenFile = "/nonexistent/cart-token" }, "auth.token_file", "no such file"},
 		{"admin token file missing", RoleControlPlane, func(c *Config) { c.Auth.AdminTokenFile = "/nonexistent/cart-admin" }, "auth.admin_token_file", "no such file"},
+		{"raft token and file", RoleControlPlane, func(c *Config) { c.Auth.RaftToken, c.Auth.RaftTokenFile = "t", "f" }, "auth.raft_token_file", "cannot be combined with auth.raft_token"},
+		{"raft token file missing", RoleControlPlane, func(c *Config) { c.Auth.RaftTokenFile = "/nonexistent/cart-raft" }, "auth.raft_token_file", "no such file"},
+		{"raft token equals cluster token", RoleControlPlane, func(c *Config) { c.Auth.Token, c.Auth.RaftToken = "same", "same" }, "auth.raft_token", "same value as auth.token"},
+		{"raft token equals admin token", RoleControlPlane, func(c *Config) { c.Auth.AdminToken, c.Auth.RaftToken = "same", "same" }, "auth.raft_token", "same value as auth.admin_token"},
+		{"client key equals raft token", RoleControlPlane, func(c *Config) {
+			c.Auth.RaftToken = "shared"
+			c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "shared"}}
+		}, "auth.client_keys[0]", "same value as auth.raft_token"},
+		{"raft token on a data plane", RoleDataPlane, func(c *Config) { c.Auth.RaftToken = "r" }, "auth.raft_token", "a data plane must never hold it"},
+		{"raft token file on an all-in-one router", RoleAllInOne, func(c *Config) { c.Auth.RaftTokenFile = "f" }, "auth.raft_token_file", "runs no Raft"},
+		{"raft transition without a raft token", RoleControlPlane, func(c *Config) { c.Auth.Token, c.Auth.RaftAcceptClusterToken = "t", true }, "auth.raft_accept_cluster_token", "needs auth.raft_token_file"},
+		{"raft transition without a cluster token", RoleControlPlane, func(c *Config) { c.Auth.RaftToken, c.Auth.RaftAcceptClusterToken = "r", true }, "auth.raft_accept_cluster_token", "no cluster token to accept"},
+		{"raft transition on a data plane", RoleDataPlane, func(c *Config) { c.Auth.RaftAcceptClusterToken = true }, "auth.raft_accept_cluster_token", "control-plane nodes only"},
 		{"admin token equals cluster token", RoleControlPlane, func(c *Config) { c.Auth.Token, c.Auth.AdminToken = "same", "same" }, "auth.admin_token", "same value as auth.token"},
 		{"client key equals cluster token", RoleDataPlane, func(c *Config) {
 			c.Auth.Token = "shared"
@@ -270,6 +287,11 @@ func TestValidateRules(t *testing.T) {
 		{"worker api key file missing", RoleAllInOne, func(c *Config) { c.Workers[0].APIKeyFile = "/nonexistent/worker-key" }, "workers[0].api_key_file", "no such file"},
 		{"worker model id empty", RoleAllInOne, func(c *Config) { c.Workers[0].Models = []string{"m", " "} }, "workers[0].models[1]", "empty model id"},
 		{"worker model id duplicate", RoleAllInOne, func(c *Config) { c.Workers[0].Models = []string{"m", "m"} }, "workers[0].models[1]", "duplicate model"},
+		{"worker key source unknown", RoleDataPlane, func(c *Config) { c.Proxy.WorkerAPIKeySources = []string{"static", "consul"} }, "proxy.worker_api_key_sources[1]", "must be one of static, admin, dns, kubernetes"},
+		{"worker key source twice", RoleAllInOne, func(c *Config) { c.Proxy.WorkerAPIKeySources = []string{"dns", "dns"} }, "proxy.worker_api_key_sources[1]", "duplicate source"},
+		{"allowed network invalid", RoleControlPlane, func(c *Config) { c.Discovery.AllowedNetworks = []string{"10.0.0.0/8", "10.0.0.0/33"} }, "discovery.allowed_networks[1]", "not a network"},
+		{"allowed network a name", RoleAllInOne, func(c *Config) { c.Discovery.AllowedNetworks = []string{"workers.internal"} }, "discovery.allowed_networks[0]", "not a network"},
+		{"allowed networks on a data plane", RoleDataPlane, func(c *Config) { c.Discovery.AllowedNetworks = []string{"10.0.0.0/8"} }, "discovery.allowed_networks", "a data plane does not discover"},
 		{"pool worker api key file missing", RoleDataPlane, func(c *Config) { c.Proxy.WorkerAPIKeyFile = "/nonexistent/worker-key" }, "proxy.worker_api_key_file", "no such file"},
 		{"metrics addr invalid", RoleAllInOne, func(c *Config) { c.Server.MetricsAddr = "9090" }, "server.metrics_addr", "must be host:port"},
 		{"metrics addr same as client listener", RoleAllInOne, func(c *Config) { c.Server.MetricsAddr = "0.0.0.0:6700" }, "server.metrics_addr", "must differ from the client listener"},
@@ -283,7 +305,7 @@ func TestValidateRules(t *testing.T) {
 		{"raft addr bad port", RoleAllInOne, func(c *Config) { c.ControlPlane.RaftAddr = "127.0.0.1:0" }, "controlplane.raft_addr", "between 1 and 65535"},
 		{"advertise raft addr invalid", RoleAllInOne, func(c *Config) { c.ControlPlane.AdvertiseRaftAddr = "cp-1" }, "controlplane.advertise_raft_addr", "must be host:port"},
 		{"advertise raft addr unspecified", RoleAllInOne, func(c *Config) { c.ControlPlane.AdvertiseRaftAddr = "0.0.0.0:6702" }, "controlplane.advertise_raft_addr", "peers can dial"},
-		{"raft bound to all interfaces", RoleControlPlane, func(c *Config) { c.Auth.Token, c.ControlPlane.RaftAddr = "t", "0.0.0.0:6702" }, "controlplane.advertise_raft_addr", "is required when raft_addr"},
+		{"raft bound to all interfaces", RoleControlPlane, func(c *Config) { c.Auth.RaftToken, c.ControlPlane.RaftAddr = "t", "0.0.0.0:6702" }, "controlplane.advertise_raft_addr", "is required when raft_addr"},
 		{"api bound to all interfaces", RoleControlPlane, func(c *Config) { c.ControlPlane.APIAddr = "[::]:6701" }, "controlplane.advertise_api_url", "is required when api_addr"},
 		{"advertise api url invalid", RoleAllInOne, func(c *Config) { c.ControlPlane.AdvertiseAPIURL = "cp-1:6701" }, "controlplane.advertise_api_url", "http:// or https://"},
 		{"bootstrap and join", RoleControlPlane, func(c *Config) {
@@ -306,6 +328,8 @@ func TestValidateRules(t *testing.T) {
 			"controlplane.raft_addr", "Raft peers are not authenticated"},
 		{"advertised raft address remote without peer authentication", RoleControlPlane, func(c *Config) { c.ControlPlane.AdvertiseRaftAddr = "cp-1.internal:6702" },
 			"controlplane.raft_addr", `"cp-1.internal:6702" is reachable beyond loopback`},
+		{"the cluster token is not Raft peer authentication", RoleControlPlane, func(c *Config) { c.Auth.Token, c.ControlPlane.RaftAddr = "t", "10.0.0.5:6702" },
+			"controlplane.raft_addr", "no longer authenticates Raft peers"},
 		{"server TLS alone is not peer authentication", RoleControlPlane, func(c *Config) {
 			c.ControlPlane.RaftAddr = "10.0.0.5:6702"
 			c.ControlPlane.RaftTLS = TLS{CertFile: "c.pem", KeyFile: "k.pem"}
@@ -502,9 +526,29 @@ func TestSecretFilesAreRead(t *testing.T) {
 	if err != nil || len(keys) != 2 || keys[0] != (NamedKey{"team-a", "k3y", false}) || keys[1] != (NamedKey{"team-b", "inline", true}) {
 		t.Fatalf("ClientKeys() = %v, %v", keys, err)
 	}
-	per, def, err := c.WorkerKeys()
-	if err != nil || def != "pool-key" || per["http://127.0.0.1:8001"] != "k3y" || per["http://127.0.0.1:8002"] != "pool-key" {
-		t.Fatalf("WorkerKeys() = %v, %q, %v", per, def, err)
+	wk, err := c.WorkerKeys()
+	if err != nil || wk.Default != "pool-key" || len(wk.PerWorker) != 1 {
+		t.Fatalf("WorkerKeys() = %+v, %v", wk, err)
+	}
+	// A worker's own key goes to it whatever its source; the pool key only
+	// to workers of the sources trusted with it: static and admin by
+	// default, discovered ones when listed.
+	for _, tc := range []struct{ worker, source, want string }{
+		{"http://127.0.0.1:8001", "dns", "k3y"},
+		{"http://127.0.0.1:8002", "static", "pool-key"},
+		{"http://127.0.0.1:8002", "", "pool-key"},
+		{"http://10.0.0.9:8000", "admin", "pool-key"},
+		{"http://10.0.0.9:8000", "dns", ""},
+		{"http://10.0.0.9:8000", "kubernetes", ""},
+		{"http://10.0.0.9:8000", "unknown", ""},
+	} {
+		if got := wk.Get(tc.worker, tc.source); got != tc.want {
+			t.Errorf("Get(%s, %q) = %q, want %q", tc.worker, tc.source, got, tc.want)
+		}
+	}
+	c.Proxy.WorkerAPIKeySources = []string{"static", "dns"}
+	if wk, err = c.WorkerKeys(); err != nil || wk.Get("http://10.0.0.9:8000", "dns") != "pool-key" || wk.Get("http://10.0.0.9:8000", "admin") != "" {
+		t.Errorf("with sources static and dns: %+v, %v", wk, err)
 	}
 }
 

@@ -2,11 +2,14 @@ package deploy
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
@@ -17,9 +20,9 @@ import (
 type composeFile struct {
 	Services map[string]composeService `yaml:"services"`
 	Volumes  map[string]any            `yaml:"volumes"`
-	Secrets  map[string]struct {
-		File string `yaml:"file"`
-	} `yaml:"secrets"`
+	// Secrets must stay empty: compose secrets are host files, which the
+	// example would have to ship (anyone could read them).
+	Secrets map[string]any `yaml:"secrets"`
 }
 
 type composeService struct {
@@ -30,19 +33,46 @@ type composeService struct {
 	Profiles    []string       `yaml:"profiles"`
 	ReadOnly    bool           `yaml:"read_only"`
 	CapDrop     []string       `yaml:"cap_drop"`
+	CapAdd      []string       `yaml:"cap_add"`
+	NetworkMode string         `yaml:"network_mode"`
+	DependsOn   dependsOn      `yaml:"depends_on"`
 	Ulimits     map[string]any `yaml:"ulimits"`
 	Healthcheck *struct {
 		Test []string `yaml:"test"`
 	} `yaml:"healthcheck"`
-	Secrets []struct {
-		Source string `yaml:"source"`
-		Target string `yaml:"target"`
-	} `yaml:"secrets"`
 	Hostname    string            `yaml:"hostname"`
 	Environment map[string]string `yaml:"environment"`
 	Deploy      struct {
 		Replicas int `yaml:"replicas"`
 	} `yaml:"deploy"`
+}
+
+// dependsOn reads both forms compose accepts: a list of service names, or
+// a map of name to {condition}. Values are the conditions ("" in a list).
+type dependsOn map[string]string
+
+func (d *dependsOn) UnmarshalYAML(n *yaml.Node) error {
+	*d = dependsOn{}
+	if n.Kind == yaml.SequenceNode {
+		var names []string
+		if err := n.Decode(&names); err != nil {
+			return err
+		}
+		for _, x := range names {
+			(*d)[x] = ""
+		}
+		return nil
+	}
+	var m map[string]struct {
+		Condition string `yaml:"condition"`
+	}
+	if err := n.Decode(&m); err != nil {
+		return err
+	}
+	for k, v := range m {
+		(*d)[k] = v.Condition
+	}
+	return nil
 }
 
 const composeDir = "deploy/compose"
@@ -121,9 +151,9 @@ func TestComposeTopology(t *testing.T) {
 			if nofile["soft"] != 65535 || nofile["hard"] != 65535 {
 				t.Errorf("%s: ulimits.nofile = %v, want soft and hard 65535 (the entrypoint refuses less)", name, s.Ulimits["nofile"])
 			}
-			if !s.ReadOnly || !slices.Contains(s.CapDrop, "ALL") {
-				t.Errorf("%s: want read_only: true and cap_drop: [ALL]", name)
-			}
+		}
+		if (cartImage || name == "haproxy" || name == "secrets") && (!s.ReadOnly || !slices.Contains(s.CapDrop, "ALL")) {
+			t.Errorf("%s: want read_only: true and cap_drop: [ALL]", name)
 		}
 		if !cartImage {
 			continue
@@ -157,48 +187,135 @@ func TestComposeTopology(t *testing.T) {
 		if s.Command[0] != "cart" {
 			continue
 		}
-		// Each role mounts exactly the secrets it uses: a data plane never
-		// holds the admin token, a control plane never the client key.
-		want := []string{"cart_token", "cart_admin_token"}
+		// Each role mounts exactly the secrets it uses, read-only: a data
+		// plane never holds the admin or Raft token, a control plane never
+		// the client key. None starts before the secrets exist.
+		want := []string{"cart-token", "cart-admin-token", "cart-raft-token"}
 		if s.Command[1] == "dataplane" {
-			want = []string{"cart_token", "cart_client_key"}
+			want = []string{"cart-token", "cart-client-key"}
 		}
-		var got []string
-		for _, x := range s.Secrets {
-			if x.Source != x.Target {
-				t.Errorf("%s mounts secret %s as %s", name, x.Source, x.Target)
-			}
-			got = append(got, x.Source)
-		}
-		if !slices.Equal(got, want) {
+		if got := secretMounts(t, name, s); !slices.Equal(got, want) {
 			t.Errorf("%s mounts secrets %v, want %v", name, got, want)
 		}
+		if s.DependsOn["secrets"] != "service_completed_successfully" {
+			t.Errorf("%s does not wait for the secrets service: depends_on %v", name, s.DependsOn)
+		}
 	}
-	for secret, want := range map[string]string{
-		"cart_token":       "${CART_TOKEN_FILE:-./cart-token.example}",
-		"cart_admin_token": "${CART_ADMIN_TOKEN_FILE:-./cart-admin-token.example}",
-		"cart_client_key":  "${CART_CLIENT_KEY_FILE:-./cart-client-key.example}",
-	} {
-		if f := c.Secrets[secret].File; f != want {
-			t.Errorf("secret %s file %q: want %s", secret, f, want)
+	// Nothing is shipped: the secrets service generates every one, into a
+	// volume each, with no network and the one capability it needs.
+	if len(c.Secrets) > 0 {
+		t.Errorf("compose secrets %v: host files the example would ship", c.Secrets)
+	}
+	if ex, _ := filepath.Glob(path(t, composeDir, "*.example")); len(ex) > 0 {
+		t.Errorf("example secrets shipped: %v", ex)
+	}
+	gen := c.Services["secrets"]
+	if want := []string{"cart-token:/secrets/cart-token", "cart-admin-token:/secrets/cart-admin-token", "cart-client-key:/secrets/cart-client-key",
+		"cart-raft-token:/secrets/cart-raft-token"}; !slices.Equal(gen.Volumes, want) {
+		t.Errorf("secrets service volumes %v, want %v", gen.Volumes, want)
+	}
+	if gen.NetworkMode != "none" || !slices.Equal(gen.CapAdd, []string{"CHOWN"}) {
+		t.Errorf("secrets service: network_mode %q, cap_add %v; want none and [CHOWN]", gen.NetworkMode, gen.CapAdd)
+	}
+	for _, v := range []string{"cart-token", "cart-admin-token", "cart-client-key", "cart-raft-token"} {
+		if _, ok := c.Volumes[v]; !ok {
+			t.Errorf("volume %s is not declared", v)
 		}
 	}
 }
 
-// composeSecretFile maps a /run/secrets/NAME path to the host file compose
-// would mount there by default.
-func composeSecretFile(t *testing.T, c composeFile, p string) string {
+// secretVolumes are the volumes the secrets service fills, one secret each.
+var secretVolumes = []string{"cart-token", "cart-admin-token", "cart-client-key", "cart-raft-token"}
+
+// secretMounts lists the secret volumes a service mounts, checking that each
+// is read-only at /run/cart/<volume>.
+func secretMounts(t *testing.T, name string, s composeService) []string {
 	t.Helper()
-	name, ok := strings.CutPrefix(p, "/run/secrets/")
-	if !ok {
-		t.Errorf("secret path %q is not a compose secret", p)
-		return p
+	var out []string
+	for _, v := range s.Volumes {
+		parts := strings.Split(v, ":")
+		if !slices.Contains(secretVolumes, parts[0]) {
+			continue
+		}
+		if len(parts) != 3 || parts[1] != "/run/cart/"+parts[0] || parts[2] != "ro" {
+			t.Errorf("%s mounts secret volume %q; want %s:/run/cart/%s:ro", name, v, parts[0], parts[0])
+		}
+		out = append(out, parts[0])
 	}
-	f := c.Secrets[name].File
-	if _, def, ok := strings.Cut(f, ":-"); ok {
-		f = strings.TrimSuffix(def, "}")
+	return out
+}
+
+// TestComposeSecretsScript runs the secrets service's script on this host
+// (docker cannot run here), with its volumes as directories: the first run
+// writes a distinct 64-hex-digit secret into each, owned by the image's user
+// with mode 0400; a second run changes nothing, and a secret put there
+// beforehand (an operator's own) is kept.
+func TestComposeSecretsScript(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the script chowns to uid 65532, which needs root (as in its container)")
 	}
-	return filepath.Join(path(t, composeDir), f)
+	c := loadCompose(t)
+	cmd := c.Services["secrets"].Command
+	if len(cmd) != 3 || cmd[0] != "sh" {
+		t.Fatalf("secrets command %v, want sh -euc SCRIPT", cmd)
+	}
+	dir := t.TempDir()
+	// Compose turns $$ into $; the volumes are /secrets/<name>.
+	script := strings.ReplaceAll(strings.ReplaceAll(cmd[2], "$$", "$"), "/secrets/", dir+"/")
+	for _, v := range secretVolumes {
+		if err := os.Mkdir(filepath.Join(dir, v), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own := filepath.Join(dir, "cart-admin-token", "value")
+	if err := os.WriteFile(own, []byte("operator-chosen\n"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	read := func() map[string]string {
+		out := map[string]string{}
+		for _, v := range secretVolumes {
+			f := filepath.Join(dir, v, "value")
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[v] = string(b)
+			if f == own {
+				continue
+			}
+			fi, err := os.Stat(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, _ := fi.Sys().(*syscall.Stat_t)
+			if fi.Mode().Perm() != 0o400 || st == nil || st.Uid != 65532 || st.Gid != 65532 {
+				t.Errorf("%s: mode %04o owner %v; want 0400 and 65532:65532", v, fi.Mode().Perm(), st)
+			}
+			if config.ExposedSecret(f) != "" {
+				t.Errorf("%s: %s", v, config.ExposedSecret(f))
+			}
+			if !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(string(b)) {
+				t.Errorf("%s = %q, want 64 hex digits", v, b)
+			}
+		}
+		return out
+	}
+	run(t, dir, "sh", "-euc", script)
+	first := read()
+	seen := map[string]bool{}
+	for v, s := range first {
+		if seen[s] {
+			t.Errorf("%s repeats another secret", v)
+		}
+		seen[s] = true
+	}
+	if first["cart-admin-token"] != "operator-chosen\n" {
+		t.Errorf("an existing secret was replaced: %q", first["cart-admin-token"])
+	}
+	run(t, dir, "sh", "-euc", script)
+	if again := read(); !maps.Equal(first, again) {
+		t.Errorf("a second start changed the secrets")
+	}
 }
 
 // TestComposeCartConfigs loads every config a cart service is started
@@ -241,22 +358,30 @@ func TestComposeCartConfigs(t *testing.T) {
 			continue
 		}
 		a := cfg.Auth
-		if a.TokenFile != "/run/secrets/cart_token" {
-			t.Errorf("%s: auth.token_file %q, want the compose secret /run/secrets/cart_token", name, a.TokenFile)
+		if a.TokenFile != "/run/cart/cart-token/value" {
+			t.Errorf("%s: auth.token_file %q, want the generated /run/cart/cart-token/value", name, a.TokenFile)
 		}
 		switch role {
 		case config.RoleControlPlane:
-			if a.AdminTokenFile != "/run/secrets/cart_admin_token" || len(a.ClientKeys) != 0 {
-				t.Errorf("%s: admin_token_file %q, client_keys %v; want the admin secret and no client keys", name, a.AdminTokenFile, a.ClientKeys)
+			if a.AdminTokenFile != "/run/cart/cart-admin-token/value" || a.RaftTokenFile != "/run/cart/cart-raft-token/value" || len(a.ClientKeys) != 0 {
+				t.Errorf("%s: admin_token_file %q, raft_token_file %q, client_keys %v; want the admin and Raft secrets and no client keys",
+					name, a.AdminTokenFile, a.RaftTokenFile, a.ClientKeys)
 			}
 		case config.RoleDataPlane:
-			if a.AdminTokenFile != "" || len(a.ClientKeys) != 1 || a.ClientKeys[0].KeyFile != "/run/secrets/cart_client_key" {
-				t.Errorf("%s: admin_token_file %q, client_keys %v; want only the client key secret", name, a.AdminTokenFile, a.ClientKeys)
+			if a.AdminTokenFile != "" || a.RaftTokenFile != "" || len(a.ClientKeys) != 1 || a.ClientKeys[0].KeyFile != "/run/cart/cart-client-key/value" {
+				t.Errorf("%s: admin_token_file %q, raft_token_file %q, client_keys %v; want only the client key secret", name, a.AdminTokenFile, a.RaftTokenFile, a.ClientKeys)
 			}
 		}
-		// The secrets are mounted at run time; validate against the files
-		// compose would mount.
-		withSecretFiles(cfg, func(p string) string { return composeSecretFile(t, c, p) })
+		// Every secret file the config names lies in a volume the service
+		// mounts; they exist at run time only, so validate against fakes.
+		mounted := secretMounts(t, name, s)
+		for _, f := range cfg.SecretFiles() {
+			vol := strings.TrimSuffix(strings.TrimPrefix(f.Path, "/run/cart/"), "/value")
+			if !slices.Contains(mounted, vol) {
+				t.Errorf("%s: %s %s is not in a secret volume it mounts (%v)", name, f.Key, f.Path, mounted)
+			}
+		}
+		withSecretFiles(cfg, fakeSecrets(t))
 		if err := cfg.Validate(role); err != nil {
 			t.Errorf("%s (%v, %v): %v", name, role, files, err)
 			continue

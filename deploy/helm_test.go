@@ -219,6 +219,11 @@ func TestHelmControlPlane(t *testing.T) {
 		if cfg.Auth.AdminTokenFile != tokenMountPath(t, c)+"/admin-token" || len(cfg.Auth.ClientKeys) != 0 {
 			t.Errorf("%s auth %+v: want the mounted admin token and no client keys", pod, cfg.Auth)
 		}
+		// The Raft token keys the peer handshake: the cluster token, which
+		// data planes hold, must open nothing on the Raft port.
+		if cfg.Auth.RaftTokenFile != tokenMountPath(t, c)+"/raft-token" || cfg.Auth.RaftAcceptClusterToken {
+			t.Errorf("%s auth %+v: want the mounted Raft token, no transition setting", pod, cfg.Auth)
+		}
 		mounted := *cfg
 		withSecretFiles(&mounted, fakeSecrets(t))
 		if err := mounted.Validate(config.RoleControlPlane); err != nil {
@@ -427,7 +432,7 @@ func TestHelmSecurityAndToken(t *testing.T) {
 			}
 			if tc.rendered {
 				seen := map[string]bool{}
-				for _, k := range []string{"token", "admin-token", "client-key"} {
+				for _, k := range []string{"token", "admin-token", "client-key", "raft-token"} {
 					v := str(dig(secrets[0], "data", k))
 					if len(v) < 40 || seen[v] {
 						t.Errorf("generated %s %q is too short or not distinct", k, v)
@@ -456,7 +461,7 @@ func TestHelmSecurityAndToken(t *testing.T) {
 					t.Errorf("%s token volume %v, want Secret %s", name, tokenVol, tc.secretName)
 				}
 				// Each pod gets the credentials of its role only.
-				want := map[string][]string{"StatefulSet": {"token", "admin-token"}, "Deployment": {"token", "client-key"}, "Job": {"admin-token"}}[strings.SplitN(name, "/", 2)[0]]
+				want := map[string][]string{"StatefulSet": {"token", "admin-token", "raft-token"}, "Deployment": {"token", "client-key"}, "Job": {"admin-token"}}[strings.SplitN(name, "/", 2)[0]]
 				if !tc.rendered {
 					want = slices.Clone(want)
 					for i, k := range want {
@@ -833,5 +838,38 @@ func TestHelmSplitPoolOfSims(t *testing.T) {
 	}
 	if _, err := helmTemplate(t, "--set", "workers[0].url=http://a:8000", "--set", "workers[0].role=Prefill"); err == nil {
 		t.Error("a misspelt worker role rendered")
+	}
+}
+
+// Upgrading a release from a chart whose control plane keyed the Raft
+// handshake with the cluster token: auth.raftAcceptClusterToken renders the
+// transition setting into the control plane's config (and only there), and
+// that config validates for the role.
+func TestHelmRaftTokenTransition(t *testing.T) {
+	m := mustTemplate(t, append([]string{"--set", "auth.raftAcceptClusterToken=true"}, withWorkers...)...)
+	data, _ := dig(m.get(t, "ConfigMap", "rel-cart-config"), "data").(obj)
+	dir := t.TempDir()
+	for k, v := range data {
+		if err := os.WriteFile(filepath.Join(dir, k), []byte(str(v)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp, err := config.Load(filepath.Join(dir, "controlplane.yaml"), filepath.Join(dir, "rel-cart-cp-0.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cp.Auth.RaftAcceptClusterToken || cp.Auth.RaftTokenFile == "" {
+		t.Errorf("control plane auth %+v: want the Raft token and the transition setting", cp.Auth)
+	}
+	withSecretFiles(cp, fakeSecrets(t))
+	if err := cp.Validate(config.RoleControlPlane); err != nil {
+		t.Errorf("control plane config in the transition: %v", err)
+	}
+	dp, err := config.Load(filepath.Join(dir, "dataplane.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dp.Auth.RaftAcceptClusterToken || dp.Auth.RaftTokenFile != "" {
+		t.Errorf("data plane auth %+v: holds Raft settings", dp.Auth)
 	}
 }

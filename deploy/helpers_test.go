@@ -101,7 +101,7 @@ func runErr(dir string, env []string, name string, args ...string) (string, erro
 // and Validate reads them.
 func withSecretFiles(cfg *config.Config, where func(string) string) {
 	a := &cfg.Auth
-	for _, p := range []*string{&a.TokenFile, &a.AdminTokenFile, &cfg.Proxy.WorkerAPIKeyFile} {
+	for _, p := range []*string{&a.TokenFile, &a.AdminTokenFile, &a.RaftTokenFile, &cfg.Proxy.WorkerAPIKeyFile} {
 		if *p != "" {
 			*p = where(*p)
 		}

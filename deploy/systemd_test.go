@@ -113,7 +113,7 @@ func TestSystemdUnits(t *testing.T) {
 			// Each role loads the credentials it uses, and nothing else.
 			creds := map[config.Role][]string{
 				config.RoleAllInOne:     {"client-key"},
-				config.RoleControlPlane: {"token", "admin-token"},
+				config.RoleControlPlane: {"token", "admin-token", "raft-token"},
 				config.RoleDataPlane:    {"token", "client-key"},
 			}[tc.role]
 			var wantLoad []string
@@ -133,7 +133,8 @@ func TestSystemdUnits(t *testing.T) {
 			if len(cfg.Auth.ClientKeys) > 0 {
 				keyFile = cfg.Auth.ClientKeys[0].KeyFile
 			}
-			if cfg.Auth.TokenFile != cred("token") || cfg.Auth.AdminTokenFile != cred("admin-token") || keyFile != cred("client-key") || len(cfg.Auth.ClientKeys) > 1 {
+			if cfg.Auth.TokenFile != cred("token") || cfg.Auth.AdminTokenFile != cred("admin-token") || cfg.Auth.RaftTokenFile != cred("raft-token") ||
+				keyFile != cred("client-key") || len(cfg.Auth.ClientKeys) > 1 {
 				t.Errorf("%s auth %+v, want the credential paths of %v", tc.config, cfg.Auth, creds)
 			}
 			withSecretFiles(cfg, fakeSecrets(t))

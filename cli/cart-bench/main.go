@@ -436,7 +436,7 @@ func newPDCmd() *cobra.Command {
 	c := bench.DefaultPD()
 	out := filepath.Join(repoRoot(), "bench", "results", time.Now().UTC().Format("2006-01-02")+"-pd")
 	cmd := &cobra.Command{
-		Use:   "pd",
+		Use:   "pd [flags]", // not the bare word: that is reason "pd" (engine.ReasonPD)
 		Short: "Prefill/decode: four cart-sims split (2 prefill + 2 decode) or whole, behind CART, on the shared traces",
 		Long: `Replays the suite's slices of the shared traces through three set-ups of
 the same four cart-sim replicas: cart-pd (two prefill, two decode: CART picks

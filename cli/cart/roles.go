@@ -39,6 +39,11 @@ func configured(cmd *cobra.Command, role config.Role, run roleRun) *cobra.Comman
 		}
 		cfg, err := loadConfig(paths, role)
 		if check {
+			if err == nil {
+				for _, f := range cfg.ExposedSecretFiles() {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s: %s %s\n", f.Key, f.Path, f.Why)
+				}
+			}
 			return reportCheck(cmd, cfg, err)
 		}
 		if err != nil {
@@ -47,6 +52,7 @@ func configured(cmd *cobra.Command, role config.Role, run roleRun) *cobra.Comman
 		logw := logging.NewBuffered(os.Stderr, 100*time.Millisecond)
 		defer logw.Close()
 		log := logging.New(logw, cfg.Log.Level, cfg.Log.Format)
+		warnExposedSecrets(cfg, log)
 		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return run(ctx, cfg, paths, log)
@@ -54,6 +60,15 @@ func configured(cmd *cobra.Command, role config.Role, run roleRun) *cobra.Comman
 	cmd.Flags().StringArrayVarP(&paths, "config", "c", nil, "config file (repeatable; later files override earlier ones)")
 	cmd.Flags().BoolVar(&check, "config-check", false, "validate the merged config, print the effective config and exit")
 	return cmd
+}
+
+// warnExposedSecrets logs each secret file that others can read; with
+// auth.refuse_insecure_secret_files the config was refused before this.
+func warnExposedSecrets(cfg *config.Config, log *slog.Logger) {
+	for _, f := range cfg.ExposedSecretFiles() {
+		log.Warn("secret file readable beyond this process's user; fix its mode, or set auth.refuse_insecure_secret_files: true to refuse to start",
+			"key", f.Key, "file", f.Path, "detail", f.Why)
+	}
 }
 
 func newControlPlaneCmd() *cobra.Command {

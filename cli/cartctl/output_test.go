@@ -190,6 +190,7 @@ leader id:     n1
   "pinned": false,
   "leader_url": "",
   "avoid_ignored": false,
+  "worker_source": "",
   "queued": false,
   "waited_micros": "0",
   "queue_depth": 0,

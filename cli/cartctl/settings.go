@@ -328,14 +328,14 @@ func finalize(values, origin map[string]string) (*settings, error) {
 	return s, nil
 }
 
-// exposedSecret returns a warning when the file at path can be read by its
-// group or by everyone: any local user could then act as the operator.
+// exposedSecret returns a warning when the file at path can be read beyond
+// this user (config.ExposedSecret, the server's rule too): any local user
+// could then act as the operator.
 func exposedSecret(path, what string) string {
-	fi, err := os.Stat(path)
-	if err != nil || fi.Mode().Perm()&0o044 == 0 {
-		return ""
+	if why := config.ExposedSecret(path); why != "" {
+		return what + " " + why
 	}
-	return fmt.Sprintf("%s is readable by group or others (mode %04o); run chmod 600 %s", what, fi.Mode().Perm(), path)
+	return ""
 }
 
 // checkCleartext refuses to send a token over plain http:// to anything

@@ -91,19 +91,26 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 	if err != nil {
 		return nil, err
 	}
+	raftToken, err := cfg.RaftToken()
+	if err != nil {
+		return nil, err
+	}
+	// The handshake of releases before the Raft token, keyed by the
+	// cluster token: accepted only during a rolling upgrade.
+	legacyRaftToken := ""
+	if cfg.Auth.RaftAcceptClusterToken {
+		if raftToken == "" || token == "" {
+			return nil, errors.New("auth.raft_accept_cluster_token needs both auth.raft_token_file and auth.token_file")
+		}
+		legacyRaftToken = token
+	}
 	// The leader probes workers; keyed workers (vLLM --api-key) need their
 	// key on probes or they are all marked down.
-	perWorker, poolKey, err := cfg.WorkerKeys()
+	workerKeys, err := cfg.WorkerKeys()
 	if err != nil {
 		return nil, err
 	}
 	healthCfg := health.ConfigFrom(cfg.Health)
-	healthCfg.WorkerKey = func(w string) string {
-		if k, ok := perWorker[w]; ok {
-			return k
-		}
-		return poolKey // workers added through cartctl or discovery
-	}
 	cp := cfg.ControlPlane
 	client, err := cpclient.New(cfg.DataPlane.ClientTLS)
 	if err != nil {
@@ -114,6 +121,16 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 		d.seeded = make(chan struct{})
 	}
 	d.Dec = decider.New(deciderOptions(cfg))
+	// The pool key goes only to workers of the sources trusted with it
+	// (proxy.worker_api_key_sources): a discovered endpoint is not the
+	// operator's word.
+	healthCfg.WorkerKey = func(w string) string {
+		src, ok := d.Dec.WorkerSource(w)
+		if !ok {
+			return ""
+		}
+		return workerKeys.Get(w, src)
+	}
 	d.St = state.New(d.Dec)
 	var leaderLoops []func(context.Context)
 	if cfg.Discovery.DNS.Enabled() || cfg.Discovery.Kubernetes.Enabled {
@@ -191,23 +208,27 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 		kvLoop = d.kvLeaderLoop(kvtruth.NewMetrics(d.Core.Registry()))
 	}
 	if d.watchers, err = discovery.Watchers(cfg, log, discovery.NewMetrics(d.Core.Registry()),
-		func(source string) discovery.Sink { return cpSink{d, source} }); err != nil {
+		func(source string) discovery.Sink { return cpSink{d, source} }, cfg.Listeners(config.RoleControlPlane)...); err != nil {
 		return nil, err
 	}
 	srvTLS, cliTLS, err := raftTLS(cp.RaftTLS)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkRaftAuth(cp, token, srvTLS); err != nil {
+	if err := checkRaftAuth(cp, raftToken, srvTLS); err != nil {
 		return nil, err
 	}
 	switch {
-	case token != "":
-		log.Info("raft peers authenticate with a handshake keyed by the cluster token", "raft_tls", srvTLS != nil, "mutual_tls", srvTLS != nil && srvTLS.ClientCAs != nil)
+	case legacyRaftToken != "":
+		log.Warn("raft peers authenticate with the Raft token, and also with the cluster token (auth.raft_accept_cluster_token, for a rolling upgrade): "+
+			"until it is removed, any holder of the cluster token (every data plane) can act as a Raft peer",
+			"raft_tls", srvTLS != nil, "mutual_tls", srvTLS != nil && srvTLS.ClientCAs != nil)
+	case raftToken != "":
+		log.Info("raft peers authenticate with a handshake keyed by the Raft token", "raft_tls", srvTLS != nil, "mutual_tls", srvTLS != nil && srvTLS.ClientCAs != nil)
 	case srvTLS != nil && srvTLS.ClientCAs != nil:
 		log.Info("raft peers authenticate with mutual TLS")
 	default:
-		log.Warn("raft peers are not authenticated: anyone who reaches the Raft port can act as a peer; set auth.token or controlplane.raft_tls with client_ca_file",
+		log.Warn("raft peers are not authenticated: anyone who reaches the Raft port can act as a peer; set auth.raft_token_file or controlplane.raft_tls with client_ca_file",
 			"raft_addr", cp.RaftAddr)
 	}
 	if err := os.MkdirAll(cp.DataDir, 0o700); err != nil {
@@ -226,7 +247,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 		Bootstrap:         cp.Bootstrap,
 		ServerTLS:         srvTLS,
 		ClientTLS:         cliTLS,
-		ClusterToken:      token,
+		RaftToken:         raftToken,
+		LegacyToken:       legacyRaftToken,
 		HandshakeTimeout:  time.Duration(cp.RaftHandshakeTimeoutMs) * time.Millisecond,
 		MaxInboundConns:   cp.RaftMaxConns,
 		SnapshotThreshold: cp.SnapshotThreshold,
@@ -312,14 +334,14 @@ func deciderOptions(cfg *config.Config) decider.Options {
 
 // checkRaftAuth refuses a Raft port reachable beyond loopback with no peer
 // authentication. Config validation says the same; this guards callers
-// that build a Config in code, and sees the token actually read.
-func checkRaftAuth(cp config.ControlPlane, token string, srvTLS *tls.Config) error {
-	if token != "" || (srvTLS != nil && srvTLS.ClientCAs != nil) || cp.AllowUnauthenticatedRaft {
+// that build a Config in code, and sees the Raft token actually read.
+func checkRaftAuth(cp config.ControlPlane, raftToken string, srvTLS *tls.Config) error {
+	if raftToken != "" || (srvTLS != nil && srvTLS.ClientCAs != nil) || cp.AllowUnauthenticatedRaft {
 		return nil
 	}
 	for _, a := range []string{cp.RaftAddr, cp.AdvertiseRaftAddr} {
 		if a != "" && !config.LoopbackHostPort(a) {
-			return fmt.Errorf("controlplane.raft_addr: %q is reachable beyond loopback but Raft peers are not authenticated; set auth.token (peer handshake) or controlplane.raft_tls with client_ca_file, or controlplane.allow_unauthenticated_raft: true", a)
+			return fmt.Errorf("controlplane.raft_addr: %q is reachable beyond loopback but Raft peers are not authenticated; set auth.raft_token_file (peer handshake; the cluster token no longer authenticates Raft peers) or controlplane.raft_tls with client_ca_file, or controlplane.allow_unauthenticated_raft: true", a)
 		}
 	}
 	return nil

@@ -62,8 +62,10 @@ func TestLeaderRunsDNSDiscovery(t *testing.T) {
 	static, d1, d2 := replica(t, "s"), replica(t, "d1"), replica(t, "d2")
 	ns := dnstest.Start(t)
 	ns.Set(t, srvRecords(d1, d2)...)
+	// The replicas listen on loopback, which discovery refuses unless told.
 	procs := startCluster(t, []string{static}, fmt.Sprintf(`discovery:
   drain_timeout_secs: 5
+  allowed_networks: [127.0.0.0/8]
   dns: {name: _w._tcp.pool, record_type: SRV, resolver: "%s", min_interval_secs: 0.05, max_interval_secs: 0.1, remove_after: 2, max_load: 9}
 `, ns.Addr))
 	leader := waitLeader(t, procs, 10*time.Second)

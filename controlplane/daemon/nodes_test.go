@@ -43,11 +43,15 @@ func (n *node) status() (*cartv1.ClusterStatusResponse, error) { return statusWi
 // fast health probes (0.5 s) and placement batches (5 ms), so tests wait
 // less.
 type nodeOpts struct {
-	log     string   // the log block; {level: warn} if empty
-	token   string   // auth.token of every node
-	cp      string   // more controlplane keys, each line indented by two spaces
-	workers []string // the worker set the first node bootstraps with
-	extra   string   // top-level YAML after the rest
+	log   string // the log block; {level: warn} if empty
+	token string // auth.token of every node
+	// raftToken is auth.raft_token of every node (the Raft handshake);
+	// raftTransition sets auth.raft_accept_cluster_token too.
+	raftToken      string
+	raftTransition bool
+	cp             string   // more controlplane keys, each line indented by two spaces
+	workers        []string // the worker set the first node bootstraps with
+	extra          string   // top-level YAML after the rest
 }
 
 // layoutNodes gives count nodes their addresses, data dirs and config
@@ -69,8 +73,18 @@ func layoutNodes(t *testing.T, count int, o nodeOpts) []*node {
 	for i, n := range nodes {
 		var sb strings.Builder
 		fmt.Fprintf(&sb, "server: {min_open_files: 0}\nlog: %s\nhealth: {interval_secs: 0.5, timeout_secs: 0.4}\n", o.log)
+		var auth []string
 		if o.token != "" {
-			fmt.Fprintf(&sb, "auth: {token: %s}\n", o.token)
+			auth = append(auth, "token: "+o.token)
+		}
+		if o.raftToken != "" {
+			auth = append(auth, "raft_token: "+o.raftToken)
+		}
+		if o.raftTransition {
+			auth = append(auth, "raft_accept_cluster_token: true")
+		}
+		if len(auth) > 0 {
+			fmt.Fprintf(&sb, "auth: {%s}\n", strings.Join(auth, ", "))
 		}
 		fmt.Fprintf(&sb, "controlplane:\n  node_id: %s\n  api_addr: %s\n  raft_addr: %s\n  data_dir: %s\n  placement_batch_ms: 5\n%s", n.id, n.api, n.raft, n.dir, o.cp)
 		if i == 0 {

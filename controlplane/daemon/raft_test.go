@@ -22,7 +22,8 @@ import (
 
 // A control plane whose Raft address is reachable beyond loopback refuses
 // to start without peer authentication, at --config-check and at start,
-// unless the operator opts out explicitly.
+// unless the operator opts out explicitly. The cluster token is not peer
+// authentication: every data plane holds it.
 func TestRefusesUnauthenticatedRemoteRaft(t *testing.T) {
 	const advertise = "  advertise_raft_addr: cp-1.internal:6702\n"
 	run := func(o nodeOpts, args ...string) proc.Result {
@@ -30,13 +31,18 @@ func TestRefusesUnauthenticatedRemoteRaft(t *testing.T) {
 		return proc.Run(t, proc.Cmd{Path: n.Path, Args: append(n.Args, args...)})
 	}
 	for _, args := range [][]string{{"--config-check"}, nil} {
-		if r := run(nodeOpts{cp: advertise}, args...); r.Code == 0 || !strings.Contains(r.Output, "Raft peers are not authenticated") {
-			t.Errorf("cart controlplane %v: exit %d, output:\n%s", args, r.Code, r.Output)
+		for name, o := range map[string]nodeOpts{
+			"no token":               {cp: advertise},
+			"only the cluster token": {cp: advertise, token: "cluster-secret"},
+		} {
+			if r := run(o, args...); r.Code == 0 || !strings.Contains(r.Output, "Raft peers are not authenticated") {
+				t.Errorf("%s: cart controlplane %v: exit %d, output:\n%s", name, args, r.Code, r.Output)
+			}
 		}
 	}
 	for name, o := range map[string]nodeOpts{
-		"token":   {cp: advertise, token: "cluster-secret"},
-		"opt-out": {cp: advertise + "  allow_unauthenticated_raft: true\n"},
+		"raft token": {cp: advertise, token: "cluster-secret", raftToken: "raft-secret"},
+		"opt-out":    {cp: advertise + "  allow_unauthenticated_raft: true\n"},
 	} {
 		if r := run(o, "--config-check"); r.Code != 0 {
 			t.Errorf("%s: --config-check failed: exit %d\n%s", name, r.Code, r.Output)
@@ -73,7 +79,7 @@ func TestRaftListenerBoundsIdleConnections(t *testing.T) {
 	}
 	const maxConns = 256
 	const token = "idle-test-token"
-	nd := startNodes(t, 1, nodeOpts{token: token,
+	nd := startNodes(t, 1, nodeOpts{token: token, raftToken: "idle-test-raft-token",
 		cp: fmt.Sprintf("  raft_handshake_timeout_ms: 1500\n  raft_max_conns: %d\n", maxConns)})[0]
 	leader := func() bool {
 		st, err := nd.status()
@@ -126,12 +132,12 @@ func TestRaftListenerBoundsIdleConnections(t *testing.T) {
 	}
 }
 
-// Three real nodes sharing a cluster token form a cluster through the
+// Three real nodes sharing a Raft token form a cluster through the
 // ordinary join path (handshake on every Raft connection), and every node
 // writes the same audited worker change with the actor who asked for it.
 func TestTokenClusterAuditsOnEveryNode(t *testing.T) {
 	const token = "three-node-cluster-token"
-	nodes := startNodes(t, 3, nodeOpts{log: "{level: info, format: text}", token: token, workers: []string{"http://127.0.0.1:9"}})
+	nodes := startNodes(t, 3, nodeOpts{log: "{level: info, format: text}", token: token, raftToken: "three-node-raft-token", workers: []string{"http://127.0.0.1:9"}})
 	testkit.WaitFor(t, 30*time.Second, "a worker added through a node", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()

@@ -403,6 +403,15 @@ func (d *Decider) SetDraining(url string, draining bool) {
 	d.eng.SetDraining(url, draining)
 }
 
+// WorkerSource returns the source of the worker at url, and whether it
+// is in the set: health probes and model fetches send the pool's worker
+// key only to workers of the sources trusted with it.
+func (d *Decider) WorkerSource(url string) (string, bool) {
+	t := d.lock()
+	defer d.unlock(OpRead, t)
+	return d.eng.SourceOf(url)
+}
+
 // Load is a worker's in-flight count.
 func (d *Decider) Load(url string) int {
 	t := d.lock()

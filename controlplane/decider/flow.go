@@ -151,6 +151,9 @@ func (d *Decider) admit(ctx context.Context, c *Caller, req Request, a Admission
 		}
 		if len(c.Settle) > 0 {
 			d.settleAll(c.DataPlane, c.Settle, now)
+			// The room those completions freed goes to the requests
+			// already waiting, not to this newer one that carried them.
+			d.pump()
 		}
 	}
 	d.noteReserve(a.Priority, now)

@@ -422,3 +422,76 @@ func TestFlowUnderConcurrency(t *testing.T) {
 		t.Fatalf("%d load underflows", under)
 	}
 }
+
+// A tenant is charged its estimated prompt at dispatch and corrected by
+// its usage report to prompt + completion tokens: what it was served.
+func TestFairnessChargesTokensServed(t *testing.T) {
+	d := flowDecider(t, FlowOptions{}, engine.Policy{}, 1)
+	busy, err := d.Admit(context.Background(), req("busy"), Admission{Tenant: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := admitAsync(t, d, context.Background(), "x", "queued prompt", Admission{Tenant: "x", Cost: 40})
+	// A second tenant keeps x's counter alive in the queue's table.
+	admitAsync(t, d, context.Background(), "y", "other queued", Admission{Tenant: "y", Cost: 1000})
+	settleOK(t, d, busy)
+	r := result(t, ch)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	served := func(tenant string) float64 {
+		t.Helper()
+		tk := d.lock()
+		defer d.unlock(OpRead, tk)
+		return d.fq.Served(tenant)
+	}
+	if got := served("x"); got != 40 {
+		t.Fatalf("charged %v at dispatch, want the estimate 40", got)
+	}
+	if err := d.Settle(r.dec.Ticket, Outcome{Delivered: true, PromptTokens: 100, CachedTokens: -1, CompletionTokens: 30}); err != nil {
+		t.Fatal(err)
+	}
+	if got := served("x"); got != 130 {
+		t.Fatalf("after the usage report: %v, want 100 prompt + 30 completion", got)
+	}
+}
+
+// Completions riding with a new call free room for the requests already
+// waiting, not for the call that carried them.
+func TestRidingCompletionsServeTheQueueFirst(t *testing.T) {
+	d := flowDecider(t, FlowOptions{}, engine.Policy{}, 1)
+	d.Lead(true)
+	first, err := d.AdmitFor(context.Background(), Caller{DataPlane: "dp1", RouteID: 1}, req("busy"), Admission{Tenant: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := d.AdmitFor(context.Background(), Caller{DataPlane: "dp2", RouteID: 1}, req("waits"), Admission{Tenant: "calm"})
+		waiting <- err
+	}()
+	waitFor(t, func() bool { return len(d.Queue().Items) == 1 })
+	// dp1's next call carries the first one's completion.
+	newer := make(chan error, 1)
+	go func() {
+		_, err := d.AdmitFor(context.Background(), Caller{DataPlane: "dp1", RouteID: 2, Settle: []Completion{{Ticket: first.Ticket.ID, Worker: "a",
+			Outcome: Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1}}}}, req("newer"), Admission{Tenant: "flood"})
+		newer <- err
+	}()
+	select {
+	case err := <-waiting:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting request did not get the room the riding completion freed")
+	}
+	select {
+	case err := <-newer:
+		t.Fatalf("the call that carried the completion took the room itself (%v)", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if n := len(d.Queue().Items); n != 1 {
+		t.Fatalf("%d queued, want the newer call", n)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cartrouter/cart/config"
 )
 
 // flowMetrics are flow control's counters; the queue's depth and the
@@ -45,6 +47,10 @@ func (m *flowMetrics) init() {
 		Help:    "How long queued requests waited for a worker, by priority and tenant (client key name).",
 		Buckets: WaitBuckets,
 	}, []string{"priority", "tenant"})
+	// The default priority's series exist from the start, so a dashboard
+	// shows zero rather than no data before the first wait.
+	m.dispatchedVec.WithLabelValues("0")
+	m.wait.WithLabelValues("0", config.AnonymousTenant)
 }
 
 func (m *flowMetrics) refused(reason string) { m.refusedVec.WithLabelValues(reason).Inc() }
@@ -58,11 +64,12 @@ func (m *flowMetrics) dispatched(a Admission, waited time.Duration) {
 // flowCollector exports the queue's depth per (priority, tenant) and the
 // pool's saturation, read in one lock hold at scrape time.
 type flowCollector struct {
-	d                      *Decider
-	depth, bytes, pool, sl *prometheus.Desc
+	d                             *Decider
+	total, depth, bytes, pool, sl *prometheus.Desc
 }
 
 func (c *flowCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.total
 	ch <- c.depth
 	ch <- c.bytes
 	ch <- c.pool
@@ -79,6 +86,7 @@ func (c *flowCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, it := range s.Items {
 		depth[key{it.Priority, it.Label}]++
 	}
+	ch <- prometheus.MustNewConstMetric(c.total, prometheus.GaugeValue, float64(len(s.Items)))
 	for k, n := range depth {
 		ch <- prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(n), strconv.Itoa(k.prio), k.tenant)
 	}
@@ -126,7 +134,8 @@ func (d *Decider) PoolSaturation() PoolLoad {
 
 func (m *flowMetrics) collectors(d *Decider) []prometheus.Collector {
 	return []prometheus.Collector{m.enqueued, m.cancelled, m.refusedVec, m.dispatchedVec, m.wait, &flowCollector{
-		d: d,
+		d:     d,
+		total: prometheus.NewDesc("cart_flow_queued", "Requests waiting for a worker in the flow-control queue.", nil, nil),
 		depth: prometheus.NewDesc("cart_flow_queue_depth", "Requests waiting for a worker, by priority and tenant (client key name).",
 			[]string{"priority", "tenant"}, nil),
 		bytes: prometheus.NewDesc("cart_flow_queue_bytes", "Body bytes of the requests waiting for a worker.", nil, nil),

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"fmt"
 	"log/slog"
 
 	"github.com/cartrouter/cart/config"
@@ -23,8 +24,15 @@ func RulesFrom(cfg *config.Config) Options {
 
 // Watchers builds a watcher for every enabled worker source (the metrics
 // are shared: they are labelled by source). The all-in-one data plane and
-// the control-plane leader both run them.
-func Watchers(cfg *config.Config, log *slog.Logger, m *Metrics, sink func(source string) Sink) ([]*Watcher, error) {
+// the control-plane leader both run them. own are the host:port addresses
+// the process listens on: a discovered endpoint naming one is refused, as
+// are those discovery.allowed_networks refuses (see AddressPolicy).
+func Watchers(cfg *config.Config, log *slog.Logger, m *Metrics, sink func(source string) Sink, own ...string) ([]*Watcher, error) {
+	allowed, err := config.ParseNetworks(cfg.Discovery.AllowedNetworks)
+	if err != nil {
+		return nil, fmt.Errorf("discovery.allowed_networks: %w", err)
+	}
+	policy := &AddressPolicy{Allowed: allowed, Own: OwnListeners(own...)}
 	var out []*Watcher
 	if cfg.Discovery.DNS.Enabled() {
 		res, err := DNSSourceFrom(cfg)
@@ -33,7 +41,7 @@ func Watchers(cfg *config.Config, log *slog.Logger, m *Metrics, sink func(source
 		}
 		out = append(out, NewWatcher(WatchOptions{
 			Source: state.SourceDNS, Resolver: res, Sink: sink(state.SourceDNS), Rules: RulesFrom(cfg),
-			Metrics: m, Logger: log,
+			Metrics: m, Logger: log, Policy: policy,
 		}))
 	}
 	if cfg.Discovery.Kubernetes.Enabled {
@@ -49,7 +57,7 @@ func Watchers(cfg *config.Config, log *slog.Logger, m *Metrics, sink func(source
 			Source: state.SourceKubernetes, Resolver: src, Sink: sink(state.SourceKubernetes),
 			Rules: Options{AddAfter: k.AddAfter, RemoveAfter: k.RemoveAfter, DrainTimeout: config.Seconds(cfg.Discovery.DrainTimeoutSecs),
 				MinInterval: config.Seconds(k.MinIntervalSecs), MaxInterval: config.Seconds(k.MaxIntervalSecs)},
-			Metrics: m, Logger: log,
+			Metrics: m, Logger: log, Policy: policy,
 		}))
 	}
 	return out, nil

@@ -2,7 +2,10 @@ package discovery
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,6 +36,7 @@ type Metrics struct {
 	Errors  *prometheus.CounterVec
 	Stale   *prometheus.GaugeVec
 	Changes *prometheus.CounterVec
+	Refused *prometheus.CounterVec
 }
 
 // NewMetrics registers the discovery metrics with reg.
@@ -44,8 +48,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while the last discovery answer was unusable and the worker set is the last good one."}, []string{"source"}),
 		Changes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_discovery_changes_total",
 			Help: "Worker-set changes made by discovery, by change (add, drain, undrain, remove)."}, []string{"source", "change"}),
+		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_discovery_refused_total",
+			Help: "Discovered endpoints refused as workers, counted in every answer that has them, by reason (loopback, link_local, unspecified, multicast, own_listener, not_allowed, invalid)."},
+			[]string{"source", "reason"}),
 	}
-	reg.MustRegister(m.Errors, m.Stale, m.Changes)
+	reg.MustRegister(m.Errors, m.Stale, m.Changes, m.Refused)
 	return m
 }
 
@@ -72,6 +79,10 @@ type WatchOptions struct {
 	Rules    Options
 	Metrics  *Metrics
 	Logger   *slog.Logger
+	// Policy refuses endpoints that must not become workers (see
+	// AddressPolicy); nil admits every one (tests of the reconciling
+	// alone: Watchers always sets one).
+	Policy *AddressPolicy
 	// SettleEvery is how often draining workers are checked for removal
 	// (default 200 ms).
 	SettleEvery time.Duration
@@ -101,6 +112,85 @@ func NewWatcher(o WatchOptions) *Watcher {
 	return &Watcher{o: o}
 }
 
+// maxRefusedLogged bounds the endpoints a watcher remembers having logged
+// as refused (each is logged once per run, not on every answer); past it
+// the memory starts over.
+const maxRefusedLogged = 1024
+
+// screen drops the endpoints the policy refuses from a, counting and
+// logging them (each the first time this run sees it). An answer whose
+// every endpoint is refused becomes an error: like an empty one, it keeps
+// the last good set rather than draining it.
+func (w *Watcher) screen(a Answer, policy *AddressPolicy, logged map[string]bool) Answer {
+	o := w.o
+	if policy == nil || a.Err != nil || len(a.Endpoints) == 0 {
+		return a
+	}
+	kept := a.Endpoints[:0:0]
+	for _, u := range a.Endpoints {
+		reason := policy.Check(u)
+		if reason == "" {
+			kept = append(kept, u)
+			continue
+		}
+		o.Metrics.Refused.WithLabelValues(o.Source, reason).Inc()
+		if logged[u] {
+			continue
+		}
+		if len(logged) >= maxRefusedLogged {
+			clear(logged)
+		}
+		logged[u] = true
+		o.Logger.Warn("discovery: endpoint refused; it is not added as a worker", "source", o.Source, "endpoint", u,
+			"reason", reason, "hint", refusalHint(reason))
+	}
+	if len(kept) == 0 {
+		return Answer{Err: fmt.Errorf("all %d endpoints refused (discovery.allowed_networks; see the log)", len(a.Endpoints))}
+	}
+	a.Endpoints = kept
+	return a
+}
+
+func refusalHint(reason string) string {
+	switch reason {
+	case RefusedLoopback, RefusedLinkLocal, RefusedNotAllowed:
+		return "if it really is a worker, list its network in discovery.allowed_networks"
+	case RefusedOwn:
+		return "it is one of this process's own listeners"
+	case RefusedInvalid:
+		return "not an IP address with a port"
+	}
+	return "never a worker address"
+}
+
+// runPolicy is the policy for one run, with this host's addresses read
+// now (for listeners bound to every interface).
+func (w *Watcher) runPolicy() *AddressPolicy {
+	if w.o.Policy == nil {
+		return nil
+	}
+	p := *w.o.Policy
+	for _, l := range p.Own {
+		if !l.Addr().IsUnspecified() {
+			continue
+		}
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			w.o.Logger.Warn("discovery: cannot list this host's addresses; endpoints on them are refused only when loopback", "error", err.Error())
+			break
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok {
+					p.Local = append(p.Local, ip.Unmap())
+				}
+			}
+		}
+		break
+	}
+	return &p
+}
+
 // Run resolves, reconciles and applies until ctx ends. It starts from the
 // source's workers already in the pool, so a new control-plane leader
 // continues from the replicated set. On exit it undrains what it drained:
@@ -115,6 +205,7 @@ func (w *Watcher) Run(ctx context.Context) {
 		}
 	}
 	r := NewReconciler(o.Rules, known)
+	policy, logged := w.runPolicy(), map[string]bool{}
 	defer func() {
 		for _, u := range r.Draining() {
 			o.Sink.SetDraining(u, false)
@@ -160,6 +251,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
+			a = w.screen(a, policy, logged)
 			ch := r.Observe(a, o.Now())
 			if ch.Stale {
 				errs.Inc()

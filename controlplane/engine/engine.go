@@ -167,6 +167,9 @@ type Decision struct {
 	// AvoidIgnored: every usable worker was in Request.Avoid, so the
 	// decision ignored the list (the request is a trial).
 	AvoidIgnored bool
+	// WorkerSource is Worker's WorkerSpec.Source: whoever sends the request
+	// decides by it whether the pool's worker key goes along.
+	WorkerSource string
 	// Prefill is the prefill leg of a disaggregated decision (Reason
 	// ReasonPD): its worker computes the prompt, holds its placement and
 	// took a unit of load of its own; Worker decodes. nil otherwise.
@@ -311,6 +314,15 @@ func (e *Engine) Workers() []WorkerState {
 	return out
 }
 
+// SourceOf returns the source of the worker at url, and whether it is in
+// the set.
+func (e *Engine) SourceOf(url string) (string, bool) {
+	if w, ok := e.byURL[url]; ok {
+		return w.spec.Source, true
+	}
+	return "", false
+}
+
 // Load returns a worker's in-flight count (0 for unknown workers).
 func (e *Engine) Load(url string) int {
 	if w, ok := e.byURL[url]; ok {
@@ -441,7 +453,7 @@ func (e *Engine) choose(req Request, roles RoleMask, now int64) (choice, error) 
 			d.PlacedAgo = e.placedAgo(req.Hashes[chosenBlocks-1], chosen.id, now)
 		}
 	}
-	d.Worker = chosen.spec.URL
+	d.Worker, d.WorkerSource = chosen.spec.URL, chosen.spec.Source
 	return choice{w: chosen, d: d, blocks: chosenBlocks}, nil
 }
 

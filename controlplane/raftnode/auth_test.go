@@ -19,10 +19,21 @@ import (
 	"github.com/cartrouter/cart/internal/testkit"
 )
 
-const testToken = "cluster-token-for-tests"
+const (
+	testToken    = "raft-token-for-tests"
+	clusterToken = "cluster-token-every-data-plane-holds"
+)
 
-// pipeHandshake runs both sides of the handshake over an in-memory pipe.
+// pipeHandshake runs both sides of the handshake over an in-memory pipe,
+// the client proving its first (preferred) key.
 func pipeHandshake(t *testing.T, client, server *peerAuth) (cid, sid string, cerr, serr error) {
+	cid, sid, _, cerr, serr = pipeHandshakeWith(t, client, client.keys[0], server)
+	return cid, sid, cerr, serr
+}
+
+// pipeHandshakeWith runs the handshake with the client proving key k, and
+// also returns the generation the server accepted.
+func pipeHandshakeWith(t *testing.T, client *peerAuth, k peerKey, server *peerAuth) (cid, sid string, gen *generation, cerr, serr error) {
 	t.Helper()
 	c, s := net.Pipe()
 	defer c.Close()
@@ -33,22 +44,30 @@ func pipeHandshake(t *testing.T, client, server *peerAuth) (cid, sid string, cer
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		cid, serr = server.serverHandshake(s)
+		cid, gen, serr = server.serverHandshake(s)
 		if serr != nil {
 			_ = s.Close()
 		}
 	}()
-	sid, cerr = client.clientHandshake(c)
+	sid, cerr = client.clientHandshake(c, k)
 	if cerr != nil {
 		_ = c.Close()
 	}
 	wg.Wait()
-	return cid, sid, cerr, serr
+	return cid, sid, gen, cerr, serr
 }
 
+// mustAuth is a node holding the Raft token token.
 func mustAuth(t *testing.T, token, id string) *peerAuth {
 	t.Helper()
-	a, err := newPeerAuth(token, id)
+	return mustAuthWith(t, id, token, "")
+}
+
+// mustAuthWith is a node holding a Raft token and a legacy (cluster) token;
+// either may be empty.
+func mustAuthWith(t testing.TB, id, raftToken, legacy string) *peerAuth {
+	t.Helper()
+	a, err := newPeerAuth(id, raftToken, legacy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,11 +91,59 @@ func TestHandshake(t *testing.T) {
 	if !errors.Is(cerr, errHandshake) || serr == nil {
 		t.Errorf("wrong listener token: client %v, server %v", cerr, serr)
 	}
-	if _, err := newPeerAuth("", "n1"); err == nil {
+	if _, err := newPeerAuth("n1", "", ""); err == nil {
 		t.Error("empty token accepted")
 	}
-	if _, err := newPeerAuth(testToken, strings.Repeat("x", 256)); err == nil {
+	if _, err := newPeerAuth(strings.Repeat("x", 256), testToken, ""); err == nil {
 		t.Error("256-byte node id accepted")
+	}
+	if _, err := newPeerAuth("n1", testToken, testToken); err == nil {
+		t.Error("a Raft token equal to the cluster token accepted")
+	}
+}
+
+// The two handshake generations: v2 proves the Raft token, v1 (releases
+// before it) the cluster token. A node without the legacy token refuses v1
+// whatever the token, with a message naming the upgrade; a node in the
+// upgrade accepts both, and its v1 peers see a v1 answer; a v1-only node
+// (the old release) refuses v2.
+func TestHandshakeGenerations(t *testing.T) {
+	strict := mustAuthWith(t, "strict", testToken, "")
+	moving := mustAuthWith(t, "moving", testToken, clusterToken)
+	old := mustAuthWith(t, "old", "", clusterToken)
+	if len(moving.keys) != 2 || moving.keys[0].gen != genV2 || moving.keys[1].gen != genV1 {
+		t.Fatalf("a node in the upgrade holds %v; want v2 then v1", moving.keys)
+	}
+	for _, tc := range []struct {
+		name           string
+		client         *peerAuth
+		key            peerKey
+		server         *peerAuth
+		ok             bool
+		want           *generation
+		serverSays     string
+		clientFailsToo bool
+	}{
+		{"v2 to strict", moving, moving.keys[0], strict, true, genV2, "", false},
+		{"v1 with the cluster token to strict", old, old.keys[0], strict, false, nil, "does not accept", true},
+		{"v1 to a node in the upgrade", old, old.keys[0], moving, true, genV1, "", false},
+		{"v2 to a node in the upgrade", strict, strict.keys[0], moving, true, genV2, "", false},
+		{"v2 to an old node", moving, moving.keys[0], old, false, nil, "has none", true},
+		{"v1 from a node in the upgrade to an old node", moving, moving.keys[1], old, true, genV1, "", false},
+	} {
+		cid, _, gen, cerr, serr := pipeHandshakeWith(t, tc.client, tc.key, tc.server)
+		if tc.ok {
+			if cerr != nil || serr != nil || gen != tc.want || cid != tc.client.nodeID {
+				t.Errorf("%s: client %v, server %v, generation %v, id %q", tc.name, cerr, serr, gen, cid)
+			}
+			continue
+		}
+		if !errors.Is(serr, errHandshake) || !strings.Contains(serr.Error(), tc.serverSays) {
+			t.Errorf("%s: server %v; want a handshake failure saying %q", tc.name, serr, tc.serverSays)
+		}
+		if tc.clientFailsToo && cerr == nil {
+			t.Errorf("%s: the client completed a handshake the server refused", tc.name)
+		}
 	}
 }
 
@@ -112,8 +179,9 @@ func TestHandshakeReplayFails(t *testing.T) {
 	defer s.Close()
 	rec := &recorder{Conn: c}
 	errc := make(chan error, 1)
-	go func() { _, err := server.serverHandshake(s); errc <- err }()
-	if _, err := mustAuth(t, testToken, "n2").clientHandshake(rec); err != nil {
+	go func() { _, _, err := server.serverHandshake(s); errc <- err }()
+	client := mustAuth(t, testToken, "n2")
+	if _, err := client.clientHandshake(rec, client.keys[0]); err != nil {
 		t.Fatalf("genuine handshake: %v", err)
 	}
 	if err := <-errc; err != nil {
@@ -122,7 +190,7 @@ func TestHandshakeReplayFails(t *testing.T) {
 	rec.mu.Lock()
 	recording := bytes.Clone(rec.buf.Bytes())
 	rec.mu.Unlock()
-	_, err := server.serverHandshake(&scripted{Reader: bytes.NewReader(recording)})
+	_, _, err := server.serverHandshake(&scripted{Reader: bytes.NewReader(recording)})
 	if !errors.Is(err, errHandshake) {
 		t.Fatalf("replayed handshake: %v; want a handshake failure", err)
 	}
@@ -141,17 +209,20 @@ func authStream(t *testing.T, token string, opts streamOptions) *streamLayer {
 	return s
 }
 
-// Three nodes sharing the cluster token form a cluster and replicate. A
-// rogue that knows only the Raft address — speaking raft's own wire
-// protocol, or the handshake with a wrong token — is refused before its
-// first RPC: no vote, no term change, no forged entry appended.
+// Three nodes sharing the Raft token form a cluster and replicate. A rogue
+// that knows only the Raft address — speaking raft's own wire protocol, or
+// the handshake with a wrong token — is refused before its first RPC: no
+// vote, no term change, no forged entry appended. So is one that holds the
+// cluster token (every data plane does), with the handshake keyed by it as
+// releases before the Raft token did, or with the cluster token in the
+// Raft token's place.
 func TestTokenClusterRefusesRogues(t *testing.T) {
 	logBuf := &testkit.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logBuf, nil))
 	fatals := &fatalRecorder{}
 	start := func(id string, bootstrap bool) *tcpMember {
 		t.Helper()
-		m := startTCPMember(t, id, bootstrap, log, fatals, func(c *Config) { c.ClusterToken = testToken })
+		m := startTCPMember(t, id, bootstrap, log, fatals, func(c *Config) { c.RaftToken = testToken })
 		t.Cleanup(func() { _ = m.node.Shutdown() })
 		return m
 	}
@@ -217,8 +288,13 @@ func TestTokenClusterRefusesRogues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, token := range map[string]string{"plain raft, no handshake": "", "handshake with a wrong token": "not-the-cluster-token"} {
-		stream := authStream(t, token, streamOptions{log: log})
+	for name, auth := range map[string]*peerAuth{
+		"plain raft, no handshake":                nil,
+		"handshake with a wrong token":            mustAuthWith(t, "probe", "not-the-raft-token", ""),
+		"v1 handshake with the cluster token":     mustAuthWith(t, "probe", "", clusterToken),
+		"cluster token in the Raft token's place": mustAuthWith(t, "probe", clusterToken, ""),
+	} {
+		stream := authStream(t, "", streamOptions{log: log, auth: auth})
 		trans := raft.NewNetworkTransportWithLogger(stream, 1, 2*time.Second, newHCLogAdapter(log, "rogue"))
 		hdr := raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("rogue"), Addr: []byte(stream.Addr().String())}
 		vote := &raft.RequestVoteRequest{RPCHeader: hdr, Term: term + 100, LastLogIndex: last + 1000, LastLogTerm: term + 100}

@@ -94,10 +94,17 @@ type Config struct {
 	ServerTLS *tls.Config
 	// ClientTLS is used when dialing peers (nil = plain TCP).
 	ClientTLS *tls.Config
-	// ClusterToken, when set, turns on the peer handshake: every Raft
+	// RaftToken, when set, turns on the peer handshake: every Raft
 	// connection, in both directions, must prove knowledge of it before
-	// its first RPC. Every member needs the same token.
-	ClusterToken string
+	// its first RPC. Every member needs the same token, and nothing but
+	// control-plane nodes may hold it (data planes hold the cluster token,
+	// which therefore must open nothing here).
+	RaftToken string
+	// LegacyToken is the cluster token, for a rolling upgrade from releases
+	// that keyed the handshake with it: the node then also accepts that
+	// handshake (v1), and uses it towards peers that refuse the Raft
+	// token's. Alone (without RaftToken) it makes a node of such a release.
+	LegacyToken string
 	// HandshakeTimeout bounds the TLS and peer handshakes of one
 	// connection (default 5 s).
 	HandshakeTimeout time.Duration
@@ -235,8 +242,8 @@ func Start(cfg Config, st *state.State, onLeadership func(leader bool)) (*Node, 
 			return nil, errors.New("raftnode: BindAddr is required without a test Transport")
 		}
 		opts := streamOptions{handshakeTimeout: cfg.HandshakeTimeout, maxInbound: cfg.MaxInboundConns, log: logger}
-		if cfg.ClusterToken != "" {
-			if opts.auth, err = newPeerAuth(cfg.ClusterToken, cfg.NodeID); err != nil {
+		if cfg.RaftToken != "" || cfg.LegacyToken != "" {
+			if opts.auth, err = newPeerAuth(cfg.NodeID, cfg.RaftToken, cfg.LegacyToken); err != nil {
 				_ = n.closeStores()
 				return nil, err
 			}

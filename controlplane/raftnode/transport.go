@@ -16,7 +16,7 @@ import (
 )
 
 // streamLayer is raft's TCP stream layer, optionally with TLS on both
-// sides and a peer handshake keyed by the cluster token. raft's own
+// sides and a peer handshake keyed by the Raft token. raft's own
 // TCPStreamLayer can do neither, and the control plane's log carries the
 // worker set, so peers must authenticate each other before the first RPC.
 //
@@ -37,6 +37,7 @@ type streamLayer struct {
 	dialTLS   *tls.Config // nil: plain TCP
 	opts      streamOptions
 	failLog   *limitedLog
+	legacyLog *limitedLog // peers still on the v1 (cluster token) handshake
 
 	accepted chan net.Conn
 	done     chan struct{}
@@ -46,6 +47,11 @@ type streamLayer struct {
 	closed  bool
 	conns   map[*trackedConn]struct{}
 	inbound int
+	// preferred is the handshake generation (index into opts.auth.keys)
+	// that last worked with each address, so that during an upgrade a
+	// node does not try v2 first on every dial of a peer that only speaks
+	// v1. Bounded by maxPreferred (cleared when full).
+	preferred map[raft.ServerAddress]int
 }
 
 // streamOptions are the stream layer's security settings.
@@ -102,10 +108,12 @@ func newStreamLayer(bind, advertise string, serverTLS, clientTLS *tls.Config, op
 	}
 	s := &streamLayer{
 		ln: ln, advertise: advertiseAddr(adv), dialTLS: clientTLS, opts: opts,
-		failLog:  newLimitedLog(opts.log.With("audit", true), failureLogBurst, failureLogPerSecs),
-		accepted: make(chan net.Conn),
-		done:     make(chan struct{}),
-		conns:    map[*trackedConn]struct{}{},
+		failLog:   newLimitedLog(opts.log.With("audit", true), failureLogBurst, failureLogPerSecs),
+		legacyLog: newLimitedLog(opts.log, 1, legacyLogRate),
+		accepted:  make(chan net.Conn),
+		done:      make(chan struct{}),
+		conns:     map[*trackedConn]struct{}{},
+		preferred: map[raft.ServerAddress]int{},
 	}
 	s.wg.Add(1)
 	go s.acceptLoop()
@@ -196,12 +204,14 @@ func (s *streamLayer) admit(conn net.Conn) (*trackedConn, bool) {
 }
 
 // authenticate runs the TLS handshake (if any) and the peer handshake (if
-// a cluster token is set) under one deadline, then hands the connection to
-// Accept.
+// a token is set) under one deadline, then hands the connection to Accept.
 func (s *streamLayer) authenticate(c *trackedConn) {
 	defer s.wg.Done()
 	_ = c.SetDeadline(time.Now().Add(s.opts.handshakeTimeout))
-	peer, err := s.handshake(c, true)
+	peer, gen, err := s.serverHandshake(c)
+	if err == nil && gen == genV1 {
+		s.legacyPeer("inbound", c.RemoteAddr().String(), peer)
+	}
 	if err != nil {
 		_ = c.Close()
 		if !c.dropped.Load() {
@@ -218,21 +228,36 @@ func (s *streamLayer) authenticate(c *trackedConn) {
 	}
 }
 
-// handshake completes TLS and the peer handshake on c, returning the
-// peer's claimed node id ("" without a peer handshake).
-func (s *streamLayer) handshake(c *trackedConn, inbound bool) (string, error) {
+// tlsHandshake completes TLS on c, if it is a TLS connection.
+func tlsHandshake(c *trackedConn) error {
 	if tc, ok := c.Conn.(*tls.Conn); ok {
 		if err := tc.Handshake(); err != nil {
-			return "", fmt.Errorf("%w: TLS: %v", errHandshake, err)
+			return fmt.Errorf("%w: TLS: %v", errHandshake, err)
 		}
 	}
+	return nil
+}
+
+// serverHandshake completes TLS and the peer handshake on an inbound c,
+// returning the peer's claimed node id and the handshake generation it
+// used ("" and nil without a peer handshake).
+func (s *streamLayer) serverHandshake(c *trackedConn) (string, *generation, error) {
+	if err := tlsHandshake(c); err != nil {
+		return "", nil, err
+	}
 	if s.opts.auth == nil {
-		return "", nil
+		return "", nil, nil
 	}
-	if inbound {
-		return s.opts.auth.serverHandshake(c)
-	}
-	return s.opts.auth.clientHandshake(c)
+	return s.opts.auth.serverHandshake(c)
+}
+
+// legacyPeer notes a peer authenticated with the cluster token (v1): fine
+// during an upgrade, but the transition setting must go once every node
+// has the Raft token, or the cluster token keeps opening the Raft port.
+func (s *streamLayer) legacyPeer(dir, remote, peer string) {
+	s.legacyLog.Warn("raft transport: peer authenticated with the cluster token (the handshake of releases before auth.raft_token); "+
+		"once every node runs with auth.raft_token_file, remove auth.raft_accept_cluster_token everywhere",
+		"direction", dir, "remote", remote, "claimed_id", peer)
 }
 
 func (s *streamLayer) isClosed() bool {
@@ -322,40 +347,111 @@ func (c *trackedConn) Close() error {
 // Dial connects to a peer. The TLS and peer handshakes complete inside
 // the dial timeout (and the handshake timeout), so a peer that accepts but
 // never answers costs one timeout, not a stuck replication goroutine.
+//
+// A node that holds keys of two handshake generations (an upgrade in
+// progress) tries the one that last worked with addr first, v2 for a new
+// address, and the other on a new connection if the peer refuses it: an
+// old node closes a connection whose hello it does not know, a node that
+// no longer accepts v1 does the same.
 func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	if timeout <= 0 || timeout > s.opts.handshakeTimeout {
 		timeout = s.opts.handshakeTimeout
 	}
-	d := &net.Dialer{Timeout: timeout}
 	deadline := time.Now().Add(timeout)
-	var (
-		conn net.Conn
-		err  error
-	)
-	if s.dialTLS == nil {
-		conn, err = d.Dial("tcp", string(addr))
-	} else {
-		conn, err = tls.DialWithDialer(d, "tcp", string(addr), s.dialTLS)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("dial raft peer %s: %w", addr, err)
-	}
-	c, err := s.trackOutbound(conn)
-	if err != nil {
-		return nil, err
-	}
-	if s.opts.auth != nil {
-		_ = c.SetDeadline(deadline)
-		peer, err := s.handshake(c, false)
+	if s.opts.auth == nil {
+		c, err := s.dial(addr, deadline)
 		if err != nil {
+			return nil, err
+		}
+		_ = c.SetDeadline(deadline)
+		if err := tlsHandshake(c); err != nil {
 			_ = c.Close()
-			if errors.Is(err, errHandshake) {
-				s.failLog.Warn("raft transport: outbound peer failed authentication; connection closed",
-					"remote", string(addr), "claimed_id", peer, "error", err.Error())
-			}
 			return nil, fmt.Errorf("dial raft peer %s: %w", addr, err)
 		}
 		_ = c.SetDeadline(time.Time{})
+		return c, nil
 	}
-	return c, nil
+	keys := s.opts.auth.keys
+	first := s.preferredKey(addr)
+	var errs []error
+	peer := ""
+	for i := range keys {
+		k := (first + i) % len(keys)
+		c, err := s.dial(addr, deadline)
+		if err != nil {
+			// Not reachable: another generation would not be either.
+			errs = append(errs, err)
+			break
+		}
+		_ = c.SetDeadline(deadline)
+		var id string
+		err = tlsHandshake(c)
+		if err == nil {
+			id, err = s.opts.auth.clientHandshake(c, keys[k])
+		}
+		if err == nil {
+			_ = c.SetDeadline(time.Time{})
+			s.setPreferred(addr, k)
+			if keys[k].gen == genV1 {
+				s.legacyPeer("outbound", string(addr), id)
+			}
+			return c, nil
+		}
+		_ = c.Close()
+		if id != "" {
+			peer = id
+		}
+		errs = append(errs, fmt.Errorf("%s handshake: %w", keys[k].gen.magic, err))
+		if time.Until(deadline) <= 0 {
+			break
+		}
+	}
+	err := errors.Join(errs...)
+	if errors.Is(err, errHandshake) {
+		s.failLog.Warn("raft transport: outbound peer failed authentication; connection closed",
+			"remote", string(addr), "claimed_id", peer, "error", err.Error())
+	}
+	return nil, fmt.Errorf("dial raft peer %s: %w", addr, err)
+}
+
+// dial opens a tracked connection to addr (TLS not yet negotiated).
+func (s *streamLayer) dial(addr raft.ServerAddress, deadline time.Time) (*trackedConn, error) {
+	d := &net.Dialer{Deadline: deadline}
+	conn, err := d.Dial("tcp", string(addr))
+	if err != nil {
+		return nil, fmt.Errorf("dial raft peer %s: %w", addr, err)
+	}
+	if s.dialTLS != nil {
+		conn = tls.Client(conn, tlsFor(s.dialTLS, string(addr)))
+	}
+	return s.trackOutbound(conn)
+}
+
+// tlsFor fills in the server name from addr, as tls.Dial would.
+func tlsFor(cfg *tls.Config, addr string) *tls.Config {
+	if cfg.ServerName != "" {
+		return cfg
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	c := cfg.Clone()
+	c.ServerName = host
+	return c
+}
+
+func (s *streamLayer) preferredKey(addr raft.ServerAddress) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.preferred[addr]
+}
+
+func (s *streamLayer) setPreferred(addr raft.ServerAddress, k int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.preferred[addr]; !ok && len(s.preferred) >= maxPreferred {
+		clear(s.preferred)
+	}
+	s.preferred[addr] = k
 }

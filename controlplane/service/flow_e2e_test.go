@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -182,4 +183,68 @@ func TestLocalQueueWhileTheLeaderIsAway(t *testing.T) {
 	}
 	dp.Done(h.d, router.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
 	testkit.WaitFor(t, 5*time.Second, "no load left on the leader", func() bool { return cp.unsettled() == 0 && cp.loads(t)[w1] == 0 })
+}
+
+// A leader change with requests queued: the old leader answers its queued
+// calls (it stopped leading), the data plane asks again, waits locally
+// while no leader answers, and hands the requests to the next leader with
+// their first arrival; each is dispatched once, none is lost, no load is
+// left.
+func TestLeaderChangeWithQueuedRequests(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true})
+	cp.addLimitedWorkers(t, 1, w1)
+	dp := flowDataPlane(t, cp, "dp1", remote.FlowOptions{})
+	first := <-routeAsync(dp, context.Background(), "a", "busy", 0)
+	if first.err != nil {
+		t.Fatal(first.err)
+	}
+	var waiting []<-chan routed
+	for i, tenant := range []string{"a", "b", "c"} {
+		waiting = append(waiting, routeAsync(dp, context.Background(), tenant, "queued "+tenant, i))
+	}
+	testkit.WaitFor(t, 5*time.Second, "three queued at the leader", func() bool { return len(cp.dec.Queue().Items) == 3 })
+
+	// The leader steps down: its queue and streams end, and it answers
+	// nothing (no leader) until it leads again.
+	cp.node.setLeader(false, "")
+	cp.core.OnLeadership(false)
+	time.Sleep(200 * time.Millisecond)
+	for _, ch := range waiting {
+		select {
+		case r := <-ch:
+			t.Fatalf("a queued request ended while no leader answered: %+v %v", r.d, r.err)
+		default:
+		}
+	}
+	// The next leader (this node again, fresh soft state) serves once its
+	// term started, as a real one does after its barrier.
+	cp.core.OnLeadership(true)
+	cp.node.setLeader(true, "n1")
+	testkit.WaitForMsg(t, 10*time.Second, "the requests queued at the new leader", func() (bool, string) {
+		return len(cp.dec.Queue().Items) == 3, fmt.Sprintf("leader queue %d, load %v, unsettled %d", len(cp.dec.Queue().Items), cp.loads(t), cp.unsettled())
+	})
+	dp.Done(first.d, router.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
+	// The highest priority first, each released before the next goes.
+	for want := 2; want >= 0; want-- {
+		var got routed
+		select {
+		case got = <-waiting[want]:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("priority %d never dispatched", want)
+		}
+		if got.err != nil || got.d.Worker != w1 || !got.d.FromLeader {
+			t.Fatalf("priority %d: %+v %v", want, got.d, got.err)
+		}
+		for other := range waiting[:want] {
+			select {
+			case r := <-waiting[other]:
+				t.Fatalf("priority %d dispatched while %d held the only slot: %+v", other, want, r.d)
+			default:
+			}
+		}
+		dp.Done(got.d, router.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
+	}
+	testkit.WaitFor(t, 5*time.Second, "no load or ticket left", func() bool {
+		return cp.unsettled() == 0 && cp.loads(t)[w1] == 0 && len(cp.dec.Queue().Items) == 0
+	})
 }

@@ -16,7 +16,8 @@ import (
 func TestRouteSplitPair(t *testing.T) {
 	cp := newTestCP(t, cpConfig{leader: true})
 	for url, role := range map[string]string{w1: "prefill", w2: "decode"} {
-		cmd := &cartv1.RaftCommand{Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: &cartv1.WorkerSpec{Url: url, Role: role}}}}
+		src := map[string]string{w1: "dns", w2: "admin"}[url]
+		cmd := &cartv1.RaftCommand{Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: &cartv1.WorkerSpec{Url: url, Role: role, Source: src}}}}
 		if _, err := cp.node.Apply(context.Background(), cmd); err != nil {
 			t.Fatal(err)
 		}
@@ -37,6 +38,9 @@ func TestRouteSplitPair(t *testing.T) {
 	p := d.GetPrefill()
 	if d.GetReason() != "pd" || d.GetWorker() != w2 || p.GetWorker() != w1 || p.GetTicket() == 0 || d.GetTicket() == 0 || p.GetReason() != "cache_miss" {
 		t.Fatalf("split %v", d)
+	}
+	if p.GetWorkerSource() != "dns" || d.GetWorkerSource() != "admin" {
+		t.Fatalf("sources: prefill %q, decode %q (the worker key goes by them)", p.GetWorkerSource(), d.GetWorkerSource())
 	}
 	if l := cp.loads(t); l[w1] != 1 || l[w2] != 1 {
 		t.Fatalf("loads %v", l)

@@ -141,7 +141,7 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 	var prefill *cartv1.PrefillLeg
 	if p := d.Prefill; p != nil {
 		prefill = &cartv1.PrefillLeg{Worker: p.Worker, Ticket: d.PrefillTicket.ID, Reason: string(p.Reason), MatchedChars: uint32(p.MatchedChars),
-			MatchedRatio: p.MatchedRatio, Candidate: p.Candidate, ChosenChars: uint32(p.ChosenChars)}
+			MatchedRatio: p.MatchedRatio, Candidate: p.Candidate, ChosenChars: uint32(p.ChosenChars), WorkerSource: p.WorkerSource}
 	}
 	return &cartv1.RouteResponse{
 		Prefill:        prefill,
@@ -160,6 +160,7 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 		Pinned:         d.Pinned,
 		AvoidIgnored:   d.AvoidIgnored,
 		WaitedMicros:   d.Waited.Microseconds(),
+		WorkerSource:   d.WorkerSource,
 	}, nil
 }
 

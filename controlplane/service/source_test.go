@@ -43,3 +43,17 @@ func TestListWorkersReportsSourceAndDraining(t *testing.T) {
 		t.Errorf("cartctl worker = %v, want source admin, not draining", a)
 	}
 }
+
+// A Route answer names its worker's source, so that a data plane sends the
+// pool's worker key only to workers of sources it trusts with it.
+func TestRouteNamesWorkerSource(t *testing.T) {
+	cp := newTestCP(t, cpConfig{leader: true})
+	cmd := &cartv1.RaftCommand{Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{
+		Worker: &cartv1.WorkerSpec{Url: "http://d.test:8000", Source: "dns"}}}}
+	if _, err := cp.node.Apply(context.Background(), cmd); err != nil {
+		t.Fatal(err)
+	}
+	if d := route(t, cp.router(), &cartv1.RouteRequest{Text: "hello", DataplaneId: "dp1", DryRun: true}); d.GetWorker() != "http://d.test:8000" || d.GetWorkerSource() != "dns" {
+		t.Errorf("route answer %v: want the discovered worker with source dns", d)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
@@ -374,16 +375,16 @@ func (s *State) commitWorkers(eng *engine.Engine) {
 	s.workersVersion++
 }
 
-// Worker sources. Entries written before sources existed carry none and
-// read as static (they came from the config seed or cartctl, which the log
-// did not tell apart).
+// Worker sources (config.Source*). Entries written before sources existed
+// carry none and read as static (they came from the config seed or
+// cartctl, which the log did not tell apart).
 const (
-	SourceStatic = "static"
-	SourceAdmin  = "admin"
-	SourceDNS    = "dns"
+	SourceStatic = config.SourceStatic
+	SourceAdmin  = config.SourceAdmin
+	SourceDNS    = config.SourceDNS
 	// SourceKubernetes: EndpointSlices or pods watched through the
 	// Kubernetes API.
-	SourceKubernetes = "kubernetes"
+	SourceKubernetes = config.SourceKubernetes
 )
 
 // SourceOf maps a replicated source to its name, empty reading as static.

@@ -196,10 +196,10 @@ func (a *attempt) send(ctx context.Context) (*http.Response, error) {
 	}
 	req.Host = ""
 	own := false
-	if p.workerKeys.get(d.Worker) != "" {
+	if p.workerKeys.get(d.Worker, d.Source) != "" {
 		// Keys differ per worker, so this attempt needs its own headers.
 		req.Header = out.Header.Clone()
-		p.setWorkerAuth(req.Header, d.Worker)
+		p.setWorkerAuth(req.Header, d.Worker, d.Source)
 		own = true
 	}
 	req.Header = a.legHeaders(req.Header, own)

@@ -158,27 +158,16 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// WorkerKeys are the keys workers expect (vLLM --api-key), by worker URL,
-// with a default for workers not listed.
-type WorkerKeys struct {
-	PerWorker map[string]string
-	Default   string
-}
+// WorkerKeys are the keys workers expect (vLLM --api-key): each worker's
+// own by URL, else the pool's for workers of the sources trusted with it.
+type WorkerKeys = config.WorkerKeySet
 
 // workerKeys is swapped whole on reload.
 type workerKeys struct{ v atomic.Pointer[WorkerKeys] }
 
-// Get returns the key for worker: its own, else the default.
-func (k WorkerKeys) Get(worker string) string {
-	if s, ok := k.PerWorker[worker]; ok {
-		return s
-	}
-	return k.Default
-}
-
-func (k *workerKeys) get(worker string) string {
+func (k *workerKeys) get(worker, source string) string {
 	if wk := k.v.Load(); wk != nil {
-		return wk.Get(worker)
+		return wk.Get(worker, source)
 	}
 	return ""
 }
@@ -186,19 +175,20 @@ func (k *workerKeys) get(worker string) string {
 // SetWorkerKeys replaces the worker keys (SIGHUP reload).
 func (p *Proxy) SetWorkerKeys(k WorkerKeys) { p.workerKeys.v.Store(&k) }
 
-// WorkerKey is the key currently sent to worker ("" for none), for health
-// probes, which must authenticate like requests do.
-func (p *Proxy) WorkerKey(worker string) string { return p.workerKeys.get(worker) }
+// WorkerKey is the key currently sent to worker, which came from source
+// ("" for none), for health probes, which must authenticate like requests
+// do.
+func (p *Proxy) WorkerKey(worker, source string) string { return p.workerKeys.get(worker, source) }
 
 // clientCredentialHeaders are what clients authenticate to CART with; they
 // are never forwarded, since a worker has no business seeing a tenant's
 // key (and a worker that logs headers would leak it).
 var clientCredentialHeaders = []string{"Authorization", "X-Api-Key"}
 
-// setWorkerAuth gives an outgoing request the worker's own key, if any.
-// h must be a header map the caller owns.
-func (p *Proxy) setWorkerAuth(h http.Header, worker string) {
-	if k := p.workerKeys.get(worker); k != "" {
+// setWorkerAuth gives an outgoing request the key of worker, which came
+// from source, if any. h must be a header map the caller owns.
+func (p *Proxy) setWorkerAuth(h http.Header, worker, source string) {
+	if k := p.workerKeys.get(worker, source); k != "" {
 		h.Set("Authorization", "Bearer "+k)
 	}
 }

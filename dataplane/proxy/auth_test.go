@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/internal/testkit"
 )
@@ -188,7 +189,7 @@ func TestWorkerKeysReplaceClientCredentials(t *testing.T) {
 		})
 	}
 	r := newRig(t, []string{bs[0].URL, bs[1].URL}, withClientKeys(teamKeys...), withOptions(func(o *proxy.Options) {
-		o.WorkerKeys = proxy.WorkerKeys{PerWorker: map[string]string{bs[0].URL: "worker-a-key"}, Default: "pool-key"}
+		o.WorkerKeys = proxy.WorkerKeys{PerWorker: map[string]string{bs[0].URL: "worker-a-key"}, Default: "pool-key", DefaultSources: []string{"static"}}
 	}))
 	for i := 0; i < 8; i++ {
 		// Different prompts spread over both workers (least loaded on a miss).
@@ -216,6 +217,56 @@ func TestWorkerKeysReplaceClientCredentials(t *testing.T) {
 	}
 	if total != 9 || len(logs[0].all()) == 0 || len(logs[1].all()) == 0 {
 		t.Fatalf("requests per worker: %d, %d; want both used, 9 in all", len(logs[0].all()), len(logs[1].all()))
+	}
+}
+
+// Attack #3 of issue 33, the key's side: a worker discovery found gets
+// the pool's worker key neither on requests nor on the models fetch unless
+// its source is listed (proxy.worker_api_key_sources); its own key, when
+// the operator configured one for its URL, it does get.
+func TestPoolKeyOnlyForTrustedSources(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		sources []string
+		own     bool
+		want    string
+	}{
+		{"discovered, not trusted", []string{"static", "admin"}, false, ""},
+		{"discovered, dns trusted", []string{"static", "dns"}, false, "Bearer pool-key"},
+		{"discovered, its own key", []string{"static"}, true, "Bearer own-key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var log headerLog
+			b := newBackend(t, "d")
+			b.set(func(w http.ResponseWriter, r *http.Request) {
+				log.record(r)
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"object":"list","data":[]}`))
+			})
+			keys := proxy.WorkerKeys{Default: "pool-key", DefaultSources: tc.sources}
+			if tc.own {
+				keys.PerWorker = map[string]string{b.URL: "own-key"}
+			}
+			r := newRig(t, []string{b.URL}, func(o *proxy.Options, _ *engine.Policy, s []engine.WorkerSpec) {
+				s[0].Source = "dns"
+				o.WorkerKeys = keys
+			})
+			if resp, body := do(t, "POST", r.front.URL+"/v1/chat/completions", chatBody("s", "u", false)); resp.StatusCode != http.StatusOK {
+				t.Fatalf("chat: %d %s", resp.StatusCode, body)
+			}
+			if resp, body := do(t, "GET", r.front.URL+"/v1/models", ""); resp.StatusCode != http.StatusOK {
+				t.Fatalf("models: %d %s", resp.StatusCode, body)
+			}
+			got := log.all()
+			if len(got) != 2 {
+				t.Fatalf("worker saw %d requests, want the chat and the models fetch", len(got))
+			}
+			for _, h := range got {
+				if a := strings.Join(h["Authorization"], ","); a != tc.want {
+					t.Errorf("%s carried Authorization %q, want %q", h["Path"], a, tc.want)
+				}
+			}
+		})
 	}
 }
 

@@ -36,12 +36,16 @@ func (p *Proxy) handleHealth(w http.ResponseWriter, _ *http.Request) {
 
 // WorkerView is one row of GET /workers.
 type WorkerView struct {
-	URL          string `json:"url"`
-	Load         int    `json:"load"`
-	MaxLoad      int    `json:"max_load"`
-	LoadPenalty  int    `json:"load_penalty"`
-	Healthy      bool   `json:"healthy"`
-	BreakerState string `json:"breaker_state"`
+	URL     string `json:"url"`
+	Load    int    `json:"load"`
+	MaxLoad int    `json:"max_load"`
+	// ConcurrencyLimit is the worker's concurrency in force (declared
+	// max_concurrency, or learned from its engine's metrics; 0 unknown):
+	// with max_load, what makes it saturated for flow control.
+	ConcurrencyLimit int    `json:"concurrency_limit"`
+	LoadPenalty      int    `json:"load_penalty"`
+	Healthy          bool   `json:"healthy"`
+	BreakerState     string `json:"breaker_state"`
 	// How right the prefix index has been about this worker's cache:
 	// cached prompt tokens it predicted vs what the worker reported.
 	PredictedCachedTokens uint64   `json:"predicted_cached_tokens"`
@@ -80,7 +84,7 @@ func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
 	ws := p.o.Router.Workers()
 	out := make([]WorkerView, len(ws))
 	for i, wk := range ws {
-		out[i] = WorkerView{URL: wk.URL, Load: wk.Load, MaxLoad: wk.MaxLoad, LoadPenalty: wk.LoadPenalty,
+		out[i] = WorkerView{URL: wk.URL, Load: wk.Load, MaxLoad: wk.MaxLoad, ConcurrencyLimit: wk.Concurrency, LoadPenalty: wk.LoadPenalty,
 			Healthy: wk.Healthy, BreakerState: p.o.Breakers.StateAt(wk.URL, p.o.Now()).String(),
 			PredictedCachedTokens: wk.PredictedCachedTokens, ActualCachedTokens: wk.ActualCachedTokens,
 			CacheMisses: wk.CacheMisses, ModelCapacityBlocks: wk.ModelCapacityBlocks, Source: wk.Source, Draining: wk.Draining, Role: wk.Role.String(),
@@ -96,7 +100,14 @@ func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
 			out[i].PredictionAccuracy = &acc
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"workers": out})
+	view := map[string]any{"workers": out}
+	if q, ok := p.o.Router.(router.QueueReporter); ok {
+		// The all-in-one router's own queue (a data plane's is the
+		// leader's: cartctl queue).
+		qs, pool := q.Queue(), q.PoolSaturation()
+		view["queue"] = map[string]any{"waiting": len(qs.Items), "bytes": qs.Bytes, "slots": pool.Slots, "demand": pool.Demand}
+	}
+	writeJSON(w, http.StatusOK, view)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -198,7 +209,7 @@ func (p *Proxy) fetchModels(ctx context.Context) ([]byte, string, error) {
 			}
 			return nil, "", apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_worker_available", "%v", err)
 		}
-		body, ctype, err := p.getModels(ctx, d.Worker, timeout)
+		body, ctype, err := p.getModels(ctx, d.Worker, d.Source, timeout)
 		p.o.Router.Done(d, router.Outcome{Delivered: err == nil, PromptTokens: -1, CachedTokens: -1})
 		if err == nil {
 			return body, ctype, nil
@@ -209,14 +220,14 @@ func (p *Proxy) fetchModels(ctx context.Context) ([]byte, string, error) {
 	return nil, "", lastErr
 }
 
-func (p *Proxy) getModels(ctx context.Context, worker string, timeout time.Duration) ([]byte, string, error) {
+func (p *Proxy) getModels(ctx context.Context, worker, source string, timeout time.Duration) ([]byte, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, worker+models.Path, nil)
 	if err != nil {
 		return nil, "", fmt.Errorf("models request: %w", err)
 	}
-	p.setWorkerAuth(req.Header, worker)
+	p.setWorkerAuth(req.Header, worker, source)
 	resp, err := p.upstream.RoundTrip(req)
 	if err != nil {
 		return nil, "", fmt.Errorf("models from %s: %w", worker, err)

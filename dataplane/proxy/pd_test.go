@@ -450,3 +450,56 @@ func histCount(t *testing.T, r *rig, name, labelSubstr string) uint64 {
 	}
 	return n
 }
+
+// Each leg carries its own worker's key, by that worker's source: the
+// pool's key only where its source is trusted, a worker's own key always.
+func TestSplitLegsCarryTheirWorkersKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		prefillOwn          bool
+		wantPrefill, wantDe string
+	}{
+		{"discovered prefill worker, not trusted", false, "", "Bearer pool-key"},
+		{"discovered prefill worker with its own key", true, "Bearer own-key", "Bearer pool-key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := &pdLog{}
+			p, d := newBackend(t, "p"), newBackend(t, "d")
+			var mu sync.Mutex
+			auth := map[string][]string{}
+			rec := func(name string, h http.HandlerFunc) http.HandlerFunc {
+				return func(w http.ResponseWriter, r *http.Request) {
+					mu.Lock()
+					auth[name] = append(auth[name], strings.Join(r.Header["Authorization"], ","))
+					mu.Unlock()
+					h(w, r)
+				}
+			}
+			p.set(rec("p", prefillWorker(t, log, "p")))
+			d.set(rec("d", decodeWorker(t, log, "d", nil)))
+			keys := proxy.WorkerKeys{Default: "pool-key", DefaultSources: []string{"static"}}
+			if tc.prefillOwn {
+				keys.PerWorker = map[string]string{p.URL: "own-key"}
+			}
+			r := splitRig(t, map[*backend]engine.Role{p: engine.RolePrefill, d: engine.RoleDecode}, []*backend{p, d},
+				func(o *proxy.Options, _ *engine.Policy, s []engine.WorkerSpec) {
+					s[0].Source, s[1].Source = "dns", "static"
+					o.WorkerKeys = keys
+				})
+			resp := r.post("/v1/chat/completions", chatBody(longText("k", 300), "u", true))
+			if resp.StatusCode != 200 || resp.Header.Get(proxy.HeaderRoutedPrefillPeer) != p.URL {
+				t.Fatalf("status %d, prefill peer %q", resp.StatusCode, resp.Header.Get(proxy.HeaderRoutedPrefillPeer))
+			}
+			readAll(t, resp)
+			r.waitLoadZero()
+			mu.Lock()
+			defer mu.Unlock()
+			if got := auth["p"]; len(got) != 1 || got[0] != tc.wantPrefill {
+				t.Errorf("prefill leg Authorization %q, want %q", got, tc.wantPrefill)
+			}
+			if got := auth["d"]; len(got) != 1 || got[0] != tc.wantDe {
+				t.Errorf("decode leg Authorization %q, want %q", got, tc.wantDe)
+			}
+		})
+	}
+}

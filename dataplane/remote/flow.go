@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/flow"
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -76,10 +78,12 @@ func (r *Router) queueDeadline(req *router.Request) time.Time {
 	return d
 }
 
-// admission is req's Admission for the Route call: queue tells the leader
-// this data plane reads an interim answer (a stream whose leader queues).
+// admission is req's Admission for the Route call when it can wait in the
+// leader's queue: on a stream whose leader queues, which sends an interim
+// answer. A unary call (or an older leader) sends none: a saturated pool is
+// then a 503, as before flow control.
 func (r *Router) admission(req *router.Request, queue bool) *cartv1.Admission {
-	if !r.flowOn() || req.DryRun {
+	if !r.flowOn() || req.DryRun || !queue {
 		return nil
 	}
 	a := req.Admission
@@ -229,3 +233,29 @@ func (r *Router) leaderIsBackLocked() {
 // StreamLive reports whether a Route stream to the leader is open (the
 // queue's interim answers need one).
 func (r *Router) StreamLive() bool { return r.streams != nil && r.streams.cur.Load() != nil }
+
+// isSaturated reports whether a RESOURCE_EXHAUSTED answer is a saturated
+// pool (every worker at its limit), not an empty or unhealthy one.
+func isSaturated(err error) bool {
+	return strings.Contains(err.Error(), engine.ErrAllSaturated.Error())
+}
+
+// waitStream waits until a stream to a leader that queues is live again,
+// or until deadline or ctx's end, and reports whether it is.
+func (r *Router) waitStream(ctx context.Context, deadline time.Time) bool {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if st := r.streams.live(r.current()); st != nil && st.queues {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			if !time.Now().Before(deadline) {
+				return false
+			}
+		}
+	}
+}

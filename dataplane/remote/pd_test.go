@@ -10,7 +10,7 @@ import (
 )
 
 var splitSync = &cartv1.SyncResponse{WorkersVersion: 1, Workers: []*cartv1.Worker{
-	{Url: wA, Healthy: true, Role: "prefill"}, {Url: wB, Healthy: true, Role: "prefill"},
+	{Url: wA, Healthy: true, Role: "prefill", Source: "dns"}, {Url: wB, Healthy: true, Role: "prefill", Source: "kubernetes"},
 	{Url: wC, Healthy: true, Role: "decode"}, {Url: wD, Healthy: true, Role: "decode"},
 }}
 
@@ -21,9 +21,13 @@ func TestRouteSplitAnswer(t *testing.T) {
 	f := newFakeCP(t)
 	f.set(func(f *fakeCP) {
 		f.syncResp = splitSync
-		f.routeFn = func(*cartv1.RouteRequest) *cartv1.RouteResponse {
-			return &cartv1.RouteResponse{Worker: wC, Reason: "pd", FromLeader: true, Ticket: 20,
-				Prefill: &cartv1.PrefillLeg{Worker: wA, Ticket: 21, Reason: "cache_hit", ChosenChars: 64}}
+		f.routeFn = func(req *cartv1.RouteRequest) *cartv1.RouteResponse {
+			if req.GetDryRun() {
+				// A leader that predates worker_source on prefill legs.
+				return &cartv1.RouteResponse{Worker: wC, Reason: "pd", FromLeader: true, Prefill: &cartv1.PrefillLeg{Worker: wB}}
+			}
+			return &cartv1.RouteResponse{Worker: wC, Reason: "pd", FromLeader: true, Ticket: 20, WorkerSource: "admin",
+				Prefill: &cartv1.PrefillLeg{Worker: wA, Ticket: 21, Reason: "cache_hit", ChosenChars: 64, WorkerSource: "static"}}
 		}
 	})
 	r := newTestRouter(t, Options{ControlPlanes: []string{f.url}})
@@ -39,6 +43,13 @@ func TestRouteSplitAnswer(t *testing.T) {
 	}
 	if d.Prefill == nil || d.Prefill.Worker != wA || d.Prefill.Ticket.ID != 21 || d.Ticket.ID != 20 || d.Worker != wC {
 		t.Fatalf("%+v / %+v", d, d.Prefill)
+	}
+	if d.Prefill.Source != "static" || d.Source != "admin" {
+		t.Fatalf("sources: prefill %q, decode %q; want the leader's", d.Prefill.Source, d.Source)
+	}
+	dry, err := r.Route(context.Background(), &router.Request{Hashes: []uint64{1, 2}, KeyLen: 128, Disagg: engine.DisaggPair, DryRun: true})
+	if err != nil || dry.Prefill == nil || dry.Prefill.Source != "kubernetes" {
+		t.Fatalf("an answer without the prefill worker's source: %+v, %v; want it from the synced set", dry.Prefill, err)
 	}
 	if loadOf(r, wA) != 1 || loadOf(r, wC) != 1 {
 		t.Fatalf("in flight: %s %d, %s %d", wA, loadOf(r, wA), wC, loadOf(r, wC))

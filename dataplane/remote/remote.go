@@ -6,6 +6,7 @@
 package remote
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -379,7 +380,9 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 		if r.timeouts.done(target, round, outcome) {
 			r.dropConns(target, "route_timeouts")
 		}
-		if outcome == cpAnswered || outcome == cpFailed {
+		if (outcome == cpAnswered || outcome == cpFailed) && !queued {
+			// A queued call's time is the queue's, not the leader's: it
+			// must not look like a slow leader (slow-leader handover).
 			r.lat.add(target, time.Since(start))
 		}
 		if err == nil {
@@ -391,13 +394,25 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 			// A follower forwarded this call: go to the leader directly
 			// from the next one on, not after the next sync.
 			r.follow(m.GetLeaderUrl())
+			source := m.GetWorkerSource()
+			if source == "" {
+				// A leader that predates worker_source: as last synced.
+				r.mu.Lock()
+				source = r.sourceOf(m.GetWorker())
+				r.mu.Unlock()
+			}
 			d := router.Decision{
 				Worker: m.GetWorker(), Reason: m.GetReason(), MatchedChars: int(m.GetMatchedChars()),
 				MatchedRatio: m.GetMatchedRatio(), Candidate: m.GetCandidate(), ChosenChars: int(m.GetChosenChars()),
 				Latency: time.Since(start), FromLeader: m.GetFromLeader(),
 				Ticket: router.Ticket{ID: m.GetTicket(), Worker: m.GetWorker()}, Pinned: m.GetPinned(),
-				AvoidIgnored: m.GetAvoidIgnored(), Waited: time.Duration(m.GetWaitedMicros()) * time.Microsecond,
+				AvoidIgnored: m.GetAvoidIgnored(), Waited: time.Duration(m.GetWaitedMicros()) * time.Microsecond, Source: source,
 				Whole: m.GetWhole(), Prefill: prefillLeg(m.GetPrefill(), time.Since(start), m.GetFromLeader()),
+			}
+			if d.Prefill != nil {
+				r.mu.Lock()
+				d.Prefill.Source = cmp.Or(m.GetPrefill().GetWorkerSource(), r.sourceOf(d.Prefill.Worker))
+				r.mu.Unlock()
 			}
 			if !req.DryRun && !r.streams.fed() {
 				// Else the feed brings it, in the leader's order.
@@ -433,6 +448,15 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 			return router.Decision{}, false, ctx.Err() // the client left; nothing to route
 		}
 		if connect.CodeOf(err) == connect.CodeResourceExhausted {
+			if !queue && r.flowOn() && r.streams != nil && !req.DryRun && isSaturated(err) {
+				// A unary call while the stream is down (reconnecting
+				// after a leader change) could not wait in the queue:
+				// wait for the stream, then ask again, rather than turn a
+				// request that should wait into a 503.
+				if r.waitStream(ctx, r.queueDeadline(req)) {
+					return router.Decision{}, true, err
+				}
+			}
 			// The control plane answered: no worker can take this.
 			return router.Decision{}, false, &unavailable{err}
 		}
@@ -593,7 +617,19 @@ func (r *Router) chooseLocked(req *router.Request, roles engine.RoleMask) (_ rou
 		d.MatchedRatio = float64(chars) / float64(req.KeyLen)
 	}
 	d.Worker, d.Ticket = best, router.Ticket{Worker: best} // no control-plane ticket
+	d.Source = r.sourceOf(best)
 	return d, false, nil
+}
+
+// sourceOf is the source of the worker at url in the last synced set,
+// router.SourceUnknown when it is not there. r.mu held.
+func (r *Router) sourceOf(url string) string {
+	for _, w := range r.workers {
+		if w.URL == url {
+			return w.Source
+		}
+	}
+	return router.SourceUnknown
 }
 
 // leastLoaded returns the least-loaded usable worker of roles outside

@@ -84,11 +84,12 @@ func (l *Local) Route(ctx context.Context, req *Request) (Decision, error) {
 		Ticket:       d.Ticket,
 		AvoidIgnored: d.AvoidIgnored,
 		Waited:       d.Waited,
+		Source:       d.WorkerSource,
 		Whole:        d.Whole,
 	}
 	if p := d.Prefill; p != nil {
 		out.Prefill = &Decision{Worker: p.Worker, Reason: string(p.Reason), MatchedChars: p.MatchedChars, MatchedRatio: p.MatchedRatio,
-			Candidate: p.Candidate, ChosenChars: p.ChosenChars, Latency: out.Latency, FromLeader: true, Ticket: d.PrefillTicket}
+			Candidate: p.Candidate, ChosenChars: p.ChosenChars, Latency: out.Latency, FromLeader: true, Ticket: d.PrefillTicket, Source: p.WorkerSource}
 	}
 	return out, nil
 }
@@ -104,9 +105,10 @@ func (l *Local) Done(d Decision, o Outcome) {
 func (l *Local) Workers() []WorkerStatus {
 	ws := l.dec.Workers()
 	kv := l.dec.KVStates()
+	conc := l.dec.Concurrencies()
 	out := make([]WorkerStatus, len(ws))
 	for i, w := range ws {
-		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load, Source: w.Source, Draining: w.Draining, Role: w.Role,
+		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, Concurrency: conc[w.URL], LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load, Source: w.Source, Draining: w.Draining, Role: w.Role,
 			PredictedCachedTokens: w.Accuracy.PredictedTokens, ActualCachedTokens: w.Accuracy.ActualTokens,
 			CacheMisses: w.Accuracy.Misses, ModelCapacityBlocks: w.Accuracy.ModelCapacity}
 		if k := kv[w.URL]; k.On {
@@ -129,6 +131,10 @@ func (l *Local) SetDraining(url string, draining bool) { l.dec.SetDraining(url, 
 
 // Load is a worker's in-flight count.
 func (l *Local) Load(url string) int { return l.dec.Load(url) }
+
+// WorkerSource is the source of the worker at url, and whether it is in
+// the set.
+func (l *Local) WorkerSource(url string) (string, bool) { return l.dec.WorkerSource(url) }
 
 // IndexStats reports the index counters plus the engine's underflow guard.
 func (l *Local) IndexStats() (index.Stats, uint64) { return l.dec.IndexStats() }

@@ -99,6 +99,10 @@ type Decision struct {
 	// Waited is how long the request waited for a worker with room
 	// (flow control; 0 when it did not wait).
 	Waited time.Duration
+	// Source is where Worker came from (static, admin, dns, kubernetes;
+	// "unknown" when the router cannot tell): the proxy sends the pool's
+	// worker key only to workers of the sources trusted with it.
+	Source string
 	// Prefill is the prefill leg of a split decision (Reason pd): its
 	// worker computes the prompt and took a unit of load of its own, held
 	// by its own Ticket. Done must be called for it too, exactly once,
@@ -108,6 +112,10 @@ type Decision struct {
 	// (engine.WholeShortPrompt...); "" otherwise.
 	Whole string
 }
+
+// SourceUnknown marks a decision for a worker whose source the router does
+// not know: no source-dependent trust applies to it.
+const SourceUnknown = "unknown"
 
 // Ticket is a decision's claim to settle (decider.Ticket): a router fills
 // ID and Worker for decisions made elsewhere (a remote control plane, a
@@ -153,6 +161,13 @@ type Router interface {
 	Done(d Decision, o Outcome)
 	// Workers lists the current worker set.
 	Workers() []WorkerStatus
+}
+
+// QueueReporter is implemented by routers that hold the flow-control queue
+// in process (the all-in-one router), for /workers.
+type QueueReporter interface {
+	Queue() decider.QueueStatus
+	PoolSaturation() decider.PoolLoad
 }
 
 // ErrResponseGone: the worker that produced Request.ResponseID has left

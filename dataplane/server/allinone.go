@@ -120,8 +120,9 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 	a.Models.SetWorkers(ModelWorkers(cfg.Workers))
 	hc := health.ConfigFrom(cfg.Health)
 	hc.Models, hc.ModelsEndpoint = models.Learner(a.Models, log), models.Path
-	// Through the proxy, so that a reload's new worker keys reach probes too.
-	hc.WorkerKey = func(w string) string { return a.Proxy.WorkerKey(w) }
+	// Through the proxy, so that a reload's new worker keys reach probes
+	// too; the pool key only to workers of the sources trusted with it.
+	hc.WorkerKey = a.workerKey
 	a.Health = health.NewChecker(hc, nil, func(w string, healthy bool, reason string) {
 		a.Router.SetHealthy(w, healthy)
 		a.Metrics.SetHealthy(w, healthy)
@@ -142,7 +143,7 @@ func NewAllInOne(cfg *config.Config, paths []string, log *slog.Logger, seed uint
 		a.kvMetrics = kvtruth.NewMetrics(a.Metrics.Registry)
 	}
 	if a.watchers, err = discovery.Watchers(cfg, log, discovery.NewMetrics(a.Metrics.Registry),
-		func(source string) discovery.Sink { return aioSink{a, source} }); err != nil {
+		func(source string) discovery.Sink { return aioSink{a, source} }, cfg.Listeners(config.RoleAllInOne)...); err != nil {
 		return nil, err
 	}
 	return a, nil
@@ -337,8 +338,18 @@ func (a *AllInOne) engineScraper(cfg *config.Config) *enginemetrics.Scraper {
 			}
 			return out
 		},
-		Key:     a.Proxy.WorkerKey,
+		Key:     a.workerKey,
 		Observe: a.Router.ObserveEngine,
 		Log:     a.log,
 	}
+}
+
+// workerKey is the key a probe of worker w sends: its own, or the pool's
+// if its source is trusted with it.
+func (a *AllInOne) workerKey(w string) string {
+	src, ok := a.Router.WorkerSource(w)
+	if !ok {
+		return ""
+	}
+	return a.Proxy.WorkerKey(w, src)
 }

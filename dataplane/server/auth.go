@@ -39,14 +39,9 @@ func applyAuth(o *proxy.Options, cfg *config.Config) error {
 	return nil
 }
 
-// WorkerKeys resolves workers[].api_key_file and proxy.worker_api_key_file.
-func WorkerKeys(cfg *config.Config) (proxy.WorkerKeys, error) {
-	per, def, err := cfg.WorkerKeys()
-	if err != nil {
-		return proxy.WorkerKeys{}, err
-	}
-	return proxy.WorkerKeys{PerWorker: per, Default: def}, nil
-}
+// WorkerKeys resolves workers[].api_key_file and proxy.worker_api_key_file,
+// with the sources the pool key may go to.
+func WorkerKeys(cfg *config.Config) (proxy.WorkerKeys, error) { return cfg.WorkerKeys() }
 
 // ErrUnauthenticatedRemote is returned by CheckExposure.
 var ErrUnauthenticatedRemote = errors.New("refusing to serve without client authentication on a non-loopback address")

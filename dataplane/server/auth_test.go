@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cartrouter/cart/config"
+	"github.com/cartrouter/cart/controlplane/discovery/dnstest"
 	"github.com/cartrouter/cart/dataplane/server"
 	"github.com/cartrouter/cart/internal/testkit"
 )
@@ -223,5 +225,34 @@ func TestMetricsOnOwnListener(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNotFound || w.chats.Load() != 0 {
 		t.Fatalf("client listener /metrics: %d (worker hits %d), want 404", resp.StatusCode, w.chats.Load())
+	}
+}
+
+// The all-in-one router's health probes carry the pool's worker key to its
+// static workers, but not to a worker DNS discovery found: discovery
+// sources are trusted with it only when proxy.worker_api_key_sources lists
+// them.
+func TestAllInOneProbesSendPoolKeyByTrustedSource(t *testing.T) {
+	dir := t.TempDir()
+	pool := filepath.Join(dir, "pool")
+	writeFile(t, pool, "pool-secret\n")
+	static, found := newKeyedReplica(t, "pool-secret"), newKeyedReplica(t, "pool-secret")
+	ns := dnstest.Start(t)
+	ns.Set(t, "r.pool. 1 IN A 127.0.0.1", "_w._tcp.pool. 1 IN SRV 0 0 "+found.URL[strings.LastIndex(found.URL, ":")+1:]+" r.pool.")
+	a := newAllInOne(t, configFiles(t, workersYAML(static.URL)+discoveryYAML(ns.Addr)+"proxy: {worker_api_key_file: "+pool+"}\n"))
+	base := runAllInOne(t, a)
+	testkit.WaitFor(t, 10*time.Second, "the replica discovered", func() bool { return workers(t, base)[found.URL].Source == "dns" })
+	a.Health.Round(context.Background())
+	if got := static.requests(); !slices.Contains(got, "/health auth=Bearer pool-secret x-api-key=") {
+		t.Errorf("static worker saw %q, want a probe with the pool key", got)
+	}
+	got := found.requests()
+	if !slices.Contains(got, "/health auth= x-api-key=") {
+		t.Errorf("discovered worker saw %q, want a probe without a key", got)
+	}
+	for _, r := range got {
+		if strings.Contains(r, "pool-secret") {
+			t.Errorf("the discovered worker got the pool key: %q", r)
+		}
 	}
 }

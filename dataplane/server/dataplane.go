@@ -72,7 +72,7 @@ func NewDataPlane(cfg *config.Config, log *slog.Logger, client *http.Client, opt
 	d.Metrics = metrics.New(nil)
 	boot := make([]router.WorkerStatus, len(cfg.Workers))
 	for i, w := range cfg.Workers {
-		boot[i] = router.WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: true}
+		boot[i] = router.WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, LoadPenalty: w.LoadPenalty, Healthy: true, Source: config.SourceStatic}
 	}
 	d.Models = models.New()
 	d.Models.SetWorkers(ModelWorkers(cfg.Workers))

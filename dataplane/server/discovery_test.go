@@ -33,6 +33,9 @@ func discoveryYAML(resolver string) string {
 	return fmt.Sprintf(`
 discovery:
   drain_timeout_secs: 30
+  # The test's replicas listen on loopback, which discovery refuses unless
+  # told otherwise.
+  allowed_networks: [127.0.0.0/8]
   dns:
     name: _w._tcp.pool
     record_type: SRV

@@ -1120,10 +1120,16 @@ type RouteResponse struct {
 	LeaderUrl string `protobuf:"bytes,12,opt,name=leader_url,json=leaderUrl,proto3" json:"leader_url,omitempty"`
 	// Every usable worker was in avoid_workers, so the list was ignored.
 	AvoidIgnored bool `protobuf:"varint,13,opt,name=avoid_ignored,json=avoidIgnored,proto3" json:"avoid_ignored,omitempty"`
+	// Where the worker came from ("static", "admin", "dns", "kubernetes"):
+	// the data plane sends the pool's worker key only to workers of the
+	// sources its proxy.worker_api_key_sources lists. Empty from leaders
+	// that predate it: the data plane then looks the worker up in its last
+	// synced set.
+	WorkerSource string `protobuf:"bytes,14,opt,name=worker_source,json=workerSource,proto3" json:"worker_source,omitempty"`
 	// Interim answer: the call waits in the leader's queue (every worker it
 	// may use is saturated); its final answer follows under the same call id.
 	// Only sent to a call whose admission set queue.
-	Queued bool `protobuf:"varint,14,opt,name=queued,proto3" json:"queued,omitempty"`
+	Queued bool `protobuf:"varint,17,opt,name=queued,proto3" json:"queued,omitempty"`
 	// How long the request waited in the leader's queue, in microseconds.
 	WaitedMicros int64 `protobuf:"varint,15,opt,name=waited_micros,json=waitedMicros,proto3" json:"waited_micros,omitempty"`
 	// A dry run that found every worker it may use saturated: queued is
@@ -1133,12 +1139,12 @@ type RouteResponse struct {
 	// The prefill leg of a split decision (reason pd), with its own ticket:
 	// its worker took a unit of load of its own and holds the prompt's
 	// placement. Unset for a whole decision.
-	Prefill *PrefillLeg `protobuf:"bytes,17,opt,name=prefill,proto3" json:"prefill,omitempty"`
+	Prefill *PrefillLeg `protobuf:"bytes,18,opt,name=prefill,proto3" json:"prefill,omitempty"`
 	// Why a request asked as DISAGGREGATION_PAIR went whole: short_prompt
 	// (few uncached prompt tokens), no_prefill or no_decode (no worker of
 	// that role could take it). Empty when it was split, or the pool is not
 	// split.
-	Whole         string `protobuf:"bytes,18,opt,name=whole,proto3" json:"whole,omitempty"`
+	Whole         string `protobuf:"bytes,19,opt,name=whole,proto3" json:"whole,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1264,6 +1270,13 @@ func (x *RouteResponse) GetAvoidIgnored() bool {
 	return false
 }
 
+func (x *RouteResponse) GetWorkerSource() string {
+	if x != nil {
+		return x.WorkerSource
+	}
+	return ""
+}
+
 func (x *RouteResponse) GetQueued() bool {
 	if x != nil {
 		return x.Queued
@@ -1312,7 +1325,9 @@ type PrefillLeg struct {
 	MatchedRatio float64 `protobuf:"fixed64,5,opt,name=matched_ratio,json=matchedRatio,proto3" json:"matched_ratio,omitempty"`
 	Candidate    string  `protobuf:"bytes,6,opt,name=candidate,proto3" json:"candidate,omitempty"`
 	// Characters the prefill worker is believed to hold.
-	ChosenChars   uint32 `protobuf:"varint,7,opt,name=chosen_chars,json=chosenChars,proto3" json:"chosen_chars,omitempty"`
+	ChosenChars uint32 `protobuf:"varint,7,opt,name=chosen_chars,json=chosenChars,proto3" json:"chosen_chars,omitempty"`
+	// The prefill worker's source, as RouteResponse.worker_source.
+	WorkerSource  string `protobuf:"bytes,8,opt,name=worker_source,json=workerSource,proto3" json:"worker_source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1394,6 +1409,13 @@ func (x *PrefillLeg) GetChosenChars() uint32 {
 		return x.ChosenChars
 	}
 	return 0
+}
+
+func (x *PrefillLeg) GetWorkerSource() string {
+	if x != nil {
+		return x.WorkerSource
+	}
+	return ""
 }
 
 type Completion struct {
@@ -2430,7 +2452,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	" \x01(\x03R\x17queueDeadlineUnixMicros\"S\n" +
 	"\vFlowRefused\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12,\n" +
-	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\xc8\x04\n" +
+	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\xed\x04\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -2447,13 +2469,14 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06pinned\x18\v \x01(\bR\x06pinned\x12\x1d\n" +
 	"\n" +
 	"leader_url\x18\f \x01(\tR\tleaderUrl\x12#\n" +
-	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\x12\x16\n" +
-	"\x06queued\x18\x0e \x01(\bR\x06queued\x12#\n" +
+	"\ravoid_ignored\x18\r \x01(\bR\favoidIgnored\x12#\n" +
+	"\rworker_source\x18\x0e \x01(\tR\fworkerSource\x12\x16\n" +
+	"\x06queued\x18\x11 \x01(\bR\x06queued\x12#\n" +
 	"\rwaited_micros\x18\x0f \x01(\x03R\fwaitedMicros\x12\x1f\n" +
 	"\vqueue_depth\x18\x10 \x01(\rR\n" +
 	"queueDepth\x12-\n" +
-	"\aprefill\x18\x11 \x01(\v2\x13.cart.v1.PrefillLegR\aprefill\x12\x14\n" +
-	"\x05whole\x18\x12 \x01(\tR\x05whole\"\xdf\x01\n" +
+	"\aprefill\x18\x12 \x01(\v2\x13.cart.v1.PrefillLegR\aprefill\x12\x14\n" +
+	"\x05whole\x18\x13 \x01(\tR\x05whole\"\x84\x02\n" +
 	"\n" +
 	"PrefillLeg\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
@@ -2462,7 +2485,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\rmatched_chars\x18\x04 \x01(\rR\fmatchedChars\x12#\n" +
 	"\rmatched_ratio\x18\x05 \x01(\x01R\fmatchedRatio\x12\x1c\n" +
 	"\tcandidate\x18\x06 \x01(\tR\tcandidate\x12!\n" +
-	"\fchosen_chars\x18\a \x01(\rR\vchosenChars\"\xa5\x02\n" +
+	"\fchosen_chars\x18\a \x01(\rR\vchosenChars\x12#\n" +
+	"\rworker_source\x18\b \x01(\tR\fworkerSource\"\xa5\x02\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +

@@ -74,6 +74,7 @@ pod gets only the ones its role uses, see cart.tokenVolume. */}}
 {{- define "cart.tokenFile" -}}{{ include "cart.tokenDir" . }}/token{{- end }}
 {{- define "cart.adminTokenFile" -}}{{ include "cart.tokenDir" . }}/admin-token{{- end }}
 {{- define "cart.clientKeyFile" -}}{{ include "cart.tokenDir" . }}/client-key{{- end }}
+{{- define "cart.raftTokenFile" -}}{{ include "cart.tokenDir" . }}/raft-token{{- end }}
 
 {{/* The control plane's in-cluster API URL: a ClusterIP Service over Ready
 (leader-aware) nodes, for cartctl and the init containers. */}}
@@ -136,7 +137,9 @@ new cluster, and changing it must not restart the control plane. */}}
 {{- define "cart.cpConfig" -}}
 {{- $root := .root }}
 {{- $fixed := include "cart.commonFixed" $root | fromYaml }}
-{{- $cp := dict "controlplane" (dict "api_addr" "0.0.0.0:6701" "raft_addr" "0.0.0.0:6702" "data_dir" "/var/lib/cart") "auth" (dict "admin_token_file" (include "cart.adminTokenFile" $root)) }}
+{{- $auth := dict "admin_token_file" (include "cart.adminTokenFile" $root) "raft_token_file" (include "cart.raftTokenFile" $root) }}
+{{- if $root.Values.auth.raftAcceptClusterToken }}{{ $_ := set $auth "raft_accept_cluster_token" true }}{{ end }}
+{{- $cp := dict "controlplane" (dict "api_addr" "0.0.0.0:6701" "raft_addr" "0.0.0.0:6702" "data_dir" "/var/lib/cart") "auth" $auth }}
 {{- $cfg := mustMergeOverwrite (dict) (deepCopy $root.Values.config) (deepCopy $root.Values.controlPlane.config) $fixed $cp (include "cart.discoveryConfig" $root | fromYaml) }}
 {{- if .workers }}
 {{- $cfg = mustMergeOverwrite $cfg (include "cart.workersConfig" $root | fromYaml) }}
@@ -188,11 +191,11 @@ place; the chart's own key is appended, since lists are replaced on merge. */}}
 {{- end }}
 
 {{/* The credentials volume of a pod: (dict "root" $ "keys" (list ...)),
-keys among "token", "admin-token" and "client-key", so a pod holds only
-what its role uses (a data plane never the admin token). */}}
+keys among "token", "admin-token", "client-key" and "raft-token", so a pod
+holds only what its role uses (a data plane never the admin or Raft token). */}}
 {{- define "cart.tokenVolume" -}}
 {{- $a := .root.Values.auth }}
-{{- $src := dict "token" $a.secretKey "admin-token" $a.adminSecretKey "client-key" $a.clientKeySecretKey }}
+{{- $src := dict "token" $a.secretKey "admin-token" $a.adminSecretKey "client-key" $a.clientKeySecretKey "raft-token" $a.raftSecretKey }}
 - name: {{ .name | default "token" }}
   secret:
     secretName: {{ include "cart.authSecretName" .root }}
