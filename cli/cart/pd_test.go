@@ -70,6 +70,7 @@ disaggregation:
   threshold_tokens: 40
   endpoints: [chat_completions, completions]
 discovery:
+  allowed_networks: [127.0.0.0/8] # the test workers are on loopback
   dns: {prefill_name: _p._tcp.pool, decode_name: _d._tcp.pool, record_type: SRV, resolver: %s, min_interval_secs: 0.2, max_interval_secs: 0.5}
   kubernetes: {enabled: true, selector: app=vllm, port: http, role_label: llm-d.ai/role, kubeconfig: %s, namespace: inference, sync_timeout_secs: 1}
 `, port, pre.URL, dec.URL, ns.Addr, kc))
@@ -159,6 +160,7 @@ workers:
   - {url: %s, role: decode}
 disaggregation: {threshold_tokens: 16}
 discovery:
+  allowed_networks: [127.0.0.0/8] # the test workers are on loopback
   dns: {prefill_name: _p._tcp.pool, record_type: SRV, resolver: %s, min_interval_secs: 0.2, max_interval_secs: 0.5}
 `, api, raft, filepath.Join(dir, "raft"), sidecar.URL, ns.Addr))
 	cp := proc.Start(t, proc.Cmd{Name: "cp", Path: bin, Args: []string{"controlplane", "-c", cpCfg}})

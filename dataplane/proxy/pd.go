@@ -16,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/extract"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -180,11 +179,11 @@ func (p *Proxy) preparePD(c *call, ep extract.Endpoint) {
 func (d *pdCall) disagg() router.Disagg {
 	switch {
 	case !d.on:
-		return engine.DisaggNone
+		return router.DisaggNone
 	case d.kv != nil:
-		return engine.DisaggDecode
+		return router.DisaggDecode
 	}
-	return engine.DisaggPair
+	return router.DisaggPair
 }
 
 // routeCall asks the router for req's decision. A decode leg that no
@@ -192,9 +191,9 @@ func (d *pdCall) disagg() router.Disagg {
 // to be computed again, split or whole.
 func (p *Proxy) routeCall(ctx context.Context, c *call, req *router.Request) (router.Decision, error) {
 	d, err := p.o.Router.Route(ctx, req)
-	if err != nil && req.Disagg == engine.DisaggDecode && errors.Is(err, router.ErrUnavailable) {
+	if err != nil && req.Disagg == router.DisaggDecode && errors.Is(err, router.ErrUnavailable) {
 		c.pd.kv, c.pd.decode = nil, nil
-		req.Disagg = engine.DisaggPair
+		req.Disagg = router.DisaggPair
 		d, err = p.o.Router.Route(ctx, req)
 	}
 	return d, err

@@ -54,6 +54,14 @@ type Request struct {
 // Disagg is how a request may be split (engine.Disagg).
 type Disagg = engine.Disagg
 
+// How a request may be split, for callers that keep out of the routing
+// core (the proxy).
+const (
+	DisaggNone   = engine.DisaggNone
+	DisaggPair   = engine.DisaggPair
+	DisaggDecode = engine.DisaggDecode
+)
+
 // Admission is a request's flow-control identity (decider.Admission).
 type Admission = decider.Admission
 
