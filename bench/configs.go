@@ -77,6 +77,20 @@ backend be
 	return b.String()
 }
 
+// CaddyConfig is a Caddyfile proxying 127.0.0.1:listen to upstream
+// (host:port) with Caddy's defaults (keep-alive to the upstream, no access
+// log), its admin endpoint and automatic HTTPS off.
+func CaddyConfig(listen int, upstream string) string {
+	return fmt.Sprintf(`{
+	admin off
+	auto_https off
+}
+http://127.0.0.1:%d {
+	reverse_proxy %s
+}
+`, listen, upstream)
+}
+
 // CartRouterConfig is what the suite varies in a generated cart config.
 type CartRouterConfig struct {
 	// Extra is YAML appended to the config as is (sections the rest does

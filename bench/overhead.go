@@ -32,7 +32,7 @@ type OverheadConfig struct {
 	PromptChars int `json:"prompt_chars"`
 	// UseWrk drives the load with wrk instead, when installed.
 	UseWrk bool `json:"use_wrk"`
-	// Rounds alternates nginx and CART this many times, both kept
+	// Rounds alternates nginx, Caddy and CART this many times, all kept
 	// running: on a shared machine one pair measured 10 s apart can see
 	// different neighbours, so the ratio reported is the median of the
 	// rounds' ratios (1: one pair).
@@ -81,34 +81,52 @@ type OverheadResult struct {
 	Config  OverheadConfig   `json:"config"`
 	Targets []OverheadTarget `json:"targets"`
 	// CartOverNginx is CART's throughput divided by nginx's: the median
-	// of the rounds' ratios. Targets holds direct, and nginx and CART from
-	// the round with that median.
+	// of the rounds' ratios. Targets holds direct, and nginx, Caddy and
+	// CART from the round with that median.
 	CartOverNginx float64 `json:"cart_over_nginx"`
-	// Rounds are the alternating nginx/CART pairs, in order.
+	// CartOverCaddy is the median of the rounds' CART/Caddy ratios (0
+	// when Caddy is not installed): Caddy is the Go reverse proxy on
+	// net/http that CART's requests/s are held against.
+	CartOverCaddy float64 `json:"cart_over_caddy,omitempty"`
+	// Rounds are the alternating nginx/Caddy/CART runs, in order.
 	Rounds []OverheadRound `json:"rounds,omitempty"`
 }
 
-// OverheadRound is one nginx run followed by one CART run.
+// OverheadRound is one nginx run, one Caddy run and one CART run.
 type OverheadRound struct {
 	Nginx         OverheadTarget `json:"nginx"`
+	Caddy         OverheadTarget `json:"caddy"`
 	Cart          OverheadTarget `json:"cart"`
 	CartOverNginx float64        `json:"cart_over_nginx"`
+	CartOverCaddy float64        `json:"cart_over_caddy,omitempty"`
 }
 
-// medianRound returns the index of the round whose ratio is the median
-// (the lower middle one for an even count), or -1 when no round has both.
-func medianRound(rounds []OverheadRound) int {
+// medianRound returns the index of the round whose ratio (by) is the
+// median (the lower middle one for an even count), or -1 when no round has
+// one.
+func medianRound(rounds []OverheadRound, by func(OverheadRound) float64) int {
 	var idx []int
 	for i, r := range rounds {
-		if r.CartOverNginx > 0 {
+		if by(r) > 0 {
 			idx = append(idx, i)
 		}
 	}
 	if len(idx) == 0 {
 		return -1
 	}
-	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rounds[a].CartOverNginx, rounds[b].CartOverNginx) })
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(by(rounds[a]), by(rounds[b])) })
 	return idx[(len(idx)-1)/2]
+}
+
+func overNginx(r OverheadRound) float64 { return r.CartOverNginx }
+func overCaddy(r OverheadRound) float64 { return r.CartOverCaddy }
+
+// ratio is a/b's requests per second, 0 when either is missing.
+func ratio(a, b OverheadTarget) float64 {
+	if a.Skipped != "" || b.Skipped != "" || a.ReqPerS <= 0 || b.ReqPerS <= 0 {
+		return 0
+	}
+	return a.ReqPerS / b.ReqPerS
 }
 
 func overheadBody(promptChars int) []byte {
@@ -183,14 +201,15 @@ func LoadClosedLoop(ctx context.Context, url string, body []byte, conc int, d ti
 	return t
 }
 
-// RunOverhead measures direct, nginx and CART all-in-one in front of one
-// cart-sim with --time-scale 0.
+// RunOverhead measures direct, nginx, Caddy and CART all-in-one in front
+// of one cart-sim with --time-scale 0.
 func RunOverhead(ctx context.Context, env *Env, c OverheadConfig) OverheadResult {
 	res := OverheadResult{Config: c}
 	s := &suite{env: env, cfg: env.Cfg, cartBin: filepath.Join(env.Cfg.BinDir, "cart"), simBin: filepath.Join(env.Cfg.BinDir, "cart-sim")}
 	s.nginx, _ = exec.LookPath("nginx")
+	s.caddy, _ = exec.LookPath("caddy")
 	skipAll := func(reason string) OverheadResult {
-		for _, n := range []string{"direct", "nginx", "cart"} {
+		for _, n := range []string{"direct", "nginx", "caddy", "cart"} {
 			res.Targets = append(res.Targets, OverheadTarget{Name: n, Skipped: reason})
 		}
 		return res
@@ -247,10 +266,12 @@ func RunOverhead(ctx context.Context, env *Env, c OverheadConfig) OverheadResult
 
 	res.Targets = append(res.Targets, measure("direct", baseURL(port), p))
 
-	// Both proxies run for the whole section (idle while the other is
+	// The proxies run for the whole section (idle while another is
 	// measured), so that the rounds can alternate.
 	nginxURL, nginxProcs, nginxErr := s.startNginx(ctx, dir, "overhead-nginx", []string{hostPort(port)}, false)
 	defer env.StopAll(nginxProcs)
+	caddyURL, caddyProcs, caddyErr := s.startCaddy(ctx, dir, "overhead-caddy", hostPort(port))
+	defer env.StopAll(caddyProcs)
 	cartURL, cartProcs, cartErr := "", []*Proc(nil), error(nil)
 	if cport, err := env.FreePort(); err != nil {
 		cartErr = err
@@ -263,29 +284,31 @@ func RunOverhead(ctx context.Context, env *Env, c OverheadConfig) OverheadResult
 		if ctx.Err() != nil {
 			break
 		}
-		r := OverheadRound{Nginx: OverheadTarget{Name: "nginx"}, Cart: OverheadTarget{Name: "cart"}}
-		if nginxErr != nil {
-			r.Nginx.Skipped = nginxErr.Error()
-		} else {
-			r.Nginx = measure("nginx", nginxURL, nginxProcs...)
+		run := func(name, url string, procs []*Proc, err error) OverheadTarget {
+			if err != nil {
+				return OverheadTarget{Name: name, Skipped: err.Error()}
+			}
+			return measure(name, url, procs...)
 		}
-		if cartErr != nil {
-			r.Cart.Skipped = cartErr.Error()
-		} else {
-			r.Cart = measure("cart", cartURL, cartProcs...)
+		r := OverheadRound{
+			Nginx: run("nginx", nginxURL, nginxProcs, nginxErr),
+			Caddy: run("caddy", caddyURL, caddyProcs, caddyErr),
+			Cart:  run("cart", cartURL, cartProcs, cartErr),
 		}
-		if r.Nginx.ReqPerS > 0 && r.Cart.Skipped == "" {
-			r.CartOverNginx = r.Cart.ReqPerS / r.Nginx.ReqPerS
-		}
+		r.CartOverNginx, r.CartOverCaddy = ratio(r.Cart, r.Nginx), ratio(r.Cart, r.Caddy)
 		res.Rounds = append(res.Rounds, r)
 	}
 	pick := 0
-	if m := medianRound(res.Rounds); m >= 0 {
+	if m := medianRound(res.Rounds, overNginx); m >= 0 {
 		pick = m
 		res.CartOverNginx = res.Rounds[m].CartOverNginx
 	}
+	if m := medianRound(res.Rounds, overCaddy); m >= 0 {
+		res.CartOverCaddy = res.Rounds[m].CartOverCaddy
+	}
 	if len(res.Rounds) > 0 {
-		res.Targets = append(res.Targets, res.Rounds[pick].Nginx, res.Rounds[pick].Cart)
+		rd := res.Rounds[pick]
+		res.Targets = append(res.Targets, rd.Nginx, rd.Caddy, rd.Cart)
 	}
 	return res
 }
@@ -366,13 +389,25 @@ func FormatOverhead(r OverheadResult) string {
 	}
 	if len(r.Rounds) > 1 {
 		for i, rd := range r.Rounds {
-			fmt.Fprintf(&b, "round %d: nginx %s, cart %s, cart/nginx %s\n", i+1, roundTarget(rd.Nginx), roundTarget(rd.Cart), roundRatio(rd))
+			fmt.Fprintf(&b, "round %d: nginx %s, caddy %s, cart %s, cart/nginx %s, cart/caddy %s\n", i+1,
+				roundTarget(rd.Nginx), roundTarget(rd.Caddy), roundTarget(rd.Cart), roundRatio(rd.CartOverNginx), roundRatio(rd.CartOverCaddy))
 		}
 	}
 	if r.CartOverNginx > 0 {
 		fmt.Fprintf(&b, "cart/nginx throughput: %.2f%s\n", r.CartOverNginx, r.medianNote("lines"))
 	}
+	if r.CartOverCaddy > 0 {
+		fmt.Fprintf(&b, "cart/caddy throughput: %.2f%s\n", r.CartOverCaddy, r.caddyMedianNote())
+	}
 	return b.String()
+}
+
+// caddyMedianNote says that the CART/Caddy ratio is a median of its own.
+func (r OverheadResult) caddyMedianNote() string {
+	if len(r.Rounds) <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" (median of %d rounds' own ratios)", len(r.Rounds))
 }
 
 // medianNote says, after the ratio, that it is the median round's and
@@ -396,9 +431,9 @@ func roundTarget(t OverheadTarget) string {
 	return s
 }
 
-func roundRatio(r OverheadRound) string {
-	if r.CartOverNginx <= 0 {
+func roundRatio(x float64) string {
+	if x <= 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.2f", r.CartOverNginx)
+	return fmt.Sprintf("%.2f", x)
 }

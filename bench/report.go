@@ -244,13 +244,17 @@ func SummaryMarkdown(res *SuiteResults, charts []string) string {
 			fmt.Fprintf(&b, "| %s | %.0f | %.2f ms | %.2f ms | %d | %d | %s | %s |\n", t.Name, t.ReqPerS, t.P50Ms, t.P99Ms, t.Requests, t.Errors, t.Tool, cpu)
 		}
 		if len(o.Rounds) > 1 {
-			b.WriteString("\nRounds (nginx, then CART, alternating; both kept running):\n\n| round | nginx | CART | CART / nginx |\n|---|---|---|---|\n")
+			b.WriteString("\nRounds (nginx, Caddy, then CART, alternating; all kept running):\n\n| round | nginx | Caddy | CART | CART / nginx | CART / Caddy |\n|---|---|---|---|---|---|\n")
 			for i, rd := range o.Rounds {
-				fmt.Fprintf(&b, "| %d | %s | %s | %s |\n", i+1, roundTarget(rd.Nginx), roundTarget(rd.Cart), roundRatio(rd))
+				fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |\n", i+1, roundTarget(rd.Nginx), roundTarget(rd.Caddy), roundTarget(rd.Cart),
+					roundRatio(rd.CartOverNginx), roundRatio(rd.CartOverCaddy))
 			}
 		}
 		if o.CartOverNginx > 0 {
 			fmt.Fprintf(&b, "\nCART / nginx throughput: **%.2f**%s\n", o.CartOverNginx, o.medianNote("rows"))
+		}
+		if o.CartOverCaddy > 0 {
+			fmt.Fprintf(&b, "\nCART / Caddy throughput: **%.2f**%s\n", o.CartOverCaddy, o.caddyMedianNote())
 		}
 		b.WriteString("\n")
 	}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // RunOptions bound and instrument a run.
@@ -117,18 +119,7 @@ func Run(ctx context.Context, w *Workload, s Sender, opts RunOptions) []Record {
 
 // waitUntil sleeps until at after the start, or until ctx ends.
 func (st *runState) waitUntil(ctx context.Context, at time.Duration) bool {
-	d := time.Until(st.start.Add(at))
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return every.Sleep(ctx, time.Until(st.start.Add(at))) == nil
 }
 
 // acquire takes a concurrency slot, reporting whether it had to wait.

@@ -253,6 +253,7 @@ type suite struct {
 	cfg      SuiteConfig
 	replicas []*replica
 	nginx    string // path, "" if missing
+	caddy    string // path, "" if missing (the overhead benchmark only)
 	// cacheTokens is the current trace's per-replica cache capacity.
 	cacheTokens int
 	haproxy     string
@@ -773,20 +774,48 @@ func (s *suite) startNginx(ctx context.Context, dir, name string, upstreams []st
 	if s.nginx == "" {
 		return "", nil, errors.New("nginx not found: " + InstallHint)
 	}
+	return s.startConfigured(ctx, name, filepath.Join(dir, "nginx.conf"), nil,
+		func(port int) string { return NginxConfig(dir, port, upstreams, leastConn) },
+		func(conf string) (string, []string) {
+			return s.nginx, []string{"-e", filepath.Join(dir, "error.log"), "-c", conf, "-p", dir, "-g", "daemon off;"}
+		},
+		func(port int) func() error { return s.env.httpOK(baseURL(port) + "/health") })
+}
+
+// startCaddy runs Caddy as a reverse proxy to upstream (host:port), with
+// its admin endpoint off and its state kept under dir.
+func (s *suite) startCaddy(ctx context.Context, dir, name, upstream string) (string, []*Proc, error) {
+	if s.caddy == "" {
+		return "", nil, errors.New("caddy not found: apt-get install -y caddy")
+	}
+	home := filepath.Join(dir, "caddy-home")
+	return s.startConfigured(ctx, name, filepath.Join(dir, "Caddyfile"),
+		[]string{"HOME=" + home, "XDG_CONFIG_HOME=" + home, "XDG_DATA_HOME=" + home},
+		func(port int) string { return CaddyConfig(port, upstream) },
+		func(conf string) (string, []string) {
+			return s.caddy, []string{"run", "--adapter", "caddyfile", "--config", conf}
+		},
+		func(port int) func() error { return s.env.httpOK(baseURL(port) + "/health") })
+}
+
+// startConfigured starts a third-party proxy on a free port: it writes
+// render(port) to conf, starts the command cmd(conf) names with env added,
+// and waits until ready(port) passes.
+func (s *suite) startConfigured(ctx context.Context, name, conf string, env []string, render func(port int) string,
+	cmd func(conf string) (string, []string), ready func(port int) func() error) (string, []*Proc, error) {
 	port, err := s.env.FreePort()
 	if err != nil {
 		return "", nil, err
 	}
-	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, []byte(NginxConfig(dir, port, upstreams, leastConn)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(render(port)), 0o644); err != nil {
 		return "", nil, err
 	}
-	p, err := s.env.Start(name, s.nginx, "-e", filepath.Join(dir, "error.log"), "-c", conf, "-p", dir, "-g", "daemon off;")
+	bin, args := cmd(conf)
+	p, err := s.env.StartEnv(name, bin, env, args...)
 	if err != nil {
 		return "", nil, err
 	}
-	err = s.env.WaitReady(ctx, p, s.cfg.StartTimeout, s.env.httpOK(baseURL(port)+"/health"))
-	return baseURL(port), []*Proc{p}, err
+	return baseURL(port), []*Proc{p}, s.env.WaitReady(ctx, p, s.cfg.StartTimeout, ready(port))
 }
 
 // cartHealthy is a readiness check for a cart router: /health answers 200
@@ -850,19 +879,14 @@ func (s *suite) startRoleEnv(ctx context.Context, dir, name, role string, c Cart
 }
 
 func (s *suite) startHAProxy(ctx context.Context, dir, name string, backends []string) (string, *Proc, error) {
-	port, err := s.env.FreePort()
-	if err != nil {
-		return "", nil, err
+	url, ps, err := s.startConfigured(ctx, name+"-haproxy", filepath.Join(dir, "haproxy.cfg"), nil,
+		func(port int) string { return HAProxyConfig(port, backends) },
+		func(conf string) (string, []string) { return s.haproxy, []string{"-f", conf, "-db"} },
+		tcpOpen)
+	if len(ps) == 0 {
+		return url, nil, err
 	}
-	conf := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(conf, []byte(HAProxyConfig(port, backends)), 0o644); err != nil {
-		return "", nil, err
-	}
-	p, err := s.env.Start(name+"-haproxy", s.haproxy, "-f", conf, "-db")
-	if err != nil {
-		return "", nil, err
-	}
-	return baseURL(port), p, s.env.WaitReady(ctx, p, s.cfg.StartTimeout, tcpOpen(port))
+	return url, ps[0], err
 }
 
 // startSplit runs n independent all-in-one routers behind HAProxy: the

@@ -97,12 +97,7 @@ type Server struct {
 	IdleTimeoutSecs       float64 `yaml:"idle_timeout_secs"`
 	MaxHeaderBytes        int     `yaml:"max_header_bytes"`
 	ShutdownGraceSecs     float64 `yaml:"shutdown_grace_secs"`
-	// OwnHTTP1Loop serves the common HTTP/1.1 request (GET or POST, one
-	// Content-Length) on CART's own loop and every other one with Go's
-	// net/http; false serves them all with net/http, at more CPU per
-	// request (bench/results/2026-12-02-h1server), to rule the loop out.
-	OwnHTTP1Loop bool `yaml:"own_http1_loop"`
-	TLS          TLS  `yaml:"tls"`
+	TLS                   TLS     `yaml:"tls"`
 	// MetricsAddr moves GET /metrics to its own plaintext listener
 	// (host:port), so scrapers can be let in on a private interface while
 	// the client port stays closed to them; empty keeps /metrics on the
@@ -796,7 +791,6 @@ func Default() *Config {
 			IdleTimeoutSecs:       120,
 			MaxHeaderBytes:        1 << 20,
 			ShutdownGraceSecs:     30,
-			OwnHTTP1Loop:          true,
 		},
 		Cache: Cache{
 			Threshold:            0.3,

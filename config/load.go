@@ -289,6 +289,10 @@ func (fc *fileCheck) cleanMapping(n *yaml.Node, t reflect.Type, key string) *yam
 		seen[name] = p.line
 		field, ok := fieldByName(t, name)
 		if !ok {
+			if why, gone := removedKeys[child]; gone {
+				fc.add(p.line, child, "removed: %s; delete the key", why)
+				continue
+			}
 			fc.add(p.line, child, "%s", unknownKeyReason(t, name))
 			continue
 		}
@@ -522,6 +526,13 @@ func fieldByName(t reflect.Type, name string) (reflect.StructField, bool) {
 		}
 	}
 	return reflect.StructField{}, false
+}
+
+// removedKeys are keys earlier versions took, with what became of them: a
+// config written for them is refused with the reason rather than as a
+// typo.
+var removedKeys = map[string]string{
+	"server.own_http1_loop": "CART serves every request with Go's net/http (its own HTTP/1.1 loop was taken out: a second parser in front of net/http is a request-smuggling surface)",
 }
 
 // unknownKeyReason suggests the closest valid key, because most unknown

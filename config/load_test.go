@@ -243,6 +243,11 @@ func TestLoadProblems(t *testing.T) {
 			want:  []want{{0, 4, "workers[1].maxload", `did you mean "max_load"`}},
 		},
 		{
+			name:  "a removed key says so",
+			files: []string{"server:\n  port: 1\n  own_http1_loop: true\n"},
+			want:  []want{{0, 3, "server.own_http1_loop", "removed: CART serves every request with Go's net/http"}},
+		},
+		{
 			name:  "unknown key without suggestion",
 			files: []string{"log:\n  colour_scheme: dark\n"},
 			want:  []want{{0, 2, "log.colour_scheme", "unknown key"}},

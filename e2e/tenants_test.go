@@ -80,16 +80,6 @@ func call(t *testing.T, method, url, body string, hdr ...string) (int, string) {
 	return resp.StatusCode, b
 }
 
-func sameJSON(a, b string) bool {
-	var x, y any
-	if json.Unmarshal([]byte(a), &x) != nil || json.Unmarshal([]byte(b), &y) != nil {
-		return false
-	}
-	xb, _ := json.Marshal(x)
-	yb, _ := json.Marshal(y)
-	return string(xb) == string(yb)
-}
-
 // startCPAndDataPlanes runs one control-plane node over workers and two
 // data planes with the tenant keys, and returns the data planes' URLs.
 func startCPAndDataPlanes(t *testing.T, workers []string) (dp1, dp2 string) {
@@ -176,7 +166,7 @@ func TestTenantsAcrossDataPlanes(t *testing.T) {
 		{http.MethodPost, "/v1/responses", `{"model":"cart-sim","input":"and then?","previous_response_id":"` + made.ID + `"}`},
 	} {
 		for _, dp := range []string{dp2, dp1} {
-			if code, got := call(t, c.method, dp+c.path, c.body, keyB...); code != http.StatusNotFound || !sameJSON(got, want) {
+			if code, got := call(t, c.method, dp+c.path, c.body, keyB...); code != http.StatusNotFound || !testkit.SameJSON(got, want) {
 				t.Errorf("team-b %s %s via %s: %d %s, want the engine's 404 for an unknown id: %s", c.method, c.path, dp, code, got, want)
 			}
 		}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // job is one inference request as the engine sees it.
@@ -123,7 +125,7 @@ func (s *Server) admit(ctx context.Context, j *job) (func(), error) {
 		s.hooks.prefillStart(j)
 	}
 	uncached := j.promptTokens - j.cachedTokens
-	err = sleepCtx(ctx, s.scaled(float64(uncached)*s.cfg.PrefillUsPerToken, time.Microsecond))
+	err = every.Sleep(ctx, s.scaled(float64(uncached)*s.cfg.PrefillUsPerToken, time.Microsecond))
 	if err == nil {
 		s.cache.insert(j.hashes, s.cacheChanged(j))
 		s.promptTokens.Add(int64(j.promptTokens))
@@ -151,23 +153,6 @@ func (s *Server) scaled(amount float64, unit time.Duration) time.Duration {
 	return time.Duration(ns)
 }
 
-// sleepCtx waits for d or until ctx ends, whichever is first. A non-positive
-// d does not wait but still reports an ended ctx, so that TimeScale 0 keeps
-// honouring cancellation.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // decoder paces output tokens.
 type decoder struct {
 	s   *Server
@@ -192,7 +177,7 @@ func (d *decoder) step() error {
 		d.due = now
 	}
 	d.due = d.due.Add(delay)
-	if err := sleepCtx(d.ctx, time.Until(d.due)); err != nil {
+	if err := every.Sleep(d.ctx, time.Until(d.due)); err != nil {
 		return err
 	}
 	d.s.completionTokens.Add(1)

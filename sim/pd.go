@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // ---- prefill/decode disaggregation (vLLM's NIXL connector) ---------------------
@@ -287,7 +289,7 @@ func (s *Server) admitRemote(ctx context.Context, j *job) (func(), error) {
 	}
 	s.running.Add(1)
 	moved := max(min(got, j.promptTokens)-local, 0)
-	err = sleepCtx(ctx, s.scaled(s.cfg.KVTransferMs*1000+float64(moved)*s.cfg.KVTransferUsPerToken, time.Microsecond))
+	err = every.Sleep(ctx, s.scaled(s.cfg.KVTransferMs*1000+float64(moved)*s.cfg.KVTransferUsPerToken, time.Microsecond))
 	if err != nil {
 		s.running.Add(-1)
 		s.seqs.release()

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/semaphore"
+
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // maxBodyBytes bounds request bodies. Long-context prompts with inline images
@@ -388,7 +390,7 @@ func (s *Server) runAPI(w *statusRecorder, r *http.Request, method string, style
 	}
 
 	if fault.DelayMS > 0 {
-		if err := sleepCtx(ctx, time.Duration(fault.DelayMS)*time.Millisecond); err != nil {
+		if err := every.Sleep(ctx, time.Duration(fault.DelayMS)*time.Millisecond); err != nil {
 			return stopped(err)
 		}
 	}

@@ -2,9 +2,11 @@
 //
 //	cart-bench run --target http://127.0.0.1:6700 --trace ../shared/traces/mooncake_conversation.jsonl --limit 200
 //	cart-bench suite                 # every scenario on the default slice
-//	cart-bench overhead              # proxy overhead: CART vs nginx
+//	cart-bench overhead              # proxy overhead: CART vs nginx and Caddy
 //	cart-bench cp                    # control plane: Route load on three nodes
 //	cart-bench failover              # leader kill under load: hit ratio, errors
+//	cart-bench alternate --variant base=/tmp/base-bin --variant new=bin -o DIR -- overhead
+//	                                 # builds or settings compared in alternating runs
 package main
 
 import (
@@ -40,7 +42,7 @@ func newRootCmd() *cobra.Command {
 		Version:      buildinfo.String("cart-bench"),
 		SilenceUsage: true,
 	}
-	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd(), newOverloadCmd(), newPDCmd())
+	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd(), newOverloadCmd(), newAlternateCmd(), newPDCmd())
 	return root
 }
 
@@ -238,6 +240,65 @@ func newOverheadCmd() *cobra.Command {
 	f.BoolVar(&c.Overhead.UseWrk, "wrk", false, "drive the load with wrk when it is installed")
 	f.IntVar(&c.Overhead.Rounds, "rounds", c.Overhead.Rounds, "nginx/CART rounds, alternating; the ratio is their median")
 	f.StringVarP(&out, "out", "o", "", "write the JSON result here")
+	return cmd
+}
+
+func newAlternateCmd() *cobra.Command {
+	c := bench.AlternateConfig{Runs: 3, Nice: -15}
+	var variants []string
+	var summaryOnly bool
+	cmd := &cobra.Command{
+		Use:   "alternate --variant NAME=BINDIR[ ARGS] ... --out DIR -- overhead|cp|failover [ARGS]",
+		Short: "Compare builds or settings: run one benchmark for each in turn, --runs rounds, and summarize the medians",
+		Long: `alternate runs a cart-bench subcommand once per variant in turn, for --runs
+rounds, so that the load of a shared machine falls on every variant alike.
+Each variant is a directory holding cart and cart-sim (and cart-bench, used
+in place of this one when present), plus arguments for that variant alone:
+  cart-bench alternate --out bench/results/2026-12-07-x \
+    --variant base=/tmp/base-bin --variant new=$PWD/bin -- overhead --duration 10s
+  cart-bench alternate --out DIR --variant "p1=$PWD/bin --node-procs 1" \
+    --variant "p2=$PWD/bin --node-procs 2" -- cp --rates 2000,5000 --concurrency 32
+Results: DIR/<variant>-<round>.json and .txt; the medians go to stdout and
+DIR/summary.md.`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c.Command = args
+			for _, v := range variants {
+				av, err := bench.ParseVariant(v)
+				if err != nil {
+					return err
+				}
+				c.Variants = append(c.Variants, av)
+			}
+			names := make([]string, len(c.Variants))
+			for i, v := range c.Variants {
+				names[i] = v.Name
+			}
+			if !summaryOnly {
+				self, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				if err := bench.RunAlternate(cmd.Context(), c, self, cmd.ErrOrStderr()); err != nil {
+					return err
+				}
+			} else if len(names) == 0 {
+				names = nil
+			}
+			sum, err := bench.SummarizeAlternate(c.Out, names)
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), sum)
+			return os.WriteFile(filepath.Join(c.Out, "summary.md"), []byte(sum), 0o644)
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&variants, "variant", nil, "NAME=BINDIR[ ARGS...]: one side of the comparison (repeat)")
+	f.IntVar(&c.Runs, "runs", c.Runs, "rounds")
+	f.StringVarP(&c.Out, "out", "o", "", "directory for the results and summary.md")
+	f.IntVar(&c.Nice, "nice", c.Nice, "scheduling priority of the runs (-20..19; below 0 needs root)")
+	f.BoolVar(&summaryOnly, "summary-only", false, "run nothing: summarize the results already in --out")
 	return cmd
 }
 

@@ -2,8 +2,6 @@ package cpclient
 
 import (
 	"context"
-	"net/http"
-	"strings"
 
 	"connectrpc.com/connect"
 )
@@ -65,7 +63,7 @@ const (
 // (service.Handler) because a Connect interceptor on a unary handler runs
 // only after the request message was read, and an unauthenticated caller
 // must not make a node buffer and decode up to the message limit. The
-// server shares the header's parsing instead (BearerToken).
+// server shares the header's parsing instead (internal/credential).
 func Bearer(token string) connect.Interceptor { return bearer{value: bearerValue(token)} }
 
 func bearerValue(token string) string {
@@ -98,18 +96,6 @@ func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.St
 
 func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
-}
-
-// BearerToken reads "Authorization: Bearer <token>"; the scheme is
-// case-insensitive (RFC 9110 §11.1) and surrounding spaces are not part of
-// the token.
-func BearerToken(h http.Header) (string, bool) {
-	scheme, tok, ok := strings.Cut(h.Get(HeaderAuthorization), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	tok = strings.TrimSpace(tok)
-	return tok, tok != ""
 }
 
 // StreamTracer traces one call carried on the Route stream as an

@@ -68,28 +68,3 @@ func TestBearerSendsTheTokenFromClientsOnly(t *testing.T) {
 	}
 	srv.Client().CloseIdleConnections()
 }
-
-func TestBearerToken(t *testing.T) {
-	for _, tc := range []struct {
-		header string
-		want   string
-		ok     bool
-	}{
-		{"Bearer abc", "abc", true},
-		{"bearer abc", "abc", true}, // the scheme is case-insensitive
-		{"BEARER  abc ", "abc", true},
-		{"Bearer ", "", false},
-		{"Bearer", "", false},
-		{"Basic abc", "", false},
-		{"", "", false},
-	} {
-		h := http.Header{}
-		if tc.header != "" {
-			h.Set(HeaderAuthorization, tc.header)
-		}
-		got, ok := BearerToken(h)
-		if got != tc.want || ok != tc.ok {
-			t.Errorf("BearerToken(%q) = %q, %v; want %q, %v", tc.header, got, ok, tc.want, tc.ok)
-		}
-	}
-}

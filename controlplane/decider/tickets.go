@@ -302,21 +302,9 @@ func (d *Decider) routeFor(ctx context.Context, c Caller, req Request) (Decision
 	now := d.o.Now()
 	if len(c.Settle) > 0 {
 		d.settleAll(c.DataPlane, c.Settle, now)
+		d.pump() // what they freed goes to the waiting requests first
 	}
-	dec, err := d.route(req, now)
-	if err != nil || req.DryRun {
-		return dec, err
-	}
-	if err := ctx.Err(); err != nil || c.Expired != nil && c.Expired() {
-		d.drop(dec)
-		d.dropped[DropAbandoned].Add(1)
-		if err == nil {
-			err = context.DeadlineExceeded
-		}
-		return Decision{}, err
-	}
-	d.track(c, &dec, now)
-	return dec, nil
+	return d.decide(ctx, &c, req, now)
 }
 
 // track makes dec a tracked decision of c's data plane: its ticket, the

@@ -9,6 +9,7 @@ import (
 	"unicode"
 
 	"github.com/cartrouter/cart/controlplane/cpclient"
+	"github.com/cartrouter/cart/internal/credential"
 )
 
 // maxActorLen bounds the actor string a caller can make us log and
@@ -32,7 +33,7 @@ func actorFrom(ctx context.Context) string {
 // follower forwarded, the actor that follower saw.
 func (c *Core) actor(peer string, h http.Header) string {
 	role := "no token"
-	if got, ok := cpclient.BearerToken(h); ok {
+	if got, ok := credential.BearerToken(h); ok {
 		switch {
 		case c.o.AdminToken != "" && subtle.ConstantTimeCompare([]byte(got), []byte(c.o.AdminToken)) == 1:
 			role = "admin token"

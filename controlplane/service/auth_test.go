@@ -133,17 +133,6 @@ func TestAuthzCheck(t *testing.T) {
 	}
 }
 
-func TestIsLoopback(t *testing.T) {
-	for addr, want := range map[string]bool{
-		"127.0.0.1:80": true, "127.0.0.1": true, "[::1]:80": true, "::1": true, "127.255.0.1:1": true,
-		"10.1.2.3:5555": false, "[::ffff:10.1.2.3]:1": false, "0.0.0.0:1": false, "localhost:80": false, "": false, "garbage": false,
-	} {
-		if got := isLoopback(addr); got != want {
-			t.Errorf("isLoopback(%q) = %v, want %v", addr, got, want)
-		}
-	}
-}
-
 func TestReflection(t *testing.T) {
 	for _, tc := range []struct {
 		name string

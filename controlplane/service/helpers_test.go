@@ -350,6 +350,24 @@ func (cp *testCP) loads(t testing.TB) map[string]uint32 {
 	return out
 }
 
+// inBackground calls fn every interval, on a goroutine of its own, until
+// the test ends: data planes that keep syncing while the test looks on.
+func inBackground(t testing.TB, interval time.Duration, fn func(context.Context)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			fn(ctx)
+			select {
+			case <-ctx.Done():
+			case <-time.After(interval):
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 func route(t testing.TB, c cartv1connect.RouterServiceClient, req *cartv1.RouteRequest) *cartv1.RouteResponse {
 	t.Helper()
 	resp, err := c.Route(context.Background(), connect.NewRequest(req))

@@ -528,20 +528,7 @@ func TestLoadLeaseExpiry(t *testing.T) {
 		t.Fatalf("loads = %v, want w1 3, w2 1", l)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for ctx.Err() == nil {
-			_ = aliveSync(ctx)
-			select {
-			case <-ctx.Done():
-			case <-time.After(25 * time.Millisecond):
-			}
-		}
-	}()
-	defer func() { cancel(); wg.Wait() }()
+	inBackground(t, 25*time.Millisecond, func(ctx context.Context) { _ = aliveSync(ctx) })
 
 	status := func() *cartv1.ClusterStatusResponse {
 		st, err := cp.admin().ClusterStatus(context.Background(), connect.NewRequest(&cartv1.ClusterStatusRequest{}))

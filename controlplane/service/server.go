@@ -2,11 +2,8 @@ package service
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"math"
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"slices"
@@ -18,6 +15,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/gen/cart/v1/cartv1connect"
+	"github.com/cartrouter/cart/internal/credential"
 )
 
 // AuthOptions say who may call what. There are two roles:
@@ -170,14 +168,14 @@ func (z *authz) check(path, peer string, h http.Header) error {
 	if r == roleOpen {
 		return nil
 	}
-	tok, hasTok := cpclient.BearerToken(h)
-	if z.a.AdminToken != "" && hasTok && equalSecret(tok, z.a.AdminToken) {
+	tok, hasTok := credential.BearerToken(h)
+	if z.a.AdminToken != "" && hasTok && credential.Equal(tok, z.a.AdminToken) {
 		return nil // the admin role may do everything
 	}
 	if r == roleDebug {
 		// Not opened by allow_unauthenticated_remote, unlike AdminService:
 		// nothing a remote operator needs, and a profile costs CPU.
-		if isLoopback(peer) && z.a.AdminToken == "" {
+		if credential.IsLoopback(peer) && z.a.AdminToken == "" {
 			return nil
 		}
 		if z.a.AdminToken != "" {
@@ -189,7 +187,7 @@ func (z *authz) check(path, peer string, h http.Header) error {
 		switch {
 		case z.a.AdminToken != "":
 			return connect.NewError(connect.CodeUnauthenticated, errors.New("AdminService needs the admin token (auth.admin_token)"))
-		case isLoopback(peer):
+		case credential.IsLoopback(peer):
 			return nil
 		case z.a.Token == "" && z.a.AllowUnauthenticatedRemote:
 			return nil
@@ -198,30 +196,14 @@ func (z *authz) check(path, peer string, h http.Header) error {
 			errors.New("no admin token is configured, so AdminService serves loopback callers only; set auth.admin_token (the cluster token is not an admin credential)"))
 	}
 	if z.a.Token == "" {
-		if z.a.AllowUnauthenticatedRemote || isLoopback(peer) {
+		if z.a.AllowUnauthenticatedRemote || credential.IsLoopback(peer) {
 			return nil
 		}
 		return connect.NewError(connect.CodePermissionDenied,
 			errors.New("no cluster token is configured, so this node serves loopback callers only; set auth.token (or auth.allow_unauthenticated_remote: true)"))
 	}
-	if !hasTok || !equalSecret(tok, z.a.Token) {
+	if !hasTok || !credential.Equal(tok, z.a.Token) {
 		return connect.NewError(connect.CodeUnauthenticated, errors.New("missing or invalid bearer token"))
 	}
 	return nil
-}
-
-// equalSecret compares digests in constant time, so neither the content
-// nor the length of the secret leaks through timing.
-func equalSecret(got, want string) bool {
-	g, w := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
-	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
-}
-
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		host = addr
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -129,21 +128,10 @@ func TestTicketLifetimeFollowsLease(t *testing.T) {
 
 	// Both data planes stay alive; "busy" still has its request in
 	// flight, "quiet" never used its answer (it arrived too late).
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for ctx.Err() == nil {
-			_, _ = rc.Sync(ctx, connect.NewRequest(&cartv1.SyncRequest{DataplaneId: "busy", Loads: []*cartv1.WorkerLoad{{Worker: w1, InFlight: 1}}}))
-			_, _ = rc.Sync(ctx, connect.NewRequest(&cartv1.SyncRequest{DataplaneId: "quiet"}))
-			select {
-			case <-ctx.Done():
-			case <-time.After(lease / 6):
-			}
-		}
-	}()
-	defer func() { cancel(); wg.Wait() }()
+	inBackground(t, lease/6, func(ctx context.Context) {
+		_, _ = rc.Sync(ctx, connect.NewRequest(&cartv1.SyncRequest{DataplaneId: "busy", Loads: []*cartv1.WorkerLoad{{Worker: w1, InFlight: 1}}}))
+		_, _ = rc.Sync(ctx, connect.NewRequest(&cartv1.SyncRequest{DataplaneId: "quiet"}))
+	})
 
 	testkit.WaitFor(t, 5*time.Second, "the unused ticket is settled after the lease", func() bool { return cp.unsettled() == 1 })
 	if cp.holds("m", quietTxt, w1) {

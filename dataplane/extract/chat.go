@@ -1,14 +1,14 @@
 package extract
 
 import (
-	"encoding/json"
+	"github.com/go-json-experiment/json"
 )
 
 // OpenAI chat completions (and the vLLM/SGLang extensions of it).
 //
 // Fields that may hold more than one JSON type, or whose text goes straight
-// into the key, are json.RawMessage; everything else is typed so that
-// encoding/json checks it.
+// into the key, are rawJSON; everything else is typed so that the decoder
+// checks it.
 
 type chatRequest struct {
 	openAIFields
@@ -45,12 +45,12 @@ func (f *openAIFields) request() *Request {
 }
 
 type chatMessage struct {
-	Role         json.RawMessage `json:"role"`
-	Name         string          `json:"name"`
-	ToolCallID   string          `json:"tool_call_id"`
-	Content      json.RawMessage `json:"content"`
-	ToolCalls    []toolCall      `json:"tool_calls"`
-	FunctionCall *callBody       `json:"function_call"`
+	Role         rawJSON    `json:"role"`
+	Name         string     `json:"name"`
+	ToolCallID   string     `json:"tool_call_id"`
+	Content      rawJSON    `json:"content"`
+	ToolCalls    []toolCall `json:"tool_calls"`
+	FunctionCall *callBody  `json:"function_call"`
 }
 
 type toolCall struct {
@@ -64,21 +64,21 @@ type toolCall struct {
 // ({name, input}). Arguments are a JSON-encoded string per the API, but some
 // clients send the object itself; both are accepted.
 type callBody struct {
-	Name      string          `json:"name"`
-	Arguments json.RawMessage `json:"arguments"`
-	Input     json.RawMessage `json:"input"`
+	Name      string  `json:"name"`
+	Arguments rawJSON `json:"arguments"`
+	Input     rawJSON `json:"input"`
 }
 
 // partFields are the content part fields that have one JSON type.
 type partFields struct {
-	Type       *string         `json:"type"`
-	Text       json.RawMessage `json:"text"`
-	Refusal    json.RawMessage `json:"refusal"`
-	Thinking   json.RawMessage `json:"thinking"`
-	InputAudio *inputAudio     `json:"input_audio"`
-	File       *fileRef        `json:"file"`
-	FileID     string          `json:"file_id"`
-	UUID       string          `json:"uuid"`
+	Type       *string     `json:"type"`
+	Text       rawJSON     `json:"text"`
+	Refusal    rawJSON     `json:"refusal"`
+	Thinking   rawJSON     `json:"thinking"`
+	InputAudio *inputAudio `json:"input_audio"`
+	File       *fileRef    `json:"file"`
+	FileID     string      `json:"file_id"`
+	UUID       string      `json:"uuid"`
 }
 
 // chatPart is a content part in the shape nearly every client sends: media
@@ -96,9 +96,9 @@ type chatPart struct {
 // plain string (also the Responses-style input_image part).
 type chatPartLoose struct {
 	partFields
-	ImageURL json.RawMessage `json:"image_url"`
-	AudioURL json.RawMessage `json:"audio_url"`
-	VideoURL json.RawMessage `json:"video_url"`
+	ImageURL rawJSON `json:"image_url"`
+	AudioURL rawJSON `json:"audio_url"`
+	VideoURL rawJSON `json:"video_url"`
 }
 
 // strict reads the loose part's media fields in the strict shape; pp is
@@ -108,7 +108,7 @@ func (l *chatPartLoose) strict(pp *path) (chatPart, error) {
 	var err error
 	for _, f := range [...]struct {
 		name string
-		raw  json.RawMessage
+		raw  rawJSON
 		dst  **mediaURL
 	}{
 		{"image_url", l.ImageURL, &part.ImageURL},
@@ -124,28 +124,25 @@ func (l *chatPartLoose) strict(pp *path) (chatPart, error) {
 }
 
 type mediaURL struct {
-	URL json.RawMessage `json:"url"`
+	URL rawJSON `json:"url"`
 }
 
 type inputAudio struct {
-	Data   json.RawMessage `json:"data"`
-	Format string          `json:"format"`
+	Data   rawJSON `json:"data"`
+	Format string  `json:"format"`
 }
 
 type fileRef struct {
-	FileData json.RawMessage `json:"file_data"`
-	FileID   string          `json:"file_id"`
-	Filename string          `json:"filename"`
-	FileURL  json.RawMessage `json:"file_url"`
+	FileData rawJSON `json:"file_data"`
+	FileID   string  `json:"file_id"`
+	Filename string  `json:"filename"`
+	FileURL  rawJSON `json:"file_url"`
 }
 
 func (b *builder) chat(body []byte) (*Request, error) {
 	var req chatRequest
-	if b.ref || !fastChat(body, &req) {
-		req = chatRequest{}
-		if err := json.Unmarshal(body, &req); err != nil {
-			return nil, decodeError(err, body, nil)
-		}
+	if err := unmarshal(body, &req); err != nil {
+		return nil, decodeError(err, body, nil)
 	}
 	root := path{name: "messages"}
 	if err := checkMessages(len(req.Messages), req.Messages == nil, &root); err != nil {
@@ -242,13 +239,13 @@ func (b *builder) chatMessage(m *chatMessage, p *path) error {
 }
 
 // systemRole reports the roles whose messages IgnoreSystemPrefixes apply to.
-func (b *builder) systemRole(role json.RawMessage) bool {
+func (b *builder) systemRole(role rawJSON) bool {
 	r := b.decode(role)
 	return string(r) == "system" || string(r) == "developer"
 }
 
 // role starts a message record with its role, which must be a string.
-func (b *builder) role(raw json.RawMessage, p *path) error {
+func (b *builder) role(raw rawJSON, p *path) error {
 	switch firstByte(raw) {
 	case '"':
 		b.key = appendLiteral(b.key, raw)
@@ -279,7 +276,7 @@ func (b *builder) toolCall(tc *toolCall, p *path) error {
 
 // namedCall appends a call's name and its arguments, which the request
 // holds at p.field(kind).field(argsField).
-func (b *builder) namedCall(name string, args json.RawMessage, p *path, kind, argsField string) error {
+func (b *builder) namedCall(name string, args rawJSON, p *path, kind, argsField string) error {
 	b.key = appendEscaped(b.key, name)
 	b.field()
 	kp := p.field(kind)
@@ -287,7 +284,7 @@ func (b *builder) namedCall(name string, args json.RawMessage, p *path, kind, ar
 	return b.arguments(args, &ap)
 }
 
-func (b *builder) arguments(raw json.RawMessage, p *path) error {
+func (b *builder) arguments(raw rawJSON, p *path) error {
 	switch firstByte(raw) {
 	case '"':
 		b.key = appendLiteral(b.key, raw)
@@ -301,7 +298,7 @@ func (b *builder) arguments(raw json.RawMessage, p *path) error {
 }
 
 // chatParts appends a content array.
-func (b *builder) chatParts(raw json.RawMessage, p *path) error {
+func (b *builder) chatParts(raw rawJSON, p *path) error {
 	return eachTyped(raw, p, func(pt *chatPart) *string { return pt.Type }, knownChatType, b.chatPart, b.chatPartsLoose)
 }
 
@@ -310,13 +307,13 @@ func (b *builder) chatParts(raw json.RawMessage, p *path) error {
 // from their JSON, which the typed decode does not keep, so the array is
 // split as well only when such an object is present. When the one-pass
 // decode fails, loose takes over element by element (for the exact error).
-func eachTyped[T any](raw json.RawMessage, p *path, typeOf func(*T) *string, known func(string) bool,
-	one func(*T, json.RawMessage, *path) error, loose func(json.RawMessage, *path) error) error {
+func eachTyped[T any](raw rawJSON, p *path, typeOf func(*T) *string, known func(string) bool,
+	one func(*T, rawJSON, *path) error, loose func(rawJSON, *path) error) error {
 	var xs []T
-	if json.Unmarshal(raw, &xs) != nil {
+	if unmarshal(raw, &xs) != nil {
 		return loose(raw, p)
 	}
-	var elems []json.RawMessage
+	var elems []rawJSON
 	for i := range xs {
 		if t := typeOf(&xs[i]); t != nil && !known(*t) {
 			elems = splitArray(raw)
@@ -324,7 +321,7 @@ func eachTyped[T any](raw json.RawMessage, p *path, typeOf func(*T) *string, kno
 		}
 	}
 	for i := range xs {
-		var elem json.RawMessage
+		var elem rawJSON
 		if i < len(elems) {
 			elem = elems[i]
 		}
@@ -338,7 +335,7 @@ func eachTyped[T any](raw json.RawMessage, p *path, typeOf func(*T) *string, kno
 
 // chatPartsLoose decodes a content array element by element. It accepts
 // every shape vLLM does and reports errors with the exact element.
-func (b *builder) chatPartsLoose(raw json.RawMessage, p *path) error {
+func (b *builder) chatPartsLoose(raw rawJSON, p *path) error {
 	elems := splitArray(raw)
 	for j, elem := range elems {
 		pp := p.index(j)
@@ -356,7 +353,7 @@ func (b *builder) chatPartsLoose(raw json.RawMessage, p *path) error {
 			return errType(&pp, "an object", elem)
 		}
 		var loose chatPartLoose
-		if err := json.Unmarshal(elem, &loose); err != nil {
+		if err := unmarshal(elem, &loose); err != nil {
 			if t, ok := partType(elem); ok && !knownChatType(t) {
 				b.unknownPart(t, elem)
 				continue
@@ -379,7 +376,7 @@ func (b *builder) chatPartsLoose(raw json.RawMessage, p *path) error {
 }
 
 // looseMedia accepts a media URL as {"url": ...} or as the bare string.
-func looseMedia(raw json.RawMessage, p *path) (*mediaURL, error) {
+func looseMedia(raw rawJSON, p *path) (*mediaURL, error) {
 	switch firstByte(raw) {
 	case 0, 'n':
 		return nil, nil
@@ -387,7 +384,7 @@ func looseMedia(raw json.RawMessage, p *path) (*mediaURL, error) {
 		return &mediaURL{URL: raw}, nil
 	case '{':
 		var m mediaURL
-		if err := json.Unmarshal(raw, &m); err != nil {
+		if err := unmarshal(raw, &m); err != nil {
 			return nil, decodeError(err, raw, p)
 		}
 		return &m, nil
@@ -400,7 +397,7 @@ func partType(elem []byte) (string, bool) {
 	var v struct {
 		Type *string `json:"type"`
 	}
-	if json.Unmarshal(elem, &v) != nil || v.Type == nil {
+	if unmarshal(elem, &v) != nil || v.Type == nil {
 		return "", false
 	}
 	return *v.Type, true
@@ -417,7 +414,7 @@ func knownChatType(t string) bool {
 
 // chatPart appends one content part. elem is the part's JSON, needed only
 // for types this package does not know.
-func (b *builder) chatPart(pt *chatPart, elem json.RawMessage, p *path) error {
+func (b *builder) chatPart(pt *chatPart, elem rawJSON, p *path) error {
 	var typ string
 	if pt.Type != nil {
 		typ = *pt.Type
@@ -463,7 +460,7 @@ func (b *builder) chatPart(pt *chatPart, elem json.RawMessage, p *path) error {
 		if elem == nil {
 			// Cannot happen: chatParts splits the array when it sees an
 			// unknown type. Hash what is known rather than fail.
-			elem, _ = json.Marshal(pt)
+			elem, _ = json.Marshal(pt, compactOpts)
 		}
 		b.unknownPart(typ, elem)
 	}
@@ -472,7 +469,7 @@ func (b *builder) chatPart(pt *chatPart, elem json.RawMessage, p *path) error {
 
 // textField appends a text-valued field as plain text (kind "") or as a
 // marker of the given kind. Null counts as empty, as it does in vLLM.
-func (b *builder) textField(raw json.RawMessage, p *path, name, kind string) error {
+func (b *builder) textField(raw rawJSON, p *path, name, kind string) error {
 	switch firstByte(raw) {
 	case '"':
 	case 0, 'n':
@@ -494,7 +491,7 @@ func (b *builder) textField(raw json.RawMessage, p *path, name, kind string) err
 
 func (b *builder) chatMedia(kind, name string, m *mediaURL, pt *chatPart, p *path) error {
 	fp := p.field(name)
-	var lit json.RawMessage
+	var lit rawJSON
 	if m != nil {
 		switch firstByte(m.URL) {
 		case '"':
@@ -569,10 +566,10 @@ func (b *builder) file(pt *chatPart, p *path) error {
 // fileDigest appends a file part (chat's "file" object, or a Responses
 // input_file laid flat: the same digest either way). p is where its
 // fields sit.
-func (b *builder) fileDigest(id, name string, data, url json.RawMessage, p *path) error {
+func (b *builder) fileDigest(id, name string, data, url rawJSON, p *path) error {
 	for _, v := range [...]struct {
 		name string
-		raw  json.RawMessage
+		raw  rawJSON
 	}{{"file_data", data}, {"file_url", url}} {
 		if !isNull(v.raw) && firstByte(v.raw) != '"' {
 			vp := p.field(v.name)

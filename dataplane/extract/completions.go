@@ -2,7 +2,6 @@ package extract
 
 import (
 	"bytes"
-	"encoding/json"
 	"slices"
 )
 
@@ -10,19 +9,16 @@ import (
 
 type completionRequest struct {
 	openAIFields
-	Prompt       json.RawMessage `json:"prompt"`
-	PromptEmbeds json.RawMessage `json:"prompt_embeds"`
+	Prompt       rawJSON `json:"prompt"`
+	PromptEmbeds rawJSON `json:"prompt_embeds"`
 }
 
 const promptTypes = "a string, an array of strings, an array of token ids or an array of arrays of token ids"
 
 func (b *builder) completions(body []byte) (*Request, error) {
 	var req completionRequest
-	if b.ref || !fastCompletions(body, &req) {
-		req = completionRequest{}
-		if err := json.Unmarshal(body, &req); err != nil {
-			return nil, decodeError(err, body, nil)
-		}
+	if err := unmarshal(body, &req); err != nil {
+		return nil, decodeError(err, body, nil)
 	}
 	p := path{name: "prompt"}
 	switch firstByte(req.Prompt) {
@@ -53,7 +49,7 @@ func (b *builder) completions(body []byte) (*Request, error) {
 }
 
 // promptArray appends an array prompt, whose kind its first element decides.
-func (b *builder) promptArray(raw json.RawMessage, p *path) error {
+func (b *builder) promptArray(raw rawJSON, p *path) error {
 	// Rendered ids are never longer than their JSON.
 	b.key = slices.Grow(b.key, len(raw))
 	s := scanner{data: bytes.TrimLeft(raw, " \t\r\n")}
@@ -124,7 +120,7 @@ func (b *builder) tokenIDs(s *scanner, p *path) error {
 	}
 }
 
-// scanner walks JSON that encoding/json has already validated. It only
+// scanner walks JSON that the decoder has already validated. It only
 // reads arrays of numbers; anything else is reported back to the caller
 // rather than parsed. It never indexes past the data, whatever it holds.
 type scanner struct {

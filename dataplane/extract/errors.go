@@ -2,11 +2,13 @@ package extract
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"reflect"
 	"strconv"
 	"strings"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/cartrouter/cart/dataplane/apierr"
 )
@@ -84,165 +86,96 @@ func errValue(p *path, format string, args ...any) error {
 	return apierr.BadRequest(codeInvalidValue, s, "Invalid value for '%s': "+format, append([]any{s}, args...)...)
 }
 
-// decodeError turns an encoding/json error for data, the value found at
-// base, into a client error. Type errors are located by byte offset rather
-// than by UnmarshalTypeError.Field, because Field omits array indices and
-// "messages.content" does not tell a client which of 200 messages is wrong.
+// decodeError turns a decode error for data, the value found at base,
+// into a client error. A type error names the field by the JSON Pointer
+// the decoder reports, with array indices, since "messages.content" does
+// not tell a client which of 200 messages is wrong.
 func decodeError(err error, data []byte, base *path) error {
-	var se *json.SyntaxError
+	var se *jsontext.SyntacticError
 	if errors.As(err, &se) {
-		return apierr.BadRequest(codeInvalidJSON, "", "The request body is not valid JSON: %s (at byte %d).", se.Error(), se.Offset)
+		return apierr.BadRequest(codeInvalidJSON, "", "The request body is not valid JSON: %s (at byte %d).", se.Err, se.ByteOffset)
 	}
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		rel, ok := pathAt(data, te.Offset, valueKind(te.Value), typeErrorAtStart)
+	var te *json.SemanticError
+	if errors.As(err, &te) && te.JSONKind != 0 {
+		rel, ok := pointerPath(data, te.JSONPointer)
 		if !ok {
-			rel = te.Field
+			rel = strings.TrimPrefix(string(te.JSONPointer), "/")
 		}
-		return errTypeAt(joinPath(base.String(), rel), describeGoType(te.Type), describeValue(te.Value))
+		return errTypeAt(joinPath(base.String(), rel), describeGoType(te.GoType), describe(byte(te.JSONKind)))
 	}
 	s := base.String()
 	return apierr.BadRequest(codeInvalidJSON, s, "Could not parse the request body: %s.", err.Error())
 }
 
-// typeErrorAtStart records where this build's encoding/json puts a type
-// error's offset: at the start of the offending value (the v2-backed
-// implementation) or at the end of its first token (v1: after a scalar, or
-// just after a '{' or '['). In "[[" the end of one token is the start of
-// the next, so the offset alone cannot say which value is meant.
-var typeErrorAtStart = func() bool {
-	var v []string
-	var te *json.UnmarshalTypeError
-	if errors.As(json.Unmarshal([]byte(`[1]`), &v), &te) {
-		return te.Offset == 1
-	}
-	return false
-}()
-
-// pathAt returns the path, relative to data, of the value of the given kind
-// (as firstByte reports it; 0 for any) that a type error at byte offset off
-// points at, as described for typeErrorAtStart. data must be valid JSON.
-func pathAt(data []byte, off int64, kind byte, atStart bool) (string, bool) {
-	type frame struct {
-		array   bool
-		idx     int
-		key     string
-		wantKey bool
-	}
-	var stack []frame
-	// valueDone lets an enclosing object expect its next key.
-	valueDone := func() {
-		if n := len(stack); n > 0 && !stack[n-1].array {
-			stack[n-1].wantKey = true
-		}
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber() // a number that does not fit a float64 must not stop the walk
-	for {
-		start := dec.InputOffset()
-		tok, err := dec.Token()
+// objectPath names the object whose '{' is at byte off of data, reading
+// data up to it.
+func objectPath(data []byte, off int64) (string, bool) {
+	dec := jsontext.NewDecoder(bytes.NewReader(data), decodeOpts)
+	for dec.InputOffset() <= off {
+		tok, err := dec.ReadToken()
 		if err != nil {
 			return "", false
 		}
-		end := dec.InputOffset()
-		delim, isDelim := tok.(json.Delim)
-		if isDelim && (delim == '}' || delim == ']') {
-			if len(stack) == 0 {
+		if tok.Kind() == '{' && dec.InputOffset()-1 == off {
+			return pointerPath(data, dec.StackPointer())
+		}
+	}
+	return "", false
+}
+
+// pointerPath names the value ptr points at in data as the APIs name
+// fields (messages[0].content): a pointer does not say whether "0" is an
+// index or a key, so ptr is followed through data, in one pass that skips
+// what is not on the way.
+func pointerPath(data []byte, ptr jsontext.Pointer) (string, bool) {
+	dec := jsontext.NewDecoder(bytes.NewReader(data), decodeOpts)
+	var b []byte
+	for tok := range ptr.Tokens() {
+		switch dec.PeekKind() {
+		case '[':
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 {
 				return "", false
 			}
-			stack = stack[:len(stack)-1]
-			valueDone()
-			continue
-		}
-		if n := len(stack); n > 0 && stack[n-1].wantKey {
-			key, _ := tok.(string)
-			stack[n-1].key = key
-			stack[n-1].wantKey = false
-			continue
-		}
-		if n := len(stack); n > 0 && stack[n-1].array {
-			stack[n-1].idx++
-		}
-		// start is where the previous token ended; the value itself starts
-		// after the separators.
-		for start < end && isSeparator(data[start]) {
-			start++
-		}
-		at := end
-		if atStart {
-			at = start
-		}
-		if at == off && (kind == 0 || kind == tokenKind(tok)) {
-			var sb strings.Builder
-			for _, f := range stack {
-				if f.array {
-					sb.WriteByte('[')
-					sb.WriteString(strconv.Itoa(f.idx))
-					sb.WriteByte(']')
-					continue
-				}
-				if sb.Len() > 0 {
-					sb.WriteByte('.')
-				}
-				sb.WriteString(f.key)
+			if _, err := dec.ReadToken(); err != nil {
+				return "", false
 			}
-			return sb.String(), true
-		}
-		switch {
-		case isDelim && delim == '{':
-			stack = append(stack, frame{wantKey: true})
-		case isDelim && delim == '[':
-			stack = append(stack, frame{array: true, idx: -1})
+			for range i {
+				if dec.SkipValue() != nil {
+					return "", false
+				}
+			}
+			b = append(b, '[')
+			b = strconv.AppendInt(b, int64(i), 10)
+			b = append(b, ']')
+		case '{':
+			if _, err := dec.ReadToken(); err != nil {
+				return "", false
+			}
+			for {
+				if dec.PeekKind() == '}' {
+					return "", false
+				}
+				name, err := dec.ReadToken()
+				if err != nil {
+					return "", false
+				}
+				if name.String() == tok {
+					break
+				}
+				if dec.SkipValue() != nil {
+					return "", false
+				}
+			}
+			if len(b) > 0 {
+				b = append(b, '.')
+			}
+			b = append(b, tok...)
 		default:
-			valueDone()
+			return "", false
 		}
 	}
-}
-
-func isSeparator(c byte) bool {
-	switch c {
-	case ' ', '\t', '\r', '\n', ',', ':':
-		return true
-	}
-	return false
-}
-
-// valueKind maps an UnmarshalTypeError.Value to the kind of JSON value it
-// names, in the terms of firstByte, or 0 if it is not recognised.
-func valueKind(v string) byte {
-	kind, _, _ := strings.Cut(v, " ")
-	switch kind {
-	case "string":
-		return '"'
-	case "number":
-		return '0'
-	case "bool", "boolean":
-		return 't'
-	case "array":
-		return '['
-	case "object":
-		return '{'
-	case "null":
-		return 'n'
-	}
-	return 0
-}
-
-// tokenKind is valueKind for a json.Decoder token that starts a value.
-func tokenKind(tok json.Token) byte {
-	switch v := tok.(type) {
-	case json.Delim:
-		return byte(v)
-	case string:
-		return '"'
-	case json.Number:
-		return '0'
-	case bool:
-		return 't'
-	case nil:
-		return 'n'
-	}
-	return 0
+	return string(b), true
 }
 
 // firstByte returns the first byte of a JSON value, skipping whitespace, or
@@ -282,14 +215,6 @@ func describe(c byte) string {
 		return "nothing"
 	}
 	return "a number"
-}
-
-// describeValue names the JSON kind in an UnmarshalTypeError.Value.
-func describeValue(v string) string {
-	if k := valueKind(v); k != 0 {
-		return describe(k)
-	}
-	return "a value of the wrong type"
 }
 
 // describeGoType names the JSON kind a Go destination type expects.

@@ -208,12 +208,6 @@ func AppendKey(dst []byte, e Endpoint, body []byte) (*Request, error) {
 
 // AppendKeyOptions is AppendKey with explicit options.
 func AppendKeyOptions(dst []byte, e Endpoint, body []byte, o Options) (*Request, error) {
-	return appendKey(dst, e, body, o, false)
-}
-
-// appendKey is AppendKeyOptions; ref decodes with encoding/json alone, as
-// the reference for the fast decoder's tests.
-func appendKey(dst []byte, e Endpoint, body []byte, o Options, ref bool) (*Request, error) {
 	if cap(dst) == 0 {
 		dst = make([]byte, 0, min(len(body), maxPrealloc))
 	}
@@ -229,7 +223,7 @@ func appendKey(dst []byte, e Endpoint, body []byte, o Options, ref bool) (*Reque
 	if err != nil {
 		return nil, err
 	}
-	b := builder{key: dst, start: len(dst), ignore: o.IgnoreSystemPrefixes, ref: ref}
+	b := builder{key: dst, start: len(dst), ignore: o.IgnoreSystemPrefixes}
 	var req *Request
 	switch e {
 	case ChatCompletions:
@@ -248,7 +242,7 @@ func appendKey(dst []byte, e Endpoint, body []byte, o Options, ref bool) (*Reque
 		return nil, err
 	}
 	if bad {
-		// encoding/json accepted what the walker could not parse. That
+		// The decoder accepted what the walker could not parse. That
 		// would be a bug in the walker, and the body's media unchecked:
 		// fail closed.
 		return nil, apierr.BadRequest(codeInvalidJSON, "", "The request body could not be parsed.")
@@ -259,7 +253,7 @@ func appendKey(dst []byte, e Endpoint, body []byte, o Options, ref bool) (*Reque
 }
 
 // checkObject rejects bodies that are not a JSON object before decoding,
-// because encoding/json would silently accept "null" and would describe
+// because the decoder would silently accept "null" and would describe
 // other non-objects in terms of Go types.
 func checkObject(body []byte) error {
 	switch firstByte(body) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/go-json-experiment/json/jsontext"
 	"net/http"
 	"regexp"
 	"strings"
@@ -683,42 +684,56 @@ func TestKeyNotAliasingBody(t *testing.T) {
 	}
 }
 
-func TestPathAt(t *testing.T) {
-	data := []byte(`{"a": [1, {"b": "x", "c": [true, null]}], "d": {}, "e": [[2]]}`)
-	for _, tc := range []struct {
-		off     int64
-		kind    byte
-		atStart bool
-		want    string
-	}{
-		{1, '{', false, ""},
-		{0, '{', true, ""},
-		{7, '[', false, "a"},
-		{6, '[', true, "a"},
-		{8, '0', false, "a[0]"},
-		{7, '0', true, "a[0]"},
-		{11, '{', false, "a[1]"},
-		{10, '{', true, "a[1]"},
-		{19, '"', false, "a[1].b"},
-		{16, '"', true, "a[1].b"},
-		{31, 't', false, "a[1].c[0]"},
-		{27, 't', true, "a[1].c[0]"},
-		{48, '{', false, "d"},
-		{57, 0, false, "e"},
-		{57, 0, true, "e[0]"},
-		{58, '[', false, "e[0]"},
-		{58, '0', true, "e[0][0]"},
+// A decode error's JSON Pointer is named as the APIs name fields: the
+// data says whether a token is an index or a key.
+func TestPointerPath(t *testing.T) {
+	data := []byte(`{"a": [1, {"b": "x", "c": [true, null]}], "d": {}, "e": [[2]], "0": {"1": [5]}, "s/t~u": 1}`)
+	for ptr, want := range map[jsontext.Pointer]string{
+		"":         "",
+		"/a":       "a",
+		"/a/0":     "a[0]",
+		"/a/1":     "a[1]",
+		"/a/1/b":   "a[1].b",
+		"/a/1/c/1": "a[1].c[1]",
+		"/d":       "d",
+		"/e/0/0":   "e[0][0]",
+		"/0/1/0":   "0.1[0]",
+		"/s~1t~0u": "s/t~u",
 	} {
-		got, ok := pathAt(data, tc.off, tc.kind, tc.atStart)
-		if !ok || got != tc.want {
-			t.Errorf("pathAt(%d, %q, %v) = %q, %v; want %q", tc.off, tc.kind, tc.atStart, got, ok, tc.want)
+		if got, ok := pointerPath(data, ptr); !ok || got != want {
+			t.Errorf("pointerPath(%q) = %q, %v; want %q", ptr, got, ok, want)
 		}
 	}
-	if _, ok := pathAt(data, 1000, 0, false); ok {
-		t.Error("pathAt past the end found a value")
+	for _, ptr := range []jsontext.Pointer{"/x", "/a/9", "/a/x", "/a/0/b", "/d/x"} {
+		if got, ok := pointerPath(data, ptr); ok {
+			t.Errorf("pointerPath(%q) = %q for a value that is not there", ptr, got)
+		}
 	}
-	if _, ok := pathAt([]byte(`{"a":]`), 5, 0, false); ok {
-		t.Error("pathAt on invalid JSON found a value")
+	if _, ok := pointerPath([]byte(`{"b":1,]`), "/a"); ok {
+		t.Error("pointerPath on invalid JSON found a value")
+	}
+}
+
+// objectPath names the object at a byte offset, as the walk's refusals
+// need it.
+func TestObjectPath(t *testing.T) {
+	data := `{"a": [1, {"b": "x", "c": [{}]}], "d": {"e": {"f": 1}}}`
+	for sub, want := range map[string]string{
+		`{"a"`: "",
+		`{"b"`: "a[1]",
+		`{}]`:  "a[1].c[0]",
+		`{"e"`: "d",
+		`{"f"`: "d.e",
+	} {
+		off := int64(strings.Index(data, sub))
+		if got, ok := objectPath([]byte(data), off); !ok || got != want {
+			t.Errorf("objectPath(%d, at %s) = %q, %v; want %q", off, sub, got, ok, want)
+		}
+	}
+	for _, off := range []int64{1, 5, 1000} {
+		if got, ok := objectPath([]byte(data), off); ok {
+			t.Errorf("objectPath(%d) = %q where no object starts", off, got)
+		}
 	}
 }
 

@@ -194,10 +194,13 @@ func FuzzScanMedia(f *testing.F) {
 	})
 }
 
-// refNode is a JSON value with object members in document order.
+// refNode is a JSON value with object members in document order, read by
+// the standard library's v1 tokenizer: the reference, independent of the
+// decoder extraction uses, of FuzzScanMedia and FuzzEngineSemantics.
 type refNode struct {
-	kind  byte // '{', '[', '"', or 0 for any other scalar
+	kind  byte // '{', '[', '"', 'b' (bool), 'n' (null), or 0 for a number
 	str   string
+	b     bool
 	keys  []string
 	elems []*refNode
 }
@@ -241,6 +244,10 @@ func refValue(dec *json.Decoder) (*refNode, bool) {
 		return n, err == nil
 	case string:
 		return &refNode{kind: '"', str: v}, true
+	case bool:
+		return &refNode{kind: 'b', b: v}, true
+	case nil:
+		return &refNode{kind: 'n'}, true
 	}
 	return &refNode{}, true
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"hash"
 	"slices"
 	"unicode/utf16"
@@ -42,7 +41,6 @@ type builder struct {
 	ignore  []string  // Options.IgnoreSystemPrefixes
 	sysMsg  bool      // in the content of a chat message IgnoreSystemPrefixes apply to
 	dropped int       // blocks of the current message left out
-	ref     bool      // decode with encoding/json only: the reference the fast decoder is tested against
 }
 
 // appendEscaped appends content (bytes, or a Go string that a typed field
@@ -65,10 +63,10 @@ func appendEscaped[S ~string | ~[]byte](dst []byte, s S) []byte {
 
 // appendLiteral appends the escaped content of the JSON string literal lit,
 // decoding JSON escapes on the way. Decoding here, rather than letting
-// encoding/json produce a Go string, saves an allocation and a copy per
+// the decoder produce a Go string, saves an allocation and a copy per
 // text, which is most of the body.
 //
-// lit must come from encoding/json, which has validated it: JSON forbids
+// lit must come from the decoder, which has validated it: JSON forbids
 // raw control bytes in strings, so only escapes can produce reserved bytes
 // and the runs between escapes are copied without looking at them.
 // Malformed input still never causes a panic.
@@ -152,8 +150,8 @@ func (b *builder) literalHasPrefix(s []byte, prefix string) bool {
 
 // decodeEscape decodes the JSON escape sequence at the start of s, which
 // starts with a backslash, and returns the rune and the bytes consumed, or
-// n == 0 if there is no valid escape. Lone surrogates become U+FFFD, as in
-// encoding/json.
+// n == 0 if there is no valid escape. Lone surrogates become U+FFFD, as
+// the decoder makes them (decodeOpts).
 func decodeEscape(s []byte) (r rune, n int) {
 	if len(s) < 2 {
 		return 0, 0
@@ -245,13 +243,11 @@ func (b *builder) field() { b.key = append(b.key, sepField) }
 // what the model sees as the same prompt. Compact JSON has no control
 // bytes: those are always escaped inside JSON strings.
 func (b *builder) appendJSON(raw []byte) {
-	buf := bytes.NewBuffer(b.key)
-	if err := json.Compact(buf, raw); err != nil {
+	var err error
+	if b.key, err = appendCompact(b.key, raw); err != nil {
 		// raw was validated by the decoder that produced it.
 		b.key = appendEscaped(b.key, raw)
-		return
 	}
-	b.key = buf.Bytes()
 }
 
 // hashStart begins the digest of a media item.
@@ -305,8 +301,8 @@ func (b *builder) media(kind, uuid string, lit []byte) {
 // moved breakpoint must not look like a different prompt.
 func (b *builder) canonicalHash(raw []byte) {
 	b.hashStart()
-	var obj map[string]json.RawMessage
-	if json.Unmarshal(raw, &obj) != nil || obj == nil {
+	var obj map[string]rawJSON
+	if unmarshal(raw, &obj) != nil || obj == nil {
 		b.scratch = compactAppend(b.scratch[:0], raw)
 		b.hashField("value", b.scratch)
 		b.hashEnd()
@@ -327,20 +323,19 @@ func (b *builder) canonicalHash(raw []byte) {
 }
 
 func compactAppend(dst, raw []byte) []byte {
-	buf := bytes.NewBuffer(dst)
-	buf.WriteByte(sepField)
-	if json.Compact(buf, raw) != nil {
+	out, err := appendCompact(append(dst, sepField), raw)
+	if err != nil {
 		return appendEscaped(dst, raw)
 	}
-	return buf.Bytes()
+	return out
 }
 
 // splitArray returns the elements of the JSON array raw. It is only used on
 // rare paths (unknown part types, lenient fallbacks), as it costs a second
 // full decode of the array.
-func splitArray(raw []byte) []json.RawMessage {
-	var elems []json.RawMessage
-	if json.Unmarshal(raw, &elems) != nil {
+func splitArray(raw []byte) []rawJSON {
+	var elems []rawJSON
+	if unmarshal(raw, &elems) != nil {
 		return nil
 	}
 	return elems

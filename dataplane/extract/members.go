@@ -2,7 +2,8 @@ package extract
 
 import (
 	"bytes"
-	"encoding/json"
+
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/cartrouter/cart/dataplane/apierr"
 )
@@ -23,7 +24,9 @@ type Member struct {
 // is how the proxy builds the two legs of a split request from the
 // client's body (kv_transfer_params, stream, max_tokens...).
 func RewriteMembers(body []byte, set []Member, drop ...string) ([]byte, error) {
-	if !json.Valid(body) {
+	// Checked whole first: the member walk below then only has to find
+	// where each top-level member ends.
+	if !jsontext.Value(body).IsValid(compactOpts) {
 		return nil, apierr.BadRequest(codeInvalidJSON, "", "The request body is not valid JSON.")
 	}
 	i := skipSpace(body, 0)
@@ -78,8 +81,7 @@ func RewriteMembers(body []byte, set []Member, drop ...string) ([]byte, error) {
 		if len(out) > 1 {
 			out = append(out, ',')
 		}
-		q, _ := json.Marshal(m.Name) // a string cannot fail to encode
-		out = append(out, q...)
+		out, _ = jsontext.AppendQuote(out, m.Name) // invalid UTF-8 (no name here has any) becomes U+FFFD
 		out = append(out, ':')
 		out = append(out, m.Value...)
 	}

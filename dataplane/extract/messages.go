@@ -1,53 +1,53 @@
 package extract
 
 import (
-	"encoding/json"
+	"github.com/go-json-experiment/json"
 )
 
 // Anthropic messages.
 
 type messagesRequest struct {
-	Model     string          `json:"model"`
-	CacheSalt string          `json:"cache_salt"`
-	Stream    bool            `json:"stream"`
-	System    json.RawMessage `json:"system"`
-	Messages  []anthMessage   `json:"messages"`
+	Model     string        `json:"model"`
+	CacheSalt string        `json:"cache_salt"`
+	Stream    bool          `json:"stream"`
+	System    rawJSON       `json:"system"`
+	Messages  []anthMessage `json:"messages"`
 	Metadata  *struct {
 		UserID string `json:"user_id"`
 	} `json:"metadata"`
 }
 
 type anthMessage struct {
-	Role    json.RawMessage `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role    rawJSON `json:"role"`
+	Content rawJSON `json:"content"`
 }
 
 type anthBlock struct {
-	Type      *string         `json:"type"`
-	Text      json.RawMessage `json:"text"`
-	Source    *anthSource     `json:"source"`
-	ID        string          `json:"id"`
-	Name      string          `json:"name"`
-	Input     json.RawMessage `json:"input"`
-	ToolUseID string          `json:"tool_use_id"`
-	Content   json.RawMessage `json:"content"`
-	IsError   bool            `json:"is_error"`
-	Thinking  json.RawMessage `json:"thinking"`
-	Data      json.RawMessage `json:"data"`
+	Type      *string     `json:"type"`
+	Text      rawJSON     `json:"text"`
+	Source    *anthSource `json:"source"`
+	ID        string      `json:"id"`
+	Name      string      `json:"name"`
+	Input     rawJSON     `json:"input"`
+	ToolUseID string      `json:"tool_use_id"`
+	Content   rawJSON     `json:"content"`
+	IsError   bool        `json:"is_error"`
+	Thinking  rawJSON     `json:"thinking"`
+	Data      rawJSON     `json:"data"`
 }
 
 type anthSource struct {
-	Type      string          `json:"type"`
-	MediaType string          `json:"media_type"`
-	Data      json.RawMessage `json:"data"`
-	URL       json.RawMessage `json:"url"`
-	FileID    string          `json:"file_id"`
-	Content   json.RawMessage `json:"content"`
+	Type      string  `json:"type"`
+	MediaType string  `json:"media_type"`
+	Data      rawJSON `json:"data"`
+	URL       rawJSON `json:"url"`
+	FileID    string  `json:"file_id"`
+	Content   rawJSON `json:"content"`
 }
 
 type systemBlock struct {
-	Type *string         `json:"type"`
-	Text json.RawMessage `json:"text"`
+	Type *string `json:"type"`
+	Text rawJSON `json:"text"`
 }
 
 // maxNesting bounds how deep tool results and documents may nest content.
@@ -57,7 +57,7 @@ const maxNesting = 8
 
 func (b *builder) messages(body []byte) (*Request, error) {
 	var req messagesRequest
-	if err := json.Unmarshal(body, &req); err != nil {
+	if err := unmarshal(body, &req); err != nil {
 		return nil, decodeError(err, body, nil)
 	}
 	root := path{name: "messages"}
@@ -97,7 +97,7 @@ func (b *builder) messages(body []byte) (*Request, error) {
 // out like a chat completions system message. Blocks starting with an
 // ignored prefix are left out, and a system prompt left with nothing gives
 // no record, as if it were absent.
-func (b *builder) system(raw json.RawMessage) error {
+func (b *builder) system(raw rawJSON) error {
 	p := path{name: "system"}
 	start := len(b.key)
 	switch firstByte(raw) {
@@ -111,7 +111,7 @@ func (b *builder) system(raw json.RawMessage) error {
 		b.text(raw)
 	case '[':
 		var blocks []systemBlock
-		if err := json.Unmarshal(raw, &blocks); err != nil {
+		if err := unmarshal(raw, &blocks); err != nil {
 			return decodeError(err, raw, &p)
 		}
 		b.key = append(b.key, "system"...)
@@ -152,7 +152,7 @@ func (b *builder) system(raw json.RawMessage) error {
 
 // anthContent appends a non-null content value: a string or an array of
 // content blocks.
-func (b *builder) anthContent(raw json.RawMessage, p *path, depth int) error {
+func (b *builder) anthContent(raw rawJSON, p *path, depth int) error {
 	switch firstByte(raw) {
 	case '"':
 		b.text(raw)
@@ -166,12 +166,12 @@ func (b *builder) anthContent(raw json.RawMessage, p *path, depth int) error {
 	return errType(p, "a string or an array of content blocks", raw)
 }
 
-func (b *builder) anthBlocks(raw json.RawMessage, p *path, depth int) error {
+func (b *builder) anthBlocks(raw rawJSON, p *path, depth int) error {
 	var blocks []anthBlock
-	if json.Unmarshal(raw, &blocks) != nil {
+	if unmarshal(raw, &blocks) != nil {
 		return b.anthBlocksLoose(raw, p, depth)
 	}
-	var elems []json.RawMessage
+	var elems []rawJSON
 	for j := range blocks {
 		if t := blocks[j].Type; t != nil && !knownAnthType(*t) {
 			elems = splitArray(raw)
@@ -180,7 +180,7 @@ func (b *builder) anthBlocks(raw json.RawMessage, p *path, depth int) error {
 	}
 	var bp path // outside the loop, for the reason given in messages
 	for j := range blocks {
-		var elem json.RawMessage
+		var elem rawJSON
 		if j < len(elems) {
 			elem = elems[j]
 		}
@@ -195,7 +195,7 @@ func (b *builder) anthBlocks(raw json.RawMessage, p *path, depth int) error {
 // anthBlocksLoose decodes blocks one at a time, so that a block of an
 // unknown type whose fields clash with the known ones is still accepted, and
 // a broken known block is reported precisely.
-func (b *builder) anthBlocksLoose(raw json.RawMessage, p *path, depth int) error {
+func (b *builder) anthBlocksLoose(raw rawJSON, p *path, depth int) error {
 	var bp path
 	for j, elem := range splitArray(raw) {
 		bp = p.index(j)
@@ -203,7 +203,7 @@ func (b *builder) anthBlocksLoose(raw json.RawMessage, p *path, depth int) error
 			return errType(&bp, "an object", elem)
 		}
 		var blk anthBlock
-		if err := json.Unmarshal(elem, &blk); err != nil {
+		if err := unmarshal(elem, &blk); err != nil {
 			if t, ok := partType(elem); ok && !knownAnthType(t) {
 				b.unknownPart(t, elem)
 				continue
@@ -225,7 +225,7 @@ func knownAnthType(t string) bool {
 	return false
 }
 
-func (b *builder) anthBlock(blk *anthBlock, elem json.RawMessage, p *path, depth int) error {
+func (b *builder) anthBlock(blk *anthBlock, elem rawJSON, p *path, depth int) error {
 	if blk.Type == nil {
 		tp := p.field("type")
 		return errMissing(&tp)
@@ -290,7 +290,7 @@ func (b *builder) anthBlock(blk *anthBlock, elem json.RawMessage, p *path, depth
 		if elem == nil {
 			// Cannot happen: anthBlocks splits the array when it sees an
 			// unknown type. Hash what is known rather than fail.
-			elem, _ = json.Marshal(blk)
+			elem, _ = json.Marshal(blk, compactOpts)
 		}
 		b.unknownPart(typ, elem)
 	}
@@ -303,7 +303,7 @@ func (b *builder) source(kind string, s *anthSource, p *path, depth int) error {
 	if s == nil {
 		return errMissing(&sp)
 	}
-	str := func(raw json.RawMessage, name string) error {
+	str := func(raw rawJSON, name string) error {
 		fp := sp.field(name)
 		switch firstByte(raw) {
 		case '"':
@@ -358,7 +358,7 @@ func (b *builder) source(kind string, s *anthSource, p *path, depth int) error {
 		b.hashString("file_id", s.FileID)
 		for _, f := range [...]struct {
 			name string
-			raw  json.RawMessage
+			raw  rawJSON
 		}{{"data", s.Data}, {"url", s.URL}, {"content", s.Content}} {
 			if !isNull(f.raw) {
 				b.scratch = compactAppend(b.scratch[:0], f.raw)

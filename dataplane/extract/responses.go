@@ -1,7 +1,7 @@
 package extract
 
 import (
-	"encoding/json"
+	"github.com/go-json-experiment/json"
 )
 
 // OpenAI Responses API (POST /v1/responses), as vLLM serves it.
@@ -25,47 +25,47 @@ import (
 // pinned to the replica holding that response, not routed by prefix.
 
 type responsesRequest struct {
-	Model              string          `json:"model"`
-	Stream             bool            `json:"stream"`
-	User               string          `json:"user"`
-	PromptCacheKey     string          `json:"prompt_cache_key"`
-	CacheSalt          string          `json:"cache_salt"`
-	Instructions       json.RawMessage `json:"instructions"`
-	Input              json.RawMessage `json:"input"`
-	PreviousResponseID json.RawMessage `json:"previous_response_id"`
+	Model              string  `json:"model"`
+	Stream             bool    `json:"stream"`
+	User               string  `json:"user"`
+	PromptCacheKey     string  `json:"prompt_cache_key"`
+	CacheSalt          string  `json:"cache_salt"`
+	Instructions       rawJSON `json:"instructions"`
+	Input              rawJSON `json:"input"`
+	PreviousResponseID rawJSON `json:"previous_response_id"`
 }
 
 // responsesItem is one element of a list input. Content and Output hold
 // a string or an array of parts.
 type responsesItem struct {
 	Type             *string         `json:"type"`
-	Role             json.RawMessage `json:"role"`
-	Content          json.RawMessage `json:"content"`
+	Role             rawJSON         `json:"role"`
+	Content          rawJSON         `json:"content"`
 	CallID           string          `json:"call_id"`
 	Name             string          `json:"name"`
-	Arguments        json.RawMessage `json:"arguments"`
-	Input            json.RawMessage `json:"input"`
-	Output           json.RawMessage `json:"output"`
+	Arguments        rawJSON         `json:"arguments"`
+	Input            rawJSON         `json:"input"`
+	Output           rawJSON         `json:"output"`
 	Summary          []reasoningText `json:"summary"`
-	EncryptedContent json.RawMessage `json:"encrypted_content"`
+	EncryptedContent rawJSON         `json:"encrypted_content"`
 }
 
 type reasoningText struct {
-	Text json.RawMessage `json:"text"`
+	Text rawJSON `json:"text"`
 }
 
 // responsesPart is a content part: the chat part shapes (image_url as a
 // plain string, as input_image sends it) plus input_file's flat fields.
 type responsesPart struct {
 	chatPartLoose
-	FileData json.RawMessage `json:"file_data"`
-	FileURL  json.RawMessage `json:"file_url"`
-	Filename string          `json:"filename"`
+	FileData rawJSON `json:"file_data"`
+	FileURL  rawJSON `json:"file_url"`
+	Filename string  `json:"filename"`
 }
 
 func (b *builder) responses(body []byte) (*Request, error) {
 	var req responsesRequest
-	if err := json.Unmarshal(body, &req); err != nil {
+	if err := unmarshal(body, &req); err != nil {
 		return nil, decodeError(err, body, nil)
 	}
 	switch firstByte(req.PreviousResponseID) {
@@ -99,7 +99,7 @@ func (b *builder) responses(body []byte) (*Request, error) {
 // textOrItems appends the top-level field name: absent, a string (one turn
 // of role) or a list of input items. want names the accepted types in the
 // error for anything else.
-func (b *builder) textOrItems(raw json.RawMessage, name, role, want string) error {
+func (b *builder) textOrItems(raw rawJSON, name, role, want string) error {
 	p := path{name: name}
 	switch firstByte(raw) {
 	case 0, 'n':
@@ -115,7 +115,7 @@ func (b *builder) textOrItems(raw json.RawMessage, name, role, want string) erro
 	return nil
 }
 
-func (b *builder) responsesItems(raw json.RawMessage, p *path) error {
+func (b *builder) responsesItems(raw rawJSON, p *path) error {
 	return eachTyped(raw, p, func(it *responsesItem) *string { return it.Type }, knownItemType, b.responsesItem, b.responsesItemsLoose)
 }
 
@@ -127,21 +127,21 @@ func knownItemType(t string) bool {
 	return false
 }
 
-func (b *builder) responsesItemsLoose(raw json.RawMessage, p *path) error {
+func (b *builder) responsesItemsLoose(raw rawJSON, p *path) error {
 	return eachLoose(raw, p, b.responsesItem)
 }
 
 // eachLoose decodes a JSON array of objects element by element and hands
 // each to one, so that the first element that does not decode is named
 // exactly.
-func eachLoose[T any](raw json.RawMessage, p *path, one func(*T, json.RawMessage, *path) error) error {
+func eachLoose[T any](raw rawJSON, p *path, one func(*T, rawJSON, *path) error) error {
 	for i, elem := range splitArray(raw) {
 		ep := p.index(i)
 		if firstByte(elem) != '{' {
 			return errType(&ep, "an object", elem)
 		}
 		var x T
-		if err := json.Unmarshal(elem, &x); err != nil {
+		if err := unmarshal(elem, &x); err != nil {
 			return decodeError(err, elem, &ep)
 		}
 		if err := one(&x, elem, &ep); err != nil {
@@ -151,7 +151,7 @@ func eachLoose[T any](raw json.RawMessage, p *path, one func(*T, json.RawMessage
 	return nil
 }
 
-func (b *builder) responsesItem(it *responsesItem, elem json.RawMessage, p *path) error {
+func (b *builder) responsesItem(it *responsesItem, elem rawJSON, p *path) error {
 	typ := "message" // the "easy" input message has no type
 	if it.Type != nil {
 		typ = *it.Type
@@ -227,7 +227,7 @@ func (b *builder) responsesItem(it *responsesItem, elem json.RawMessage, p *path
 
 // responsesContent appends a message's content or a tool output: a string
 // or an array of parts.
-func (b *builder) responsesContent(raw json.RawMessage, p *path) error {
+func (b *builder) responsesContent(raw rawJSON, p *path) error {
 	switch firstByte(raw) {
 	case '"':
 		b.text(raw)
@@ -240,7 +240,7 @@ func (b *builder) responsesContent(raw json.RawMessage, p *path) error {
 	return errType(p, "a string or an array of content parts", raw)
 }
 
-func (b *builder) responsesParts(raw json.RawMessage, p *path) error {
+func (b *builder) responsesParts(raw rawJSON, p *path) error {
 	return eachTyped(raw, p, func(rp *responsesPart) *string { return rp.Type }, knownResponsesPartType, b.responsesPart, b.responsesPartsLoose)
 }
 
@@ -250,13 +250,13 @@ func knownResponsesPartType(t string) bool {
 	return knownChatType(t) || t == "input_file" || t == "reasoning_text" || t == "summary_text"
 }
 
-func (b *builder) responsesPartsLoose(raw json.RawMessage, p *path) error {
+func (b *builder) responsesPartsLoose(raw rawJSON, p *path) error {
 	return eachLoose(raw, p, b.responsesPart)
 }
 
 // responsesPart appends one content part; elem is its JSON, needed only
 // for types this package does not know.
-func (b *builder) responsesPart(rp *responsesPart, elem json.RawMessage, pp *path) error {
+func (b *builder) responsesPart(rp *responsesPart, elem rawJSON, pp *path) error {
 	typ := ""
 	if rp.Type != nil {
 		typ = *rp.Type
@@ -269,7 +269,7 @@ func (b *builder) responsesPart(rp *responsesPart, elem json.RawMessage, pp *pat
 	}
 	if rp.Type != nil && !knownChatType(typ) {
 		if elem == nil {
-			elem, _ = json.Marshal(rp) // cannot happen: split when such a part is present
+			elem, _ = json.Marshal(rp, compactOpts) // cannot happen: split when such a part is present
 		}
 		b.unknownPart(typ, elem)
 		return nil

@@ -2,9 +2,10 @@ package extract
 
 import (
 	"bytes"
-	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/cartrouter/cart/dataplane/apierr"
 )
@@ -23,7 +24,8 @@ const CacheSaltField = "cache_salt"
 // before extraction refuses those). Key text and policy checks are
 // unaffected: cache_salt is no part of either.
 func SetCacheSalt(body []byte, salt string) ([]byte, error) {
-	q, _ := json.Marshal(salt) // a string cannot fail to encode
+	// Invalid UTF-8 (never in CART's base64 salts) becomes U+FFFD.
+	q, _ := jsontext.AppendQuote(nil, salt)
 	return setMember(body, CacheSaltField, q)
 }
 
@@ -100,8 +102,8 @@ func isKey(k []byte, name string) bool {
 	if bytes.IndexByte(raw, '\\') < 0 {
 		return string(raw) == name
 	}
-	var key string
-	return json.Unmarshal(k, &key) == nil && key == name
+	key, err := jsontext.AppendUnquote(nil, k)
+	return err == nil && string(key) == name
 }
 
 // ErrCacheSaltUnsupported refuses a request whose cache must be isolated

@@ -2,7 +2,6 @@ package extract
 
 import (
 	"bytes"
-	"encoding/json"
 	"net/http"
 	"reflect"
 	"strings"
@@ -14,26 +13,27 @@ import (
 )
 
 // The remote-media policy and the key must be derived from the body as the
-// engine reads it, and Go's encoding/json does not read JSON the way the
-// Python engines (vLLM, SGLang: json.loads, then pydantic) do:
+// engine reads it (vLLM, SGLang: Python's json.loads, then pydantic), and
+// the decoder (decode.go) reads only the fields this package needs:
 //
-//   - encoding/json matches object keys to struct fields case-insensitively
-//     (with Unicode simple folding, so "ſource" is "source"); Python matches
-//     exactly. {"url":"http://x","URL":"data:..."} is a data: URL to Go and
-//     a remote URL to vLLM.
-//   - with a repeated key both keep the last value, but encoding/json merges
-//     a repeated object into the one decoded before, Python replaces it.
 //   - the engines fetch media from fields this package has no reason to
 //     decode (vLLM reads part["image_url"] of any part carrying a uuid,
 //     whatever its type; SGLang's /generate takes image_data; /v1/responses,
-//     /v1/embeddings and /tokenize take chat messages).
+//     /v1/embeddings and /tokenize take chat messages);
+//   - a body whose objects repeat a key, or hold keys that differ only in
+//     case, reads differently to parsers that keep the first or fold case
+//     ({"url":"http://x","URL":"data:..."} is a data: URL to Go's
+//     encoding/json v1 and a remote URL to vLLM): CART refuses those
+//     rather than guess what the next reader will take.
 //
 // So every body is walked once, before it is decoded, by a scanner that
 // sees every member of every object: it refuses objects holding the same
 // key twice or two keys that differ only in case, refuses keys that differ
-// only in case from a field this package decodes at that place (so that
-// what encoding/json decodes is exactly what Python reads), and checks every
-// string under a media field, whatever the part's type.
+// only in case from a field this package decodes at that place (a client
+// misspelling one, which the exact-case decoder would silently skip), and
+// checks every string under a media field, whatever the part's type. The
+// walk also counts array items, so that an oversized body is refused
+// before the decoder materialises it.
 
 // Media is what a scan found in the media fields of a body.
 type Media struct {
@@ -134,7 +134,7 @@ func opaqueKey(key []byte, top bool) bool {
 
 // walker is a single pass over a JSON body. It is lenient about syntax it
 // does not need (numbers, literals, invalid UTF-8): every body it accepts is
-// also decoded by encoding/json or refused, and on valid JSON it sees the
+// also decoded by the decoder or refused, and on valid JSON it sees the
 // same structure as any parser.
 type walker struct {
 	data  []byte
@@ -178,7 +178,7 @@ func (w *walker) release() {
 	walkers.Put(w)
 }
 
-// maxDepth is encoding/json's nesting limit; deeper bodies are refused by
+// maxDepth is the decoder's nesting limit; deeper bodies are refused by
 // the decoder anyway, and the bound keeps the walker's recursion finite.
 const maxDepth = 10000
 
@@ -456,7 +456,7 @@ func (w *walker) check(lit []byte) {
 	if *dst != "" {
 		return
 	}
-	if json.Unmarshal(lit, dst) != nil || *dst == "" {
+	if unmarshal(lit, dst) != nil || *dst == "" {
 		*dst = string(lit)
 	}
 }
@@ -480,7 +480,7 @@ type location struct{ param, name string }
 // where names the object starting at byte obj for an error message. The
 // path is worked out only now, since paths are needed only for refusals.
 func (w *walker) where(obj int) location {
-	if p, ok := pathAt(w.data, int64(obj), '{', true); ok && p != "" {
+	if p, ok := objectPath(w.data, int64(obj)); ok && p != "" {
 		return location{param: p, name: "'" + p + "'"}
 	}
 	return location{name: "the request body"}
@@ -497,7 +497,7 @@ func truncate(b []byte) string {
 }
 
 // appendFold appends a form of key in which two keys are equal exactly when
-// bytes.EqualFold (the rule encoding/json matches fields by) says they are:
+// bytes.EqualFold (the rule encoding/json v1 matches fields by) says they are:
 // every rune is replaced by the smallest rune of its simple folding orbit.
 func appendFold(dst, key []byte) []byte {
 	for len(key) > 0 {
@@ -585,14 +585,14 @@ func urlScheme(s []byte) urlKind {
 	return schemeNone
 }
 
-// level describes one place in a request type: the fields encoding/json
+// level describes one place in a request type: the fields the decoder
 // decodes there and the levels of their values.
 type level struct {
 	children map[string]*level // exact field name -> level of its value (nil: not an object this package decodes)
 	fields   map[string]string // folded name -> exact name
 }
 
-// rawChildren names the levels of json.RawMessage fields that this package
+// rawChildren names the levels of rawJSON fields that this package
 // decodes later, by hand.
 var rawChildren = map[reflect.Type]map[string]reflect.Type{
 	reflect.TypeFor[chatMessage]():      {"content": reflect.TypeFor[chatPart]()},
@@ -605,7 +605,7 @@ var rawChildren = map[reflect.Type]map[string]reflect.Type{
 }
 
 // rootLevels are derived from the request types themselves, so that the
-// check always covers exactly the fields encoding/json will match.
+// check always covers exactly the fields the decoder will match.
 var rootLevels = func() map[Endpoint]*level {
 	cache := map[reflect.Type]*level{}
 	return map[Endpoint]*level{

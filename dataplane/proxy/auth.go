@@ -5,13 +5,12 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"net"
 	"net/http"
-	"strings"
 	"sync/atomic"
 
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/apierr"
+	"github.com/cartrouter/cart/internal/credential"
 )
 
 // ClientKey is one tenant's API key.
@@ -34,7 +33,7 @@ const WWWAuthenticate = `Bearer realm="cart"`
 
 type keyDigest struct {
 	name string
-	sum  [sha256.Size]byte
+	sum  credential.Digest
 }
 
 // clientAuth checks client credentials. Keys are compared as SHA-256
@@ -43,7 +42,7 @@ type keyDigest struct {
 // through timing.
 type clientAuth struct {
 	keys  []keyDigest
-	admin *[sha256.Size]byte // nil: /workers answers loopback callers only
+	admin *credential.Digest // nil: /workers answers loopback callers only
 	// salts are the cache-salt secrets of the tenants whose prefix cache
 	// is isolated, by tenant name.
 	salts map[string][]byte
@@ -52,7 +51,7 @@ type clientAuth struct {
 func newClientAuth(keys []ClientKey, admin string) clientAuth {
 	a := clientAuth{keys: make([]keyDigest, len(keys))}
 	for i, k := range keys {
-		a.keys[i] = keyDigest{name: k.Name, sum: sha256.Sum256([]byte(k.Key))}
+		a.keys[i] = keyDigest{name: k.Name, sum: credential.DigestOf(k.Key)}
 		if k.IsolateCache {
 			if a.salts == nil {
 				a.salts = map[string][]byte{}
@@ -61,22 +60,10 @@ func newClientAuth(keys []ClientKey, admin string) clientAuth {
 		}
 	}
 	if admin != "" {
-		sum := sha256.Sum256([]byte(admin))
-		a.admin = &sum
+		d := credential.DigestOf(admin)
+		a.admin = &d
 	}
 	return a
-}
-
-// bearer returns the token of an "Authorization: Bearer" header; the scheme
-// is case-insensitive (RFC 9110 §11.1).
-func bearer(h http.Header) (string, bool) {
-	v := h.Get("Authorization")
-	scheme, tok, ok := strings.Cut(v, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	tok = strings.TrimSpace(tok)
-	return tok, tok != ""
 }
 
 // tenant returns the tenant whose key r carries, in Authorization (what
@@ -85,7 +72,7 @@ func (a *clientAuth) tenant(r *http.Request) (string, bool) {
 	if len(a.keys) == 0 {
 		return AnonymousTenant, true
 	}
-	if tok, ok := bearer(r.Header); ok {
+	if tok, ok := credential.BearerToken(r.Header); ok {
 		if name, ok := a.match(tok); ok {
 			return name, true
 		}
@@ -97,7 +84,7 @@ func (a *clientAuth) tenant(r *http.Request) (string, bool) {
 }
 
 func (a *clientAuth) match(tok string) (string, bool) {
-	sum := sha256.Sum256([]byte(tok))
+	sum := credential.DigestOf(tok)
 	found := -1
 	for i := range a.keys {
 		if subtle.ConstantTimeCompare(sum[:], a.keys[i].sum[:]) == 1 {
@@ -118,7 +105,7 @@ func (p *Proxy) authenticate(w http.ResponseWriter, r *http.Request, endpoint st
 	}
 	w.Header().Set("WWW-Authenticate", WWWAuthenticate)
 	msg := "missing API key: send it as \"Authorization: Bearer <key>\" or \"x-api-key: <key>\""
-	if _, ok := bearer(r.Header); ok || r.Header.Get("X-Api-Key") != "" {
+	if _, ok := credential.BearerToken(r.Header); ok || r.Header.Get("X-Api-Key") != "" {
 		msg = "invalid API key"
 	}
 	c := p.newCall(r, endpoint, AnonymousTenant)
@@ -131,31 +118,19 @@ func (p *Proxy) authenticate(w http.ResponseWriter, r *http.Request, endpoint st
 // keys never count.
 func (p *Proxy) adminAllowed(w http.ResponseWriter, r *http.Request) bool {
 	if p.auth.admin == nil {
-		if isLoopback(r.RemoteAddr) {
+		if credential.IsLoopback(r.RemoteAddr) {
 			return true
 		}
 		apierr.Write(w, apierr.New(http.StatusForbidden, apierr.TypeAuthentication, "admin_loopback_only",
 			"no admin token is configured (auth.admin_token), so this endpoint answers loopback callers only"))
 		return false
 	}
-	if tok, ok := bearer(r.Header); ok {
-		sum := sha256.Sum256([]byte(tok))
-		if subtle.ConstantTimeCompare(sum[:], p.auth.admin[:]) == 1 {
-			return true
-		}
+	if tok, ok := credential.BearerToken(r.Header); ok && p.auth.admin.Matches(tok) {
+		return true
 	}
 	w.Header().Set("WWW-Authenticate", WWWAuthenticate)
 	apierr.Write(w, apierr.New(http.StatusUnauthorized, apierr.TypeAuthentication, "invalid_admin_token", "this endpoint needs the admin token (Authorization: Bearer <auth.admin_token>)"))
 	return false
-}
-
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		host = addr
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // WorkerKeys are the keys workers expect (vLLM --api-key): each worker's

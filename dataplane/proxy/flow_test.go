@@ -206,17 +206,7 @@ func TestPinnedRequestWaitsForItsReplica(t *testing.T) {
 			other = b
 		}
 	}
-	prev := ob.handler
-	release := make(chan struct{})
-	entered := make(chan struct{}, 4)
-	ob.set(func(w http.ResponseWriter, r *http.Request) {
-		entered <- struct{}{}
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		prev(w, r)
-	})
+	entered, release := ob.holdThen(ob.handler, 4)
 	otherBefore := other.hits.Load()
 	go func() { readAll(t, r.post("/v1/responses", respBody("held", id, false))) }()
 	<-entered

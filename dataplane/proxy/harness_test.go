@@ -62,6 +62,23 @@ func (b *backend) set(h http.HandlerFunc) {
 	b.mu.Unlock()
 }
 
+// holdThen makes b hold every request, after a send on entered (room for
+// n), until release is closed or the request ends, and then answer with
+// next.
+func (b *backend) holdThen(next http.HandlerFunc, n int) (entered <-chan struct{}, release chan struct{}) {
+	in := make(chan struct{}, n)
+	release = make(chan struct{})
+	b.set(func(w http.ResponseWriter, r *http.Request) {
+		in <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		next(w, r)
+	})
+	return in, release
+}
+
 type rig struct {
 	t       testing.TB
 	router  *router.Local

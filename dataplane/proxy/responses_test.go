@@ -278,16 +278,7 @@ func TestPinnedRequestNeverMoves(t *testing.T) {
 	}
 
 	// At max_load: a request hangs on the owner, the pinned one gets 503.
-	release := make(chan struct{})
-	entered := make(chan struct{}, 1)
-	ob.set(func(w http.ResponseWriter, r *http.Request) {
-		entered <- struct{}{}
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		prev(w, r)
-	})
+	entered, release := ob.holdThen(prev, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

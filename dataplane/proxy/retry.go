@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // roundTrip routes, dispatches, and retries on another worker while the
@@ -58,7 +60,7 @@ func (p *Proxy) tryOnce(ctx context.Context, l *retryLoop, n int) (resp *http.Re
 	// A worker that refused the connection says nothing about the
 	// others: retry elsewhere at once rather than back off.
 	if n > 0 && !l.unsent {
-		if err := sleepCtx(ctx, p.backoff(n)); err != nil {
+		if err := every.Sleep(ctx, p.backoff(n)); err != nil {
 			l.drop()
 			return nil, true, err
 		}
@@ -197,18 +199,4 @@ func (p *Proxy) backoff(attempt int) time.Duration {
 		b *= 1 + j
 	}
 	return time.Duration(b)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,15 +25,6 @@ func vllmNotFound(id string) string {
 }
 
 // sameJSON reports whether two bodies hold the same JSON value.
-func sameJSON(a, b string) bool {
-	var x, y any
-	if json.Unmarshal([]byte(a), &x) != nil || json.Unmarshal([]byte(b), &y) != nil {
-		return false
-	}
-	xb, _ := json.Marshal(x)
-	yb, _ := json.Marshal(y)
-	return bytes.Equal(xb, yb)
-}
 
 func bearer(key string) []string { return []string{"Authorization", "Bearer " + key} }
 
@@ -79,7 +69,7 @@ func TestStoredResponseBelongsToItsTenant(t *testing.T) {
 	before := pool.hits()
 	for _, c := range calls {
 		resp, body := do(t, c.method, r.front.URL+c.path, c.body, bearer(b)...)
-		if resp.StatusCode != http.StatusNotFound || !sameJSON(body, vllmNotFound(id)) {
+		if resp.StatusCode != http.StatusNotFound || !testkit.SameJSON(body, vllmNotFound(id)) {
 			t.Errorf("tenant B: %s %s: %d %s, want 404 %s", c.method, c.path, resp.StatusCode, body, vllmNotFound(id))
 		}
 	}
@@ -94,7 +84,7 @@ func TestStoredResponseBelongsToItsTenant(t *testing.T) {
 	}
 	// A continuation belongs to its tenant too.
 	next, _ := createResponse(t, r, a, "more", id)
-	if resp, body := do(t, http.MethodGet, r.front.URL+"/v1/responses/"+next, "", bearer(b)...); resp.StatusCode != http.StatusNotFound || !sameJSON(body, vllmNotFound(next)) {
+	if resp, body := do(t, http.MethodGet, r.front.URL+"/v1/responses/"+next, "", bearer(b)...); resp.StatusCode != http.StatusNotFound || !testkit.SameJSON(body, vllmNotFound(next)) {
 		t.Fatalf("tenant B on A's continuation: %d %s", resp.StatusCode, body)
 	}
 	if n := pool.wrong.Load(); n != 0 {

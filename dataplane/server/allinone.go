@@ -227,7 +227,7 @@ func (a *AllInOne) Run(ctx context.Context, ln net.Listener) error {
 		tasks = append(tasks, w.Run)
 	}
 	a.log.Info("cart all-in-one router listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers))
-	return serveAlongside(ctx, frontServer(a.HTTP, cfg.Server.OwnHTTP1Loop), ln, config.Seconds(cfg.Server.ShutdownGraceSecs), a.MetricsHTTP, mln, a.log, tasks...)
+	return serveAlongside(ctx, a.HTTP, ln, config.Seconds(cfg.Server.ShutdownGraceSecs), a.MetricsHTTP, mln, a.log, tasks...)
 }
 
 // Reload re-reads the config files. Only the worker list may change; any

@@ -12,6 +12,7 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/internal/credential"
 )
 
 // applyAuth puts the credentials of cfg into o: client keys, the admin
@@ -51,7 +52,7 @@ var ErrUnauthenticatedRemote = errors.New("refusing to serve without client auth
 // the pool's GPUs and read its models. It checks the address actually bound,
 // not the configured host, because that is what the network sees.
 func CheckExposure(cfg *config.Config, addr net.Addr, log *slog.Logger) error {
-	if len(cfg.Auth.ClientKeys) > 0 || isLoopbackAddr(addr) {
+	if len(cfg.Auth.ClientKeys) > 0 || credential.IsLoopback(addr.String()) {
 		return nil
 	}
 	if cfg.Auth.AllowUnauthenticatedRemote {
@@ -59,18 +60,6 @@ func CheckExposure(cfg *config.Config, addr net.Addr, log *slog.Logger) error {
 		return nil
 	}
 	return fmt.Errorf("%w (%s): set auth.client_keys, bind server.host to 127.0.0.1, or set auth.allow_unauthenticated_remote: true", ErrUnauthenticatedRemote, addr)
-}
-
-func isLoopbackAddr(a net.Addr) bool {
-	if tcp, ok := a.(*net.TCPAddr); ok {
-		return tcp.IP.IsLoopback()
-	}
-	host, _, err := net.SplitHostPort(a.String())
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // MetricsServer builds the /metrics-only listener of server.metrics_addr,

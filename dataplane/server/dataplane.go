@@ -124,7 +124,7 @@ func (d *DataPlane) Run(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	d.log.Info("cart data plane listening", "addr", ln.Addr().String(), "control_plane", d.cfg.DataPlane.ControlPlane)
-	return serveAlongside(ctx, frontServer(d.HTTP, d.cfg.Server.OwnHTTP1Loop), ln, config.Seconds(d.cfg.Server.ShutdownGraceSecs), d.MetricsHTTP, mln, d.log, d.Router.Run)
+	return serveAlongside(ctx, d.HTTP, ln, config.Seconds(d.cfg.Server.ShutdownGraceSecs), d.MetricsHTTP, mln, d.log, d.Router.Run)
 }
 
 // RemoteFlow translates flow.* for the data plane's side of flow control.

@@ -56,7 +56,7 @@ func openMetrics(cfg *config.Config, ln net.Listener, metricsSrv *http.Server, l
 // serveAlongside serves srv on ln until ctx ends, with the metrics server
 // on mln and each of tasks running beside it, and returns once all of them
 // have stopped.
-func serveAlongside(ctx context.Context, srv httpServer, ln net.Listener, grace time.Duration,
+func serveAlongside(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration,
 	metricsSrv *http.Server, mln net.Listener, log *slog.Logger, tasks ...func(context.Context)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -69,7 +69,7 @@ func serveAlongside(ctx context.Context, srv httpServer, ln net.Listener, grace 
 	for _, task := range tasks {
 		run(task)
 	}
-	err := serveUntil(ctx, srv, ln, grace)
+	err := Serve(ctx, srv, ln, grace)
 	cancel()
 	wg.Wait()
 	return err

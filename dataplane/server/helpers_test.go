@@ -21,7 +21,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cartrouter/cart/config"
-	"github.com/cartrouter/cart/dataplane/h1server"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/server"
 	"github.com/cartrouter/cart/internal/testkit"
@@ -115,11 +114,10 @@ func serveHTTP(t *testing.T, a *server.AllInOne) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := h1server.New(a.HTTP)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = fs.Serve(ln) }()
+	go func() { defer close(done); _ = a.HTTP.Serve(ln) }()
 	t.Cleanup(func() {
-		_ = fs.Close()
+		_ = a.HTTP.Close()
 		<-done
 	})
 	return "http://" + ln.Addr().String()

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/config"
-	"github.com/cartrouter/cart/dataplane/h1server"
 	"github.com/cartrouter/cart/dataplane/server"
 )
 
@@ -32,10 +31,9 @@ func limitedServer(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := h1server.New(srv)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = fs.Serve(ln) }()
-	t.Cleanup(func() { _ = fs.Close(); <-done })
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close(); <-done })
 	return ln.Addr().String()
 }
 

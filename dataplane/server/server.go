@@ -16,7 +16,6 @@ import (
 	"github.com/cartrouter/cart/config"
 	"github.com/cartrouter/cart/dataplane/breaker"
 	"github.com/cartrouter/cart/dataplane/extract"
-	"github.com/cartrouter/cart/dataplane/h1server"
 	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/dataplane/router"
@@ -139,42 +138,16 @@ func HTTPServer(cfg *config.Config, h http.Handler, log *slog.Logger) (*http.Ser
 
 // Serve runs srv on ln until ctx ends, then shuts down gracefully: new
 // connections stop, in-flight requests (streams included) get grace to
-// finish.
+// finish. It serves TLS when srv has a TLS config.
 func Serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
-	return serveUntil(ctx, stdServer{srv}, ln, grace)
-}
-
-// httpServer is what serves a listener: net/http's server, or h1server's
-// in front of it.
-type httpServer interface {
-	Serve(net.Listener) error
-	Shutdown(context.Context) error
-	Close() error
-}
-
-// stdServer is net/http's server, with TLS when configured.
-type stdServer struct{ *http.Server }
-
-func (s stdServer) Serve(ln net.Listener) error {
-	if s.TLSConfig != nil {
-		return s.ServeTLS(ln, "", "")
-	}
-	return s.Server.Serve(ln)
-}
-
-// frontServer serves the client listener: the common HTTP/1.1 request on
-// h1server's own loop and the rest with srv, or all of it with srv when
-// server.own_http1_loop is off.
-func frontServer(srv *http.Server, ownLoop bool) httpServer {
-	if ownLoop {
-		return h1server.New(srv)
-	}
-	return stdServer{srv}
-}
-
-func serveUntil(ctx context.Context, srv httpServer, ln net.Listener, grace time.Duration) error {
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if srv.TLSConfig != nil {
+			errc <- srv.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve %s: %w", ln.Addr(), err)

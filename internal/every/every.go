@@ -27,3 +27,20 @@ func Tick(ctx context.Context, interval time.Duration, kick <-chan struct{}, fn 
 		fn()
 	}
 }
+
+// Sleep waits for d or until ctx ends, whichever is first, and reports an
+// ended ctx. A non-positive d does not wait but still reports an ended
+// ctx, so that a zero backoff or time scale keeps honouring cancellation.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -53,3 +53,22 @@ func TestTickRunsAtOnceOnKick(t *testing.T) {
 	cancel()
 	<-done
 }
+
+func TestSleep(t *testing.T) {
+	start := time.Now()
+	if err := Sleep(context.Background(), 20*time.Millisecond); err != nil || time.Since(start) < 20*time.Millisecond {
+		t.Fatalf("Sleep returned %v after %v", err, time.Since(start))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start = time.Now()
+	if err := Sleep(ctx, time.Hour); err != context.Canceled || time.Since(start) > 10*time.Second {
+		t.Fatalf("an ended context: %v after %v", err, time.Since(start))
+	}
+	if err := Sleep(ctx, 0); err != context.Canceled {
+		t.Fatalf("no wait, an ended context: %v", err)
+	}
+	if err := Sleep(context.Background(), -time.Second); err != nil {
+		t.Fatalf("no wait: %v", err)
+	}
+}
