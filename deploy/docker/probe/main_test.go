@@ -119,12 +119,12 @@ func TestWaitGivesUp(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }))
 	defer srv.Close()
 	start := time.Now()
-	code, out := probe(t, nil, "-wait", "200ms", "-interval", "50ms", "http", srv.URL)
+	code, out := probe(t, nil, "-wait", "600ms", "-interval", "50ms", "http", srv.URL)
 	if code != 1 || strings.Count(out, "retrying") < 2 {
 		t.Fatalf("exit %d (want 1 after retries): %s", code, out)
 	}
 	if time.Since(start) > 3*time.Second {
-		t.Fatalf("gave up after %s, want about 200ms", time.Since(start))
+		t.Fatalf("gave up after %s, want about 600ms", time.Since(start))
 	}
 }
 
