@@ -32,8 +32,8 @@ $(addprefix bin/,$(BINARIES)):
 	@mkdir -p bin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $@ ./cli/$(notdir $@)
 
-run: bin/cart bin/cart-sim ## start three cart-sim replicas and cart on :6700 (Ctrl-C stops all)
-	@deploy/local/run.sh
+run: bin/cart bin/cart-sim ## start three cart-sim replicas and cart on :6700 (Ctrl-C stops all); SPLIT=1: two prefill + two decode replicas
+	@SPLIT=$(SPLIT) deploy/local/run.sh
 
 run-cluster: bin/cart bin/cart-sim ## three control-plane nodes, two data planes, HAProxy on :6700, three cart-sim replicas; files in tmp/cluster (Ctrl-C stops all)
 	@deploy/local/cluster.sh

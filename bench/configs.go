@@ -126,6 +126,11 @@ type CartRouterConfig struct {
 	BalanceAbs int
 	// PlacementBatchMs overrides controlplane.placement_batch_ms when > 0.
 	PlacementBatchMs int
+	// Roles are the workers' roles (parallel to Workers; "" = both).
+	Roles []string
+	// Blind turns prefix matching off (cache.threshold 1,
+	// match_abs_threshold 0): the prefill benchmark's blind baseline.
+	Blind bool
 }
 
 // CartVariant is a set of routing-quality mechanisms to switch on.
@@ -172,6 +177,9 @@ func CartConfig(c CartRouterConfig) string {
 	declare := c.CacheTokens > 0 && v.Capacity
 	for i, w := range c.Workers {
 		fmt.Fprintf(&b, "  - url: %s\n", w)
+		if i < len(c.Roles) && c.Roles[i] != "" {
+			fmt.Fprintf(&b, "    role: %s\n", c.Roles[i])
+		}
 		if declare {
 			fmt.Fprintf(&b, "    cache_capacity_tokens: %d\n", c.CacheTokens)
 		}
@@ -184,6 +192,9 @@ func CartConfig(c CartRouterConfig) string {
 		fmt.Fprintf(&b, "  capacity_tokens: %d\n", c.CacheTokens)
 	}
 	fmt.Fprintf(&b, "  closed_loop: %t\n  hot_prefix_fraction: %g\n", v.ClosedLoop, v.HotFraction)
+	if c.Blind {
+		b.WriteString("  threshold: 1\n  match_abs_threshold: 0\n")
+	}
 	if c.BlockChars > 0 {
 		fmt.Fprintf(&b, "  block_chars: %d\n", c.BlockChars)
 	}

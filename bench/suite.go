@@ -244,6 +244,8 @@ type replica struct {
 	// kvPort and replayPort publish the replica's KV events (0: off).
 	kvPort, replayPort int
 	proc               *Proc
+	// role is the replica's prefill/decode role (cart-sim --pd-role).
+	role string
 }
 
 type suite struct {
@@ -260,6 +262,8 @@ type suite struct {
 	// extra is YAML added to every cart config this suite writes
 	// (CartRouterConfig.Extra): the overload benchmark's keys and flow.
 	extra string
+	// extraSimArgs are cart-sim flags added to every replica's.
+	extraSimArgs []string
 }
 
 // RunSuite runs every configured scenario on every configured trace and
@@ -452,7 +456,10 @@ func (s *suite) simArgs(r *replica) []string {
 	if r.kvPort > 0 {
 		args = append(args, "--kv-events-endpoint", "tcp://"+hostPort(r.kvPort), "--kv-events-replay-endpoint", "tcp://"+hostPort(r.replayPort))
 	}
-	return args
+	if r.role != "" {
+		args = append(args, "--pd-role", r.role)
+	}
+	return append(args, s.extraSimArgs...)
 }
 
 // wantsEvents reports whether a scenario consumes KV events: only then do

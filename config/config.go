@@ -80,6 +80,7 @@ type Config struct {
 	Tracing        Tracing        `yaml:"tracing"`
 	Flow           Flow           `yaml:"flow"`
 	EPP            EPP            `yaml:"epp"`
+	Disaggregation Disaggregation `yaml:"disaggregation"`
 
 	// origins maps dotted keys to the file and line that last set them, so
 	// validation errors can point at the offending file in a layered setup.
@@ -158,7 +159,50 @@ type Worker struct {
 	// KVEvents is where this worker's engine publishes its KV-cache
 	// events (vLLM --kv-events-config, SGLang --kv-events-config).
 	KVEvents WorkerKVEvents `yaml:"kv_events"`
+	// Role is the part of requests the worker serves: "both" (whole
+	// requests; "" means the same), "prefill" or "decode" (prefill/decode
+	// disaggregation, see Disaggregation).
+	Role string `yaml:"role"`
 }
+
+// Worker roles (Worker.Role, cartctl workers add --role, discovery).
+const (
+	RoleBothName    = "both"
+	RolePrefillName = "prefill"
+	RoleDecodeName  = "decode"
+)
+
+// ValidRole reports whether r names a worker role ("" is both).
+func ValidRole(r string) bool {
+	return r == "" || r == RoleBothName || r == RolePrefillName || r == RoleDecodeName
+}
+
+// Disaggregation configures prefill/decode disaggregation: a request on a
+// split endpoint, in a pool with prefill and decode workers, is split
+// between a prefill worker (chosen by prefix) and a decode worker (least
+// loaded). A pool without both kinds routes every request whole.
+type Disaggregation struct {
+	// Mode is who runs a split request's two legs: "vllm" (CART runs
+	// vLLM's kv_transfer_params protocol itself: the prefill leg, then the
+	// decode leg, streamed) or "sidecar" (llm-d's routing sidecar on the
+	// decode worker runs them: CART sends the request to the decode worker
+	// with x-prefiller-host-port naming the prefill worker). Data planes
+	// and the all-in-one router read it.
+	Mode string `yaml:"mode"`
+	// ThresholdTokens: a request with fewer prompt tokens than this not
+	// already cached on the worker that would take it whole goes whole (as
+	// llm-d's pd-profile-handler threshold); 0 splits every one. Read
+	// where routes are decided: the all-in-one router, the control plane.
+	ThresholdTokens int `yaml:"threshold_tokens"`
+	// Endpoints are the routed endpoints whose requests may be split
+	// (chat_completions, completions, messages, responses). vLLM takes
+	// kv_transfer_params on the first three; its Responses API has no such
+	// field, so responses is for engines that do (llm-d-inference-sim).
+	Endpoints []string `yaml:"endpoints"`
+}
+
+// DefaultDisaggregationEndpoints are the endpoints vLLM splits.
+var DefaultDisaggregationEndpoints = []string{"chat_completions", "completions", "messages"}
 
 // WorkerKVEvents locates one engine's KV event stream. It is on when
 // Endpoint (CART dials the engine) or Topic (the engine dials
@@ -401,7 +445,12 @@ type DiscoveryKubernetes struct {
 	Port   string `yaml:"port"`
 	Scheme string `yaml:"scheme"`
 	// Kubeconfig is a kubeconfig file; "" = in-cluster config.
-	Kubeconfig      string  `yaml:"kubeconfig"`
+	Kubeconfig string `yaml:"kubeconfig"`
+	// RoleLabel is the pod label holding a worker's role (prefill, decode
+	// or both; llm-d's llm-d.ai/role). A pod without it serves whole
+	// requests; a pod with another value (an encode worker) is left out.
+	// Needs selector: EndpointSlices do not carry pod labels.
+	RoleLabel       string  `yaml:"role_label"`
 	SyncTimeoutSecs float64 `yaml:"sync_timeout_secs"`
 	MinIntervalSecs float64 `yaml:"min_interval_secs"`
 	MaxIntervalSecs float64 `yaml:"max_interval_secs"`
@@ -416,8 +465,13 @@ type DiscoveryKubernetes struct {
 // DiscoveryDNS discovers workers from A/AAAA records (with Port) or SRV
 // records of Name.
 type DiscoveryDNS struct {
-	// Name is the DNS name to resolve; "" disables DNS discovery.
+	// Name is the DNS name to resolve; "" disables DNS discovery unless
+	// a name below is set. Its workers serve whole requests (role both).
 	Name string `yaml:"name"`
+	// PrefillName and DecodeName are resolved like Name, their workers
+	// of role prefill and decode (a split pool behind one name per role).
+	PrefillName string `yaml:"prefill_name"`
+	DecodeName  string `yaml:"decode_name"`
 	// RecordType is "A" (A and AAAA records, port from Port) or "SRV".
 	RecordType string `yaml:"record_type"`
 	Port       int    `yaml:"port"`
@@ -439,7 +493,9 @@ type DiscoveryDNS struct {
 }
 
 // Enabled reports whether DNS discovery runs.
-func (d DiscoveryDNS) Enabled() bool { return d.Name != "" }
+func (d DiscoveryDNS) Enabled() bool {
+	return d.Name != "" || d.PrefillName != "" || d.DecodeName != ""
+}
 
 // Session configures sticky routing by a client-supplied session key.
 type Session struct {
@@ -880,7 +936,8 @@ func Default() *Config {
 				RemoveAfter:     1,
 			},
 		},
-		Tracing: Tracing{SampleRatio: 1},
+		Tracing:        Tracing{SampleRatio: 1},
+		Disaggregation: Disaggregation{Mode: "vllm", Endpoints: slices.Clone(DefaultDisaggregationEndpoints)},
 		Flow: Flow{
 			Enabled:                 true,
 			QueueTimeoutSecs:        30,

@@ -120,6 +120,7 @@ func (c *Config) Validate(role Role) error {
 	v.kvEvents(role)
 	v.tracing()
 	v.flow()
+	v.disaggregation(role)
 	if role < RoleAllInOne || role > RoleDataPlane {
 		v.add("", "unknown role %v", role)
 	}
@@ -268,6 +269,9 @@ func (v *validator) workers(role Role) {
 		v.intAtLeast(key+".max_concurrency", int64(w.MaxConcurrency), 0)
 		v.intAtLeast(key+".load_penalty", int64(w.LoadPenalty), 0)
 		v.intAtLeast(key+".cache_capacity_tokens", w.CacheCapacityTokens, 0)
+		if !ValidRole(w.Role) {
+			v.add(key+".role", "must be both, prefill or decode, got %q", w.Role)
+		}
 		if w.APIKeyFile != "" {
 			v.secret(key+".api_key_file", "", w.APIKeyFile)
 		}
@@ -770,6 +774,16 @@ func (v *validator) discovery(role Role) {
 	if role == RoleDataPlane {
 		v.add("discovery.dns.name", "a data plane does not discover workers: set discovery on the control plane (its leader runs it)")
 	}
+	names := map[string]string{}
+	for _, kv := range [][2]string{{"name", n.Name}, {"prefill_name", n.PrefillName}, {"decode_name", n.DecodeName}} {
+		if kv[1] == "" {
+			continue
+		}
+		if other, dup := names[kv[1]]; dup {
+			v.add("discovery.dns."+kv[0], "%q is also discovery.dns.%s: one name per role", kv[1], other)
+		}
+		names[kv[1]] = kv[0]
+	}
 	switch n.RecordType {
 	case "A":
 		v.intRange("discovery.dns.port", int64(n.Port), 1, 65535)
@@ -966,6 +980,13 @@ func (v *validator) discoveryKubernetes(role Role) {
 			v.add("discovery.kubernetes.kubeconfig", "%v", err)
 		}
 	}
+	if k.RoleLabel != "" {
+		if errs := validation.IsQualifiedName(k.RoleLabel); len(errs) > 0 {
+			v.add("discovery.kubernetes.role_label", "not a label key: %s", strings.Join(errs, "; "))
+		} else if k.Service != "" {
+			v.add("discovery.kubernetes.role_label", "needs selector (pods by label): a Service's EndpointSlices do not carry the pods' labels")
+		}
+	}
 	v.positive("discovery.kubernetes.sync_timeout_secs", k.SyncTimeoutSecs)
 	v.sourceRules("discovery.kubernetes", k.MinIntervalSecs, k.MaxIntervalSecs, k.AddAfter, k.RemoveAfter, k.MaxLoad, k.LoadPenalty, k.CacheCapacityTokens)
 }
@@ -1003,4 +1024,28 @@ func loopbackEndpoint(ep string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// disaggregationEndpoints are the endpoint names disaggregation.endpoints
+// may list (dataplane/extract's table; config imports none of ours).
+var disaggregationEndpoints = []string{"chat_completions", "completions", "messages", "responses"}
+
+func (v *validator) disaggregation(role Role) {
+	d := v.c.Disaggregation
+	v.oneOf("disaggregation.mode", d.Mode, "vllm", "sidecar")
+	v.intAtLeast("disaggregation.threshold_tokens", int64(d.ThresholdTokens), 0)
+	if d.ThresholdTokens != 0 && role == RoleDataPlane {
+		v.add("disaggregation.threshold_tokens", "a data plane does not decide routes: set it on the control plane, whose leader applies it")
+	}
+	seen := map[string]bool{}
+	for i, e := range d.Endpoints {
+		key := fmt.Sprintf("disaggregation.endpoints[%d]", i)
+		switch {
+		case !slices.Contains(disaggregationEndpoints, e):
+			v.add(key, "must be one of %s, got %q", strings.Join(disaggregationEndpoints, ", "), e)
+		case seen[e]:
+			v.add(key, "duplicate endpoint %q", e)
+		}
+		seen[e] = true
+	}
 }

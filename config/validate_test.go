@@ -75,6 +75,11 @@ func TestValidateRoles(t *testing.T) {
 		{"pass-through everything on purpose", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = []string{"/*"} }},
 		{"no pass-through at all", RoleAllInOne, func(c *Config) { c.Proxy.PassThroughPaths = nil }},
 		{"session enabled", RoleAllInOne, func(c *Config) { c.Session.Enabled = true }},
+		{"a split pool, llm-d's sidecar, a threshold", RoleAllInOne, func(c *Config) {
+			c.Workers = []Worker{{URL: "http://p:8000", Role: "prefill"}, {URL: "http://d:8000", Role: "decode"}, {URL: "http://b:8000", Role: "both"}}
+			c.Disaggregation = Disaggregation{Mode: "sidecar", ThresholdTokens: 256, Endpoints: []string{"chat_completions", "responses"}}
+		}},
+		{"disaggregation threshold on a control plane", RoleControlPlane, func(c *Config) { c.Disaggregation.ThresholdTokens = 256 }},
 		{"zero disables optional checks", RoleAllInOne, func(c *Config) {
 			c.Server.MinOpenFiles = 0
 			c.Cache.MatchAbsThreshold = 0
@@ -385,6 +390,20 @@ func TestValidateRules(t *testing.T) {
 			c.Tracing.OTLPEndpoint, c.Tracing.CAFile = "http://collector:4318", "ca.pem"
 		}, "tracing.ca_file", "plaintext"},
 		{"trace ca without endpoint", RoleAllInOne, func(c *Config) { c.Tracing.CAFile = "ca.pem" }, "tracing.ca_file", "tracing is off"},
+
+		// prefill/decode
+		{"worker role", RoleAllInOne, func(c *Config) { c.Workers[0].Role = "Prefill" }, "workers[0].role", "both, prefill or decode"},
+		{"disaggregation mode", RoleAllInOne, func(c *Config) { c.Disaggregation.Mode = "nixl" }, "disaggregation.mode", "vllm, sidecar"},
+		{"disaggregation threshold negative", RoleAllInOne, func(c *Config) { c.Disaggregation.ThresholdTokens = -1 }, "disaggregation.threshold_tokens", "at least 0"},
+		{"disaggregation threshold on a data plane", RoleDataPlane, func(c *Config) { c.Disaggregation.ThresholdTokens = 256 }, "disaggregation.threshold_tokens", "set it on the control plane"},
+		{"disaggregation endpoint", RoleAllInOne, func(c *Config) { c.Disaggregation.Endpoints = []string{"embeddings"} }, "disaggregation.endpoints[0]", "must be one of"},
+		{"disaggregation endpoint twice", RoleAllInOne, func(c *Config) { c.Disaggregation.Endpoints = []string{"messages", "messages"} }, "disaggregation.endpoints[1]", "duplicate"},
+		{"dns role names clash", RoleAllInOne, func(c *Config) { c.Discovery.DNS = dnsOK(); c.Discovery.DNS.DecodeName = c.Discovery.DNS.Name }, "discovery.dns.decode_name", "one name per role"},
+		{"k8s role label with a service", RoleAllInOne, func(c *Config) { c.Discovery.Kubernetes = k8sOK(); c.Discovery.Kubernetes.RoleLabel = "llm-d.ai/role" }, "discovery.kubernetes.role_label", "needs selector"},
+		{"k8s role label not a label", RoleAllInOne, func(c *Config) {
+			c.Discovery.Kubernetes = k8sOK()
+			c.Discovery.Kubernetes.Service, c.Discovery.Kubernetes.Selector, c.Discovery.Kubernetes.RoleLabel = "", "app=vllm", "llm-d.ai/role?"
+		}, "discovery.kubernetes.role_label", "not a label key"},
 
 		{"unknown role", Role(7), func(c *Config) {}, "", "unknown role Role(7)"},
 	}

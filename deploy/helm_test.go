@@ -775,6 +775,73 @@ func TestHelmKubernetesDiscovery(t *testing.T) {
 	}
 }
 
+// The chart runs a split pool of cart-sims: a StatefulSet per role with
+// the role's flag, every pod registered with its role in the config seed
+// and by the workers Job, and the control plane's config, with the roles,
+// still valid.
+func TestHelmSplitPoolOfSims(t *testing.T) {
+	m := mustTemplate(t, "--set", "sims.replicas.prefill=2", "--set", "sims.replicas.decode=2", "--set", "sims.args={--time-scale=0.1}")
+	for _, c := range []struct {
+		role string
+		n    int
+	}{{"prefill", 2}, {"decode", 2}} {
+		ss := m.get(t, "StatefulSet", "rel-cart-sim-"+c.role)
+		if r := dig(ss, "spec", "replicas"); fmt.Sprint(r) != fmt.Sprint(c.n) {
+			t.Errorf("%s replicas %v", c.role, r)
+		}
+		args := toStrings(dig(ss, "spec", "template", "spec", "containers", 0, "args"))
+		if !slices.Contains(args, "--pd-role="+c.role) || !slices.Contains(args, "--time-scale=0.1") || args[0] != "cart-sim" {
+			t.Errorf("%s args %q", c.role, args)
+		}
+		m.get(t, "Service", "rel-cart-sim-"+c.role)
+	}
+	for _, s := range m.all("StatefulSet") {
+		if strings.Contains(str(dig(s, "metadata", "name")), "sim-both") {
+			t.Error("a both StatefulSet rendered with no both replicas")
+		}
+	}
+	var adds []string
+	for _, c := range list(dig(m.get(t, "Job", "rel-cart-workers"), "spec", "template", "spec", "initContainers")) {
+		if a := toStrings(dig(c, "args")); len(a) > 3 && a[2] == "add" {
+			adds = append(adds, strings.Join(a[3:], " "))
+		}
+	}
+	want := []string{
+		"http://rel-cart-sim-prefill-0.rel-cart-sim-prefill.ns.svc.cluster.local:8000 --role=prefill",
+		"http://rel-cart-sim-prefill-1.rel-cart-sim-prefill.ns.svc.cluster.local:8000 --role=prefill",
+		"http://rel-cart-sim-decode-0.rel-cart-sim-decode.ns.svc.cluster.local:8000 --role=decode",
+		"http://rel-cart-sim-decode-1.rel-cart-sim-decode.ns.svc.cluster.local:8000 --role=decode",
+	}
+	if !slices.Equal(adds, want) {
+		t.Errorf("workers Job adds %q, want %q", adds, want)
+	}
+	dir := t.TempDir()
+	data, _ := dig(m.get(t, "ConfigMap", "rel-cart-config"), "data").(obj)
+	for _, f := range []string{"controlplane.yaml", "rel-cart-cp-0.yaml"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(str(data[f])), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := config.Load(filepath.Join(dir, "controlplane.yaml"), filepath.Join(dir, "rel-cart-cp-0.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := map[string]int{}
+	for _, w := range cfg.Workers {
+		roles[w.Role]++
+	}
+	if roles["prefill"] != 2 || roles["decode"] != 2 || len(cfg.Workers) != 4 {
+		t.Errorf("seeded workers %+v", cfg.Workers)
+	}
+	withSecretFiles(cfg, fakeSecrets(t))
+	if err := cfg.Validate(config.RoleControlPlane); err != nil {
+		t.Errorf("control-plane config: %v", err)
+	}
+	if _, err := helmTemplate(t, "--set", "workers[0].url=http://a:8000", "--set", "workers[0].role=Prefill"); err == nil {
+		t.Error("a misspelt worker role rendered")
+	}
+}
+
 // Upgrading a release from a chart whose control plane keyed the Raft
 // handshake with the cluster token: auth.raftAcceptClusterToken renders the
 // transition setting into the control plane's config (and only there), and

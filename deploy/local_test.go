@@ -253,3 +253,29 @@ func TestLocalScriptsPassShellcheck(t *testing.T) {
 	sh := tool(t, "apt-get install shellcheck", "shellcheck")
 	run(t, repoRoot(t), sh, "deploy/local/run.sh", "deploy/local/cluster.sh")
 }
+
+// TestLocalRunSplit: `make run SPLIT=1` starts the replicas its config
+// names, with their roles, and the layered config is valid.
+func TestLocalRunSplit(t *testing.T) {
+	cfg, err := config.Load(path(t, "deploy", "local", "cart.yaml"), path(t, "deploy", "local", "cart-split.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := string(readFile(t, "deploy", "local", "run.sh"))
+	for _, w := range cfg.Workers {
+		port := w.URL[strings.LastIndexByte(w.URL, ':')+1:]
+		if w.Role != "prefill" && w.Role != "decode" {
+			t.Errorf("%s: role %q", w.URL, w.Role)
+		}
+		if !strings.Contains(run, `--listen "127.0.0.1:800$i"`) || !strings.Contains(run, "--pd-role") || !strings.HasPrefix(port, "800") {
+			t.Errorf("run.sh does not start %s as a %s replica", w.URL, w.Role)
+		}
+	}
+	if len(cfg.Workers) != 4 || !strings.Contains(run, "for i in 1 2 3 4") || !strings.Contains(run, "deploy/local/cart-split.yaml") {
+		t.Errorf("workers %v; run.sh must start four replicas and layer cart-split.yaml", cfg.Workers)
+	}
+	withSecretFiles(cfg, fakeSecrets(t))
+	if err := cfg.Validate(config.RoleAllInOne); err != nil {
+		t.Fatal(err)
+	}
+}

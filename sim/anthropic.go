@@ -9,6 +9,7 @@ import (
 // Anthropic Messages API wire types.
 
 type messagesRequest struct {
+	kvField
 	Model     string             `json:"model"`
 	System    json.RawMessage    `json:"system"`
 	Messages  []anthropicMessage `json:"messages"`

@@ -18,6 +18,8 @@ const (
 	DefaultDecodeSlowdown    = 0.05
 	DefaultMaxConcurrency    = 1
 	DefaultOutputTokens      = 16
+	// DefaultKVTransferUsPerToken is a decode leg's pull time per token.
+	DefaultKVTransferUsPerToken = 5.0
 	// DefaultStoredResponses bounds the Responses API store when
 	// Config.StoredResponses is 0.
 	DefaultStoredResponses = 10_000
@@ -102,6 +104,20 @@ type Config struct {
 	// events (BlockStored, BlockRemoved, AllBlocksCleared on Reset).
 	KVEvents KVEventSink
 
+	// Role, "prefill" or "decode", makes the replica one of a split pool
+	// speaking vLLM's NIXL connector protocol (pd.go); "" ignores
+	// kv_transfer_params, as a vLLM without a KV connector.
+	Role string
+	// KVTransferMs and KVTransferUsPerToken model a decode leg's pull of
+	// its prompt's KV cache: a fixed part and a part per token not cached
+	// on the decode replica (scaled by TimeScale).
+	KVTransferMs         float64
+	KVTransferUsPerToken float64
+	// KVHoldSecs is how long a prefill's blocks wait for a decode replica
+	// to pull them (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT); 0 means
+	// DefaultKVHoldSecs. Wall-clock, not scaled.
+	KVHoldSecs float64
+
 	// Logger receives fault changes and aborted connections; nil discards.
 	Logger *slog.Logger
 }
@@ -121,6 +137,10 @@ func DefaultConfig() Config {
 		OutputTokens:      DefaultOutputTokens,
 		StoredResponses:   DefaultStoredResponses,
 		TimeScale:         1,
+		// A 10k-token prompt pulls in 50 ms: ~25 GB/s for a 7B model's
+		// 128 KB a token, what NIXL over RDMA moves.
+		KVTransferUsPerToken: DefaultKVTransferUsPerToken,
+		KVHoldSecs:           DefaultKVHoldSecs,
 	}
 }
 
@@ -146,6 +166,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StoredResponses == 0 {
 		c.StoredResponses = DefaultStoredResponses
+	}
+	if c.KVHoldSecs == 0 {
+		c.KVHoldSecs = DefaultKVHoldSecs
 	}
 	return c
 }
@@ -175,6 +198,9 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("stored responses must be 0 (default) or positive, got %d", c.StoredResponses))
 	}
 	errs = append(errs, validateModels(c)...)
+	if c.Role != "" && c.Role != RolePrefill && c.Role != RoleDecode {
+		errs = append(errs, fmt.Errorf("%w, got %q", errBadRole, c.Role))
+	}
 	if c.OutputTokens < 1 || c.OutputTokens > MaxOutputTokens {
 		errs = append(errs, fmt.Errorf("output tokens must be in 1..%d, got %d", MaxOutputTokens, c.OutputTokens))
 	}
@@ -186,6 +212,9 @@ func (c Config) Validate() error {
 		{"decode ms per token", c.DecodeMsPerToken},
 		{"decode slowdown", c.DecodeSlowdown},
 		{"time scale", c.TimeScale},
+		{"KV transfer ms", c.KVTransferMs},
+		{"KV transfer µs per token", c.KVTransferUsPerToken},
+		{"KV hold seconds", c.KVHoldSecs},
 	} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must be a finite non-negative number, got %v", f.name, f.v))

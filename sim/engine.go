@@ -32,6 +32,9 @@ type job struct {
 	// priority is the request's "priority" field (vLLM: lower runs first
 	// under the priority scheduling policy).
 	priority int
+	// remoteDecode: a prefill leg (pd.go); pull: a decode leg's transfer.
+	remoteDecode bool
+	pull         *kvParams
 }
 
 // newJob prepares the engine's view of a rendered prompt, or answers vLLM's

@@ -126,6 +126,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		// a programming error that should be loud in tests.
 		panic("sim: encoding response: " + err.Error())
 	}
+	writeRawJSON(w, status, b)
+}
+
+// writeRawJSON writes an encoded JSON body.
+func writeRawJSON(w http.ResponseWriter, status int, b []byte) {
 	b = append(b, '\n')
 	h := w.Header()
 	h.Set("Content-Type", "application/json")

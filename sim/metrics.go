@@ -72,6 +72,9 @@ func newMetrics(s *Server) *metrics {
 			Help: "Blocks held by the prefix cache.",
 		}, func() float64 { return float64(s.cache.len()) }),
 	)
+	if s.pd != nil {
+		m.registry.MustRegister(s.pd.collectors()...)
+	}
 	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
 		// A scrape should show whatever it can rather than fail whole.
 		ErrorHandling: promhttp.ContinueOnError,

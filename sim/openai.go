@@ -15,6 +15,7 @@ type streamOptions struct {
 }
 
 type chatRequest struct {
+	kvField
 	Model               string          `json:"model"`
 	Messages            []chatMessage   `json:"messages"`
 	Tools               json.RawMessage `json:"tools"`
@@ -27,6 +28,7 @@ type chatRequest struct {
 }
 
 type completionRequest struct {
+	kvField
 	Model         string          `json:"model"`
 	Prompt        json.RawMessage `json:"prompt"`
 	Stream        bool            `json:"stream"`

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 )
 
@@ -30,12 +31,21 @@ func (s *Server) serveGeneration(ctx context.Context, w http.ResponseWriter, r *
 		return err
 	}
 	j, aerr := prepare()
+	if aerr == nil {
+		if k, ok := req.(interface{ kvParams() json.RawMessage }); ok {
+			aerr = s.readKV(j, k.kvParams())
+		}
+	}
 	if aerr != nil {
 		aerr.write(w, style)
 		return nil
 	}
 
-	done, err := s.admit(ctx, j)
+	admit := s.admit
+	if j.pull != nil {
+		admit = s.admitRemote
+	}
+	done, err := admit(ctx, j)
 	if err != nil {
 		return err
 	}
@@ -49,6 +59,11 @@ func (s *Server) serveGeneration(ctx context.Context, w http.ResponseWriter, r *
 		out, err := dec.generate(text, j.maxTokens)
 		if err != nil {
 			return err
+		}
+		if j.remoteDecode {
+			b, _ := json.Marshal(rp.whole(out)) // our own types
+			writeRawJSON(w, http.StatusOK, withKV(b, s.holdTransfer(j, r.Host)))
+			return nil
 		}
 		writeJSON(w, http.StatusOK, rp.whole(out))
 		return nil

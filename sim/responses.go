@@ -19,6 +19,7 @@ import (
 // replica that produced it, and on no other.
 
 type responsesRequest struct {
+	kvField
 	Model              string          `json:"model"`
 	Input              json.RawMessage `json:"input"`
 	Instructions       *string         `json:"instructions"`

@@ -34,6 +34,7 @@ type Server struct {
 	slots   *semaphore.Weighted // prefill slots, granted in FIFO order
 	seqs    *sequences          // the running batch and the engine's waiting queue
 	metrics *metrics
+	pd      *pdState // nil without a role
 	handler http.Handler
 	started time.Time
 
@@ -90,6 +91,9 @@ func New(cfg Config) *Server {
 		started: time.Now(),
 	}
 	s.life, s.endLife = context.WithCancelCause(context.Background())
+	if cfg.Role != "" {
+		s.pd = newPDState(cfg.Name)
+	}
 	s.metrics = newMetrics(s)
 	s.handler = s.routes()
 	return s
@@ -166,6 +170,8 @@ type Stats struct {
 	// Queued counts those waiting for a prefill slot.
 	Running int64 `json:"running"`
 	Queued  int64 `json:"queued"`
+	// PD is the replica's prefill/decode side; nil without a role.
+	PD *PDStats `json:"pd,omitempty"`
 }
 
 // Stats returns current counters.
@@ -178,6 +184,7 @@ func (s *Server) Stats() Stats {
 		CacheBlocks:      s.cache.len(),
 		Running:          s.running.Load(),
 		Queued:           s.queued.Load(),
+		PD:               s.pdStats(),
 	}
 }
 
@@ -222,6 +229,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/sim/fault", s.serveFault)
 	mux.HandleFunc("/sim/reset", s.serveReset)
 	mux.HandleFunc("/sim/match", s.serveMatch)
+	mux.Handle(pathKVPull, s.diesWhenDown(http.HandlerFunc(s.servePull)))
 	mux.Handle("/", s.diesWhenDown(http.HandlerFunc(serveNotFound)))
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -43,7 +43,7 @@ func newRootCmd() *cobra.Command {
 		Version:      buildinfo.String("cart-bench"),
 		SilenceUsage: true,
 	}
-	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newEPPOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd(), newOverloadCmd(), newAlternateCmd())
+	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newEPPOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd(), newOverloadCmd(), newAlternateCmd(), newPDCmd())
 	return root
 }
 
@@ -517,5 +517,38 @@ data planes in distributed mode), shed (a sheddable flood).`,
 	f.DurationVar(&c.Warmup, "warmup", c.Warmup, "the flood's head start before its window")
 	f.StringSliceVar(&c.Scenarios, "scenarios", c.Scenarios, "scenarios: "+strings.Join(bench.OverloadScenarios, ", "))
 	f.StringSliceVar(&c.Targets, "targets", c.Targets, "targets: "+strings.Join(bench.OverloadTargets, ", "))
+	return cmd
+}
+
+func newPDCmd() *cobra.Command {
+	c := bench.DefaultPD()
+	out := filepath.Join(repoRoot(), "bench", "results", time.Now().UTC().Format("2006-01-02")+"-pd")
+	cmd := &cobra.Command{
+		Use:   "pd [flags]", // not the bare word: that is reason "pd" (engine.ReasonPD)
+		Short: "Prefill/decode: four cart-sims split (2 prefill + 2 decode) or whole, behind CART, on the shared traces",
+		Long: `Replays the suite's slices of the shared traces through three set-ups of
+the same four cart-sim replicas: cart-pd (two prefill, two decode: CART picks
+the prefill worker by prefix, the decode worker by load, and runs vLLM's
+two-step protocol), blind-pd (the same split pool, prefix matching off: the
+prefill worker picked blind, as a round-robin proxy would) and cart-agg (the
+four replicas whole). Reports the hit ratio where prompts are computed (the
+prefill replicas, or all four), the client's TTFT p50/p99, errors and CART's
+per-leg latencies.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			res, err := bench.RunPD(cmd.Context(), repoRoot(), out, c, cmd.ErrOrStderr())
+			if res != nil {
+				fmt.Fprint(cmd.OutOrStdout(), bench.FormatPD(res))
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&out, "out", out, "results directory (results.json, summary.md, logs/)")
+	f.StringSliceVar(&c.Traces, "traces", c.Traces, "traces under ../shared/traces")
+	f.StringSliceVar(&c.Targets, "targets", c.Targets, "targets: "+strings.Join(bench.PDTargets, ", "))
+	f.Float64Var(&c.KVTransferUsPerToken, "kv-transfer-us-per-token", c.KVTransferUsPerToken, "decode replicas' KV pull time per token")
+	f.IntVar(&c.Prefill, "prefill", c.Prefill, "prefill replicas of the split pool")
+	f.IntVar(&c.Decode, "decode", c.Decode, "decode replicas of the split pool (the whole pool has prefill + decode replicas)")
 	return cmd
 }

@@ -129,6 +129,10 @@ POST /sim/reset.`,
 	f.StringVar(&kv.ReplayEndpoint, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER here that replays buffered event batches from a requested sequence number")
 	f.StringVar(&kv.Topic, "kv-events-topic", "", "topic frame of every KV event message")
 	f.StringVar(&kvEncoding, "kv-events-encoding", "map", "KV event layout: map (events are maps tagged by \"type\", current vLLM) or array (older vLLM)")
+	f.StringVar(&cfg.Role, "pd-role", "", "prefill or decode: a replica of a split pool speaking vLLM's NIXL connector protocol (kv_transfer_params); empty ignores the field")
+	f.Float64Var(&cfg.KVTransferMs, "kv-transfer-ms", cfg.KVTransferMs, "decode legs: fixed time of a KV pull from the prefill replica, in milliseconds")
+	f.Float64Var(&cfg.KVTransferUsPerToken, "kv-transfer-us-per-token", cfg.KVTransferUsPerToken, "decode legs: KV pull time per prompt token not cached on the decode replica, in microseconds")
+	f.Float64Var(&cfg.KVHoldSecs, "kv-hold-secs", cfg.KVHoldSecs, "prefill legs: how long finished blocks wait for a decode replica to pull them (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
 	return cmd
 }
 
@@ -193,7 +197,7 @@ func serveListener(ctx context.Context, ln net.Listener, pub *kvevents.Publisher
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	logger.Info("cart-sim listening", "addr", ln.Addr().String(), "name", cfg.Name, "model", cfg.Model,
-		"cache_tokens", cfg.CacheTokens, "max_concurrency", cfg.MaxConcurrency, "time_scale", cfg.TimeScale)
+		"cache_tokens", cfg.CacheTokens, "max_concurrency", cfg.MaxConcurrency, "time_scale", cfg.TimeScale, "pd_role", cfg.Role)
 
 	select {
 	case err := <-errc:

@@ -53,7 +53,8 @@ func TestFlagsMapToConfig(t *testing.T) {
 		"--decode-slowdown", "0.1", "--max-concurrency", "4", "--model", "m",
 		"--output-tokens", "64", "--seed", "7", "--time-scale", "0.5",
 		"--models", "m,m-alias", "--lora-modules", "sql=/adapters/sql", "--lora-modules", "chat=/adapters/chat",
-		"--no-cache-details", "--stored-responses", "5")
+		"--no-cache-details", "--stored-responses", "5",
+		"--pd-role", "decode", "--kv-transfer-ms", "2", "--kv-transfer-us-per-token", "7.5", "--kv-hold-secs", "30")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +65,7 @@ func TestFlagsMapToConfig(t *testing.T) {
 		Models:         []string{"m", "m-alias"},
 		LoRAModules:    []sim.LoRAModule{{Name: "sql", Path: "/adapters/sql"}, {Name: "chat", Path: "/adapters/chat"}},
 		NoCacheDetails: true, StoredResponses: 5,
+		Role: "decode", KVTransferMs: 2, KVTransferUsPerToken: 7.5, KVHoldSecs: 30,
 	}
 	if listen != "127.0.0.1:18001" || !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("got %s %+v\nwant %+v", listen, cfg, want)
@@ -93,6 +95,8 @@ func TestInvalidFlagsAreRejected(t *testing.T) {
 		{"--lora-modules", "nopath"},
 		{"--lora-modules", "a=/p", "--models", "a"},
 		{"--stored-responses", "-1"},
+		{"--pd-role", "both"},
+		{"--kv-transfer-us-per-token", "-1"},
 		{"--kv-events-encoding", "json", "--kv-events-endpoint", "tcp://127.0.0.1:1"},
 		{"--kv-events-topic", "t"},
 		{"--kv-events-replay-endpoint", "tcp://127.0.0.1:2"},

@@ -287,14 +287,15 @@ func TestE2EWorkersRoundTrip(t *testing.T) {
 	if want := "added worker http://w1:8000: max_load 8, load_penalty 2, cache capacity default tokens\n"; r.stdout != want {
 		t.Errorf("add output %q, want %q", r.stdout, want)
 	}
-	cartctl(t, env, "", "workers", "add", "http://w2:8000", "--cache-capacity-tokens", "500000").must(t, exitOK)
+	cartctl(t, env, "", "workers", "add", "http://w2:8000", "--cache-capacity-tokens", "500000", "--role", "prefill").must(t, exitOK)
 	// Adding again with the same settings is idempotent.
-	cartctl(t, env, "", "workers", "add", "http://w2:8000", "--cache-capacity-tokens", "500000").must(t, exitOK)
+	cartctl(t, env, "", "workers", "add", "http://w2:8000", "--cache-capacity-tokens", "500000", "--role", "prefill").must(t, exitOK)
+	cartctl(t, env, "", "workers", "add", "http://w3:8000", "--role", "Decode").must(t, exitUsage)
 
 	r = cartctl(t, env, "", "workers", "list").must(t, exitOK)
-	want := `URL             HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY  ENGINE_CACHE  SOURCE
-http://w1:8000  yes      0     8          2        default   -             static
-http://w2:8000  yes      0     unlimited  0        500000    -             static
+	want := `URL             HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY  ENGINE_CACHE  SOURCE  ROLE
+http://w1:8000  yes      0     8          2        default   -             static  both
+http://w2:8000  yes      0     unlimited  0        500000    -             static  prefill
 
 2 worker(s), workers version 2; CAPACITY is in tokens; ENGINE_CACHE is occupied/size tokens from the engine's KV events (- without)
 `
@@ -509,7 +510,7 @@ func TestE2ERoute(t *testing.T) {
 	}
 	got := f.lastRoute(t)
 	want := &cartv1.RouteRequest{Endpoint: "chat_completions", Model: "llama", Text: text,
-		ExcludeWorkers: []string{"http://w9:1", "http://w8:1"}, DryRun: true}
+		ExcludeWorkers: []string{"http://w9:1", "http://w8:1"}, DryRun: true, Disaggregation: cartv1.Disaggregation_DISAGGREGATION_PAIR}
 	if !proto.Equal(got, want) {
 		t.Errorf("Route request %v, want %v", got, want)
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/config"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -71,10 +72,10 @@ func capacityText(n int64) string {
 
 func writeWorkersTable(w io.Writer, resp *cartv1.ListWorkersResponse) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "URL\tHEALTHY\tLOAD\tMAX_LOAD\tPENALTY\tCAPACITY\tENGINE_CACHE\tSOURCE")
+	fmt.Fprintln(tw, "URL\tHEALTHY\tLOAD\tMAX_LOAD\tPENALTY\tCAPACITY\tENGINE_CACHE\tSOURCE\tROLE")
 	for _, wk := range resp.GetWorkers() {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", wk.GetUrl(), yesNo(wk.GetHealthy()), wk.GetLoad(),
-			maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()), engineCacheText(wk.GetKvCache()), sourceText(wk))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", wk.GetUrl(), yesNo(wk.GetHealthy()), wk.GetLoad(),
+			maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()), engineCacheText(wk.GetKvCache()), sourceText(wk), roleText(wk.GetRole()))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -115,8 +116,21 @@ func sourceText(wk *cartv1.Worker) string {
 
 // workerSummary is the one-line confirmation after add and update.
 func workerSummary(wk *cartv1.Worker) string {
-	return fmt.Sprintf("max_load %s, load_penalty %d, cache capacity %s tokens",
+	s := fmt.Sprintf("max_load %s, load_penalty %d, cache capacity %s tokens",
 		maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()))
+	if r := wk.GetRole(); r != "" && r != config.RoleBothName {
+		s += ", role " + r
+	}
+	return s
+}
+
+// roleText names a worker's role; a control plane older than roles sends
+// none, and its workers all serve whole requests.
+func roleText(r string) string {
+	if r == "" {
+		return config.RoleBothName
+	}
+	return r
 }
 
 func writeClusterStatus(w io.Writer, st *cartv1.ClusterStatusResponse) error {

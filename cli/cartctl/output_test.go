@@ -12,7 +12,7 @@ import (
 var sampleWorkers = &cartv1.ListWorkersResponse{
 	Workers: []*cartv1.Worker{
 		{Url: "http://10.0.0.5:8000", MaxLoad: 32, LoadPenalty: 2, CacheCapacityTokens: 1000000, Healthy: true, Load: 7},
-		{Url: "http://10.0.0.6:8000", Source: "dns", Draining: true},
+		{Url: "http://10.0.0.6:8000", Source: "dns", Draining: true, Role: "prefill"},
 	},
 	WorkersVersion: 12,
 }
@@ -53,9 +53,9 @@ func TestOutputGolden(t *testing.T) {
 		write func(*bytes.Buffer) error
 		want  string
 	}{
-		{"workers table", func(b *bytes.Buffer) error { return writeWorkersTable(b, sampleWorkers) }, `URL                   HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY  ENGINE_CACHE  SOURCE
-http://10.0.0.5:8000  yes      7     32         2        1000000   -             static
-http://10.0.0.6:8000  no       0     unlimited  0        default   -             dns (draining)
+		{"workers table", func(b *bytes.Buffer) error { return writeWorkersTable(b, sampleWorkers) }, `URL                   HEALTHY  LOAD  MAX_LOAD   PENALTY  CAPACITY  ENGINE_CACHE  SOURCE          ROLE
+http://10.0.0.5:8000  yes      7     32         2        1000000   -             static          both
+http://10.0.0.6:8000  no       0     unlimited  0        default   -             dns (draining)  prefill
 
 2 worker(s), workers version 12; CAPACITY is in tokens; ENGINE_CACHE is occupied/size tokens from the engine's KV events (- without)
 `},
@@ -77,7 +77,8 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   -            
       "models": [],
       "kv_cache": null,
       "max_concurrency": 0,
-      "concurrency_limit": 0
+      "concurrency_limit": 0,
+      "role": ""
     },
     {
       "url": "http://10.0.0.6:8000",
@@ -95,7 +96,8 @@ http://10.0.0.6:8000  no       0     unlimited  0        default   -            
       "models": [],
       "kv_cache": null,
       "max_concurrency": 0,
-      "concurrency_limit": 0
+      "concurrency_limit": 0,
+      "role": "prefill"
     }
   ],
   "workers_version": "12"
@@ -161,6 +163,19 @@ leader id:     n1
 why: empty text: there was no key text to match on, so the least-loaded worker
 was chosen. The least-loaded worker was http://w2.
 `},
+		{"route table of a pair", func(b *bytes.Buffer) error {
+			return writeRoute(b, &cartv1.RouteResponse{Worker: "http://d1", Reason: "pd", MatchedChars: 128, MatchedRatio: 0.8, FromLeader: true, LeaderId: "n1",
+				Prefill: &cartv1.PrefillLeg{Worker: "http://p1", Reason: "cache_hit", MatchedChars: 128, MatchedRatio: 0.8, ChosenChars: 128}}, 160, "")
+		}, `worker:        http://d1
+prefill:       http://p1 (cache_hit, holds 128 chars)
+reason:        pd
+matched:       128 of 160 chars (ratio 0.80)
+candidate:     -
+chosen chars:  0
+decision:      0µs
+from leader:   yes
+leader id:     n1
+`},
 		{"route json explained", func(b *bytes.Buffer) error { return writeRouteJSON(b, sampleRoute, "because") }, `{
   "worker": "http://10.0.0.5:8000",
   "reason": "cache_hit",
@@ -179,6 +194,8 @@ was chosen. The least-loaded worker was http://w2.
   "queued": false,
   "waited_micros": "0",
   "queue_depth": 0,
+  "prefill": null,
+  "whole": "",
   "explanation": "because"
 }
 `},

@@ -31,6 +31,7 @@ type routeFlags struct {
 	model    string
 	exclude  []string
 	explain  bool
+	whole    bool
 }
 
 func (a *app) routeCmd() *cobra.Command {
@@ -53,6 +54,12 @@ byte for byte (a trailing newline is part of the text).
 a client would send it to --endpoint: cartctl extracts the key text with the
 data plane's own code, and takes the model from the body unless --model is
 given, so the answer is exactly what that request would get.
+
+In a pool with prefill and decode workers the request is asked as one
+that may be split (as data planes ask for the endpoints of
+disaggregation.endpoints): the answer names the prefill worker and the
+decode worker, or says why the request would go whole. --whole asks for a
+whole decision instead.
 
 --explain adds a plain-English account of the rule that fired. With -o json
 the output is the RouteResponse message, plus an "explanation" field with
@@ -87,6 +94,10 @@ the output is the RouteResponse message, plus an "explanation" field with
 					Text:           text,
 					ExcludeWorkers: f.exclude,
 					DryRun:         true,
+					Disaggregation: cartv1.Disaggregation_DISAGGREGATION_PAIR,
+				}
+				if f.whole {
+					req.Disaggregation = cartv1.Disaggregation_DISAGGREGATION_UNSPECIFIED
 				}
 				resp, err := call(ctx, s.cp, func(ctx context.Context, e endpoint) (*connect.Response[cartv1.RouteResponse], error) {
 					return e.router.Route(ctx, connect.NewRequest(req))
@@ -113,6 +124,7 @@ the output is the RouteResponse message, plus an "explanation" field with
 	fl.StringVar(&f.model, "model", "", "model name of the request (seeds the prefix hashes)")
 	fl.StringArrayVar(&f.exclude, "exclude", nil, "worker URL the request must not go to (repeatable)")
 	fl.BoolVar(&f.explain, "explain", false, "explain the routing rule that fired")
+	fl.BoolVar(&f.whole, "whole", false, "ask for a whole decision (no prefill/decode split)")
 	return cmd
 }
 
@@ -169,6 +181,12 @@ func writeRoute(w io.Writer, r *cartv1.RouteResponse, keyLen int, why string) er
 		fmt.Fprintf(tw, "queue:\t%d waiting\n", r.GetQueueDepth())
 	} else {
 		fmt.Fprintf(tw, "worker:\t%s\n", r.GetWorker())
+	}
+	if p := r.GetPrefill(); p != nil {
+		fmt.Fprintf(tw, "prefill:\t%s (%s, holds %d chars)\n", p.GetWorker(), p.GetReason(), p.GetChosenChars())
+	}
+	if wh := r.GetWhole(); wh != "" {
+		fmt.Fprintf(tw, "whole:\t%s\n", wh)
 	}
 	fmt.Fprintf(tw, "reason:\t%s\n", r.GetReason())
 	fmt.Fprintf(tw, "matched:\t%d of %d chars (ratio %.2f)\n", r.GetMatchedChars(), keyLen, r.GetMatchedRatio())
@@ -263,6 +281,17 @@ func explainDetail(r *cartv1.RouteResponse, keyLen int) string {
 		return fmt.Sprintf("%s served this request's session within session.ttl_secs and its load is within "+
 			"the balance rule, so the session stays where its conversation is cached, whatever the prefix match "+
 			"(%d of %d chars here).", worker, n, keyLen)
+	case engine.ReasonPD:
+		p := r.GetPrefill()
+		if p == nil {
+			return fmt.Sprintf("%s decodes; the answer names no prefill worker (a decode leg sent again after its first decode worker refused it).", worker)
+		}
+		pre := explainDetail(&cartv1.RouteResponse{Worker: p.GetWorker(), Reason: p.GetReason(), MatchedChars: p.GetMatchedChars(),
+			MatchedRatio: p.GetMatchedRatio(), Candidate: p.GetCandidate(), ChosenChars: p.GetChosenChars()}, keyLen)
+		return fmt.Sprintf("Prefill on %s, chosen among the prefill workers as any request is (%s): %s Decode on %s, the "+
+			"least-loaded decode worker with room. Each takes a unit of load of its own; the prefix is recorded on the "+
+			"prefill worker. Below disaggregation.threshold_tokens uncached prompt tokens, or with no prefill or no decode "+
+			"worker able to take it, the request would go whole instead.", p.GetWorker(), p.GetReason(), pre, worker)
 	case engine.ReasonFallbackLocal:
 		return fmt.Sprintf("A data plane records this when it cannot reach the control plane and picks %s by its own "+
 			"in-flight counts and shadow index; the control plane itself never answers with it.", worker)

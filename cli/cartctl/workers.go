@@ -68,6 +68,7 @@ type workerFlags struct {
 	maxConc     uint32
 	loadPenalty uint32
 	capacity    int64
+	role        string
 }
 
 const (
@@ -75,6 +76,7 @@ const (
 	flagMaxConc     = "max-concurrency"
 	flagLoadPenalty = "load-penalty"
 	flagCapacity    = "cache-capacity-tokens"
+	flagRole        = "role"
 )
 
 func (f *workerFlags) register(cmd *cobra.Command) {
@@ -82,6 +84,7 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	cmd.Flags().Uint32Var(&f.maxConc, flagMaxConc, 0, "requests the worker's engine runs at once (vLLM --max-num-seqs); more wait in CART's queue (0 = learn it from the engine's metrics)")
 	cmd.Flags().Uint32Var(&f.loadPenalty, flagLoadPenalty, 0, "constant added to the worker's load when balancing (steers traffic away from slower hardware)")
 	cmd.Flags().Int64Var(&f.capacity, flagCapacity, 0, "modelled KV cache capacity in tokens (0 = pool default)")
+	cmd.Flags().StringVar(&f.role, flagRole, "", "the part of requests the worker serves: both (whole requests, the default), prefill or decode (prefill/decode disaggregation)")
 }
 
 // parse checks the worker URL argument and the flags, so that a mistake is
@@ -94,6 +97,9 @@ func (f *workerFlags) parse(rawURL string) (string, error) {
 	}
 	if f.capacity < 0 {
 		return "", usagef("--%s must not be negative", flagCapacity)
+	}
+	if !config.ValidRole(f.role) {
+		return "", usagef("--%s must be both, prefill or decode, got %q", flagRole, f.role)
 	}
 	return u, nil
 }
@@ -119,7 +125,7 @@ Raft cluster has committed it; data planes learn it within one sync interval.
 
 Adding a worker that already exists with the same settings succeeds; with
 other settings it fails with exit code 4 (use 'cartctl workers update').`),
-		Example: "  cartctl workers add http://10.0.0.5:8000 --max-load 32 --load-penalty 2",
+		Example: "  cartctl workers add http://10.0.0.5:8000 --max-load 32 --load-penalty 2\n  cartctl workers add http://10.0.0.6:8000 --role prefill",
 		Args:    checkArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			u, err := f.parse(args[0])
@@ -127,7 +133,7 @@ other settings it fails with exit code 4 (use 'cartctl workers update').`),
 				return err
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
-				w := &cartv1.Worker{Url: u, MaxLoad: f.maxLoad, MaxConcurrency: f.maxConc, LoadPenalty: f.loadPenalty, CacheCapacityTokens: f.capacity}
+				w := &cartv1.Worker{Url: u, MaxLoad: f.maxLoad, MaxConcurrency: f.maxConc, LoadPenalty: f.loadPenalty, CacheCapacityTokens: f.capacity, Role: f.role}
 				resp, err := adminCall(ctx, s.cp, cartv1connect.AdminServiceClient.AddWorker, &cartv1.AddWorkerRequest{Worker: w})
 				if err != nil {
 					return err
@@ -145,8 +151,8 @@ func (a *app) workersUpdateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "update URL",
 		Short: "Change a worker's settings",
-		Long: withExitCodes(`Change a worker's max load, load penalty or cache capacity. Only the
-flags given change; the others keep their current values.
+		Long: withExitCodes(`Change a worker's max load, load penalty, cache capacity or role. Only
+the flags given change; the others keep their current values.
 
 The API replaces all three settings at once, so cartctl reads the current
 ones first. Two operators updating the same worker at the same moment can
@@ -159,8 +165,8 @@ therefore overwrite each other's change to a different setting.`),
 				return err
 			}
 			fl := cmd.Flags()
-			if !fl.Changed(flagMaxLoad) && !fl.Changed(flagMaxConc) && !fl.Changed(flagLoadPenalty) && !fl.Changed(flagCapacity) {
-				return usagef("nothing to update: give --%s, --%s, --%s or --%s", flagMaxLoad, flagMaxConc, flagLoadPenalty, flagCapacity)
+			if !fl.Changed(flagMaxLoad) && !fl.Changed(flagMaxConc) && !fl.Changed(flagLoadPenalty) && !fl.Changed(flagCapacity) && !fl.Changed(flagRole) {
+				return usagef("nothing to update: give --%s, --%s, --%s, --%s or --%s", flagMaxLoad, flagMaxConc, flagLoadPenalty, flagCapacity, flagRole)
 			}
 			return a.withSession(cmd, func(ctx context.Context, s *session) error {
 				list, err := listWorkers(ctx, s.cp)
@@ -177,7 +183,10 @@ therefore overwrite each other's change to a different setting.`),
 				if cur == nil {
 					return connect.NewError(connect.CodeNotFound, fmt.Errorf("worker %s not found", u))
 				}
-				w := &cartv1.Worker{Url: u, MaxLoad: cur.GetMaxLoad(), MaxConcurrency: cur.GetMaxConcurrency(), LoadPenalty: cur.GetLoadPenalty(), CacheCapacityTokens: cur.GetCacheCapacityTokens()}
+				w := &cartv1.Worker{Url: u, MaxLoad: cur.GetMaxLoad(), MaxConcurrency: cur.GetMaxConcurrency(), LoadPenalty: cur.GetLoadPenalty(), CacheCapacityTokens: cur.GetCacheCapacityTokens(), Role: cur.GetRole()}
+				if fl.Changed(flagRole) {
+					w.Role = f.role
+				}
 				if fl.Changed(flagMaxLoad) {
 					w.MaxLoad = f.maxLoad
 				}

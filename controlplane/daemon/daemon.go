@@ -388,7 +388,7 @@ func (d *Daemon) seedWorkers(ctx context.Context) {
 			}
 			cmd := &cartv1.SetWorkersCommand{}
 			for _, w := range d.cfg.Workers {
-				cmd.Workers = append(cmd.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), MaxConcurrency: uint32(w.MaxConcurrency), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: w.CacheCapacityTokens, Source: state.SourceStatic})
+				cmd.Workers = append(cmd.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), MaxConcurrency: uint32(w.MaxConcurrency), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: w.CacheCapacityTokens, Source: state.SourceStatic, Role: w.Role})
 			}
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := d.Node.Apply(actx, &cartv1.RaftCommand{RequestId: "seed-workers", Actor: "node " + d.cfg.ControlPlane.NodeID + " (workers from its config, first bootstrap)", Body: &cartv1.RaftCommand_SetWorkers{SetWorkers: cmd}})
@@ -479,10 +479,10 @@ func (s cpSink) Pool() map[string]string {
 	return out
 }
 
-func (s cpSink) Add(ctx context.Context, url string) error {
+func (s cpSink) Add(ctx context.Context, url, role string) error {
 	maxLoad, penalty, capTokens := discovery.Defaults(s.d.cfg, s.source)
 	spec := &cartv1.WorkerSpec{Url: url, MaxLoad: uint32(maxLoad), LoadPenalty: uint32(penalty),
-		CacheCapacityTokens: capTokens, Source: s.source}
+		CacheCapacityTokens: capTokens, Source: s.source, Role: role}
 	return s.apply(ctx, &cartv1.RaftCommand{RequestId: "discovery-" + s.source + "-add " + url,
 		Body: &cartv1.RaftCommand_UpsertWorker{UpsertWorker: &cartv1.UpsertWorkerCommand{Worker: spec}}})
 }

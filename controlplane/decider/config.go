@@ -25,6 +25,7 @@ func PolicyFrom(cfg *config.Config) engine.Policy {
 		HotFraction:         c.HotPrefixFraction,
 		ReservePriority:     cfg.Flow.ReservePriority,
 		ReserveSlots:        cfg.Flow.ReserveSlots,
+		PDThresholdTokens:   cfg.Disaggregation.ThresholdTokens,
 	}
 	if cfg.Session.Enabled {
 		p.SessionTTL = int64(config.Seconds(cfg.Session.TTLSecs))

@@ -124,6 +124,10 @@ type Decision struct {
 	// Pinned: the decision followed Request.PinTo.
 	Pinned bool
 	Ticket Ticket
+	// PrefillTicket settles the prefill leg of a split decision
+	// (Decision.Prefill): its own load on its own worker, and the
+	// prompt's placement. The zero Ticket for a whole decision.
+	PrefillTicket Ticket
 	// Waited is how long the request waited in the flow-control queue
 	// for a worker with room (0: it did not wait).
 	Waited time.Duration
@@ -206,11 +210,23 @@ func (d *Decider) Route(req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	// Placed points into the caller's hash buffer, which may be pooled and
-	// reused once the request is over; the ticket must not depend on it.
-	dec.Ticket.placed = slices.Clone(dec.Placed)
+	dec.ownPlaced()
 	return dec, nil
 }
+
+// ownPlaced gives the decision's tickets their own copies of the blocks
+// they placed: Placed points into the caller's hash buffer, which may be
+// pooled and reused once the request is over; a ticket must not depend on
+// it.
+func (dec *Decision) ownPlaced() {
+	dec.Ticket.placed = slices.Clone(dec.Placed)
+	if dec.Prefill != nil {
+		dec.PrefillTicket.placed = slices.Clone(dec.Prefill.Placed)
+	}
+}
+
+// Split reports whether the decision has a prefill leg.
+func (dec *Decision) Split() bool { return dec.Prefill != nil }
 
 // route is one decision under the lock.
 func (d *Decider) route(req Request, now time.Time) (Decision, error) {
@@ -228,15 +244,34 @@ func (d *Decider) route(req Request, now time.Time) (Decision, error) {
 			}
 		}
 		req.Exclude, pinned = ex, true
+		// Whatever its role: a stored response is served whole by the
+		// worker holding it.
+		req.AnyRole, req.Disagg = true, engine.DisaggNone
 	}
 	ed, err := d.eng.Route(req.Request, now.UnixNano())
 	if err != nil {
 		return Decision{}, capacity(err)
 	}
-	return Decision{Decision: ed, Pinned: pinned, Ticket: Ticket{
+	dec := Decision{Decision: ed, Pinned: pinned, Ticket: Ticket{
 		Worker: ed.Worker, issuer: d, placed: ed.Placed, at: now,
 		keyLen: req.KeyLen, predicted: ed.ChosenChars, placedAgo: ed.PlacedAgo,
-	}}, nil
+	}}
+	if p := ed.Prefill; p != nil {
+		dec.PrefillTicket = Ticket{Worker: p.Worker, issuer: d, placed: p.Placed, at: now,
+			keyLen: req.KeyLen, predicted: p.ChosenChars, placedAgo: p.PlacedAgo}
+	}
+	return dec, nil
+}
+
+// drop takes back an untracked decision nobody will use: its load
+// released and its placement withdrawn, on each of its legs. d.mu held.
+func (d *Decider) drop(dec Decision) {
+	d.eng.Release(dec.Worker)
+	d.eng.Unplace(dec.Decision)
+	if p := dec.Prefill; p != nil {
+		d.eng.Release(p.Worker)
+		d.eng.Unplace(*p)
+	}
 }
 
 // PinnedGoneError: the worker a request was pinned to has left the pool.

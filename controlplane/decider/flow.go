@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/engine"
@@ -166,7 +165,7 @@ func (d *Decider) admit(ctx context.Context, c *Caller, req Request, a Admission
 			return Decision{}, capacity(err)
 		}
 		if c == nil {
-			dec.Ticket.placed = slices.Clone(dec.Placed) // track cloned a tracked one's
+			dec.ownPlaced() // track cloned a tracked one's
 		}
 		dec.Ticket.tenant = a.Tenant
 		d.setTicketTenant(dec.Ticket.ID, a.Tenant, 0)
@@ -243,12 +242,16 @@ func (d *Decider) leave(w *waiter, err error, reason string) (Decision, error) {
 // undo releases a decision nobody will use. d.mu held.
 func (d *Decider) undo(c *Caller, dec Decision) {
 	if c != nil && dec.Ticket.ID != 0 {
-		d.settle(dec.Ticket.ID, Outcome{}, true)
+		d.settlePair(dec.Ticket.ID)
 		d.dropped[DropAbandoned].Add(1)
 		return
 	}
 	d.eng.Release(dec.Worker)
 	d.settleIndex(&dec.Ticket, Outcome{})
+	if dec.Split() {
+		d.eng.Release(dec.PrefillTicket.Worker)
+		d.settleIndex(&dec.PrefillTicket, Outcome{})
+	}
 }
 
 // decide is one decision under the lock: for a data plane (c != nil) a
@@ -259,8 +262,7 @@ func (d *Decider) decide(ctx context.Context, c *Caller, req Request, now time.T
 		return dec, err
 	}
 	if err := ctx.Err(); err != nil || c.Expired != nil && c.Expired() {
-		d.eng.Release(dec.Worker)
-		d.eng.Unplace(dec.Decision)
+		d.drop(dec)
 		d.dropped[DropAbandoned].Add(1)
 		if err == nil {
 			err = context.DeadlineExceeded
@@ -295,7 +297,7 @@ func (d *Decider) pump() {
 		switch {
 		case err == nil:
 			if w.caller == nil {
-				dec.Ticket.placed = slices.Clone(dec.Placed)
+				dec.ownPlaced()
 			}
 			dec.Ticket.tenant, dec.Ticket.cost = w.adm.Tenant, w.adm.Cost
 			d.setTicketTenant(dec.Ticket.ID, w.adm.Tenant, w.adm.Cost)

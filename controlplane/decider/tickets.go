@@ -98,6 +98,11 @@ type tracked struct {
 	id    uint64
 	dp    string
 	route uint64 // the data plane's route id (0 = none)
+	// A split decision's two tickets share their call's route id: the
+	// decode leg's is the one byRoute finds, and pair names the prefill
+	// leg's (0 = none), which leg marks.
+	pair uint64
+	leg  bool
 	// Links of the two issue-order lists the ticket is on.
 	allPrev, allNext   *tracked
 	pairPrev, pairNext *tracked
@@ -307,19 +312,31 @@ func (d *Decider) routeFor(ctx context.Context, c Caller, req Request) (Decision
 func (d *Decider) track(c Caller, dec *Decision, now time.Time) {
 	// Placed points into the caller's pooled hash buffer; the ticket and
 	// the ledger keep theirs.
-	dec.Ticket.placed = slices.Clone(dec.Placed)
-	dec.Ticket.ID = d.issue(&tracked{Ticket: dec.Ticket, dp: c.DataPlane, route: c.RouteID})
+	dec.ownPlaced()
 	rec := d.dataPlane(c.DataPlane, now)
-	rec.loads[dec.Worker]++
+	var pair uint64
+	if p := dec.Prefill; p != nil {
+		// Issued first: a cap that drops the oldest ticket must not drop
+		// this one between the two issues.
+		pair = d.trackLeg(c, rec, &dec.PrefillTicket, p, true, 0, now)
+	}
+	d.trackLeg(c, rec, &dec.Ticket, &dec.Decision, false, pair, now)
+}
+
+// trackLeg issues t, one leg's ticket of ed, and returns its id. d.mu held.
+func (d *Decider) trackLeg(c Caller, rec *dataPlane, t *Ticket, ed *engine.Decision, leg bool, pair uint64, now time.Time) uint64 {
+	t.ID = d.issue(&tracked{Ticket: *t, dp: c.DataPlane, route: c.RouteID, leg: leg, pair: pair})
+	rec.loads[t.Worker]++
 	if c.RouteID != 0 {
-		rec.issued = appendBounded(rec.issued, issuedRef{dec.Ticket.ID, c.RouteID})
+		rec.issued = appendBounded(rec.issued, issuedRef{t.ID, c.RouteID})
 	}
-	if len(dec.Ticket.placed) > 0 && d.lead.ledger != nil {
-		d.lead.ledger.Place(d.eng, dec.Worker, dec.Ticket.placed, now)
+	if len(t.placed) > 0 && d.lead.ledger != nil {
+		d.lead.ledger.Place(d.eng, t.Worker, t.placed, now)
 	}
-	if len(dec.Touched) > 0 && d.lead.ledger != nil {
-		d.lead.ledger.Touch(d.eng, dec.Worker, dec.Touched, now)
+	if len(ed.Touched) > 0 && d.lead.ledger != nil {
+		d.lead.ledger.Touch(d.eng, t.Worker, ed.Touched, now)
 	}
+	return t.ID
 }
 
 // Completion is a data plane's report on one tracked decision.
@@ -368,7 +385,7 @@ func (d *Decider) settleAll(dp string, cs []Completion, now time.Time) (settled 
 			if !ok || c.RouteID == 0 {
 				continue // undone when its deadline passed, or never decided
 			}
-			d.settle(id, Outcome{}, true)
+			d.settlePair(id)
 			settled++
 			d.dropped[DropAbandoned].Add(1)
 			continue
@@ -407,7 +424,7 @@ func (d *Decider) issue(tk *tracked) (id uint64) {
 	id = l.nextTicket
 	tk.id = id
 	l.tickets[id] = tk
-	if tk.route != 0 {
+	if tk.route != 0 && !tk.leg {
 		l.byRoute[routeKey{tk.dp, tk.route}] = id
 	}
 	l.all.push(tk)
@@ -428,7 +445,7 @@ func (d *Decider) issue(tk *tracked) (id uint64) {
 // unlink takes a ticket off every table. d.mu held.
 func (l *leaderState) unlink(tk *tracked) {
 	delete(l.tickets, tk.id)
-	if tk.route != 0 {
+	if tk.route != 0 && !tk.leg {
 		delete(l.byRoute, routeKey{tk.dp, tk.route})
 	}
 	l.all.remove(tk)
@@ -463,6 +480,19 @@ func (d *Decider) settle(id uint64, o Outcome, release bool) (released bool) {
 	d.settleIndex(&tk.Ticket, o)
 	d.charge(&tk.Ticket, o)
 	return released
+}
+
+// settlePair settles tracked ticket id and its prefill leg, if any, as
+// undelivered: a decision its data plane never used. d.mu held.
+func (d *Decider) settlePair(id uint64) {
+	var pair uint64
+	if tk := d.lead.tickets[id]; tk != nil {
+		pair = tk.pair
+	}
+	d.settle(id, Outcome{}, true)
+	if pair != 0 {
+		d.settle(pair, Outcome{}, true)
+	}
 }
 
 // SyncLoads replaces what the leader counted for data plane dp by its
@@ -579,6 +609,9 @@ func (d *Decider) fence(dp string, rec *dataPlane, counts map[string]int, open m
 	for r := range open {
 		if id, ok := l.byRoute[routeKey{dp, r}]; ok {
 			add(id)
+			if tk := l.tickets[id]; tk.pair != 0 {
+				add(tk.pair) // the open call's other leg
+			}
 		}
 	}
 	for _, u := range f.Unsettled {

@@ -35,7 +35,7 @@ func Watchers(cfg *config.Config, log *slog.Logger, m *Metrics, sink func(source
 	policy := &AddressPolicy{Allowed: allowed, Own: OwnListeners(own...)}
 	var out []*Watcher
 	if cfg.Discovery.DNS.Enabled() {
-		res, err := DNSResolverFrom(cfg)
+		res, err := DNSSourceFrom(cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -46,7 +46,7 @@ func Watchers(cfg *config.Config, log *slog.Logger, m *Metrics, sink func(source
 	}
 	if cfg.Discovery.Kubernetes.Enabled {
 		k := cfg.Discovery.Kubernetes
-		src, err := NewKubernetesSource(KubernetesOptions{Service: k.Service, Selector: k.Selector, InferencePool: k.InferencePool,
+		src, err := NewKubernetesSource(KubernetesOptions{Service: k.Service, Selector: k.Selector, InferencePool: k.InferencePool, RoleLabel: k.RoleLabel,
 			Namespace: k.Namespace, Port: k.Port, Scheme: k.Scheme, Kubeconfig: k.Kubeconfig,
 			SyncTimeout: config.Seconds(k.SyncTimeoutSecs), Logger: log})
 		if err != nil {

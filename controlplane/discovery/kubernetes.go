@@ -37,6 +37,9 @@ type KubernetesOptions struct {
 	Service       string
 	Selector      string
 	InferencePool string
+	// RoleLabel, in selector mode, is the pod label holding a worker's
+	// role (roleOf); "" = every pod serves whole requests.
+	RoleLabel string
 	// Namespace; "" = the namespace of the in-cluster service account, or
 	// of the kubeconfig's current context, else "default".
 	Namespace string
@@ -460,6 +463,7 @@ func (k *KubernetesSource) fromSlices(objs []any) Answer {
 
 func (k *KubernetesSource) fromPods(objs []any) Answer {
 	var eps []string
+	var roles map[string]string
 	portless := 0
 	ports := map[string]bool{}
 	for _, o := range objs {
@@ -484,9 +488,24 @@ func (k *KubernetesSource) fromPods(objs []any) Answer {
 			portless++
 			continue
 		}
-		eps = append(eps, k.url(p.Status.PodIP, port))
+		u := k.url(p.Status.PodIP, port)
+		if k.o.RoleLabel != "" {
+			role, ok := roleOf(p.Labels[k.o.RoleLabel])
+			if !ok {
+				continue // a role CART does not route to
+			}
+			if role != "" {
+				if roles == nil {
+					roles = map[string]string{}
+				}
+				roles[u] = role
+			}
+		}
+		eps = append(eps, u)
 	}
-	return k.finish(eps, portless, ports)
+	a := k.finish(eps, portless, ports)
+	a.Roles = roles
+	return a
 }
 
 // podReady: running, Ready, with an IP, and not being deleted (a

@@ -46,6 +46,10 @@ type Answer struct {
 	Endpoints []string
 	TTL       time.Duration
 	Err       error
+	// Roles are the roles of endpoints that serve one leg of split
+	// requests ("prefill", "decode"); an endpoint not in it serves whole
+	// requests. A worker's role is read when it is added.
+	Roles map[string]string
 }
 
 // Changes is what one answer asks of the worker set.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cartrouter/cart/config"
 )
 
 // Sink is the worker set a watcher changes. Implementations must be
@@ -17,8 +19,9 @@ import (
 type Sink interface {
 	// Pool maps every worker URL in the set to its source.
 	Pool() map[string]string
-	// Add puts a discovered worker in the set (source = the watcher's).
-	Add(ctx context.Context, url string) error
+	// Add puts a discovered worker in the set (source = the watcher's),
+	// of role ("" = both).
+	Add(ctx context.Context, url, role string) error
 	// Remove takes a discovered worker out of the set.
 	Remove(ctx context.Context, url string) error
 	// SetDraining keeps a worker out of new decisions, or puts it back.
@@ -90,6 +93,9 @@ type WatchOptions struct {
 // Watcher runs one source until its context ends.
 type Watcher struct {
 	o WatchOptions
+	// roles are the last usable answer's (Answer.Roles), for the adds
+	// that follow it; touched by Run's goroutine only.
+	roles map[string]string
 }
 
 // NewWatcher builds a watcher; Run starts it.
@@ -258,6 +264,7 @@ func (w *Watcher) Run(ctx context.Context) {
 					"error", msg, "workers", len(r.Active()), "retry_in", ch.Next.String())
 			} else {
 				stale.Set(0)
+				w.roles = a.Roles
 			}
 			pool := o.Sink.Pool()
 			for _, u := range ch.Drain {
@@ -299,12 +306,12 @@ func (w *Watcher) ensure(ctx context.Context, r *Reconciler) {
 			}
 			continue
 		}
-		if err := o.Sink.Add(ctx, u); err != nil {
+		if err := o.Sink.Add(ctx, u, w.roles[u]); err != nil {
 			o.Logger.Warn("discovery: add worker failed; retrying on the next answer", "source", o.Source, "worker", u, "error", err.Error())
 			continue
 		}
 		o.Metrics.Changes.WithLabelValues(o.Source, "add").Inc()
-		o.Logger.Info("discovery: worker added", "source", o.Source, "worker", u)
+		o.Logger.Info("discovery: worker added", "source", o.Source, "worker", u, "role", roleName(w.roles[u]))
 	}
 }
 
@@ -325,4 +332,12 @@ func (w *Watcher) settle(ctx context.Context, r *Reconciler) {
 		o.Metrics.Changes.WithLabelValues(o.Source, "remove").Inc()
 		o.Logger.Info("discovery: drained worker removed", "source", o.Source, "worker", u, "in_flight_left", load)
 	}
+}
+
+// roleName is how logs show a discovered role.
+func roleName(r string) string {
+	if r == "" {
+		return config.RoleBothName
+	}
+	return r
 }

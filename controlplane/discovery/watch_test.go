@@ -41,6 +41,7 @@ type fakeSink struct {
 	source   string // of added workers; "" = dns
 	drains   int    // SetDraining(_, true) calls
 	removes  int
+	roles    map[string]string // role each worker was added with, when not both
 }
 
 func (f *fakeSink) Pool() map[string]string {
@@ -52,7 +53,7 @@ func (f *fakeSink) Pool() map[string]string {
 	}
 	return out
 }
-func (f *fakeSink) Add(_ context.Context, u string) error {
+func (f *fakeSink) Add(_ context.Context, u, role string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.failAdds > 0 {
@@ -60,7 +61,19 @@ func (f *fakeSink) Add(_ context.Context, u string) error {
 		return errors.New("not the leader")
 	}
 	f.pool[u] = cmp.Or(f.source, "dns")
+	if role != "" {
+		if f.roles == nil {
+			f.roles = map[string]string{}
+		}
+		f.roles[u] = role
+	}
 	return nil
+}
+
+func (f *fakeSink) roleOf(u string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.roles[u]
 }
 func (f *fakeSink) Remove(_ context.Context, u string) error {
 	f.mu.Lock()

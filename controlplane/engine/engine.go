@@ -67,6 +67,10 @@ type Policy struct {
 	// priority see every worker's limit lowered by ReserveSlots.
 	ReservePriority int
 	ReserveSlots    int
+	// PDThresholdTokens: a request that may be disaggregated goes whole
+	// to one worker when fewer of its prompt tokens than this are not
+	// already cached there (roles.go); 0 disaggregates every one.
+	PDThresholdTokens int
 }
 
 // WorkerSpec is what the engine needs to know about a worker.
@@ -83,6 +87,10 @@ type WorkerSpec struct {
 	// (its max_num_seqs); 0 = learn it from the engine's metrics
 	// (saturation.go).
 	MaxConcurrency int
+	// Role says which part of a request the worker serves (roles.go):
+	// RoleBoth (the zero value) whole requests, RolePrefill and
+	// RoleDecode one leg of a disaggregated one.
+	Role Role
 }
 
 type worker struct {
@@ -123,6 +131,12 @@ type Request struct {
 	// Priority is the request's flow-control priority: below
 	// Policy.ReservePriority it cannot use the slots kept in reserve.
 	Priority int
+	// Disagg says whether the request may be split between a prefill and
+	// a decode worker (roles.go); the zero value routes it whole.
+	Disagg Disagg
+	// AnyRole lets the request go to a worker of any role: a request
+	// pinned to the one worker holding its stored response.
+	AnyRole bool
 }
 
 // Decision is the engine's answer.
@@ -156,6 +170,14 @@ type Decision struct {
 	// WorkerSource is Worker's WorkerSpec.Source: whoever sends the request
 	// decides by it whether the pool's worker key goes along.
 	WorkerSource string
+	// Prefill is the prefill leg of a disaggregated decision (Reason
+	// ReasonPD): its worker computes the prompt, holds its placement and
+	// took a unit of load of its own; Worker decodes. nil otherwise.
+	Prefill *Decision
+	// Whole says why a request that could have been disaggregated went
+	// whole to one worker (WholeShortPrompt...); "" when it was split, or
+	// could not be (not a split pool, or not asked).
+	Whole string
 }
 
 // MaxRouteBlocks bounds the blocks one decision matches and records: 128k
@@ -341,20 +363,47 @@ func (e *Engine) effLoad(w *worker) int { return w.load + w.spec.LoadPenalty }
 
 // Route decides where req goes at time now. Unless req.DryRun, it takes one
 // unit of load on the chosen worker (give it back with Release) and records
-// the prefix for it (withdraw with Unplace).
+// the prefix for it (withdraw with Unplace). A request that may be split
+// between prefill and decode workers (req.Disagg, roles.go) takes one unit
+// on each worker of the pair.
 func (e *Engine) Route(req Request, now int64) (Decision, error) {
 	if len(req.Hashes) > MaxRouteBlocks {
 		req.Hashes = req.Hashes[:MaxRouteBlocks]
 	}
+	switch req.Disagg {
+	case DisaggPair:
+		return e.routePair(req, now)
+	case DisaggDecode:
+		return e.routeDecode(req, now)
+	}
+	c, err := e.choose(req, e.aggregatedRoles(req), now)
+	if err != nil {
+		return Decision{}, err
+	}
+	e.commit(&c, req, now, true)
+	return c.d, nil
+}
+
+// choice is a decision made but not yet taken: choose has no effect on
+// the engine's state beyond its scratch space, so a caller may weigh
+// several choices (roles.go) before it commits one.
+type choice struct {
+	w      *worker
+	d      Decision
+	blocks int // leading blocks of the key the chosen worker holds
+}
+
+// choose picks a worker among the usable ones of the given roles.
+func (e *Engine) choose(req Request, roles RoleMask, now int64) (choice, error) {
 	avoidIgnored := false
-	if err := e.collectUsable(req.Exclude, req.Avoid, req.Priority); err != nil {
+	if err := e.collectUsable(req.Exclude, req.Avoid, req.Priority, roles); err != nil {
 		if len(req.Avoid) == 0 {
-			return Decision{}, err
+			return choice{}, err
 		}
 		// The avoid list is soft, so the error, if any, is the one of
 		// the request without it (saturated, not "all excluded").
-		if err := e.collectUsable(req.Exclude, nil, req.Priority); err != nil {
-			return Decision{}, err
+		if err := e.collectUsable(req.Exclude, nil, req.Priority, roles); err != nil {
+			return choice{}, err
 		}
 		avoidIgnored = true
 	}
@@ -405,10 +454,20 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 		}
 	}
 	d.Worker, d.WorkerSource = chosen.spec.URL, chosen.spec.Source
+	return choice{w: chosen, d: d, blocks: chosenBlocks}, nil
+}
+
+// commit takes c (unless req.DryRun): one unit of load on its worker and,
+// with place, the session and the prompt's placement there.
+func (e *Engine) commit(c *choice, req Request, now int64, place bool) {
 	if req.DryRun {
-		return d, nil
+		return
 	}
+	chosen, d := c.w, &c.d
 	chosen.load++
+	if !place {
+		return
+	}
 	if req.Session != "" && e.pol.SessionTTL > 0 {
 		e.setSession(req.Session, chosen.id, now)
 	}
@@ -418,19 +477,18 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 		e.modelTouch(chosen, req.Hashes, skipped > 0)
 		// Blocks the worker already held stay its own if the request is
 		// withdrawn; only the ones this decision added are undone.
-		if chosenBlocks < len(req.Hashes) {
-			d.Placed = req.Hashes[chosenBlocks:]
+		if c.blocks < len(req.Hashes) {
+			d.Placed = req.Hashes[c.blocks:]
 		}
-		if chosenBlocks > 0 {
-			d.Touched = req.Hashes[:chosenBlocks:chosenBlocks]
+		if c.blocks > 0 {
+			d.Touched = req.Hashes[:c.blocks:c.blocks]
 		}
 	}
-	return d, nil
 }
 
 // collectUsable fills e.usable with the healthy, not draining, not
-// saturated workers in neither exclude nor avoid.
-func (e *Engine) collectUsable(exclude, avoid []string, prio int) error {
+// saturated workers of the given roles in neither exclude nor avoid.
+func (e *Engine) collectUsable(exclude, avoid []string, prio int, roles RoleMask) error {
 	e.usable = e.usable[:0]
 	if len(e.workers) == 0 {
 		return ErrNoWorkers
@@ -439,7 +497,7 @@ func (e *Engine) collectUsable(exclude, avoid []string, prio int) error {
 	for _, w := range e.workers {
 		// A draining worker is on its way out: for new requests it counts
 		// as gone.
-		if !w.healthy || w.draining {
+		if !w.healthy || w.draining || !roles.Has(w.spec.Role) {
 			continue
 		}
 		healthy++

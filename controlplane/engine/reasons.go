@@ -15,6 +15,9 @@ const (
 	ReasonHitOverloaded Reason = "hit_overloaded"
 	ReasonEmptyText     Reason = "empty_text"
 	ReasonSessionHit    Reason = "session_hit"
+	// ReasonPD: the request was split between a prefill worker (its own
+	// reason is one of the above) and a decode worker (roles.go).
+	ReasonPD Reason = "pd"
 	// ReasonFallbackLocal is never produced by the Engine: a data plane
 	// that cannot reach the control plane decides on its own and says so.
 	// It is registered here so that every reason an operator can see is
@@ -35,6 +38,7 @@ var reasons = []ReasonInfo{
 	{ReasonHitOverloaded, "cache hit, but overloaded: the worker holding the prefix was too busy, so the least-loaded worker was chosen"},
 	{ReasonEmptyText, "empty text: there was no key text to match on, so the least-loaded worker was chosen"},
 	{ReasonSessionHit, "session hit: the request's session stuck to the worker that served it before"},
+	{ReasonPD, "prefill/decode: a prefill worker chosen by prefix computes the prompt and hands its KV cache to the least-loaded decode worker"},
 	{ReasonFallbackLocal, "local fallback: the control plane was unreachable, so the data plane chose by its own counts"},
 }
 

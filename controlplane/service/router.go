@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cartrouter/cart/controlplane/affinity"
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/index"
@@ -104,8 +105,9 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 	}
 	caller := decider.Caller{DataPlane: m.GetDataplaneId(), RouteID: m.GetRouteId(), Expired: expired, Settle: settle}
 	dreq := decider.Request{
-		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, Avoid: m.GetAvoidWorkers(), DryRun: m.GetDryRun(), Session: session},
-		PinTo:   pin,
+		Request: engine.Request{Hashes: hashes, KeyLen: keyLen, Exclude: exclude, Avoid: m.GetAvoidWorkers(), DryRun: m.GetDryRun(), Session: session,
+			Disagg: cpclient.DisaggFromWire(m.GetDisaggregation())},
+		PinTo: pin,
 	}
 	var d decider.Decision
 	if a := m.GetAdmission(); a != nil && !m.GetDryRun() {
@@ -126,12 +128,24 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 	}
 	elapsed := time.Since(start)
 	if !m.GetDryRun() {
-		c.placements.add(d.Worker, m.GetDataplaneId(), m.GetRouteId(), hashes)
+		// The prompt's placement is the prefill worker's when split.
+		placed := d.Worker
+		if d.Split() {
+			placed = d.Prefill.Worker
+		}
+		c.placements.add(placed, m.GetDataplaneId(), m.GetRouteId(), hashes)
 	}
 	c.metrics.routes.WithLabelValues(string(d.Reason)).Inc()
 	c.metrics.routeTime.Observe(elapsed.Seconds())
 	id, _ := c.node.Leader()
+	var prefill *cartv1.PrefillLeg
+	if p := d.Prefill; p != nil {
+		prefill = &cartv1.PrefillLeg{Worker: p.Worker, Ticket: d.PrefillTicket.ID, Reason: string(p.Reason), MatchedChars: uint32(p.MatchedChars),
+			MatchedRatio: p.MatchedRatio, Candidate: p.Candidate, ChosenChars: uint32(p.ChosenChars), WorkerSource: p.WorkerSource}
+	}
 	return &cartv1.RouteResponse{
+		Prefill:        prefill,
+		Whole:          d.Whole,
 		Worker:         d.Worker,
 		Reason:         string(d.Reason),
 		MatchedChars:   uint32(d.MatchedChars),
@@ -344,7 +358,7 @@ func (c *Core) workerList() (*cartv1.ListWorkersResponse, error) {
 			CacheCapacityTokens: w.CacheCapacityTokens, Healthy: l.Healthy, Load: uint32(l.Load),
 			PredictedCachedTokens: l.Accuracy.PredictedTokens, ActualCachedTokens: l.Accuracy.ActualTokens,
 			CacheMisses: l.Accuracy.Misses, ModelCapacityBlocks: uint32(l.Accuracy.ModelCapacity), Source: w.Source, Draining: l.Draining,
-			Models: c.models.IDs(w.URL),
+			Models: c.models.IDs(w.URL), Role: w.Role.String(),
 		})
 		if k := kv[w.URL]; k.On {
 			out.Workers[len(out.Workers)-1].KvCache = &cartv1.KVCache{OccupiedTokens: k.OccupiedTokens, CapacityTokens: k.CapacityTokens}

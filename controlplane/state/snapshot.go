@@ -67,7 +67,7 @@ func (s *State) capture(eng *engine.Engine) *Snapshot {
 	}
 	pos := make(map[index.WorkerID]uint32, len(s.specs))
 	for i, w := range s.specs {
-		h.Workers = append(h.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), MaxConcurrency: uint32(w.MaxConcurrency), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: s.capacity[w.URL], Source: w.Source})
+		h.Workers = append(h.Workers, &cartv1.WorkerSpec{Url: w.URL, MaxLoad: uint32(w.MaxLoad), MaxConcurrency: uint32(w.MaxConcurrency), LoadPenalty: uint32(w.LoadPenalty), CacheCapacityTokens: s.capacity[w.URL], Source: w.Source, Role: roleName(w.Role)})
 		if id, ok := eng.WorkerIDOf(w.URL); ok {
 			pos[indexID(id)] = uint32(i)
 		}

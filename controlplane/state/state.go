@@ -258,7 +258,11 @@ func (s *State) workerString(url string) (string, bool) {
 		return "(none)", false
 	}
 	w := s.specs[i]
-	return fmt.Sprintf("%s max_load=%d max_concurrency=%d load_penalty=%d cache_capacity_tokens=%d", w.URL, w.MaxLoad, w.MaxConcurrency, w.LoadPenalty, s.capacity[w.URL]), true
+	out := fmt.Sprintf("%s max_load=%d max_concurrency=%d load_penalty=%d cache_capacity_tokens=%d", w.URL, w.MaxLoad, w.MaxConcurrency, w.LoadPenalty, s.capacity[w.URL])
+	if w.Role != engine.RoleBoth {
+		out += " role=" + w.Role.String()
+	}
+	return out, true
 }
 
 func (s *State) workerSetString() string {
@@ -315,7 +319,10 @@ func (s *State) applyStep(eng *engine.Engine, ps []placement, mode applyMode) {
 }
 
 func (s *State) specFrom(eng *engine.Engine, w *cartv1.WorkerSpec) engine.WorkerSpec {
-	spec := engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), MaxConcurrency: int(w.GetMaxConcurrency()), LoadPenalty: int(w.GetLoadPenalty()), Source: SourceOf(w.GetSource())}
+	// The admin API and discovery propose known roles only; a role this
+	// build does not know (a newer node's) reads as both.
+	role, _ := engine.ParseRole(w.GetRole())
+	spec := engine.WorkerSpec{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), MaxConcurrency: int(w.GetMaxConcurrency()), LoadPenalty: int(w.GetLoadPenalty()), Source: SourceOf(w.GetSource()), Role: role}
 	spec.CapacityBlocks = index.CapacityBlocks(w.GetCacheCapacityTokens(), eng.Policy().BlockChars)
 	return spec
 }
@@ -416,4 +423,13 @@ func (s *State) Members() (m map[string]string) {
 func (s *State) Applied() (applied uint64) {
 	s.dec.Do(decider.OpRead, func(*engine.Engine) { applied = s.applied })
 	return applied
+}
+
+// roleName is a role as WorkerSpec.role carries it: "" for both, so that
+// entries and snapshots without roles read and compare as before.
+func roleName(r engine.Role) string {
+	if r == engine.RoleBoth {
+		return ""
+	}
+	return r.String()
 }

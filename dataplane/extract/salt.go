@@ -49,37 +49,7 @@ func PriorityHonored(e Endpoint) bool { return e != Messages }
 // dropped and one added at the end; every other member keeps its bytes
 // and order.
 func setMember(body []byte, name string, v []byte) ([]byte, error) {
-	// Checked whole first: the member walk below then only has to find
-	// where each top-level member ends.
-	if !jsontext.Value(body).IsValid(compactOpts) {
-		return nil, apierr.BadRequest(codeInvalidJSON, "", "The request body is not valid JSON.")
-	}
-	i := skipSpace(body, 0)
-	if body[i] != '{' {
-		return nil, apierr.BadRequest(codeInvalidJSON, "", "The request body is not a JSON object.")
-	}
-	out := make([]byte, 1, len(body)+len(v)+len(name)+8)
-	out[0] = '{'
-	for i = skipSpace(body, i+1); body[i] != '}'; i = skipSpace(body, i) {
-		if body[i] == ',' {
-			i = skipSpace(body, i+1)
-		}
-		keyEnd := stringEnd(body, i)
-		valEnd := valueEnd(body, skipSpace(body, skipSpace(body, keyEnd)+1)) // past the ':'
-		if !isKey(body[i:keyEnd], name) {
-			if len(out) > 1 {
-				out = append(out, ',')
-			}
-			out = append(out, bytes.TrimRight(body[i:valEnd], " \t\r\n")...)
-		}
-		i = valEnd
-	}
-	if len(out) > 1 {
-		out = append(out, ',')
-	}
-	out = append(out, `"`+name+`":`...)
-	out = append(out, v...)
-	return append(out, '}'), nil
+	return RewriteMembers(body, []Member{{Name: name, Value: v}})
 }
 
 // The walk below runs on valid JSON only (SetCacheSalt checks it first).

@@ -23,14 +23,14 @@ import (
 // decision comes back as an attempt, which owes the router its one
 // settlement.
 func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
-	req := &router.Request{ID: c.id, Model: c.model, Exclude: p.excluded(c), Avoid: p.o.Breakers.Blocked(p.o.Now()), Admission: c.admission}
+	req := &router.Request{ID: c.id, Model: c.model, Exclude: p.excluded(c), Avoid: p.o.Breakers.Blocked(p.o.Now()), Admission: c.admission, Disagg: c.pd.disagg()}
 	if c.pin == "" && c.responseID != "" {
 		req.ResponseID, req.Tenant = c.responseID, c.tenant
 	}
 	if c.routed {
 		req.Endpoint, req.Hashes, req.KeyLen, req.Session = c.endpoint, c.hashes, c.keyLen, c.session
 	}
-	d, err := p.o.Router.Route(ctx, req)
+	d, err := p.routeCall(ctx, c, req)
 	if err == nil && d.AvoidIgnored {
 		p.log.Warn("every usable worker has an open circuit breaker; sending a trial request anyway", "request_id", c.id, "worker", d.Worker)
 	}
@@ -51,12 +51,16 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 	}
 	a := &attempt{p: p, c: c, d: d, n: c.attempts}
 	// attempt start: the decision is held from here until settle.
+	p.splitAttempt(a)
 	p.pinFromRouter(c, d)
 	if c.pin != "" && d.Worker != c.pin {
 		// A router that knows a worker this data plane has not synced yet
 		// may pick it despite the exclusions: the response lives on the pin
 		// only, and any other replica would answer 404.
 		a.settle(undelivered)
+		if a.pre != nil {
+			a.pre.settle(undelivered)
+		}
 		return nil, apierr.New(http.StatusServiceUnavailable, apierr.TypeServer, "response_replica_unavailable",
 			"the replica holding %s cannot take requests right now; retry later", truncate(c.responseID, maxResponseIDLen))
 	}
@@ -65,11 +69,18 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 		p.m.MatchedRatio.Observe(d.MatchedRatio)
 		p.m.DecisionLatency.Observe(d.Latency.Seconds())
 		if p.log.Enabled(ctx, slog.LevelInfo) {
-			p.log.Info("route", c.logArgs(
+			args := c.logArgs(
 				"request_id", c.id, "endpoint", c.endpoint, "tenant", c.tenant, "model", clip(c.model), "reason", d.Reason,
 				"matched_ratio", math.Round(d.MatchedRatio*1000)/1000, "matched_chars", d.MatchedChars,
 				"worker", d.Worker, "decision_us", d.Latency.Microseconds(), "attempt", c.attempts,
-				"queued_ms", d.Waited.Milliseconds(), "priority", c.admission.Priority)...)
+				"queued_ms", d.Waited.Milliseconds(), "priority", c.admission.Priority)
+			if d.Prefill != nil {
+				args = append(args, "prefill_worker", d.Prefill.Worker, "prefill_reason", d.Prefill.Reason)
+			}
+			if d.Whole != "" {
+				args = append(args, "whole", d.Whole)
+			}
+			p.log.Info("route", args...)
 		}
 	}
 	return a, nil
@@ -109,6 +120,17 @@ type attempt struct {
 	rejected bool
 	body     *trackedBody // the delivered body, read for usage at the end
 
+	// A split request's legs (pd.go): pre is the prefill leg of a pair,
+	// leg what this attempt is, reqBody the body it sends when not the
+	// call's, blame the worker a failure is put down to when not its own
+	// (the prefill leg's), sent when it was sent and handoff when its
+	// prefill answer was read.
+	pre           *attempt
+	leg           leg
+	reqBody       []byte
+	blame         string
+	sent, handoff time.Time
+
 	settled atomic.Bool
 }
 
@@ -140,6 +162,16 @@ func (e *retryableStatus) Error() string { return fmt.Sprintf("worker answered %
 // success it delivers the response, whose end settles.
 func (a *attempt) send(ctx context.Context) (*http.Response, error) {
 	p, c, d := a.p, a.c, a.d
+	if a.pre != nil {
+		// Whatever happens, the prefill leg is settled once (a no-op
+		// after its own settlement).
+		defer a.pre.settle(undelivered)
+		if !p.o.Disagg.Sidecar {
+			if resp, err, done := a.runPrefill(ctx); done {
+				return resp, err
+			}
+		}
+	}
 	w, err := p.worker(d.Worker)
 	if err != nil {
 		a.settle(undelivered)
@@ -169,15 +201,21 @@ func (a *attempt) send(ctx context.Context) (*http.Response, error) {
 		req.URL.RawPath = singleJoin(w.url.EscapedPath(), out.URL.EscapedPath())
 	}
 	req.Host = ""
+	own := false
 	if p.workerKeys.get(d.Worker, d.Source) != "" {
 		// Keys differ per worker, so this attempt needs its own headers.
 		req.Header = out.Header.Clone()
 		p.setWorkerAuth(req.Header, d.Worker, d.Source)
+		own = true
 	}
-	req.ContentLength = int64(len(c.body))
+	req.Header = a.legHeaders(req.Header, own)
+	body := c.body
+	if a.reqBody != nil {
+		body = a.reqBody
+	}
+	req.ContentLength = int64(len(body))
 	req.Body = http.NoBody
-	if len(c.body) > 0 {
-		body := c.body
+	if len(body) > 0 {
 		newBody := newBodyReader
 		if len(body) <= smallBody {
 			newBody = newSmallBodyReader
@@ -188,8 +226,11 @@ func (a *attempt) send(ctx context.Context) (*http.Response, error) {
 	w.inFlight.Inc()
 	p.o.Breakers.Begin(d.Worker)
 	sent := p.o.Now()
+	a.sent = sent
 	resp, err := p.o.Tracer.RoundTrip(p.upstream, req, d.Worker, a.n)
+	a.sidecarDone(err, err == nil && p.isRetryable(resp.StatusCode))
 	if err != nil {
+		a.decodeFailed(!neverSent(err))
 		cancel()
 		w.inFlight.Dec()
 		clientGone := ctx.Err() != nil
@@ -213,7 +254,10 @@ func (a *attempt) send(ctx context.Context) (*http.Response, error) {
 		return nil, &retryableStatus{resp: resp, a: a}
 	}
 	p.o.Breakers.Success(d.Worker)
-	return a.deliver(resp), nil
+	if a.leg == legPrefill {
+		return resp, nil // read by runPrefill
+	}
+	return a.delivered(a.deliver(resp)), nil
 }
 
 // deliver makes resp, this attempt's answer, the call's final one: its
@@ -254,7 +298,12 @@ func (a *attempt) finish() {
 	u := a.body.usage()
 	a.body.release()
 	a.settle(router.Outcome{Delivered: true, PromptTokens: u.prompt, CachedTokens: u.cached, CompletionTokens: u.completion})
-	a.p.observeUsage(a.c, a.d, a.w, u)
+	if a.leg != legDecode {
+		// A decode engine counts the prompt it was sent as cached: its
+		// report says nothing of the index's prediction (the prefill
+		// leg's does, runPrefill).
+		a.p.observeUsage(a.c, a.d, a.w, u)
+	}
 }
 
 // attemptBody is an attempt's upstream response body: closing it, on

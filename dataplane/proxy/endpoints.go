@@ -58,6 +58,8 @@ type WorkerView struct {
 	Source string `json:"source"`
 	// Draining: left its discovery source; no new requests, in-flight finish.
 	Draining bool `json:"draining"`
+	// Role is the part of requests it serves: both, prefill or decode.
+	Role string `json:"role"`
 	// Models the worker serves (declared and probed); empty while unknown,
 	// and a worker whose list is unknown gets no request for a model some
 	// other worker is known to serve.
@@ -86,7 +88,7 @@ func (p *Proxy) handleWorkers(w http.ResponseWriter, r *http.Request) {
 		out[i] = WorkerView{URL: wk.URL, Load: wk.Load, MaxLoad: wk.MaxLoad, ConcurrencyLimit: wk.Concurrency, LoadPenalty: wk.LoadPenalty,
 			Healthy: wk.Healthy, BreakerState: p.o.Breakers.StateAt(wk.URL, p.o.Now()).String(),
 			PredictedCachedTokens: wk.PredictedCachedTokens, ActualCachedTokens: wk.ActualCachedTokens,
-			CacheMisses: wk.CacheMisses, ModelCapacityBlocks: wk.ModelCapacityBlocks, Source: wk.Source, Draining: wk.Draining,
+			CacheMisses: wk.CacheMisses, ModelCapacityBlocks: wk.ModelCapacityBlocks, Source: wk.Source, Draining: wk.Draining, Role: wk.Role.String(),
 			Models: p.o.Models.IDs(wk.URL)}
 		if out[i].Models == nil {
 			out[i].Models = []string{}

@@ -62,6 +62,8 @@ type call struct {
 	responseID, responseParam string
 	// admission is the call's flow-control identity (admission.go).
 	admission router.Admission
+	// pd is the call's prefill/decode state (pd.go).
+	pd pdCall
 }
 
 // logArgs adds the client's own request id, when it sent one, to the
@@ -153,6 +155,7 @@ func (p *Proxy) serveRouted(ep extract.Endpoint, w http.ResponseWriter, r *http.
 	*hp = router.Hash((*hp)[:0], req.Model, salt, req.Key, p.o.BlockChars)
 	c.body, c.model, c.hashes, c.keyLen = body, req.Model, *hp, len(req.Key)
 	c.session = p.sessionKey(r, req)
+	p.preparePD(c, ep)
 	p.forward(w, r, c)
 }
 

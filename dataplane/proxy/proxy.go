@@ -112,7 +112,10 @@ type Options struct {
 	ClientKeys []ClientKey
 	// Flow says how a request's tenant, priority and deadline are read
 	// for flow control (admission.go).
-	Flow       FlowPolicy
+	Flow FlowPolicy
+	// Disagg says how requests split between a prefill and a decode
+	// worker are run (pd.go).
+	Disagg     DisaggOptions
 	AdminToken string
 	WorkerKeys WorkerKeys
 	// MetricsElsewhere: /metrics is served on its own listener, so the
@@ -154,6 +157,8 @@ type Proxy struct {
 	passPaths, retryPaths pathSet
 	budget                *bodyBudget // nil: no bound
 
+	pdm *pdMetrics
+
 	// Metric children looked up once rather than per request.
 	predictedFraction, actualFraction prometheus.Observer
 	decisions                         sync.Map // reason -> prometheus.Counter
@@ -189,6 +194,7 @@ func New(o Options) *Proxy {
 	if p.upstream == nil {
 		p.upstream = newH1Transport(o.ConnectTimeout, o.RequestTimeout, NewTransport(o.ConnectTimeout, o.RequestTimeout))
 	}
+	p.pdm = newPDMetrics(p.m.Registry)
 	p.predictedFraction = p.m.CachedFraction.WithLabelValues("predicted")
 	p.actualFraction = p.m.CachedFraction.WithLabelValues("actual")
 	p.models.ttl = o.ModelsCacheTTL

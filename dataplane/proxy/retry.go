@@ -94,7 +94,7 @@ func (p *Proxy) tryOnce(ctx context.Context, l *retryLoop, n int) (resp *http.Re
 		if rs != nil {
 			// Out of retries: the worker's own answer is the most
 			// useful thing to give the client.
-			return a.deliver(rs.resp), true, nil
+			return rs.a.deliver(rs.resp), true, nil
 		}
 		return nil, true, err
 	}
@@ -102,7 +102,7 @@ func (p *Proxy) tryOnce(ctx context.Context, l *retryLoop, n int) (resp *http.Re
 		l.tokens++
 	}
 	l.lastErr = err
-	c.failed = append(c.failed, a.d.Worker)
+	c.failed = append(c.failed, a.failedWorker())
 	l.held = rs
 	return nil, false, nil
 }

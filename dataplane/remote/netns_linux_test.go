@@ -1,22 +1,15 @@
 package remote
 
 import (
-	"bytes"
 	"net/url"
-	"os"
 	"os/exec"
-	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/service"
+	"github.com/cartrouter/cart/internal/testkit"
 )
-
-// netnsChild marks the test binary re-run inside its own network
-// namespace by TestPartitionFromLeaderHealsIptables.
-const netnsChild = "CART_TEST_NETNS_CHILD"
 
 // The partition of TestPartitionFromLeaderHeals made by the kernel, as
 // issue 32 found it: an iptables DROP of the control plane's port, in a
@@ -29,12 +22,11 @@ const netnsChild = "CART_TEST_NETNS_CHILD"
 // (apt-get install -y iptables iproute2); without them it skips, saying
 // why.
 func TestPartitionFromLeaderHealsIptables(t *testing.T) {
-	if os.Getenv(netnsChild) == "" {
-		runInOwnNetns(t)
+	if !testkit.InOwnNetns(t, 2*time.Minute) {
 		return
 	}
-	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		t.Skipf("cannot bring up loopback in the new network namespace: %v: %s", err, out)
+	if _, err := exec.LookPath("iptables"); err != nil {
+		t.Skipf("needs the iptables command (apt-get install -y iptables): %v", err)
 	}
 	// Rules work here? (Some kernels or containers have no netfilter.)
 	if err := iptables("-A", "INPUT", "-p", "tcp", "--dport", "1", "-j", "DROP"); err != nil {
@@ -71,39 +63,4 @@ func iptables(args ...string) error {
 		return &exec.Error{Name: "iptables " + strings.Join(args, " ") + ": " + strings.TrimSpace(string(out)), Err: err}
 	}
 	return nil
-}
-
-// runInOwnNetns runs the calling test again in a child process in a new
-// network namespace, and passes on its result: a skip stays a skip.
-func runInOwnNetns(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace and add iptables rules in it")
-	}
-	for _, cmd := range []string{"iptables", "ip"} {
-		if _, err := exec.LookPath(cmd); err != nil {
-			t.Skipf("needs the %s command (apt-get install -y iptables iproute2): %v", cmd, err)
-		}
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.v", "-test.count=1", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), netnsChild+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Skipf("cannot start a process in a new network namespace: %v", err)
-	}
-	err := cmd.Wait()
-	text := out.String()
-	if m := regexp.MustCompile(`(?m)^\s+\S+_test\.go:\d+: (.*)\n--- SKIP`).FindStringSubmatch(text); m != nil {
-		t.Skip(m[1])
-	}
-	if err != nil {
-		t.Fatalf("in its own network namespace: %v\n%s", err, text)
-	}
-	for _, line := range strings.Split(text, "\n") {
-		if strings.Contains(line, "_test.go:") {
-			t.Log(strings.TrimSpace(line))
-		}
-	}
 }

@@ -6,6 +6,7 @@
 package remote
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -348,7 +349,7 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: hashes, KeyLength: uint32(req.KeyLen),
 			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, AvoidWorkers: req.Avoid, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID), TenantHash: tenantHash(req), Completions: riders,
-			Admission: r.admission(req, queue),
+			Admission: r.admission(req, queue), Disaggregation: cpclient.DisaggToWire(req.Disagg),
 		})
 		cancel()
 		waitCancel()
@@ -356,11 +357,11 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 		// lost or came too late; this data plane will never use it, so
 		// say so rather than leave it for the leader to age out.
 		abandoned := err != nil && routeID != 0 && !answeredByLeader(err)
-		worker := ""
+		worker, prefill := "", ""
 		if err == nil && !req.DryRun {
-			worker = m.GetWorker()
+			worker, prefill = m.GetWorker(), m.GetPrefill().GetWorker()
 		}
-		r.closeCall(routeID, riders, err != nil, abandoned, worker)
+		r.closeCall(routeID, riders, err != nil, abandoned, worker, prefill)
 		if abandoned {
 			r.rememberAbandoned(routeID)
 		}
@@ -393,12 +394,6 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 			// A follower forwarded this call: go to the leader directly
 			// from the next one on, not after the next sync.
 			r.follow(m.GetLeaderUrl())
-			if !req.DryRun {
-				if !r.streams.fed() {
-					// Else the feed brings it, in the leader's order.
-					r.shadow.record(req.Hashes, m.GetWorker())
-				}
-			}
 			source := m.GetWorkerSource()
 			if source == "" {
 				// A leader that predates worker_source: as last synced.
@@ -406,13 +401,24 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 				source = r.sourceOf(m.GetWorker())
 				r.mu.Unlock()
 			}
-			return router.Decision{
+			d := router.Decision{
 				Worker: m.GetWorker(), Reason: m.GetReason(), MatchedChars: int(m.GetMatchedChars()),
 				MatchedRatio: m.GetMatchedRatio(), Candidate: m.GetCandidate(), ChosenChars: int(m.GetChosenChars()),
 				Latency: time.Since(start), FromLeader: m.GetFromLeader(),
 				Ticket: router.Ticket{ID: m.GetTicket(), Worker: m.GetWorker()}, Pinned: m.GetPinned(),
 				AvoidIgnored: m.GetAvoidIgnored(), Waited: time.Duration(m.GetWaitedMicros()) * time.Microsecond, Source: source,
-			}, false, nil
+				Whole: m.GetWhole(), Prefill: prefillLeg(m.GetPrefill(), time.Since(start), m.GetFromLeader()),
+			}
+			if d.Prefill != nil {
+				r.mu.Lock()
+				d.Prefill.Source = cmp.Or(m.GetPrefill().GetWorkerSource(), r.sourceOf(d.Prefill.Worker))
+				r.mu.Unlock()
+			}
+			if !req.DryRun && !r.streams.fed() {
+				// Else the feed brings it, in the leader's order.
+				r.shadow.record(req.Hashes, placedOn(d))
+			}
+			return d, false, nil
 		}
 		if re, ok := refused(err); ok {
 			return router.Decision{}, false, re
@@ -479,7 +485,7 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 		return d, false, err
 	}
 	if !req.DryRun {
-		r.shadow.record(req.Hashes, d.Worker) // outside r.mu: an insert walks the whole path
+		r.shadow.record(req.Hashes, placedOn(d)) // outside r.mu: an insert walks the whole path
 	}
 	d.Latency = time.Since(start)
 	if r.o.OnFallback != nil {
@@ -572,13 +578,30 @@ func (r *Router) fallback(ctx context.Context, req *router.Request) (router.Deci
 	return d, err
 }
 
-// pickLocked is fallback's choice; full reports that workers were usable
-// but every one at its limit. r.mu held.
+// pickLocked is fallback's choice (a pair when the request may be split,
+// pd.go); full reports that workers were usable but every one at its
+// limit. r.mu held.
 func (r *Router) pickLocked(req *router.Request) (_ router.Decision, full bool, _ error) {
-	best, bestLoad, usable, known, atLimit := r.leastLoaded(req.Exclude, req.Avoid)
+	d, full, err := r.choosePairLocked(req)
+	if err != nil || req.DryRun {
+		return d, full, err
+	}
+	r.local[d.Worker]++
+	if d.Prefill != nil {
+		r.local[d.Prefill.Worker]++
+	}
+	r.fallbacks++
+	return d, false, nil
+}
+
+// chooseLocked picks, without taking it, the worker of roles that
+// fallback would: the shadow's good-enough match unless overloaded, else
+// the least loaded. r.mu held.
+func (r *Router) chooseLocked(req *router.Request, roles engine.RoleMask) (_ router.Decision, full bool, _ error) {
+	best, bestLoad, usable, known, atLimit := r.leastLoaded(req.Exclude, req.Avoid, roles)
 	avoidIgnored := false
 	if best == "" && len(req.Avoid) > 0 {
-		best, bestLoad, usable, _, atLimit = r.leastLoaded(req.Exclude, nil)
+		best, bestLoad, usable, _, atLimit = r.leastLoaded(req.Exclude, nil, roles)
 		avoidIgnored = best != ""
 	}
 	if best == "" {
@@ -595,10 +618,6 @@ func (r *Router) pickLocked(req *router.Request) (_ router.Decision, full bool, 
 	}
 	d.Worker, d.Ticket = best, router.Ticket{Worker: best} // no control-plane ticket
 	d.Source = r.sourceOf(best)
-	if !req.DryRun {
-		r.local[best]++
-		r.fallbacks++
-	}
 	return d, false, nil
 }
 
@@ -613,15 +632,15 @@ func (r *Router) sourceOf(url string) string {
 	return router.SourceUnknown
 }
 
-// leastLoaded returns the least-loaded usable worker outside exclude and
-// avoid ("" when none), its effective load, the usable workers for the
-// shadow (nil when it is off), how many workers are known and how many
-// were left out only for being at their limit. r.mu held.
-func (r *Router) leastLoaded(exclude, avoid []string) (best string, bestLoad int, usable []usableWorker, known, atLimit int) {
+// leastLoaded returns the least-loaded usable worker of roles outside
+// exclude and avoid ("" when none), its effective load, the usable workers
+// for the shadow (nil when it is off), how many workers are known and how
+// many were left out only for being at their limit. r.mu held.
+func (r *Router) leastLoaded(exclude, avoid []string, roles engine.RoleMask) (best string, bestLoad int, usable []usableWorker, known, atLimit int) {
 	ties := 0
 	for _, w := range r.workers {
 		known++
-		if !w.Healthy || w.Draining || contains(exclude, w.URL) || contains(avoid, w.URL) {
+		if !w.Healthy || w.Draining || !roles.Has(w.Role) || contains(exclude, w.URL) || contains(avoid, w.URL) {
 			continue
 		}
 		load := r.local[w.URL]
@@ -724,7 +743,7 @@ func (r *Router) openCall(named bool, st *routeStream) (routeID uint64, riders [
 // may not have been settled; settling twice is a no-op on the leader), an
 // abandoned call's report is queued, and an answer's worker is counted in
 // flight.
-func (r *Router) closeCall(routeID uint64, riders []*cartv1.Completion, failed, abandoned bool, worker string) {
+func (r *Router) closeCall(routeID uint64, riders []*cartv1.Completion, failed, abandoned bool, worker, prefill string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.open, routeID)
@@ -737,6 +756,9 @@ func (r *Router) closeCall(routeID uint64, riders []*cartv1.Completion, failed, 
 	}
 	if worker != "" {
 		r.local[worker]++
+	}
+	if prefill != "" {
+		r.local[prefill]++ // a split answer's other leg, held by its own ticket
 	}
 }
 
@@ -910,7 +932,8 @@ func (r *Router) SyncOnce(ctx context.Context) error {
 	}
 	ws := make([]router.WorkerStatus, len(m.GetWorkers()))
 	for i, w := range m.GetWorkers() {
-		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), Concurrency: int(w.GetConcurrencyLimit()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy(), Source: w.GetSource(), Draining: w.GetDraining(),
+		role, _ := engine.ParseRole(w.GetRole()) // a role this build does not know reads as both
+		ws[i] = router.WorkerStatus{URL: w.GetUrl(), MaxLoad: int(w.GetMaxLoad()), Concurrency: int(w.GetConcurrencyLimit()), LoadPenalty: int(w.GetLoadPenalty()), Healthy: w.GetHealthy(), Source: w.GetSource(), Draining: w.GetDraining(), Role: role,
 			PredictedCachedTokens: w.GetPredictedCachedTokens(), ActualCachedTokens: w.GetActualCachedTokens(),
 			CacheMisses: w.GetCacheMisses(), ModelCapacityBlocks: int(w.GetModelCapacityBlocks())}
 		if k := w.GetKvCache(); k != nil {

@@ -1159,10 +1159,10 @@ func TestSyncFenceListsWhatTheCountsMiss(t *testing.T) {
 	}
 	open, _ := r.openCall(true, nil) // no answer yet
 	answered, _ := r.openCall(true, nil)
-	r.closeCall(answered, nil, false, false, wA) // answered: in the counts
+	r.closeCall(answered, nil, false, false, wA, "") // answered: in the counts
 	given, _ := r.openCall(true, nil)
-	r.closeCall(given, nil, true, true, "") // given up on: abandon report queued
-	dry, _ := r.openCall(false, nil)        // a dry run is not named
+	r.closeCall(given, nil, true, true, "", "") // given up on: abandon report queued
+	dry, _ := r.openCall(false, nil)            // a dry run is not named
 	for _, id := range []uint64{7, 8} {
 		r.Done(router.Decision{Worker: wA, Ticket: router.Ticket{ID: id, Worker: wA}}, router.Outcome{Delivered: true})
 	}
@@ -1178,13 +1178,13 @@ func TestSyncFenceListsWhatTheCountsMiss(t *testing.T) {
 	}
 	// The riding call fails: its riders are queued again (still
 	// unsettled), its abandon report is queued (still open).
-	r.closeCall(riding, riders, true, true, "")
+	r.closeCall(riding, riders, true, true, "", "")
 	if f := fence(); !slices.Equal(f.GetOpenRouteIds(), []uint64{open, given, riding}) || !slices.Equal(f.GetUnsettledTickets(), []uint64{7, 8}) {
 		t.Fatalf("after the failed call: open %v unsettled %v", f.GetOpenRouteIds(), f.GetUnsettledTickets())
 	}
 	// A call that rides and is answered: its riders are settled.
 	ok, riders := r.openCall(true, &routeStream{riders: true})
-	r.closeCall(ok, riders, false, false, wA)
+	r.closeCall(ok, riders, false, false, wA, "")
 	if f := fence(); !slices.Equal(f.GetOpenRouteIds(), []uint64{open, given, riding}) || len(f.GetUnsettledTickets()) != 0 {
 		t.Fatalf("after the answered call: open %v unsettled %v", f.GetOpenRouteIds(), f.GetUnsettledTickets())
 	}

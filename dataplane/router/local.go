@@ -67,11 +67,12 @@ func (l *Local) Route(ctx context.Context, req *Request) (Decision, error) {
 		Avoid:   req.Avoid,
 		DryRun:  req.DryRun,
 		Session: req.Session,
+		Disagg:  req.Disagg,
 	}}, req.Admission)
 	if err != nil {
 		return Decision{}, err
 	}
-	return Decision{
+	out := Decision{
 		Worker:       d.Worker,
 		Reason:       string(d.Reason),
 		MatchedChars: d.MatchedChars,
@@ -84,7 +85,13 @@ func (l *Local) Route(ctx context.Context, req *Request) (Decision, error) {
 		AvoidIgnored: d.AvoidIgnored,
 		Waited:       d.Waited,
 		Source:       d.WorkerSource,
-	}, nil
+		Whole:        d.Whole,
+	}
+	if p := d.Prefill; p != nil {
+		out.Prefill = &Decision{Worker: p.Worker, Reason: string(p.Reason), MatchedChars: p.MatchedChars, MatchedRatio: p.MatchedRatio,
+			Candidate: p.Candidate, ChosenChars: p.ChosenChars, Latency: out.Latency, FromLeader: true, Ticket: d.PrefillTicket, Source: p.WorkerSource}
+	}
+	return out, nil
 }
 
 // Done implements Router. A ticket this router did not issue is refused
@@ -101,7 +108,7 @@ func (l *Local) Workers() []WorkerStatus {
 	conc := l.dec.Concurrencies()
 	out := make([]WorkerStatus, len(ws))
 	for i, w := range ws {
-		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, Concurrency: conc[w.URL], LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load, Source: w.Source, Draining: w.Draining,
+		out[i] = WorkerStatus{URL: w.URL, MaxLoad: w.MaxLoad, Concurrency: conc[w.URL], LoadPenalty: w.LoadPenalty, Healthy: w.Healthy, Load: w.Load, Source: w.Source, Draining: w.Draining, Role: w.Role,
 			PredictedCachedTokens: w.Accuracy.PredictedTokens, ActualCachedTokens: w.Accuracy.ActualTokens,
 			CacheMisses: w.Accuracy.Misses, ModelCapacityBlocks: w.Accuracy.ModelCapacity}
 		if k := kv[w.URL]; k.On {

@@ -45,7 +45,22 @@ type Request struct {
 	// Tenant is the client key's name the request came with, for
 	// ResponseID's owner check ("" when ResponseID is).
 	Tenant string
+	// Disagg says whether the request may be split between a prefill and
+	// a decode worker (engine.DisaggPair), or needs a decode worker only
+	// (engine.DisaggDecode: its prefill is done); zero routes it whole.
+	Disagg Disagg
 }
+
+// Disagg is how a request may be split (engine.Disagg).
+type Disagg = engine.Disagg
+
+// How a request may be split, for callers that keep out of the routing
+// core (the proxy).
+const (
+	DisaggNone   = engine.DisaggNone
+	DisaggPair   = engine.DisaggPair
+	DisaggDecode = engine.DisaggDecode
+)
 
 // Admission is a request's flow-control identity (decider.Admission).
 type Admission = decider.Admission
@@ -96,6 +111,14 @@ type Decision struct {
 	// "unknown" when the router cannot tell): the proxy sends the pool's
 	// worker key only to workers of the sources trusted with it.
 	Source string
+	// Prefill is the prefill leg of a split decision (Reason pd): its
+	// worker computes the prompt and took a unit of load of its own, held
+	// by its own Ticket. Done must be called for it too, exactly once,
+	// when the prefill leg ends. Worker is then the decode worker.
+	Prefill *Decision
+	// Whole says why a request that could have been split went whole
+	// (engine.WholeShortPrompt...); "" otherwise.
+	Whole string
 }
 
 // SourceUnknown marks a decision for a worker whose source the router does
@@ -122,6 +145,8 @@ type WorkerStatus struct {
 	Load        int
 	// Source is where the worker came from (static, admin, dns, kubernetes).
 	Source string
+	// Role is the part of requests the worker serves.
+	Role engine.Role
 	// Draining workers take no new requests while in-flight ones finish.
 	Draining bool
 	// Model accuracy: what the index predicted as cached vs what the

@@ -61,8 +61,9 @@ type AllInOne struct {
 func WorkerSpecs(ws []config.Worker, blockChars int) []engine.WorkerSpec {
 	out := make([]engine.WorkerSpec, len(ws))
 	for i, w := range ws {
+		role, _ := engine.ParseRole(w.Role) // validated
 		out[i] = engine.WorkerSpec{URL: w.URL, MaxLoad: w.MaxLoad, MaxConcurrency: w.MaxConcurrency, LoadPenalty: w.LoadPenalty,
-			CapacityBlocks: index.CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic}
+			CapacityBlocks: index.CapacityBlocks(w.CacheCapacityTokens, blockChars), Source: state.SourceStatic, Role: role}
 	}
 	return out
 }
@@ -163,13 +164,17 @@ func (s aioSink) Pool() map[string]string {
 	return out
 }
 
-func (s aioSink) Add(_ context.Context, url string) error {
+func (s aioSink) Add(_ context.Context, url, role string) error {
 	a := s.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	maxLoad, penalty, capTokens := discovery.Defaults(a.cfg, s.source)
+	r, err := engine.ParseRole(role)
+	if err != nil {
+		return err
+	}
 	a.discovered[url] = engine.WorkerSpec{URL: url, MaxLoad: maxLoad, LoadPenalty: penalty,
-		CapacityBlocks: index.CapacityBlocks(capTokens, a.cfg.Cache.BlockChars), Source: s.source}
+		CapacityBlocks: index.CapacityBlocks(capTokens, a.cfg.Cache.BlockChars), Source: s.source, Role: r}
 	a.applyWorkersLocked(a.cfg)
 	return nil
 }

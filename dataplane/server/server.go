@@ -61,7 +61,21 @@ func ProxyOptions(cfg *config.Config, r router.Router, b *breaker.Set, m *metric
 		MaxInflightBodyBytes: p.MaxInflightBodyBytes,
 		MaxItems:             p.MaxMessages,
 		Flow:                 FlowPolicy(cfg),
+		Disagg:               DisaggOptions(cfg),
 	}
+}
+
+// DisaggOptions translates disaggregation.* (validated: every endpoint
+// name is known).
+func DisaggOptions(cfg *config.Config) proxy.DisaggOptions {
+	d := cfg.Disaggregation
+	o := proxy.DisaggOptions{Sidecar: d.Mode == "sidecar"}
+	for _, name := range d.Endpoints {
+		if ep, ok := extract.EndpointForName(name); ok {
+			o.Endpoints = append(o.Endpoints, ep)
+		}
+	}
+	return o
 }
 
 // FlowPolicy translates flow.* and the client keys' priority settings.

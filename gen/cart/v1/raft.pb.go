@@ -257,8 +257,11 @@ type WorkerSpec struct {
 	Source string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
 	// Requests the worker's engine runs at once (0 = learn it).
 	MaxConcurrency uint32 `protobuf:"varint,6,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// "prefill", "decode" or "both"; empty (entries written before roles)
+	// is both.
+	Role          string `protobuf:"bytes,7,opt,name=role,proto3" json:"role,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -331,6 +334,13 @@ func (x *WorkerSpec) GetMaxConcurrency() uint32 {
 		return x.MaxConcurrency
 	}
 	return 0
+}
+
+func (x *WorkerSpec) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
 }
 
 type UpsertWorkerCommand struct {
@@ -1070,7 +1080,7 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"set_member\x18\x0f \x01(\v2\x19.cart.v1.SetMemberCommandH\x00R\tsetMember\x12C\n" +
 	"\rremove_member\x18\x10 \x01(\v2\x1c.cart.v1.RemoveMemberCommandH\x00R\fremoveMember\x12F\n" +
 	"\x0eclear_holdings\x18\x11 \x01(\v2\x1d.cart.v1.ClearHoldingsCommandH\x00R\rclearHoldingsB\x06\n" +
-	"\x04body\"\xd1\x01\n" +
+	"\x04body\"\xe5\x01\n" +
 	"\n" +
 	"WorkerSpec\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
@@ -1078,7 +1088,8 @@ const file_cart_v1_raft_proto_rawDesc = "" +
 	"\fload_penalty\x18\x03 \x01(\rR\vloadPenalty\x122\n" +
 	"\x15cache_capacity_tokens\x18\x04 \x01(\x03R\x13cacheCapacityTokens\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\tR\x06source\x12'\n" +
-	"\x0fmax_concurrency\x18\x06 \x01(\rR\x0emaxConcurrency\"B\n" +
+	"\x0fmax_concurrency\x18\x06 \x01(\rR\x0emaxConcurrency\x12\x12\n" +
+	"\x04role\x18\a \x01(\tR\x04role\"B\n" +
 	"\x13UpsertWorkerCommand\x12+\n" +
 	"\x06worker\x18\x01 \x01(\v2\x13.cart.v1.WorkerSpecR\x06worker\"'\n" +
 	"\x13RemoveWorkerCommand\x12\x10\n" +

@@ -22,6 +22,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Disaggregation says how a request may be split between workers of the
+// prefill and decode roles (controlplane/engine/roles.go).
+type Disaggregation int32
+
+const (
+	// Whole, to a worker of role both (or decode, when no both worker is in
+	// service).
+	Disaggregation_DISAGGREGATION_UNSPECIFIED Disaggregation = 0
+	// A pair: RouteResponse.prefill names the prefill worker and worker the
+	// decode worker (reason pd), unless the request goes whole
+	// (RouteResponse.whole says why; not in a split pool: empty).
+	Disaggregation_DISAGGREGATION_PAIR Disaggregation = 1
+	// A decode worker only: the request's prefill is done and its KV cache
+	// waits on the prefill worker.
+	Disaggregation_DISAGGREGATION_DECODE Disaggregation = 2
+)
+
+// Enum value maps for Disaggregation.
+var (
+	Disaggregation_name = map[int32]string{
+		0: "DISAGGREGATION_UNSPECIFIED",
+		1: "DISAGGREGATION_PAIR",
+		2: "DISAGGREGATION_DECODE",
+	}
+	Disaggregation_value = map[string]int32{
+		"DISAGGREGATION_UNSPECIFIED": 0,
+		"DISAGGREGATION_PAIR":        1,
+		"DISAGGREGATION_DECODE":      2,
+	}
+)
+
+func (x Disaggregation) Enum() *Disaggregation {
+	p := new(Disaggregation)
+	*p = x
+	return p
+}
+
+func (x Disaggregation) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Disaggregation) Descriptor() protoreflect.EnumDescriptor {
+	return file_cart_v1_router_proto_enumTypes[0].Descriptor()
+}
+
+func (Disaggregation) Type() protoreflect.EnumType {
+	return &file_cart_v1_router_proto_enumTypes[0]
+}
+
+func (x Disaggregation) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Disaggregation.Descriptor instead.
+func (Disaggregation) EnumDescriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{0}
+}
+
 // StreamRequest is one call on RouterService.Stream.
 type StreamRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -674,9 +732,13 @@ type RouteRequest struct {
 	// with queued set, and later, under the same call, with the decision or
 	// a refusal. Unset: the leader answers RESOURCE_EXHAUSTED when the pool is
 	// saturated, as before flow control.
-	Admission     *Admission `protobuf:"bytes,16,opt,name=admission,proto3" json:"admission,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Admission *Admission `protobuf:"bytes,16,opt,name=admission,proto3" json:"admission,omitempty"`
+	// Whether the request may be split between a prefill and a decode
+	// worker (prefill/decode disaggregation). A leader that predates the
+	// field routes it whole.
+	Disaggregation Disaggregation `protobuf:"varint,17,opt,name=disaggregation,proto3,enum=cart.v1.Disaggregation" json:"disaggregation,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RouteRequest) Reset() {
@@ -819,6 +881,13 @@ func (x *RouteRequest) GetAdmission() *Admission {
 		return x.Admission
 	}
 	return nil
+}
+
+func (x *RouteRequest) GetDisaggregation() Disaggregation {
+	if x != nil {
+		return x.Disaggregation
+	}
+	return Disaggregation_DISAGGREGATION_UNSPECIFIED
 }
 
 // Admission is a request's flow-control identity (controlplane/flow).
@@ -1018,6 +1087,9 @@ type RouteResponse struct {
 	//	hit_overloaded  the prefix holder was too busy: least-loaded worker
 	//	empty_text      no key text to match on: least-loaded worker
 	//	session_hit     the request's session stuck to its earlier worker
+	//	pd              split: prefill names the prefill worker (chosen by
+	//	                prefix, its own reason one of the above), worker
+	//	                is the least-loaded decode worker
 	//	fallback_local  a data plane decided alone (control plane unreachable;
 	//	                never sent by the control plane, seen in metrics/traces)
 	//
@@ -1063,7 +1135,16 @@ type RouteResponse struct {
 	// A dry run that found every worker it may use saturated: queued is
 	// set (no worker is named) and queue_depth says how many requests wait
 	// in the leader's queue; a live request would wait there.
-	QueueDepth    uint32 `protobuf:"varint,16,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	QueueDepth uint32 `protobuf:"varint,16,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	// The prefill leg of a split decision (reason pd), with its own ticket:
+	// its worker took a unit of load of its own and holds the prompt's
+	// placement. Unset for a whole decision.
+	Prefill *PrefillLeg `protobuf:"bytes,18,opt,name=prefill,proto3" json:"prefill,omitempty"`
+	// Why a request asked as DISAGGREGATION_PAIR went whole: short_prompt
+	// (few uncached prompt tokens), no_prefill or no_decode (no worker of
+	// that role could take it). Empty when it was split, or the pool is not
+	// split.
+	Whole         string `protobuf:"bytes,19,opt,name=whole,proto3" json:"whole,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1217,6 +1298,126 @@ func (x *RouteResponse) GetQueueDepth() uint32 {
 	return 0
 }
 
+func (x *RouteResponse) GetPrefill() *PrefillLeg {
+	if x != nil {
+		return x.Prefill
+	}
+	return nil
+}
+
+func (x *RouteResponse) GetWhole() string {
+	if x != nil {
+		return x.Whole
+	}
+	return ""
+}
+
+// PrefillLeg is the prefill worker of a split decision.
+type PrefillLeg struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Worker string                 `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	// Identifies the leg in Complete; 0 for dry runs.
+	Ticket uint64 `protobuf:"varint,2,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	// Why this prefill worker: cache_hit, cache_miss, hit_overloaded,
+	// empty_text or session_hit.
+	Reason       string  `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	MatchedChars uint32  `protobuf:"varint,4,opt,name=matched_chars,json=matchedChars,proto3" json:"matched_chars,omitempty"`
+	MatchedRatio float64 `protobuf:"fixed64,5,opt,name=matched_ratio,json=matchedRatio,proto3" json:"matched_ratio,omitempty"`
+	Candidate    string  `protobuf:"bytes,6,opt,name=candidate,proto3" json:"candidate,omitempty"`
+	// Characters the prefill worker is believed to hold.
+	ChosenChars uint32 `protobuf:"varint,7,opt,name=chosen_chars,json=chosenChars,proto3" json:"chosen_chars,omitempty"`
+	// The prefill worker's source, as RouteResponse.worker_source.
+	WorkerSource  string `protobuf:"bytes,8,opt,name=worker_source,json=workerSource,proto3" json:"worker_source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefillLeg) Reset() {
+	*x = PrefillLeg{}
+	mi := &file_cart_v1_router_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefillLeg) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefillLeg) ProtoMessage() {}
+
+func (x *PrefillLeg) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefillLeg.ProtoReflect.Descriptor instead.
+func (*PrefillLeg) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PrefillLeg) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
+}
+
+func (x *PrefillLeg) GetTicket() uint64 {
+	if x != nil {
+		return x.Ticket
+	}
+	return 0
+}
+
+func (x *PrefillLeg) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PrefillLeg) GetMatchedChars() uint32 {
+	if x != nil {
+		return x.MatchedChars
+	}
+	return 0
+}
+
+func (x *PrefillLeg) GetMatchedRatio() float64 {
+	if x != nil {
+		return x.MatchedRatio
+	}
+	return 0
+}
+
+func (x *PrefillLeg) GetCandidate() string {
+	if x != nil {
+		return x.Candidate
+	}
+	return ""
+}
+
+func (x *PrefillLeg) GetChosenChars() uint32 {
+	if x != nil {
+		return x.ChosenChars
+	}
+	return 0
+}
+
+func (x *PrefillLeg) GetWorkerSource() string {
+	if x != nil {
+		return x.WorkerSource
+	}
+	return ""
+}
+
 type Completion struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Ticket from RouteResponse.
@@ -1247,7 +1448,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1460,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1473,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Completion) GetTicket() uint64 {
@@ -1351,7 +1552,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1564,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1577,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CompleteRequest) GetDataplaneId() string {
@@ -1416,7 +1617,7 @@ type ResponseOrigin struct {
 
 func (x *ResponseOrigin) Reset() {
 	*x = ResponseOrigin{}
-	mi := &file_cart_v1_router_proto_msgTypes[12]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1428,7 +1629,7 @@ func (x *ResponseOrigin) String() string {
 func (*ResponseOrigin) ProtoMessage() {}
 
 func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[12]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1441,7 +1642,7 @@ func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseOrigin.ProtoReflect.Descriptor instead.
 func (*ResponseOrigin) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResponseOrigin) GetIdHash() uint64 {
@@ -1477,7 +1678,7 @@ type ResponseNotFound struct {
 
 func (x *ResponseNotFound) Reset() {
 	*x = ResponseNotFound{}
-	mi := &file_cart_v1_router_proto_msgTypes[13]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1690,7 @@ func (x *ResponseNotFound) String() string {
 func (*ResponseNotFound) ProtoMessage() {}
 
 func (x *ResponseNotFound) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[13]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1703,7 @@ func (x *ResponseNotFound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseNotFound.ProtoReflect.Descriptor instead.
 func (*ResponseNotFound) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
 }
 
 type CompleteResponse struct {
@@ -1515,7 +1716,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[14]
+	mi := &file_cart_v1_router_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1728,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[14]
+	mi := &file_cart_v1_router_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1741,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CompleteResponse) GetSettled() uint32 {
@@ -1561,7 +1762,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_cart_v1_router_proto_msgTypes[15]
+	mi := &file_cart_v1_router_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1774,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[15]
+	mi := &file_cart_v1_router_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1787,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{15}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WorkerLoad) GetWorker() string {
@@ -1651,7 +1852,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[16]
+	mi := &file_cart_v1_router_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1663,7 +1864,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[16]
+	mi := &file_cart_v1_router_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1676,7 +1877,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{16}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SyncRequest) GetDataplaneId() string {
@@ -1786,7 +1987,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[17]
+	mi := &file_cart_v1_router_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1798,7 +1999,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[17]
+	mi := &file_cart_v1_router_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1811,7 +2012,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{17}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SyncResponse) GetWorkers() []*Worker {
@@ -1869,7 +2070,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_cart_v1_router_proto_msgTypes[18]
+	mi := &file_cart_v1_router_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +2082,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[18]
+	mi := &file_cart_v1_router_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +2095,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{18}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NotLeader) GetLeaderId() string {
@@ -1954,13 +2155,17 @@ type Worker struct {
 	// engine's metrics (0 = unknown). Data planes use it to queue locally
 	// while the control plane is away.
 	ConcurrencyLimit uint32 `protobuf:"varint,16,opt,name=concurrency_limit,json=concurrencyLimit,proto3" json:"concurrency_limit,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Which part of requests the worker serves: "both" (whole requests; also
+	// read for empty, from a leader that predates roles), "prefill" or
+	// "decode".
+	Role          string `protobuf:"bytes,17,opt,name=role,proto3" json:"role,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_cart_v1_router_proto_msgTypes[19]
+	mi := &file_cart_v1_router_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2177,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[19]
+	mi := &file_cart_v1_router_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2190,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{19}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Worker) GetUrl() string {
@@ -2100,6 +2305,13 @@ func (x *Worker) GetConcurrencyLimit() uint32 {
 	return 0
 }
 
+func (x *Worker) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
 // KVCache is an engine's reported prefix cache.
 type KVCache struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -2112,7 +2324,7 @@ type KVCache struct {
 
 func (x *KVCache) Reset() {
 	*x = KVCache{}
-	mi := &file_cart_v1_router_proto_msgTypes[20]
+	mi := &file_cart_v1_router_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2336,7 @@ func (x *KVCache) String() string {
 func (*KVCache) ProtoMessage() {}
 
 func (x *KVCache) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[20]
+	mi := &file_cart_v1_router_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2349,7 @@ func (x *KVCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCache.ProtoReflect.Descriptor instead.
 func (*KVCache) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{20}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *KVCache) GetOccupiedTokens() int64 {
@@ -2203,7 +2415,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\vStreamError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
-	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xaf\x04\n" +
+	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xf0\x04\n" +
 	"\fRouteRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
@@ -2225,7 +2437,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\vcompletions\x18\x0e \x03(\v2\x13.cart.v1.CompletionR\vcompletions\x12\x1f\n" +
 	"\vtenant_hash\x18\x0f \x01(\x06R\n" +
 	"tenantHash\x120\n" +
-	"\tadmission\x18\x10 \x01(\v2\x12.cart.v1.AdmissionR\tadmission\"\xcc\x02\n" +
+	"\tadmission\x18\x10 \x01(\v2\x12.cart.v1.AdmissionR\tadmission\x12?\n" +
+	"\x0edisaggregation\x18\x11 \x01(\x0e2\x17.cart.v1.DisaggregationR\x0edisaggregation\"\xcc\x02\n" +
 	"\tAdmission\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x1a\n" +
@@ -2240,7 +2453,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	" \x01(\x03R\x17queueDeadlineUnixMicros\"S\n" +
 	"\vFlowRefused\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12,\n" +
-	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\xa8\x04\n" +
+	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\xed\x04\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -2262,7 +2475,19 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06queued\x18\x11 \x01(\bR\x06queued\x12#\n" +
 	"\rwaited_micros\x18\x0f \x01(\x03R\fwaitedMicros\x12\x1f\n" +
 	"\vqueue_depth\x18\x10 \x01(\rR\n" +
-	"queueDepth\"\xa5\x02\n" +
+	"queueDepth\x12-\n" +
+	"\aprefill\x18\x12 \x01(\v2\x13.cart.v1.PrefillLegR\aprefill\x12\x14\n" +
+	"\x05whole\x18\x13 \x01(\tR\x05whole\"\x84\x02\n" +
+	"\n" +
+	"PrefillLeg\x12\x16\n" +
+	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
+	"\x06ticket\x18\x02 \x01(\x04R\x06ticket\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12#\n" +
+	"\rmatched_chars\x18\x04 \x01(\rR\fmatchedChars\x12#\n" +
+	"\rmatched_ratio\x18\x05 \x01(\x01R\fmatchedRatio\x12\x1c\n" +
+	"\tcandidate\x18\x06 \x01(\tR\tcandidate\x12!\n" +
+	"\fchosen_chars\x18\a \x01(\rR\vchosenChars\x12#\n" +
+	"\rworker_source\x18\b \x01(\tR\fworkerSource\"\xa5\x02\n" +
 	"\n" +
 	"Completion\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x16\n" +
@@ -2317,7 +2542,7 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\tNotLeader\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12\x1d\n" +
 	"\n" +
-	"leader_url\x18\x02 \x01(\tR\tleaderUrl\"\xca\x04\n" +
+	"leader_url\x18\x02 \x01(\tR\tleaderUrl\"\xde\x04\n" +
 	"\x06Worker\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
 	"\bmax_load\x18\x02 \x01(\rR\amaxLoad\x12!\n" +
@@ -2335,10 +2560,15 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	"\x06models\x18\r \x03(\tR\x06models\x12+\n" +
 	"\bkv_cache\x18\x0e \x01(\v2\x10.cart.v1.KVCacheR\akvCache\x12'\n" +
 	"\x0fmax_concurrency\x18\x0f \x01(\rR\x0emaxConcurrency\x12+\n" +
-	"\x11concurrency_limit\x18\x10 \x01(\rR\x10concurrencyLimit\"[\n" +
+	"\x11concurrency_limit\x18\x10 \x01(\rR\x10concurrencyLimit\x12\x12\n" +
+	"\x04role\x18\x11 \x01(\tR\x04role\"[\n" +
 	"\aKVCache\x12'\n" +
 	"\x0foccupied_tokens\x18\x01 \x01(\x03R\x0eoccupiedTokens\x12'\n" +
-	"\x0fcapacity_tokens\x18\x02 \x01(\x03R\x0ecapacityTokens2\x84\x02\n" +
+	"\x0fcapacity_tokens\x18\x02 \x01(\x03R\x0ecapacityTokens*d\n" +
+	"\x0eDisaggregation\x12\x1e\n" +
+	"\x1aDISAGGREGATION_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13DISAGGREGATION_PAIR\x10\x01\x12\x19\n" +
+	"\x15DISAGGREGATION_DECODE\x10\x022\x84\x02\n" +
 	"\rRouterService\x128\n" +
 	"\x05Route\x12\x15.cart.v1.RouteRequest\x1a\x16.cart.v1.RouteResponse\"\x00\x12A\n" +
 	"\bComplete\x12\x18.cart.v1.CompleteRequest\x1a\x19.cart.v1.CompleteResponse\"\x00\x125\n" +
@@ -2357,67 +2587,72 @@ func file_cart_v1_router_proto_rawDescGZIP() []byte {
 	return file_cart_v1_router_proto_rawDescData
 }
 
-var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_cart_v1_router_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_cart_v1_router_proto_goTypes = []any{
-	(*StreamRequest)(nil),    // 0: cart.v1.StreamRequest
-	(*PlacementFeed)(nil),    // 1: cart.v1.PlacementFeed
-	(*RecentPlacements)(nil), // 2: cart.v1.RecentPlacements
-	(*RecentPlacement)(nil),  // 3: cart.v1.RecentPlacement
-	(*StreamResponse)(nil),   // 4: cart.v1.StreamResponse
-	(*StreamError)(nil),      // 5: cart.v1.StreamError
-	(*RouteRequest)(nil),     // 6: cart.v1.RouteRequest
-	(*Admission)(nil),        // 7: cart.v1.Admission
-	(*FlowRefused)(nil),      // 8: cart.v1.FlowRefused
-	(*RouteResponse)(nil),    // 9: cart.v1.RouteResponse
-	(*Completion)(nil),       // 10: cart.v1.Completion
-	(*CompleteRequest)(nil),  // 11: cart.v1.CompleteRequest
-	(*ResponseOrigin)(nil),   // 12: cart.v1.ResponseOrigin
-	(*ResponseNotFound)(nil), // 13: cart.v1.ResponseNotFound
-	(*CompleteResponse)(nil), // 14: cart.v1.CompleteResponse
-	(*WorkerLoad)(nil),       // 15: cart.v1.WorkerLoad
-	(*SyncRequest)(nil),      // 16: cart.v1.SyncRequest
-	(*SyncResponse)(nil),     // 17: cart.v1.SyncResponse
-	(*NotLeader)(nil),        // 18: cart.v1.NotLeader
-	(*Worker)(nil),           // 19: cart.v1.Worker
-	(*KVCache)(nil),          // 20: cart.v1.KVCache
-	nil,                      // 21: cart.v1.StreamRequest.TraceEntry
-	(*anypb.Any)(nil),        // 22: google.protobuf.Any
+	(Disaggregation)(0),      // 0: cart.v1.Disaggregation
+	(*StreamRequest)(nil),    // 1: cart.v1.StreamRequest
+	(*PlacementFeed)(nil),    // 2: cart.v1.PlacementFeed
+	(*RecentPlacements)(nil), // 3: cart.v1.RecentPlacements
+	(*RecentPlacement)(nil),  // 4: cart.v1.RecentPlacement
+	(*StreamResponse)(nil),   // 5: cart.v1.StreamResponse
+	(*StreamError)(nil),      // 6: cart.v1.StreamError
+	(*RouteRequest)(nil),     // 7: cart.v1.RouteRequest
+	(*Admission)(nil),        // 8: cart.v1.Admission
+	(*FlowRefused)(nil),      // 9: cart.v1.FlowRefused
+	(*RouteResponse)(nil),    // 10: cart.v1.RouteResponse
+	(*PrefillLeg)(nil),       // 11: cart.v1.PrefillLeg
+	(*Completion)(nil),       // 12: cart.v1.Completion
+	(*CompleteRequest)(nil),  // 13: cart.v1.CompleteRequest
+	(*ResponseOrigin)(nil),   // 14: cart.v1.ResponseOrigin
+	(*ResponseNotFound)(nil), // 15: cart.v1.ResponseNotFound
+	(*CompleteResponse)(nil), // 16: cart.v1.CompleteResponse
+	(*WorkerLoad)(nil),       // 17: cart.v1.WorkerLoad
+	(*SyncRequest)(nil),      // 18: cart.v1.SyncRequest
+	(*SyncResponse)(nil),     // 19: cart.v1.SyncResponse
+	(*NotLeader)(nil),        // 20: cart.v1.NotLeader
+	(*Worker)(nil),           // 21: cart.v1.Worker
+	(*KVCache)(nil),          // 22: cart.v1.KVCache
+	nil,                      // 23: cart.v1.StreamRequest.TraceEntry
+	(*anypb.Any)(nil),        // 24: google.protobuf.Any
 }
 var file_cart_v1_router_proto_depIdxs = []int32{
-	6,  // 0: cart.v1.StreamRequest.route:type_name -> cart.v1.RouteRequest
-	11, // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
-	16, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
-	21, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
-	1,  // 4: cart.v1.StreamRequest.placement_feed:type_name -> cart.v1.PlacementFeed
-	0,  // 5: cart.v1.StreamRequest.more:type_name -> cart.v1.StreamRequest
-	3,  // 6: cart.v1.RecentPlacements.placements:type_name -> cart.v1.RecentPlacement
-	9,  // 7: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
-	14, // 8: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
-	17, // 9: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
-	5,  // 10: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
-	2,  // 11: cart.v1.StreamResponse.placements:type_name -> cart.v1.RecentPlacements
-	4,  // 12: cart.v1.StreamResponse.more:type_name -> cart.v1.StreamResponse
-	22, // 13: cart.v1.StreamError.details:type_name -> google.protobuf.Any
-	10, // 14: cart.v1.RouteRequest.completions:type_name -> cart.v1.Completion
-	7,  // 15: cart.v1.RouteRequest.admission:type_name -> cart.v1.Admission
-	10, // 16: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
-	12, // 17: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
-	15, // 18: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	19, // 19: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	20, // 20: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
-	6,  // 21: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	11, // 22: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	16, // 23: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
-	0,  // 24: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
-	9,  // 25: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	14, // 26: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	17, // 27: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
-	4,  // 28: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
-	25, // [25:29] is the sub-list for method output_type
-	21, // [21:25] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	7,  // 0: cart.v1.StreamRequest.route:type_name -> cart.v1.RouteRequest
+	13, // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
+	18, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
+	23, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
+	2,  // 4: cart.v1.StreamRequest.placement_feed:type_name -> cart.v1.PlacementFeed
+	1,  // 5: cart.v1.StreamRequest.more:type_name -> cart.v1.StreamRequest
+	4,  // 6: cart.v1.RecentPlacements.placements:type_name -> cart.v1.RecentPlacement
+	10, // 7: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
+	16, // 8: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
+	19, // 9: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
+	6,  // 10: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
+	3,  // 11: cart.v1.StreamResponse.placements:type_name -> cart.v1.RecentPlacements
+	5,  // 12: cart.v1.StreamResponse.more:type_name -> cart.v1.StreamResponse
+	24, // 13: cart.v1.StreamError.details:type_name -> google.protobuf.Any
+	12, // 14: cart.v1.RouteRequest.completions:type_name -> cart.v1.Completion
+	8,  // 15: cart.v1.RouteRequest.admission:type_name -> cart.v1.Admission
+	0,  // 16: cart.v1.RouteRequest.disaggregation:type_name -> cart.v1.Disaggregation
+	11, // 17: cart.v1.RouteResponse.prefill:type_name -> cart.v1.PrefillLeg
+	12, // 18: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
+	14, // 19: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
+	17, // 20: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
+	21, // 21: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	22, // 22: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	7,  // 23: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
+	13, // 24: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	18, // 25: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	1,  // 26: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
+	10, // 27: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	16, // 28: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	19, // 29: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	5,  // 30: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
+	27, // [27:31] is the sub-list for method output_type
+	23, // [23:27] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_cart_v1_router_proto_init() }
@@ -2442,13 +2677,14 @@ func file_cart_v1_router_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_router_proto_rawDesc), len(file_cart_v1_router_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   22,
+			NumEnums:      1,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_cart_v1_router_proto_goTypes,
 		DependencyIndexes: file_cart_v1_router_proto_depIdxs,
+		EnumInfos:         file_cart_v1_router_proto_enumTypes,
 		MessageInfos:      file_cart_v1_router_proto_msgTypes,
 	}.Build()
 	File_cart_v1_router_proto = out.File

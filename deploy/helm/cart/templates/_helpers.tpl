@@ -101,14 +101,35 @@ http://{{ include "cart.cpName" . }}.{{ .Release.Namespace }}.svc.{{ .Values.clu
 {{ include "cart.cpName" $root }}-{{ .i }}.{{ include "cart.cpHeadless" $root }}.{{ $root.Release.Namespace }}.svc.{{ $root.Values.clusterDomain }}
 {{- end }}
 
+{{/* The cart-sim StatefulSet (and headless Service) of a role:
+(dict "root" $ "role" role). */}}
+{{- define "cart.simName" -}}{{ include "cart.fullname" .root }}-sim-{{ .role }}{{- end }}
+
+{{/* Every worker the chart registers, in values form: .Values.workers,
+then one per cart-sim pod (sims.replicas), with its role. */}}
+{{- define "cart.allWorkers" -}}
+{{- $out := list }}
+{{- range .Values.workers }}
+{{- $out = append $out . }}
+{{- end }}
+{{- range $role := list "both" "prefill" "decode" }}
+{{- $name := include "cart.simName" (dict "root" $ "role" $role) }}
+{{- range $i := until (int (index $.Values.sims.replicas $role)) }}
+{{- $out = append $out (dict "url" (printf "http://%s-%d.%s.%s.svc.%s:8000" $name $i $name $.Release.Namespace $.Values.clusterDomain) "role" $role) }}
+{{- end }}
+{{- end }}
+{{- toYaml (dict "workers" $out) }}
+{{- end }}
+
 {{/* Workers in cart config form. */}}
 {{- define "cart.workersConfig" -}}
 {{- $out := list }}
-{{- range .Values.workers }}
+{{- range (include "cart.allWorkers" . | fromYaml).workers }}
 {{- $w := dict "url" (required "every workers[] entry needs a url" .url) }}
 {{- with .maxLoad }}{{ $_ := set $w "max_load" . }}{{ end }}
 {{- with .loadPenalty }}{{ $_ := set $w "load_penalty" . }}{{ end }}
 {{- with .cacheCapacityTokens }}{{ $_ := set $w "cache_capacity_tokens" . }}{{ end }}
+{{- with .role }}{{ $_ := set $w "role" . }}{{ end }}
 {{- $out = append $out $w }}
 {{- end }}
 {{- toYaml (dict "workers" $out) }}
