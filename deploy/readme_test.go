@@ -1,42 +1,24 @@
 package deploy
 
 import (
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/cartrouter/cart/config"
 )
 
 // The README is what a newcomer follows; these tests hold the claims it
 // makes about the code to the code.
 
-// workerSources reads the Source* constants of controlplane/state: every
-// value a worker's source can take.
+// workerSources are every value a worker's source can take
+// (config.WorkerSources, which the state machine and discovery use).
 func workerSources(t *testing.T) []string {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), path(t, "controlplane", "state", "state.go"), nil, 0)
-	if err != nil {
-		t.Fatal(err)
+	if len(config.WorkerSources) < 4 {
+		t.Fatalf("config.WorkerSources = %v; want static, admin, dns, kubernetes at least", config.WorkerSources)
 	}
-	var out []string
-	ast.Inspect(f, func(n ast.Node) bool {
-		vs, ok := n.(*ast.ValueSpec)
-		if !ok || len(vs.Names) != 1 || len(vs.Values) != 1 || !strings.HasPrefix(vs.Names[0].Name, "Source") {
-			return true
-		}
-		if lit, ok := vs.Values[0].(*ast.BasicLit); ok && lit.Kind == token.STRING {
-			v, _ := strconv.Unquote(lit.Value)
-			out = append(out, v)
-		}
-		return true
-	})
-	if len(out) < 4 {
-		t.Fatalf("found worker sources %v in controlplane/state; want static, admin, dns, kubernetes at least", out)
-	}
-	return out
+	return config.WorkerSources
 }
 
 // GET /workers and the API's source field document every source the code
