@@ -145,7 +145,7 @@ func TestTokenClusterAuditsOnEveryNode(t *testing.T) {
 		return err == nil
 	})
 	for _, n := range nodes {
-		testkit.WaitFor(t, 10*time.Second, n.id+"'s audit lines", func() bool {
+		testkit.WaitFor(t, 30*time.Second, n.id+"'s audit lines", func() bool {
 			out := n.Log.String()
 			return strings.Contains(out, `msg="audit: worker added"`) &&
 				strings.Contains(out, `actor="cluster token from 127.0.0.1:`) &&
