@@ -210,7 +210,7 @@ func replayTieBreak(w simWorkload, blockChars int, tieBreak uint64) replayResult
 			hashes = index.Hash(hashes, "m", []byte(key), blockChars)
 		}
 		t1 := testkit.ThreadCPU()
-		d, err := eng.Route(engine.Request{Hashes: hashes, KeyLen: len(rq.text)}, rq.at*int64(time.Millisecond))
+		d, err := eng.Choose(engine.Request{Hashes: hashes, KeyLen: len(rq.text)}, rq.at*int64(time.Millisecond))
 		t2 := testkit.ThreadCPU()
 		if err != nil {
 			panic(err) // no max_load, every replica healthy: cannot happen

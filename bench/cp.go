@@ -295,7 +295,7 @@ func (c *causeCounter) take() map[string]int {
 // is what is measured, not the workers).
 func routeOnce(ctx context.Context, r *remote.Router, req *router.Request, n uint64) cpSample {
 	t0 := time.Now()
-	d, err := r.Route(ctx, req)
+	d, err := r.Decide(ctx, req)
 	s := cpSample{lat: time.Since(t0)}
 	if err != nil {
 		s.err = true

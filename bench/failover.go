@@ -200,7 +200,7 @@ func foDrive(ctx context.Context, dps []*remote.Router, wl *prefixload.Workload,
 				r := dps[i%len(dps)]
 				g, key := wl.Next()
 				rec := foRecord{start: time.Now()}
-				d, err := r.Route(ctx, &router.Request{Model: model, Hashes: index.Hash(nil, model, []byte(key), failoverBlockChars), KeyLen: len(key)})
+				d, err := r.Decide(ctx, &router.Request{Model: model, Hashes: index.Hash(nil, model, []byte(key), failoverBlockChars), KeyLen: len(key)})
 				rec.end = time.Now()
 				if err != nil {
 					rec.err = true

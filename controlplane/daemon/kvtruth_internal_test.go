@@ -45,7 +45,7 @@ func TestKVApplierProposesBatchedCommands(t *testing.T) {
 		var d engine.Decision
 		var err error
 		dec.Do(decider.OpRoute, func(eng *engine.Engine) {
-			d, err = eng.Route(engine.Request{Hashes: hashes(text), KeyLen: len(text), Exclude: []string{other}}, at)
+			d, err = eng.Choose(engine.Request{Hashes: hashes(text), KeyLen: len(text), Exclude: []string{other}}, at)
 		})
 		if err != nil || d.Worker != w {
 			t.Fatalf("place on %s: %+v %v", w, d, err)

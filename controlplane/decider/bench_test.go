@@ -38,7 +38,7 @@ func BenchmarkDecide(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		dec, err := d.Route(reqs[i%prompts])
+		dec, err := d.Decide(reqs[i%prompts])
 		if err != nil {
 			b.Fatal(err)
 		}

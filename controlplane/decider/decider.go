@@ -200,12 +200,12 @@ func capacity(err error) error {
 	return err
 }
 
-// Route decides req and takes one unit of load on the chosen worker. The
+// Decide decides req and takes one unit of load on the chosen worker. The
 // caller settles the decision with Settle(d.Ticket, ...).
-func (d *Decider) Route(req Request) (Decision, error) {
+func (d *Decider) Decide(req Request) (Decision, error) {
 	t := d.lock()
 	now := d.o.Now()
-	dec, err := d.route(req, now)
+	dec, err := d.choose(req, now)
 	d.unlock(OpRoute, t)
 	if err != nil {
 		return Decision{}, err
@@ -228,8 +228,8 @@ func (dec *Decision) ownPlaced() {
 // Split reports whether the decision has a prefill leg.
 func (dec *Decision) Split() bool { return dec.Prefill != nil }
 
-// route is one decision under the lock.
-func (d *Decider) route(req Request, now time.Time) (Decision, error) {
+// choose is one decision under the lock.
+func (d *Decider) choose(req Request, now time.Time) (Decision, error) {
 	pinned := false
 	if req.PinTo != "" {
 		if _, known := d.eng.WorkerIDOf(req.PinTo); !known {
@@ -248,7 +248,7 @@ func (d *Decider) route(req Request, now time.Time) (Decision, error) {
 		// worker holding it.
 		req.AnyRole, req.Disagg = true, engine.DisaggNone
 	}
-	ed, err := d.eng.Route(req.Request, now.UnixNano())
+	ed, err := d.eng.Choose(req.Request, now.UnixNano())
 	if err != nil {
 		return Decision{}, capacity(err)
 	}

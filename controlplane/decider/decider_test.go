@@ -32,7 +32,7 @@ func req(text string) Request {
 // route decides and settles text as delivered.
 func route(t *testing.T, d *Decider, text string) Decision {
 	t.Helper()
-	dec, err := d.Route(req(text))
+	dec, err := d.Decide(req(text))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func holdCount(t *testing.T, d *Decider, op Op) uint64 {
 func TestSettleReleasesAndWithdraws(t *testing.T) {
 	now := time.Unix(1000, 0)
 	d := newTestDecider(&now, 1000, -1)
-	dec, err := d.Route(req("a prompt to be withdrawn"))
+	dec, err := d.Decide(req("a prompt to be withdrawn"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +78,14 @@ func TestSettleReleasesAndWithdraws(t *testing.T) {
 func TestSettleRefusesForeignTickets(t *testing.T) {
 	now := time.Unix(1000, 0)
 	d, other := newTestDecider(&now, 1000, -1), newTestDecider(&now, 1000, -1)
-	dec, err := d.Route(req("some prompt"))
+	dec, err := d.Decide(req("some prompt"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, tk := range map[string]Ticket{
 		"zero":    {},
 		"remote":  {ID: 7, Worker: dec.Worker},
-		"foreign": func() Ticket { o, _ := other.Route(req("x")); return o.Ticket }(),
+		"foreign": func() Ticket { o, _ := other.Decide(req("x")); return o.Ticket }(),
 	} {
 		if err := d.Settle(tk, Outcome{Delivered: true}); !errors.Is(err, ErrForeignTicket) {
 			t.Fatalf("%s ticket: err = %v", name, err)
@@ -102,14 +102,14 @@ func TestSettleRefusesForeignTickets(t *testing.T) {
 func TestCapacityErrorsAreMarked(t *testing.T) {
 	now := time.Unix(1000, 0)
 	d := New(Options{Policy: engine.Policy{BlockChars: 4}, MaxEntries: 100, Now: func() time.Time { return now }})
-	_, err := d.Route(req("x"))
+	_, err := d.Decide(req("x"))
 	if !errors.Is(err, ErrNoCapacity) || !errors.Is(err, engine.ErrNoWorkers) {
 		t.Fatalf("no workers: %v", err)
 	}
 	d.SetWorkers([]engine.WorkerSpec{{URL: "a"}})
 	r := req("x")
 	r.Exclude = []string{"a"}
-	if _, err := d.Route(r); !errors.Is(err, ErrNoCapacity) || !errors.Is(err, engine.ErrAllExcluded) {
+	if _, err := d.Decide(r); !errors.Is(err, ErrNoCapacity) || !errors.Is(err, engine.ErrAllExcluded) {
 		t.Fatalf("all excluded: %v", err)
 	}
 }
@@ -158,14 +158,14 @@ func TestPinnedRouting(t *testing.T) {
 	r := req("continue my response")
 	r.PinTo = "b"
 	for range 3 {
-		dec, err := d.Route(r)
+		dec, err := d.Decide(r)
 		if err != nil || dec.Worker != "b" || !dec.Pinned {
 			t.Fatalf("pinned decision: %v, %+v", err, dec)
 		}
 	}
 	r.PinTo = "gone"
 	var pg *PinnedGoneError
-	if _, err := d.Route(r); !errors.As(err, &pg) || pg.Worker != "gone" {
+	if _, err := d.Decide(r); !errors.As(err, &pg) || pg.Worker != "gone" {
 		t.Fatalf("pinned to a removed worker: %v", err)
 	}
 }
@@ -175,13 +175,13 @@ func TestPinnedRouting(t *testing.T) {
 func TestRouteForUndoesAfterDeadline(t *testing.T) {
 	now := time.Unix(1000, 0)
 	d := newTestDecider(&now, 1000, -1)
-	if _, err := d.RouteFor(context.Background(), Caller{DataPlane: "dp"}, req("x")); !errors.Is(err, ErrNotLeading) {
+	if _, err := d.DecideFor(context.Background(), Caller{DataPlane: "dp"}, req("x")); !errors.Is(err, ErrNotLeading) {
 		t.Fatalf("before Lead: %v", err)
 	}
 	d.Lead(true)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := d.RouteFor(ctx, Caller{DataPlane: "dp", RouteID: 1}, req("a prompt nobody waits for")); !errors.Is(err, context.Canceled) {
+	if _, err := d.DecideFor(ctx, Caller{DataPlane: "dp", RouteID: 1}, req("a prompt nobody waits for")); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v", err)
 	}
 	st := d.Stats()
@@ -191,7 +191,7 @@ func TestRouteForUndoesAfterDeadline(t *testing.T) {
 	// A stream call's timeout (Caller.Expired) undoes it the same way,
 	// with the context still live.
 	expired := func() bool { return true }
-	if _, err := d.RouteFor(context.Background(), Caller{DataPlane: "dp", RouteID: 2, Expired: expired}, req("another prompt nobody waits for")); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := d.DecideFor(context.Background(), Caller{DataPlane: "dp", RouteID: 2, Expired: expired}, req("another prompt nobody waits for")); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("expired caller: err = %v", err)
 	}
 	st = d.Stats()
@@ -200,7 +200,7 @@ func TestRouteForUndoesAfterDeadline(t *testing.T) {
 	}
 	// One still waited for is kept.
 	waiting := func() bool { return false }
-	if _, err := d.RouteFor(context.Background(), Caller{DataPlane: "dp", RouteID: 3, Expired: waiting}, req("a prompt someone waits for")); err != nil {
+	if _, err := d.DecideFor(context.Background(), Caller{DataPlane: "dp", RouteID: 3, Expired: waiting}, req("a prompt someone waits for")); err != nil {
 		t.Fatal(err)
 	}
 	if d.Load("a")+d.Load("b") != 1 || d.Stats().Unsettled != 1 {

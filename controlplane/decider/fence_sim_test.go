@@ -121,7 +121,7 @@ func (s *fenceSim) call() {
 		for _, c := range riders {
 			delete(s.live, c.Ticket)
 		}
-		dec, err := s.d.RouteFor(context.Background(), Caller{DataPlane: "x", RouteID: r, Settle: riders}, rq)
+		dec, err := s.d.DecideFor(context.Background(), Caller{DataPlane: "x", RouteID: r, Settle: riders}, rq)
 		if err != nil {
 			s.t.Fatal(err)
 		}

@@ -127,7 +127,7 @@ func (d *Decider) Admit(ctx context.Context, req Request, a Admission) (Decision
 	return d.admit(ctx, nil, req, a)
 }
 
-// AdmitFor is Admit for a data plane, as the cluster's leader (RouteFor's
+// AdmitFor is Admit for a data plane, as the cluster's leader (DecideFor's
 // tracked decision, queued fleet-wide).
 func (d *Decider) AdmitFor(ctx context.Context, c Caller, req Request, a Admission) (Decision, error) {
 	var rest []Completion
@@ -255,9 +255,9 @@ func (d *Decider) undo(c *Caller, dec Decision) {
 }
 
 // decide is one decision under the lock: for a data plane (c != nil) a
-// tracked one, as RouteFor makes it.
+// tracked one, as DecideFor makes it.
 func (d *Decider) decide(ctx context.Context, c *Caller, req Request, now time.Time) (Decision, error) {
-	dec, err := d.route(req, now)
+	dec, err := d.choose(req, now)
 	if err != nil || req.DryRun || c == nil {
 		return dec, err
 	}

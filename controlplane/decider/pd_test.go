@@ -35,7 +35,7 @@ func loads(d *Decider) map[string]int {
 // An undelivered prefill withdraws the prompt's placement.
 func TestSplitDecisionSettlesEachLeg(t *testing.T) {
 	d := splitDecider(t, 0)
-	dec, err := d.Route(pairReq("a prompt long enough to place"))
+	dec, err := d.Decide(pairReq("a prompt long enough to place"))
 	if err != nil || !dec.Split() || dec.Reason != engine.ReasonPD {
 		t.Fatalf("%+v %v", dec, err)
 	}
@@ -51,7 +51,7 @@ func TestSplitDecisionSettlesEachLeg(t *testing.T) {
 	if l := loads(d); l["p"] != 0 || l["d"] != 1 {
 		t.Fatalf("after the prefill leg: %v", l)
 	}
-	again, _ := d.Route(pairReq("a prompt long enough to place"))
+	again, _ := d.Decide(pairReq("a prompt long enough to place"))
 	if again.Prefill.Reason != engine.ReasonCacheMiss {
 		t.Fatalf("an undelivered prefill left its placement: %s", again.Prefill.Reason)
 	}
@@ -118,7 +118,7 @@ func TestTrackedSplitDecision(t *testing.T) {
 	d.SyncLoads("x", 0, map[string]int{}, 0, SyncFence{FirstRouteID: 1, SyncSeq: 1, LastRouteID: 9})
 	call := func(route uint64) Decision {
 		t.Helper()
-		dec, err := d.RouteFor(context.Background(), Caller{DataPlane: "x", RouteID: route}, pairReq("prompt of call"+string(rune('a'+route))))
+		dec, err := d.DecideFor(context.Background(), Caller{DataPlane: "x", RouteID: route}, pairReq("prompt of call"+string(rune('a'+route))))
 		if err != nil || !dec.Split() || dec.Ticket.ID == 0 || dec.PrefillTicket.ID == 0 || dec.Ticket.ID == dec.PrefillTicket.ID {
 			t.Fatalf("%+v %v", dec, err)
 		}
@@ -167,15 +167,15 @@ func TestPinnedSplitRequestGoesWhole(t *testing.T) {
 	d := splitDecider(t, 0)
 	r := pairReq("a continuation")
 	r.PinTo = "d"
-	dec, err := d.Route(r)
+	dec, err := d.Decide(r)
 	if err != nil || dec.Split() || dec.Worker != "d" || !dec.Pinned {
 		t.Fatalf("%+v %v", dec, err)
 	}
 	settleOK(t, d, dec)
-	if _, err := d.Route(func() Request { r := req("x"); r.PinTo = "p"; return r }()); err != nil {
+	if _, err := d.Decide(func() Request { r := req("x"); r.PinTo = "p"; return r }()); err != nil {
 		t.Fatalf("pinned to a prefill worker: %v", err)
 	}
-	if _, err := d.Route(func() Request { r := pairReq("x"); r.Exclude = []string{"p", "d"}; return r }()); !errors.Is(err, ErrNoCapacity) {
+	if _, err := d.Decide(func() Request { r := pairReq("x"); r.Exclude = []string{"p", "d"}; return r }()); !errors.Is(err, ErrNoCapacity) {
 		t.Fatalf("every worker excluded: %v", err)
 	}
 }

@@ -21,7 +21,7 @@ func TestSeedModelsFillsTheModelsInSteps(t *testing.T) {
 	for i := range 600 {
 		r := req(fmt.Sprintf("%04d: a prompt with some text", i)) // 9 blocks each
 		r.Exclude = []string{[]string{"a", "b"}[i%2]}
-		dec, err := d.Route(r)
+		dec, err := d.Decide(r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +39,7 @@ func TestSeedModelsFillsTheModelsInSteps(t *testing.T) {
 	}
 	wg.Go(func() {
 		for i := range 200 {
-			dec, err := d.Route(req(fmt.Sprintf("new prompt %04d during the seed", i)))
+			dec, err := d.Decide(req(fmt.Sprintf("new prompt %04d during the seed", i)))
 			if err != nil {
 				t.Error(err)
 				return

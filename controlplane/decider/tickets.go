@@ -56,7 +56,7 @@ func (d *Decider) Dropped(cause DropCause) uint64 { return d.dropped[cause].Load
 // DefaultMaxTickets matches config's controlplane.max_unsettled_tickets.
 const DefaultMaxTickets = 1 << 18
 
-// ErrNotLeading: RouteFor before Lead(true) (a leader whose barrier is
+// ErrNotLeading: DecideFor before Lead(true) (a leader whose barrier is
 // still pending) or after Lead(false).
 var ErrNotLeading = errors.New("leader is still catching up (barrier pending)")
 
@@ -214,7 +214,7 @@ func (l *leaderState) init() {
 }
 
 // SetLedger installs the placement ledger. Call it before the first
-// RouteFor.
+// DecideFor.
 func (d *Decider) SetLedger(l Ledger) {
 	t := d.lock()
 	defer d.unlock(OpAdmin, t)
@@ -267,33 +267,33 @@ type Caller struct {
 	// timer per call (about 2% of a leader's CPU at 5,000 routes/s).
 	Expired func() bool
 	// Settle are the data plane's settlements of earlier decisions that
-	// came with the call: RouteFor applies the first completeChunk of
+	// came with the call: DecideFor applies the first completeChunk of
 	// them in the decision's own lock hold, before deciding, and the rest
 	// as Complete would, after. They are applied whatever the decision's
 	// outcome, unless this decider is not leading (it has no tickets).
 	Settle []Completion
 }
 
-// RouteFor decides for a data plane as the cluster's leader: the decision
+// DecideFor decides for a data plane as the cluster's leader: the decision
 // takes load on the data plane's account and, unless a dry run, records a
 // tracked ticket (Decision.Ticket.ID) and queues its placement on the
 // ledger. If ctx ended (or c.Expired) while it waited or decided, the
 // decision is undone before anyone sees it (its caller has routed
 // elsewhere) and ctx's error (or context.DeadlineExceeded) is returned.
-func (d *Decider) RouteFor(ctx context.Context, c Caller, req Request) (Decision, error) {
+func (d *Decider) DecideFor(ctx context.Context, c Caller, req Request) (Decision, error) {
 	var rest []Completion
 	if len(c.Settle) > completeChunk {
 		c.Settle, rest = c.Settle[:completeChunk], c.Settle[completeChunk:]
 	}
-	dec, err := d.routeFor(ctx, c, req)
+	dec, err := d.decideFor(ctx, c, req)
 	if len(rest) > 0 && !errors.Is(err, ErrNotLeading) {
 		d.Complete(c.DataPlane, rest) // after the decision's hold
 	}
 	return dec, err
 }
 
-// routeFor is RouteFor's decision, in one lock hold with c.Settle.
-func (d *Decider) routeFor(ctx context.Context, c Caller, req Request) (Decision, error) {
+// decideFor is DecideFor's decision, in one lock hold with c.Settle.
+func (d *Decider) decideFor(ctx context.Context, c Caller, req Request) (Decision, error) {
 	t := d.lock()
 	defer d.unlock(OpRoute, t)
 	if !d.lead.leading {

@@ -12,10 +12,10 @@ import (
 	"github.com/cartrouter/cart/controlplane/index"
 )
 
-// routeFor issues a tracked decision for data plane dp pinned to worker w.
-func routeFor(t *testing.T, d *Decider, dp, w, text string) uint64 {
+// ticketFor issues a tracked decision for data plane dp pinned to worker w.
+func ticketFor(t *testing.T, d *Decider, dp, w, text string) uint64 {
 	t.Helper()
-	return routeForID(t, d, dp, w, text, 0)
+	return ticketForID(t, d, dp, w, text, 0)
 }
 
 // The stale rule settles, per (data plane, worker), the oldest tickets past
@@ -27,10 +27,10 @@ func TestSweepSettlesOldestExcessPerPair(t *testing.T) {
 	d := newTestDecider(&now, 1000, -1)
 	d.o.LoadLease = 10 * time.Second
 	d.Lead(true)
-	old := []uint64{routeFor(t, d, "x", "a", "x a one"), routeFor(t, d, "x", "a", "x a two"), routeFor(t, d, "x", "a", "x a three")}
-	yb := []uint64{routeFor(t, d, "y", "b", "y b one"), routeFor(t, d, "y", "b", "y b two")}
+	old := []uint64{ticketFor(t, d, "x", "a", "x a one"), ticketFor(t, d, "x", "a", "x a two"), ticketFor(t, d, "x", "a", "x a three")}
+	yb := []uint64{ticketFor(t, d, "y", "b", "y b one"), ticketFor(t, d, "y", "b", "y b two")}
 	now = now.Add(8 * time.Second)
-	young := routeFor(t, d, "x", "a", "x a young")
+	young := ticketFor(t, d, "x", "a", "x a young")
 	d.SyncLoads("x", 0, map[string]int{"a": 2}, 0, SyncFence{})
 	d.SyncLoads("y", 0, map[string]int{"b": 2}, 0, SyncFence{})
 
@@ -79,7 +79,7 @@ func TestTicketCapAfterOutOfOrderSettles(t *testing.T) {
 	d.Lead(true)
 	ids := make([]uint64, 4)
 	for i := range ids {
-		ids[i] = routeFor(t, d, "x", "a", fmt.Sprintf("prompt %d", i))
+		ids[i] = ticketFor(t, d, "x", "a", fmt.Sprintf("prompt %d", i))
 	}
 	// The cap dropped ids[0]. Settle ids[2], then issue two more: the
 	// first fits, the second makes the cap drop ids[1], the oldest still
@@ -87,7 +87,7 @@ func TestTicketCapAfterOutOfOrderSettles(t *testing.T) {
 	if n := d.Complete("x", []Completion{{Ticket: ids[2], Worker: "a"}}); n != 1 {
 		t.Fatalf("settled %d, want 1", n)
 	}
-	a, b := routeFor(t, d, "x", "a", "prompt 4"), routeFor(t, d, "x", "a", "prompt 5")
+	a, b := ticketFor(t, d, "x", "a", "prompt 4"), ticketFor(t, d, "x", "a", "prompt 5")
 	if got := d.Dropped(DropCap); got != 2 {
 		t.Fatalf("cap drops = %d, want 2", got)
 	}
@@ -121,7 +121,7 @@ func BenchmarkSweep(b *testing.B) {
 			for i := range n {
 				text := fmt.Sprintf("q %d %0128d", i, i)
 				r := Request{Request: engine.Request{Hashes: index.Hash(nil, "m", []byte(text), 64), KeyLen: len(text)}}
-				if _, err := d.RouteFor(context.Background(), Caller{DataPlane: fmt.Sprint("dp", i%4), RouteID: uint64(i + 1)}, r); err != nil {
+				if _, err := d.DecideFor(context.Background(), Caller{DataPlane: fmt.Sprint("dp", i%4), RouteID: uint64(i + 1)}, r); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -143,14 +143,14 @@ func TestRouteForSettlesWhatCameWithIt(t *testing.T) {
 	n := completeChunk + 2
 	cs := make([]Completion, n)
 	for i := range cs {
-		cs[i] = Completion{Ticket: routeFor(t, d, "x", "a", fmt.Sprintf("prompt %d", i)), Worker: "a", Outcome: Outcome{Delivered: true}}
+		cs[i] = Completion{Ticket: ticketFor(t, d, "x", "a", fmt.Sprintf("prompt %d", i)), Worker: "a", Outcome: Outcome{Delivered: true}}
 	}
 	// "a" is full: only settling before deciding makes room for one more.
 	d.SetWorkers([]engine.WorkerSpec{{URL: "a", MaxLoad: n}, {URL: "b"}})
 	settles, routes := holdCount(t, d, OpSettle), holdCount(t, d, OpRoute)
 	r := req("one more")
 	r.PinTo = "a"
-	if _, err := d.RouteFor(context.Background(), Caller{DataPlane: "x", Settle: cs[:completeChunk]}, r); err != nil {
+	if _, err := d.DecideFor(context.Background(), Caller{DataPlane: "x", Settle: cs[:completeChunk]}, r); err != nil {
 		t.Fatalf("a decision whose riders free its worker: %v", err)
 	}
 	if got := d.Load("a"); got != n-completeChunk+1 {
@@ -165,7 +165,7 @@ func TestRouteForSettlesWhatCameWithIt(t *testing.T) {
 	bad := req("pinned to nobody")
 	bad.PinTo = "gone"
 	all := append(slices.Clone(cs), cs[:completeChunk]...) // settled twice: no-ops
-	if _, err := d.RouteFor(context.Background(), Caller{DataPlane: "x", Settle: all}, bad); err == nil {
+	if _, err := d.DecideFor(context.Background(), Caller{DataPlane: "x", Settle: all}, bad); err == nil {
 		t.Fatal("a decision pinned to an unknown worker must fail")
 	}
 	if got := d.Load("a"); got != 1 {
@@ -185,7 +185,7 @@ func TestCompleteSettlesInChunks(t *testing.T) {
 	n := 2*completeChunk + 2
 	cs := make([]Completion, n)
 	for i := range cs {
-		cs[i] = Completion{Ticket: routeFor(t, d, "x", "a", fmt.Sprintf("prompt %d", i)), Worker: "a", Outcome: Outcome{Delivered: true}}
+		cs[i] = Completion{Ticket: ticketFor(t, d, "x", "a", fmt.Sprintf("prompt %d", i)), Worker: "a", Outcome: Outcome{Delivered: true}}
 	}
 	before := holdCount(t, d, OpSettle)
 	if got := d.Complete("x", cs); got != n {
@@ -207,12 +207,12 @@ func leadingDecider() *Decider {
 	return d
 }
 
-// routeForID is routeFor with the data plane's route id.
-func routeForID(t *testing.T, d *Decider, dp, w, text string, route uint64) uint64 {
+// ticketForID is ticketFor with the data plane's route id.
+func ticketForID(t *testing.T, d *Decider, dp, w, text string, route uint64) uint64 {
 	t.Helper()
 	r := req(text)
 	r.PinTo = w
-	dec, err := d.RouteFor(context.Background(), Caller{DataPlane: dp, RouteID: route}, r)
+	dec, err := d.DecideFor(context.Background(), Caller{DataPlane: dp, RouteID: route}, r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,17 +229,17 @@ func TestSyncFenceCountsWhatReportsWillRelease(t *testing.T) {
 	d.SyncLoads("x", 0, map[string]int{}, 0, SyncFence{FirstRouteID: 1, SyncSeq: 1, LastRouteID: 9})
 	delivered := Outcome{Delivered: true}
 
-	held := routeForID(t, d, "x", "a", "held one", 10)         // answered before the counts: in them
-	open := routeForID(t, d, "x", "a", "open one", 11)         // its answer still on its way
-	unreported := routeForID(t, d, "x", "a", "unreported", 12) // finished before the counts, report queued
-	lateDone := routeForID(t, d, "x", "a", "late done", 13)    // in the counts, then finished and reported before the Sync
-	routeForID(t, d, "x", "a", "abandoned", 14)                // given up on, abandon report queued
-	openDone := routeForID(t, d, "x", "a", "open done", 15)    // answer on its way, then finished and reported before the Sync
-	other := routeForID(t, d, "y", "a", "other dp", 1)         // another data plane's: not x's business
+	held := ticketForID(t, d, "x", "a", "held one", 10)         // answered before the counts: in them
+	open := ticketForID(t, d, "x", "a", "open one", 11)         // its answer still on its way
+	unreported := ticketForID(t, d, "x", "a", "unreported", 12) // finished before the counts, report queued
+	lateDone := ticketForID(t, d, "x", "a", "late done", 13)    // in the counts, then finished and reported before the Sync
+	ticketForID(t, d, "x", "a", "abandoned", 14)                // given up on, abandon report queued
+	openDone := ticketForID(t, d, "x", "a", "open done", 15)    // answer on its way, then finished and reported before the Sync
+	other := ticketForID(t, d, "y", "a", "other dp", 1)         // another data plane's: not x's business
 	// The data plane takes its counts here: held and lateDone in flight
 	// on a, one finished request (unreported's, done_seq 1).
-	after := routeForID(t, d, "x", "a", "after one", 16)      // a call made after the counts
-	afterDone := routeForID(t, d, "x", "a", "after done", 17) // made, finished and reported after them
+	after := ticketForID(t, d, "x", "a", "after one", 16)      // a call made after the counts
+	afterDone := ticketForID(t, d, "x", "a", "after done", 17) // made, finished and reported after them
 	if n := d.Complete("x", []Completion{
 		{Ticket: lateDone, Worker: "a", DoneSeq: 2, Outcome: delivered},
 		{Ticket: afterDone, Worker: "a", DoneSeq: 3, Outcome: delivered},
@@ -277,8 +277,8 @@ func TestSyncFenceCountsWhatReportsWillRelease(t *testing.T) {
 // A Sync without a fence (an older data plane) is taken as it is.
 func TestSyncWithoutFence(t *testing.T) {
 	d := leadingDecider()
-	routeForID(t, d, "x", "a", "one", 10)
-	routeForID(t, d, "x", "a", "two", 11)
+	ticketForID(t, d, "x", "a", "one", 10)
+	ticketForID(t, d, "x", "a", "two", 11)
 	d.SyncLoads("x", 0, map[string]int{"a": 1}, 0, SyncFence{OpenRoutes: []uint64{11}})
 	if got := d.Load("a"); got != 1 {
 		t.Fatalf("load = %d, want the Sync's 1", got)
@@ -290,8 +290,8 @@ func TestSyncWithoutFence(t *testing.T) {
 func TestSyncFenceCountsEachTicketOnce(t *testing.T) {
 	d := leadingDecider()
 	d.SyncLoads("x", 0, nil, 0, SyncFence{FirstRouteID: 1, SyncSeq: 1, LastRouteID: 9})
-	open := routeForID(t, d, "x", "a", "open", 10)
-	theirs := routeForID(t, d, "y", "a", "theirs", 10)
+	open := ticketForID(t, d, "x", "a", "open", 10)
+	theirs := ticketForID(t, d, "y", "a", "theirs", 10)
 	d.SyncLoads("x", 0, nil, 0, SyncFence{FirstRouteID: 1, SyncSeq: 2, LastRouteID: 10, OpenRoutes: []uint64{10, 10}, Unsettled: []uint64{open, open, theirs}})
 	// x: open, once; y: theirs, from its own decision.
 	if got := d.Load("a"); got != 2 {
@@ -307,12 +307,12 @@ func TestSyncFenceNewProcess(t *testing.T) {
 	d := leadingDecider()
 	const oldFirst, newFirst = 1 << 40, 5000
 	d.SyncLoads("x", 0, nil, 0, SyncFence{FirstRouteID: oldFirst, SyncSeq: 1, LastRouteID: oldFirst - 1})
-	held := routeForID(t, d, "x", "a", "old held", oldFirst) // finished and reported after its last Sync
-	routeForID(t, d, "x", "a", "old unanswered", oldFirst+1) // the process died before the answer came
+	held := ticketForID(t, d, "x", "a", "old held", oldFirst) // finished and reported after its last Sync
+	ticketForID(t, d, "x", "a", "old unanswered", oldFirst+1) // the process died before the answer came
 	d.Complete("x", []Completion{{Ticket: held, Worker: "a", DoneSeq: 1, Outcome: Outcome{Delivered: true}}})
 	// The new process has two requests in flight on a, of its own.
-	routeForID(t, d, "x", "a", "new one", newFirst)
-	routeForID(t, d, "x", "a", "new two", newFirst+1)
+	ticketForID(t, d, "x", "a", "new one", newFirst)
+	ticketForID(t, d, "x", "a", "new two", newFirst+1)
 	d.SyncLoads("x", 0, map[string]int{"a": 2}, 0, SyncFence{FirstRouteID: newFirst, SyncSeq: 1, LastRouteID: newFirst + 1})
 	if got := d.Load("a"); got != 2 {
 		t.Fatalf("load after the new process's first Sync = %d, want its 2", got)

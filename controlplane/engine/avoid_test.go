@@ -42,7 +42,7 @@ func TestAvoid(t *testing.T) {
 					r = Request{}
 				}
 				r.Exclude, r.Avoid, r.DryRun = tt.exclude, tt.avoid, true
-				d, err := e.Route(r, 1)
+				d, err := e.Choose(r, 1)
 				if tt.wantErr != nil {
 					if !errors.Is(err, tt.wantErr) || d.Worker != "" {
 						t.Fatalf("text %q: %+v %v, want %v", text, d, err, tt.wantErr)
@@ -65,12 +65,12 @@ func TestAvoidKeepsCacheRules(t *testing.T) {
 	place(t, e, "a", text)
 	r := req(text)
 	r.Avoid, r.DryRun = []string{"a"}, true
-	d, err := e.Route(r, 1)
+	d, err := e.Choose(r, 1)
 	if err != nil || d.Worker != "b" || d.Reason != ReasonCacheMiss || d.AvoidIgnored {
 		t.Fatalf("avoided holder: %+v %v", d, err)
 	}
 	r.Exclude = []string{"b"}
-	d, err = e.Route(r, 2)
+	d, err = e.Choose(r, 2)
 	if err != nil || d.Worker != "a" || d.Reason != ReasonCacheHit || !d.AvoidIgnored {
 		t.Fatalf("trial on the holder: %+v %v", d, err)
 	}

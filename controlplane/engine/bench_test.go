@@ -90,12 +90,12 @@ func BenchmarkEngineRoute(b *testing.B) {
 				r := Request{Hashes: index.Hash(nil, "bench-model", benchText(n, uint64(n)), benchBlockChars), KeyLen: n}
 				warm := r
 				warm.Exclude = others(e, "http://worker-3:8000")
-				d, _ := e.Route(warm, 1<<40)
+				d, _ := e.Choose(warm, 1<<40)
 				e.Release(d.Worker)
 				settle()
 				b.ReportAllocs()
 				for i := int64(0); b.Loop(); i++ {
-					d, _ = e.Route(r, 1<<40+i)
+					d, _ = e.Choose(r, 1<<40+i)
 					e.Release(d.Worker)
 				}
 				if d.Reason != ReasonCacheHit {
@@ -113,7 +113,7 @@ func BenchmarkEngineRoute(b *testing.B) {
 					for j, h := range base {
 						r.Hashes[j] = h ^ (i * 0x9e3779b97f4a7c15)
 					}
-					d, _ = e.Route(r, int64(1<<41+i))
+					d, _ = e.Choose(r, int64(1<<41+i))
 					e.Release(d.Worker)
 				}
 				if d.Reason != ReasonCacheMiss {
@@ -124,13 +124,13 @@ func BenchmarkEngineRoute(b *testing.B) {
 				e := benchEngine(size)
 				text := benchText(n, uint64(n)+13)
 				r := Request{Hashes: index.Hash(nil, "bench-model", text, benchBlockChars), KeyLen: n}
-				d, _ := e.Route(r, 1<<40)
+				d, _ := e.Choose(r, 1<<40)
 				e.Release(d.Worker)
 				settle()
 				b.ReportAllocs()
 				for i := int64(0); b.Loop(); i++ {
 					r.Hashes = index.Hash(r.Hashes[:0], "bench-model", text, benchBlockChars)
-					d, _ = e.Route(r, 1<<40+i)
+					d, _ = e.Choose(r, 1<<40+i)
 					e.Release(d.Worker)
 				}
 				if d.Reason != ReasonCacheHit {

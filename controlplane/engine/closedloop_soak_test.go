@@ -80,7 +80,7 @@ func TestClosedLoopSoakModelsStayWithinIndex(t *testing.T) {
 			hashes = append(hashes, soakHash(conv, j))
 		}
 		keyLen := len(hashes) * testBC
-		d, err := e.Route(Request{Hashes: hashes, KeyLen: keyLen}, now)
+		d, err := e.Choose(Request{Hashes: hashes, KeyLen: keyLen}, now)
 		if err != nil {
 			t.Fatal(err)
 		}

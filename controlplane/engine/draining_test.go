@@ -7,14 +7,14 @@ import (
 
 func TestDrainingWorkerGetsNoNewRequests(t *testing.T) {
 	e := newTestEngine(t, testPolicy(), urls("a", "b")...)
-	d, err := e.Route(Request{}, 1)
+	d, err := e.Choose(Request{}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := d.Worker
 	e.SetDraining(first, true)
 	for i := range 20 {
-		d, err := e.Route(Request{}, int64(i+2))
+		d, err := e.Choose(Request{}, int64(i+2))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,7 +40,7 @@ func TestDrainingWorkerGetsNoNewRequests(t *testing.T) {
 	e.SetDraining(first, false)
 	seen := false
 	for i := range 20 {
-		d, _ := e.Route(Request{}, int64(100+i))
+		d, _ := e.Choose(Request{}, int64(100+i))
 		seen = seen || d.Worker == first
 		e.Release(d.Worker)
 	}
@@ -52,7 +52,7 @@ func TestDrainingWorkerGetsNoNewRequests(t *testing.T) {
 func TestAllDrainingIsNoHealthy(t *testing.T) {
 	e := newTestEngine(t, testPolicy(), urls("a")...)
 	e.SetDraining("a", true)
-	if _, err := e.Route(Request{}, 1); !errors.Is(err, ErrNoHealthy) {
+	if _, err := e.Choose(Request{}, 1); !errors.Is(err, ErrNoHealthy) {
 		t.Fatalf("err = %v, want ErrNoHealthy", err)
 	}
 }

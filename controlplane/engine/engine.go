@@ -361,12 +361,12 @@ func (e *Engine) Unplace(d Decision) {
 
 func (e *Engine) effLoad(w *worker) int { return w.load + w.spec.LoadPenalty }
 
-// Route decides where req goes at time now. Unless req.DryRun, it takes one
+// Choose decides where req goes at time now. Unless req.DryRun, it takes one
 // unit of load on the chosen worker (give it back with Release) and records
 // the prefix for it (withdraw with Unplace). A request that may be split
 // between prefill and decode workers (req.Disagg, roles.go) takes one unit
 // on each worker of the pair.
-func (e *Engine) Route(req Request, now int64) (Decision, error) {
+func (e *Engine) Choose(req Request, now int64) (Decision, error) {
 	if len(req.Hashes) > MaxRouteBlocks {
 		req.Hashes = req.Hashes[:MaxRouteBlocks]
 	}
@@ -376,7 +376,7 @@ func (e *Engine) Route(req Request, now int64) (Decision, error) {
 	case DisaggDecode:
 		return e.routeDecode(req, now)
 	}
-	c, err := e.choose(req, e.aggregatedRoles(req), now)
+	c, err := e.pickAmong(req, e.aggregatedRoles(req), now)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -393,8 +393,8 @@ type choice struct {
 	blocks int // leading blocks of the key the chosen worker holds
 }
 
-// choose picks a worker among the usable ones of the given roles.
-func (e *Engine) choose(req Request, roles RoleMask, now int64) (choice, error) {
+// pickAmong picks a worker among the usable ones of the given roles.
+func (e *Engine) pickAmong(req Request, roles RoleMask, now int64) (choice, error) {
 	avoidIgnored := false
 	if err := e.collectUsable(req.Exclude, req.Avoid, req.Priority, roles); err != nil {
 		if len(req.Avoid) == 0 {

@@ -51,7 +51,7 @@ func TestRouteReasons(t *testing.T) {
 
 	// Empty text: least loaded, no placement.
 	for _, r := range []Request{{}, {KeyLen: 5}, {Hashes: req(text).Hashes}} {
-		d, err := e.Route(r, 1)
+		d, err := e.Choose(r, 1)
 		if err != nil || d.Reason != ReasonEmptyText || d.Placed != nil || d.Candidate != "" || d.MatchedChars != 0 {
 			t.Fatalf("empty text %+v: %+v %v", r, d, err)
 		}
@@ -64,7 +64,7 @@ func TestRouteReasons(t *testing.T) {
 	// Miss on an empty index: least loaded (b), prefix recorded.
 	setLoad(t, e, "a", 1)
 	r := req(text)
-	d, err := e.Route(r, 2)
+	d, err := e.Choose(r, 2)
 	if err != nil || d.Reason != ReasonCacheMiss || d.Worker != "b" || d.Candidate != "" || d.MatchedChars != 0 {
 		t.Fatalf("miss: %+v %v", d, err)
 	}
@@ -74,7 +74,7 @@ func TestRouteReasons(t *testing.T) {
 
 	// Hit: b holds it; b (load 1) is no longer strictly least loaded
 	// against a (load 1) but within balance.
-	d, err = e.Route(r, 3)
+	d, err = e.Choose(r, 3)
 	if err != nil || d.Reason != ReasonCacheHit || d.Worker != "b" || d.Candidate != "b" ||
 		d.MatchedChars != 100 || d.MatchedRatio != 1 || d.Placed != nil {
 		t.Fatalf("hit: %+v %v", d, err)
@@ -82,7 +82,7 @@ func TestRouteReasons(t *testing.T) {
 
 	// Overloaded: b at 2 plus 2 more vs a at 1 -> 4-1 > 2 and 4 > 1.5.
 	setLoad(t, e, "b", 2)
-	d, err = e.Route(r, 4)
+	d, err = e.Choose(r, 4)
 	if err != nil || d.Reason != ReasonHitOverloaded || d.Worker != "a" || d.Candidate != "b" ||
 		d.MatchedChars != 100 || !slices.Equal(d.Placed, r.Hashes) {
 		t.Fatalf("overloaded: %+v %v (%s)", d, err, loads(e))
@@ -132,7 +132,7 @@ func TestMatchThresholdEdges(t *testing.T) {
 				place(t, e, "a", text[:min(tt.blocks*testBC, tt.keyLen)])
 			}
 			setLoad(t, e, "a", 1)
-			d, err := e.Route(req(text), 5)
+			d, err := e.Choose(req(text), 5)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -190,7 +190,7 @@ func TestBalanceEdges(t *testing.T) {
 			setLoad(t, e, "c", tt.loadC)
 			setLoad(t, e, "l", tt.loadL)
 			r := req(text)
-			d, err := e.Route(r, 5)
+			d, err := e.Choose(r, 5)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -224,7 +224,7 @@ func TestLeastLoadedUsesPenalty(t *testing.T) {
 	setLoad(t, e, "c", 3)
 	// effective: a=2, b=1, c=3
 	for i := range 5 {
-		d, err := e.Route(req(textOf(30, byte(i))), 1)
+		d, err := e.Choose(req(textOf(30, byte(i))), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -237,7 +237,7 @@ func TestLeastLoadedUsesPenalty(t *testing.T) {
 	setLoad(t, e, "b", 1)
 	seen := map[string]int{}
 	for i := range 200 {
-		d, _ := e.Route(Request{DryRun: true}, int64(i))
+		d, _ := e.Choose(Request{DryRun: true}, int64(i))
 		seen[d.Worker]++
 	}
 	if seen["c"] != 0 || seen["a"] < 60 || seen["b"] < 60 {
@@ -251,32 +251,32 @@ func TestMaxLoad(t *testing.T) {
 		WorkerSpec{URL: "b", MaxLoad: 2})
 	text := textOf(50, 0)
 	place(t, e, "a", text)
-	d, err := e.Route(req(text), 1)
+	d, err := e.Choose(req(text), 1)
 	if err != nil || d.Worker != "a" || d.Reason != ReasonCacheHit {
 		t.Fatalf("%+v %v", d, err)
 	}
 	// a is saturated: not a candidate even though it holds the prefix,
 	// and not usable as least loaded.
-	d, err = e.Route(req(text), 2)
+	d, err = e.Choose(req(text), 2)
 	if err != nil || d.Worker != "b" || d.Reason != ReasonCacheMiss || d.Candidate != "" {
 		t.Fatalf("%+v %v", d, err)
 	}
-	d, err = e.Route(req(text), 3) // b now holds it too
+	d, err = e.Choose(req(text), 3) // b now holds it too
 	if err != nil || d.Worker != "b" || d.Reason != ReasonCacheHit {
 		t.Fatalf("%+v %v", d, err)
 	}
 	before := loads(e)
-	if _, err := e.Route(req(text), 4); !errors.Is(err, ErrAllSaturated) {
+	if _, err := e.Choose(req(text), 4); !errors.Is(err, ErrAllSaturated) {
 		t.Fatalf("err %v, want ErrAllSaturated", err)
 	}
-	if _, err := e.Route(Request{DryRun: true}, 4); !errors.Is(err, ErrAllSaturated) {
+	if _, err := e.Choose(Request{DryRun: true}, 4); !errors.Is(err, ErrAllSaturated) {
 		t.Fatalf("dry run err %v, want ErrAllSaturated", err)
 	}
 	if loads(e) != before {
 		t.Errorf("failed route changed loads: %s -> %s", before, loads(e))
 	}
 	e.Release("a")
-	if d, err := e.Route(Request{}, 5); err != nil || d.Worker != "a" {
+	if d, err := e.Choose(Request{}, 5); err != nil || d.Worker != "a" {
 		t.Fatalf("after release: %+v %v", d, err)
 	}
 	// Load at max_load-1 is still usable; MaxLoad 0 never saturates.
@@ -313,7 +313,7 @@ func TestErrors(t *testing.T) {
 			for _, dry := range []bool{true, false} {
 				r := req(textOf(40, 0))
 				r.Exclude, r.DryRun = tt.exclude, dry
-				d, err := e.Route(r, 1)
+				d, err := e.Choose(r, 1)
 				if !errors.Is(err, tt.want) {
 					t.Fatalf("dry=%v: err %v, want %v", dry, err, tt.want)
 				}
@@ -345,7 +345,7 @@ func TestUnhealthyExcluded(t *testing.T) {
 	place(t, e, "a", text)
 	e.SetHealthy("a", false)
 	for i := range 3 {
-		d, err := e.Route(req(text), int64(i))
+		d, err := e.Choose(req(text), int64(i))
 		if err != nil || d.Worker != "b" {
 			t.Fatalf("route %d: %+v %v", i, d, err)
 		}
@@ -356,7 +356,7 @@ func TestUnhealthyExcluded(t *testing.T) {
 	}
 	e.SetHealthy("a", true)
 	e.SetHealthy("b", false)
-	d, err := e.Route(req(text), 9)
+	d, err := e.Choose(req(text), 9)
 	if err != nil || d.Worker != "a" || d.Reason != ReasonCacheHit {
 		t.Fatalf("back to healthy: %+v %v", d, err)
 	}
@@ -373,7 +373,7 @@ func TestExclude(t *testing.T) {
 	// is the next candidate but not good enough: miss to c.
 	r := req(text)
 	r.Exclude = []string{"b"}
-	d, err := e.Route(r, 1)
+	d, err := e.Choose(r, 1)
 	if err != nil || d.Worker != "c" || d.Reason != ReasonCacheMiss || d.MatchedChars != 20 {
 		t.Fatalf("%+v %v", d, err)
 	}
@@ -381,7 +381,7 @@ func TestExclude(t *testing.T) {
 	e.Unplace(d) // c must not hold the text for the next step
 	// With the threshold lowered, the next candidate a wins.
 	e.pol.Threshold = 0.3
-	d, err = e.Route(r, 2)
+	d, err = e.Choose(r, 2)
 	if err != nil || d.Worker != "a" || d.Reason != ReasonCacheHit || d.Candidate != "a" {
 		t.Fatalf("%+v %v", d, err)
 	}
@@ -390,7 +390,7 @@ func TestExclude(t *testing.T) {
 	for i := range 20 {
 		r := req(textOf(60, byte(5+i)))
 		r.Exclude, r.DryRun = []string{"c"}, true
-		d, err = e.Route(r, 3)
+		d, err = e.Choose(r, 3)
 		if err != nil || d.Worker == "c" || d.Reason != ReasonCacheMiss {
 			t.Fatalf("%+v %v", d, err)
 		}
@@ -407,7 +407,7 @@ func TestCandidateTieBrokenByLoad(t *testing.T) {
 		setLoad(t, e, heavier, 1)
 		setLoad(t, e, lighter, 1)
 		setLoad(t, e, heavier, 1) // heavier=2, lighter=1, c=0
-		d, err := e.Route(req(text), 1)
+		d, err := e.Choose(req(text), 1)
 		if err != nil || d.Worker != lighter || d.Reason != ReasonCacheHit {
 			t.Errorf("lighter=%s: %+v %v", lighter, d, err)
 		}
@@ -422,7 +422,7 @@ func TestLongerMatchWins(t *testing.T) {
 	place(t, e, "a", text[:30])
 	place(t, e, "b", text[:80])
 	setLoad(t, e, "b", 2) // busier than a (0) and c (0), within balance
-	d, err := e.Route(req(text), 1)
+	d, err := e.Choose(req(text), 1)
 	if err != nil || d.Worker != "b" || d.Reason != ReasonCacheHit || d.MatchedChars != 80 {
 		t.Fatalf("%+v %v", d, err)
 	}
@@ -435,14 +435,14 @@ func TestLongerMatchWins(t *testing.T) {
 func TestMissRecordsPrefixForNextRequest(t *testing.T) {
 	e := newTestEngine(t, testPolicy(), urls("a", "b", "c", "d")...)
 	first := textOf(200, 0)
-	d1, err := e.Route(req(first), 1)
+	d1, err := e.Choose(req(first), 1)
 	if err != nil || d1.Reason != ReasonCacheMiss {
 		t.Fatal(d1, err)
 	}
 	// A follow-up that extends the prompt (same first 200 chars) follows
 	// it even though other workers are now less loaded.
 	next := first + textOf(50, 3)
-	d2, err := e.Route(req(next), 2)
+	d2, err := e.Choose(req(next), 2)
 	if err != nil || d2.Reason != ReasonCacheHit || d2.Worker != d1.Worker || d2.MatchedChars != 200 {
 		t.Fatalf("follow-up: %+v %v (first went to %s)", d2, err, d1.Worker)
 	}
@@ -459,7 +459,7 @@ func TestDryRun(t *testing.T) {
 	idxBefore, loadBefore := snapshot(e), loads(e)
 	for i, r := range []Request{req(text), req(textOf(100, 5)), {}} {
 		r.DryRun = true
-		d, err := e.Route(r, int64(100+i))
+		d, err := e.Choose(r, int64(100+i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -533,7 +533,7 @@ func TestSetWorkers(t *testing.T) {
 	if e.idx.Retiring() != 1 {
 		t.Errorf("retiring %d workers, want 1", e.idx.Retiring())
 	}
-	if d, err := e.Route(Request{Hashes: req(tc).Hashes, KeyLen: 50, DryRun: true}, 8); err != nil || d.Reason == ReasonCacheHit {
+	if d, err := e.Choose(Request{Hashes: req(tc).Hashes, KeyLen: 50, DryRun: true}, 8); err != nil || d.Reason == ReasonCacheHit {
 		t.Errorf("a removed worker's holding counted: %+v %v", d, err)
 	}
 	purge(t, e)
@@ -558,7 +558,7 @@ func TestSetWorkers(t *testing.T) {
 		t.Errorf("index len %d want 10", e.idx.Len())
 	}
 	// Routing still follows the warm cache.
-	d, err := e.Route(req(ta), 9)
+	d, err := e.Choose(req(ta), 9)
 	if err != nil || d.Worker != "a" || d.Reason != ReasonCacheHit {
 		t.Errorf("after reload: %+v %v", d, err)
 	}
@@ -579,7 +579,7 @@ func TestSetWorkers(t *testing.T) {
 	if len(removed) != 4 || e.idx.Len() != 0 {
 		t.Errorf("SetWorkers(nil): removed %v, index len %d", removed, e.idx.Len())
 	}
-	if _, err := e.Route(Request{}, 1); !errors.Is(err, ErrNoWorkers) {
+	if _, err := e.Choose(Request{}, 1); !errors.Is(err, ErrNoWorkers) {
 		t.Errorf("err %v", err)
 	}
 }
@@ -604,7 +604,7 @@ func TestUnplace(t *testing.T) {
 	text := textOf(100, 0)
 	place(t, e, "a", text[:30]) // a already holds blocks 0..2
 
-	d, err := e.Route(req(text), 1)
+	d, err := e.Choose(req(text), 1)
 	if err != nil || d.Worker != "a" || d.Reason != ReasonCacheHit {
 		t.Fatalf("%+v %v", d, err)
 	}
@@ -621,7 +621,7 @@ func TestUnplace(t *testing.T) {
 	}
 
 	// A hit that added nothing leaves nothing to unplace.
-	d, _ = e.Route(req(text[:30]), 2)
+	d, _ = e.Choose(req(text[:30]), 2)
 	if d.Placed != nil {
 		t.Errorf("full hit placed %d", len(d.Placed))
 	}
@@ -633,7 +633,7 @@ func TestUnplace(t *testing.T) {
 
 	// hit_overloaded: withdrawing L's placement leaves C's intact.
 	setLoad(t, e, "a", 3)
-	d, _ = e.Route(req(text[:30]), 3)
+	d, _ = e.Choose(req(text[:30]), 3)
 	if d.Reason != ReasonHitOverloaded || d.Worker != "b" || holds(t, e, "b", text) != 3 {
 		t.Fatalf("%+v", d)
 	}
@@ -643,12 +643,12 @@ func TestUnplace(t *testing.T) {
 	}
 
 	// Miss: everything goes; worker removed meanwhile: no-op.
-	d, _ = e.Route(req(textOf(40, 9)), 4)
+	d, _ = e.Choose(req(textOf(40, 9)), 4)
 	e.Unplace(d)
 	if e.idx.Len() != 3 {
 		t.Errorf("index len %d after unplacing a miss", e.idx.Len())
 	}
-	d, _ = e.Route(req(textOf(40, 9)), 5)
+	d, _ = e.Choose(req(textOf(40, 9)), 5)
 	e.SetWorkers(urls("a"))
 	e.Unplace(d)
 	e.Unplace(Decision{})
@@ -659,14 +659,14 @@ func TestModelSeedsMatch(t *testing.T) {
 	text := textOf(100, 0)
 	r := reqFor("model-1", text)
 	r.Exclude = []string{"b"}
-	e.Route(r, 1)
+	e.Choose(r, 1)
 	e.Release("a")
 	setLoad(t, e, "a", 1)
-	d, err := e.Route(reqFor("model-2", text), 2)
+	d, err := e.Choose(reqFor("model-2", text), 2)
 	if err != nil || d.Reason != ReasonCacheMiss || d.Worker != "b" || d.MatchedChars != 0 {
 		t.Errorf("other model: %+v %v", d, err)
 	}
-	d, err = e.Route(reqFor("model-1", text), 3)
+	d, err = e.Choose(reqFor("model-1", text), 3)
 	if err != nil || d.Reason != ReasonCacheHit || d.Worker != "a" {
 		t.Errorf("same model: %+v %v", d, err)
 	}
@@ -701,7 +701,7 @@ func TestTieBreakDistribution(t *testing.T) {
 			for i := range runs {
 				r := tc.req
 				r.DryRun = true
-				d, err := e.Route(r, int64(i))
+				d, err := e.Choose(r, int64(i))
 				if err != nil || d.Reason != tc.reason {
 					t.Fatalf("%+v %v", d, err)
 				}
@@ -721,7 +721,7 @@ func TestTieBreakDistribution(t *testing.T) {
 		e.SetWorkers(urls(names...))
 		var out []string
 		for i := range 64 {
-			d, _ := e.Route(Request{DryRun: true}, int64(i))
+			d, _ := e.Choose(Request{DryRun: true}, int64(i))
 			out = append(out, d.Worker)
 		}
 		return out
@@ -751,7 +751,7 @@ func TestLeastLoadedNeverBusier(t *testing.T) {
 		for _, w := range e.Workers() {
 			minLoad = min(minLoad, w.Load)
 		}
-		d, err := e.Route(Request{}, int64(i))
+		d, err := e.Choose(Request{}, int64(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -777,10 +777,10 @@ func TestRouteAllocs(t *testing.T) {
 	long := strings.Repeat(textOf(1000, 0), 10)
 	hit := req(long)
 	place(t, e, "a", long)
-	e.Route(hit, 1) // warm the scratch buffers
+	e.Choose(hit, 1) // warm the scratch buffers
 	e.Release("a")
 	if n := testing.AllocsPerRun(200, func() {
-		d, _ := e.Route(hit, 2)
+		d, _ := e.Choose(hit, 2)
 		e.Release(d.Worker)
 	}); n != 0 {
 		t.Errorf("Route (hit) allocates %v times", n)
@@ -789,24 +789,24 @@ func TestRouteAllocs(t *testing.T) {
 	// Overloaded candidate: L becomes (and then stays) a second holder.
 	setLoad(t, e, "a", 5)
 	for range 64 { // every idle worker becomes a second holder once
-		d, _ := e.Route(hit, 3)
+		d, _ := e.Choose(hit, 3)
 		e.Release(d.Worker)
 	}
 	if n := testing.AllocsPerRun(200, func() {
-		d, _ := e.Route(hit, 4)
+		d, _ := e.Choose(hit, 4)
 		e.Release(d.Worker)
 	}); n != 0 {
 		t.Errorf("Route (hit_overloaded) allocates %v times", n)
 	}
 	dry := hit
 	dry.DryRun = true
-	if n := testing.AllocsPerRun(200, func() { e.Route(dry, 5) }); n != 0 {
+	if n := testing.AllocsPerRun(200, func() { e.Choose(dry, 5) }); n != 0 {
 		t.Errorf("Route (dry run) allocates %v times", n)
 	}
 	excl := hit
 	excl.Exclude = []string{"a", "b"}
 	if n := testing.AllocsPerRun(200, func() {
-		d, _ := e.Route(excl, 6)
+		d, _ := e.Choose(excl, 6)
 		e.Release(d.Worker)
 	}); n != 0 {
 		t.Errorf("Route (with exclusions) allocates %v times", n)
@@ -948,7 +948,7 @@ func TestRouteFollowsSpec(t *testing.T) {
 		}
 		for _, dry := range []bool{true, false} {
 			q.DryRun = dry
-			d, err := e.Route(q, 1000)
+			d, err := e.Choose(q, 1000)
 			where := func() string {
 				return fmt.Sprintf("scenario %d dry=%v pol=%+v %s exclude=%v query=%d chars: %+v", sc, dry, pol, loads(e), exclude, q.KeyLen, d)
 			}

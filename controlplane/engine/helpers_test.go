@@ -69,7 +69,7 @@ func others(e *Engine, keep string) []string {
 func setLoad(t testing.TB, e *Engine, url string, n int) {
 	t.Helper()
 	for range n {
-		d, err := e.Route(Request{Exclude: others(e, url), AnyRole: true}, 0)
+		d, err := e.Choose(Request{Exclude: others(e, url), AnyRole: true}, 0)
 		if err != nil || d.Worker != url {
 			t.Fatalf("setLoad(%s): %v %v", url, d, err)
 		}
@@ -95,7 +95,7 @@ func place(t testing.TB, e *Engine, url, text string) {
 	t.Helper()
 	r := req(text)
 	r.Exclude = others(e, url)
-	d, err := e.Route(r, 1)
+	d, err := e.Choose(r, 1)
 	if err != nil || d.Worker != url {
 		t.Fatalf("place(%s): %v %v", url, d, err)
 	}

@@ -232,7 +232,7 @@ func TestNewPrefixesFillTheEngineWithRoom(t *testing.T) {
 	e.ClearHoldings("b")
 	e.ApplyKVReport("b", KVReport{Synced: true, CapacityBlocks: 1000, OccupiedBlocks: 0}, nil)
 	for i := range 20 {
-		d, err := e.Route(req(textOf(4*testBC, byte(i))), 1)
+		d, err := e.Choose(req(textOf(4*testBC, byte(i))), 1)
 		if err != nil {
 			t.Fatal(err)
 		}

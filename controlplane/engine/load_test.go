@@ -27,7 +27,7 @@ func TestAdjustLoad(t *testing.T) {
 	}
 	// Adjusted load drives routing like placed load.
 	e.AdjustLoad("a", 4)
-	if d, _ := e.Route(Request{}, 1); d.Worker != "b" {
+	if d, _ := e.Choose(Request{}, 1); d.Worker != "b" {
 		t.Errorf("routed to %s with %s", d.Worker, loads(e))
 	}
 }

@@ -32,12 +32,12 @@ func benchRouteBlocks(b *testing.B, blocks int) {
 	b.Run("hit", func(b *testing.B) {
 		e := benchEngine(1_000_000)
 		r := Request{Hashes: index.Hash(nil, "bench-model", benchText(n, 5), benchBlockChars), KeyLen: n}
-		d, _ := e.Route(r, 1<<40)
+		d, _ := e.Choose(r, 1<<40)
 		e.Release(d.Worker)
 		b.ReportAllocs()
 		cpu := cpuNanos()
 		for i := int64(0); b.Loop(); i++ {
-			d, _ = e.Route(r, 1<<40+i)
+			d, _ = e.Choose(r, 1<<40+i)
 			e.Release(d.Worker)
 		}
 		b.ReportMetric(float64(cpuNanos()-cpu)/float64(b.N), "cpu-ns/op")
@@ -56,7 +56,7 @@ func benchRouteBlocks(b *testing.B, blocks int) {
 			for j, h := range base {
 				r.Hashes[j] = h ^ (i * 0x9e3779b97f4a7c15)
 			}
-			d, _ = e.Route(r, int64(1<<41+i))
+			d, _ = e.Choose(r, int64(1<<41+i))
 			e.Release(d.Worker)
 		}
 		b.ReportMetric(float64(cpuNanos()-cpu)/float64(b.N), "cpu-ns/op")

@@ -17,7 +17,7 @@ func TestRouteCapsBlocks(t *testing.T) {
 	for i := range hashes {
 		hashes[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
 	}
-	d, err := e.Route(Request{Hashes: hashes, KeyLen: len(hashes) * testBC}, 1)
+	d, err := e.Choose(Request{Hashes: hashes, KeyLen: len(hashes) * testBC}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func TestRouteCapsBlocks(t *testing.T) {
 	}
 	e.Release(d.Worker)
 	// The prefix still matches: a request sharing the first blocks hits.
-	again, _ := e.Route(Request{Hashes: hashes[:MaxRouteBlocks+10], KeyLen: (MaxRouteBlocks + 10) * testBC}, 2)
+	again, _ := e.Choose(Request{Hashes: hashes[:MaxRouteBlocks+10], KeyLen: (MaxRouteBlocks + 10) * testBC}, 2)
 	if again.Worker != d.Worker || again.Reason != ReasonCacheHit {
 		t.Fatalf("shared prefix went to %s (%s), want a hit on %s", again.Worker, again.Reason, d.Worker)
 	}

@@ -53,15 +53,15 @@ func TestTTLIgnoresOldPlacements(t *testing.T) {
 	text := textOf(4*testBC, 1)
 	r := req(text)
 	r.Exclude = []string{"b"}
-	if _, err := e.Route(r, 1000); err != nil {
+	if _, err := e.Choose(r, 1000); err != nil {
 		t.Fatal(err)
 	}
 	e.Release("a")
-	d, _ := e.Route(Request{Hashes: r.Hashes, KeyLen: r.KeyLen, DryRun: true}, 1100)
+	d, _ := e.Choose(Request{Hashes: r.Hashes, KeyLen: r.KeyLen, DryRun: true}, 1100)
 	if d.Reason != ReasonCacheHit {
 		t.Fatalf("within TTL: %s", d.Reason)
 	}
-	d, _ = e.Route(Request{Hashes: r.Hashes, KeyLen: r.KeyLen, DryRun: true}, 1101)
+	d, _ = e.Choose(Request{Hashes: r.Hashes, KeyLen: r.KeyLen, DryRun: true}, 1101)
 	if d.Reason != ReasonCacheMiss {
 		t.Fatalf("past TTL: %s, want cache_miss", d.Reason)
 	}
@@ -119,14 +119,14 @@ func TestSessionAffinityWithLoadBound(t *testing.T) {
 	first := req(textOf(testBC, 1))
 	first.Session = "s1"
 	first.Exclude = []string{"b"}
-	if _, err := e.Route(first, 0); err != nil {
+	if _, err := e.Choose(first, 0); err != nil {
 		t.Fatal(err)
 	}
 	e.Release("a")
 	// An unrelated prompt with the same session sticks to a.
 	next := req(textOf(testBC, 2))
 	next.Session = "s1"
-	d, _ := e.Route(next, 10)
+	d, _ := e.Choose(next, 10)
 	if d.Worker != "a" || d.Reason != ReasonSessionHit {
 		t.Fatalf("session request went %s (%s)", d.Worker, d.Reason)
 	}
@@ -134,7 +134,7 @@ func TestSessionAffinityWithLoadBound(t *testing.T) {
 	// Overloaded by the balance rule (3 > 2 and 3 > 0*1.5): load wins.
 	setLoad(t, e, "a", 3)
 	next.Hashes = req(textOf(testBC, 3)).Hashes
-	d, _ = e.Route(next, 20)
+	d, _ = e.Choose(next, 20)
 	if d.Worker != "b" || d.Reason == ReasonSessionHit {
 		t.Fatalf("overloaded session worker still chosen: %s (%s)", d.Worker, d.Reason)
 	}
@@ -143,7 +143,7 @@ func TestSessionAffinityWithLoadBound(t *testing.T) {
 		e.Release("a")
 	}
 	e.Release("b")
-	d, _ = e.Route(next, 30)
+	d, _ = e.Choose(next, 30)
 	if d.Worker != "b" || d.Reason != ReasonSessionHit {
 		t.Fatalf("session did not follow its new worker: %s (%s)", d.Worker, d.Reason)
 	}
@@ -152,7 +152,7 @@ func TestSessionAffinityWithLoadBound(t *testing.T) {
 	if n, done := e.ExpireSessions(30+1001, 10); n != 1 || !done || e.Sessions() != 0 {
 		t.Fatalf("expired %d, %d left", n, e.Sessions())
 	}
-	d, _ = e.Route(next, 2000)
+	d, _ = e.Choose(next, 2000)
 	if d.Reason == ReasonSessionHit {
 		t.Fatal("expired session still honoured")
 	}
@@ -162,7 +162,7 @@ func TestSessionsOffIgnoreKeys(t *testing.T) {
 	e := newTestEngine(t, testPolicy(), urls("a", "b")...)
 	r := req(textOf(testBC, 1))
 	r.Session = "s"
-	d, _ := e.Route(r, 0)
+	d, _ := e.Choose(r, 0)
 	if d.Reason == ReasonSessionHit || e.Sessions() != 0 {
 		t.Fatalf("sessions disabled but %s / %d sessions", d.Reason, e.Sessions())
 	}
@@ -183,7 +183,7 @@ func TestHotPrefixSpreads(t *testing.T) {
 			// Each request: the system prompt plus a short unique tail,
 			// so the shared part alone is over the 0.3 threshold.
 			r := req(system + strings.Repeat(fmt.Sprintf("q%07d ", i), 4))
-			d, err := e.Route(r, int64(i))
+			d, err := e.Choose(r, int64(i))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -214,13 +214,13 @@ func TestHotPrefixKeepsDeeperAffinity(t *testing.T) {
 	e := newTestEngine(t, pol, urls("a", "b", "c")...)
 	system := textOf(4*testBC, 100)
 	for i := range 100 {
-		d, _ := e.Route(req(system+strings.Repeat(fmt.Sprintf("q%07d ", i), 4)), int64(i))
+		d, _ := e.Choose(req(system+strings.Repeat(fmt.Sprintf("q%07d ", i), 4)), int64(i))
 		e.Release(d.Worker)
 	}
 	conv := system + textOf(16*testBC, 250)
-	d1, _ := e.Route(req(conv), 200)
+	d1, _ := e.Choose(req(conv), 200)
 	e.Release(d1.Worker)
-	d2, _ := e.Route(req(conv+"and a follow-up question"), 201)
+	d2, _ := e.Choose(req(conv+"and a follow-up question"), 201)
 	e.Release(d2.Worker)
 	if d2.Reason != ReasonCacheHit || d2.Worker != d1.Worker || d2.HotChars == 0 {
 		t.Fatalf("follow-up: %+v (first went to %s)", d2, d1.Worker)

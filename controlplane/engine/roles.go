@@ -152,17 +152,17 @@ func (e *Engine) routePair(req Request, now int64) (Decision, error) {
 	}
 	whole := e.aggregatedRoles(req)
 	if t := e.pol.PDThresholdTokens; t > 0 {
-		if c, err := e.choose(req, whole, now); err == nil && uncachedTokens(req, c.d) < t {
+		if c, err := e.pickAmong(req, whole, now); err == nil && uncachedTokens(req, c.d) < t {
 			e.commit(&c, req, now, true)
 			c.d.Whole = WholeShortPrompt
 			return c.d, nil
 		}
 	}
-	pre, perr := e.choose(req, MaskPrefill, now)
+	pre, perr := e.pickAmong(req, MaskPrefill, now)
 	var dec choice
 	var derr error
 	if perr == nil {
-		dec, derr = e.choose(decodeOnly(req), MaskDecode, now)
+		dec, derr = e.pickAmong(decodeOnly(req), MaskDecode, now)
 	}
 	if perr == nil && derr == nil {
 		e.commit(&pre, req, now, true)
@@ -197,7 +197,7 @@ func (e *Engine) routePair(req Request, now int64) (Decision, error) {
 
 // routeWhole routes req whole to a worker of roles.
 func (e *Engine) routeWhole(req Request, now int64, roles RoleMask, why string) (Decision, error) {
-	c, err := e.choose(req, roles, now)
+	c, err := e.pickAmong(req, roles, now)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -208,7 +208,7 @@ func (e *Engine) routeWhole(req Request, now int64, roles RoleMask, why string) 
 
 // routeDecode picks a decode worker for a request whose prefill is done.
 func (e *Engine) routeDecode(req Request, now int64) (Decision, error) {
-	c, err := e.choose(decodeOnly(req), MaskDecode, now)
+	c, err := e.pickAmong(decodeOnly(req), MaskDecode, now)
 	if err != nil {
 		return Decision{}, err
 	}

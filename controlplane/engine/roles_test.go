@@ -37,7 +37,7 @@ func TestParseRole(t *testing.T) {
 func TestRoutePairChoosesPrefillByPrefixAndDecodeByLoad(t *testing.T) {
 	e := newTestEngine(t, testPolicy(), splitPool()...)
 	text := textOf(200, 1)
-	first, err := e.Route(pairReq(text), 1)
+	first, err := e.Choose(pairReq(text), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestRoutePairChoosesPrefillByPrefixAndDecodeByLoad(t *testing.T) {
 	}
 	// The same prompt again: its prefill worker holds it; the decode
 	// worker is the other one, now less loaded.
-	second, err := e.Route(pairReq(text), 2)
+	second, err := e.Choose(pairReq(text), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestRouteRolesTable(t *testing.T) {
 		{name: "long prompt mostly cached on the both worker goes whole", specs: splitPool(WorkerSpec{URL: "b1"}),
 			pol: func(p *Policy) { p.PDThresholdTokens = 20 },
 			setup: func(t *testing.T, e *Engine) {
-				if _, err := e.Route(req(long), 0); err != nil {
+				if _, err := e.Choose(req(long), 0); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -176,7 +176,7 @@ func TestRouteRolesTable(t *testing.T) {
 			for _, w := range e.Workers() {
 				before[w.URL] = w.Load
 			}
-			d, err := e.Route(tc.req, 10)
+			d, err := e.Choose(tc.req, 10)
 			if tc.want.err != nil {
 				if !errors.Is(err, tc.want.err) {
 					t.Fatalf("err %v, want %v (decision %+v)", err, tc.want.err, d)
@@ -232,7 +232,7 @@ func TestRoutePairDryRun(t *testing.T) {
 	e := newTestEngine(t, testPolicy(), splitPool()...)
 	r := pairReq(textOf(300, 4))
 	r.DryRun = true
-	d, err := e.Route(r, 1)
+	d, err := e.Choose(r, 1)
 	if err != nil || d.Prefill == nil {
 		t.Fatalf("%+v %v", d, err)
 	}
@@ -242,7 +242,7 @@ func TestRoutePairDryRun(t *testing.T) {
 		}
 	}
 	r.DryRun = false
-	if d2, _ := e.Route(r, 2); d2.Prefill.Reason != ReasonCacheMiss {
+	if d2, _ := e.Choose(r, 2); d2.Prefill.Reason != ReasonCacheMiss {
 		t.Fatalf("a dry run placed the prompt: %+v", d2.Prefill)
 	}
 }
@@ -252,7 +252,7 @@ func TestRoutePairAvoid(t *testing.T) {
 	e := newTestEngine(t, testPolicy(), WorkerSpec{URL: "p1", Role: RolePrefill}, WorkerSpec{URL: "d1", Role: RoleDecode})
 	r := pairReq(textOf(300, 5))
 	r.Avoid = []string{"p1", "d1"}
-	d, err := e.Route(r, 1)
+	d, err := e.Choose(r, 1)
 	if err != nil || d.Prefill == nil || !d.AvoidIgnored {
 		t.Fatalf("%+v %v", d, err)
 	}

@@ -37,18 +37,18 @@ func TestSaturationAndHeadroom(t *testing.T) {
 	pol.ReservePriority, pol.ReserveSlots = 5, 1
 	e := newTestEngine(t, pol, WorkerSpec{URL: "a", MaxConcurrency: 2, MaxLoad: 3})
 	r := req("x")
-	if _, err := e.Route(r, 1); err != nil {
+	if _, err := e.Choose(r, 1); err != nil {
 		t.Fatal(err)
 	}
 	e.SetReserveActive(true)
-	if _, err := e.Route(r, 2); err != ErrAllSaturated {
+	if _, err := e.Choose(r, 2); err != ErrAllSaturated {
 		t.Fatalf("low priority with 1 of 2 taken and 1 reserved: %v", err)
 	}
 	r.Priority = 5
-	if _, err := e.Route(r, 3); err != nil {
+	if _, err := e.Choose(r, 3); err != nil {
 		t.Fatalf("high priority into the reserved slot: %v", err)
 	}
-	if _, err := e.Route(r, 4); err != ErrAllSaturated {
+	if _, err := e.Choose(r, 4); err != ErrAllSaturated {
 		t.Fatalf("at max_concurrency 2: %v", err)
 	}
 	freed := e.Freed()

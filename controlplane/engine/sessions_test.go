@@ -26,7 +26,7 @@ func routeSession(t *testing.T, e *Engine, s, w string, now int64) Decision {
 	if w != "" {
 		r.Exclude = []string{map[string]string{"a": "b", "b": "a"}[w]}
 	}
-	d, err := e.Route(r, now)
+	d, err := e.Choose(r, now)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -216,7 +216,7 @@ func newLocal(workers ...string) local {
 
 func route(t *testing.T, l local, text string, dry bool, exclude ...string) decider.Decision {
 	t.Helper()
-	d, err := l.dec.Route(decider.Request{Request: engine.Request{
+	d, err := l.dec.Decide(decider.Request{Request: engine.Request{
 		Hashes: index.Hash(nil, "m", []byte(text), testBlockChars), KeyLen: len(text), DryRun: dry, Exclude: exclude,
 	}})
 	if err != nil {

@@ -373,6 +373,6 @@ func alternating(ev []bool) bool {
 
 // route asks tn's engine, dry run, where p would go.
 func (r *replica) route(p prompt) (engine.Decision, error) {
-	d, err := r.dec.Route(decider.Request{Request: engine.Request{Hashes: p.hashes, KeyLen: len(p.text), DryRun: true}})
+	d, err := r.dec.Decide(decider.Request{Request: engine.Request{Hashes: p.hashes, KeyLen: len(p.text), DryRun: true}})
 	return d.Decision, err
 }

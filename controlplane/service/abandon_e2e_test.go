@@ -64,7 +64,7 @@ func TestTimedOutRoutesLeaveNoTickets(t *testing.T) {
 			defer wg.Done()
 			for i := range each {
 				txt := text(64, c*1000+i)
-				d, err := dp.Route(context.Background(), &router.Request{Model: "m", Hashes: hashes("m", txt), KeyLen: len(txt)})
+				d, err := dp.Decide(context.Background(), &router.Request{Model: "m", Hashes: hashes("m", txt), KeyLen: len(txt)})
 				if err != nil {
 					t.Error(err)
 					return

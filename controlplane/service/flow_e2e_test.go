@@ -60,7 +60,7 @@ type routed struct {
 func routeAsync(dp *remote.Router, ctx context.Context, tenant, text string, prio int) <-chan routed {
 	out := make(chan routed, 1)
 	go func() {
-		d, err := dp.Route(ctx, &router.Request{Model: "m", Hashes: hashes("m", text), KeyLen: len(text),
+		d, err := dp.Decide(ctx, &router.Request{Model: "m", Hashes: hashes("m", text), KeyLen: len(text),
 			Admission: router.Admission{Tenant: tenant, Label: tenant, Priority: prio, Cost: 10}})
 		out <- routed{d, err}
 	}()

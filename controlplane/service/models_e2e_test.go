@@ -73,7 +73,7 @@ func TestLeaderLearnsModelsAndDataPlaneFilters(t *testing.T) {
 			t.Fatal(err)
 		}
 		txt := text(200, i)
-		d, err := dp.Route(context.Background(), &router.Request{Model: "lora", Hashes: hashes("lora", txt), KeyLen: len(txt), Exclude: ex})
+		d, err := dp.Decide(context.Background(), &router.Request{Model: "lora", Hashes: hashes("lora", txt), KeyLen: len(txt), Exclude: ex})
 		if err != nil || d.Worker != urls[2] || !d.FromLeader {
 			t.Fatalf("route %d for the adapter: %+v, %v (adapter on %s)", i, d, err, urls[2])
 		}
@@ -92,7 +92,7 @@ func TestLeaderLearnsModelsAndDataPlaneFilters(t *testing.T) {
 	// The data plane has not synced since; the leader's refusal reaches
 	// the client as a 404 anyway.
 	testkit.WaitFor(t, 5*time.Second, "the leader to refuse the unloaded adapter", func() bool {
-		_, err := dp.Route(context.Background(), &router.Request{Model: "lora", DryRun: true})
+		_, err := dp.Decide(context.Background(), &router.Request{Model: "lora", DryRun: true})
 		var ae *apierr.Error
 		return errors.As(err, &ae) && ae.Status == http.StatusNotFound && ae.Code == "model_not_found"
 	})

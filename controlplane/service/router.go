@@ -45,18 +45,18 @@ func (h *RouterHandler) Route(ctx context.Context, req *connect.Request[cartv1.R
 	if resp, done, err := forward(ctx, c, req, (*forwarder).routerTo, cartv1connect.RouterServiceClient.Route); done {
 		return resp, err
 	}
-	resp, err := c.route(ctx, req.Msg, nil, nil)
+	resp, err := c.decide(ctx, req.Msg, nil, nil)
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(resp), nil
 }
 
-// route is the leader's Route, for the unary call and the stream.
+// decide is the leader's Route, for the unary call and the stream.
 // expired, when set, reports that the caller stopped waiting
 // (decider.Caller.Expired). queued, when set, is told (once) that the call
 // waits in the flow-control queue: the stream sends the interim answer.
-func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func() bool, queued func()) (*cartv1.RouteResponse, error) {
+func (c *Core) decide(ctx context.Context, m *cartv1.RouteRequest, expired func() bool, queued func()) (*cartv1.RouteResponse, error) {
 	start := time.Now()
 	hashes, keyLen := m.GetBlockHashes(), int(m.GetKeyLength())
 	if text := m.GetText(); len(hashes) == 0 && text != "" {
@@ -115,7 +115,7 @@ func (c *Core) route(ctx context.Context, m *cartv1.RouteRequest, expired func()
 		d, err = c.dec.AdmitFor(wait, caller, dreq, adm)
 		cancel()
 	} else {
-		d, err = c.dec.RouteFor(ctx, caller, dreq)
+		d, err = c.dec.DecideFor(ctx, caller, dreq)
 	}
 	if err != nil && m.GetDryRun() && errors.Is(err, engine.ErrAllSaturated) && c.o.FlowOn {
 		// What a live request would meet: the queue, not a refusal.

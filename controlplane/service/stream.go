@@ -346,10 +346,10 @@ func (c *Core) streamCall(ctx context.Context, protocol string, m *cartv1.Stream
 		if c.streamTracer != nil && len(m.GetTrace()) > 0 {
 			var a any
 			a, err = c.streamTracer.StreamCall(ctx, cartv1connect.RouterServiceRouteProcedure, protocol, "", false, m.GetTrace(), call.Route,
-				func(ctx context.Context) (any, error) { return c.route(ctx, call.Route, expired, queued) })
+				func(ctx context.Context) (any, error) { return c.decide(ctx, call.Route, expired, queued) })
 			r, _ = a.(*cartv1.RouteResponse)
 		} else {
-			r, err = c.route(ctx, call.Route, expired, queued)
+			r, err = c.decide(ctx, call.Route, expired, queued)
 		}
 		if err == nil {
 			resp.Result = &cartv1.StreamResponse_Route{Route: r}

@@ -25,7 +25,7 @@ func undoBench(b *testing.B) *testCP {
 	cp.addWorkers(b, w1, w2)
 	ctx := context.Background()
 	for i := range decisions {
-		if _, err := cp.core.route(ctx, &cartv1.RouteRequest{Model: "m", Text: text(blocks*testBlockChars, 100_000+i), DataplaneId: "dp1"}, nil, nil); err != nil {
+		if _, err := cp.core.decide(ctx, &cartv1.RouteRequest{Model: "m", Text: text(blocks*testBlockChars, 100_000+i), DataplaneId: "dp1"}, nil, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

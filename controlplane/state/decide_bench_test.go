@@ -203,7 +203,7 @@ func decideUnderLoad(b *testing.B, st *State, eng *engine.Engine, a *testApplier
 				st.dec.Do(decider.OpRoute, func(*engine.Engine) {
 					var cpu time.Duration
 					t1, cpu = time.Now(), testkit.ThreadCPU()
-					d, err := eng.Route(req, t1.UnixNano())
+					d, err := eng.Choose(req, t1.UnixNano())
 					if err == nil {
 						eng.Release(d.Worker)
 					}

@@ -193,7 +193,7 @@ func TestLargeSnapshotRoundTrip(t *testing.T) {
 	// holder of the longest prefix.
 	var d engine.Decision
 	var err error
-	locked(dst, func() { d, err = dstEng.Route(engine.Request{Hashes: all[5], KeyLen: blocks * 64, DryRun: true}, 0) })
+	locked(dst, func() { d, err = dstEng.Choose(engine.Request{Hashes: all[5], KeyLen: blocks * 64, DryRun: true}, 0) })
 	if err != nil || d.Reason != engine.ReasonCacheHit || d.Worker != workers[5] {
 		t.Errorf("route on restored engine: %v %v", d, err)
 	}

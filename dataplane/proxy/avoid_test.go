@@ -22,12 +22,12 @@ type countingRouter struct {
 	avoids [][]string
 }
 
-func (c *countingRouter) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
+func (c *countingRouter) Decide(ctx context.Context, req *router.Request) (router.Decision, error) {
 	c.mu.Lock()
 	c.calls++
 	c.avoids = append(c.avoids, slices.Clone(req.Avoid))
 	c.mu.Unlock()
-	return c.Router.Route(ctx, req)
+	return c.Router.Decide(ctx, req)
 }
 
 func (c *countingRouter) seen() (int, [][]string) {

@@ -203,7 +203,7 @@ func (p *Proxy) fetchModels(ctx context.Context) ([]byte, string, error) {
 	var failed []string
 	var lastErr error
 	for range max(1, p.o.MaxRetries+1) {
-		d, err := p.o.Router.Route(ctx, &router.Request{Exclude: failed})
+		d, err := p.o.Router.Decide(ctx, &router.Request{Exclude: failed})
 		if err != nil {
 			if lastErr != nil {
 				return nil, "", lastErr

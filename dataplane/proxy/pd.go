@@ -190,11 +190,11 @@ func (d *pdCall) disagg() router.Disagg {
 // decode worker can take now is given up on: the request is routed afresh,
 // to be computed again, split or whole.
 func (p *Proxy) routeCall(ctx context.Context, c *call, req *router.Request) (router.Decision, error) {
-	d, err := p.o.Router.Route(ctx, req)
+	d, err := p.o.Router.Decide(ctx, req)
 	if err != nil && req.Disagg == router.DisaggDecode && errors.Is(err, router.ErrUnavailable) {
 		c.pd.kv, c.pd.decode = nil, nil
 		req.Disagg = router.DisaggPair
-		d, err = p.o.Router.Route(ctx, req)
+		d, err = p.o.Router.Decide(ctx, req)
 	}
 	return d, err
 }

@@ -114,11 +114,11 @@ type sessionRecorder struct {
 	keys []string
 }
 
-func (s *sessionRecorder) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
+func (s *sessionRecorder) Decide(ctx context.Context, req *router.Request) (router.Decision, error) {
 	s.mu.Lock()
 	s.keys = append(s.keys, req.Session)
 	s.mu.Unlock()
-	return s.Router.Route(ctx, req)
+	return s.Router.Decide(ctx, req)
 }
 
 // A client-chosen session key of any size reaches the router (and, in a

@@ -34,8 +34,8 @@ func newLedger(r router.Router) *ledgerRouter {
 	return &ledgerRouter{Router: r, dones: map[int]int{}, inner: map[int]uint64{}}
 }
 
-func (l *ledgerRouter) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
-	d, err := l.Router.Route(ctx, req)
+func (l *ledgerRouter) Decide(ctx context.Context, req *router.Request) (router.Decision, error) {
+	d, err := l.Router.Decide(ctx, req)
 	if err != nil || req.DryRun {
 		return d, err
 	}

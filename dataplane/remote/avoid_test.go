@@ -19,7 +19,7 @@ func TestAvoidViaControlPlane(t *testing.T) {
 		}
 	})
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot})
-	d, err := r.Route(context.Background(), &router.Request{Avoid: []string{wA, wB}, DryRun: true})
+	d, err := r.Decide(context.Background(), &router.Request{Avoid: []string{wA, wB}, DryRun: true})
 	if err != nil || !d.AvoidIgnored {
 		t.Fatalf("decision %+v, %v; want avoid_ignored passed on", d, err)
 	}
@@ -37,7 +37,7 @@ func TestFallbackHonoursAvoid(t *testing.T) {
 		{URL: wC, Healthy: false},
 	}})
 	route := func(exclude, avoid []string) (router.Decision, error) {
-		return r.Route(context.Background(), &router.Request{Exclude: exclude, Avoid: avoid, DryRun: true})
+		return r.Decide(context.Background(), &router.Request{Exclude: exclude, Avoid: avoid, DryRun: true})
 	}
 	if d, err := route(nil, []string{wA}); err != nil || d.Worker != wB || d.AvoidIgnored {
 		t.Fatalf("A avoided: %+v %v; want B, not a trial", d, err)

@@ -41,7 +41,7 @@ func routeConcurrently(t *testing.T, r *Router, n int) {
 	for i := range n {
 		wg.Go(func() {
 			id := fmt.Sprintf("req-%d", i)
-			d, err := r.Route(context.Background(), &router.Request{ID: id, DryRun: true})
+			d, err := r.Decide(context.Background(), &router.Request{ID: id, DryRun: true})
 			if err != nil || d.Worker != id || d.Reason == ReasonFallbackLocal {
 				t.Errorf("%s: answered %+v (%v)", id, d, err)
 			}
@@ -143,7 +143,7 @@ func TestStreamBatchingWithRealLeader(t *testing.T) {
 			for i := range n {
 				wg.Go(func() {
 					req := &router.Request{Model: "m", Hashes: []uint64{uint64(i), uint64(i) + 100}, KeyLen: 128, DryRun: true}
-					if d, err := r.Route(context.Background(), req); err != nil || !d.FromLeader {
+					if d, err := r.Decide(context.Background(), req); err != nil || !d.FromLeader {
 						t.Errorf("route %d: %+v %v", i, d, err)
 					}
 				})
@@ -204,7 +204,7 @@ func TestStreamSendFailureBreaksStream(t *testing.T) {
 	streamLive(t, r, cp.url)
 	results := make(chan router.Decision, pending+1)
 	route := func(i int) {
-		d, err := r.Route(context.Background(), &router.Request{ID: fmt.Sprint(i), DryRun: true})
+		d, err := r.Decide(context.Background(), &router.Request{ID: fmt.Sprint(i), DryRun: true})
 		if err != nil {
 			t.Errorf("route %d: %v", i, err)
 		}
@@ -248,13 +248,13 @@ func TestStreamDropsRoutesGivenUpWhileQueued(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if d, err := r.Route(context.Background(), &router.Request{ID: "kept", DryRun: true}); err != nil || d.Worker != "kept" {
+		if d, err := r.Decide(context.Background(), &router.Request{ID: "kept", DryRun: true}); err != nil || d.Worker != "kept" {
 			t.Errorf("the call in progress: %+v (%v)", d, err)
 		}
 	}()
 	<-entered
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	_, _ = r.Route(ctx, &router.Request{ID: "given-up", DryRun: true}) // returns once its deadline passed
+	_, _ = r.Decide(ctx, &router.Request{ID: "given-up", DryRun: true}) // returns once its deadline passed
 	cancel()
 	close(release)
 	<-done

@@ -75,9 +75,9 @@ func (s *sentRoutes) CloseIdleConnections() {
 	}
 }
 
-func routeOnce(t *testing.T, r *Router) router.Decision {
+func askOnce(t *testing.T, r *Router) router.Decision {
 	t.Helper()
-	d, err := r.Route(context.Background(), &router.Request{Model: "m"})
+	d, err := r.Decide(context.Background(), &router.Request{Model: "m"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
 	r, sent := breakerRouter(t, cp, 3, clock, fb)
 
 	for i := range 3 {
-		if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != "timeout" {
+		if d := askOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != "timeout" {
 			t.Fatalf("call %d: %+v, cause %q; want a timeout fallback", i, d, lastCause(fb))
 		}
 	}
@@ -111,7 +111,7 @@ func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
 
 	for i := range 5 {
 		start := time.Now()
-		d := routeOnce(t, r)
+		d := askOnce(t, r)
 		if took := time.Since(start); took >= breakerTimeout {
 			t.Fatalf("open breaker: call %d took %v, the route timeout is %v", i, took, breakerTimeout)
 		}
@@ -126,12 +126,12 @@ func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
 	// After the cool-off one probe goes; it stalls too, so the breaker
 	// stays open for another cool-off.
 	clock.advance(time.Second)
-	if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != "timeout" {
+	if d := askOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != "timeout" {
 		t.Fatalf("probe: %+v, cause %q; want a timeout fallback", d, lastCause(fb))
 	}
 	testkit.WaitFor(t, 5*time.Second, "the probe sent", func() bool { return sent.count() == 4 })
 	clock.advance(999 * time.Millisecond)
-	if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != CauseCPBreaker {
+	if d := askOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(fb) != CauseCPBreaker {
 		t.Fatalf("after a failed probe: %+v, cause %q; want the breaker", d, lastCause(fb))
 	}
 
@@ -140,7 +140,7 @@ func TestCPBreakerOpensProbesAndCloses(t *testing.T) {
 	cp.set(func(f *fakeCP) { f.routeDelay = 0 })
 	clock.advance(time.Millisecond)
 	for i := range 3 {
-		if d := routeOnce(t, r); d.Reason != "cache_miss" || d.Worker != wA {
+		if d := askOnce(t, r); d.Reason != "cache_miss" || d.Worker != wA {
 			t.Fatalf("after recovery: call %d: %+v, want the control plane's answer", i, d)
 		}
 	}
@@ -155,7 +155,7 @@ func TestCPBreakerOpensOnUnavailable(t *testing.T) {
 	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t)}, BootWorkers: []router.WorkerStatus{{URL: wA, Healthy: true}},
 		RouteBreakerFailures: 2, RouteBreakerCooloff: time.Second, Now: newFakeClock().now, OnFallback: fb.on})
 	for range 4 {
-		routeOnce(t, r)
+		askOnce(t, r)
 	}
 	if got, want := fb.list(), []string{"unavailable", "unavailable", CauseCPBreaker, CauseCPBreaker}; !slices.Equal(got, want) {
 		t.Fatalf("fallback causes %v, want %v", got, want)
@@ -171,7 +171,7 @@ func TestCPBreakerIgnoresAnswers(t *testing.T) {
 	exhausted := connect.NewError(connect.CodeResourceExhausted, errors.New("no worker can take it"))
 	cp.set(func(f *fakeCP) { f.routeErr = exhausted })
 	for i := range 6 {
-		if _, err := r.Route(context.Background(), &router.Request{Model: "m"}); !errors.Is(err, router.ErrUnavailable) {
+		if _, err := r.Decide(context.Background(), &router.Request{Model: "m"}); !errors.Is(err, router.ErrUnavailable) {
 			t.Fatalf("call %d: %v, want the control plane's ResourceExhausted", i, err)
 		}
 	}
@@ -185,7 +185,7 @@ func TestCPBreakerIgnoresAnswers(t *testing.T) {
 				f.routeDelay = 0
 			}
 		})
-		routeOnce(t, r)
+		askOnce(t, r)
 	}
 	testkit.WaitFor(t, 5*time.Second, "all 11 Route calls sent", func() bool { return sent.count() == 11 })
 	if slices.Contains(fb.list(), CauseCPBreaker) {
@@ -200,7 +200,7 @@ func TestCPBreakerDisabled(t *testing.T) {
 	fb := &fallbacks{}
 	r, sent := breakerRouter(t, cp, 0, newFakeClock(), fb)
 	for range 6 { // more than the default of 5, should 0 be mistaken for unset
-		routeOnce(t, r)
+		askOnce(t, r)
 	}
 	testkit.WaitFor(t, 5*time.Second, "6 Route calls sent", func() bool { return sent.count() == 6 })
 	if slices.Contains(fb.list(), CauseCPBreaker) {

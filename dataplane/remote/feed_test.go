@@ -33,7 +33,7 @@ func TestFallbackKnowsOtherDataPlanesPlacements(t *testing.T) {
 	hashes := func(s string) []uint64 { return index.Hash(nil, "m", []byte(s), 64) }
 	prompt := strings.Repeat("a system prompt that only dp-other has sent so far. ", 20)
 	req := &router.Request{Model: "m", Hashes: hashes(prompt), KeyLen: len(prompt)}
-	d, err := other.Route(context.Background(), req)
+	d, err := other.Decide(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestFeedNotAcknowledgedKeepsOwnAnswers(t *testing.T) {
 		t.Fatal("the feed counted as live without the leader's acknowledgement")
 	}
 	prompt := "a prompt only this data plane has sent, several blocks long"
-	d, err := r.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prompt), KeyLen: len(prompt)})
+	d, err := r.Decide(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prompt), KeyLen: len(prompt)})
 	if err != nil || d.Reason == ReasonFallbackLocal {
 		t.Fatalf("Route = %+v, %v", d, err)
 	}

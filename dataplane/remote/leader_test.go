@@ -24,7 +24,7 @@ func TestRouteAnswerSwitchesToNewLeader(t *testing.T) {
 	if err := r.SyncOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	routeOnce(t, r)
+	askOnce(t, r)
 	if oldLeader.routeCount() != 1 || newLeader.routeCount() != 0 {
 		t.Fatalf("before the change: old leader saw %d routes, new %d", oldLeader.routeCount(), newLeader.routeCount())
 	}
@@ -35,9 +35,9 @@ func TestRouteAnswerSwitchesToNewLeader(t *testing.T) {
 			return &cartv1.RouteResponse{Worker: wA, Reason: "cache_miss", FromLeader: true, LeaderId: "n2", LeaderUrl: newLeader.url}
 		}
 	})
-	routeOnce(t, r) // the one forwarded call
+	askOnce(t, r) // the one forwarded call
 	for range 3 {
-		routeOnce(t, r)
+		askOnce(t, r)
 	}
 	if oldLeader.routeCount() != 2 || newLeader.routeCount() != 3 {
 		t.Fatalf("after the change: old leader (forwarding) saw %d routes, new leader %d; want 2, 3", oldLeader.routeCount(), newLeader.routeCount())
@@ -58,10 +58,10 @@ func TestNotLeaderDetailPointsAtLeader(t *testing.T) {
 	follower.set(func(f *fakeCP) { f.routeErr = e })
 	r := newTestRouter(t, Options{ControlPlanes: []string{follower.url, other.url, leader.url}, BootWorkers: boot})
 	r.target = 0
-	if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal {
+	if d := askOnce(t, r); d.Reason != ReasonFallbackLocal {
 		t.Fatalf("refused call = %+v, want a local fallback", d)
 	}
-	if d := routeOnce(t, r); !d.FromLeader || leader.routeCount() != 1 || other.routeCount() != 0 {
+	if d := askOnce(t, r); !d.FromLeader || leader.routeCount() != 1 || other.routeCount() != 0 {
 		t.Fatalf("next call = %+v; leader saw %d, other node %d", d, leader.routeCount(), other.routeCount())
 	}
 }
@@ -84,9 +84,9 @@ func TestNewLeaderResetsCPBreaker(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		routeOnce(t, r)
+		askOnce(t, r)
 	}
-	if d := routeOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(&fb) != CauseCPBreaker {
+	if d := askOnce(t, r); d.Reason != ReasonFallbackLocal || lastCause(&fb) != CauseCPBreaker {
 		t.Fatalf("breaker did not open: %+v, causes %v", d, fb.list())
 	}
 	// Leadership moved: the slow node now forwards Sync to the new leader.
@@ -96,7 +96,7 @@ func TestNewLeaderResetsCPBreaker(t *testing.T) {
 	if err := r.SyncOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if d := routeOnce(t, r); !d.FromLeader || next.routeCount() != 1 {
+	if d := askOnce(t, r); !d.FromLeader || next.routeCount() != 1 {
 		t.Fatalf("after the new leader was learned: %+v (new leader saw %d routes)", d, next.routeCount())
 	}
 }
@@ -111,10 +111,10 @@ func TestSyncReportsRouteLatency(t *testing.T) {
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, RouteTimeout: timeout, BootWorkers: boot,
 		RouteBreakerFailures: 3, RouteBreakerCooloff: time.Hour, Now: newFakeClock().now})
 	for range 9 {
-		routeOnce(t, r)
+		askOnce(t, r)
 	}
 	cp.set(func(f *fakeCP) { f.routeDelay = time.Minute })
-	routeOnce(t, r) // times out: the slowest tenth
+	askOnce(t, r) // times out: the slowest tenth
 	if err := r.SyncOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestSyncReportsRouteLatency(t *testing.T) {
 		t.Fatalf("p90 = %v, want an answered call's latency", p90)
 	}
 	for range 2 {
-		routeOnce(t, r) // both time out: the breaker opens
+		askOnce(t, r) // both time out: the breaker opens
 	}
 	if err := r.SyncOnce(context.Background()); err != nil {
 		t.Fatal(err)

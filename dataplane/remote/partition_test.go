@@ -89,7 +89,7 @@ func newPartitionRig(t *testing.T, cpURL string) *partitionRig {
 		if !p.r.Synced() || p.r.streams.live(cpURL) == nil {
 			return false
 		}
-		d, err := p.r.Route(context.Background(), &router.Request{Model: "m", DryRun: true})
+		d, err := p.r.Decide(context.Background(), &router.Request{Model: "m", DryRun: true})
 		return err == nil && d.FromLeader
 	})
 	// The driver: a route every 5 ms, recording the first answer from the
@@ -99,7 +99,7 @@ func newPartitionRig(t *testing.T, cpURL string) *partitionRig {
 	go func() {
 		defer close(done)
 		for i := 0; ctx.Err() == nil; i++ {
-			d, err := p.r.Route(ctx, &router.Request{Model: "m", Hashes: []uint64{uint64(i % 50)}, KeyLen: shadowBlockChars})
+			d, err := p.r.Decide(ctx, &router.Request{Model: "m", Hashes: []uint64{uint64(i % 50)}, KeyLen: shadowBlockChars})
 			if err == nil {
 				p.r.Done(d, router.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
 			}
@@ -210,7 +210,7 @@ func routeLoop(t *testing.T, r *Router) {
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
-			if d, err := r.Route(ctx, &router.Request{Model: "m"}); err == nil {
+			if d, err := r.Decide(ctx, &router.Request{Model: "m"}); err == nil {
 				r.Done(d, router.Outcome{Delivered: true, PromptTokens: -1, CachedTokens: -1})
 			}
 			select {
@@ -278,13 +278,13 @@ func TestRedialAfterRouteTimeouts(t *testing.T) {
 	t.Cleanup(client.CloseIdleConnections)
 	r := newTestRouter(t, Options{ControlPlanes: []string{"http://" + conns.Addr()}, HTTPClient: client, BootWorkers: boot,
 		RouteTimeout: 50 * time.Millisecond}) // no breaker: every call goes
-	if d := routeOnce(t, r); !d.FromLeader {
+	if d := askOnce(t, r); !d.FromLeader {
 		t.Fatalf("first route: %+v", d)
 	}
 	cp.set(func(f *fakeCP) { f.routeDelay = time.Minute })
 	dropped := func() float64 { return counterValue(t, r.redials.WithLabelValues("route_timeouts")) }
 	for i := range redialAfter {
-		if d := routeOnce(t, r); d.FromLeader {
+		if d := askOnce(t, r); d.FromLeader {
 			t.Fatalf("route %d with the leader stalled: %+v", i, d)
 		}
 		if i < redialAfter-1 && (dropped() != 0 || conns.Accepted() != 1) {
@@ -295,7 +295,7 @@ func TestRedialAfterRouteTimeouts(t *testing.T) {
 		t.Fatalf("%v drops after %d timeouts in a row, want 1", got, redialAfter)
 	}
 	cp.set(func(f *fakeCP) { f.routeDelay = 0 })
-	if d := routeOnce(t, r); !d.FromLeader {
+	if d := askOnce(t, r); !d.FromLeader {
 		t.Fatalf("route after the drop: %+v", d)
 	}
 	if n := conns.Accepted(); n != 2 {

@@ -34,7 +34,7 @@ func TestRouteSplitAnswer(t *testing.T) {
 	if err := r.SyncOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	d, err := r.Route(context.Background(), &router.Request{Hashes: []uint64{1, 2}, KeyLen: 128, Disagg: engine.DisaggPair})
+	d, err := r.Decide(context.Background(), &router.Request{Hashes: []uint64{1, 2}, KeyLen: 128, Disagg: engine.DisaggPair})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestRouteSplitAnswer(t *testing.T) {
 	if d.Prefill.Source != "static" || d.Source != "admin" {
 		t.Fatalf("sources: prefill %q, decode %q; want the leader's", d.Prefill.Source, d.Source)
 	}
-	dry, err := r.Route(context.Background(), &router.Request{Hashes: []uint64{1, 2}, KeyLen: 128, Disagg: engine.DisaggPair, DryRun: true})
+	dry, err := r.Decide(context.Background(), &router.Request{Hashes: []uint64{1, 2}, KeyLen: 128, Disagg: engine.DisaggPair, DryRun: true})
 	if err != nil || dry.Prefill == nil || dry.Prefill.Source != "kubernetes" {
 		t.Fatalf("an answer without the prefill worker's source: %+v, %v; want it from the synced set", dry.Prefill, err)
 	}
@@ -82,23 +82,23 @@ func TestFallbackSplits(t *testing.T) {
 	}
 	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t)}, BootWorkers: boot, Shadow: ShadowOptions{Entries: 1024, Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5}, BlockChars: 64})
 	ctx := context.Background()
-	first, err := r.Route(ctx, &router.Request{Hashes: []uint64{7, 8, 9}, KeyLen: 192, Disagg: engine.DisaggPair})
+	first, err := r.Decide(ctx, &router.Request{Hashes: []uint64{7, 8, 9}, KeyLen: 192, Disagg: engine.DisaggPair})
 	if err != nil || first.Prefill == nil || first.Reason != ReasonFallbackLocal {
 		t.Fatalf("%+v %v", first, err)
 	}
 	if (first.Prefill.Worker != wA && first.Prefill.Worker != wB) || (first.Worker != wC && first.Worker != wD) {
 		t.Fatalf("pair %s/%s", first.Prefill.Worker, first.Worker)
 	}
-	second, _ := r.Route(ctx, &router.Request{Hashes: []uint64{7, 8, 9}, KeyLen: 192, Disagg: engine.DisaggPair})
+	second, _ := r.Decide(ctx, &router.Request{Hashes: []uint64{7, 8, 9}, KeyLen: 192, Disagg: engine.DisaggPair})
 	if second.Prefill.Worker != first.Prefill.Worker || second.Worker == first.Worker {
 		t.Fatalf("second pair %s/%s after %s/%s: want the same prefill worker (shadow), the other decode worker (load)",
 			second.Prefill.Worker, second.Worker, first.Prefill.Worker, first.Worker)
 	}
-	whole, _ := r.Route(ctx, &router.Request{KeyLen: 0})
+	whole, _ := r.Decide(ctx, &router.Request{KeyLen: 0})
 	if whole.Worker != wC && whole.Worker != wD {
 		t.Fatalf("a whole request went to %s", whole.Worker)
 	}
-	dec, _ := r.Route(ctx, &router.Request{Disagg: engine.DisaggDecode, Exclude: []string{wC}})
+	dec, _ := r.Decide(ctx, &router.Request{Disagg: engine.DisaggDecode, Exclude: []string{wC}})
 	if dec.Worker != wD || dec.Prefill != nil {
 		t.Fatalf("decode leg %+v", dec)
 	}

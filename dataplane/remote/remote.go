@@ -286,17 +286,17 @@ func notLeaderURL(err error) string {
 	return nl.GetLeaderUrl()
 }
 
-// Route implements router.Router. With flow control on, a request that
+// Decide implements router.Router. With flow control on, a request that
 // finds the pool saturated waits in the leader's queue (or, while no
 // leader answers, in this data plane's), and is asked again of the next
 // leader if its queued call's stream breaks (flow.go).
-func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
+func (r *Router) Decide(ctx context.Context, req *router.Request) (router.Decision, error) {
 	start := time.Now()
 	if r.flowOn() && req.Admission.Arrival.IsZero() {
 		req.Admission.Arrival = start
 	}
 	for round := 1; ; round++ {
-		d, again, err := r.routeOnce(ctx, req, start)
+		d, again, err := r.decideOnce(ctx, req, start)
 		if !again {
 			return d, err
 		}
@@ -307,10 +307,10 @@ func (r *Router) Route(ctx context.Context, req *router.Request) (router.Decisio
 	}
 }
 
-// routeOnce asks the control plane once (or decides locally). again: the
+// decideOnce asks the control plane once (or decides locally). again: the
 // request waited in a queue that went away (the leader's stream broke, or
 // a leader answers again while it waited locally) and is to be asked again.
-func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.Time) (_ router.Decision, again bool, _ error) {
+func (r *Router) decideOnce(ctx context.Context, req *router.Request, start time.Time) (_ router.Decision, again bool, _ error) {
 	target := r.current()
 	var cause string
 	allowed, call := true, cpCall{}
@@ -345,7 +345,7 @@ func (r *Router) routeOnce(ctx context.Context, req *router.Request, start time.
 			// second for the leader's own 429 to arrive first.
 			wait, waitCancel = context.WithDeadline(ctx, r.queueDeadline(req).Add(time.Second))
 		}
-		m, queued, err := r.routeCallQueued(rctx, wait, target, st, &cartv1.RouteRequest{
+		m, queued, err := r.askLeaderQueued(rctx, wait, target, st, &cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: hashes, KeyLength: uint32(req.KeyLen),
 			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, AvoidWorkers: req.Avoid, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID), TenantHash: tenantHash(req), Completions: riders,

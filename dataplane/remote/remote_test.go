@@ -32,7 +32,7 @@ func TestRouteViaControlPlane(t *testing.T) {
 	var fb fallbacks
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, Token: "tok", OnFallback: fb.on})
 	req := &router.Request{ID: "req-1", Endpoint: "chat_completions", Model: "m", Hashes: []uint64{1, 2, 3}, KeyLen: 150, Exclude: []string{wB}}
-	d, err := r.Route(context.Background(), req)
+	d, err := r.Decide(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestRouteViaControlPlane(t *testing.T) {
 func TestDryRunViaControlPlaneTakesNoLoad(t *testing.T) {
 	cp := newFakeCP(t)
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot})
-	d, err := r.Route(context.Background(), &router.Request{DryRun: true})
+	d, err := r.Decide(context.Background(), &router.Request{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestCompletionsAreBatched(t *testing.T) {
 	const n = 20
 	var ds []router.Decision
 	for range n {
-		d, err := r.Route(context.Background(), &router.Request{Model: "m"})
+		d, err := r.Decide(context.Background(), &router.Request{Model: "m"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,7 +144,7 @@ func TestCompletionsFlushWhenQueueFills(t *testing.T) {
 	run(t, r)
 	var ds []router.Decision
 	for range 300 {
-		d, err := r.Route(context.Background(), &router.Request{})
+		d, err := r.Decide(context.Background(), &router.Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -171,7 +171,7 @@ func riderRig(t *testing.T, settles bool) (*streamCP, *Router) {
 // mustRoute routes a request the fake leader answers with worker wA.
 func mustRoute(t *testing.T, r *Router) router.Decision {
 	t.Helper()
-	d, err := r.Route(context.Background(), &router.Request{ID: wA})
+	d, err := r.Decide(context.Background(), &router.Request{ID: wA})
 	if err != nil || !d.FromLeader {
 		t.Fatalf("route: %+v, %v", d, err)
 	}
@@ -254,7 +254,7 @@ func TestCompletionsRideWithRoutes(t *testing.T) {
 			r.Done(d, router.Outcome{Delivered: true})
 		}
 		cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(code, errors.New("no")) })
-		_, _ = r.Route(context.Background(), &router.Request{ID: wA})
+		_, _ = r.Decide(context.Background(), &router.Request{ID: wA})
 		failed := tickets(cp.carried())
 		cp.set(func(f *fakeCP) { f.routeErr = nil })
 		streamLive(t, r, cp.url) // an Unavailable answer may end the stream
@@ -275,7 +275,7 @@ func TestCompletionsRideWithRoutes(t *testing.T) {
 func TestAbandonReportsDoNotRide(t *testing.T) {
 	cp, r := riderRig(t, true)
 	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
-	if d, err := r.Route(context.Background(), &router.Request{ID: wA}); err != nil || d.FromLeader {
+	if d, err := r.Decide(context.Background(), &router.Request{ID: wA}); err != nil || d.FromLeader {
 		t.Fatalf("a failed call must fall back locally: %+v, %v", d, err)
 	}
 	abandonedID := func() uint64 { cp.mu.Lock(); defer cp.mu.Unlock(); return cp.routes[len(cp.routes)-1].GetRouteId() }()
@@ -399,7 +399,7 @@ func TestRidersNeverGoUnary(t *testing.T) {
 	before := cp.routeCount()
 	close(cp.kill)
 	testkit.WaitFor(t, 10*time.Second, "the stream to end", func() bool { return r.streams.live(cp.url) == nil })
-	_, err := r.routeCall(context.Background(), cp.url, st, &cartv1.RouteRequest{RequestId: wA, Completions: riders})
+	_, err := r.askLeader(context.Background(), cp.url, st, &cartv1.RouteRequest{RequestId: wA, Completions: riders})
 	if err == nil {
 		t.Fatal("a call on an ended stream succeeded")
 	}
@@ -414,7 +414,7 @@ func TestReportsFlushedOnStop(t *testing.T) {
 	cp := newFakeCP(t)
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
 	stop := run(t, r)
-	d, err := r.Route(context.Background(), &router.Request{})
+	d, err := r.Decide(context.Background(), &router.Request{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +433,7 @@ func TestFallbackOnTimeout(t *testing.T) {
 	var fb fallbacks
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteTimeout: 20 * time.Millisecond, OnFallback: fb.on, FlushInterval: 10 * time.Millisecond})
 	start := time.Now()
-	d, err := r.Route(context.Background(), &router.Request{Model: "m"})
+	d, err := r.Decide(context.Background(), &router.Request{Model: "m"})
 	elapsed := time.Since(start)
 	if err != nil {
 		t.Fatal(err)
@@ -471,7 +471,7 @@ func TestFallbackOnTimeout(t *testing.T) {
 func TestFallbackOnControlPlaneDown(t *testing.T) {
 	var fb fallbacks
 	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t)}, BootWorkers: boot, OnFallback: fb.on})
-	d, err := r.Route(context.Background(), &router.Request{})
+	d, err := r.Decide(context.Background(), &router.Request{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -486,7 +486,7 @@ func TestFallbackOnControlPlaneDown(t *testing.T) {
 func TestFallbackWithoutControlPlane(t *testing.T) {
 	var fb fallbacks
 	r := newTestRouter(t, Options{BootWorkers: boot, OnFallback: fb.on})
-	if d, err := r.Route(context.Background(), &router.Request{}); err != nil || d.Reason != ReasonFallbackLocal {
+	if d, err := r.Decide(context.Background(), &router.Request{}); err != nil || d.Reason != ReasonFallbackLocal {
 		t.Fatalf("Route = %+v, %v", d, err)
 	}
 	if got := fb.list(); !slices.Equal(got, []string{"no_control_plane"}) {
@@ -515,7 +515,7 @@ func TestFallbackCauses(t *testing.T) {
 			cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(tc.code, errors.New("boom")) })
 			var fb fallbacks
 			r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, OnFallback: fb.on})
-			d, err := r.Route(context.Background(), &router.Request{})
+			d, err := r.Decide(context.Background(), &router.Request{})
 			if err != nil || d.Reason != ReasonFallbackLocal {
 				t.Fatalf("Route = %+v, %v", d, err)
 			}
@@ -535,7 +535,7 @@ func TestResourceExhaustedIsNotAFallback(t *testing.T) {
 	})
 	var fb fallbacks
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, OnFallback: fb.on})
-	_, err := r.Route(context.Background(), &router.Request{})
+	_, err := r.Decide(context.Background(), &router.Request{})
 	if !errors.Is(err, router.ErrUnavailable) {
 		t.Fatalf("err = %v, want one wrapping router.ErrUnavailable", err)
 	}
@@ -555,7 +555,7 @@ func TestResourceExhaustedIsNotAFallback(t *testing.T) {
 	}
 	// The node answered, so the router keeps talking to it.
 	before := cp.routeCount()
-	_, _ = r.Route(context.Background(), &router.Request{})
+	_, _ = r.Decide(context.Background(), &router.Request{})
 	if cp.routeCount() != before+1 {
 		t.Fatal("router moved away from a node that answered")
 	}
@@ -568,7 +568,7 @@ func TestClientGoneIsNotAFallback(t *testing.T) {
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, OnFallback: fb.on})
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(30*time.Millisecond, cancel)
-	_, err := r.Route(ctx, &router.Request{})
+	_, err := r.Decide(ctx, &router.Request{})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want the caller's context error", err)
 	}
@@ -584,12 +584,12 @@ func TestClientGoneIsNotAFallback(t *testing.T) {
 
 func TestNoWorkersKnown(t *testing.T) {
 	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t)}})
-	_, err := r.Route(context.Background(), &router.Request{})
+	_, err := r.Decide(context.Background(), &router.Request{})
 	if !errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "no workers configured") {
 		t.Fatalf("err = %v", err)
 	}
 	r = newTestRouter(t, Options{BootWorkers: []router.WorkerStatus{{URL: wA}, {URL: wB}}})
-	_, err = r.Route(context.Background(), &router.Request{})
+	_, err = r.Decide(context.Background(), &router.Request{})
 	if !errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "no usable worker") {
 		t.Fatalf("all unhealthy: err = %v", err)
 	}
@@ -603,7 +603,7 @@ func TestFallbackPicksLeastLoadedUsable(t *testing.T) {
 		{URL: wD, Healthy: true, LoadPenalty: 5},
 	}})
 	pick := func(exclude ...string) (router.Decision, error) {
-		return r.Route(context.Background(), &router.Request{Exclude: exclude})
+		return r.Decide(context.Background(), &router.Request{Exclude: exclude})
 	}
 	d1, err := pick(wB)
 	if err != nil || d1.Worker != wC {
@@ -640,7 +640,7 @@ func TestFallbackTiesAreRandom(t *testing.T) {
 	const n = 8000
 	count := map[string]int{}
 	for range n {
-		d, err := r.Route(context.Background(), &router.Request{})
+		d, err := r.Decide(context.Background(), &router.Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -656,7 +656,7 @@ func TestFallbackTiesAreRandom(t *testing.T) {
 	// Dry runs too, and they take no load.
 	clear(count)
 	for range n {
-		d, err := r.Route(context.Background(), &router.Request{DryRun: true})
+		d, err := r.Decide(context.Background(), &router.Request{DryRun: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -679,7 +679,7 @@ func TestFallbackSpreadsByLocalLoad(t *testing.T) {
 	r := newTestRouter(t, Options{BootWorkers: ws})
 	var ds []router.Decision
 	for range 30 {
-		d, err := r.Route(context.Background(), &router.Request{})
+		d, err := r.Decide(context.Background(), &router.Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -713,7 +713,7 @@ func TestConcurrentRouteDone(t *testing.T) {
 				if g%2 == 0 && i%10 == 0 {
 					_ = r.SyncOnce(context.Background())
 				}
-				d, err := r.Route(context.Background(), &router.Request{})
+				d, err := r.Decide(context.Background(), &router.Request{})
 				if err != nil {
 					t.Error(err)
 					return
@@ -742,12 +742,12 @@ func TestLeaderDiscovery(t *testing.T) {
 	r := newTestRouter(t, Options{ControlPlanes: []string{downURL(t), follower.url, leader.url}, BootWorkers: boot, OnFallback: fb.on})
 	r.target = 0 // start at the dead node
 
-	d, err := r.Route(context.Background(), &router.Request{})
+	d, err := r.Decide(context.Background(), &router.Request{})
 	if err != nil || d.Reason != ReasonFallbackLocal {
 		t.Fatalf("route via the dead node = %+v, %v", d, err)
 	}
 	r.Done(d, router.Outcome{Delivered: true})
-	d, err = r.Route(context.Background(), &router.Request{})
+	d, err = r.Decide(context.Background(), &router.Request{})
 	if err != nil || !d.FromLeader || follower.routeCount() != 1 {
 		t.Fatalf("route after rotating = %+v, %v (follower saw %d)", d, err, follower.routeCount())
 	}
@@ -757,7 +757,7 @@ func TestLeaderDiscovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		d, err := r.Route(context.Background(), &router.Request{})
+		d, err := r.Decide(context.Background(), &router.Request{})
 		if err != nil || !d.FromLeader {
 			t.Fatalf("route after sync = %+v, %v", d, err)
 		}
@@ -769,12 +769,12 @@ func TestLeaderDiscovery(t *testing.T) {
 
 	// The leader dies: the router forgets it and goes back to the list.
 	leader.srv.Close()
-	d, err = r.Route(context.Background(), &router.Request{})
+	d, err = r.Decide(context.Background(), &router.Request{})
 	if err != nil || d.Reason != ReasonFallbackLocal {
 		t.Fatalf("route via the dead leader = %+v, %v", d, err)
 	}
 	r.Done(d, router.Outcome{Delivered: true})
-	if d, err := r.Route(context.Background(), &router.Request{}); err != nil || !d.FromLeader || follower.routeCount() != 2 {
+	if d, err := r.Decide(context.Background(), &router.Request{}); err != nil || !d.FromLeader || follower.routeCount() != 2 {
 		t.Fatalf("route after the leader died = %+v, %v (follower saw %d)", d, err, follower.routeCount())
 	}
 }
@@ -805,14 +805,14 @@ func TestSyncReportsLoadsAndReplacesWorkers(t *testing.T) {
 	// wB, the only worker this data plane knows before its first sync).
 	var ds []router.Decision
 	for range 2 {
-		d, err := r.Route(context.Background(), &router.Request{})
+		d, err := r.Decide(context.Background(), &router.Request{})
 		if err != nil || d.Worker != wA {
 			t.Fatalf("Route = %+v, %v", d, err)
 		}
 		ds = append(ds, d)
 	}
 	cp.set(func(f *fakeCP) { f.routeDelay = 5 * time.Second })
-	fbd, err := r.Route(context.Background(), &router.Request{})
+	fbd, err := r.Decide(context.Background(), &router.Request{})
 	if err != nil || fbd.Reason != ReasonFallbackLocal || fbd.Worker != wB {
 		t.Fatalf("fallback = %+v, %v", fbd, err)
 	}
@@ -871,11 +871,11 @@ func TestSyncReportsLoadsAndReplacesWorkers(t *testing.T) {
 	// Fallback now follows the new set: wC is unhealthy, wA has room for
 	// one more (2 of max 3), then nothing.
 	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
-	d, err := r.Route(context.Background(), &router.Request{})
+	d, err := r.Decide(context.Background(), &router.Request{})
 	if err != nil || d.Worker != wA || d.Reason != ReasonFallbackLocal {
 		t.Fatalf("fallback after sync = %+v, %v", d, err)
 	}
-	if _, err := r.Route(context.Background(), &router.Request{}); !errors.Is(err, router.ErrUnavailable) {
+	if _, err := r.Decide(context.Background(), &router.Request{}); !errors.Is(err, router.ErrUnavailable) {
 		t.Fatalf("fallback with wA saturated and wC unhealthy: %v", err)
 	}
 	for _, d := range ds {
@@ -888,7 +888,7 @@ func TestSyncFailureKeepsFallbackCount(t *testing.T) {
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot})
 	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
 	for range 2 {
-		d, err := r.Route(context.Background(), &router.Request{})
+		d, err := r.Decide(context.Background(), &router.Request{})
 		if err != nil || d.Reason != ReasonFallbackLocal {
 			t.Fatalf("Route = %+v, %v", d, err)
 		}
@@ -900,7 +900,7 @@ func TestSyncFailureKeepsFallbackCount(t *testing.T) {
 	if r.Synced() || len(r.Workers()) != 2 {
 		t.Fatalf("a failed sync changed the worker set: %+v", r.Workers())
 	}
-	d, err := r.Route(context.Background(), &router.Request{})
+	d, err := r.Decide(context.Background(), &router.Request{})
 	if err != nil || d.Reason != ReasonFallbackLocal {
 		t.Fatalf("Route = %+v, %v", d, err)
 	}
@@ -937,7 +937,7 @@ func TestBootWorkersUntilFirstSync(t *testing.T) {
 	cp.set(func(f *fakeCP) { f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("down")) })
 	seen := map[string]bool{}
 	for range 20 {
-		d, err := r.Route(context.Background(), &router.Request{DryRun: true})
+		d, err := r.Decide(context.Background(), &router.Request{DryRun: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -954,7 +954,7 @@ func TestBootWorkersUntilFirstSync(t *testing.T) {
 		t.Fatalf("Workers after sync = %+v, want the control plane's set", got)
 	}
 	for range 10 {
-		d, err := r.Route(context.Background(), &router.Request{DryRun: true})
+		d, err := r.Decide(context.Background(), &router.Request{DryRun: true})
 		if err != nil || d.Worker != wA {
 			t.Fatalf("fallback after sync = %+v, %v", d, err)
 		}
@@ -1013,7 +1013,7 @@ func TestRejectedClusterTokenWarns(t *testing.T) {
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, Token: "wrong", Logger: slog.New(rec),
 		BootWorkers: []router.WorkerStatus{{URL: wA, Healthy: true}}})
 	for i := 0; i < 5; i++ {
-		d, err := r.Route(context.Background(), &router.Request{ID: "r"})
+		d, err := r.Decide(context.Background(), &router.Request{ID: "r"})
 		if err != nil || d.Reason != "fallback_local" {
 			t.Fatalf("Route = %+v, %v; want a local fallback", d, err)
 		}
@@ -1027,7 +1027,7 @@ func TestRejectedClusterTokenWarns(t *testing.T) {
 	cp.set(func(f *fakeCP) {
 		f.routeErr = connect.NewError(connect.CodeUnavailable, errors.New("no leader"))
 	})
-	if _, err := r.Route(context.Background(), &router.Request{ID: "r2"}); err != nil {
+	if _, err := r.Decide(context.Background(), &router.Request{ID: "r2"}); err != nil {
 		t.Fatal(err)
 	}
 	if n := rec.Count(slog.LevelDebug, "route via control plane failed"); n != 1 {
@@ -1043,7 +1043,7 @@ func TestFallbackSkipsDrainingWorkers(t *testing.T) {
 		{URL: wB, Healthy: true, LoadPenalty: 5},
 	}})
 	for i := range 5 {
-		d, err := r.Route(context.Background(), &router.Request{})
+		d, err := r.Decide(context.Background(), &router.Request{})
 		if err != nil || d.Worker != wB {
 			t.Fatalf("pick %d = %+v, %v; want %s (A draining)", i, d, err, wB)
 		}
@@ -1098,7 +1098,7 @@ func TestBlockCharsMismatchRoutesWithoutHashes(t *testing.T) {
 		if err := r.SyncOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		d, err := r.Route(context.Background(), &router.Request{Hashes: []uint64{1, 2}, KeyLen: 100, Session: "s1"})
+		d, err := r.Decide(context.Background(), &router.Request{Hashes: []uint64{1, 2}, KeyLen: 100, Session: "s1"})
 		if err != nil || d.Reason == ReasonFallbackLocal {
 			t.Fatalf("block_chars %d: Route = %+v, %v; want the control plane's decision", c.bc, d, err)
 		}

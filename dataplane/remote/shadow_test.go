@@ -135,7 +135,7 @@ func drive(t *testing.T, dps []*Router, wl *prefixload.Workload, clients int, pa
 				dp := dps[i%len(dps)]
 				g, key := wl.Next()
 				start := time.Now()
-				d, err := dp.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(key), KeyLen: len(key)})
+				d, err := dp.Decide(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(key), KeyLen: len(key)})
 				took := time.Since(start)
 				if err != nil {
 					t.Error(err)
@@ -212,7 +212,7 @@ func runFaultWith(t *testing.T, mode string, shadowOn bool, breakerFailures, req
 		f.routeFn = func(req *cartv1.RouteRequest) *cartv1.RouteResponse {
 			engMu.Lock()
 			defer engMu.Unlock()
-			d, err := eng.Route(engine.Request{Hashes: req.GetBlockHashes(), KeyLen: int(req.GetKeyLength())}, time.Now().UnixNano())
+			d, err := eng.Choose(engine.Request{Hashes: req.GetBlockHashes(), KeyLen: int(req.GetKeyLength())}, time.Now().UnixNano())
 			if err != nil {
 				t.Error(err)
 				return &cartv1.RouteResponse{Worker: wA}
@@ -299,12 +299,12 @@ func TestFallbackLearnsFromItsOwnDecisions(t *testing.T) {
 		BootWorkers: []router.WorkerStatus{{URL: wA, Healthy: true}, {URL: wB, Healthy: true}, {URL: wC, Healthy: true}, {URL: wD, Healthy: true}}})
 	for i := range 20 {
 		prefix := fmt.Sprintf("conversation %04d: the first message of this conversation, several blocks", i)
-		first, err := r.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prefix + " turn 1"), KeyLen: len(prefix) + 7})
+		first, err := r.Decide(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prefix + " turn 1"), KeyLen: len(prefix) + 7})
 		if err != nil {
 			t.Fatal(err)
 		}
 		r.Done(first, router.Outcome{Delivered: true})
-		next, err := r.Route(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prefix + " turn 2"), KeyLen: len(prefix) + 7})
+		next, err := r.Decide(context.Background(), &router.Request{Model: "m", Hashes: keyHashes(prefix + " turn 2"), KeyLen: len(prefix) + 7})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -338,7 +338,7 @@ func TestDataPlaneFollowsNewLeaderAfterOneForward(t *testing.T) {
 		return next != nil && next != old && id == next.id
 	})
 	for i := range 5 {
-		d := routeOnce(t, dp)
+		d := askOnce(t, dp)
 		if !d.FromLeader {
 			t.Fatalf("route %d after the change: %+v", i, d)
 		}

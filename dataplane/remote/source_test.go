@@ -26,7 +26,7 @@ func TestDecisionCarriesWorkerSource(t *testing.T) {
 				return &cartv1.RouteResponse{Worker: worker, Reason: "cache_miss", FromLeader: true, WorkerSource: source}
 			}
 		})
-		d, err := r.Route(context.Background(), &router.Request{DryRun: true})
+		d, err := r.Decide(context.Background(), &router.Request{DryRun: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func TestDecisionCarriesWorkerSource(t *testing.T) {
 	}
 
 	local := newTestRouter(t, Options{BootWorkers: []router.WorkerStatus{{URL: wB, Healthy: true, Source: "dns"}}})
-	d, err := local.Route(context.Background(), &router.Request{DryRun: true})
+	d, err := local.Decide(context.Background(), &router.Request{DryRun: true})
 	if err != nil || d.Reason != ReasonFallbackLocal || d.Source != "dns" {
 		t.Fatalf("local fallback: %+v, %v; want dns", d, err)
 	}

@@ -48,7 +48,7 @@ func BenchmarkRoute(b *testing.B) {
 				var seq atomic.Uint64
 				route := func(n uint64) {
 					req := &router.Request{Model: "m", Hashes: []uint64{n % 64, n%64 + 1000, n}, KeyLen: 192}
-					d, err := r.Route(context.Background(), req)
+					d, err := r.Decide(context.Background(), req)
 					if err != nil {
 						b.Error(err)
 						return

@@ -35,11 +35,11 @@ func TestStreamRoundTrip(t *testing.T) {
 	var fb fallbacks
 	r.o.OnFallback = fb.on
 	req := &router.Request{Model: "m", Hashes: []uint64{1, 2, 3}, KeyLen: 192}
-	d, err := r.Route(context.Background(), req)
+	d, err := r.Decide(context.Background(), req)
 	if err != nil || !d.FromLeader || d.Ticket.ID == 0 || (d.Worker != wA && d.Worker != wB) {
 		t.Fatalf("streamed route: %+v %v", d, err)
 	}
-	d2, err := r.Route(context.Background(), req)
+	d2, err := r.Decide(context.Background(), req)
 	if err != nil || d2.Worker != d.Worker || d2.Reason != "cache_hit" {
 		t.Fatalf("second streamed route: %+v %v; want a cache hit on %s", d2, err, d.Worker)
 	}
@@ -85,7 +85,7 @@ func TestStreamMultiplexesConcurrentRoutes(t *testing.T) {
 	for i := range calls {
 		wg.Go(func() {
 			id := fmt.Sprintf("req-%d", i)
-			d, err := r.Route(context.Background(), &router.Request{ID: id, DryRun: true})
+			d, err := r.Decide(context.Background(), &router.Request{ID: id, DryRun: true})
 			if err != nil || d.Worker != id {
 				errs <- fmt.Errorf("%s: answered %q (%v)", id, d.Worker, err)
 			}
@@ -112,7 +112,7 @@ func TestStreamFlowControlBound(t *testing.T) {
 	for i := range 40 {
 		wg.Go(func() {
 			id := fmt.Sprint(i)
-			if d, err := r.Route(context.Background(), &router.Request{ID: id, DryRun: true}); err != nil || d.Worker != id {
+			if d, err := r.Decide(context.Background(), &router.Request{ID: id, DryRun: true}); err != nil || d.Worker != id {
 				t.Errorf("route %d: %+v %v", i, d, err)
 			}
 		})
@@ -144,7 +144,7 @@ func TestStreamCallBlockedPastDeadlineTimesOut(t *testing.T) {
 	syncDone := make(chan error, 1)
 	go func() { syncDone <- r.SyncOnce(context.Background()) }() // takes the only slot
 	testkit.WaitFor(t, 5*time.Second, "sync held by the leader", func() bool { return cp.inFly.Load() == 1 })
-	d, err := r.Route(context.Background(), &router.Request{ID: "late"})
+	d, err := r.Decide(context.Background(), &router.Request{ID: "late"})
 	if err != nil || d.Reason != ReasonFallbackLocal {
 		t.Fatalf("blocked route: %+v %v; want a local fallback", d, err)
 	}
@@ -172,7 +172,7 @@ func TestStreamUnimplementedFallsBackToUnary(t *testing.T) {
 	if r.streams.live("") != nil {
 		t.Fatal("a stream is live against a control plane without Stream")
 	}
-	d, err := r.Route(context.Background(), &router.Request{ID: "x"})
+	d, err := r.Decide(context.Background(), &router.Request{ID: "x"})
 	if err != nil || !d.FromLeader || d.Worker != wA {
 		t.Fatalf("route: %+v %v; want the leader's unary answer", d, err)
 	}
@@ -193,7 +193,7 @@ func TestStreamHTTP1OnlyFallsBackToUnary(t *testing.T) {
 	if r.streams.live("") != nil || cp.streams.Load() != 0 {
 		t.Fatal("a stream went live over HTTP/1.1")
 	}
-	d, err := r.Route(context.Background(), &router.Request{ID: "x"})
+	d, err := r.Decide(context.Background(), &router.Request{ID: "x"})
 	if err != nil || !d.FromLeader {
 		t.Fatalf("route over HTTP/1.1: %+v %v; want the leader's unary answer", d, err)
 	}
@@ -222,7 +222,7 @@ func TestStreamBrokenMidFlight(t *testing.T) {
 	start := time.Now()
 	res := make(chan result, 1)
 	go func() {
-		d, err := r.Route(context.Background(), &router.Request{ID: "held"})
+		d, err := r.Decide(context.Background(), &router.Request{ID: "held"})
 		res <- result{d, err, time.Since(start)}
 	}()
 	testkit.WaitFor(t, 5*time.Second, "route held on the stream", func() bool { return cp.inFly.Load() == 1 })
@@ -240,7 +240,7 @@ func TestStreamBrokenMidFlight(t *testing.T) {
 		t.Fatal("a broken stream opened the control-plane breaker")
 	}
 	testkit.WaitFor(t, 10*time.Second, "an answer from the leader after the break", func() bool {
-		d, err := r.Route(context.Background(), &router.Request{ID: "after", DryRun: true})
+		d, err := r.Decide(context.Background(), &router.Request{ID: "after", DryRun: true})
 		return err == nil && d.FromLeader
 	})
 }
@@ -261,7 +261,7 @@ func TestStreamFollowerRedirectsToLeader(t *testing.T) {
 	r := newTestRouter(t, Options{ControlPlanes: []string{follower.url}, BootWorkers: boot, RouteStream: true})
 	run(t, r)
 	streamLive(t, r, ld.url)
-	d, err := r.Route(context.Background(), &router.Request{ID: "x", DryRun: true})
+	d, err := r.Decide(context.Background(), &router.Request{ID: "x", DryRun: true})
 	if err != nil || !d.FromLeader {
 		t.Fatalf("route: %+v %v", d, err)
 	}

@@ -33,11 +33,11 @@ func TestStoredResponseOfAnotherTenant(t *testing.T) {
 			id := "resp_" + fmt.Sprint(stream)
 			maker.LearnResponse(context.Background(), id, wB, "team-a")
 
-			_, err := asker.Route(context.Background(), &router.Request{Model: "m", ResponseID: id, Tenant: "team-b"})
+			_, err := asker.Decide(context.Background(), &router.Request{Model: "m", ResponseID: id, Tenant: "team-b"})
 			if !errors.Is(err, router.ErrResponseNotFound) {
 				t.Fatalf("another tenant's response: %v, want router.ErrResponseNotFound", err)
 			}
-			d, err := asker.Route(context.Background(), &router.Request{Model: "m", ResponseID: id, Tenant: "team-a"})
+			d, err := asker.Decide(context.Background(), &router.Request{Model: "m", ResponseID: id, Tenant: "team-a"})
 			if err != nil || !d.Pinned || d.Worker != wB {
 				t.Fatalf("the owner's request: %+v %v, want pinned to %s", d, err, wB)
 			}

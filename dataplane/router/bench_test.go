@@ -37,7 +37,7 @@ func BenchmarkLocalRouteDone(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		d, err := l.Route(ctx, reqs[i%prompts])
+		d, err := l.Decide(ctx, reqs[i%prompts])
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -22,7 +22,7 @@ var kvTexts = []string{"0123456789abcdef", "ghijklmnopqrstuv", "wxyzABCDEFGHIJKL
 func routeKVTexts(t *testing.T, l *Local) {
 	t.Helper()
 	for _, s := range kvTexts {
-		d, err := l.Route(context.Background(), request(s))
+		d, err := l.Decide(context.Background(), request(s))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -55,10 +55,10 @@ func NewLocal(o LocalOptions, workers []engine.WorkerSpec) *Local {
 	return l
 }
 
-// Route implements Router: a decision at once while a worker has room,
+// Decide implements Router: a decision at once while a worker has room,
 // else a wait in the flow-control queue until one does (or ctx ends, or
 // flow control refuses the request).
-func (l *Local) Route(ctx context.Context, req *Request) (Decision, error) {
+func (l *Local) Decide(ctx context.Context, req *Request) (Decision, error) {
 	start := time.Now()
 	d, err := l.dec.Admit(ctx, decider.Request{Request: engine.Request{
 		Hashes:  req.Hashes,

@@ -32,7 +32,7 @@ func request(text string) *Request {
 // one this router did not make, instead of ignoring it.
 func TestLocalDoneSettlesOnlyItsOwnTickets(t *testing.T) {
 	l := newTestLocal("a")
-	d, err := l.Route(context.Background(), request("a prompt"))
+	d, err := l.Decide(context.Background(), request("a prompt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestLocalDoneSettlesOnlyItsOwnTickets(t *testing.T) {
 // engine's own message.
 func TestLocalCapacityErrorsAreUnavailable(t *testing.T) {
 	l := newTestLocal()
-	_, err := l.Route(context.Background(), request("x"))
+	_, err := l.Decide(context.Background(), request("x"))
 	if !errors.Is(err, ErrUnavailable) || err.Error() != engine.ErrNoWorkers.Error() {
 		t.Fatalf("err = %v", err)
 	}

@@ -162,8 +162,8 @@ type WorkerStatus struct {
 
 // Router decides routes and accounts load.
 type Router interface {
-	// Route picks a worker and takes one unit of load on it.
-	Route(ctx context.Context, req *Request) (Decision, error)
+	// Decide picks a worker and takes one unit of load on it.
+	Decide(ctx context.Context, req *Request) (Decision, error)
 	// Done releases the decision's load and settles its placement. It must
 	// be called exactly once per successful non-dry-run Route.
 	Done(d Decision, o Outcome)

@@ -33,13 +33,13 @@ type tracedRouter struct {
 	t *tracing.Tracer
 }
 
-func (r *tracedRouter) Route(ctx context.Context, req *Request) (Decision, error) {
+func (r *tracedRouter) Decide(ctx context.Context, req *Request) (Decision, error) {
 	ctx, sp := r.t.StartSpan(ctx, tracing.SpanRoute, trace.WithAttributes(
 		attribute.Int("cart.route.excluded", len(req.Exclude)),
 		attribute.Int("cart.route.blocks", len(req.Hashes)),
 	))
 	defer sp.End()
-	d, err := r.Router.Route(ctx, req)
+	d, err := r.Router.Decide(ctx, req)
 	if err != nil {
 		sp.SetStatus(codes.Error, err.Error())
 		return d, err

@@ -455,7 +455,7 @@ func TestMalformedTraceparentDropsTracestate(t *testing.T) {
 
 type fakeRouter struct{ err error }
 
-func (f fakeRouter) Route(ctx context.Context, req *router.Request) (router.Decision, error) {
+func (f fakeRouter) Decide(ctx context.Context, req *router.Request) (router.Decision, error) {
 	if f.err != nil {
 		return router.Decision{}, f.err
 	}
@@ -480,11 +480,11 @@ func TestWrapRouter(t *testing.T) {
 	if _, ok := r.(router.ResponseLearner); ok {
 		t.Errorf("the wrapper claims ResponseLearner for a router without it")
 	}
-	d, err := r.Route(ctx, &router.Request{Hashes: []uint64{1, 2, 3}, Exclude: []string{"http://w:2"}})
+	d, err := r.Decide(ctx, &router.Request{Hashes: []uint64{1, 2, 3}, Exclude: []string{"http://w:2"}})
 	if err != nil || d.Worker != "http://w:1" {
 		t.Fatalf("Route = %+v, %v", d, err)
 	}
-	if _, err := router.Traced(tr, fakeRouter{err: router.ErrUnavailable}).Route(ctx, &router.Request{}); !errors.Is(err, router.ErrUnavailable) {
+	if _, err := router.Traced(tr, fakeRouter{err: router.ErrUnavailable}).Decide(ctx, &router.Request{}); !errors.Is(err, router.ErrUnavailable) {
 		t.Fatalf("error not passed through: %v", err)
 	}
 	root.End()

@@ -24,7 +24,7 @@ func TestEntriesNameHoldersByURL(t *testing.T) {
 		}
 		e.SetWorkers(specs)
 		// Only "http://b" may take it, so both engines place it there.
-		if _, err := e.Route(engine.Request{Hashes: hashes, KeyLen: len(text), Exclude: []string{"http://a"}}, 5); err != nil {
+		if _, err := e.Choose(engine.Request{Hashes: hashes, KeyLen: len(text), Exclude: []string{"http://a"}}, 5); err != nil {
 			t.Fatal(err)
 		}
 		return Entries(e)
