@@ -197,18 +197,7 @@ func RunOverload(ctx context.Context, repoRoot, out string, c OverloadConfig, lo
 			}
 		}
 	}
-	if out != "" {
-		if err := os.MkdirAll(out, 0o755); err != nil {
-			return res, err
-		}
-		if err := WriteJSON(filepath.Join(out, "results.json"), res); err != nil {
-			return res, err
-		}
-		if err := os.WriteFile(filepath.Join(out, "summary.md"), []byte(FormatOverload(res)), 0o644); err != nil {
-			return res, err
-		}
-	}
-	return res, nil
+	return res, writeResults(out, res, FormatOverload(res))
 }
 
 func (s *suite) overloadRun(ctx context.Context, c OverloadConfig, scName, target string) (run OverloadRun) {

@@ -123,18 +123,7 @@ func RunPD(ctx context.Context, repoRoot, out string, c PDConfig, log io.Writer)
 			}
 		}
 	}
-	if out != "" {
-		if err := os.MkdirAll(out, 0o755); err != nil {
-			return res, err
-		}
-		if err := WriteJSON(filepath.Join(out, "results.json"), res); err != nil {
-			return res, err
-		}
-		if err := os.WriteFile(filepath.Join(out, "summary.md"), []byte(FormatPD(res)), 0o644); err != nil {
-			return res, err
-		}
-	}
-	return res, nil
+	return res, writeResults(out, res, FormatPD(res))
 }
 
 func ttft(r PDRun, p int) float64 {

@@ -29,6 +29,19 @@ func WriteReport(dir string, res *SuiteResults) error {
 	return errors.Join(errs...)
 }
 
+// writeResults writes a scenario benchmark's results.json and summary.md
+// into out (nothing when out is empty).
+func writeResults(out string, res any, summary string) error {
+	if out == "" {
+		return nil
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	return errors.Join(WriteJSON(filepath.Join(out, "results.json"), res),
+		os.WriteFile(filepath.Join(out, "summary.md"), []byte(summary), 0o644))
+}
+
 func traceOrder(res *SuiteResults) []string {
 	var out []string
 	seen := map[string]bool{}
