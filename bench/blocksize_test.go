@@ -31,7 +31,7 @@ import (
 // Metrics: hit = Σ cached / Σ prompt tokens over the replicas' caches
 // (oracle-hit: one LRU cache the size of the pool, the ceiling);
 // hash-µs and decide-µs = CPU time of the routing thread per request for
-// index.Hash of the key text (data plane) and engine.Route (control plane,
+// index.Hash of the key text (data plane) and engine.Choose (control plane,
 // under the routing lock); blocks = mean blocks per request; entries =
 // index size at the end.
 //

@@ -1,14 +1,3 @@
-// Package config loads, layers, defaults and validates CART's YAML
-// configuration. Every role (all-in-one, control plane, data plane) reads its
-// settings through this package so that defaults, error reporting and the
-// meaning of each key stay identical across binaries.
-//
-// Loading and validation are deliberately separate steps: Load only checks
-// that the files are well-formed and use known keys of the right type, while
-// Validate applies value rules that depend on the role being started. That
-// lets `--config-check` report every problem in one pass and lets SIGHUP
-// reload compare a freshly loaded config with the running one before
-// deciding whether it can be applied.
 package config
 
 import (

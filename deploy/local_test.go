@@ -179,7 +179,7 @@ func TestRunCluster(t *testing.T) {
 	}
 }
 
-// checkRouteDryRun holds README's word on calling Route by hand: a dry run
+// checkRouteDryRun holds docs/distributed.md's word on calling Route by hand: a dry run
 // leaves the load as it was; a live decision takes one unit on the chosen
 // worker until the stale-ticket sweep frees it, after the load lease (5 s
 // by default).

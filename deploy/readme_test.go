@@ -8,8 +8,8 @@ import (
 	"github.com/cartrouter/cart/config"
 )
 
-// The README is what a newcomer follows; these tests hold the claims it
-// makes about the code to the code.
+// The README and the pages of docs/ are what a newcomer follows; these
+// tests hold the claims they make about the code to the code.
 
 // workerSources are every value a worker's source can take
 // (config.WorkerSources, which the state machine and discovery use).
@@ -22,18 +22,18 @@ func workerSources(t *testing.T) []string {
 }
 
 // GET /workers and the API's source field document every source the code
-// sets, Kubernetes included, and the README no longer calls Kubernetes
-// discovery unbuilt.
+// sets, Kubernetes included, and no page calls Kubernetes discovery
+// unbuilt.
 func TestDocsNameEveryWorkerSource(t *testing.T) {
-	readme := string(readFile(t, "README.md"))
-	row := regexp.MustCompile("(?m)^\\| `GET /workers` \\|.*$").FindString(readme)
+	endpoints := string(readFile(t, "docs", "requests.md"))
+	row := regexp.MustCompile("(?m)^\\| `GET /workers` \\|.*$").FindString(endpoints)
 	if row == "" {
-		t.Fatal("README has no GET /workers row in its endpoint table")
+		t.Fatal("docs/requests.md has no GET /workers row in its endpoint table")
 	}
 	router, raft := string(readFile(t, "proto", "cart", "v1", "router.proto")), string(readFile(t, "proto", "cart", "v1", "raft.proto"))
 	for _, s := range workerSources(t) {
 		if !strings.Contains(row, "`"+s+"`") {
-			t.Errorf("README's GET /workers row does not list source %q: %s", s, row)
+			t.Errorf("docs/requests.md's GET /workers row does not list source %q: %s", s, row)
 		}
 		for name, proto := range map[string]string{"router.proto": router, "raft.proto": raft} {
 			if !strings.Contains(proto, `"`+s+`"`) {
@@ -41,8 +41,10 @@ func TestDocsNameEveryWorkerSource(t *testing.T) {
 			}
 		}
 	}
-	if regexp.MustCompile(`(?i)kubernetes[^.]*planned`).MatchString(readme) {
-		t.Error("README still calls Kubernetes discovery planned; it is built (controlplane/discovery/kubernetes.go)")
+	for _, page := range docPages(t) {
+		if regexp.MustCompile(`(?i)kubernetes[^.]*planned`).Match(readFile(t, page)) {
+			t.Errorf("%s still calls Kubernetes discovery planned; it is built (controlplane/discovery/kubernetes.go)", page)
+		}
 	}
 }
 
@@ -50,13 +52,16 @@ func TestDocsNameEveryWorkerSource(t *testing.T) {
 // tmp/ and says how to stop; talking to the control plane by hand says
 // where buf comes from and shows the dry run.
 func TestReadmeDistributedQuickStart(t *testing.T) {
-	readme := string(readFile(t, "README.md"))
-	i := strings.Index(readme, "## Distributed mode")
-	j := strings.Index(readme[i+1:], "\n## ")
-	if i < 0 || j < 0 {
-		t.Fatal("README has no distributed-mode section")
+	page := string(readFile(t, "docs", "distributed.md"))
+	i := strings.Index(page, "## Try it on one machine")
+	if i < 0 {
+		t.Fatal("docs/distributed.md has no quick start (## Try it on one machine)")
 	}
-	section := readme[i : i+1+j]
+	j := strings.Index(page[i+1:], "\n## ")
+	if j < 0 {
+		t.Fatal("docs/distributed.md's quick start is its last section; the next one ends it")
+	}
+	section := page[i : i+1+j]
 	for _, want := range []string{"make run-cluster", "tmp/cluster/", "Ctrl-C", "make tools", `"dry_run":true`, "--reflect-header"} {
 		if !strings.Contains(section, want) {
 			t.Errorf("the distributed quick start does not mention %s", want)

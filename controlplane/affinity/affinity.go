@@ -1,10 +1,3 @@
-// Package affinity remembers which worker produced each stored Responses
-// API response, and for which tenant, so that requests naming it
-// (previous_response_id, GET /v1/responses/{id}) reach the one replica that
-// keeps it in memory, and only when they come from the tenant that made it.
-// Data planes key their table by response id, the control-plane leader by
-// the id's hash (HashID), which is what data planes send it; both keep the
-// tenant as its hash (HashTenant).
 package affinity
 
 import (

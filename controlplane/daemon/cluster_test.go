@@ -171,7 +171,7 @@ func equalSets(a, b []string) bool {
 }
 
 // TestBufCurl calls the running control plane with a real `buf curl`,
-// using reflection only (no schema file), exactly as the README shows.
+// using reflection only (no schema file), exactly as docs/distributed.md shows.
 func TestBufCurl(t *testing.T) {
 	buf, err := exec.LookPath("buf")
 	if err != nil {

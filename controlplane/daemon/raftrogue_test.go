@@ -26,8 +26,8 @@ import (
 )
 
 // handshakeWire is one generation of the Raft peer handshake as an
-// outsider implements it from its description (DESIGN.md, "The Raft
-// port"): the magic, and the HKDF info and MAC labels of its key.
+// outsider implements it from its description (controlplane/raftnode
+// doc.go, "The Raft port"): the magic, and the HKDF info and MAC labels of its key.
 type handshakeWire struct {
 	magic, info, listener, dialer string
 }

@@ -1,26 +1,3 @@
-// Package discovery turns what a worker source (DNS records, or a
-// Kubernetes Service's EndpointSlices or labelled pods) reports into
-// changes of the worker set.
-//
-// The Reconciler is pure: it is fed answers and the time, and says which
-// endpoints to add, drain, undrain and remove, so damping and draining are
-// table-testable. The Watcher does the I/O: it asks a Resolver on an
-// interval that follows the answers' TTLs (and, for a watching Resolver,
-// as soon as it says something changed, at most every MinInterval) and
-// applies the Reconciler's verdicts to a Sink (the all-in-one router's
-// engine, or the control plane's replicated worker set through Raft).
-//
-// Rules:
-//   - An endpoint is added once it was present in AddAfter consecutive
-//     answers (1 = at once).
-//   - A member absent from RemoveAfter consecutive answers drains: it takes
-//     no new requests; it is removed once its in-flight load is 0, or after
-//     DrainTimeout whatever its load. If it comes back while draining, it is
-//     undrained and stays.
-//   - An answer that is an error or empty changes nothing (the last good
-//     set stays) and marks the source stale until the next usable answer:
-//     a broken resolver must never empty the pool. Scaling a source to zero
-//     is therefore not followed; remove the last workers with cartctl.
 package discovery
 
 import (

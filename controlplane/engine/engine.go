@@ -1,11 +1,3 @@
-// Package engine is CART's routing policy: given the usable workers, their
-// load and the prefix index, it decides where a request goes and why.
-//
-// Like the index it is pure: no I/O, no goroutines, no clock (time comes in
-// as an argument), no locks (callers serialise access), and its randomness
-// comes from a source the caller provides, so every rule is table-testable.
-// The in-process router of the all-in-one mode and the control plane's
-// leader both drive the same Engine.
 package engine
 
 import (

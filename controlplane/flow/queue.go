@@ -1,28 +1,3 @@
-// Package flow is the scheduler of requests waiting for a saturated pool:
-// which one goes next when a worker has room. It is pure (no I/O, no
-// goroutines, no clock: times are arguments) and not safe for concurrent
-// use; its host (controlplane/decider) calls it under the routing lock, so
-// that "a worker has room" and "this request takes it" are one step.
-//
-// The policy, in order:
-//  1. Priority: a higher band is always offered first (strict priority).
-//  2. Fairness between the tenants of a band: the backlogged tenant with the
-//     least weighted tokens served goes first — the virtual token counter of
-//     "Fairness in Serving Large Language Models" (Sheng et al., OSDI 2024).
-//     Counting tokens rather than requests keeps long prompts from crowding
-//     others out. A tenant that becomes backlogged is lifted to the least
-//     counter among the band's backlogged tenants, so idle time is not saved
-//     up as credit to be spent in a burst later.
-//  3. Order within a tenant: earliest deadline first, where a request
-//     without a deadline of its own has its queue timeout as its deadline;
-//     for requests that all carry the same timeout that is first come,
-//     first served.
-//
-// Late binding: the queue never names a worker. Dispatch offers items in
-// policy order to a callback that tries to route each one (the cache-aware
-// choice among the workers with room) and says what became of it; an item
-// no worker with room can take is skipped, not blocking the ones behind it,
-// so no worker idles while a request it could serve waits (work-conserving).
 package flow
 
 import (

@@ -1,17 +1,3 @@
-// Package index is CART's prefix index: it remembers which workers were sent
-// which prompt prefixes, as chains of block hashes, and answers "who holds
-// the longest prefix of this prompt".
-//
-// It is pure decision state: no I/O, no goroutines, no clock (callers pass
-// the time in as an opaque int64, e.g. Unix nanoseconds), and no locking.
-// It never stores prompt text, only 64-bit hashes.
-//
-// Entries live in a slab with an intrusive LRU list, so touching, evicting
-// and inserting are O(1) per block and the match path allocates nothing.
-// Deeper blocks are always older than or as old as their ancestors in the
-// LRU order (a path is touched leaf-first, root-last), so eviction from the
-// tail removes leaves before the prefixes they extend and never leaves an
-// unreachable suffix behind a hole.
 package index
 
 import "math"

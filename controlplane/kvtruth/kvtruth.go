@@ -1,14 +1,3 @@
-// Package kvtruth feeds the engines' own KV-cache events (vLLM, SGLang; see
-// package kvevents) into the routing engine: a cleared cache drops the
-// worker's holdings at once, and the stored and removed blocks give the
-// engine's real occupancy, which the worker's modelled capacity follows
-// instead of a declared or learned guess. A stream that loses batches beyond
-// replay puts its worker back on the approximate index until the engine's
-// state is known again (its next cache clear or restart).
-//
-// It runs once per engine in the process that owns the index: the
-// all-in-one router, or the control-plane leader (never the data planes),
-// and stops with its context.
 package kvtruth
 
 import (

@@ -1,14 +1,3 @@
-// Package models keeps which models each worker serves — base models and
-// loaded LoRA adapters — so that a request is only routed to a worker that
-// can answer it, and /v1/models can answer for the whole pool.
-//
-// A worker's list is the union of the models declared for it in the
-// configuration (workers[].models, always taken as served: the operator's
-// word, and the only source for a worker whose /v1/models is unusable) and
-// the last list its /v1/models returned (learned on every health probe, so
-// an adapter loaded or unloaded at runtime is seen within one interval). A
-// failed fetch keeps the last learned list. A worker with neither has an
-// unknown list.
 package models
 
 import (

@@ -1,11 +1,3 @@
-// Package raftnode runs the control plane's Raft node: hashicorp/raft over
-// the replicated state machine of package state, with a WAL (or bolt) log, file
-// snapshots and an optionally mutually authenticated TLS transport.
-//
-// Writes go through Apply on the leader. The leader's services must start
-// only once everything committed by earlier leaders has been applied
-// locally, so the node reports leadership (IsLeader, the onLeadership
-// callback) only after a barrier in the new term.
 package raftnode
 
 import (

@@ -24,7 +24,7 @@ type upgradeMember struct {
 
 // The rolling upgrade from releases whose Raft handshake was keyed by the
 // cluster token (v1), on real TCP and disk, one node at a time as the
-// README's steps say:
+// docs/security.md's steps say:
 //
 //  1. old nodes (v1 only) and upgraded nodes with the transition setting
 //     (Raft token plus the cluster token accepted) form one cluster, led

@@ -1,9 +1,3 @@
-// Package service is the control plane's serving side: the Connect
-// handlers for RouterService and AdminService, and the leader's loops (the
-// placement batcher, the lease sweep, the health prober). Decisions, load
-// and tickets belong to the node's decider (controlplane/decider), which
-// answers at once; only the placements they produce go through Raft, in
-// batches, so a Route never waits for a disk sync.
 package service
 
 import (
@@ -91,8 +85,8 @@ type Core struct {
 
 	// models are the workers' model lists the leader's prober learned.
 	models *models.Registry
-	// responses is leader soft state with its own lock (see DESIGN.md,
-	// "Responses API"): which worker produced each stored response.
+	// responses is leader soft state with its own lock (see package
+	// affinity): which worker produced each stored response.
 	responses *affinity.Table[uint64]
 
 	batch    *batcher

@@ -1,12 +1,3 @@
-// Package state is the control plane's replicated state machine: the worker
-// set, the node directory and the prefix index, changed only by log
-// commands. It knows nothing of Raft (controlplane/raftnode adapts it) and
-// does no I/O beyond the snapshot streams it is handed.
-//
-// The engine it mutates belongs to the node's decider (controlplane/decider),
-// shared with the leader's router: every access runs inside the decider's
-// critical section (Decider.Do), so routing decisions and log applies
-// interleave but never overlap, and each hold is timed.
 package state
 
 import (

@@ -55,4 +55,42 @@
 // The answer's order (headers response held until the body is complete,
 // the body always sent back in 62,000-byte chunks, one chunk echoed per
 // response chunk, trailers answered): llm-d-router's pkg/epp/handlers.
+//
+// # Why a hook and not a second path
+//
+// cart epp answers a gateway's ext_proc streams (Gateway API Inference
+// Extension) with the worker to use instead of proxying. It is an all-in-one
+// router or a data plane whose HTTP listener is replaced by a gRPC server
+// (server.NewEPP); nothing about routing is its own. The alternative, an
+// exported "prepare" API the picker calls step by step, would have split the
+// proxy's straight line in two and let the two paths drift; the hook is one if
+// in forward plus picker.go. Whatever the handler answers itself becomes an
+// ImmediateResponse in the same JSON error shape (with Retry-After and
+// WWW-Authenticate), and the handler's deferred buffers and body budget are
+// released when they would be for a proxied request. Breakers hear of the
+// worker's status as for a proxied attempt; retries are the gateway's.
+//
+// # Fallbacks
+//
+// Fallbacks (epp.fallback_endpoints, default 0) are chosen by the picker from
+// the router's worker view (prefix candidate first, then least loaded, random
+// ties), not by the routing core: they carry no load until the served report
+// says one was used, which is why the default is none. ORIGINAL_DST, the
+// simplest Envoy wiring, reads one address anyway.
+//
+// # Active-active
+//
+// Pickers asking the control plane share its index and load view exactly as
+// data planes do: the e2e test measures the same hit ratio through one picker
+// as through one data plane, and through three pickers as through one.
+//
+// # Cost
+//
+// A request on the picker path is four to five gRPC messages each way on one
+// stream (headers, body, response headers, response body chunks, end) where
+// the proxy does one HTTP round trip to the worker:
+// bench/results/2026-12-07-epp measures the CPU and latency it adds.
+//
+// Configuration, the protocol as a gateway sees it, and Envoy wiring:
+// docs/endpoint-picker.md.
 package epp

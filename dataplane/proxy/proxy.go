@@ -1,9 +1,3 @@
-// Package proxy is the data plane's HTTP front: it reads and checks a
-// request, extracts its prompt key, asks a router.Router where to send it,
-// and streams the worker's answer back, retrying on another worker while no
-// byte has reached the client. The same Proxy runs in the all-in-one mode
-// (with an in-process router) and in a data plane (with the control-plane
-// client); it never knows which.
 package proxy
 
 import (

@@ -1,8 +1,3 @@
-// Package remote is the data plane's Router backed by the control plane:
-// every decision is asked of the Raft leader (one shared index and load
-// view for all data planes), and when the control plane is slow or
-// unreachable the data plane routes locally to its least-loaded usable
-// worker, so clients never see the control plane's trouble.
 package remote
 
 import (

@@ -1,7 +1,3 @@
-// Package server assembles a data-plane HTTP server from a configuration
-// and a router: the proxy, health checks, breakers, metrics, limits and
-// graceful shutdown. The all-in-one mode and the distributed data plane
-// both run through here; only the Router differs.
 package server
 
 import (

@@ -25,7 +25,7 @@ fi
 rm -rf "$dir/data" "$dir/logs"
 mkdir -p "$dir/data" "$dir/logs"
 # Three credentials, one per role, made once and readable only by this
-# user (README, Security).
+# user (docs/security.md).
 secret() {
   if [ ! -s "$dir/$1" ]; then
     (umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$dir/$1")

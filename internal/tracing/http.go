@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Span names CART uses; README "Tracing" lists them with their attributes.
+// Span names CART uses; docs/tracing.md lists them with their attributes.
 const (
 	SpanRequest  = "cart.request"  // server: one client request, start to last byte
 	SpanRoute    = "cart.route"    // internal: one routing decision
