@@ -131,6 +131,12 @@ type Decision struct {
 	// Waited is how long the request waited in the flow-control queue
 	// for a worker with room (0: it did not wait).
 	Waited time.Duration
+	// QueueDepth is how many requests were waiting in the flow-control
+	// queue when the decision was made (a request dispatched from it
+	// counts itself): while it is not 0, every
+	// completion frees room that a waiting request needs at once, so a
+	// data plane reports completions without batching them.
+	QueueDepth int
 }
 
 // Ticket is a decision's claim to settle: the unit of load it took on
@@ -255,7 +261,7 @@ func (d *Decider) choose(req Request, now time.Time) (Decision, error) {
 	dec := Decision{Decision: ed, Pinned: pinned, Ticket: Ticket{
 		Worker: ed.Worker, issuer: d, placed: ed.Placed, at: now,
 		keyLen: req.KeyLen, predicted: ed.ChosenChars, placedAgo: ed.PlacedAgo,
-	}}
+	}, QueueDepth: d.fq.Len()}
 	if p := ed.Prefill; p != nil {
 		dec.PrefillTicket = Ticket{Worker: p.Worker, issuer: d, placed: p.Placed, at: now,
 			keyLen: req.KeyLen, predicted: p.ChosenChars, placedAgo: p.PlacedAgo}

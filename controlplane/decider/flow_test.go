@@ -172,8 +172,12 @@ func TestDispatchOrderPriorityThenFairness(t *testing.T) {
 	} {
 		chans = append(chans, admitAsync(t, d, context.Background(), fmt.Sprint(a.Tenant, i), fmt.Sprint("p", i), a))
 	}
+	if first.QueueDepth != 0 {
+		t.Fatalf("a decision with nothing queued says %d wait", first.QueueDepth)
+	}
 	prev := first
 	var order []string
+	var depths []int
 	for range chans {
 		settleOK(t, d, prev)
 		got := false
@@ -186,6 +190,7 @@ func TestDispatchOrderPriorityThenFairness(t *testing.T) {
 						t.Fatal(r.err)
 					}
 					order = append(order, r.name)
+					depths = append(depths, r.dec.QueueDepth)
 					prev, got = r.dec, true
 				default:
 				}
@@ -202,6 +207,11 @@ func TestDispatchOrderPriorityThenFairness(t *testing.T) {
 	want := []string{"vip4", "calm3", "flood0", "flood1", "flood2"}
 	if fmt.Sprint(order) != fmt.Sprint(want) {
 		t.Fatalf("dispatch order %v, want %v", order, want)
+	}
+	// Each dispatched decision counts the queue it left, itself included:
+	// the data plane's sign that completions are needed at once.
+	if fmt.Sprint(depths) != "[5 4 3 2 1]" {
+		t.Fatalf("queue depths on the dispatched decisions %v, want [5 4 3 2 1]", depths)
 	}
 }
 

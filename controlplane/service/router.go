@@ -160,6 +160,7 @@ func (c *Core) decide(ctx context.Context, m *cartv1.RouteRequest, expired func(
 		Pinned:         d.Pinned,
 		AvoidIgnored:   d.AvoidIgnored,
 		WaitedMicros:   d.Waited.Microseconds(),
+		QueueDepth:     uint32(d.QueueDepth),
 		WorkerSource:   d.WorkerSource,
 	}, nil
 }

@@ -122,6 +122,11 @@ type Router struct {
 	firstRouteID uint64 // names this process to the leader
 	syncSeq      uint64
 	flushFailed  bool // the last flush's Complete call failed: no early flush until one works
+	// queueSeen is when (unix ns) an answer last said the leader's queue
+	// held requests: for queueSeenFor after it, a completion is flushed
+	// at once (each frees room a waiting request needs; batching it
+	// would leave that room idle for up to two FlushIntervals).
+	queueSeen    atomic.Int64
 	open         map[uint64]struct{}
 	sentTickets  map[uint64]int // ticket → reports in flight carrying it
 	sentAbandons map[uint64]int // route id → abandon reports in flight
@@ -381,6 +386,9 @@ func (r *Router) decideOnce(ctx context.Context, req *router.Request, start time
 			r.lat.add(target, time.Since(start))
 		}
 		if err == nil {
+			if queued || m.GetQueueDepth() > 0 {
+				r.queueSeen.Store(time.Now().UnixNano())
+			}
 			if r.flowOn() {
 				r.mu.Lock()
 				r.leaderIsBackLocked()
@@ -847,7 +855,8 @@ func (r *Router) Done(d router.Decision, o router.Outcome) {
 	}
 	failing := r.flushFailed
 	r.mu.Unlock()
-	if n >= flushAllAt && !failing {
+	queueing := n > 0 && time.Since(time.Unix(0, r.queueSeen.Load())) < queueSeenFor
+	if (n >= flushAllAt || queueing) && !failing {
 		select {
 		case r.flushNow <- struct{}{}:
 		default:
@@ -1028,12 +1037,17 @@ func (r *Router) fence(req *cartv1.SyncRequest) {
 // them must not make every Done send the few completions queued since.
 const flushAllAt = 256
 
+// queueSeenFor is how long after an answer that saw the leader's queue
+// hold requests completions are flushed one by one: answers keep coming
+// while the pool is saturated, so this only bounds the tail.
+const queueSeenFor = time.Second
+
 // flushKind says why flush runs.
 type flushKind int
 
 const (
 	flushTick  flushKind = iota // the interval: aged reports; what stays is aged from now on
-	flushFull                   // flushAllAt completions queued: all of them, no abandon report
+	flushFull                   // flushAllAt completions queued, or requests wait for room: all of them, no abandon report
 	flushFinal                  // the data plane stops: everything
 )
 

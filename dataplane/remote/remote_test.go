@@ -156,6 +156,37 @@ func TestCompletionsFlushWhenQueueFills(t *testing.T) {
 	testkit.WaitFor(t, 5*time.Second, "early flush", func() bool { _, all := cp.completions(); return len(all) >= 256 })
 }
 
+// While the leader's answers say requests wait in its queue, each
+// completion is reported at once: it frees room a waiting request needs,
+// and a batched report would leave that room idle until the next tick.
+// Without a queue the same completion waits for the tick (an hour here).
+func TestCompletionsFlushAtOnceWhileTheLeaderQueues(t *testing.T) {
+	cp := newFakeCP(t)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, FlushInterval: time.Hour})
+	run(t, r)
+	decide := func() router.Decision {
+		d, err := r.Decide(context.Background(), &router.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	calm := decide()
+	r.Done(calm, router.Outcome{Delivered: true})
+	cp.set(func(f *fakeCP) {
+		f.routeFn = func(*cartv1.RouteRequest) *cartv1.RouteResponse {
+			return &cartv1.RouteResponse{Worker: wA, Reason: "cache_miss", FromLeader: true, LeaderId: "n1", QueueDepth: 3}
+		}
+	})
+	busy := decide()
+	r.Done(busy, router.Outcome{Delivered: true})
+	testkit.WaitFor(t, 5*time.Second, "the completions reported", func() bool { _, all := cp.completions(); return len(all) == 2 })
+	calls, all := cp.completions()
+	if calls != 1 || all[0].GetTicket() != calm.Ticket.ID || all[1].GetTicket() != busy.Ticket.ID {
+		t.Fatalf("%d Complete calls carrying %v; want one call with both tickets (%d, %d), oldest first", calls, all, calm.Ticket.ID, busy.Ticket.ID)
+	}
+}
+
 // riderRig is a data plane on the Route stream to a fake leader that
 // says (or not) that it settles riders, with the flush left to the test.
 func riderRig(t *testing.T, settles bool) (*streamCP, *Router) {

@@ -1132,9 +1132,11 @@ type RouteResponse struct {
 	Queued bool `protobuf:"varint,17,opt,name=queued,proto3" json:"queued,omitempty"`
 	// How long the request waited in the leader's queue, in microseconds.
 	WaitedMicros int64 `protobuf:"varint,15,opt,name=waited_micros,json=waitedMicros,proto3" json:"waited_micros,omitempty"`
-	// A dry run that found every worker it may use saturated: queued is
-	// set (no worker is named) and queue_depth says how many requests wait
-	// in the leader's queue; a live request would wait there.
+	// How many requests wait in the leader's queue. On a dry run that found
+	// every worker it may use saturated, queued is set (no worker is named):
+	// a live request would wait there. On a decision, while it is not 0 the
+	// data plane reports its completions at once instead of batching them:
+	// each frees room a waiting request needs.
 	QueueDepth uint32 `protobuf:"varint,16,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
 	// The prefill leg of a split decision (reason pd), with its own ticket:
 	// its worker took a unit of load of its own and holds the prompt's
