@@ -197,6 +197,7 @@ func RunOverload(ctx context.Context, repoRoot, out string, c OverloadConfig, lo
 			}
 		}
 	}
+	res.Machine.LoadAvgEnd = LoadAvg()
 	return res, writeResults(out, res, FormatOverload(res))
 }
 

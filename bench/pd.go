@@ -123,6 +123,7 @@ func RunPD(ctx context.Context, repoRoot, out string, c PDConfig, log io.Writer)
 			}
 		}
 	}
+	res.Machine.LoadAvgEnd = LoadAvg()
 	return res, writeResults(out, res, FormatPD(res))
 }
 
