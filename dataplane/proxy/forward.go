@@ -245,7 +245,10 @@ func (p *Proxy) relay(sw *statusWriter, r *http.Request, c *call, resp *http.Res
 	sw.WriteHeader(resp.StatusCode)
 	if err := p.copyBody(sw, c, resp); err != nil {
 		_ = resp.Body.Close()
-		if !errors.Is(err, context.Canceled) && !sw.clientGone {
+		// A client that hangs up mid-answer ends the upstream read too
+		// (its context closes the worker's connection, which reads as an
+		// i/o timeout): that is the client's doing, not the worker's.
+		if !errors.Is(err, context.Canceled) && !sw.clientGone && r.Context().Err() == nil {
 			p.log.Warn("response body broke off", "request_id", c.id, "worker", c.final.Worker, "error", err.Error())
 		}
 		if r.Context().Value(http.ServerContextKey) != nil {

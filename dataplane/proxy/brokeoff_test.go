@@ -1,0 +1,85 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/dataplane/proxy"
+)
+
+// logBuffer is a log destination tests read while the proxy writes.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func withLog(l *logBuffer) rigOpt {
+	return func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
+		o.Logger = slog.New(slog.NewTextHandler(l, nil))
+	}
+}
+
+// "response body broke off" is a warning about a worker: a client that
+// hangs up mid-answer ends the upstream read too (its context closes the
+// worker's connection, read as an i/o timeout) and must not raise it; a
+// worker that cuts its answer must.
+func TestBrokeOffWarnsOfWorkersNotClients(t *testing.T) {
+	const chunk = "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n"
+	for range 5 { // the hang-up races the next upstream chunk: try it a few times
+		var logs logBuffer
+		a := newBackend(t, "a")
+		a.set(streamUntilGone(stopChan(t), chunk, 0))
+		r := newRig(t, []string{a.URL}, withLog(&logs))
+		ctx, cancel := context.WithCancel(context.Background())
+		resp, err := r.postCtx(ctx, chatBody("s", "endless", true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		resp.Body.Close()
+		r.waitLoadZero()
+		if strings.Contains(logs.String(), "broke off") {
+			t.Fatalf("a client's hang-up logged as the worker's fault:\n%s", logs.String())
+		}
+	}
+
+	var logs logBuffer
+	b := newBackend(t, "b")
+	b.set(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, chunk)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the worker dies mid-answer
+	})
+	r := newRig(t, []string{b.URL}, withLog(&logs))
+	resp := r.post("/v1/chat/completions", chatBody("s", "cut", true))
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	r.waitLoadZero()
+	if !strings.Contains(logs.String(), "response body broke off") {
+		t.Fatalf("a worker that cut its answer was not logged:\n%s", logs.String())
+	}
+}
