@@ -133,9 +133,9 @@ type Decision struct {
 	Waited time.Duration
 	// QueueDepth is how many requests were waiting in the flow-control
 	// queue when the decision was made (a request dispatched from it
-	// counts itself): while it is not 0, every
-	// completion frees room that a waiting request needs at once, so a
-	// data plane reports completions without batching them.
+	// counts itself): while it is not 0, every completion frees room a
+	// waiting request needs at once, so a data plane reports completions
+	// without batching them.
 	QueueDepth int
 }
 
