@@ -32,10 +32,12 @@ import (
 type OverloadConfig struct {
 	Replicas int `json:"replicas"`
 	// Seqs is each engine's batch limit; OutputTokens (the mean of a
-	// uniform spread of ±50%) and DecodeMsPerToken make a request's run
-	// time (~OutputTokens x DecodeMsPerToken, slowed by the batch).
+	// uniform spread of ±OutputSpread) and DecodeMsPerToken make a
+	// request's run time (~OutputTokens x DecodeMsPerToken, slowed by
+	// the batch).
 	Seqs              int     `json:"seqs"`
 	OutputTokens      int     `json:"output_tokens"`
+	OutputSpread      float64 `json:"output_spread"`
 	DecodeMsPerToken  float64 `json:"decode_ms_per_token"`
 	PrefillUsPerToken float64 `json:"prefill_us_per_token"`
 	// SystemTokens is the length of each tenant's shared system prompts
@@ -58,7 +60,7 @@ type OverloadConfig struct {
 // DefaultOverload is the issue's setup: two replicas of four sequences of
 // ~280 ms, a calm tenant at 2 chats/s, a flood of 32 in flight.
 func DefaultOverload() OverloadConfig {
-	return OverloadConfig{Replicas: 2, Seqs: 4, OutputTokens: 28, DecodeMsPerToken: 10, PrefillUsPerToken: 20,
+	return OverloadConfig{Replicas: 2, Seqs: 4, OutputTokens: 28, OutputSpread: 0.5, DecodeMsPerToken: 10, PrefillUsPerToken: 20,
 		SystemTokens: 512, Prompts: 8, CalmRate: 2, FloodConcurrency: 32,
 		Measure: 40 * time.Second, Warmup: 5 * time.Second,
 		Scenarios: []string{"flood", "priority", "two-floods", "shed"},
@@ -386,12 +388,15 @@ func (l *tenantLoad) run(ctx context.Context, from time.Time) {
 	var nmu sync.Mutex
 	next := func() uint64 { nmu.Lock(); defer nmu.Unlock(); n++; return n }
 	one := func() {
-		// Output lengths vary (uniform over ±50% of OutputTokens), as
-		// real answers do: a flood of equal lengths finishes in lockstep,
-		// and a calm request that just missed a batch of completions would
-		// wait for the whole next one.
+		// Output lengths vary (uniform over ±OutputSpread of
+		// OutputTokens, 50% by default), as real answers do: a flood of
+		// equal lengths finishes in lockstep, and a calm request that just
+		// missed a batch of completions would wait for the whole next one.
+		spread := min(max(l.c.OutputSpread, 0), 1)
+		lo := int(math.Round(float64(l.c.OutputTokens) * (1 - spread)))
+		hi := int(math.Round(float64(l.c.OutputTokens) * (1 + spread)))
 		l.mu.Lock()
-		tokens := max(1, l.c.OutputTokens/2+l.rng.IntN(l.c.OutputTokens+1))
+		tokens := max(1, lo+l.rng.IntN(hi-lo+1))
 		l.mu.Unlock()
 		r := l.send.Send(ctx, l.messages(next()), tokens, false)
 		if ctx.Err() != nil && r.Err != nil {
@@ -471,8 +476,8 @@ func (l *tenantLoad) figures(window time.Duration) TenantFigures {
 func FormatOverload(r *OverloadResult) string {
 	var b strings.Builder
 	c := r.Config
-	fmt.Fprintf(&b, "# Overload: a calm tenant under a flood\n\n%d replicas (cart-sim, --max-num-seqs %d, %d output tokens at %g ms/token), calm tenant %.1f streamed chats/s, flood %d in flight; windows of %s after a %s head start. \n\n%s\n",
-		c.Replicas, c.Seqs, c.OutputTokens, c.DecodeMsPerToken, c.CalmRate, c.FloodConcurrency, c.Measure, c.Warmup, MachineMarkdown(r.Machine))
+	fmt.Fprintf(&b, "# Overload: a calm tenant under a flood\n\n%d replicas (cart-sim, --max-num-seqs %d, %d ±%.0f%% output tokens at %g ms/token), calm tenant %.1f streamed chats/s, flood %d in flight; windows of %s after a %s head start. \n\n%s\n",
+		c.Replicas, c.Seqs, c.OutputTokens, 100*c.OutputSpread, c.DecodeMsPerToken, c.CalmRate, c.FloodConcurrency, c.Measure, c.Warmup, MachineMarkdown(r.Machine))
 	for _, sc := range c.Scenarios {
 		var runs []OverloadRun
 		for _, run := range r.Runs {
