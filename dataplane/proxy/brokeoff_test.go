@@ -2,38 +2,19 @@ package proxy_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
-// logBuffer is a log destination tests read while the proxy writes.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func withLog(l *logBuffer) rigOpt {
+func withLog(l *testkit.SyncBuffer) rigOpt {
 	return func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
 		o.Logger = slog.New(slog.NewTextHandler(l, nil))
 	}
@@ -46,7 +27,7 @@ func withLog(l *logBuffer) rigOpt {
 func TestBrokeOffWarnsOfWorkersNotClients(t *testing.T) {
 	const chunk = "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n"
 	for range 5 { // the hang-up races the next upstream chunk: try it a few times
-		var logs logBuffer
+		var logs testkit.SyncBuffer
 		a := newBackend(t, "a")
 		a.set(streamUntilGone(stopChan(t), chunk, 0))
 		r := newRig(t, []string{a.URL}, withLog(&logs))
@@ -66,7 +47,7 @@ func TestBrokeOffWarnsOfWorkersNotClients(t *testing.T) {
 		}
 	}
 
-	var logs logBuffer
+	var logs testkit.SyncBuffer
 	b := newBackend(t, "b")
 	b.set(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
