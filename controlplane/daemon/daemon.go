@@ -203,6 +203,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts ...tr
 		ResponseAffinityMax: cfg.Responses.MaxEntries,
 		SlowLeader: service.HandoverOptions{Enabled: cfg.ControlPlane.SlowLeaderHandover.Enabled, Threshold: cfg.ControlPlane.SlowLeaderHandover.Threshold(),
 			Window: cfg.ControlPlane.SlowLeaderHandover.Window(), MinInterval: cfg.ControlPlane.SlowLeaderHandover.MinInterval()},
+		WorkerWritesAfter: d.seeded, // nil unless bootstrapping: no wait
 	}, d.Dec, d.St)
 	if len(kvtruth.SourcesFrom(cfg)) > 0 {
 		kvLoop = d.kvLeaderLoop(kvtruth.NewMetrics(d.Core.Registry()))

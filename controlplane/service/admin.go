@@ -131,6 +131,9 @@ func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv
 	if resp, done, err := forwardWrite(withActor(ctx, who), c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.AddWorker); done {
 		return resp, err
 	}
+	if err := c.seedDecided(ctx); err != nil {
+		return nil, err
+	}
 	spec, err := toSpec(req.Msg.GetWorker())
 	if err != nil {
 		return nil, err
@@ -146,6 +149,20 @@ func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv
 		return nil, err
 	}
 	return connect.NewResponse(&cartv1.AddWorkerResponse{Worker: w}), nil
+}
+
+// seedDecided waits until the config's workers are seeded, or it was
+// decided not to seed them (Options.WorkerWritesAfter).
+func (c *Core) seedDecided(ctx context.Context) error {
+	if c.o.WorkerWritesAfter == nil {
+		return nil
+	}
+	select {
+	case <-c.o.WorkerWritesAfter:
+		return nil
+	case <-ctx.Done():
+		return connect.NewError(connect.CodeUnavailable, errors.New("the worker set is still being seeded from this node's config; try again"))
+	}
 }
 
 // upsertWorker commits spec and returns the worker as the applied log
@@ -164,6 +181,9 @@ func (h *AdminHandler) UpdateWorker(ctx context.Context, req *connect.Request[ca
 	who := c.actor(req.Peer().Addr, req.Header())
 	if resp, done, err := forwardWrite(withActor(ctx, who), c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.UpdateWorker); done {
 		return resp, err
+	}
+	if err := c.seedDecided(ctx); err != nil {
+		return nil, err
 	}
 	spec, err := toSpec(req.Msg.GetWorker())
 	if err != nil {
@@ -190,6 +210,9 @@ func (h *AdminHandler) RemoveWorker(ctx context.Context, req *connect.Request[ca
 	who := c.actor(req.Peer().Addr, req.Header())
 	if resp, done, err := forwardWrite(withActor(ctx, who), c, req, (*forwarder).adminTo, cartv1connect.AdminServiceClient.RemoveWorker); done {
 		return resp, err
+	}
+	if err := c.seedDecided(ctx); err != nil {
+		return nil, err
 	}
 	u, err := config.NormalizeWorkerURL(req.Msg.GetUrl())
 	if err != nil {

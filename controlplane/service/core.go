@@ -67,6 +67,11 @@ type Options struct {
 	// MaxSyncAnswerBytes is the largest Sync answer the leader sends: the
 	// data planes' read limit (0 = cpclient.MaxAnswerBytes).
 	MaxSyncAnswerBytes int
+	// WorkerWritesAfter, when set, is closed once this node (bootstrapping
+	// a new cluster) has seeded the worker set from its config or decided
+	// not to. Admin worker writes wait for it: one applied first would make
+	// the seed see a worker history and skip the config's workers.
+	WorkerWritesAfter <-chan struct{}
 }
 
 // Core is one control-plane node's service state.

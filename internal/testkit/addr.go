@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -20,12 +21,18 @@ import (
 // at once as the source port of any outgoing connection, and a cluster of
 // child processes makes many: a node then failed to bind its Raft port
 // ("address already in use") in a full test run. Below the range only
-// another test's random choice can take it.
+// another test's random choice can take it, and within one test binary
+// not even that: a port is handed out once (two nodes of one cluster were
+// once given the same Raft port).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	if lo, ok := ephemeralLow(); ok && lo > minTestPort+1000 {
 		for range 100 {
-			addr := fmt.Sprintf("127.0.0.1:%d", minTestPort+rand.IntN(lo-minTestPort))
+			port := minTestPort + rand.IntN(lo-minTestPort)
+			if _, taken := handedOut.LoadOrStore(port, true); taken {
+				continue
+			}
+			addr := fmt.Sprintf("127.0.0.1:%d", port)
 			if ln, err := net.Listen("tcp", addr); err == nil {
 				_ = ln.Close()
 				return addr
@@ -39,6 +46,10 @@ func FreeAddr(t testing.TB) string {
 	defer ln.Close()
 	return ln.Addr().String()
 }
+
+// handedOut are the ports FreeAddr returned (or found busy) in this
+// process.
+var handedOut sync.Map
 
 // minTestPort keeps test servers off the well-known and common service
 // ports.
