@@ -143,13 +143,11 @@ func TestLeaderKillAndFullRestart(t *testing.T) {
 	}
 }
 
-// waitWorkers waits until every node lists exactly want as its workers:
-// 30 s, since the whole suite running beside three nodes on two cores
-// once kept a node's list short for 10 s.
+// waitWorkers waits until every node lists exactly want as its workers.
 func waitWorkers(t *testing.T, nodes []*node, want []string, what string) {
 	t.Helper()
 	for _, n := range nodes {
-		n.WaitFor(t, 30*time.Second, what, func() (bool, string) {
+		n.WaitFor(t, 10*time.Second, what, func() (bool, string) {
 			got := workerURLs(t, n.url())
 			return equalSets(got, want), fmt.Sprint(got)
 		})
