@@ -19,14 +19,15 @@ import (
 )
 
 // holdFirstCall makes the next message r's stream sends, once armed, wait
-// until n calls queued behind it, so that the test knows they are ready
-// together. Set before r runs.
+// until n Route calls are in it or queued behind it, so that the test
+// knows they are ready together (the held message may already carry
+// more than one). Set before r runs.
 func holdFirstCall(t *testing.T, r *Router, n int) *atomic.Bool {
 	var armed atomic.Bool
-	r.streams.flushHook = func(queued func() int) {
+	r.streams.flushHook = func(calls func() int) {
 		if armed.CompareAndSwap(true, false) {
-			if ok, _ := testkit.Poll(10*time.Second, func() (bool, string) { return queued() >= n, "" }); !ok {
-				t.Errorf("%d calls queued, want %d", queued(), n)
+			if ok, _ := testkit.Poll(10*time.Second, func() (bool, string) { return calls() >= n, "" }); !ok {
+				t.Errorf("%d calls in the held message or queued, want %d", calls(), n)
 			}
 		}
 	}
@@ -56,7 +57,7 @@ func TestStreamBatchesCallsToBatchingLeader(t *testing.T) {
 	cp, _ := newStreamCP(t)
 	cp.batches = true
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, RouteTimeout: 10 * time.Second})
-	armed := holdFirstCall(t, r, n-1)
+	armed := holdFirstCall(t, r, n)
 	run(t, r)
 	streamLive(t, r, cp.url)
 	if !r.streams.live(cp.url).batches {
@@ -76,7 +77,7 @@ func TestStreamOneCallPerMessageToOldLeader(t *testing.T) {
 	const n = 16
 	cp, _ := newStreamCP(t)
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, RouteTimeout: 10 * time.Second})
-	armed := holdFirstCall(t, r, n-1)
+	armed := holdFirstCall(t, r, n)
 	run(t, r)
 	streamLive(t, r, cp.url)
 	if r.streams.live(cp.url).batches {
@@ -104,7 +105,7 @@ func TestStreamReadsBatchedAnswers(t *testing.T) {
 	cp.helloExtra = []*cartv1.StreamResponse{placed(early, wA)}
 	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true, RouteTimeout: 10 * time.Second,
 		PlacementFeed: true, Shadow: testShadow, BlockChars: shadowBlockChars})
-	armed := holdFirstCall(t, r, n-1)
+	armed := holdFirstCall(t, r, n)
 	run(t, r)
 	streamLive(t, r, cp.url)
 	armed.Store(true)
@@ -131,7 +132,7 @@ func TestStreamBatchingWithRealLeader(t *testing.T) {
 			var c msgCounter
 			r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, RouteStream: true, RouteTimeout: 10 * time.Second, Interceptors: c.interceptors()})
 			r.streams.noBatch = old
-			armed := holdFirstCall(t, r, n-1)
+			armed := holdFirstCall(t, r, n)
 			run(t, r)
 			streamLive(t, r, cp.url)
 			if err := r.SyncOnce(context.Background()); err != nil {

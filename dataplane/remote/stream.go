@@ -84,7 +84,7 @@ type routeStream struct {
 	// queues: the leader holds a flow-control queue and answers a queued
 	// Route call with an interim answer first (its hello answer said so).
 	queues    bool
-	flushHook func(queued func() int) // tests only: runs before each message sent
+	flushHook func(calls func() int) // tests only: runs before each message sent, told the Route calls in it and queued behind it
 
 	// feed queues the leader's placement feed for the shadow; nil: not
 	// asked for. Frames are applied off the receiving goroutine, so that
@@ -145,7 +145,13 @@ func (s *routeStream) brokenErr() error {
 // others in more.
 func (s *routeStream) flush(b []*cartv1.StreamRequest) error {
 	if s.flushHook != nil {
-		s.flushHook(s.out.Queued)
+		calls := 0
+		for _, m := range b {
+			if m.GetRoute() != nil {
+				calls++
+			}
+		}
+		s.flushHook(func() int { return calls + s.out.Queued() })
 	}
 	// A Route whose caller gave up while it waited in the queue is not
 	// sent: the leader would decide, and place, for an answer nobody
@@ -310,7 +316,7 @@ type streamer struct {
 	maxInFlight int
 	kick        chan struct{}           // the target may have changed
 	tracer      cpclient.StreamTracer   // traces the Route calls it carries; nil: off
-	flushHook   func(queued func() int) // tests only: see routeStream.flushHook
+	flushHook   func(calls func() int)  // tests only: see routeStream.flushHook
 	// retryHook (tests only) is told of each wait before a redial, and
 	// whether the control-plane breaker was open then.
 	retryHook func(wait time.Duration, breakerOpen bool)
