@@ -314,9 +314,9 @@ func (s *routeStream) forget(id uint64) {
 type streamer struct {
 	r           *Router
 	maxInFlight int
-	kick        chan struct{}           // the target may have changed
-	tracer      cpclient.StreamTracer   // traces the Route calls it carries; nil: off
-	flushHook   func(calls func() int)  // tests only: see routeStream.flushHook
+	kick        chan struct{}          // the target may have changed
+	tracer      cpclient.StreamTracer  // traces the Route calls it carries; nil: off
+	flushHook   func(calls func() int) // tests only: see routeStream.flushHook
 	// retryHook (tests only) is told of each wait before a redial, and
 	// whether the control-plane breaker was open then.
 	retryHook func(wait time.Duration, breakerOpen bool)
