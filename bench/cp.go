@@ -291,9 +291,9 @@ func (c *causeCounter) take() map[string]int {
 	return m
 }
 
-// routeOnce is one data-plane decision, settled at once (the Route load
+// decideOnce is one data-plane decision, settled at once (the Route load
 // is what is measured, not the workers).
-func routeOnce(ctx context.Context, r *remote.Router, req *router.Request, n uint64) cpSample {
+func decideOnce(ctx context.Context, r *remote.Router, req *router.Request, n uint64) cpSample {
 	t0 := time.Now()
 	d, err := r.Decide(ctx, req)
 	s := cpSample{lat: time.Since(t0)}
@@ -329,7 +329,7 @@ func runOpenLoop(ctx context.Context, dps []*remote.Router, wl *cpWorkload, rate
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s := routeOnce(ctx, dps[i%len(dps)], wl.next(), uint64(i))
+			s := decideOnce(ctx, dps[i%len(dps)], wl.next(), uint64(i))
 			s.sent = time.Duration(i) * interval
 			samples[i] = s
 		}()
@@ -351,7 +351,7 @@ func runClosedLoop(ctx context.Context, dps []*remote.Router, wl *cpWorkload, co
 			r := dps[g%len(dps)]
 			for i := uint64(0); time.Now().Before(deadline) && ctx.Err() == nil; i++ {
 				sent := time.Since(start)
-				s := routeOnce(ctx, r, wl.next(), i)
+				s := decideOnce(ctx, r, wl.next(), i)
 				s.sent = sent
 				per[g] = append(per[g], s)
 			}

@@ -30,7 +30,7 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 	if c.routed {
 		req.Endpoint, req.Hashes, req.KeyLen, req.Session = c.endpoint, c.hashes, c.keyLen, c.session
 	}
-	d, err := p.routeCall(ctx, c, req)
+	d, err := p.decide(ctx, c, req)
 	if err == nil && d.AvoidIgnored {
 		p.log.Warn("every usable worker has an open circuit breaker; sending a trial request anyway", "request_id", c.id, "worker", d.Worker)
 	}

@@ -186,10 +186,10 @@ func (d *pdCall) disagg() router.Disagg {
 	return router.DisaggPair
 }
 
-// routeCall asks the router for req's decision. A decode leg that no
+// decide asks the router for req's decision. A decode leg that no
 // decode worker can take now is given up on: the request is routed afresh,
 // to be computed again, split or whole.
-func (p *Proxy) routeCall(ctx context.Context, c *call, req *router.Request) (router.Decision, error) {
+func (p *Proxy) decide(ctx context.Context, c *call, req *router.Request) (router.Decision, error) {
 	d, err := p.o.Router.Decide(ctx, req)
 	if err != nil && req.Disagg == router.DisaggDecode && errors.Is(err, router.ErrUnavailable) {
 		c.pd.kv, c.pd.decode = nil, nil

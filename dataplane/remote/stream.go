@@ -646,7 +646,7 @@ func (r *Router) askLeader(ctx context.Context, target string, st *routeStream, 
 	return resp, err
 }
 
-// askLeaderQueued is routeCall for a call that may wait in the leader's
+// askLeaderQueued is askLeader for a call that may wait in the leader's
 // queue (see doQueued); wait is nil for a unary call.
 func (r *Router) askLeaderQueued(ctx, wait context.Context, target string, st *routeStream, m *cartv1.RouteRequest) (_ *cartv1.RouteResponse, queued bool, _ error) {
 	if st != nil {
