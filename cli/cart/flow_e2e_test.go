@@ -120,8 +120,11 @@ workers:
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = json.NewDecoder(resp.Body).Decode(&view)
+	err = json.NewDecoder(resp.Body).Decode(&view)
 	resp.Body.Close()
+	if err != nil || len(view.Workers) != 2 {
+		t.Fatalf("GET /workers: %v, %+v; want both workers", err, view)
+	}
 	for _, w := range view.Workers {
 		if w.ConcurrencyLimit != 2 {
 			t.Fatalf("worker %s: learned concurrency %d, want the engine's 2 (%+v)", w.URL, w.ConcurrencyLimit, view)
@@ -136,8 +139,8 @@ workers:
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
-	if m := metrics(); !strings.Contains(m, "cart_flow_enqueued_total") || strings.Contains(m, "cart_flow_enqueued_total 0\n") {
-		t.Fatalf("nothing waited in CART's queue:\n%s", grepLines(m, "cart_flow_"))
+	if v, found, err := testkit.MetricSample(nil, base+"/metrics", "cart_flow_enqueued_total"); err != nil || !found || v == 0 {
+		t.Fatalf("nothing waited in CART's queue (cart_flow_enqueued_total %v, found %v, %v):\n%s", v, found, err, grepLines(metrics(), "cart_flow_"))
 	}
 
 	// Saturated again: the sheddable tenant is refused at once with 429.
@@ -167,8 +170,9 @@ workers:
 		t.Fatalf("sheddable request on a saturated pool: %d %s, want 429 request_shed", c, body)
 	}
 
-	// Idle past several maintenance, health and scrape cycles, then serve.
-	time.Sleep(time.Second)
+	// Idle past maintenance passes (and the health and scrape cycles
+	// within them), then serve.
+	idlePastMaintenance(t, p, base+"/metrics", time.Second)
 	if !p.Running() {
 		t.Fatalf("cart exited while idle:\n%s", p.Log.String())
 	}
