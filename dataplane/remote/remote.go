@@ -451,11 +451,13 @@ func (r *Router) decideOnce(ctx context.Context, req *router.Request, start time
 			return router.Decision{}, false, ctx.Err() // the client left; nothing to route
 		}
 		if connect.CodeOf(err) == connect.CodeResourceExhausted {
-			if !queue && r.flowOn() && r.streams != nil && !req.DryRun && isSaturated(err) {
+			if st == nil && r.flowOn() && r.streams != nil && !req.DryRun && isSaturated(err) {
 				// A unary call while the stream is down (reconnecting
 				// after a leader change) could not wait in the queue:
 				// wait for the stream, then ask again, rather than turn a
-				// request that should wait into a 503.
+				// request that should wait into a 503. A live stream to a
+				// leader that does not queue (flow control off there, or
+				// an older release) will not start to: 503 at once.
 				if r.waitStream(ctx, r.queueDeadline(req)) {
 					return router.Decision{}, true, err
 				}

@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/service"
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -310,5 +311,29 @@ func TestStreamRetriesWhenALeaderAnswers(t *testing.T) {
 	streamLive(t, r, cp.url)
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("the stream came back %v after the leader answered; want within about a sync interval", d)
+	}
+}
+
+// A data plane with flow control on, on a live stream to a leader that
+// does not queue (flow control off there, or an older release): a
+// saturated pool is a 503 at once. Waiting for a queueing stream that
+// will not come would hold every request until its queue deadline.
+func TestSaturatedWithoutALeaderQueueIsAnswerAtOnce(t *testing.T) {
+	cp, _ := newStreamCP(t)
+	cp.routeErr = connect.NewError(connect.CodeResourceExhausted, engine.ErrAllSaturated)
+	r := newTestRouter(t, Options{ControlPlanes: []string{cp.url}, BootWorkers: boot, RouteStream: true,
+		Flow: FlowOptions{On: true, QueueTimeout: 10 * time.Second}})
+	run(t, r)
+	streamLive(t, r, cp.url)
+	if r.streams.live(cp.url).queues {
+		t.Fatal("the fake leader declared a queue")
+	}
+	start := time.Now()
+	_, err := r.Decide(context.Background(), &router.Request{Model: "m"})
+	if !errors.Is(err, router.ErrUnavailable) {
+		t.Fatalf("saturated pool: %v, want unavailable", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the answer took %v: it waited for a queue the leader does not hold", took)
 	}
 }
