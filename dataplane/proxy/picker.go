@@ -96,6 +96,10 @@ func (p *Proxy) pick(w http.ResponseWriter, r *http.Request, c *call, o *PickOpt
 		c.failed = append(c.failed, o.Exclude()...)
 	}
 	c.attempts = 1
+	// One endpoint is the whole answer: the two legs of a split request
+	// are the proxy's to run, so a picker routes every request whole (a
+	// split decision's prefill ticket would never be settled).
+	c.pd.on = false
 	ctx := r.Context()
 	a, err := p.begin(ctx, c)
 	if err != nil {
