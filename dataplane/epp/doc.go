@@ -20,11 +20,13 @@
 // recorded and sent as an ImmediateResponse, in the proxy's error shape.
 //
 // The body reaches the handler through a feed (feed.go) the stream's
-// goroutine appends the gateway's chunks to without ever waiting: that
-// goroutine must go on reading the stream to notice a reset while the
-// handler waits in flow control's queue. The feed keeps at most
-// proxy.max_body_bytes + 1 bytes, so a peer cannot grow it past what the
-// handler refuses anyway.
+// goroutine appends the gateway's chunks to. The feed holds at most a
+// window (256 KiB) the handler has not read: past it the stream's
+// goroutine waits, so gRPC's flow control holds the gateway back, and the
+// body's memory is counted where the proxy counts it, in the handler's
+// read (proxy.max_inflight_body_bytes). A reset still ends the wait (the
+// stream's context), and once the handler has returned or picked, the
+// rest of the body is dropped (the pick carries the body it read).
 //
 // # Message order
 //

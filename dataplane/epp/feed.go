@@ -2,54 +2,79 @@ package epp
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"sync"
 )
 
 // feed is the request body as the proxy's handler reads it: the chunks
-// the gateway streams, appended by the stream's goroutine, which never
-// waits for the reader (it must go on reading the gRPC stream, to see a
-// reset). What it holds is bounded: past limit bytes it keeps nothing
-// more, and the reader, having seen more than the proxy accepts, answers
-// 413 (or, with a Content-Length, stops reading at that length anyway).
+// the gateway streams, appended by the stream's goroutine. It holds at
+// most feedWindow unread bytes (plus the one chunk that crossed it): past
+// that the stream's goroutine waits for the handler to read, so gRPC's
+// flow control holds the gateway back and the body's memory is counted
+// where the proxy counts it, in the handler's read (max_inflight_body_bytes).
+// Past limit bytes in all it keeps nothing more, and the reader, having
+// seen more than the proxy accepts, answers 413 (or, with a
+// Content-Length, stops reading at that length anyway).
 type feed struct {
-	mu     sync.Mutex
-	ready  chan struct{} // a value when something changed
-	chunks [][]byte
-	total  int64
-	limit  int64
-	done   bool  // end of the body
-	err    error // the stream ended before the body did
+	mu       sync.Mutex
+	ready    chan struct{} // a value when something changed for the reader
+	space    chan struct{} // a value when something changed for the writer
+	chunks   [][]byte
+	buffered int64 // bytes in chunks
+	total    int64
+	limit    int64
+	done     bool  // end of the body
+	closed   bool  // the reader is done with it: chunks are dropped
+	err      error // the stream ended before the body did
 }
+
+// feedWindow is how much of a body the feed holds for a reader that has
+// not read it yet.
+const feedWindow = 256 << 10
 
 func newFeed(limit int64) *feed {
-	return &feed{ready: make(chan struct{}, 1), limit: limit}
+	return &feed{ready: make(chan struct{}, 1), space: make(chan struct{}, 1), limit: limit}
 }
 
-func (f *feed) wake() {
+func signal(c chan struct{}) {
 	select {
-	case f.ready <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
 
-// write adds a chunk. The chunk is the feed's from now on (gRPC decodes
-// every message into fresh memory).
-func (f *feed) write(b []byte) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.done || f.err != nil || len(b) == 0 {
-		return
+// write adds a chunk, waiting while the reader is a window behind, until
+// ctx ends (the stream is gone). The chunk is the feed's from now on
+// (gRPC decodes every message into fresh memory).
+func (f *feed) write(ctx context.Context, b []byte) error {
+	for {
+		f.mu.Lock()
+		if f.done || f.closed || f.err != nil || len(b) == 0 {
+			f.mu.Unlock()
+			return nil
+		}
+		if f.buffered < feedWindow {
+			if room := f.limit + 1 - f.total; room < int64(len(b)) {
+				b = b[:max(room, 0)]
+			}
+			f.total += int64(len(b))
+			if len(b) > 0 {
+				f.chunks = append(f.chunks, b)
+				f.buffered += int64(len(b))
+			}
+			f.mu.Unlock()
+			signal(f.ready)
+			return nil
+		}
+		f.mu.Unlock()
+		select {
+		case <-f.space:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	if room := f.limit + 1 - f.total; room < int64(len(b)) {
-		b = b[:max(room, 0)]
-	}
-	f.total += int64(len(b))
-	if len(b) > 0 {
-		f.chunks = append(f.chunks, b)
-	}
-	f.wake()
 }
 
 // close ends the body (end_of_stream, or trailers).
@@ -57,7 +82,7 @@ func (f *feed) close() {
 	f.mu.Lock()
 	f.done = true
 	f.mu.Unlock()
-	f.wake()
+	signal(f.ready)
 }
 
 // abort ends it with err (the stream is gone).
@@ -67,7 +92,8 @@ func (f *feed) abort(err error) {
 		f.err = err
 	}
 	f.mu.Unlock()
-	f.wake()
+	signal(f.ready)
+	signal(f.space)
 }
 
 // Read implements io.Reader for the handler.
@@ -82,7 +108,9 @@ func (f *feed) Read(p []byte) (int, error) {
 			} else {
 				f.chunks[0] = f.chunks[0][n:]
 			}
+			f.buffered -= int64(n)
 			f.mu.Unlock()
+			signal(f.space)
 			return n, nil
 		}
 		done, err := f.done, f.err
@@ -97,11 +125,14 @@ func (f *feed) Read(p []byte) (int, error) {
 	}
 }
 
-// Close implements io.Closer: the handler is done with the body.
+// Close implements io.Closer: the handler is done with the body (it
+// returned, or it picked: the pick carries the body it read). What comes
+// after is dropped, and a writer waiting for room goes on.
 func (f *feed) Close() error {
 	f.mu.Lock()
-	f.chunks = nil
+	f.chunks, f.buffered, f.closed = nil, 0, true
 	f.mu.Unlock()
+	signal(f.space)
 	return nil
 }
 

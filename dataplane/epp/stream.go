@@ -110,12 +110,20 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) error {
 	}
 	r = r.WithContext(proxy.WithPicker(st.ctx, proxy.PickOptions{
 		Exclude: st.exclude,
-		Picked:  func(pk *proxy.Pick) { st.picked <- pickResult{pk} },
+		Picked: func(pk *proxy.Pick) {
+			if st.feed != nil {
+				st.feed.Close() // the pick carries the body the handler read
+			}
+			st.picked <- pickResult{pk}
+		},
 	}))
 	st.handled = make(chan struct{})
 	st.running = st.handled
 	go func() {
 		defer close(st.running)
+		if st.feed != nil {
+			defer st.feed.Close()
+		}
 		st.s.o.Handler.ServeHTTP(&st.rec, r)
 	}()
 	return nil
@@ -139,7 +147,9 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 	if st.in == nil || st.reqDone {
 		return errf("request body outside a request (before its headers, or after its end)")
 	}
-	st.feed.write(b.GetBody())
+	if st.feed.write(st.ctx, b.GetBody()) != nil {
+		return nil // the stream is gone: the loop sees its context end
+	}
 	if b.GetEndOfStream() {
 		st.feed.close()
 		st.reqDone = true
