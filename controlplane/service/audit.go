@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"crypto/subtle"
 	"fmt"
 	"net/http"
 	"strings"
@@ -35,9 +34,9 @@ func (c *Core) actor(peer string, h http.Header) string {
 	role := "no token"
 	if got, ok := credential.BearerToken(h); ok {
 		switch {
-		case c.o.AdminToken != "" && subtle.ConstantTimeCompare([]byte(got), []byte(c.o.AdminToken)) == 1:
+		case c.o.AdminToken != "" && credential.Equal(got, c.o.AdminToken):
 			role = "admin token"
-		case c.o.Token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(c.o.Token)) == 1:
+		case c.o.Token != "" && credential.Equal(got, c.o.Token):
 			role = "cluster token"
 		default:
 			role = "unrecognised token"
