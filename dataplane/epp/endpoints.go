@@ -2,7 +2,6 @@ package epp
 
 import (
 	"cmp"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"net/url"
@@ -121,8 +120,9 @@ type choice struct {
 // the decision choose another, then the least loaded (load plus penalty,
 // ties in random order so that pickers do not all name the same one),
 // among the healthy, undrained workers below their max_load that the
-// decision could have named.
-func (p *pool) fallbacks(c choice, rnd *rand.Rand) []string {
+// decision could have named. shuffle orders the ties (rand.Shuffle; a
+// seeded one in tests).
+func (p *pool) fallbacks(c choice, shuffle func(n int, swap func(i, j int))) []string {
 	if c.N <= 0 {
 		return nil
 	}
@@ -153,7 +153,7 @@ func (p *pool) fallbacks(c choice, rnd *rand.Rand) []string {
 		}
 		cs = append(cs, cand{w.URL, w.Load + w.LoadPenalty})
 	}
-	rnd.Shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
+	shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
 	slices.SortStableFunc(cs, func(a, b cand) int { return cmp.Compare(a.load, b.load) })
 	out := make([]string, 0, c.N)
 	if first != "" {

@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"sync"
-	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -46,9 +44,6 @@ type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	o Options
 
-	rngMu sync.Mutex
-	rng   *rand.Rand
-
 	// readers are the goroutines reading the streams: a stream's Recv
 	// returns only after Process has returned, so Wait (after the gRPC
 	// server has stopped) is what makes sure none is left.
@@ -63,7 +58,7 @@ func New(o Options) *Server {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
-	return &Server{o: o, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0xe99))}
+	return &Server{o: o}
 }
 
 // Wait returns once every stream's reader has ended; call it after the

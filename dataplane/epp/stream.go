@@ -2,6 +2,7 @@ package epp
 
 import (
 	"context"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"sync"
@@ -183,17 +184,12 @@ func (st *stream) answer() error {
 	}
 	o := &st.s.o
 	st.mu.Lock()
-	p := st.pool
+	p := st.pool // set by exclude, which the proxy calls before it picks
 	st.mu.Unlock()
-	if p == nil {
-		p = newPool(o.Workers())
-	}
 	var fb []string
 	if !pk.Pinned {
-		st.s.rngMu.Lock()
 		fb = p.fallbacks(choice{Primary: pk.Worker, Candidate: pk.Candidate, Exclude: pk.Exclude, Avoid: pk.Avoid, N: o.Fallbacks,
-			SameKey: func(w string) bool { return o.WorkerKey == nil || o.WorkerKey(w) == pk.WorkerKey }}, st.s.rng)
-		st.s.rngMu.Unlock()
+			SameKey: func(w string) bool { return o.WorkerKey == nil || o.WorkerKey(w) == pk.WorkerKey }}, rand.Shuffle)
 	}
 	dest, ok := p.answer(pk.Worker, fb)
 	if !ok {
@@ -256,9 +252,6 @@ func (st *stream) servedBy(addr string) {
 	st.mu.Lock()
 	p := st.pool
 	st.mu.Unlock()
-	if p == nil {
-		p = newPool(st.s.o.Workers())
-	}
 	if w := p.worker(addr); w != st.pick.Worker {
 		st.s.o.Metrics.ServedElsewhere.Inc()
 		st.pick.ServedBy(w)
