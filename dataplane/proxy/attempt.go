@@ -57,10 +57,7 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 		// A router that knows a worker this data plane has not synced yet
 		// may pick it despite the exclusions: the response lives on the pin
 		// only, and any other replica would answer 404.
-		a.settle(undelivered)
-		if a.pre != nil {
-			a.pre.settle(undelivered)
-		}
+		a.settle(undelivered) // never split: a request naming a response goes whole
 		return nil, apierr.New(http.StatusServiceUnavailable, apierr.TypeServer, "response_replica_unavailable",
 			"the replica holding %s cannot take requests right now; retry later", truncate(c.responseID, maxResponseIDLen))
 	}

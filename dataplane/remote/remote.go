@@ -345,7 +345,7 @@ func (r *Router) decideOnce(ctx context.Context, req *router.Request, start time
 			// second for the leader's own 429 to arrive first.
 			wait, waitCancel = context.WithDeadline(ctx, r.queueDeadline(req).Add(time.Second))
 		}
-		m, queued, err := r.askLeaderQueued(rctx, wait, target, st, &cartv1.RouteRequest{
+		m, queued, err := r.askLeader(rctx, wait, target, st, &cartv1.RouteRequest{
 			Endpoint: req.Endpoint, Model: req.Model, BlockHashes: hashes, KeyLength: uint32(req.KeyLen),
 			DataplaneId: r.o.ID, ExcludeWorkers: req.Exclude, AvoidWorkers: req.Avoid, DryRun: req.DryRun, RequestId: req.ID, SessionKey: req.Session,
 			RouteId: routeID, ResponseIdHash: responseHash(req.ResponseID), TenantHash: tenantHash(req), Completions: riders,

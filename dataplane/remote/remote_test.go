@@ -430,7 +430,7 @@ func TestRidersNeverGoUnary(t *testing.T) {
 	before := cp.routeCount()
 	close(cp.kill)
 	testkit.WaitFor(t, 10*time.Second, "the stream to end", func() bool { return r.streams.live(cp.url) == nil })
-	_, err := r.askLeader(context.Background(), cp.url, st, &cartv1.RouteRequest{RequestId: wA, Completions: riders})
+	_, _, err := r.askLeader(context.Background(), nil, cp.url, st, &cartv1.RouteRequest{RequestId: wA, Completions: riders})
 	if err == nil {
 		t.Fatal("a call on an ended stream succeeded")
 	}

@@ -641,14 +641,9 @@ func answer[T any](m *cartv1.StreamResponse, get func(*cartv1.StreamResponse) *T
 
 // askLeader is Route on st, the stream to target the caller found live
 // (it may have ended since: the call then fails), or unary when st is nil.
-func (r *Router) askLeader(ctx context.Context, target string, st *routeStream, m *cartv1.RouteRequest) (*cartv1.RouteResponse, error) {
-	resp, _, err := r.askLeaderQueued(ctx, nil, target, st, m)
-	return resp, err
-}
-
-// askLeaderQueued is askLeader for a call that may wait in the leader's
-// queue (see doQueued); wait is nil for a unary call.
-func (r *Router) askLeaderQueued(ctx, wait context.Context, target string, st *routeStream, m *cartv1.RouteRequest) (_ *cartv1.RouteResponse, queued bool, _ error) {
+// A call given wait may wait in the leader's queue (see doQueued); wait is
+// nil for one that may not, and for a unary call.
+func (r *Router) askLeader(ctx, wait context.Context, target string, st *routeStream, m *cartv1.RouteRequest) (_ *cartv1.RouteResponse, queued bool, _ error) {
 	if st != nil {
 		req := &cartv1.StreamRequest{Call: &cartv1.StreamRequest_Route{Route: m}}
 		do := func(ctx context.Context) (any, error) {
