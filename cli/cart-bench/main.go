@@ -297,6 +297,9 @@ DIR/summary.md.`,
 				}
 				c.Variants = append(c.Variants, av)
 			}
+			if c.Out == "" {
+				return fmt.Errorf("--out names the results directory (also with --summary-only)")
+			}
 			names := make([]string, len(c.Variants))
 			for i, v := range c.Variants {
 				names[i] = v.Name
