@@ -265,6 +265,10 @@ func (d *Decider) choose(req Request, now time.Time) (Decision, error) {
 	if p := ed.Prefill; p != nil {
 		dec.PrefillTicket = Ticket{Worker: p.Worker, issuer: d, placed: p.Placed, at: now,
 			keyLen: req.KeyLen, predicted: p.ChosenChars, placedAgo: p.PlacedAgo}
+		// The decode leg computes no prompt (it pulls the blocks): its
+		// usage says nothing of the cache CART predicted, which is the
+		// prefill leg's. keyLen 0 keeps it out of the closed loop.
+		dec.Ticket.keyLen = 0
 	}
 	return dec, nil
 }

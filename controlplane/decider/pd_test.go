@@ -179,3 +179,27 @@ func TestPinnedSplitRequestGoesWhole(t *testing.T) {
 		t.Fatalf("every worker excluded: %v", err)
 	}
 }
+
+// Only the prefill leg's usage measures the prediction: the decode leg
+// pulls the prompt's blocks, so what it reports cached says nothing of
+// the cache CART predicted on it.
+func TestDecodeLegUsageStaysOutOfTheClosedLoop(t *testing.T) {
+	d := splitDecider(t, 0)
+	dec, err := d.Decide(pairReq("a prompt long enough to place"))
+	if err != nil || !dec.Split() {
+		t.Fatalf("%+v %v", dec, err)
+	}
+	usage := Outcome{Delivered: true, PromptTokens: 40, CachedTokens: 40}
+	for _, tk := range []Ticket{dec.PrefillTicket, dec.Ticket} {
+		if err := d.Settle(tk, usage); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reports := map[string]uint64{}
+	for _, w := range d.Workers() {
+		reports[w.URL] = w.Accuracy.Reports
+	}
+	if reports["p"] != 1 || reports["d"] != 0 {
+		t.Fatalf("usage reports counted %v, want the prefill worker's only", reports)
+	}
+}

@@ -1,7 +1,6 @@
 package remote
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -413,9 +412,12 @@ func (r *Router) decideOnce(ctx context.Context, req *router.Request, start time
 				Whole: m.GetWhole(), Prefill: prefillLeg(m.GetPrefill(), time.Since(start), m.GetFromLeader()),
 			}
 			if d.Prefill != nil {
-				r.mu.Lock()
-				d.Prefill.Source = cmp.Or(m.GetPrefill().GetWorkerSource(), r.sourceOf(d.Prefill.Worker))
-				r.mu.Unlock()
+				d.Prefill.Source = m.GetPrefill().GetWorkerSource()
+				if d.Prefill.Source == "" {
+					r.mu.Lock()
+					d.Prefill.Source = r.sourceOf(d.Prefill.Worker)
+					r.mu.Unlock()
+				}
 			}
 			if !req.DryRun && !r.streams.fed() {
 				// Else the feed brings it, in the leader's order.
