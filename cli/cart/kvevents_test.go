@@ -97,9 +97,9 @@ func TestKVEventsListenerSurvivesTheCrashingFrame(t *testing.T) {
 					t.Fatalf("oversize refusals: %v", v)
 				}
 			}
-			// Past two maintenance passes (eviction every second), the
-			// process lives and the engine's events still arrive.
-			time.Sleep(2500 * time.Millisecond)
+			// Past maintenance passes, the process lives and the
+			// engine's events still arrive.
+			idlePastMaintenance(t, p, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort), 0)
 			if !p.Running() {
 				t.Fatalf("cart exited:\n%s", p.Log.Tail(40))
 			}

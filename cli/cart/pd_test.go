@@ -81,7 +81,7 @@ discovery:
 		want := map[string]string{pre.URL: "prefill", dec.URL: "decode", dpre.URL: "prefill", ddec.URL: "decode"}
 		return err == nil && fmt.Sprint(roles) == fmt.Sprint(want), fmt.Sprint(roles, err)
 	})
-	time.Sleep(2500 * time.Millisecond) // past two maintenance passes
+	idlePastMaintenance(t, p, base+"/metrics", 0)
 	if !p.Running() {
 		t.Fatalf("cart exited:\n%s", p.Log.Tail(40))
 	}
@@ -110,7 +110,7 @@ discovery:
 	if legs != 5 {
 		t.Fatalf("%d prefill legs, want 5", legs)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	idlePastMaintenance(t, p, base+"/metrics", 0)
 	if !p.Running() || p.Log.Contains("panic") {
 		t.Fatalf("cart died or panicked:\n%s", p.Log.Tail(40))
 	}

@@ -80,7 +80,7 @@ auth:
 	}
 	q := proc.Start(t, proc.Cmd{Name: "strict", Path: bin, Args: []string{"-c", cfgPath}})
 	q.WaitFor(t, 10*time.Second, "/health", proc.HTTPOK(base+"/health"))
-	time.Sleep(1500 * time.Millisecond) // seven maintenance passes, five health rounds
+	idlePastMaintenance(t, q, base+"/metrics", 1500*time.Millisecond) // and five health rounds
 	q.WaitFor(t, 5*time.Second, "/health after idling", proc.HTTPOK(base+"/health"))
 	if !q.Running() || q.Log.Contains(warning) {
 		t.Errorf("strict router with a private key file: running %v\n%s", q.Running(), q.Log.String())
