@@ -308,7 +308,7 @@ func withKV(body []byte, kv json.RawMessage) []byte {
 		return body
 	}
 	out := append([]byte{}, body[:i]...)
-	if bytes.TrimSpace(out)[len(bytes.TrimSpace(out))-1] != '{' {
+	if t := bytes.TrimSpace(out); len(t) > 0 && t[len(t)-1] != '{' {
 		out = append(out, ',')
 	}
 	out = append(out, `"kv_transfer_params":`...)

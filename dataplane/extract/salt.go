@@ -52,7 +52,7 @@ func setMember(body []byte, name string, v []byte) ([]byte, error) {
 	return RewriteMembers(body, []Member{{Name: name, Value: v}})
 }
 
-// The walk below runs on valid JSON only (SetCacheSalt checks it first).
+// The walk below runs on valid JSON only (RewriteMembers checks it first).
 
 func skipSpace(b []byte, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {

@@ -210,11 +210,11 @@ func (p *Proxy) splitAttempt(a *attempt) {
 		a.pre = &attempt{p: p, c: c, d: *d.Prefill, n: a.n, leg: legPrefill}
 	}
 	switch {
-	case d.Prefill != nil && !p.o.Disagg.Sidecar:
-		p.pdm.outcomes.WithLabelValues("split").Inc()
 	case d.Prefill != nil:
 		p.pdm.outcomes.WithLabelValues("split").Inc()
-		a.reqBody = c.pd.strippedBody(c)
+		if p.o.Disagg.Sidecar {
+			a.reqBody = c.pd.strippedBody(c)
+		}
 	case c.pd.kv != nil:
 		a.reqBody, a.leg = c.pd.decode, legDecode
 	case d.Whole != "":
