@@ -19,6 +19,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/epp"
 	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/router"
+	"github.com/cartrouter/cart/internal/every"
 )
 
 // EPP is CART as a Gateway API Inference Extension endpoint picker: an
@@ -141,21 +142,16 @@ func (e *EPP) setReady(ok bool) {
 // while the picker knows a worker to name (a gateway that fails open
 // routes on its own meanwhile), every half second.
 func (e *EPP) readiness(ctx context.Context) {
-	t := time.NewTicker(500 * time.Millisecond)
-	defer t.Stop()
 	ready := false
-	for {
+	check := func() {
 		if ok := len(e.workers()) > 0; ok != ready {
 			ready = ok
 			e.setReady(ok)
 			e.log.Info("endpoint picker readiness", "ready", ok)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
 	}
+	check()
+	every.Tick(ctx, 500*time.Millisecond, nil, check)
 }
 
 // Run serves ext_proc and gRPC health on ln until ctx ends.
