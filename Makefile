@@ -60,14 +60,8 @@ staticcheck: $(TOOLS)/staticcheck
 	GOFLAGS="$$GOFLAGS $(LINT_GOFLAGS)" $(TOOLS)/staticcheck ./...
 
 FUZZTIME ?= 30s
-# The targets are found in the sources: go test -list would build every
-# package's test binary once more just to name them.
 fuzz: ## run every fuzz target for FUZZTIME each
-	@for dir in $$(grep -rl --include='*_test.go' --exclude-dir=tmp --exclude-dir=.tools --exclude-dir=.git '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
-		for f in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$dir/*_test.go); do \
-			echo "== $$dir $$f"; $(GO) test -run XXX -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$dir || exit 1; \
-		done; \
-	done
+	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 bench: build bin/cart-bench ## side-by-side suite (nginx rr/least_conn, CART all-in-one, 1/2/4 data planes, split, proxy overhead, control plane, failover) -> bench/results/<date>/; BENCH_FULL=1 for whole traces
 	bin/cart-bench suite

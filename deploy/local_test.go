@@ -248,10 +248,10 @@ func checkRouteDryRun(t *testing.T, dir, api string) {
 	}
 }
 
-// The scripts of make run and make run-cluster pass shellcheck.
+// The scripts of make run, make run-cluster and make fuzz pass shellcheck.
 func TestLocalScriptsPassShellcheck(t *testing.T) {
 	sh := tool(t, "apt-get install shellcheck", "shellcheck")
-	run(t, repoRoot(t), sh, "deploy/local/run.sh", "deploy/local/cluster.sh")
+	run(t, repoRoot(t), sh, "deploy/local/run.sh", "deploy/local/cluster.sh", "scripts/fuzz.sh")
 }
 
 // TestLocalRunSplit: `make run SPLIT=1` starts the replicas its config

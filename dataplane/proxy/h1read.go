@@ -75,12 +75,12 @@ func fastResponse(br *bufio.Reader, req *http.Request) *http.Response {
 		switch k {
 		case "Transfer-Encoding", "Connection", "Trailer":
 			return nil
-		case "Content-Length": // one, digits only
-			l, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || l < 0 || length >= 0 || v[0] == '+' {
+		case "Content-Length": // one, digits only, as net/http: no sign, not "-0"
+			l, err := strconv.ParseUint(v, 10, 63)
+			if err != nil || length >= 0 {
 				return nil
 			}
-			length = l
+			length = int64(l)
 		}
 		vals[0] = v
 		if prior := h[k]; prior != nil {
