@@ -351,7 +351,8 @@ type Proxy struct {
 	// requests at once, so concurrent large or stalled uploads cannot
 	// exhaust memory; over it, requests are refused with 503.
 	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
-	// BodyReadTimeoutSecs bounds the time to receive one request body.
+	// BodyReadTimeoutSecs bounds the time to receive one request body
+	// (408), from a client or, in the picker, from the gateway's stream.
 	BodyReadTimeoutSecs float64 `yaml:"body_read_timeout_secs"`
 	// MaxMessages bounds the array items (messages, content parts, tool
 	// calls, prompts) of one routed request, which decode into far more

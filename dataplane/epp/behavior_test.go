@@ -2,6 +2,7 @@ package epp_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -305,6 +306,40 @@ func TestAnswersOfTheProxyItself(t *testing.T) {
 	if code, _, body := immediateStatus(t, request(t, s, nil, []byte(`{"model":"other","messages":[{"role":"user","content":"x"}]}`), nil)); code != 404 || !strings.Contains(body, "model_not_found") {
 		t.Errorf("unknown model: %d %s, want 404 model_not_found", code, body)
 	}
+}
+
+// A gateway that stalls mid-body gets the proxy's 408 body_timeout within
+// proxy.body_read_timeout_secs, as a client of the proxy does; the stream is
+// not held until the gateway resets it.
+func TestStalledBodyTimesOut(t *testing.T) {
+	p := startPicker(t, 1, func(c *config.Config) { c.Proxy.BodyReadTimeoutSecs = 0.3 })
+	// Bounded, so that a picker that waits for the body forever fails the
+	// test instead of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := epptest.Open(ctx, p.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Reset()
+	body := chatBody("s", "a body whose end never comes")
+	start := time.Now()
+	send(t, s, epptest.RequestHeaders("POST", "/v1/chat/completions", "gw", http.Header{"Content-Type": {"application/json"}}, false),
+		epptest.RequestBody(body[:len(body)/2], false))
+	code, _, msg := immediateStatus(t, recv(t, s))
+	if took := time.Since(start); code != http.StatusRequestTimeout || !strings.Contains(msg, "body_timeout") || took > 5*time.Second {
+		t.Fatalf("stalled body: %d %s after %v, want 408 body_timeout after about 0.3 s", code, msg, took)
+	}
+	if p.load(0) != 0 {
+		t.Errorf("load %d after a refused request", p.load(0))
+	}
+	// A body that arrives in time is unaffected by the deadline it ran under.
+	s = p.open(t)
+	if dest := answered(t, s, chatBody("s", "in time")); dest != p.endpoint(t, 0) {
+		t.Errorf("destination %q", dest)
+	}
+	s.Reset()
+	p.waitIdle(t)
 }
 
 // A request with trailers: the body ends with them, and the answer keeps

@@ -26,7 +26,10 @@
 // body's memory is counted where the proxy counts it, in the handler's
 // read (proxy.max_inflight_body_bytes). A reset still ends the wait (the
 // stream's context), and once the handler has returned or picked, the
-// rest of the body is dropped (the pick carries the body it read).
+// rest of the body is dropped (the pick carries the body it read). The
+// proxy's body read timeout reaches the feed through the recorder's
+// SetReadDeadline, as it reaches a connection: a stalled body is the
+// proxy's 408.
 //
 // # Message order
 //

@@ -5,7 +5,9 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
 	"sync"
+	"time"
 )
 
 // feed is the request body as the proxy's handler reads it: the chunks
@@ -28,6 +30,11 @@ type feed struct {
 	done     bool  // end of the body
 	closed   bool  // the reader is done with it: chunks are dropped
 	err      error // the stream ended before the body did
+	// deadline is the proxy's body read timeout (proxy.body_read_timeout_secs),
+	// set as on a socket: a gateway that stalls mid-body gets the proxy's
+	// 408, not a stream held until the gateway resets it.
+	deadline time.Time
+	timer    *time.Timer
 }
 
 // feedWindow is how much of a body the feed holds for a reader that has
@@ -113,15 +120,34 @@ func (f *feed) Read(p []byte) (int, error) {
 			signal(f.space)
 			return n, nil
 		}
-		done, err := f.done, f.err
+		done, err, deadline := f.done, f.err, f.deadline
 		f.mu.Unlock()
 		switch {
 		case err != nil:
 			return 0, err
 		case done:
 			return 0, io.EOF
+		case !deadline.IsZero() && !time.Now().Before(deadline):
+			// A net.Error whose Timeout() is true, as a socket's.
+			return 0, os.ErrDeadlineExceeded
 		}
 		<-f.ready
+	}
+}
+
+// setReadDeadline is the socket's SetReadDeadline for a body that arrives
+// in ext_proc messages: Read fails with os.ErrDeadlineExceeded once t has
+// passed with nothing to read; the zero time lifts it.
+func (f *feed) setReadDeadline(t time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deadline = t
+	if f.timer != nil {
+		f.timer.Stop()
+		f.timer = nil
+	}
+	if !t.IsZero() {
+		f.timer = time.AfterFunc(time.Until(t), func() { signal(f.ready) })
 	}
 }
 
@@ -131,6 +157,10 @@ func (f *feed) Read(p []byte) (int, error) {
 func (f *feed) Close() error {
 	f.mu.Lock()
 	f.chunks, f.buffered, f.closed = nil, 0, true
+	if f.timer != nil {
+		f.timer.Stop()
+		f.timer = nil
+	}
 	f.mu.Unlock()
 	signal(f.space)
 	return nil
@@ -142,6 +172,17 @@ type recorder struct {
 	header http.Header
 	status int
 	body   bytes.Buffer
+	feed   *feed // the request's body, nil without one
+}
+
+// SetReadDeadline lets the proxy's body read timeout (set through
+// http.ResponseController, as on a connection) reach the feed.
+func (r *recorder) SetReadDeadline(t time.Time) error {
+	if r.feed == nil {
+		return http.ErrNotSupported
+	}
+	r.feed.setReadDeadline(t)
+	return nil
 }
 
 func (r *recorder) Header() http.Header {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"testing"
 	"time"
 )
@@ -55,4 +56,32 @@ func TestFeedHoldsAWindow(t *testing.T) {
 	if err := <-wrote; !errors.Is(err, context.Canceled) {
 		t.Fatalf("a waiting write when the stream ends: %v", err)
 	}
+}
+
+// The body read deadline: a Read waiting for a chunk fails with a timeout
+// once it passes, a chunk in the feed is still read after it, and the
+// zero time lifts it.
+func TestFeedReadDeadline(t *testing.T) {
+	f := newFeed(1 << 20)
+	f.setReadDeadline(time.Now().Add(50 * time.Millisecond))
+	_, err := f.Read(make([]byte, 8))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("a Read past the deadline: %v, want a timeout", err)
+	}
+	if err := f.write(context.Background(), []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.Read(make([]byte, 8)); n != 4 || err != nil {
+		t.Fatalf("a buffered chunk after the deadline: %d, %v", n, err)
+	}
+	f.setReadDeadline(time.Time{})
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		f.close()
+	}()
+	if _, err := f.Read(make([]byte, 8)); err != io.EOF {
+		t.Fatalf("after the deadline was lifted: %v, want io.EOF at the end", err)
+	}
+	_ = f.Close()
 }

@@ -107,7 +107,7 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) error {
 		r.Body, r.ContentLength, st.reqDone = http.NoBody, 0, true
 	} else {
 		st.feed = newFeed(st.s.o.MaxBodyBytes)
-		r.Body = st.feed
+		r.Body, st.rec.feed = st.feed, st.feed
 	}
 	r = r.WithContext(proxy.WithPicker(st.ctx, proxy.PickOptions{
 		Exclude: st.exclude,
