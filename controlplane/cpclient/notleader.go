@@ -2,6 +2,7 @@ package cpclient
 
 import (
 	"errors"
+	"strings"
 
 	"connectrpc.com/connect"
 
@@ -31,13 +32,34 @@ func NotLeaderOf(err error) (*cartv1.NotLeader, bool) {
 // response of another tenant (NOT_FOUND with a ResponseNotFound detail),
 // whether it came in a unary answer or a stream's.
 func IsResponseNotFound(err error) bool {
+	return hasDetail[*cartv1.ResponseNotFound](err, connect.CodeNotFound)
+}
+
+// IsPoolSaturated reports whether err is a Route refusal because every
+// eligible worker is at its limit (RESOURCE_EXHAUSTED with a PoolSaturated
+// detail), not because none is eligible. Leaders before the detail said so
+// only in the message; that is read too, so a data plane upgraded first
+// keeps waiting for the queue during a rolling upgrade.
+func IsPoolSaturated(err error) bool {
+	return hasDetail[*cartv1.PoolSaturated](err, connect.CodeResourceExhausted) ||
+		connect.CodeOf(err) == connect.CodeResourceExhausted && strings.Contains(err.Error(), legacySaturated)
+}
+
+// legacySaturated is engine.ErrAllSaturated's text as leaders before the
+// PoolSaturated detail sent it; fixed here so that rewording the error
+// cannot break them.
+const legacySaturated = "every usable worker is saturated"
+
+// hasDetail reports whether err is a Connect error with code and a detail
+// of type T.
+func hasDetail[T any](err error, code connect.Code) bool {
 	ce, ok := errors.AsType[*connect.Error](err)
-	if !ok || ce.Code() != connect.CodeNotFound {
+	if !ok || ce.Code() != code {
 		return false
 	}
 	for _, d := range ce.Details() {
 		if v, err := d.Value(); err == nil {
-			if _, ok := v.(*cartv1.ResponseNotFound); ok {
+			if _, ok := v.(T); ok {
 				return true
 			}
 		}

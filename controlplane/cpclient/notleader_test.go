@@ -7,6 +7,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cartrouter/cart/controlplane/engine"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
 )
 
@@ -39,5 +40,33 @@ func TestNotLeaderOf(t *testing.T) {
 				t.Fatalf("NotLeaderOf = %v, %v; want ok %v, leader %q", nl, ok, tt.want, tt.leader)
 			}
 		})
+	}
+}
+
+// A saturated pool is told apart from an empty one by the detail, and by
+// the message of leaders that predate it; other refusals are neither.
+func TestIsPoolSaturated(t *testing.T) {
+	detailed := connect.NewError(connect.CodeResourceExhausted, errors.New("no worker available"))
+	d, err := connect.NewErrorDetail(&cartv1.PoolSaturated{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	detailed.AddDetail(d)
+	legacy := connect.NewError(connect.CodeResourceExhausted, engine.ErrAllSaturated)
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"detail", detailed, true},
+		{"detail, wrapped", fmt.Errorf("route: %w", detailed), true},
+		{"older leader's message", legacy, true},
+		{"no healthy worker", connect.NewError(connect.CodeResourceExhausted, engine.ErrNoHealthy), false},
+		{"the message under another code", connect.NewError(connect.CodeUnavailable, engine.ErrAllSaturated), false},
+		{"not a Connect error", engine.ErrAllSaturated, false},
+	} {
+		if got := IsPoolSaturated(c.err); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -216,7 +216,15 @@ func routeError(ctx context.Context, err error) error {
 		}
 		return ce
 	case errors.Is(err, decider.ErrNoCapacity):
-		return connect.NewError(connect.CodeResourceExhausted, err)
+		ce := connect.NewError(connect.CodeResourceExhausted, err)
+		if errors.Is(err, engine.ErrAllSaturated) {
+			// Full, not empty: a data plane whose stream is reconnecting
+			// waits for it and asks again instead of answering 503.
+			if d, derr := connect.NewErrorDetail(&cartv1.PoolSaturated{}); derr == nil {
+				ce.AddDetail(d)
+			}
+		}
+		return ce
 	}
 	return connect.NewError(connect.CodeInternal, err)
 }

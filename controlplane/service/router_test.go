@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cartrouter/cart/controlplane/cpclient"
 	"github.com/cartrouter/cart/controlplane/decider"
 	"github.com/cartrouter/cart/controlplane/engine"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -48,7 +49,7 @@ func TestRouteProtocols(t *testing.T) {
 
 			_, err := rc.Route(ctx, connect.NewRequest(&cartv1.RouteRequest{Text: "hello"}))
 			ce := wantCode(t, err, connect.CodeResourceExhausted)
-			if !strings.Contains(ce.Message(), "no workers configured") {
+			if !strings.Contains(ce.Message(), "no workers configured") || hasPoolSaturated(ce) {
 				t.Fatalf("no-workers message = %q", ce.Message())
 			}
 
@@ -177,8 +178,8 @@ func TestRouteExclude(t *testing.T) {
 	}
 	_, err := rc.Route(context.Background(), connect.NewRequest(&cartv1.RouteRequest{Model: "m", Text: txt, ExcludeWorkers: all}))
 	ce := wantCode(t, err, connect.CodeResourceExhausted)
-	if !strings.Contains(ce.Message(), "excluded") {
-		t.Fatalf("all-excluded message = %q", ce.Message())
+	if !strings.Contains(ce.Message(), "excluded") || hasPoolSaturated(ce) || cpclient.IsPoolSaturated(err) {
+		t.Fatalf("all-excluded: %q %v, want no PoolSaturated detail (nothing to wait for)", ce.Message(), ce.Details())
 	}
 }
 
@@ -196,6 +197,21 @@ func TestRouteSaturated(t *testing.T) {
 	if !strings.Contains(ce.Message(), "max_load") {
 		t.Fatalf("saturated message = %q", ce.Message())
 	}
+	// Full, not empty: said in a detail, which is what a data plane reads.
+	if !cpclient.IsPoolSaturated(err) || !hasPoolSaturated(ce) {
+		t.Fatalf("saturated answer without a PoolSaturated detail: %v", ce.Details())
+	}
+}
+
+func hasPoolSaturated(ce *connect.Error) bool {
+	for _, d := range ce.Details() {
+		if v, err := d.Value(); err == nil {
+			if _, ok := v.(*cartv1.PoolSaturated); ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func TestLoadAccountingComplete(t *testing.T) {

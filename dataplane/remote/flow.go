@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 
-	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/flow"
 	"github.com/cartrouter/cart/dataplane/router"
 	cartv1 "github.com/cartrouter/cart/gen/cart/v1"
@@ -233,12 +231,6 @@ func (r *Router) leaderIsBackLocked() {
 // StreamLive reports whether a Route stream to the leader is open (the
 // queue's interim answers need one).
 func (r *Router) StreamLive() bool { return r.streams != nil && r.streams.cur.Load() != nil }
-
-// isSaturated reports whether a RESOURCE_EXHAUSTED answer is a saturated
-// pool (every worker at its limit), not an empty or unhealthy one.
-func isSaturated(err error) bool {
-	return strings.Contains(err.Error(), engine.ErrAllSaturated.Error())
-}
 
 // waitStream waits until a stream to a leader that queues is live again,
 // or until deadline or ctx's end, and reports whether it is.

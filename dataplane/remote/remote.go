@@ -453,7 +453,7 @@ func (r *Router) decideOnce(ctx context.Context, req *router.Request, start time
 			return router.Decision{}, false, ctx.Err() // the client left; nothing to route
 		}
 		if connect.CodeOf(err) == connect.CodeResourceExhausted {
-			if st == nil && r.flowOn() && r.streams != nil && !req.DryRun && isSaturated(err) {
+			if st == nil && r.flowOn() && r.streams != nil && !req.DryRun && cpclient.IsPoolSaturated(err) {
 				// A unary call while the stream is down (reconnecting
 				// after a leader change) could not wait in the queue:
 				// wait for the stream, then ask again, rather than turn a

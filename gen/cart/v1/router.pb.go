@@ -1075,6 +1075,45 @@ func (x *FlowRefused) GetRetryAfterMillis() uint32 {
 	return 0
 }
 
+// PoolSaturated is the detail of the RESOURCE_EXHAUSTED a Route call gets
+// when every eligible worker is at its limit (flow control could queue
+// it), as opposed to a pool with no eligible worker at all.
+type PoolSaturated struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolSaturated) Reset() {
+	*x = PoolSaturated{}
+	mi := &file_cart_v1_router_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolSaturated) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolSaturated) ProtoMessage() {}
+
+func (x *PoolSaturated) ProtoReflect() protoreflect.Message {
+	mi := &file_cart_v1_router_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolSaturated.ProtoReflect.Descriptor instead.
+func (*PoolSaturated) Descriptor() ([]byte, []int) {
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
+}
+
 type RouteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// URL of the chosen worker.
@@ -1153,7 +1192,7 @@ type RouteResponse struct {
 
 func (x *RouteResponse) Reset() {
 	*x = RouteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[9]
+	mi := &file_cart_v1_router_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1165,7 +1204,7 @@ func (x *RouteResponse) String() string {
 func (*RouteResponse) ProtoMessage() {}
 
 func (x *RouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[9]
+	mi := &file_cart_v1_router_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1178,7 +1217,7 @@ func (x *RouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteResponse.ProtoReflect.Descriptor instead.
 func (*RouteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{9}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RouteResponse) GetWorker() string {
@@ -1336,7 +1375,7 @@ type PrefillLeg struct {
 
 func (x *PrefillLeg) Reset() {
 	*x = PrefillLeg{}
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1348,7 +1387,7 @@ func (x *PrefillLeg) String() string {
 func (*PrefillLeg) ProtoMessage() {}
 
 func (x *PrefillLeg) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[10]
+	mi := &file_cart_v1_router_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1361,7 +1400,7 @@ func (x *PrefillLeg) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillLeg.ProtoReflect.Descriptor instead.
 func (*PrefillLeg) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{10}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PrefillLeg) GetWorker() string {
@@ -1450,7 +1489,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1462,7 +1501,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[11]
+	mi := &file_cart_v1_router_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1475,7 +1514,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{11}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Completion) GetTicket() uint64 {
@@ -1554,7 +1593,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[12]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1605,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[12]
+	mi := &file_cart_v1_router_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1618,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{12}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CompleteRequest) GetDataplaneId() string {
@@ -1619,7 +1658,7 @@ type ResponseOrigin struct {
 
 func (x *ResponseOrigin) Reset() {
 	*x = ResponseOrigin{}
-	mi := &file_cart_v1_router_proto_msgTypes[13]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1631,7 +1670,7 @@ func (x *ResponseOrigin) String() string {
 func (*ResponseOrigin) ProtoMessage() {}
 
 func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[13]
+	mi := &file_cart_v1_router_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1644,7 +1683,7 @@ func (x *ResponseOrigin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseOrigin.ProtoReflect.Descriptor instead.
 func (*ResponseOrigin) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{13}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResponseOrigin) GetIdHash() uint64 {
@@ -1680,7 +1719,7 @@ type ResponseNotFound struct {
 
 func (x *ResponseNotFound) Reset() {
 	*x = ResponseNotFound{}
-	mi := &file_cart_v1_router_proto_msgTypes[14]
+	mi := &file_cart_v1_router_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1731,7 @@ func (x *ResponseNotFound) String() string {
 func (*ResponseNotFound) ProtoMessage() {}
 
 func (x *ResponseNotFound) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[14]
+	mi := &file_cart_v1_router_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1744,7 @@ func (x *ResponseNotFound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseNotFound.ProtoReflect.Descriptor instead.
 func (*ResponseNotFound) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{14}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{15}
 }
 
 type CompleteResponse struct {
@@ -1718,7 +1757,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[15]
+	mi := &file_cart_v1_router_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1730,7 +1769,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[15]
+	mi := &file_cart_v1_router_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1743,7 +1782,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{15}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CompleteResponse) GetSettled() uint32 {
@@ -1764,7 +1803,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_cart_v1_router_proto_msgTypes[16]
+	mi := &file_cart_v1_router_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +1815,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[16]
+	mi := &file_cart_v1_router_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +1828,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{16}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WorkerLoad) GetWorker() string {
@@ -1854,7 +1893,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_cart_v1_router_proto_msgTypes[17]
+	mi := &file_cart_v1_router_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +1905,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[17]
+	mi := &file_cart_v1_router_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +1918,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{17}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SyncRequest) GetDataplaneId() string {
@@ -1989,7 +2028,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_cart_v1_router_proto_msgTypes[18]
+	mi := &file_cart_v1_router_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2001,7 +2040,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[18]
+	mi := &file_cart_v1_router_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2014,7 +2053,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{18}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SyncResponse) GetWorkers() []*Worker {
@@ -2072,7 +2111,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_cart_v1_router_proto_msgTypes[19]
+	mi := &file_cart_v1_router_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2084,7 +2123,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[19]
+	mi := &file_cart_v1_router_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2097,7 +2136,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{19}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NotLeader) GetLeaderId() string {
@@ -2167,7 +2206,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_cart_v1_router_proto_msgTypes[20]
+	mi := &file_cart_v1_router_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2218,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[20]
+	mi := &file_cart_v1_router_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2231,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{20}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Worker) GetUrl() string {
@@ -2326,7 +2365,7 @@ type KVCache struct {
 
 func (x *KVCache) Reset() {
 	*x = KVCache{}
-	mi := &file_cart_v1_router_proto_msgTypes[21]
+	mi := &file_cart_v1_router_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +2377,7 @@ func (x *KVCache) String() string {
 func (*KVCache) ProtoMessage() {}
 
 func (x *KVCache) ProtoReflect() protoreflect.Message {
-	mi := &file_cart_v1_router_proto_msgTypes[21]
+	mi := &file_cart_v1_router_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +2390,7 @@ func (x *KVCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCache.ProtoReflect.Descriptor instead.
 func (*KVCache) Descriptor() ([]byte, []int) {
-	return file_cart_v1_router_proto_rawDescGZIP(), []int{21}
+	return file_cart_v1_router_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KVCache) GetOccupiedTokens() int64 {
@@ -2455,7 +2494,8 @@ const file_cart_v1_router_proto_rawDesc = "" +
 	" \x01(\x03R\x17queueDeadlineUnixMicros\"S\n" +
 	"\vFlowRefused\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12,\n" +
-	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\xed\x04\n" +
+	"\x12retry_after_millis\x18\x02 \x01(\rR\x10retryAfterMillis\"\x0f\n" +
+	"\rPoolSaturated\"\xed\x04\n" +
 	"\rRouteResponse\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -2590,7 +2630,7 @@ func file_cart_v1_router_proto_rawDescGZIP() []byte {
 }
 
 var file_cart_v1_router_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_cart_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_cart_v1_router_proto_goTypes = []any{
 	(Disaggregation)(0),      // 0: cart.v1.Disaggregation
 	(*StreamRequest)(nil),    // 1: cart.v1.StreamRequest
@@ -2602,53 +2642,54 @@ var file_cart_v1_router_proto_goTypes = []any{
 	(*RouteRequest)(nil),     // 7: cart.v1.RouteRequest
 	(*Admission)(nil),        // 8: cart.v1.Admission
 	(*FlowRefused)(nil),      // 9: cart.v1.FlowRefused
-	(*RouteResponse)(nil),    // 10: cart.v1.RouteResponse
-	(*PrefillLeg)(nil),       // 11: cart.v1.PrefillLeg
-	(*Completion)(nil),       // 12: cart.v1.Completion
-	(*CompleteRequest)(nil),  // 13: cart.v1.CompleteRequest
-	(*ResponseOrigin)(nil),   // 14: cart.v1.ResponseOrigin
-	(*ResponseNotFound)(nil), // 15: cart.v1.ResponseNotFound
-	(*CompleteResponse)(nil), // 16: cart.v1.CompleteResponse
-	(*WorkerLoad)(nil),       // 17: cart.v1.WorkerLoad
-	(*SyncRequest)(nil),      // 18: cart.v1.SyncRequest
-	(*SyncResponse)(nil),     // 19: cart.v1.SyncResponse
-	(*NotLeader)(nil),        // 20: cart.v1.NotLeader
-	(*Worker)(nil),           // 21: cart.v1.Worker
-	(*KVCache)(nil),          // 22: cart.v1.KVCache
-	nil,                      // 23: cart.v1.StreamRequest.TraceEntry
-	(*anypb.Any)(nil),        // 24: google.protobuf.Any
+	(*PoolSaturated)(nil),    // 10: cart.v1.PoolSaturated
+	(*RouteResponse)(nil),    // 11: cart.v1.RouteResponse
+	(*PrefillLeg)(nil),       // 12: cart.v1.PrefillLeg
+	(*Completion)(nil),       // 13: cart.v1.Completion
+	(*CompleteRequest)(nil),  // 14: cart.v1.CompleteRequest
+	(*ResponseOrigin)(nil),   // 15: cart.v1.ResponseOrigin
+	(*ResponseNotFound)(nil), // 16: cart.v1.ResponseNotFound
+	(*CompleteResponse)(nil), // 17: cart.v1.CompleteResponse
+	(*WorkerLoad)(nil),       // 18: cart.v1.WorkerLoad
+	(*SyncRequest)(nil),      // 19: cart.v1.SyncRequest
+	(*SyncResponse)(nil),     // 20: cart.v1.SyncResponse
+	(*NotLeader)(nil),        // 21: cart.v1.NotLeader
+	(*Worker)(nil),           // 22: cart.v1.Worker
+	(*KVCache)(nil),          // 23: cart.v1.KVCache
+	nil,                      // 24: cart.v1.StreamRequest.TraceEntry
+	(*anypb.Any)(nil),        // 25: google.protobuf.Any
 }
 var file_cart_v1_router_proto_depIdxs = []int32{
 	7,  // 0: cart.v1.StreamRequest.route:type_name -> cart.v1.RouteRequest
-	13, // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
-	18, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
-	23, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
+	14, // 1: cart.v1.StreamRequest.complete:type_name -> cart.v1.CompleteRequest
+	19, // 2: cart.v1.StreamRequest.sync:type_name -> cart.v1.SyncRequest
+	24, // 3: cart.v1.StreamRequest.trace:type_name -> cart.v1.StreamRequest.TraceEntry
 	2,  // 4: cart.v1.StreamRequest.placement_feed:type_name -> cart.v1.PlacementFeed
 	1,  // 5: cart.v1.StreamRequest.more:type_name -> cart.v1.StreamRequest
 	4,  // 6: cart.v1.RecentPlacements.placements:type_name -> cart.v1.RecentPlacement
-	10, // 7: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
-	16, // 8: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
-	19, // 9: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
+	11, // 7: cart.v1.StreamResponse.route:type_name -> cart.v1.RouteResponse
+	17, // 8: cart.v1.StreamResponse.complete:type_name -> cart.v1.CompleteResponse
+	20, // 9: cart.v1.StreamResponse.sync:type_name -> cart.v1.SyncResponse
 	6,  // 10: cart.v1.StreamResponse.error:type_name -> cart.v1.StreamError
 	3,  // 11: cart.v1.StreamResponse.placements:type_name -> cart.v1.RecentPlacements
 	5,  // 12: cart.v1.StreamResponse.more:type_name -> cart.v1.StreamResponse
-	24, // 13: cart.v1.StreamError.details:type_name -> google.protobuf.Any
-	12, // 14: cart.v1.RouteRequest.completions:type_name -> cart.v1.Completion
+	25, // 13: cart.v1.StreamError.details:type_name -> google.protobuf.Any
+	13, // 14: cart.v1.RouteRequest.completions:type_name -> cart.v1.Completion
 	8,  // 15: cart.v1.RouteRequest.admission:type_name -> cart.v1.Admission
 	0,  // 16: cart.v1.RouteRequest.disaggregation:type_name -> cart.v1.Disaggregation
-	11, // 17: cart.v1.RouteResponse.prefill:type_name -> cart.v1.PrefillLeg
-	12, // 18: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
-	14, // 19: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
-	17, // 20: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
-	21, // 21: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
-	22, // 22: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
+	12, // 17: cart.v1.RouteResponse.prefill:type_name -> cart.v1.PrefillLeg
+	13, // 18: cart.v1.CompleteRequest.completions:type_name -> cart.v1.Completion
+	15, // 19: cart.v1.CompleteRequest.response_origins:type_name -> cart.v1.ResponseOrigin
+	18, // 20: cart.v1.SyncRequest.loads:type_name -> cart.v1.WorkerLoad
+	22, // 21: cart.v1.SyncResponse.workers:type_name -> cart.v1.Worker
+	23, // 22: cart.v1.Worker.kv_cache:type_name -> cart.v1.KVCache
 	7,  // 23: cart.v1.RouterService.Route:input_type -> cart.v1.RouteRequest
-	13, // 24: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
-	18, // 25: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
+	14, // 24: cart.v1.RouterService.Complete:input_type -> cart.v1.CompleteRequest
+	19, // 25: cart.v1.RouterService.Sync:input_type -> cart.v1.SyncRequest
 	1,  // 26: cart.v1.RouterService.Stream:input_type -> cart.v1.StreamRequest
-	10, // 27: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
-	16, // 28: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
-	19, // 29: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
+	11, // 27: cart.v1.RouterService.Route:output_type -> cart.v1.RouteResponse
+	17, // 28: cart.v1.RouterService.Complete:output_type -> cart.v1.CompleteResponse
+	20, // 29: cart.v1.RouterService.Sync:output_type -> cart.v1.SyncResponse
 	5,  // 30: cart.v1.RouterService.Stream:output_type -> cart.v1.StreamResponse
 	27, // [27:31] is the sub-list for method output_type
 	23, // [23:27] is the sub-list for method input_type
@@ -2680,7 +2721,7 @@ func file_cart_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cart_v1_router_proto_rawDesc), len(file_cart_v1_router_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
