@@ -166,6 +166,25 @@ func ValidRole(r string) bool {
 	return r == "" || r == RoleBothName || r == RolePrefillName || r == RoleDecodeName
 }
 
+// RoleStored is a valid role as the worker set stores it (WorkerSpec.role):
+// both is "", so that entries and snapshots from before roles read and
+// compare as they did.
+func RoleStored(r string) string {
+	if r == RoleBothName {
+		return ""
+	}
+	return r
+}
+
+// RoleShown is a stored role as people read it: "" (both, or a worker from
+// a control plane older than roles) is "both".
+func RoleShown(r string) string {
+	if r == "" {
+		return RoleBothName
+	}
+	return r
+}
+
 // Disaggregation configures prefill/decode disaggregation: a request on a
 // split endpoint, in a pool with prefill and decode workers, is split
 // between a prefill worker (chosen by prefix) and a decode worker (least

@@ -667,3 +667,23 @@ func TestDiscoveryAllowsNoStaticWorkers(t *testing.T) {
 		t.Fatal("all-in-one with neither workers nor discovery validated")
 	}
 }
+
+// A role's three spellings: as configured, as stored (both is ""), as
+// shown (nothing stored is both).
+func TestRoleForms(t *testing.T) {
+	for _, c := range []struct{ in, stored, shown string }{
+		{"", "", "both"},
+		{"both", "", "both"},
+		{"prefill", "prefill", "prefill"},
+		{"decode", "decode", "decode"},
+	} {
+		if !ValidRole(c.in) || RoleStored(c.in) != c.stored || RoleShown(RoleStored(c.in)) != c.shown {
+			t.Errorf("%q: valid %v, stored %q, shown %q; want %q, %q", c.in, ValidRole(c.in), RoleStored(c.in), RoleShown(RoleStored(c.in)), c.stored, c.shown)
+		}
+	}
+	for _, bad := range []string{"Prefill", "encode", "both "} {
+		if ValidRole(bad) {
+			t.Errorf("%q accepted as a role", bad)
+		}
+	}
+}

@@ -75,7 +75,7 @@ func writeWorkersTable(w io.Writer, resp *cartv1.ListWorkersResponse) error {
 	fmt.Fprintln(tw, "URL\tHEALTHY\tLOAD\tMAX_LOAD\tPENALTY\tCAPACITY\tENGINE_CACHE\tSOURCE\tROLE")
 	for _, wk := range resp.GetWorkers() {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", wk.GetUrl(), yesNo(wk.GetHealthy()), wk.GetLoad(),
-			maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()), engineCacheText(wk.GetKvCache()), sourceText(wk), roleText(wk.GetRole()))
+			maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()), engineCacheText(wk.GetKvCache()), sourceText(wk), config.RoleShown(wk.GetRole()))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -118,19 +118,10 @@ func sourceText(wk *cartv1.Worker) string {
 func workerSummary(wk *cartv1.Worker) string {
 	s := fmt.Sprintf("max_load %s, load_penalty %d, cache capacity %s tokens",
 		maxLoadText(wk.GetMaxLoad()), wk.GetLoadPenalty(), capacityText(wk.GetCacheCapacityTokens()))
-	if r := wk.GetRole(); r != "" && r != config.RoleBothName {
+	if r := config.RoleStored(wk.GetRole()); r != "" {
 		s += ", role " + r
 	}
 	return s
-}
-
-// roleText names a worker's role; a control plane older than roles sends
-// none, and its workers all serve whole requests.
-func roleText(r string) string {
-	if r == "" {
-		return config.RoleBothName
-	}
-	return r
 }
 
 func writeClusterStatus(w io.Writer, st *cartv1.ClusterStatusResponse) error {

@@ -82,11 +82,8 @@ func DNSSourceFrom(cfg *config.Config) (Resolver, error) {
 // and "both" serve whole requests; ok is false for a value naming no role
 // CART routes to (llm-d's encode workers), whose pod is left out.
 func roleOf(v string) (role string, ok bool) {
-	switch v {
-	case "", config.RoleBothName:
-		return "", true
-	case config.RolePrefillName, config.RoleDecodeName:
-		return v, true
+	if !config.ValidRole(v) {
+		return "", false
 	}
-	return "", false
+	return config.RoleStored(v), true
 }

@@ -311,7 +311,7 @@ func (w *Watcher) ensure(ctx context.Context, r *Reconciler) {
 			continue
 		}
 		o.Metrics.Changes.WithLabelValues(o.Source, "add").Inc()
-		o.Logger.Info("discovery: worker added", "source", o.Source, "worker", u, "role", roleName(w.roles[u]))
+		o.Logger.Info("discovery: worker added", "source", o.Source, "worker", u, "role", config.RoleShown(w.roles[u]))
 	}
 }
 
@@ -332,12 +332,4 @@ func (w *Watcher) settle(ctx context.Context, r *Reconciler) {
 		o.Metrics.Changes.WithLabelValues(o.Source, "remove").Inc()
 		o.Logger.Info("discovery: drained worker removed", "source", o.Source, "worker", u, "in_flight_left", load)
 	}
-}
-
-// roleName is how logs show a discovered role.
-func roleName(r string) string {
-	if r == "" {
-		return config.RoleBothName
-	}
-	return r
 }

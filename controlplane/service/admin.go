@@ -90,9 +90,7 @@ func toSpec(w *cartv1.Worker) (*cartv1.WorkerSpec, error) {
 	if !config.ValidRole(role) {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("worker role %q: want both, prefill or decode", role))
 	}
-	if role == config.RoleBothName {
-		role = "" // as entries without roles store it
-	}
+	role = config.RoleStored(role)
 	return &cartv1.WorkerSpec{Url: u, MaxLoad: w.GetMaxLoad(), MaxConcurrency: w.GetMaxConcurrency(), LoadPenalty: w.GetLoadPenalty(), CacheCapacityTokens: w.GetCacheCapacityTokens(), Source: state.SourceAdmin, Role: role}, nil
 }
 
@@ -139,7 +137,7 @@ func (h *AdminHandler) AddWorker(ctx context.Context, req *connect.Request[cartv
 		return nil, err
 	}
 	if w, ok := c.findWorker(spec.GetUrl()); ok {
-		if w.GetMaxLoad() == spec.GetMaxLoad() && w.GetMaxConcurrency() == spec.GetMaxConcurrency() && w.GetLoadPenalty() == spec.GetLoadPenalty() && w.GetCacheCapacityTokens() == spec.GetCacheCapacityTokens() && roleText(w.GetRole()) == roleText(spec.GetRole()) {
+		if w.GetMaxLoad() == spec.GetMaxLoad() && w.GetMaxConcurrency() == spec.GetMaxConcurrency() && w.GetLoadPenalty() == spec.GetLoadPenalty() && w.GetCacheCapacityTokens() == spec.GetCacheCapacityTokens() && config.RoleStored(w.GetRole()) == config.RoleStored(spec.GetRole()) {
 			return connect.NewResponse(&cartv1.AddWorkerResponse{Worker: w}), nil
 		}
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("worker %s already exists with other settings; use update", spec.GetUrl()))
@@ -340,13 +338,4 @@ func (h *AdminHandler) Queue(ctx context.Context, req *connect.Request[cartv1.Qu
 			WaitedMicros: it.Waited.Microseconds(), Bytes: it.Bytes})
 	}
 	return connect.NewResponse(out), nil
-}
-
-// roleText is a role as the API shows it: "" (an entry without a role)
-// is both.
-func roleText(r string) string {
-	if r == "" {
-		return config.RoleBothName
-	}
-	return r
 }

@@ -416,11 +416,5 @@ func (s *State) Applied() (applied uint64) {
 	return applied
 }
 
-// roleName is a role as WorkerSpec.role carries it: "" for both, so that
-// entries and snapshots without roles read and compare as before.
-func roleName(r engine.Role) string {
-	if r == engine.RoleBoth {
-		return ""
-	}
-	return r.String()
-}
+// roleName is a role as WorkerSpec.role carries it (config.RoleStored).
+func roleName(r engine.Role) string { return config.RoleStored(r.String()) }
