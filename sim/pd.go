@@ -99,12 +99,20 @@ type pdState struct {
 
 	mu        sync.Mutex
 	pending   map[int64]*transfer // by first block id
+	order     []int64             // pending's keys as handed out (also expiry order: one hold time); claimed ones are skipped
+	held      int                 // tokens in pending
+	maxHeld   int                 // Config.CacheTokens: held blocks live in KV memory; 0 is no bound but maxPending
 	nextBlock int64
 
 	prefills, decodes, claimed, expired, pullFailures, transferred atomic.Int64
 }
 
-func newPDState(name string) *pdState {
+// maxPending bounds the transfers held at once, whatever the cache size:
+// past it the oldest is dropped (counted as expired), as a full KV cache
+// would have to.
+const maxPending = 100_000
+
+func newPDState(name string, cacheTokens int) *pdState {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return &pdState{
@@ -113,6 +121,7 @@ func newPDState(name string) *pdState {
 		engineID: name + "-" + hex.EncodeToString(b[:]),
 		client:   &http.Client{Timeout: 10 * time.Second},
 		pending:  map[int64]*transfer{},
+		maxHeld:  cacheTokens,
 	}
 }
 
@@ -160,8 +169,14 @@ func (s *Server) holdTransfer(j *job, host string) json.RawMessage {
 	if n > 0 {
 		// A prompt shorter than a block has nothing to pull: vLLM frees
 		// it at once and the decode replica computes those tokens.
-		d.pending[blocks[0]] = &transfer{requestID: j.requestID, blocks: blocks, tokens: n * s.cfg.BlockTokens,
+		t := &transfer{requestID: j.requestID, blocks: blocks, tokens: n * s.cfg.BlockTokens,
 			expires: now.Add(time.Duration(s.cfg.KVHoldSecs * float64(time.Second)))}
+		d.pending[blocks[0]] = t
+		d.order = append(d.order, blocks[0])
+		d.held += t.tokens
+		for len(d.pending) > maxPending || d.maxHeld > 0 && d.held > d.maxHeld && len(d.pending) > 1 {
+			d.dropOldestLocked()
+		}
 	}
 	d.mu.Unlock()
 	d.prefills.Add(1)
@@ -175,13 +190,54 @@ func (s *Server) holdTransfer(j *job, host string) json.RawMessage {
 	return b
 }
 
-// expireLocked drops transfers nobody pulled in time. d.mu held.
+// expireLocked drops transfers nobody pulled in time: the oldest first,
+// so only those that expire are looked at. d.mu held.
 func (d *pdState) expireLocked(now time.Time) {
-	for k, t := range d.pending {
-		if now.After(t.expires) {
-			delete(d.pending, k)
-			d.expired.Add(1)
+	for len(d.order) > 0 {
+		t := d.pending[d.order[0]]
+		switch {
+		case t == nil: // claimed
+			d.order = d.order[1:]
+		case now.After(t.expires):
+			d.dropOldestLocked()
+		default:
+			return
 		}
+	}
+}
+
+// dropOldestLocked drops the transfer handed out first that is still held
+// (a claimed one's key is only skipped). d.mu held.
+func (d *pdState) dropOldestLocked() {
+	for len(d.order) > 0 {
+		k := d.order[0]
+		d.order = d.order[1:]
+		if t := d.pending[k]; t != nil {
+			delete(d.pending, k)
+			d.held -= t.tokens
+			d.expired.Add(1)
+			return
+		}
+	}
+}
+
+// claimLocked hands a transfer over to the decode replica that pulled it.
+// d.mu held.
+func (d *pdState) claimLocked(k int64) {
+	if t := d.pending[k]; t != nil {
+		delete(d.pending, k)
+		d.held -= t.tokens
+	}
+	// Keys of claimed transfers stay in order until they reach its front;
+	// compacted once they are most of it, so it stays within twice pending.
+	if len(d.order) > 64 && len(d.order) > 2*len(d.pending) {
+		live := d.order[:0:0]
+		for _, k := range d.order {
+			if d.pending[k] != nil {
+				live = append(live, k)
+			}
+		}
+		d.order = live
 	}
 }
 
@@ -217,7 +273,7 @@ func (s *Server) servePull(w http.ResponseWriter, r *http.Request) {
 	}
 	ok := t != nil && slices.Equal(t.blocks, p.BlockIDs) && (t.requestID == "" || t.requestID == p.RequestID)
 	if ok {
-		delete(d.pending, p.BlockIDs[0])
+		d.claimLocked(p.BlockIDs[0])
 	}
 	d.mu.Unlock()
 	switch {
@@ -361,7 +417,7 @@ func (d *pdState) collectors() []prometheus.Collector {
 				return float64(len(d.pending))
 			}),
 		counter("sim_kv_transfers_claimed_total", "Prefills whose blocks a decode replica pulled.", &d.claimed),
-		counter("sim_kv_transfers_expired_total", "Prefills whose blocks nobody pulled within the hold time (VLLM_NIXL_ABORT_REQUEST_TIMEOUT).", &d.expired),
+		counter("sim_kv_transfers_expired_total", "Prefills whose blocks nobody pulled within the hold time (VLLM_NIXL_ABORT_REQUEST_TIMEOUT), or dropped oldest first when held blocks outgrew the cache.", &d.expired),
 		counter("sim_kv_pull_failures_total", "Decode legs whose pull failed and that were recomputed here.", &d.pullFailures),
 		counter("sim_prefill_legs_total", "Requests served as prefill legs (kv_transfer_params do_remote_decode).", &d.prefills),
 		counter("sim_decode_legs_total", "Requests served as decode legs (kv_transfer_params do_remote_prefill).", &d.decodes),

@@ -122,3 +122,62 @@ func TestPrefillLegRules(t *testing.T) {
 		t.Fatal(`role "both" accepted`)
 	}
 }
+
+// Held blocks live in the KV cache: past Config.CacheTokens the oldest
+// transfer is dropped (counted as expired), and its pull fails while the
+// newer ones succeed.
+func TestHeldTransfersFitTheCache(t *testing.T) {
+	pre, pts := startReplica(t, Config{Name: "p", Role: RolePrefill, BlockTokens: 4, CacheTokens: 80})
+	dec, dts := startReplica(t, Config{Name: "d", Role: RoleDecode, BlockTokens: 4})
+	var kvs []json.RawMessage
+	prompts := []string{strings.Repeat("a", 160), strings.Repeat("b", 160), strings.Repeat("c", 160)} // 40 tokens each
+	for i, p := range prompts {
+		kvs = append(kvs, runPrefill(t, pts, p, string(rune('0'+i))))
+	}
+	if st := pre.Stats().PD; st.TransfersPending != 2 || st.TransfersExpired != 1 {
+		t.Fatalf("three 40-token transfers in an 80-token cache: %+v", st)
+	}
+	for i, p := range prompts {
+		mustPost(t, dts, "/v1/completions", decodeBody(p, kvs[i]), "X-Request-Id", string(rune('0'+i)))
+	}
+	if st := dec.Stats().PD; st.PullFailures != 1 || st.TransferredTokens != 80 {
+		t.Fatalf("pulls: %+v, want the oldest one failed and the two others pulled", st)
+	}
+	if st := pre.Stats().PD; st.TransfersPending != 0 || st.TransfersClaimed != 2 {
+		t.Fatalf("after the pulls: %+v", st)
+	}
+}
+
+// The order of held transfers stays proportional to what is held, however
+// many are claimed out of order, and the held token count matches.
+func TestHeldTransferBookkeeping(t *testing.T) {
+	d := newPDState("x", 0)
+	now := time.Now()
+	for i := range 10_000 {
+		k := int64(i + 1)
+		d.pending[k] = &transfer{blocks: []int64{k}, tokens: 4, expires: now.Add(time.Hour)}
+		d.order = append(d.order, k)
+		d.held += 4
+		if i%10 != 0 {
+			d.claimLocked(k) // most are pulled at once; every tenth waits
+		}
+	}
+	if len(d.pending) != 1000 || d.held != 4000 || len(d.order) > 2*len(d.pending)+64 {
+		t.Fatalf("pending %d, held %d tokens, order %d keys", len(d.pending), d.held, len(d.order))
+	}
+	// A claimed key at the front is passed over, not taken for an expired
+	// one: nothing is due yet.
+	k := int64(20_000)
+	d.pending[k] = &transfer{blocks: []int64{k}, tokens: 4, expires: now.Add(time.Hour)}
+	d.order = append([]int64{k}, d.order...)
+	d.held += 4
+	d.claimLocked(k)
+	d.expireLocked(now)
+	if len(d.pending) != 1000 || d.expired.Load() != 0 || d.held != 4000 {
+		t.Fatalf("before the hold ran out: pending %d, expired %d, held %d", len(d.pending), d.expired.Load(), d.held)
+	}
+	d.expireLocked(now.Add(2 * time.Hour))
+	if len(d.pending) != 0 || d.held != 0 || len(d.order) != 0 || d.expired.Load() != 1000 {
+		t.Fatalf("after the hold: pending %d, held %d, order %d, expired %d", len(d.pending), d.held, len(d.order), d.expired.Load())
+	}
+}

@@ -92,7 +92,7 @@ func New(cfg Config) *Server {
 	}
 	s.life, s.endLife = context.WithCancelCause(context.Background())
 	if cfg.Role != "" {
-		s.pd = newPDState(cfg.Name)
+		s.pd = newPDState(cfg.Name, cfg.CacheTokens)
 	}
 	s.metrics = newMetrics(s)
 	s.handler = s.routes()
