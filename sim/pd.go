@@ -35,7 +35,8 @@ import (
 //     tp_size}. The blocks are held for a decode replica to pull, until it
 //     does or Config.KVHoldSecs pass (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT,
 //     480 s by default), whatever happens to the request that would have
-//     pulled them. remote_host:remote_port is the address the prefill leg
+//     pulled them, or until held blocks outgrow Config.CacheTokens (they
+//     live in the KV cache), when the oldest transfer is dropped. remote_host:remote_port is the address the prefill leg
 //     reached this replica at (its Host header).
 //   - a request whose kv_transfer_params has do_remote_prefill true is a
 //     decode leg: the replica pulls the named blocks from the prefill
