@@ -51,7 +51,13 @@ func (p *Proxy) begin(ctx context.Context, c *call) (*attempt, error) {
 	}
 	a := &attempt{p: p, c: c, d: d, n: c.attempts}
 	// attempt start: the decision is held from here until settle.
-	p.splitAttempt(a)
+	if err := p.splitAttempt(a); err != nil {
+		if a.pre != nil {
+			a.pre.settle(undelivered)
+		}
+		a.settle(undelivered)
+		return nil, err
+	}
 	p.pinFromRouter(c, d)
 	if c.pin != "" && d.Worker != c.pin {
 		// A router that knows a worker this data plane has not synced yet

@@ -201,10 +201,11 @@ func (p *Proxy) decide(ctx context.Context, c *call, req *router.Request) (route
 
 // splitAttempt prepares a's legs from its decision: the prefill attempt of
 // a pair, the body of a decode leg or of a whole request in a split pool.
-func (p *Proxy) splitAttempt(a *attempt) {
+// On an error the caller settles a and a.pre.
+func (p *Proxy) splitAttempt(a *attempt) (err error) {
 	c, d := a.c, a.d
 	if !c.pd.on {
-		return
+		return nil
 	}
 	if d.Prefill != nil {
 		a.pre = &attempt{p: p, c: c, d: *d.Prefill, n: a.n, leg: legPrefill}
@@ -213,26 +214,40 @@ func (p *Proxy) splitAttempt(a *attempt) {
 	case d.Prefill != nil:
 		p.pdm.outcomes.WithLabelValues("split").Inc()
 		if p.o.Disagg.Sidecar {
-			a.reqBody = c.pd.strippedBody(c)
+			a.reqBody, err = c.pd.strippedBody(c)
 		}
 	case c.pd.kv != nil:
 		a.reqBody, a.leg = c.pd.decode, legDecode
 	case d.Whole != "":
 		p.pdm.outcomes.WithLabelValues(d.Whole).Inc()
-		a.reqBody = c.pd.strippedBody(c)
+		a.reqBody, err = c.pd.strippedBody(c)
 	}
+	return err
 }
 
 // strippedBody is the call's body without the client's kv_transfer_params
-// (the call's own body when it has none, or it cannot be rewritten).
-func (d *pdCall) strippedBody(c *call) []byte {
+// (the call's own body when it has none, or it cannot be rewritten). A
+// copy counts in the in-flight body budget as the body itself does.
+func (d *pdCall) strippedBody(c *call) ([]byte, error) {
 	if d.stripped == nil {
-		d.stripped = c.body
-		if b, err := extract.RewriteMembers(c.body, nil, kvTransferParams); err == nil && len(b) != len(c.body) {
-			d.stripped = b
+		b, err := extract.RewriteMembers(c.body, nil, kvTransferParams)
+		if err != nil || len(b) == len(c.body) {
+			d.stripped = c.body
+			return d.stripped, nil
 		}
+		if !c.hold.grow(int64(len(b))) {
+			return nil, errBodyBudget()
+		}
+		d.stripped = b
 	}
-	return d.stripped
+	return d.stripped, nil
+}
+
+// errBodyBudget is the refusal of a leg's body copy that no longer fits
+// the in-flight budget: 503, as the body itself would have been.
+func errBodyBudget() error {
+	return apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "server_busy",
+		"too many request bytes are being handled at once; retry shortly (proxy.max_inflight_body_bytes)")
 }
 
 // prefillBody is the body of the call's prefill leg (package comment).
@@ -259,8 +274,7 @@ func (d *pdCall) prefillBody(c *call) ([]byte, error) {
 		return nil, err
 	}
 	if !c.hold.grow(int64(len(b))) {
-		return nil, apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "server_busy",
-			"too many request bytes are being handled at once; retry shortly (proxy.max_inflight_body_bytes)")
+		return nil, errBodyBudget()
 	}
 	d.prefill = b
 	return b, nil
@@ -306,8 +320,7 @@ func (a *attempt) runPrefill(ctx context.Context) (resp *http.Response, err erro
 		return fail(nil, err)
 	}
 	if !c.hold.grow(int64(len(decode))) {
-		return fail(nil, apierr.New(http.StatusServiceUnavailable, apierr.TypeUnavailable, "server_busy",
-			"too many request bytes are being handled at once; retry shortly (proxy.max_inflight_body_bytes)"))
+		return fail(nil, errBodyBudget())
 	}
 	c.pd.kv, c.pd.decode = kv, decode
 	a.reqBody, a.leg, a.handoff = decode, legDecode, read

@@ -503,3 +503,34 @@ func TestSplitLegsCarryTheirWorkersKeys(t *testing.T) {
 		})
 	}
 }
+
+// A leg's copy of the body (here the client's kv_transfer_params stripped,
+// in sidecar mode) counts in the in-flight body budget as the body does:
+// one that does not fit is a 503 that reaches no worker and holds no load;
+// the same request with nothing to strip, no copy, fits.
+func TestLegCopiesCountInTheBodyBudget(t *testing.T) {
+	log := &pdLog{}
+	p, d := newBackend(t, "p"), newBackend(t, "d")
+	p.set(prefillWorker(t, log, "p"))
+	d.set(decodeWorker(t, log, "d", nil))
+	plain := chatBody("s", longText("s", 3000), false)
+	r := splitRig(t, map[*backend]engine.Role{p: engine.RolePrefill, d: engine.RoleDecode}, []*backend{p, d},
+		withOptions(func(o *proxy.Options) {
+			o.Disagg.Sidecar = true
+			o.MaxInflightBodyBytes = int64(len(plain)) * 3 / 2
+		}))
+	withKV := `{"kv_transfer_params":{"do_remote_prefill":true},` + plain[1:]
+	resp := r.post("/v1/chat/completions", withKV)
+	if out := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(out, "server_busy") {
+		t.Fatalf("a body and its stripped copy over the budget: %d %s, want 503 server_busy", resp.StatusCode, out)
+	}
+	if n := len(log.headers); n != 0 {
+		t.Fatalf("%d requests reached the decode worker", n)
+	}
+	r.waitLoadZero()
+	resp = r.post("/v1/chat/completions", plain)
+	if out := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("the body alone within the budget: %d %s", resp.StatusCode, out)
+	}
+	r.waitLoadZero()
+}
