@@ -24,6 +24,7 @@ import (
 	"github.com/cartrouter/cart/dataplane/epp"
 	"github.com/cartrouter/cart/dataplane/epp/epptest"
 	"github.com/cartrouter/cart/internal/testkit"
+	"github.com/cartrouter/cart/internal/testkit/kubeapi"
 	"github.com/cartrouter/cart/internal/testkit/proc"
 	"github.com/cartrouter/cart/sim"
 	"github.com/cartrouter/cart/sim/simtest"
@@ -243,14 +244,14 @@ func TestEPPProcessInferencePool(t *testing.T) {
 		ports = append(ports, n)
 	}
 	const ns = "inference"
-	api := newFakeKubeAPI(t, map[string]any{
-		"/api/v1/namespaces/" + ns + "/pods": podList(
-			readyPod("sim-0", ns, "127.0.0.1", map[string]string{"app": "sim"}),
-			readyPod("other", ns, "127.0.0.2", map[string]string{"app": "other"})),
-		"/apis/inference.networking.k8s.io/v1/namespaces/" + ns + "/inferencepools": poolList("chat", ns, map[string]string{"app": "sim"}, ports...),
+	api := kubeapi.StartLists(t, ns, map[string]any{
+		"/api/v1/namespaces/" + ns + "/pods": kubeapi.PodList(
+			kubeapi.ReadyPod("sim-0", ns, "127.0.0.1", map[string]string{"app": "sim"}),
+			kubeapi.ReadyPod("other", ns, "127.0.0.2", map[string]string{"app": "other"})),
+		"/apis/inference.networking.k8s.io/v1/namespaces/" + ns + "/inferencepools": kubeapi.PoolList("chat", ns, map[string]string{"app": "sim"}, ports...),
 	})
 	// The pods are on loopback, which discovery refuses unless allowed.
-	yaml := fmt.Sprintf("cache: {eviction_interval_secs: 0.2}\ndiscovery:\n  allowed_networks: [127.0.0.0/8]\n  kubernetes: {enabled: true, inference_pool: chat, kubeconfig: %s}\n", api.kubeconfig(t, ns))
+	yaml := fmt.Sprintf("cache: {eviction_interval_secs: 0.2}\ndiscovery:\n  allowed_networks: [127.0.0.0/8]\n  kubernetes: {enabled: true, inference_pool: chat, kubeconfig: %s}\n", api.Kubeconfig(t, t.TempDir()))
 	e := startEPP(t, yaml, nil, nil)
 	e.WaitLog(t, 10*time.Second, "discovery: worker added")
 	time.Sleep(600 * time.Millisecond)

@@ -1,7 +1,8 @@
 // Package kubeapi serves the slice of the Kubernetes API that CART's
-// Kubernetes discovery reads (EndpointSlices of one namespace: list and
-// watch) over real HTTP, so that a test can run the cart binary against it
-// with an ordinary kubeconfig. It answers a streaming list
+// Kubernetes discovery reads (EndpointSlices of one namespace, or any fixed
+// lists such as an InferencePool and its pods: list and watch) over real
+// HTTP, so that a test can run the cart binary against it with an ordinary
+// kubeconfig. It answers a streaming list
 // (sendInitialEvents) the way an API server without that feature does, so
 // client-go falls back to list-then-watch; a watch stays open, silent,
 // until the client leaves.
@@ -22,11 +23,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Server is a fake API server holding a fixed set of EndpointSlices.
+// Server is a fake API server holding a fixed set of EndpointSlices, or
+// fixed list objects by path.
 type Server struct {
 	URL       string
 	Namespace string
 	slices    []discoveryv1.EndpointSlice
+	fixed     map[string]any // path -> list object (StartLists)
 	lists     atomic.Int64
 }
 
@@ -53,10 +56,52 @@ func Start(t testing.TB, namespace, service, portName string, eps ...Endpoint) *
 			Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port}},
 		})
 	}
+	s.start(t)
+	return s
+}
+
+// StartLists serves, until the test ends, each list object at its path
+// (e.g. /api/v1/namespaces/NS/pods: PodList(...)), whatever the selector:
+// the client filters what it is given.
+func StartLists(t testing.TB, namespace string, lists map[string]any) *Server {
+	t.Helper()
+	s := &Server{Namespace: namespace, fixed: lists}
+	s.start(t)
+	return s
+}
+
+func (s *Server) start(t testing.TB) {
 	ts := httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(ts.Close)
 	s.URL = ts.URL
-	return s
+}
+
+// PodList is a v1 PodList of pods (ReadyPod's), as JSON.
+func PodList(pods ...map[string]any) map[string]any {
+	return map[string]any{"kind": "PodList", "apiVersion": "v1", "metadata": map[string]any{"resourceVersion": "1"}, "items": pods}
+}
+
+// ReadyPod is a running, ready pod at ip with labels, as JSON.
+func ReadyPod(name, ns, ip string, labels map[string]string) map[string]any {
+	return map[string]any{
+		"metadata": map[string]any{"name": name, "namespace": ns, "labels": labels, "resourceVersion": "1"},
+		"status": map[string]any{"phase": "Running", "podIP": ip,
+			"conditions": []any{map[string]any{"type": "Ready", "status": "True"}}},
+	}
+}
+
+// PoolList is an InferencePoolList (inference.networking.k8s.io/v1) of one
+// pool selecting pods by selector on ports, as JSON.
+func PoolList(name, ns string, selector map[string]string, ports ...int) map[string]any {
+	var tps []any
+	for _, p := range ports {
+		tps = append(tps, map[string]any{"number": p})
+	}
+	return map[string]any{"kind": "InferencePoolList", "apiVersion": "inference.networking.k8s.io/v1", "metadata": map[string]any{"resourceVersion": "1"},
+		"items": []any{map[string]any{
+			"metadata": map[string]any{"name": name, "namespace": ns, "resourceVersion": "1"},
+			"spec":     map[string]any{"selector": map[string]any{"matchLabels": selector}, "targetPorts": tps},
+		}}}
 }
 
 // Lists counts the list requests answered: a client that listed has the
@@ -82,8 +127,9 @@ current-context: fake
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet || r.URL.Path != "/apis/discovery.k8s.io/v1/namespaces/"+s.Namespace+"/endpointslices" {
-		status(w, http.StatusNotFound, "NotFound", "the fake serves only "+s.Namespace+"'s endpointslices, not "+r.URL.Path)
+	fixed, isFixed := s.fixed[r.URL.Path]
+	if r.Method != http.MethodGet || !isFixed && r.URL.Path != "/apis/discovery.k8s.io/v1/namespaces/"+s.Namespace+"/endpointslices" {
+		status(w, http.StatusNotFound, "NotFound", "the fake does not serve "+r.Method+" "+r.URL.Path)
 		return
 	}
 	q := r.URL.Query()
@@ -99,6 +145,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			f.Flush()
 		}
 		<-r.Context().Done()
+		return
+	}
+	if isFixed {
+		s.lists.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(fixed)
 		return
 	}
 	var out []discoveryv1.EndpointSlice
