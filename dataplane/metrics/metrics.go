@@ -38,6 +38,8 @@ type Metrics struct {
 	Fallbacks         *prometheus.CounterVec   // cause
 	ModelsCache       *prometheus.CounterVec   // result=hit|miss|stale, or pool: the union of the workers' lists
 	Reloads           *prometheus.CounterVec   // result=accepted|rejected
+	PDDecisions       *prometheus.CounterVec   // outcome=split|short_prompt|no_prefill|no_decode
+	PDLegs            *prometheus.HistogramVec // leg=prefill|handoff|decode_first_byte
 }
 
 // IndexSource reports index counters at scrape time.
@@ -70,7 +72,12 @@ func New(idx IndexSource) *Metrics {
 	m.Fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_fallback_total", Help: "Requests routed locally because the control plane could not decide, by cause."}, []string{"cause"})
 	m.ModelsCache = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_models_cache_total", Help: "GET /v1/models answers by source."}, []string{"result"})
 	m.Reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_config_reloads_total", Help: "SIGHUP reloads by result."}, []string{"result"})
-	for _, c := range []prometheus.Collector{m.Requests, m.Decisions, m.MatchedRatio, m.DecisionLatency, m.InFlight, m.Retries, m.RetryBudgetExhaus, m.BreakerState, m.BreakerTrans, m.Healthy, m.UpstreamTTFB, m.PromptTokens, m.CachedTokens, m.PredictedCached, m.CachedFraction, m.ClientDisconnects, m.Fallbacks, m.ModelsCache, m.Reloads} {
+	m.PDDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_pd_decisions_total",
+		Help: "Decisions for requests that could be split between a prefill and a decode worker, by outcome: split, or whole because of short_prompt (disaggregation.threshold_tokens), no_prefill or no_decode (no worker of that role could take it)."}, []string{"outcome"})
+	m.PDLegs = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "cart_pd_leg_seconds",
+		Help:    "Split requests' legs as CART sees them: prefill (the prefill leg, sent to answer read), handoff (answer read to decode leg sent), decode_first_byte (decode leg sent to its first body byte: includes the KV transfer, which the decode engine completes before its first token).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"leg"})
+	for _, c := range []prometheus.Collector{m.Requests, m.Decisions, m.MatchedRatio, m.DecisionLatency, m.InFlight, m.Retries, m.RetryBudgetExhaus, m.BreakerState, m.BreakerTrans, m.Healthy, m.UpstreamTTFB, m.PromptTokens, m.CachedTokens, m.PredictedCached, m.CachedFraction, m.ClientDisconnects, m.Fallbacks, m.ModelsCache, m.Reloads, m.PDDecisions, m.PDLegs} {
 		f(c)
 	}
 	if idx != nil {

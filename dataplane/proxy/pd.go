@@ -18,6 +18,7 @@ import (
 
 	"github.com/cartrouter/cart/dataplane/apierr"
 	"github.com/cartrouter/cart/dataplane/extract"
+	"github.com/cartrouter/cart/dataplane/metrics"
 	"github.com/cartrouter/cart/dataplane/router"
 )
 
@@ -132,40 +133,29 @@ const (
 	legDecode      // a decode leg carrying a prefill's kv_transfer_params
 )
 
-// pdMetrics are the split requests' metrics.
-type pdMetrics struct {
-	outcomes *prometheus.CounterVec
-	legs     *prometheus.HistogramVec
+// pdChildren are the split requests' metric children.
+type pdChildren struct {
+	split                             prometheus.Counter
+	whole                             map[string]prometheus.Counter // by Decision.Whole
+	prefill, handoff, decodeFirstByte prometheus.Observer
 }
 
-func newPDMetrics(reg prometheus.Registerer) *pdMetrics {
-	m := &pdMetrics{
-		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cart_pd_decisions_total",
-			Help: "Decisions for requests that could be split between a prefill and a decode worker, by outcome: split, or whole because of short_prompt (disaggregation.threshold_tokens), no_prefill or no_decode (no worker of that role could take it)."}, []string{"outcome"}),
-		legs: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "cart_pd_leg_seconds",
-			Help:    "Split requests' legs as CART sees them: prefill (the prefill leg, sent to answer read), handoff (answer read to decode leg sent), decode_first_byte (decode leg sent to its first body byte: includes the KV transfer, which the decode engine completes before its first token).",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"leg"}),
-	}
-	m.outcomes = registerOr(reg, m.outcomes)
-	m.legs = registerOr(reg, m.legs)
-	return m
-}
-
-// registerOr registers c, or returns the collector already registered
-// under its name (several proxies may share a registry in one process).
-func registerOr[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if reg == nil {
-		return c
-	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if old, ok := are.ExistingCollector.(C); ok {
-				return old
-			}
-		}
+func newPDChildren(m *metrics.Metrics) pdChildren {
+	c := pdChildren{split: m.PDDecisions.WithLabelValues("split"), whole: map[string]prometheus.Counter{},
+		prefill: m.PDLegs.WithLabelValues("prefill"), handoff: m.PDLegs.WithLabelValues("handoff"),
+		decodeFirstByte: m.PDLegs.WithLabelValues("decode_first_byte")}
+	for _, w := range []string{router.WholeShortPrompt, router.WholeNoPrefill, router.WholeNoDecode} {
+		c.whole[w] = m.PDDecisions.WithLabelValues(w)
 	}
 	return c
+}
+
+// wholeCounter is cart_pd_decisions_total's child for a whole outcome.
+func (p *Proxy) wholeCounter(why string) prometheus.Counter {
+	if c, ok := p.pd.whole[why]; ok {
+		return c
+	}
+	return p.m.PDDecisions.WithLabelValues(why)
 }
 
 // preparePD marks a call that may be split. A request naming a stored
@@ -212,14 +202,14 @@ func (p *Proxy) splitAttempt(a *attempt) (err error) {
 	}
 	switch {
 	case d.Prefill != nil:
-		p.pdm.outcomes.WithLabelValues("split").Inc()
+		p.pd.split.Inc()
 		if p.o.Disagg.Sidecar {
 			a.reqBody, err = c.pd.strippedBody(c)
 		}
 	case c.pd.kv != nil:
 		a.reqBody, a.leg = c.pd.decode, legDecode
 	case d.Whole != "":
-		p.pdm.outcomes.WithLabelValues(d.Whole).Inc()
+		p.wholeCounter(d.Whole).Inc()
 		a.reqBody, err = c.pd.strippedBody(c)
 	}
 	return err
@@ -314,7 +304,7 @@ func (a *attempt) runPrefill(ctx context.Context) (resp *http.Response, err erro
 	_ = resp.Body.Close()
 	p.observeUsage(c, pa.d, pa.w, u)
 	read := p.o.Now()
-	p.pdm.legs.WithLabelValues("prefill").Observe(read.Sub(start).Seconds())
+	p.pd.prefill.Observe(read.Sub(start).Seconds())
 	decode, err := extract.RewriteMembers(c.body, []extract.Member{{Name: kvTransferParams, Value: kv}})
 	if err != nil {
 		return fail(nil, err)
@@ -460,10 +450,10 @@ func (a *attempt) delivered(resp *http.Response) *http.Response {
 		return resp
 	}
 	if !a.handoff.IsZero() {
-		p.pdm.legs.WithLabelValues("handoff").Observe(a.sent.Sub(a.handoff).Seconds())
+		p.pd.handoff.Observe(a.sent.Sub(a.handoff).Seconds())
 	}
 	resp.Body = &firstByte{ReadCloser: resp.Body, at: func() {
-		p.pdm.legs.WithLabelValues("decode_first_byte").Observe(p.o.Now().Sub(a.sent).Seconds())
+		p.pd.decodeFirstByte.Observe(p.o.Now().Sub(a.sent).Seconds())
 	}}
 	return resp
 }

@@ -151,11 +151,10 @@ type Proxy struct {
 	passPaths, retryPaths pathSet
 	budget                *bodyBudget // nil: no bound
 
-	pdm *pdMetrics
-
 	// Metric children looked up once rather than per request.
 	predictedFraction, actualFraction prometheus.Observer
 	decisions                         sync.Map // reason -> prometheus.Counter
+	pd                                pdChildren
 }
 
 // New builds a Proxy.
@@ -188,8 +187,8 @@ func New(o Options) *Proxy {
 	if p.upstream == nil {
 		p.upstream = newH1Transport(o.ConnectTimeout, o.RequestTimeout, NewTransport(o.ConnectTimeout, o.RequestTimeout))
 	}
-	p.pdm = newPDMetrics(p.m.Registry)
 	p.predictedFraction = p.m.CachedFraction.WithLabelValues("predicted")
+	p.pd = newPDChildren(p.m)
 	p.actualFraction = p.m.CachedFraction.WithLabelValues("actual")
 	p.models.ttl = o.ModelsCacheTTL
 	p.affinity = affinity.New[string](o.ResponseAffinityTTL, o.ResponseAffinityMax)

@@ -62,6 +62,13 @@ const (
 	DisaggDecode = engine.DisaggDecode
 )
 
+// Why a request that could have been split went whole (Decision.Whole).
+const (
+	WholeShortPrompt = engine.WholeShortPrompt
+	WholeNoPrefill   = engine.WholeNoPrefill
+	WholeNoDecode    = engine.WholeNoDecode
+)
+
 // Admission is a request's flow-control identity (decider.Admission).
 type Admission = decider.Admission
 
