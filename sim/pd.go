@@ -36,8 +36,9 @@ import (
 //     does or Config.KVHoldSecs pass (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT,
 //     480 s by default), whatever happens to the request that would have
 //     pulled them, or until held blocks outgrow Config.CacheTokens (they
-//     live in the KV cache), when the oldest transfer is dropped. remote_host:remote_port is the address the prefill leg
-//     reached this replica at (its Host header).
+//     live in the KV cache), when the oldest transfer is dropped.
+//     remote_host:remote_port is the address the prefill leg reached this
+//     replica at (its Host header).
 //   - a request whose kv_transfer_params has do_remote_prefill true is a
 //     decode leg: the replica pulls the named blocks from the prefill
 //     replica (POST /sim/kv/pull there, with the request's X-Request-Id,

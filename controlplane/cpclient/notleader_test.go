@@ -52,7 +52,8 @@ func TestIsPoolSaturated(t *testing.T) {
 		t.Fatal(err)
 	}
 	detailed.AddDetail(d)
-	legacy := connect.NewError(connect.CodeResourceExhausted, engine.ErrAllSaturated)
+	// As leaders before the detail sent it, whatever the engine says now.
+	legacy := connect.NewError(connect.CodeResourceExhausted, errors.New("no worker available: every usable worker is saturated (at max_load or its concurrency)"))
 	for _, c := range []struct {
 		name string
 		err  error
