@@ -173,12 +173,7 @@ func (s *Server) holdTransfer(j *job, host string) json.RawMessage {
 		// it at once and the decode replica computes those tokens.
 		t := &transfer{requestID: j.requestID, blocks: blocks, tokens: n * s.cfg.BlockTokens,
 			expires: now.Add(time.Duration(s.cfg.KVHoldSecs * float64(time.Second)))}
-		d.pending[blocks[0]] = t
-		d.order = append(d.order, blocks[0])
-		d.held += t.tokens
-		for len(d.pending) > maxPending || d.maxHeld > 0 && d.held > d.maxHeld && len(d.pending) > 1 {
-			d.dropOldestLocked()
-		}
+		d.holdLocked(t)
 	}
 	d.mu.Unlock()
 	d.prefills.Add(1)
@@ -190,6 +185,17 @@ func (s *Server) holdTransfer(j *job, host string) json.RawMessage {
 	out := kvParams{DoRemotePrefill: true, RemoteEngineID: &d.engineID, RemoteBlockIDs: blocks, RemoteHost: &h, RemotePort: &port, TPSize: 1}
 	b, _ := json.Marshal(out) // our own type
 	return b
+}
+
+// holdLocked keeps t for a decode replica to pull, dropping the oldest
+// transfers past the bounds (the newest stays). d.mu held.
+func (d *pdState) holdLocked(t *transfer) {
+	d.pending[t.blocks[0]] = t
+	d.order = append(d.order, t.blocks[0])
+	d.held += t.tokens
+	for len(d.pending) > maxPending || d.maxHeld > 0 && d.held > d.maxHeld && len(d.pending) > 1 {
+		d.dropOldestLocked()
+	}
 }
 
 // expireLocked drops transfers nobody pulled in time: the oldest first,

@@ -155,9 +155,7 @@ func TestHeldTransferBookkeeping(t *testing.T) {
 	now := time.Now()
 	for i := range 10_000 {
 		k := int64(i + 1)
-		d.pending[k] = &transfer{blocks: []int64{k}, tokens: 4, expires: now.Add(time.Hour)}
-		d.order = append(d.order, k)
-		d.held += 4
+		d.holdLocked(&transfer{blocks: []int64{k}, tokens: 4, expires: now.Add(time.Hour)})
 		if i%10 != 0 {
 			d.claimLocked(k) // most are pulled at once; every tenth waits
 		}
@@ -168,9 +166,8 @@ func TestHeldTransferBookkeeping(t *testing.T) {
 	// A claimed key at the front is passed over, not taken for an expired
 	// one: nothing is due yet.
 	k := int64(20_000)
-	d.pending[k] = &transfer{blocks: []int64{k}, tokens: 4, expires: now.Add(time.Hour)}
-	d.order = append([]int64{k}, d.order...)
-	d.held += 4
+	d.holdLocked(&transfer{blocks: []int64{k}, tokens: 4, expires: now.Add(time.Hour)})
+	d.order = append([]int64{k}, d.order[:len(d.order)-1]...) // at the front, as if handed out first
 	d.claimLocked(k)
 	d.expireLocked(now)
 	if len(d.pending) != 1000 || d.expired.Load() != 0 || d.held != 4000 {
