@@ -32,7 +32,7 @@ func NotLeaderOf(err error) (*cartv1.NotLeader, bool) {
 // response of another tenant (NOT_FOUND with a ResponseNotFound detail),
 // whether it came in a unary answer or a stream's.
 func IsResponseNotFound(err error) bool {
-	return hasDetail[*cartv1.ResponseNotFound](err, connect.CodeNotFound)
+	return HasDetail[*cartv1.ResponseNotFound](err, connect.CodeNotFound)
 }
 
 // IsPoolSaturated reports whether err is a Route refusal because every
@@ -41,7 +41,7 @@ func IsResponseNotFound(err error) bool {
 // only in the message; that is read too, so a data plane upgraded first
 // keeps waiting for the queue during a rolling upgrade.
 func IsPoolSaturated(err error) bool {
-	return hasDetail[*cartv1.PoolSaturated](err, connect.CodeResourceExhausted) ||
+	return HasDetail[*cartv1.PoolSaturated](err, connect.CodeResourceExhausted) ||
 		connect.CodeOf(err) == connect.CodeResourceExhausted && strings.Contains(err.Error(), legacySaturated)
 }
 
@@ -50,9 +50,9 @@ func IsPoolSaturated(err error) bool {
 // cannot break them.
 const legacySaturated = "every usable worker is saturated"
 
-// hasDetail reports whether err is a Connect error with code and a detail
+// HasDetail reports whether err is a Connect error with code and a detail
 // of type T.
-func hasDetail[T any](err error, code connect.Code) bool {
+func HasDetail[T any](err error, code connect.Code) bool {
 	ce, ok := errors.AsType[*connect.Error](err)
 	if !ok || ce.Code() != code {
 		return false

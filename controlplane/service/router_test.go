@@ -49,7 +49,7 @@ func TestRouteProtocols(t *testing.T) {
 
 			_, err := rc.Route(ctx, connect.NewRequest(&cartv1.RouteRequest{Text: "hello"}))
 			ce := wantCode(t, err, connect.CodeResourceExhausted)
-			if !strings.Contains(ce.Message(), "no workers configured") || hasPoolSaturated(ce) {
+			if !strings.Contains(ce.Message(), "no workers configured") || cpclient.HasDetail[*cartv1.PoolSaturated](ce, connect.CodeResourceExhausted) {
 				t.Fatalf("no-workers message = %q", ce.Message())
 			}
 
@@ -178,7 +178,7 @@ func TestRouteExclude(t *testing.T) {
 	}
 	_, err := rc.Route(context.Background(), connect.NewRequest(&cartv1.RouteRequest{Model: "m", Text: txt, ExcludeWorkers: all}))
 	ce := wantCode(t, err, connect.CodeResourceExhausted)
-	if !strings.Contains(ce.Message(), "excluded") || hasPoolSaturated(ce) || cpclient.IsPoolSaturated(err) {
+	if !strings.Contains(ce.Message(), "excluded") || cpclient.HasDetail[*cartv1.PoolSaturated](ce, connect.CodeResourceExhausted) || cpclient.IsPoolSaturated(err) {
 		t.Fatalf("all-excluded: %q %v, want no PoolSaturated detail (nothing to wait for)", ce.Message(), ce.Details())
 	}
 }
@@ -198,20 +198,9 @@ func TestRouteSaturated(t *testing.T) {
 		t.Fatalf("saturated message = %q", ce.Message())
 	}
 	// Full, not empty: said in a detail, which is what a data plane reads.
-	if !cpclient.IsPoolSaturated(err) || !hasPoolSaturated(ce) {
+	if !cpclient.IsPoolSaturated(err) || !cpclient.HasDetail[*cartv1.PoolSaturated](ce, connect.CodeResourceExhausted) {
 		t.Fatalf("saturated answer without a PoolSaturated detail: %v", ce.Details())
 	}
-}
-
-func hasPoolSaturated(ce *connect.Error) bool {
-	for _, d := range ce.Details() {
-		if v, err := d.Value(); err == nil {
-			if _, ok := v.(*cartv1.PoolSaturated); ok {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func TestLoadAccountingComplete(t *testing.T) {

@@ -312,7 +312,7 @@ func TestAnswersOfTheProxyItself(t *testing.T) {
 // proxy.body_read_timeout_secs, as a client of the proxy does; the stream is
 // not held until the gateway resets it.
 func TestStalledBodyTimesOut(t *testing.T) {
-	p := startPicker(t, 1, func(c *config.Config) { c.Proxy.BodyReadTimeoutSecs = 0.3 })
+	p := startPicker(t, 1, func(c *config.Config) { c.Proxy.BodyReadTimeoutSecs = 1 })
 	// Bounded, so that a picker that waits for the body forever fails the
 	// test instead of hanging it.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -328,7 +328,7 @@ func TestStalledBodyTimesOut(t *testing.T) {
 		epptest.RequestBody(body[:len(body)/2], false))
 	code, _, msg := immediateStatus(t, recv(t, s))
 	if took := time.Since(start); code != http.StatusRequestTimeout || !strings.Contains(msg, "body_timeout") || took > 5*time.Second {
-		t.Fatalf("stalled body: %d %s after %v, want 408 body_timeout after about 0.3 s", code, msg, took)
+		t.Fatalf("stalled body: %d %s after %v, want 408 body_timeout after about 1 s", code, msg, took)
 	}
 	if p.load(0) != 0 {
 		t.Errorf("load %d after a refused request", p.load(0))

@@ -1,24 +1,13 @@
 package proxy_test
 
 import (
-	"bufio"
-	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 
-	"github.com/cartrouter/cart/controlplane/engine"
-	"github.com/cartrouter/cart/dataplane/proxy"
 	"github.com/cartrouter/cart/internal/testkit"
 )
-
-func withLog(l *testkit.SyncBuffer) rigOpt {
-	return func(o *proxy.Options, _ *engine.Policy, _ []engine.WorkerSpec) {
-		o.Logger = slog.New(slog.NewTextHandler(l, nil))
-	}
-}
 
 // "response body broke off" is a warning about a worker: a client that
 // hangs up mid-answer ends the upstream read too (its context closes the
@@ -30,15 +19,8 @@ func TestBrokeOffWarnsOfWorkersNotClients(t *testing.T) {
 		var logs testkit.SyncBuffer
 		a := newBackend(t, "a")
 		a.set(streamUntilGone(stopChan(t), chunk, 0))
-		r := newRig(t, []string{a.URL}, withLog(&logs))
-		ctx, cancel := context.WithCancel(context.Background())
-		resp, err := r.postCtx(ctx, chatBody("s", "endless", true))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
-			t.Fatal(err)
-		}
+		r := newRig(t, []string{a.URL}, logsTo(&logs))
+		resp, cancel := r.streaming(t, chatBody("s", "endless", true))
 		cancel()
 		resp.Body.Close()
 		r.waitLoadZero()
@@ -55,7 +37,7 @@ func TestBrokeOffWarnsOfWorkersNotClients(t *testing.T) {
 		w.(http.Flusher).Flush()
 		panic(http.ErrAbortHandler) // the worker dies mid-answer
 	})
-	r := newRig(t, []string{b.URL}, withLog(&logs))
+	r := newRig(t, []string{b.URL}, logsTo(&logs))
 	resp := r.post("/v1/chat/completions", chatBody("s", "cut", true))
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()

@@ -524,8 +524,8 @@ func TestLegCopiesCountInTheBodyBudget(t *testing.T) {
 	if out := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(out, "server_busy") {
 		t.Fatalf("a body and its stripped copy over the budget: %d %s, want 503 server_busy", resp.StatusCode, out)
 	}
-	if n := len(log.headers); n != 0 {
-		t.Fatalf("%d requests reached the decode worker", n)
+	if np, nd := log.prefillN(), log.decodeN(); np != 0 || nd != 0 {
+		t.Fatalf("%d prefill and %d decode requests reached a worker", np, nd)
 	}
 	r.waitLoadZero()
 	resp = r.post("/v1/chat/completions", plain)

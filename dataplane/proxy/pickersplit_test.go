@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/dataplane/proxy"
@@ -27,7 +28,14 @@ func TestPickerRoutesWholeInASplitPool(t *testing.T) {
 		defer close(done)
 		r.proxy.ServeHTTP(httptest.NewRecorder(), req)
 	}()
-	pk := <-picked
+	var pk *proxy.Pick
+	select {
+	case pk = <-picked:
+	case <-done:
+		t.Fatal("the handler returned without picking")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no pick within 10 s")
+	}
 	if pk.Worker != b.URL {
 		t.Fatalf("picked %s, want the whole worker %s", pk.Worker, b.URL)
 	}

@@ -205,14 +205,7 @@ func TestClientDisconnectMidStreamReleasesLoad(t *testing.T) {
 	a := newBackend(t, "a")
 	a.set(streamUntilGone(stopChan(t), "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n", 5*time.Millisecond))
 	r := newRig(t, []string{a.URL})
-	ctx, cancel := context.WithCancel(context.Background())
-	resp, err := r.postCtx(ctx, chatBody("s", "endless", true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	resp, cancel := r.streaming(t, chatBody("s", "endless", true))
 	if r.totalLoad() != 1 {
 		t.Fatalf("load during stream = %d, want 1", r.totalLoad())
 	}

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -234,6 +235,22 @@ func (r *rig) postCtx(ctx context.Context, body string) (*http.Response, error) 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	return http.DefaultClient.Do(req)
+}
+
+// streaming posts a streamed chat request and returns its answer once the
+// first line has arrived, and the cancel that hangs the client up.
+func (r *rig) streaming(t *testing.T, body string) (*http.Response, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	resp, err := r.postCtx(ctx, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	return resp, cancel
 }
 
 // timedPost posts a chat request and reads its answer, reporting how long
