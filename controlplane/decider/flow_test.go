@@ -505,3 +505,55 @@ func TestRidingCompletionsServeTheQueueFirst(t *testing.T) {
 		t.Fatalf("%d queued, want the newer call", n)
 	}
 }
+
+// A slot frees on the worker holding one waiting request's prompt while
+// another request of the same tenant, ahead of it, has its prompt on a
+// full worker: the slot goes to the one it serves from cache, and the
+// other waits for its own worker, which serves it from cache too. A
+// request with a deadline of its own keeps its place in the order.
+func TestFreedSlotGoesToTheRequestItHolds(t *testing.T) {
+	for _, ownDeadline := range []bool{false, true} {
+		t.Run(fmt.Sprint("own deadline ", ownDeadline), func(t *testing.T) {
+			d := flowDecider(t, FlowOptions{}, engine.Policy{}, 1, 1)
+			p := "the system prompt of family P, long enough to be a cache match, turn "
+			q := "the system prompt of family Q, long enough to be a cache match, turn "
+			p1, err := d.Admit(context.Background(), req(p+"1"), Admission{Tenant: "x"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			q1, err := d.Admit(context.Background(), req(q+"1"), Admission{Tenant: "x"})
+			if err != nil || q1.Worker == p1.Worker {
+				t.Fatalf("setup: q1 on %q (%v), p1 on %q", q1.Worker, err, p1.Worker)
+			}
+			var qa Admission
+			if ownDeadline {
+				qa.Deadline = time.Now().Add(time.Minute)
+			}
+			qa.Tenant = "x"
+			q2 := admitAsync(t, d, context.Background(), "q2", q+"2", qa)
+			p2 := admitAsync(t, d, context.Background(), "p2", p+"2", Admission{Tenant: "x"})
+			noResult(t, q2)
+			noResult(t, p2)
+
+			settleOK(t, d, p1) // P's worker frees
+			if ownDeadline {
+				r := result(t, q2)
+				if r.err != nil || r.dec.Worker != p1.Worker {
+					t.Fatalf("q2 with its own deadline went to %q (%v), want the freed %s", r.dec.Worker, r.err, p1.Worker)
+				}
+				noResult(t, p2)
+				return
+			}
+			r := result(t, p2)
+			if r.err != nil || r.dec.Worker != p1.Worker || r.dec.Reason != engine.ReasonCacheHit {
+				t.Fatalf("p2 went to %q (%s, %v), want %s as a cache hit", r.dec.Worker, r.dec.Reason, r.err, p1.Worker)
+			}
+			noResult(t, q2)
+			settleOK(t, d, q1) // Q's worker frees
+			r = result(t, q2)
+			if r.err != nil || r.dec.Worker != q1.Worker || r.dec.Reason != engine.ReasonCacheHit {
+				t.Fatalf("q2 went to %q (%s, %v), want %s as a cache hit", r.dec.Worker, r.dec.Reason, r.err, q1.Worker)
+			}
+		})
+	}
+}

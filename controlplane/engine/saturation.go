@@ -84,28 +84,54 @@ type EngineLoad struct {
 // engine's queue where priority and fairness no longer apply, is rare.
 const GrowAfter = 30
 
+// MaxGrowAfter bounds the back-off of probes that found no room: an
+// engine whose batch limit is fixed (vLLM's --max-num-seqs) fails every
+// probe, and each failure holds a request in its queue for up to a scrape
+// interval; at the default interval of 1 s the back-off brings that from
+// one second in 31 to one in 961.
+const MaxGrowAfter = GrowAfter << 5
+
 // ObserveEngine learns url's concurrency from its engine's metrics, for a
 // worker with no declared max_concurrency:
 //   - the engine queued requests (Waiting > 0): it runs no more than
 //     Running at once now, so that is the limit (at least 1);
 //   - it queued nothing while running at least the limit, GrowAfter times
-//     in a row: it may take more, so the limit grows by one.
+//     in a row: it may take more, so the limit grows by one (a probe).
+//
+// A probe that ends with the engine queueing below the raised limit found
+// no room: the next one waits twice as many observations, up to
+// MaxGrowAfter; one the engine ran with nothing waiting found room, and
+// the wait starts again from GrowAfter.
 //
 // Until the engine first queues, the limit stays unknown (no limit): an
-// engine that never queued has never been saturated. It reports whether
-// the limit changed.
-func (e *Engine) ObserveEngine(url string, l EngineLoad) bool {
+// engine that never queued has never been saturated. It returns the
+// learned limit and whether this observation changed it.
+func (e *Engine) ObserveEngine(url string, l EngineLoad) (limit int, changed bool) {
 	w, ok := e.byURL[url]
 	if !ok || w.spec.MaxConcurrency > 0 {
-		return false
+		return 0, false
+	}
+	if w.growAfter == 0 {
+		w.growAfter = GrowAfter
 	}
 	old := w.learned
 	switch {
 	case l.Waiting > 0:
-		w.learned, w.atLimit = max(l.Running, 1), 0
+		n := max(l.Running, 1)
+		switch {
+		case w.probing && n < w.learned:
+			w.growAfter = min(2*w.growAfter, MaxGrowAfter)
+		case w.probing:
+			w.growAfter = GrowAfter // it runs the raised limit: room found
+		}
+		w.probing = false
+		w.learned, w.atLimit = n, 0
 	case w.learned > 0 && l.Running >= w.learned:
-		if w.atLimit++; w.atLimit >= GrowAfter {
-			w.learned, w.atLimit = w.learned+1, 0
+		if w.probing {
+			w.probing, w.growAfter = false, GrowAfter
+		}
+		if w.atLimit++; w.atLimit >= w.growAfter {
+			w.learned, w.atLimit, w.probing = w.learned+1, 0, true
 		}
 	default:
 		w.atLimit = 0
@@ -113,7 +139,7 @@ func (e *Engine) ObserveEngine(url string, l EngineLoad) bool {
 	if w.learned > old {
 		e.freed++
 	}
-	return w.learned != old
+	return w.learned, w.learned != old
 }
 
 // Concurrency is url's concurrency limit in force: declared, else learned

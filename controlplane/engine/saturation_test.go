@@ -22,7 +22,8 @@ func TestObserveEngineLearnsConcurrency(t *testing.T) {
 	for i, s := range steps {
 		changed := false
 		for range s.times {
-			changed = e.ObserveEngine(s.url, s.obs) || changed
+			_, c := e.ObserveEngine(s.url, s.obs)
+			changed = c || changed
 		}
 		if got, _ := e.Concurrency(s.url); got != s.want || changed != s.wantChange {
 			t.Fatalf("step %d: limit %d (changed %v), want %d (%v)", i, got, changed, s.want, s.wantChange)
@@ -62,5 +63,116 @@ func TestSaturationAndHeadroom(t *testing.T) {
 	e.SetReserveActive(false)
 	if !e.HasRoom(0) {
 		t.Fatal("reserve off, a slot free: no room for priority 0")
+	}
+}
+
+// An engine with a fixed batch limit fails every probe past it: each
+// failure doubles the wait before the next, so a saturated engine's
+// queue holds a probed request rarely instead of once every GrowAfter
+// reads. When its room really grows, the limit still follows, at most
+// MaxGrowAfter reads later, and a probe that finds room starts the wait
+// afresh.
+func TestFailedProbesBackOff(t *testing.T) {
+	e := newTestEngine(t, testPolicy(), WorkerSpec{URL: "a"})
+	capacity := 4
+	// read is one scrape of an engine CART keeps at its limit: it runs
+	// what it can of that and queues the rest.
+	read := func() (limit int, changed bool) {
+		l, _ := e.Concurrency("a")
+		if l == 0 {
+			l = capacity + 3 // before the first queueing: no limit, more sent
+		}
+		return e.ObserveEngine("a", EngineLoad{Running: min(l, capacity), Waiting: max(l-capacity, 0)})
+	}
+	if l, _ := read(); l != capacity {
+		t.Fatalf("first queueing read: limit %d, want %d", l, capacity)
+	}
+	const reads = 10_000
+	probes, overLimit := 0, 0
+	for range reads {
+		if l, changed := read(); changed && l > capacity {
+			probes++
+		}
+		if l, _ := e.Concurrency("a"); l > capacity {
+			overLimit++
+		}
+	}
+	// Without the back-off: one probe every GrowAfter+1 reads (322 here).
+	// With it: the probes of the doubling waits (30, 60, ..., 960), then
+	// one every MaxGrowAfter+1 reads.
+	want, left := 0, reads
+	for wait := GrowAfter; left > wait; wait = min(2*wait, MaxGrowAfter) {
+		left -= wait + 1
+		want++
+	}
+	if probes != want || overLimit != probes || probes > reads/500 {
+		t.Fatalf("%d probes over %d reads at a fixed limit (%d reads over it), want %d (one read each, and at most one per 500 reads)", probes, reads, overLimit, want)
+	}
+
+	// The engine gets room for 6: the limit reaches it within one
+	// backed-off wait and one fresh one.
+	capacity = 6
+	n := 0
+	for ; n < MaxGrowAfter+GrowAfter+2; n++ {
+		if l, _ := read(); l == capacity {
+			break
+		}
+	}
+	if l, _ := e.Concurrency("a"); l != capacity {
+		t.Fatalf("after %d reads with room for %d: limit %d", n, capacity, l)
+	}
+	if n <= GrowAfter {
+		t.Fatalf("the limit followed after %d reads: the back-off did not hold", n)
+	}
+}
+
+// CachedOnly refuses a request only when a saturated worker it may use
+// holds a good match longer than any worker with room.
+func TestCachedOnly(t *testing.T) {
+	long := "a shared prompt that is long enough to be a good cache match, then "
+	cases := []struct {
+		name    string
+		text    string
+		exclude []string
+		want    error
+	}{
+		{"its prompt on the full worker", long + "turn 2", nil, ErrCachedElsewhere},
+		{"the full worker excluded", long + "turn 2", []string{"a"}, nil},
+		{"no match anywhere", "a prompt nobody has seen yet, of some length", nil, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newTestEngine(t, testPolicy(), WorkerSpec{URL: "a", MaxConcurrency: 1}, WorkerSpec{URL: "b", MaxConcurrency: 2})
+			r := req(long + "turn 1")
+			r.Exclude = []string{"b"}
+			if d, err := e.Choose(r, 1); err != nil || d.Worker != "a" {
+				t.Fatalf("setup: %v %v", d.Worker, err)
+			}
+			r = req(c.text)
+			r.CachedOnly, r.Exclude = true, c.exclude
+			d, err := e.Choose(r, 2)
+			if err != c.want || err == nil && d.Worker != "b" {
+				t.Fatalf("got %q, %v; want b or %v", d.Worker, err, c.want)
+			}
+			// Without CachedOnly it goes where the room is, as before.
+			r.CachedOnly = false
+			if d, err := e.Choose(r, 3); err != nil || d.Worker != "b" {
+				t.Fatalf("without CachedOnly: %q, %v", d.Worker, err)
+			}
+		})
+	}
+	// Both hold it: the one with room serves it from cache.
+	e := newTestEngine(t, testPolicy(), WorkerSpec{URL: "a", MaxConcurrency: 1}, WorkerSpec{URL: "b", MaxConcurrency: 2})
+	for _, w := range []string{"b", "a"} {
+		r := req(long + "turn 1")
+		r.Exclude = others(e, w)
+		if _, err := e.Choose(r, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := req(long + "turn 2")
+	r.CachedOnly = true
+	if d, err := e.Choose(r, 2); err != nil || d.Worker != "b" || d.Reason != ReasonCacheHit {
+		t.Fatalf("held by both: %q %s %v, want b as a cache hit", d.Worker, d.Reason, err)
 	}
 }

@@ -90,8 +90,11 @@ type Scraper struct {
 	// Workers lists the worker URLs to read (called every round).
 	Workers func() []string
 	// Key is the key a worker expects (sent as a bearer token), "" none.
-	Key     func(worker string) string
-	Observe func(worker string, l engine.EngineLoad)
+	Key func(worker string) string
+	// Observe takes what was read and returns the worker's learned limit
+	// and whether the read changed it (logged: an operator sees the limit
+	// flow control holds each engine to, and every probe past it).
+	Observe func(worker string, l engine.EngineLoad) (limit int, changed bool)
 	Log     *slog.Logger
 
 	mu     sync.Mutex
@@ -126,7 +129,10 @@ func (s *Scraper) Round(ctx context.Context) {
 				return
 			}
 			s.report(w, nil)
-			s.Observe(w, l)
+			if limit, changed := s.Observe(w, l); changed && s.Log != nil {
+				s.Log.Info("learned engine concurrency changed", "worker", w, "limit", limit,
+					"engine_running", l.Running, "engine_waiting", l.Waiting)
+			}
 		}()
 	}
 	wg.Wait()

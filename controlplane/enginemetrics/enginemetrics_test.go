@@ -98,7 +98,7 @@ func TestScraperRound(t *testing.T) {
 	s := &Scraper{Client: http.DefaultClient, Path: "/metrics", Interval: time.Hour, Timeout: 2 * time.Second,
 		Workers: func() []string { return []string{a.URL, b.URL} },
 		Key:     func(w string) string { return "k-" + strings.TrimPrefix(w, "http://") },
-		Observe: func(w string, l engine.EngineLoad) { mu.Lock(); seen[w] = l; mu.Unlock() },
+		Observe: func(w string, l engine.EngineLoad) (int, bool) { mu.Lock(); seen[w] = l; mu.Unlock(); return 0, false },
 	}
 	s.Round(context.Background())
 	if len(seen) != 1 || seen[a.URL] != (engine.EngineLoad{Running: 7, Waiting: 2}) {

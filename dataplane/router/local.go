@@ -161,7 +161,9 @@ func (l *Local) Run(ctx context.Context, interval time.Duration) {
 func (l *Local) Collectors() []prometheus.Collector { return l.dec.Collectors() }
 
 // ObserveEngine hands a worker's engine metrics to the learned concurrency.
-func (l *Local) ObserveEngine(url string, e engine.EngineLoad) { l.dec.ObserveEngine(url, e) }
+func (l *Local) ObserveEngine(url string, e engine.EngineLoad) (limit int, changed bool) {
+	return l.dec.ObserveEngine(url, e)
+}
 
 // Queue lists the requests waiting for a worker.
 func (l *Local) Queue() decider.QueueStatus { return l.dec.Queue() }
