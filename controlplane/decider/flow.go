@@ -282,7 +282,7 @@ func (d *Decider) pump() {
 	d.freedSeen = d.eng.Freed()
 	now := d.o.Now()
 	d.reserveExpiry(now)
-	d.fq.Dispatch(maxDispatchTries, func(it *flow.Item[*waiter], anywhere bool) flow.Verdict {
+	d.fq.Dispatch(maxDispatchTries, func(it *flow.Item[*waiter]) flow.Verdict {
 		w := it.Value
 		if !d.eng.HasRoom(w.adm.Priority) {
 			// Nobody has room at this priority, nor below it (the bands
@@ -293,12 +293,7 @@ func (d *Decider) pump() {
 			w.done <- admitted{err: ErrNotLeading}
 			return flow.Dropped
 		}
-		req := w.req
-		// First offer: only where its prompt's cache is, so that a freed
-		// slot goes to the tenant's request it serves best; a request with
-		// a deadline of its own keeps its place in the order.
-		req.CachedOnly = !anywhere && w.adm.Deadline.IsZero()
-		dec, err := d.decide(w.ctx, w.caller, req, now)
+		dec, err := d.decide(w.ctx, w.caller, w.req, now)
 		switch {
 		case err == nil:
 			if w.caller == nil {
@@ -311,8 +306,6 @@ func (d *Decider) pump() {
 			return flow.Taken
 		case errors.Is(err, engine.ErrAllSaturated):
 			return flow.Skip
-		case errors.Is(err, engine.ErrCachedElsewhere):
-			return flow.Later
 		}
 		w.done <- admitted{err: capacity(err)}
 		return flow.Dropped
@@ -356,7 +349,7 @@ func (d *Decider) drainQueue(err error) {
 	if d.fq == nil {
 		return
 	}
-	d.fq.Dispatch(0, func(it *flow.Item[*waiter], _ bool) flow.Verdict {
+	d.fq.Dispatch(0, func(it *flow.Item[*waiter]) flow.Verdict {
 		it.Value.done <- admitted{err: err}
 		return flow.Dropped
 	})

@@ -15,10 +15,6 @@ var (
 	ErrNoHealthy    = errors.New("no healthy workers")
 	ErrAllExcluded  = errors.New("every healthy worker is excluded for this request (circuit open or already failed)")
 	ErrAllSaturated = errors.New("every usable worker is saturated (at max_load or its concurrency)")
-	// ErrCachedElsewhere answers a request with CachedOnly whose prompt a
-	// saturated worker holds better than any worker with room: it could
-	// go, but not where its cache is.
-	ErrCachedElsewhere = errors.New("the worker holding the prompt's prefix is saturated")
 )
 
 // Policy holds the routing thresholds (cache.* in the config).
@@ -138,12 +134,6 @@ type Request struct {
 	// AnyRole lets the request go to a worker of any role: a request
 	// pinned to the one worker holding its stored response.
 	AnyRole bool
-	// CachedOnly places the request only if no saturated worker holds a
-	// good match longer than the workers with room do (else
-	// ErrCachedElsewhere): flow control asks this first of a tenant's
-	// waiting requests, so that a freed slot goes to one whose prompt it
-	// holds (flow.Later). Requests that may be split ignore it.
-	CachedOnly bool
 }
 
 // Decision is the engine's answer.
@@ -377,9 +367,6 @@ func (e *Engine) Choose(req Request, now int64) (Decision, error) {
 	if len(req.Hashes) > MaxRouteBlocks {
 		req.Hashes = req.Hashes[:MaxRouteBlocks]
 	}
-	if req.Disagg != DisaggNone {
-		req.CachedOnly = false
-	}
 	switch req.Disagg {
 	case DisaggPair:
 		return e.routePair(req, now)
@@ -427,9 +414,6 @@ func (e *Engine) pickAmong(req Request, roles RoleMask, now int64) (choice, erro
 	} else {
 		hotBlocks := e.hot.depth(req.Hashes, e.pol.HotFraction)
 		cand, blocks := e.cacheCandidate(req.Hashes, now)
-		if req.CachedOnly && e.heldBetterBySaturated(req, roles, blocks, hotBlocks) {
-			return choice{}, ErrCachedElsewhere
-		}
 		if cand != nil {
 			d.MatchedChars = index.MatchedChars(blocks, req.KeyLen, e.pol.BlockChars)
 			d.MatchedRatio = float64(d.MatchedChars) / float64(req.KeyLen)
@@ -588,34 +572,6 @@ func (e *Engine) cacheCandidate(hashes []uint64, now int64) (*worker, int) {
 		}
 	}
 	return best, bestBlocks
-}
-
-// heldBetterBySaturated reports whether a worker the request may use, but
-// saturated, holds more of its key than blocks (the best of the workers
-// with room), and enough beyond the hot prefix to count as a cache match.
-// It reads e.match as cacheCandidate left it.
-func (e *Engine) heldBetterBySaturated(req Request, roles RoleMask, blocks, hotBlocks int) bool {
-	for i, id := range e.match.Workers {
-		b := e.match.Blocks[i]
-		w, ok := e.byID[id]
-		if !ok || b <= blocks || !w.healthy || w.draining || !roles.Has(w.spec.Role) ||
-			contains(req.Exclude, w.spec.URL) || contains(req.Avoid, w.spec.URL) || !e.saturated(w, req.Priority) {
-			continue
-		}
-		chars := index.MatchedChars(b, req.KeyLen, e.pol.BlockChars)
-		hot := 0
-		if hotBlocks > 0 {
-			hot = index.MatchedChars(min(hotBlocks, b), req.KeyLen, e.pol.BlockChars)
-		}
-		ratio := 0.0
-		if rest := req.KeyLen - hot; rest > 0 {
-			ratio = float64(chars-hot) / float64(rest)
-		}
-		if e.goodMatch(chars-hot, ratio) {
-			return true
-		}
-	}
-	return false
 }
 
 func (e *Engine) isUsable(w *worker) bool {

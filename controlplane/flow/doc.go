@@ -17,12 +17,6 @@
 //     without a deadline of its own has its queue timeout as its deadline;
 //     for requests that all carry the same timeout that is first come,
 //     first served.
-//  4. Cache first within a tenant's window: the host may answer Later for
-//     a request that could go, but not to the worker holding its prompt;
-//     the rest of the window is offered first, and only if none of it is
-//     taken does the window go again with anywhere set. A freed slot then
-//     serves the tenant's request it holds instead of copying another's
-//     prompt, without changing whose turn it is.
 //
 // Late binding: the queue never names a worker. Dispatch offers items in
 // policy order to a callback that tries to route each one (the cache-aware

@@ -76,12 +76,6 @@ const (
 	// Stop: no worker has room for anything; the item keeps its place and
 	// the pass ends.
 	Stop
-	// Later: a worker with room could take the item, but not the one that
-	// serves it best (the one holding its prompt's cache). It keeps its
-	// place while the rest of its tenant's window is offered; if none of
-	// those is taken, the window is offered again with anywhere set, and
-	// then the item goes where there is room.
-	Later
 )
 
 type tenant[T any] struct {
@@ -268,13 +262,7 @@ func (q *Queue[T]) Served(tenantName string) float64 {
 // Dispatch offers waiting items to try in policy order until try says
 // Stop, nothing more is taken in a whole pass, or maxTries offers were
 // made (0: no bound), and returns the items taken and dropped.
-//
-// A tenant's turn offers its window with anywhere false; if try said Later
-// of an item and took none, the window is offered once more with anywhere
-// true. So within a tenant the order bends, by at most the window, toward
-// the request its worker's cache serves, while the order between tenants
-// and bands, and work conservation, stay as they are.
-func (q *Queue[T]) Dispatch(maxTries int, try func(it *Item[T], anywhere bool) Verdict) (taken, dropped int) {
+func (q *Queue[T]) Dispatch(maxTries int, try func(*Item[T]) Verdict) (taken, dropped int) {
 	q.pass++
 	tries := 0
 	for q.n > 0 {
@@ -282,38 +270,30 @@ func (q *Queue[T]) Dispatch(maxTries int, try func(it *Item[T], anywhere bool) V
 	bands:
 		for _, b := range slices.Clone(q.bands) {
 			for _, t := range b.byCounter() {
-				for anywhere := false; ; anywhere = true {
-					later := false
-					for i := 0; i < len(t.items) && i < q.lim.ScanPerTenant; {
-						if maxTries > 0 && tries >= maxTries {
-							return taken, dropped
-						}
-						tries++
-						it := t.items[i]
-						switch try(it, anywhere) {
-						case Stop:
-							return taken, dropped
-						case Skip:
-							i++
-						case Later:
-							later = !anywhere
-							i++
-						case Taken:
-							t.counter.served += float64(it.Cost) / t.counter.weight
-							q.unlink(b, t, i)
-							taken++
-							progressed = true
-							// The counters changed: the next item is chosen
-							// afresh, from the highest band down.
-							break bands
-						case Dropped:
-							q.unlink(b, t, i)
-							dropped++
-							progressed = true
-						}
+				for i := 0; i < len(t.items) && i < q.lim.ScanPerTenant; {
+					if maxTries > 0 && tries >= maxTries {
+						return taken, dropped
 					}
-					if !later {
-						break
+					tries++
+					it := t.items[i]
+					switch try(it) {
+					case Stop:
+						return taken, dropped
+					case Skip:
+						i++
+						continue
+					case Taken:
+						t.counter.served += float64(it.Cost) / t.counter.weight
+						q.unlink(b, t, i)
+						taken++
+						progressed = true
+						// The counters changed: the next item is chosen
+						// afresh, from the highest band down.
+						break bands
+					case Dropped:
+						q.unlink(b, t, i)
+						dropped++
+						progressed = true
 					}
 				}
 			}

@@ -19,7 +19,7 @@ func item(tenant string, prio int, deadline, cost int64, name string) *Item[req]
 func takeAll(q *Queue[req]) []string {
 	var out []string
 	for q.Len() > 0 {
-		n, _ := q.Dispatch(0, func(it *Item[req], _ bool) Verdict {
+		n, _ := q.Dispatch(0, func(it *Item[req]) Verdict {
 			out = append(out, it.Value.name)
 			return Taken
 		})
@@ -35,7 +35,7 @@ func takeOne(t *testing.T, q *Queue[req]) string {
 	t.Helper()
 	var got string
 	first := true
-	q.Dispatch(0, func(it *Item[req], _ bool) Verdict {
+	q.Dispatch(0, func(it *Item[req]) Verdict {
 		if !first {
 			return Stop
 		}
@@ -168,7 +168,7 @@ func TestSkippedItemsDoNotBlock(t *testing.T) {
 	q := New[req](Limits{})
 	mustPush(t, q, item("a", 9, 1, 1, "other-model"), item("a", 9, 2, 1, "a2"), item("b", 0, 1, 1, "b1"))
 	var taken []string
-	q.Dispatch(0, func(it *Item[req], _ bool) Verdict {
+	q.Dispatch(0, func(it *Item[req]) Verdict {
 		if it.Value.name == "other-model" {
 			return Skip
 		}
@@ -180,62 +180,11 @@ func TestSkippedItemsDoNotBlock(t *testing.T) {
 	}
 }
 
-// One slot frees on worker A. The tenant first served by counter has
-// three waiting; the first two hold their prompts on a full worker B:
-// the slot goes to the third, whose prompt A holds. The next tenant is
-// not offered before it (fairness between tenants stays), and when none
-// of the window is held by A the first in order goes anyway
-// (work-conserving).
-func TestLaterYieldsToTheRequestTheSlotServes(t *testing.T) {
-	q := New[req](Limits{})
-	mustPush(t, q, item("a", 0, 1, 1, "a-on-B-1"), item("a", 0, 2, 1, "a-on-B-2"), item("a", 0, 3, 1, "a-on-A"))
-	mustPush(t, q, item("b", 0, 1, 1, "b-on-A"))
-	q.Charge("b", 5) // b was served more: a goes first
-	onA := func(it *Item[req]) bool { return it.Value.name == "a-on-A" || it.Value.name == "b-on-A" }
-	type offer struct {
-		name     string
-		anywhere bool
-	}
-	var offers []offer
-	slot := func() string {
-		taken := ""
-		q.Dispatch(0, func(it *Item[req], anywhere bool) Verdict {
-			offers = append(offers, offer{it.Value.name, anywhere})
-			if taken != "" {
-				return Stop // one slot only
-			}
-			if !anywhere && !onA(it) {
-				return Later
-			}
-			taken = it.Value.name
-			return Taken
-		})
-		return taken
-	}
-	if got := slot(); got != "a-on-A" {
-		t.Fatalf("first slot on A went to %q (offers %v), want a-on-A", got, offers)
-	}
-	want := []offer{{"a-on-B-1", false}, {"a-on-B-2", false}, {"a-on-A", false}}
-	if !slices.Equal(offers[:3], want) {
-		t.Fatalf("offers %v, want %v first", offers, want)
-	}
-	// a's counter is still below b's: a goes again, and with none of
-	// its window on A, its first request goes where the room is.
-	offers = nil
-	if got := slot(); got != "a-on-B-1" {
-		t.Fatalf("second slot went to %q (offers %v), want a-on-B-1", got, offers)
-	}
-	want = []offer{{"a-on-B-1", false}, {"a-on-B-2", false}, {"a-on-B-1", true}}
-	if !slices.Equal(offers[:3], want) {
-		t.Fatalf("offers %v, want %v first", offers, want)
-	}
-}
-
 func TestStopEndsThePass(t *testing.T) {
 	q := New[req](Limits{})
 	mustPush(t, q, item("a", 0, 1, 1, "a1"), item("a", 0, 2, 1, "a2"))
 	offers := 0
-	q.Dispatch(0, func(*Item[req], bool) Verdict { offers++; return Stop })
+	q.Dispatch(0, func(*Item[req]) Verdict { offers++; return Stop })
 	if offers != 1 || q.Len() != 2 {
 		t.Fatalf("%d offers after Stop, %d left", offers, q.Len())
 	}
@@ -244,7 +193,7 @@ func TestStopEndsThePass(t *testing.T) {
 func TestDroppedLeavesUncharged(t *testing.T) {
 	q := New[req](Limits{})
 	mustPush(t, q, item("a", 0, 1, 500, "gone"), item("a", 0, 2, 1, "a2"))
-	taken, dropped := q.Dispatch(0, func(it *Item[req], _ bool) Verdict {
+	taken, dropped := q.Dispatch(0, func(it *Item[req]) Verdict {
 		if it.Value.name == "gone" {
 			return Dropped
 		}
@@ -372,12 +321,9 @@ func FuzzQueue(f *testing.F) {
 					}
 					return ahead < lim.ScanPerTenant
 				}
-				// elsewhere: the item's cache is on a saturated worker, so
-				// the first offer of its tenant's window says Later.
-				elsewhere := func(it *Item[req]) bool { return it.Cost%4 == 1 }
 				stopAfter := int(op>>2) % 4
 				n := 0
-				q.Dispatch(int(op>>4), func(it *Item[req], anywhere bool) Verdict {
+				q.Dispatch(int(op>>4), func(it *Item[req]) Verdict {
 					if !live[it] || done[it] {
 						t.Fatalf("step %d: offered an item not queued", step)
 					}
@@ -391,15 +337,6 @@ func FuzzQueue(f *testing.F) {
 						delete(live, it)
 						done[it] = true
 						return Dropped
-					case elsewhere(it) && !anywhere:
-						return Later
-					}
-					// Taken anywhere: no item of its tenant's window could
-					// have gone where its cache is.
-					for o := range live {
-						if anywhere && o != it && o.Priority == it.Priority && o.Tenant == it.Tenant && offerable(o) && !elsewhere(o) {
-							t.Fatalf("step %d: took %v anywhere while %v of its window could go where its cache is", step, *it, *o)
-						}
 					}
 					// The best offerable item is of the highest priority,
 					// and in its band of a tenant with the least counter.

@@ -204,7 +204,7 @@ func (r *Router) pumpLocked() {
 	if r.lq == nil || r.lq.Len() == 0 {
 		return
 	}
-	r.lq.Dispatch(64, func(it *flow.Item[*localWaiter], _ bool) flow.Verdict {
+	r.lq.Dispatch(64, func(it *flow.Item[*localWaiter]) flow.Verdict {
 		w := it.Value
 		d, full, err := r.pickLocked(w.req)
 		switch {
