@@ -104,10 +104,24 @@ type OverloadRun struct {
 	// CalmP99Ratio is the calm tenant's TTFT p99 under the flood over
 	// its p99 alone.
 	CalmP99Ratio float64 `json:"calm_p99_ratio"`
+	// NextEndP50/P90/P99Ms: for each calm request under the flood, the
+	// time from its start to the next end of any other request, seen by
+	// the clients. The pool is full then (the flood keeps more in flight
+	// than it runs), so no scheduler that neither preempts nor keeps a
+	// slot idle can start the calm request sooner: its TTFT percentiles
+	// cannot be below these.
+	NextEndP50Ms float64 `json:"next_end_p50_ms"`
+	NextEndP90Ms float64 `json:"next_end_p90_ms"`
+	NextEndP99Ms float64 `json:"next_end_p99_ms"`
 	// TokensPerS is every tenant's tokens served per second during the
 	// flood; HitRatio cached / prompt tokens then.
 	TokensPerS float64 `json:"tokens_per_s"`
 	HitRatio   float64 `json:"hit_ratio"`
+	// HitRatioLate is the hit ratio of the window's second half: the
+	// copies of a prompt to a second replica are made once, mostly early
+	// in the window, so this is the steady state the whole window's
+	// figure converges to.
+	HitRatioLate float64 `json:"hit_ratio_late"`
 	// Shares is each flooding tenant's share of the flood tenants' tokens
 	// (two-floods).
 	Shares map[string]float64 `json:"shares,omitempty"`
@@ -314,6 +328,15 @@ func (s *suite) overloadRun(ctx context.Context, c OverloadConfig, scName, targe
 	if prompt > 0 {
 		run.HitRatio = float64(cached) / float64(prompt)
 	}
+	prompt, cached = 0, 0
+	for _, l := range append(loads, calmLoaded) {
+		lp, lc := l.promptTokensBetween(windowEnd.Add(-c.Measure/2), windowEnd)
+		prompt += lp
+		cached += lc
+	}
+	if prompt > 0 {
+		run.HitRatioLate = float64(cached) / float64(prompt)
+	}
 	if len(loads) > 1 && floodTokens > 0 {
 		run.Shares = map[string]float64{}
 		for _, l := range loads {
@@ -322,6 +345,9 @@ func (s *suite) overloadRun(ctx context.Context, c OverloadConfig, scName, targe
 	}
 	if run.Alone.TTFTP99Ms > 0 {
 		run.CalmP99Ratio = run.Loaded["calm"].TTFTP99Ms / run.Alone.TTFTP99Ms
+	}
+	if next := nextEnds(calmLoaded, append(loads, calmLoaded), windowEnd.Add(-c.Measure), windowEnd); len(next) > 0 {
+		run.NextEndP50Ms, run.NextEndP90Ms, run.NextEndP99Ms = Percentile(next, 50), Percentile(next, 90), Percentile(next, 99)
 	}
 	if len(d.routers) > 0 {
 		run.RouterMetrics = s.flowMetrics(d.routers)
@@ -349,10 +375,14 @@ func (s *suite) flowMetrics(ports []int) map[string]float64 {
 
 // tenantLoad drives one tenant and records its results.
 type tenantLoad struct {
-	plan   tenantPlan
-	send   Sender
-	c      OverloadConfig
-	rng    *rand.Rand
+	plan tenantPlan
+	send Sender
+	c    OverloadConfig
+	rng  *rand.Rand
+	// seed tells the loads of one tenant apart (alone, under the flood):
+	// each asks its own questions, so no prompt of the flood window
+	// repeats one of the calm tenant's window alone word for word.
+	seed   uint64
 	mu     sync.Mutex
 	from   time.Time // results finished before are warm-up
 	until  time.Time // and after, past the window (zero: none)
@@ -365,7 +395,7 @@ type timedResult struct {
 }
 
 func newTenantLoad(p tenantPlan, s Sender, c OverloadConfig, seed uint64) *tenantLoad {
-	return &tenantLoad{plan: p, send: s, c: c, rng: rand.New(rand.NewPCG(seed, uint64(len(p.name))))}
+	return &tenantLoad{plan: p, send: s, c: c, seed: seed, rng: rand.New(rand.NewPCG(seed, uint64(len(p.name))))}
 }
 
 // messages picks one of the tenant's system prompts and a fresh question.
@@ -376,7 +406,7 @@ func (l *tenantLoad) messages(n uint64) []Message {
 	ns := uint64(len(l.plan.name))*1000 + uint64(l.plan.name[len(l.plan.name)-1])
 	return []Message{
 		{Role: "system", Content: TextTokens(ns, uint64(doc), l.c.SystemTokens)},
-		{Role: "user", Content: TextTokens(ns+7, n, 24)},
+		{Role: "user", Content: TextTokens(ns+7, l.seed<<40|n, 24)},
 	}
 }
 
@@ -441,6 +471,61 @@ func (l *tenantLoad) run(ctx context.Context, from time.Time) {
 
 func (l *tenantLoad) keepUntil(t time.Time) { l.until = t }
 
+// nextEnds returns, in ms, for each request of calm served within [from,
+// until], the time from its start to the next end of another request of
+// any of loads.
+func nextEnds(calm *tenantLoad, loads []*tenantLoad, from, until time.Time) []float64 {
+	var ends []time.Time
+	for _, l := range loads {
+		l.mu.Lock()
+		for _, r := range l.result {
+			if r.Err == nil && r.Status == http.StatusOK { // a refusal ran nowhere
+				ends = append(ends, r.end)
+			}
+		}
+		l.mu.Unlock()
+	}
+	slices.SortFunc(ends, func(a, b time.Time) int { return a.Compare(b) })
+	calm.mu.Lock()
+	defer calm.mu.Unlock()
+	var out []float64
+	for _, r := range calm.result {
+		if r.end.Before(from) || r.end.After(until) || r.Err != nil || r.Status != http.StatusOK {
+			continue
+		}
+		start := r.end.Add(-r.E2E)
+		// The first end after start that is not r's own.
+		i, _ := slices.BinarySearchFunc(ends, start, func(e, t time.Time) int {
+			if e.After(t) {
+				return 1
+			}
+			return -1
+		})
+		for ; i < len(ends); i++ {
+			if !ends[i].Equal(r.end) {
+				out = append(out, float64(ends[i].Sub(start))/float64(time.Millisecond))
+				break
+			}
+		}
+	}
+	return out
+}
+
+// promptTokensBetween sums the prompt and cached tokens of the requests
+// served that ended within [from, until].
+func (l *tenantLoad) promptTokensBetween(from, until time.Time) (prompt, cached int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.result {
+		if r.end.Before(from) || r.end.After(until) || r.Err != nil || r.Status != http.StatusOK {
+			continue
+		}
+		prompt += r.PromptTokens
+		cached += r.CachedTokens
+	}
+	return prompt, cached
+}
+
 func (l *tenantLoad) figures(window time.Duration) TenantFigures {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -488,10 +573,10 @@ func FormatOverload(r *OverloadResult) string {
 		if len(runs) == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "## %s\n\n| through | calm TTFT p50 / p99 alone (ms) | calm TTFT p50 / p90 / p99 under the flood (ms) | p99 flood / alone | calm errors / 429 | flood req/s | flood 429 | tokens/s | hit ratio | shares |\n|---|---|---|---|---|---|---|---|---|---|\n", sc)
+		fmt.Fprintf(&b, "## %s\n\n| through | calm TTFT p50 / p99 alone (ms) | calm TTFT p50 / p90 / p99 under the flood (ms) | p99 flood / alone | next end after a calm start p50 / p90 / p99 (ms) | calm errors / 429 | flood req/s | flood 429 | tokens/s | hit ratio: window / its second half | shares |\n|---|---|---|---|---|---|---|---|---|---|---|\n", sc)
 		for _, run := range runs {
 			if run.Status != "ok" {
-				fmt.Fprintf(&b, "| %s | %s: %s |||||||||\n", run.Target, run.Status, run.Reason)
+				fmt.Fprintf(&b, "| %s | %s: %s ||||||||||\n", run.Target, run.Status, run.Reason)
 				continue
 			}
 			calm := run.Loaded["calm"]
@@ -512,9 +597,9 @@ func FormatOverload(r *OverloadResult) string {
 					shares = append(shares, fmt.Sprintf("%s %.0f%%", n, 100*v))
 				}
 			}
-			fmt.Fprintf(&b, "| %s | %.0f / %.0f | %.0f / %.0f / %.0f | **%.1f×** | %d / %d | %.1f | %d | %.0f | %.3f | %s |\n",
+			fmt.Fprintf(&b, "| %s | %.0f / %.0f | %.0f / %.0f / %.0f | **%.1f×** | %.0f / %.0f / %.0f | %d / %d | %.1f | %d | %.0f | %.4f / %.4f | %s |\n",
 				run.Target, run.Alone.TTFTP50Ms, run.Alone.TTFTP99Ms, calm.TTFTP50Ms, calm.TTFTP90Ms, calm.TTFTP99Ms,
-				nanTo0(run.CalmP99Ratio), calm.Errors+run.Alone.Errors, calm.Refused, floodRate, floodRefused, run.TokensPerS, run.HitRatio, strings.Join(shares, ", "))
+				nanTo0(run.CalmP99Ratio), run.NextEndP50Ms, run.NextEndP90Ms, run.NextEndP99Ms, calm.Errors+run.Alone.Errors, calm.Refused, floodRate, floodRefused, run.TokensPerS, run.HitRatio, run.HitRatioLate, strings.Join(shares, ", "))
 		}
 		b.WriteString("\n")
 	}
