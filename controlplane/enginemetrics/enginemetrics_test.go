@@ -2,6 +2,7 @@ package enginemetrics
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cartrouter/cart/controlplane/engine"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // Shapes of the engines' real expositions (names, labels, TYPE lines).
@@ -94,13 +96,23 @@ func TestScraperRound(t *testing.T) {
 	defer a.Close()
 	defer b.Close()
 	var mu sync.Mutex
+	var logs testkit.SyncBuffer
 	seen := map[string]engine.EngineLoad{}
 	s := &Scraper{Client: http.DefaultClient, Path: "/metrics", Interval: time.Hour, Timeout: 2 * time.Second,
 		Workers: func() []string { return []string{a.URL, b.URL} },
 		Key:     func(w string) string { return "k-" + strings.TrimPrefix(w, "http://") },
-		Observe: func(w string, l engine.EngineLoad) (int, bool) { mu.Lock(); seen[w] = l; mu.Unlock(); return 0, false },
+		Observe: func(w string, l engine.EngineLoad) (int, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[w] = l
+			return 7, true // as a first queueing read changes the limit
+		},
+		Log: slog.New(slog.NewTextHandler(&logs, nil)),
 	}
 	s.Round(context.Background())
+	if line := logs.String(); !strings.Contains(line, `msg="learned engine concurrency changed" worker=`+a.URL+" limit=7 engine_running=7 engine_waiting=2") {
+		t.Fatalf("a changed limit is not logged as such: %q", line)
+	}
 	if len(seen) != 1 || seen[a.URL] != (engine.EngineLoad{Running: 7, Waiting: 2}) {
 		t.Fatalf("observed %v", seen)
 	}
