@@ -346,7 +346,15 @@ func (s *suite) overloadRun(ctx context.Context, c OverloadConfig, scName, targe
 	if run.Alone.TTFTP99Ms > 0 {
 		run.CalmP99Ratio = run.Loaded["calm"].TTFTP99Ms / run.Alone.TTFTP99Ms
 	}
-	if next := nextEnds(calmLoaded, append(loads, calmLoaded), windowEnd.Add(-c.Measure), windowEnd); len(next) > 0 {
+	waits := nextEnds(calmLoaded, append(loads, calmLoaded), windowEnd.Add(-c.Measure), windowEnd)
+	if err := writeCalmCSV(filepath.Join(s.cfg.OutDir, "calm__"+scName+"__"+target+".csv"), waits); err != nil {
+		s.env.Logf("calm requests of %s via %s not written: %v", scName, target, err)
+	}
+	if len(waits) > 0 {
+		next := make([]float64, len(waits))
+		for i, w := range waits {
+			next[i] = w.nextEndMs
+		}
 		run.NextEndP50Ms, run.NextEndP90Ms, run.NextEndP99Ms = Percentile(next, 50), Percentile(next, 90), Percentile(next, 99)
 	}
 	if len(d.routers) > 0 {
@@ -471,10 +479,28 @@ func (l *tenantLoad) run(ctx context.Context, from time.Time) {
 
 func (l *tenantLoad) keepUntil(t time.Time) { l.until = t }
 
-// nextEnds returns, in ms, for each request of calm served within [from,
-// until], the time from its start to the next end of another request of
-// any of loads.
-func nextEnds(calm *tenantLoad, loads []*tenantLoad, from, until time.Time) []float64 {
+// calmWait is one calm request served under the flood: when it started
+// (ms into the window), its TTFT, and the wait from its start to the next
+// end of another request served (ms).
+type calmWait struct{ startMs, ttftMs, nextEndMs float64 }
+
+// writeCalmCSV writes ws, one request a line.
+func writeCalmCSV(path string, ws []calmWait) error {
+	var b strings.Builder
+	b.WriteString("start_ms,ttft_ms,next_end_ms\n")
+	for _, w := range ws {
+		fmt.Fprintf(&b, "%.1f,%.1f,%.1f\n", w.startMs, w.ttftMs, w.nextEndMs)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// nextEnds returns, for each request of calm served within [from, until],
+// the time from its start to the next end of another request of any of
+// loads that was served.
+func nextEnds(calm *tenantLoad, loads []*tenantLoad, from, until time.Time) []calmWait {
 	var ends []time.Time
 	for _, l := range loads {
 		l.mu.Lock()
@@ -488,7 +514,7 @@ func nextEnds(calm *tenantLoad, loads []*tenantLoad, from, until time.Time) []fl
 	slices.SortFunc(ends, func(a, b time.Time) int { return a.Compare(b) })
 	calm.mu.Lock()
 	defer calm.mu.Unlock()
-	var out []float64
+	var out []calmWait
 	for _, r := range calm.result {
 		if r.end.Before(from) || r.end.After(until) || r.Err != nil || r.Status != http.StatusOK {
 			continue
@@ -503,7 +529,7 @@ func nextEnds(calm *tenantLoad, loads []*tenantLoad, from, until time.Time) []fl
 		})
 		for ; i < len(ends); i++ {
 			if !ends[i].Equal(r.end) {
-				out = append(out, float64(ends[i].Sub(start))/float64(time.Millisecond))
+				out = append(out, calmWait{ms(start.Sub(from)), ms(r.TTFT), ms(ends[i].Sub(start))})
 				break
 			}
 		}

@@ -25,7 +25,7 @@ func TestNextEnds(t *testing.T) {
 		ok(2000, 10), // outside the window
 	}}
 	got := nextEnds(calm, []*tenantLoad{flood, calm}, at(0), at(1500))
-	if want := []float64{30, 50}; !slices.Equal(got, want) {
+	if want := []calmWait{{100, 0, 30}, {350, 0, 50}}; !slices.Equal(got, want) {
 		t.Fatalf("next ends %v, want %v", got, want)
 	}
 }

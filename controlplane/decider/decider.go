@@ -159,9 +159,11 @@ type Ticket struct {
 	predicted int   // characters the index predicted cached
 	placedAgo int64 // age of that prediction, ns
 	// tenant and cost: the flow-control tenant charged for the request,
-	// and the tokens charged at dispatch (flow.go).
+	// and the tokens charged at dispatch (flow.go); epoch the tenant's
+	// lift number then (flow.Queue.ChargeSince).
 	tenant string
 	cost   int64
+	epoch  uint64
 }
 
 // Outcome is what happened to a routed request.

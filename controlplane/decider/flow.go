@@ -167,8 +167,8 @@ func (d *Decider) admit(ctx context.Context, c *Caller, req Request, a Admission
 		if c == nil {
 			dec.ownPlaced() // track cloned a tracked one's
 		}
-		dec.Ticket.tenant = a.Tenant
-		d.setTicketTenant(dec.Ticket.ID, a.Tenant, 0)
+		dec.Ticket.tenant, dec.Ticket.epoch = a.Tenant, d.epoch(a.Tenant)
+		d.setTicketTenant(dec.Ticket.ID, a.Tenant, 0, dec.Ticket.epoch)
 		return dec, nil
 	}
 	if a.Priority < 0 {
@@ -299,8 +299,8 @@ func (d *Decider) pump() {
 			if w.caller == nil {
 				dec.ownPlaced()
 			}
-			dec.Ticket.tenant, dec.Ticket.cost = w.adm.Tenant, w.adm.Cost
-			d.setTicketTenant(dec.Ticket.ID, w.adm.Tenant, w.adm.Cost)
+			dec.Ticket.tenant, dec.Ticket.cost, dec.Ticket.epoch = w.adm.Tenant, w.adm.Cost, d.epoch(w.adm.Tenant)
+			d.setTicketTenant(dec.Ticket.ID, w.adm.Tenant, w.adm.Cost, dec.Ticket.epoch)
 			d.fm.dispatched(w.adm, now.Sub(w.arrival))
 			w.done <- admitted{dec: dec}
 			return flow.Taken
@@ -317,10 +317,18 @@ func (d *Decider) pump() {
 
 // setTicketTenant records on a tracked ticket (id != 0) whom its usage
 // report charges: the leader settles by id, from its own record. d.mu held.
-func (d *Decider) setTicketTenant(id uint64, tenant string, cost int64) {
+func (d *Decider) setTicketTenant(id uint64, tenant string, cost int64, epoch uint64) {
 	if tk := d.lead.tickets[id]; id != 0 && tk != nil {
-		tk.tenant, tk.cost = tenant, cost
+		tk.tenant, tk.cost, tk.epoch = tenant, cost, epoch
 	}
+}
+
+// epoch is tenant's lift number in the queue (flow.Queue.Epoch). d.mu held.
+func (d *Decider) epoch(tenant string) uint64 {
+	if d.fq == nil {
+		return 0
+	}
+	return d.fq.Epoch(tenant)
 }
 
 // noteReserve keeps the headroom on while high-priority traffic comes.
@@ -370,7 +378,7 @@ func (d *Decider) charge(t *Ticket, o Outcome) {
 		tokens += int64(o.CompletionTokens)
 	}
 	if tokens != 0 {
-		d.fq.Charge(t.tenant, tokens)
+		d.fq.ChargeSince(t.tenant, tokens, t.epoch)
 	}
 }
 

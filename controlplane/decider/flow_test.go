@@ -505,3 +505,46 @@ func TestRidingCompletionsServeTheQueueFirst(t *testing.T) {
 		t.Fatalf("%d queued, want the newer call", n)
 	}
 }
+
+// A tenant that comes back from idle is lifted to the counter of the
+// tenant flooding the pool. The usage report of its previous request,
+// arriving while it waits, was service before the lift and fills the
+// lift instead of putting it behind; and on equal counters the tenant
+// lifted last goes first (the flood's running requests have served
+// tokens not charged yet). So the next free slot is the returning
+// tenant's, whatever the tenants are called ("web" sorts after "batch").
+func TestReturningTenantTakesTheNextSlot(t *testing.T) {
+	d := flowDecider(t, FlowOptions{}, engine.Policy{}, 2)
+	usage := Outcome{Delivered: true, PromptTokens: 545, CachedTokens: 512, CompletionTokens: 28}
+	admit := func(name, tenant string) <-chan admitResult {
+		return admitAsync(t, d, context.Background(), name, "prompt of "+name, Admission{Tenant: tenant, Cost: 540})
+	}
+	c1 := result(t, admit("c1", "web"))   // room: at once
+	f1 := result(t, admit("f1", "batch")) // the last slot
+	f2 := admit("f2", "batch")
+	noResult(t, f2)
+	if err := d.Settle(f1.dec.Ticket, usage); err != nil {
+		t.Fatal(err)
+	}
+	if r := result(t, f2); r.err != nil {
+		t.Fatal(r.err)
+	}
+	f3 := admit("f3", "batch")
+	c2 := admit("c2", "web") // lifted to batch's counter
+	noResult(t, c2)
+	// web's previous request ends (with its report) and frees the slot.
+	if err := d.Settle(c1.dec.Ticket, usage); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-c2:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+	case r := <-f3:
+		t.Fatalf("the flood's %s took the slot (served: web %v, batch %v)", r.name, d.Queue().Served["web"], d.Queue().Served["batch"])
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing dispatched")
+	}
+	noResult(t, f3)
+}

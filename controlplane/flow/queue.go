@@ -94,6 +94,11 @@ type counter struct {
 	weight  float64
 	queued  int   // items queued in any band
 	touched int64 // Dispatch pass of the last change, for pruning
+	// lifted is the queue's lift number of the counter's last lift (0:
+	// never lifted) and absorb what of that lift is left to absorb the
+	// charges of requests dispatched before it (ChargeSince).
+	lifted uint64
+	absorb float64
 }
 
 type band[T any] struct {
@@ -110,6 +115,7 @@ type Queue[T any] struct {
 	bytes    int64
 	seq      uint64
 	pass     int64
+	lifts    uint64 // lifts so far, numbering each counter's last one
 }
 
 // New returns an empty queue with bounds lim.
@@ -170,7 +176,8 @@ func (q *Queue[T]) Push(it *Item[T]) error {
 		// Lifted to the least counter of the band's backlogged tenants:
 		// a tenant that was idle does not bank credit.
 		if lo, ok := b.least(); ok && t.counter.served < lo {
-			t.counter.served = lo
+			q.lifts++
+			t.counter.absorb, t.counter.served, t.counter.lifted = lo-t.counter.served, lo, q.lifts
 		}
 		b.tenants[it.Tenant] = t
 		if len(b.tenants) == 1 {
@@ -240,11 +247,46 @@ func (q *Queue[T]) unlink(b *band[T], t *tenant[T], i int) {
 // count: the completion tokens and the real prompt tokens once the worker
 // reported them. A tenant without a counter any more is not charged.
 func (q *Queue[T]) Charge(tenantName string, tokens int64) {
+	if c := q.counters[tenantName]; c != nil {
+		q.ChargeSince(tenantName, tokens, c.lifted)
+	}
+}
+
+// Epoch is tenant's lift number now: a request dispatched now keeps it, so
+// that its usage report is charged by ChargeSince as what it is.
+func (q *Queue[T]) Epoch(tenantName string) uint64 {
+	if c := q.counters[tenantName]; c != nil {
+		return c.lifted
+	}
+	return 0
+}
+
+// ChargeSince is Charge for a request dispatched at lift number epoch.
+// A request dispatched before the tenant's last lift was served before
+// it, and the lift already counted the tenant as served up to the least
+// backlogged counter: its report fills what the lift added before it adds
+// to the counter. Otherwise, when an idle tenant returns, the report of
+// its previous request (finishing while it waits) would put it behind the
+// tenant it was just lifted to equal, costing it the next free slot.
+func (q *Queue[T]) ChargeSince(tenantName string, tokens int64, epoch uint64) {
 	c := q.counters[tenantName]
 	if c == nil {
 		return
 	}
-	c.served += float64(tokens) / c.weight
+	w := float64(tokens) / c.weight
+	if epoch != c.lifted {
+		if w > 0 {
+			a := min(w, c.absorb)
+			c.absorb -= a
+			w -= a
+		} else {
+			// Less was served before the lift than charged: the lift
+			// still holds, with more of it left to absorb.
+			c.absorb -= w
+			w = 0
+		}
+	}
+	c.served += w
 	if c.served < 0 {
 		c.served = 0
 	}
@@ -413,8 +455,9 @@ func (b *band[T]) least() (float64, bool) {
 	return lo, !first
 }
 
-// byCounter lists the band's tenants by counter, then name (so that ties
-// break the same way on every node and in every test).
+// byCounter lists the band's tenants by counter, then the most recently
+// lifted first, then name (so that ties break the same way on every node
+// and in every test).
 func (b *band[T]) byCounter() []*tenant[T] {
 	ts := make([]*tenant[T], 0, len(b.tenants))
 	for _, t := range b.tenants {
@@ -425,6 +468,13 @@ func (b *band[T]) byCounter() []*tenant[T] {
 		case x.counter.served < y.counter.served:
 			return -1
 		case x.counter.served > y.counter.served:
+			return 1
+		// Equal counters: the tenant lifted last goes first. It was just
+		// lifted to equal the other, whose requests running meanwhile
+		// have served tokens not charged until they finish.
+		case x.counter.lifted > y.counter.lifted:
+			return -1
+		case x.counter.lifted < y.counter.lifted:
 			return 1
 		case x.name < y.name:
 			return -1

@@ -180,6 +180,37 @@ func TestSkippedItemsDoNotBlock(t *testing.T) {
 	}
 }
 
+// A returning tenant is lifted to the least backlogged counter; reports of
+// its requests dispatched before the lift fill the lift first, and only
+// what exceeds it counts; a report of one dispatched after counts whole.
+func TestReportsFromBeforeALiftFillIt(t *testing.T) {
+	q := New[req](Limits{})
+	mustPush(t, q, item("flood", 0, 1, 0, "f1"))
+	q.Charge("flood", 1000)
+	before := q.Epoch("calm")
+	mustPush(t, q, item("calm", 0, 1, 0, "c1")) // lifted from 0 to 1000
+	if q.Served("calm") != 1000 || q.Epoch("calm") == before {
+		t.Fatalf("calm at %v (epoch %d, was %d), want lifted to 1000", q.Served("calm"), q.Epoch("calm"), before)
+	}
+	steps := []struct {
+		tokens int64
+		epoch  uint64
+		want   float64
+	}{
+		{-200, before, 1000},        // less served before the lift: the lift holds (and has 1200 to fill)
+		{700, before, 1000},         // filled by the lift (500 left)
+		{800, before, 1300},         // 500 fill the rest, 300 count
+		{50, q.Epoch("calm"), 1350}, // dispatched after the lift: counts whole
+		{-2000, q.Epoch("calm"), 0}, // never below 0
+	}
+	for i, s := range steps {
+		q.ChargeSince("calm", s.tokens, s.epoch)
+		if got := q.Served("calm"); got != s.want {
+			t.Fatalf("step %d: calm at %v, want %v", i, got, s.want)
+		}
+	}
+}
+
 func TestStopEndsThePass(t *testing.T) {
 	q := New[req](Limits{})
 	mustPush(t, q, item("a", 0, 1, 1, "a1"), item("a", 0, 2, 1, "a2"))
@@ -357,7 +388,10 @@ func FuzzQueue(f *testing.F) {
 					return Taken
 				})
 			case 3:
-				q.Charge(fmt.Sprint("t", op>>2&3), int64(op>>4)-4)
+				// A report of a request dispatched now or before the
+				// tenant's last lift.
+				name := fmt.Sprint("t", op>>2&3)
+				q.ChargeSince(name, int64(op>>4&7)*40-100, q.Epoch(name)-uint64(op>>7))
 			}
 			// Invariants.
 			var bytes int64
@@ -391,7 +425,7 @@ func FuzzQueue(f *testing.F) {
 				t.Fatalf("step %d: Each saw %d of %d", step, seen, len(live))
 			}
 			for _, c := range q.counters {
-				if c.served < 0 || c.queued < 0 {
+				if c.served < 0 || c.queued < 0 || c.absorb < 0 {
 					t.Fatalf("step %d: counter %+v", step, c)
 				}
 			}
