@@ -86,9 +86,9 @@ const GrowAfter = 30
 
 // MaxGrowAfter bounds the back-off of probes that found no room: an
 // engine whose batch limit is fixed (vLLM's --max-num-seqs) fails every
-// probe, and each failure holds a request in its queue for up to a scrape
-// interval; at the default interval of 1 s the back-off brings that from
-// one second in 31 to one in 961.
+// probe, and each failure holds a request in its queue until the next read
+// (the scraper reads again a tenth of an interval after a raise); the
+// back-off makes that one probe in 961 reads instead of one in 31.
 const MaxGrowAfter = GrowAfter << 5
 
 // ObserveEngine learns url's concurrency from its engine's metrics, for a

@@ -117,25 +117,50 @@ func (s *Scraper) Run(ctx context.Context) {
 
 // Round reads every worker once, concurrently, and returns when all
 // answered or timed out.
+//
+// A read that raised a worker's limit (a probe: limits drop only on reads
+// with requests waiting) is followed by another a tenth of an Interval
+// later: the request the raise let through reaches the engine at once, and
+// if the engine had no room for it, it waits in the engine's queue, where
+// priority and fairness no longer apply, with every request sent there
+// after it, until a read shows it. The second read ends that after a tenth
+// of the time.
 func (s *Scraper) Round(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, w := range s.Workers() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := s.read(ctx, w)
-			if err != nil {
-				s.report(w, err)
+			if !s.readOnce(ctx, w) {
 				return
 			}
-			s.report(w, nil)
-			if limit, changed := s.Observe(w, l); changed && s.Log != nil {
-				s.Log.Info("learned engine concurrency changed", "worker", w, "limit", limit,
-					"engine_running", l.Running, "engine_waiting", l.Waiting)
+			t := time.NewTimer(s.Interval / 10)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+				s.readOnce(ctx, w)
 			}
 		}()
 	}
 	wg.Wait()
+}
+
+// readOnce reads w and hands the load to Observe; it reports whether the
+// read raised w's limit.
+func (s *Scraper) readOnce(ctx context.Context, w string) (raised bool) {
+	l, err := s.read(ctx, w)
+	if err != nil {
+		s.report(w, err)
+		return false
+	}
+	s.report(w, nil)
+	limit, changed := s.Observe(w, l)
+	if changed && s.Log != nil {
+		s.Log.Info("learned engine concurrency changed", "worker", w, "limit", limit,
+			"engine_running", l.Running, "engine_waiting", l.Waiting)
+	}
+	return changed && l.Waiting == 0
 }
 
 func (s *Scraper) read(ctx context.Context, worker string) (engine.EngineLoad, error) {

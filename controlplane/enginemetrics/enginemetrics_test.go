@@ -2,11 +2,14 @@ package enginemetrics
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,5 +121,36 @@ func TestScraperRound(t *testing.T) {
 	}
 	if v, _ := gotAuth.Load(strings.TrimPrefix(a.URL, "http://")); v != "Bearer k-"+strings.TrimPrefix(a.URL, "http://") {
 		t.Fatalf("worker key not sent: %v", v)
+	}
+}
+
+// A read that raised the limit (a probe) is followed within the same round
+// by a second read, which sees whether the engine had room; a read that
+// changed nothing, or lowered the limit, is not.
+func TestProbeIsCheckedAgainSoon(t *testing.T) {
+	var reads atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		waiting := 0
+		if reads.Add(1) > 1 {
+			waiting = 1 // the request the raise let through waits
+		}
+		fmt.Fprintf(w, "vllm:num_requests_running 4\nvllm:num_requests_waiting %d\n", waiting)
+	}))
+	defer srv.Close()
+	var seen []engine.EngineLoad
+	s := &Scraper{Client: http.DefaultClient, Path: "/metrics", Interval: 200 * time.Millisecond, Timeout: 2 * time.Second,
+		Workers: func() []string { return []string{srv.URL} },
+		Observe: func(w string, l engine.EngineLoad) (int, bool) {
+			seen = append(seen, l) // reads of one worker never overlap
+			if len(seen) == 1 {
+				return 5, true // raised: a probe
+			}
+			return 4, true // lowered: the engine queued
+		},
+	}
+	s.Round(context.Background())
+	want := []engine.EngineLoad{{Running: 4}, {Running: 4, Waiting: 1}}
+	if !slices.Equal(seen, want) {
+		t.Fatalf("one round observed %v, want the probe's read and the check after it %v", seen, want)
 	}
 }

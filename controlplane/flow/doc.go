@@ -50,7 +50,8 @@
 // after GrowAfter (30) reads in a row at the limit with nothing waiting:
 // probing on every read kept one request in the engine's own queue half the
 // time, where priority and fairness no longer apply. Probes that find no
-// room back off (twice the wait each, up to MaxGrowAfter = 960 reads): at
+// room back off (twice the wait each, up to MaxGrowAfter = 960 reads), and
+// the scraper reads a probed engine again a tenth of an interval later: at
 // one probe in 31 reads, the flood benchmark's engines, whose batch limit
 // is fixed, held a probed request in their queue one second in 31.
 //
