@@ -108,8 +108,9 @@ type OverloadRun struct {
 	// time from its start to the next end of any other request, seen by
 	// the clients. The pool is full then (the flood keeps more in flight
 	// than it runs), so no scheduler that neither preempts nor keeps a
-	// slot idle can start the calm request sooner: its TTFT percentiles
-	// cannot be below these.
+	// slot idle can start the calm request sooner (give or take the
+	// delivery of that response's last bytes), and its first token comes
+	// on top: its TTFT percentiles are above these.
 	NextEndP50Ms float64 `json:"next_end_p50_ms"`
 	NextEndP90Ms float64 `json:"next_end_p90_ms"`
 	NextEndP99Ms float64 `json:"next_end_p99_ms"`
