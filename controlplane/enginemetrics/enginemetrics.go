@@ -115,8 +115,8 @@ func (s *Scraper) Run(ctx context.Context) {
 	}
 }
 
-// Round reads every worker once, concurrently, and returns when all
-// answered or timed out.
+// Round reads every worker once (a probed one twice, below), concurrently,
+// and returns when all answered or timed out.
 //
 // A read that raised a worker's limit (a probe: limits drop only on reads
 // with requests waiting) is followed by another a tenth of an Interval
