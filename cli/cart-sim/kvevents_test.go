@@ -12,21 +12,10 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/cartrouter/cart/internal/testkit"
 	"github.com/cartrouter/cart/kvevents"
 	"github.com/cartrouter/cart/sim"
 )
-
-// recvWithin takes one message from msgs, giving up after 10 s.
-func recvWithin(t *testing.T, msgs <-chan zmq4.Msg) zmq4.Msg {
-	t.Helper()
-	select {
-	case m := <-msgs:
-		return m
-	case <-time.After(10 * time.Second):
-		t.Fatal("no message within 10s")
-	}
-	return zmq4.Msg{}
-}
 
 // receive runs sck.Recv in a goroutine until the socket is closed.
 func receive(t *testing.T, sck zmq4.Socket) <-chan zmq4.Msg {
@@ -108,7 +97,7 @@ func TestReplicaPublishesKVEvents(t *testing.T) {
 		t.Fatalf("completion: %d", resp.StatusCode)
 	}
 	var live []kvevents.Message
-	m, err := kvevents.ParseMessage(recvWithin(t, msgs).Frames)
+	m, err := kvevents.ParseMessage(testkit.Recv(t, msgs, 10*time.Second, "a message").Frames)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +116,7 @@ func TestReplicaPublishesKVEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	m, err = kvevents.ParseMessage(recvWithin(t, msgs).Frames)
+	m, err = kvevents.ParseMessage(testkit.Recv(t, msgs, 10*time.Second, "a message").Frames)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +134,7 @@ func TestReplicaPublishesKVEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; ; i++ {
-		f := recvWithin(t, answers).Frames
+		f := testkit.Recv(t, answers, 10*time.Second, "an answer").Frames
 		if len(f) != 3 || len(f[0]) != 0 {
 			t.Fatalf("replay answer frames %q", f)
 		}

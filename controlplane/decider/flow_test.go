@@ -12,6 +12,7 @@ import (
 
 	"github.com/cartrouter/cart/controlplane/engine"
 	"github.com/cartrouter/cart/controlplane/flow"
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // flowDecider is a decider over workers with the given max_concurrency,
@@ -67,13 +68,7 @@ func settleOK(t *testing.T, d *Decider, dec Decision) {
 
 func result(t *testing.T, ch <-chan admitResult) admitResult {
 	t.Helper()
-	select {
-	case r := <-ch:
-		return r
-	case <-time.After(5 * time.Second):
-		t.Fatal("no answer")
-	}
-	return admitResult{}
+	return testkit.Recv(t, ch, 5*time.Second, "an answer")
 }
 
 func noResult(t *testing.T, ch <-chan admitResult) {

@@ -8,6 +8,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/cartrouter/cart/internal/testkit"
 )
 
 // The feed holds at most a window the reader has not read: the writer
@@ -32,7 +34,7 @@ func TestFeedHoldsAWindow(t *testing.T) {
 	if _, err := io.ReadFull(f, make([]byte, len(chunk))); err != nil {
 		t.Fatal(err)
 	}
-	if err := within(t, wrote); err != nil {
+	if err := testkit.Recv(t, wrote, 10*time.Second, "the waiting write's result"); err != nil {
 		t.Fatalf("the write after a read: %v", err)
 	}
 
@@ -40,7 +42,7 @@ func TestFeedHoldsAWindow(t *testing.T) {
 	go func() { wrote <- f.write(ctx, chunk) }()
 	time.Sleep(20 * time.Millisecond)
 	_ = f.Close()
-	if err := within(t, wrote); err != nil || f.buffered != 0 {
+	if err := testkit.Recv(t, wrote, 10*time.Second, "the waiting write's result"); err != nil || f.buffered != 0 {
 		t.Fatalf("a write after Close: %v, %d bytes held", err, f.buffered)
 	}
 
@@ -53,21 +55,8 @@ func TestFeedHoldsAWindow(t *testing.T) {
 	go func() { wrote <- g.write(cctx, chunk) }()
 	time.Sleep(20 * time.Millisecond)
 	cancel()
-	if err := within(t, wrote); !errors.Is(err, context.Canceled) {
+	if err := testkit.Recv(t, wrote, 10*time.Second, "the waiting write's result"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a waiting write when the stream ends: %v", err)
-	}
-}
-
-// within waits for a blocked write's result, failing the test rather than
-// hanging it when the write is never released.
-func within(t *testing.T, ch <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(10 * time.Second):
-		t.Fatal("a waiting write was not released within 10 s")
-		return nil
 	}
 }
 

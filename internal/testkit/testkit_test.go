@@ -99,3 +99,15 @@ func TestProbeWaitsTimesTheTake(t *testing.T) {
 		t.Fatalf("waits %v: the first should span the 10ms the take was held", ws)
 	}
 }
+
+func TestRecvTakesAValueOrFailsNamingIt(t *testing.T) {
+	ch := make(chan int, 1)
+	ch <- 7
+	if got := Recv(t, ch, time.Second, "seven"); got != 7 {
+		t.Fatalf("Recv = %d, want 7", got)
+	}
+	f := &fatalTB{TB: t}
+	if got := Recv(f, ch, 10*time.Millisecond, "an answer"); got != 0 || !strings.Contains(f.msg, "waiting for an answer") {
+		t.Fatalf("Recv on an empty channel = %d, failure %q", got, f.msg)
+	}
+}

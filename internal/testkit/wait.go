@@ -56,3 +56,18 @@ func Poll(timeout time.Duration, cond func() (bool, string)) (bool, string) {
 		interval = min(2*interval, maxInterval)
 	}
 }
+
+// Recv takes one value from ch and fails the test, naming what it was
+// waiting for, if none comes within timeout: a test waiting on a result
+// that never arrives fails instead of hanging until the binary's timeout.
+func Recv[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(timeout):
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		var zero T
+		return zero
+	}
+}
