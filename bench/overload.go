@@ -403,6 +403,12 @@ type timedResult struct {
 	end time.Time
 }
 
+// servedWithin reports whether r was answered 200 and ended within [from,
+// until] (a zero bound is open).
+func (r timedResult) servedWithin(from, until time.Time) bool {
+	return r.Err == nil && r.Status == http.StatusOK && !r.end.Before(from) && (until.IsZero() || !r.end.After(until))
+}
+
 func newTenantLoad(p tenantPlan, s Sender, c OverloadConfig, seed uint64) *tenantLoad {
 	return &tenantLoad{plan: p, send: s, c: c, seed: seed, rng: rand.New(rand.NewPCG(seed, uint64(len(p.name))))}
 }
@@ -506,7 +512,7 @@ func nextEnds(calm *tenantLoad, loads []*tenantLoad, from, until time.Time) []ca
 	for _, l := range loads {
 		l.mu.Lock()
 		for _, r := range l.result {
-			if r.Err == nil && r.Status == http.StatusOK { // a refusal ran nowhere
+			if r.servedWithin(time.Time{}, time.Time{}) { // a refusal ran nowhere
 				ends = append(ends, r.end)
 			}
 		}
@@ -517,7 +523,7 @@ func nextEnds(calm *tenantLoad, loads []*tenantLoad, from, until time.Time) []ca
 	defer calm.mu.Unlock()
 	var out []calmWait
 	for _, r := range calm.result {
-		if r.end.Before(from) || r.end.After(until) || r.Err != nil || r.Status != http.StatusOK {
+		if !r.servedWithin(from, until) {
 			continue
 		}
 		start := r.end.Add(-r.E2E)
@@ -544,7 +550,7 @@ func (l *tenantLoad) promptTokensBetween(from, until time.Time) (prompt, cached 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, r := range l.result {
-		if r.end.Before(from) || r.end.After(until) || r.Err != nil || r.Status != http.StatusOK {
+		if !r.servedWithin(from, until) {
 			continue
 		}
 		prompt += r.PromptTokens
