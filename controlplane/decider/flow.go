@@ -418,8 +418,8 @@ func (d *Decider) Queue() QueueStatus {
 
 // ObserveEngine hands the engine's reported load of url to the learned
 // concurrency (engine.ObserveEngine); a raised limit dispatches waiting
-// requests at once. It returns the learned limit and whether it changed.
-func (d *Decider) ObserveEngine(url string, l engine.EngineLoad) (limit int, changed bool) {
+// requests at once. It returns the learned limit before and after.
+func (d *Decider) ObserveEngine(url string, l engine.EngineLoad) (before, after int) {
 	t := d.lock()
 	defer d.unlock(OpAdmin, t)
 	return d.eng.ObserveEngine(url, l)

@@ -105,11 +105,11 @@ const MaxGrowAfter = GrowAfter << 5
 //
 // Until the engine first queues, the limit stays unknown (no limit): an
 // engine that never queued has never been saturated. It returns the
-// learned limit and whether this observation changed it.
-func (e *Engine) ObserveEngine(url string, l EngineLoad) (limit int, changed bool) {
+// learned limit before and after this observation (0: unknown).
+func (e *Engine) ObserveEngine(url string, l EngineLoad) (before, after int) {
 	w, ok := e.byURL[url]
 	if !ok || w.spec.MaxConcurrency > 0 {
-		return 0, false
+		return 0, 0
 	}
 	if w.growAfter == 0 {
 		w.growAfter = GrowAfter
@@ -139,7 +139,7 @@ func (e *Engine) ObserveEngine(url string, l EngineLoad) (limit int, changed boo
 	if w.learned > old {
 		e.freed++
 	}
-	return w.learned, w.learned != old
+	return old, w.learned
 }
 
 // Concurrency is url's concurrency limit in force: declared, else learned

@@ -22,8 +22,8 @@ func TestObserveEngineLearnsConcurrency(t *testing.T) {
 	for i, s := range steps {
 		changed := false
 		for range s.times {
-			_, c := e.ObserveEngine(s.url, s.obs)
-			changed = c || changed
+			before, after := e.ObserveEngine(s.url, s.obs)
+			changed = before != after || changed
 		}
 		if got, _ := e.Concurrency(s.url); got != s.want || changed != s.wantChange {
 			t.Fatalf("step %d: limit %d (changed %v), want %d (%v)", i, got, changed, s.want, s.wantChange)
@@ -77,20 +77,20 @@ func TestFailedProbesBackOff(t *testing.T) {
 	capacity := 4
 	// read is one scrape of an engine CART keeps at its limit: it runs
 	// what it can of that and queues the rest.
-	read := func() (limit int, changed bool) {
+	read := func() (before, after int) {
 		l, _ := e.Concurrency("a")
 		if l == 0 {
 			l = capacity + 3 // before the first queueing: no limit, more sent
 		}
 		return e.ObserveEngine("a", EngineLoad{Running: min(l, capacity), Waiting: max(l-capacity, 0)})
 	}
-	if l, _ := read(); l != capacity {
+	if _, l := read(); l != capacity {
 		t.Fatalf("first queueing read: limit %d, want %d", l, capacity)
 	}
 	const reads = 10_000
 	probes, overLimit := 0, 0
 	for range reads {
-		if l, changed := read(); changed && l > capacity {
+		if before, after := read(); after != before && after > capacity {
 			probes++
 		}
 		if l, _ := e.Concurrency("a"); l > capacity {
@@ -114,7 +114,7 @@ func TestFailedProbesBackOff(t *testing.T) {
 	capacity = 6
 	n := 0
 	for ; n < MaxGrowAfter+GrowAfter+2; n++ {
-		if l, _ := read(); l == capacity {
+		if _, l := read(); l == capacity {
 			break
 		}
 	}

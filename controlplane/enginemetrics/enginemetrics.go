@@ -92,9 +92,9 @@ type Scraper struct {
 	// Key is the key a worker expects (sent as a bearer token), "" none.
 	Key func(worker string) string
 	// Observe takes what was read and returns the worker's learned limit
-	// and whether the read changed it (logged: an operator sees the limit
+	// before and after it (a change is logged: an operator sees the limit
 	// flow control holds each engine to, and every probe past it).
-	Observe func(worker string, l engine.EngineLoad) (limit int, changed bool)
+	Observe func(worker string, l engine.EngineLoad) (before, after int)
 	Log     *slog.Logger
 
 	mu     sync.Mutex
@@ -118,8 +118,7 @@ func (s *Scraper) Run(ctx context.Context) {
 // Round reads every worker once (a probed one twice, below), concurrently,
 // and returns when all answered or timed out.
 //
-// A read that raised a worker's limit (a probe: limits drop only on reads
-// with requests waiting) is followed by another a tenth of an Interval
+// A read that raised a worker's limit (a probe) is followed by another a tenth of an Interval
 // later: the request the raise let through reaches the engine at once, and
 // if the engine had no room for it, it waits in the engine's queue, where
 // priority and fairness no longer apply, with every request sent there
@@ -155,12 +154,12 @@ func (s *Scraper) readOnce(ctx context.Context, w string) (raised bool) {
 		return false
 	}
 	s.report(w, nil)
-	limit, changed := s.Observe(w, l)
-	if changed && s.Log != nil {
-		s.Log.Info("learned engine concurrency changed", "worker", w, "limit", limit,
+	before, after := s.Observe(w, l)
+	if before != after && s.Log != nil {
+		s.Log.Info("learned engine concurrency changed", "worker", w, "limit", after,
 			"engine_running", l.Running, "engine_waiting", l.Waiting)
 	}
-	return changed && l.Waiting == 0
+	return before > 0 && after > before
 }
 
 func (s *Scraper) read(ctx context.Context, worker string) (engine.EngineLoad, error) {

@@ -104,11 +104,11 @@ func TestScraperRound(t *testing.T) {
 	s := &Scraper{Client: http.DefaultClient, Path: "/metrics", Interval: time.Hour, Timeout: 2 * time.Second,
 		Workers: func() []string { return []string{a.URL, b.URL} },
 		Key:     func(w string) string { return "k-" + strings.TrimPrefix(w, "http://") },
-		Observe: func(w string, l engine.EngineLoad) (int, bool) {
+		Observe: func(w string, l engine.EngineLoad) (before, after int) {
 			mu.Lock()
 			defer mu.Unlock()
 			seen[w] = l
-			return 7, true // as a first queueing read changes the limit
+			return 0, 7 // as a first queueing read sets the limit
 		},
 		Log: slog.New(slog.NewTextHandler(&logs, nil)),
 	}
@@ -140,12 +140,12 @@ func TestProbeIsCheckedAgainSoon(t *testing.T) {
 	var seen []engine.EngineLoad
 	s := &Scraper{Client: http.DefaultClient, Path: "/metrics", Interval: 200 * time.Millisecond, Timeout: 2 * time.Second,
 		Workers: func() []string { return []string{srv.URL} },
-		Observe: func(w string, l engine.EngineLoad) (int, bool) {
+		Observe: func(w string, l engine.EngineLoad) (before, after int) {
 			seen = append(seen, l) // reads of one worker never overlap
 			if len(seen) == 1 {
-				return 5, true // raised: a probe
+				return 4, 5 // raised: a probe
 			}
-			return 4, true // lowered: the engine queued
+			return 5, 4 // lowered: the engine queued
 		},
 	}
 	s.Round(context.Background())

@@ -161,7 +161,7 @@ func (l *Local) Run(ctx context.Context, interval time.Duration) {
 func (l *Local) Collectors() []prometheus.Collector { return l.dec.Collectors() }
 
 // ObserveEngine hands a worker's engine metrics to the learned concurrency.
-func (l *Local) ObserveEngine(url string, e engine.EngineLoad) (limit int, changed bool) {
+func (l *Local) ObserveEngine(url string, e engine.EngineLoad) (before, after int) {
 	return l.dec.ObserveEngine(url, e)
 }
 
