@@ -160,6 +160,11 @@ func (d *Decider) admit(ctx context.Context, c *Caller, req Request, a Admission
 	req.Priority = a.Priority
 	dec, err := d.decide(ctx, c, req, now)
 	if err == nil || d.o.Flow.Off || req.DryRun || !errors.Is(err, engine.ErrAllSaturated) {
+		if err == nil {
+			// Under the lock: the queue and the leader's tickets are its.
+			dec.Ticket.tenant, dec.Ticket.epoch = a.Tenant, d.epoch(a.Tenant)
+			d.setTicketTenant(dec.Ticket.ID, a.Tenant, 0, dec.Ticket.epoch)
+		}
 		d.unlock(OpRoute, t)
 		if err != nil {
 			return Decision{}, capacity(err)
@@ -167,8 +172,6 @@ func (d *Decider) admit(ctx context.Context, c *Caller, req Request, a Admission
 		if c == nil {
 			dec.ownPlaced() // track cloned a tracked one's
 		}
-		dec.Ticket.tenant, dec.Ticket.epoch = a.Tenant, d.epoch(a.Tenant)
-		d.setTicketTenant(dec.Ticket.ID, a.Tenant, 0, dec.Ticket.epoch)
 		return dec, nil
 	}
 	if a.Priority < 0 {
