@@ -38,19 +38,26 @@ func workerSources(url string) map[string]string {
 	return out
 }
 
+// waitSources waits until the leader lists want. Only the leader's own
+// answer counts: a follower that cannot reach the leader (right after a
+// leader is killed, its Raft still names the dead one) answers from its
+// local copy, which may lag what was committed; a check passed on such a
+// copy once let this test go on before the new leader had removed
+// anything, and then fail.
 func waitSources(t *testing.T, nodes []*node, what string, want map[string]string) {
 	t.Helper()
 	testkit.WaitForMsg(t, 15*time.Second, what, func() (bool, string) {
-		var got map[string]string
 		for _, n := range nodes {
 			if !n.Running() {
 				continue
 			}
-			if got = workerSources(n.url()); fmt.Sprint(got) == fmt.Sprint(want) {
-				return true, ""
+			if st, err := n.status(); err != nil || st.GetState() != "leader" {
+				continue
 			}
+			got := workerSources(n.url())
+			return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprintf("leader %s lists %v, want %v", n.id, got, want)
 		}
-		return false, fmt.Sprintf("workers %v, want %v", got, want)
+		return false, "no node reports itself leader"
 	})
 }
 
