@@ -164,6 +164,9 @@ func (d *Decider) admit(ctx context.Context, c *Caller, req Request, a Admission
 			// Under the lock: the queue and the leader's tickets are its.
 			dec.Ticket.tenant, dec.Ticket.epoch = a.Tenant, d.epoch(a.Tenant)
 			d.setTicketTenant(dec.Ticket.ID, a.Tenant, 0, dec.Ticket.epoch)
+			if d.fq != nil && !req.DryRun {
+				d.fq.Started(a.Tenant)
+			}
 		}
 		d.unlock(OpRoute, t)
 		if err != nil {

@@ -10,9 +10,12 @@
 //     least weighted tokens served goes first — the virtual token counter of
 //     "Fairness in Serving Large Language Models" (Sheng et al., OSDI 2024).
 //     Counting tokens rather than requests keeps long prompts from crowding
-//     others out. A tenant that becomes backlogged is lifted to the least
-//     counter among the band's backlogged tenants, so idle time is not saved
-//     up as credit to be spent in a burst later.
+//     others out. A tenant that becomes backlogged starts where the last
+//     request started (start-time fair queuing's virtual time, Goyal, Vin and
+//     Cheng, SIGCOMM 1996), or at the least counter among the band's
+//     backlogged tenants if that is lower, so idle time is not saved up as
+//     credit to be spent in a burst later: the request it brings goes before
+//     the backlogged tenants' next one, and it is one request ahead at most.
 //  3. Order within a tenant: earliest deadline first, where a request
 //     without a deadline of its own has its queue timeout as its deadline;
 //     for requests that all carry the same timeout that is first come,
@@ -97,9 +100,20 @@
 // At dispatch a request is charged its estimated prompt tokens (key length /
 // 4); its usage report corrects that to prompt + completion tokens
 // (Outcome.CompletionTokens, Completion.completion_tokens). A tenant that
-// becomes backlogged is lifted to the least counter among the band's
-// backlogged tenants, so idle time is not saved up. Counters of idle tenants
-// are forgotten beyond 4,096, least recently active first.
+// becomes backlogged is lifted to the virtual time (the largest counter a
+// request started at, whether it waited or found room: Queue.Started), or
+// to the least backlogged counter of its band if lower, so idle time is not
+// saved up, nor usage that others had while the pool had room (a tenant
+// returning when nothing waits is lifted too). Counters of idle tenants are
+// forgotten beyond 4,096, least recently active first.
+//
+// Why the virtual time and not the least counter, which is the paper's rule:
+// the backlogged tenants' counters already include the cost of the requests
+// they have running, so lifting a returning tenant to equal them puts the
+// second request of a burst behind one request of each of them. Starting it
+// where the last request started, as start-time fair queuing does, lets a
+// burst of two go first; the credit is one request, however long the tenant
+// was idle, and a tenant that stays backlogged gains nothing from it.
 //
 // Charging at the end rather than token by token (the paper's counter grows
 // with every token decoded) needs two corrections, or an interactive tenant

@@ -116,6 +116,10 @@ type Queue[T any] struct {
 	seq      uint64
 	pass     int64
 	lifts    uint64 // lifts so far, numbering each counter's last one
+	// vtime is the scheduler's virtual time: the largest counter a
+	// request started at (before its cost was added), as start-time fair
+	// queuing defines it. A tenant that becomes backlogged starts from it.
+	vtime float64
 }
 
 // New returns an empty queue with bounds lim.
@@ -173,11 +177,21 @@ func (q *Queue[T]) Push(it *Item[T]) error {
 	}
 	if t == nil {
 		t = &tenant[T]{name: it.Tenant, band: b, counter: q.counterFor(it.Tenant, it.Weight)}
-		// Lifted to the least counter of the band's backlogged tenants:
-		// a tenant that was idle does not bank credit.
-		if lo, ok := b.least(); ok && t.counter.served < lo {
+		// A tenant that was idle does not bank credit: it is lifted to
+		// where the last request started (start-time fair queuing's
+		// virtual time), or to the least counter of the band's backlogged
+		// tenants if that is lower. Starting where the last request
+		// started rather than where the backlogged tenants' counters now
+		// stand (past that request's cost) lets the request it brings go
+		// before their next one: a returning tenant is one request ahead
+		// at most, however long it was idle.
+		to := q.vtime
+		if lo, ok := b.least(); ok && lo < to {
+			to = lo
+		}
+		if t.counter.served < to {
 			q.lifts++
-			t.counter.absorb, t.counter.served, t.counter.lifted = lo-t.counter.served, lo, q.lifts
+			t.counter.absorb, t.counter.served, t.counter.lifted = to-t.counter.served, to, q.lifts
 		}
 		b.tenants[it.Tenant] = t
 		if len(b.tenants) == 1 {
@@ -249,6 +263,17 @@ func (q *Queue[T]) unlink(b *band[T], t *tenant[T], i int) {
 func (q *Queue[T]) Charge(tenantName string, tokens int64) {
 	if c := q.counters[tenantName]; c != nil {
 		q.ChargeSince(tenantName, tokens, c.lifted)
+	}
+}
+
+// Started tells the queue that a request of tenant started without
+// waiting (a worker had room): the virtual time moves to its counter as it
+// does for one dispatched from the queue, so a tenant returning after the
+// pool was last saturated starts level with those served since, not with
+// credit for their usage meanwhile. A tenant without a counter is ignored.
+func (q *Queue[T]) Started(tenantName string) {
+	if c := q.counters[tenantName]; c != nil {
+		q.vtime = max(q.vtime, c.served)
 	}
 }
 
@@ -325,6 +350,7 @@ func (q *Queue[T]) Dispatch(maxTries int, try func(*Item[T]) Verdict) (taken, dr
 						i++
 						continue
 					case Taken:
+						q.vtime = max(q.vtime, t.counter.served)
 						t.counter.served += float64(it.Cost) / t.counter.weight
 						q.unlink(b, t, i)
 						taken++

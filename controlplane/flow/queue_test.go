@@ -105,9 +105,9 @@ func TestTokenFairnessBetweenTenants(t *testing.T) {
 	}
 }
 
-// A tenant that was idle is lifted to the busy tenants' level on arrival:
-// it goes next (it has served the least), but cannot spend its idle time
-// as credit for a burst.
+// A tenant that was idle is lifted to where the busy tenant's last
+// request started: the request it brings goes next, but it cannot spend
+// its idle time as credit for a burst. It is one request ahead at most.
 func TestIdleTenantIsLiftedNotCredited(t *testing.T) {
 	q := New[req](Limits{})
 	for i := range 50 {
@@ -122,17 +122,72 @@ func TestIdleTenantIsLiftedNotCredited(t *testing.T) {
 	for i := range 10 {
 		mustPush(t, q, item("calm", 0, int64(100+i), 100, "C"))
 	}
-	if q.Served("calm") != 2000 {
-		t.Fatalf("calm lifted to %v, want the flood's 2000", q.Served("calm"))
+	if q.Served("calm") != 1900 {
+		t.Fatalf("calm lifted to %v, want 1900 (where the flood's last request started)", q.Served("calm"))
 	}
-	// From equal counters the two alternate; the calm burst does not take
-	// ten slots in a row.
+	// Its first request goes at once, its second on the tie (it was lifted
+	// last), and from there the two alternate: the burst of ten does not
+	// take ten slots in a row.
+	var got []string
+	for range 8 {
+		got = append(got, takeOne(t, q))
+	}
+	if want := []string{"C", "C", "F", "C", "F", "C", "F", "C"}; !slices.Equal(got, want) {
+		t.Fatalf("dispatches %v, want %v", got, want)
+	}
+}
+
+// Credit is not banked while the queue is empty either: a tenant that
+// comes back when nothing waits starts where the last request started, not
+// from the counter it left with, or it would take every slot until it had
+// caught up with what the others were served meanwhile.
+func TestNoCreditBankedWhileTheQueueWasEmpty(t *testing.T) {
+	q := New[req](Limits{})
+	mustPush(t, q, item("calm", 0, 0, 100, "C"))
+	takeOne(t, q)
+	for i := range 30 {
+		mustPush(t, q, item("flood", 0, int64(i), 100, "F"))
+	}
+	takeAll(q)
+	if q.Len() != 0 || q.Served("flood") != 3000 {
+		t.Fatalf("%d queued, flood served %v; want none and 3000", q.Len(), q.Served("flood"))
+	}
+	for i := range 5 {
+		mustPush(t, q, item("calm", 0, int64(100+i), 100, "C"))
+	}
+	if q.Served("calm") != 2900 {
+		t.Fatalf("calm at %v on return to an empty queue, want lifted to 2900", q.Served("calm"))
+	}
+	for i := range 5 {
+		mustPush(t, q, item("flood", 0, int64(100+i), 100, "F"))
+	}
 	var got []string
 	for range 6 {
 		got = append(got, takeOne(t, q))
 	}
-	if c := countOf(got, "C"); c != 3 {
-		t.Fatalf("dispatches %v: calm took %d of 6, want 3 (alternating)", got, c)
+	if want := []string{"C", "C", "F", "C", "F", "C"}; !slices.Equal(got, want) {
+		t.Fatalf("dispatches %v, want %v", got, want)
+	}
+}
+
+// Requests that started without waiting move the virtual time too
+// (Started): a tenant that was served through an unsaturated pool's free
+// slots is level with one returning when the pool fills, not behind it.
+func TestRequestsStartedWithoutWaitingMoveTheVirtualTime(t *testing.T) {
+	q := New[req](Limits{})
+	mustPush(t, q, item("batch", 0, 0, 100, "B"), item("web", 0, 0, 100, "W"))
+	takeAll(q)
+	// The pool has room: batch's requests start at once and report 5,000
+	// tokens; web is idle.
+	for range 5 {
+		q.Started("batch")
+		q.Charge("batch", 1000)
+	}
+	q.Started("batch")
+	q.Started("nobody") // no counter: ignored
+	mustPush(t, q, item("web", 0, 1, 100, "W"))
+	if q.Served("web") != 5100 {
+		t.Fatalf("web at %v on return, want 5100 (where batch's last request started)", q.Served("web"))
 	}
 }
 
@@ -187,6 +242,7 @@ func TestReportsFromBeforeALiftFillIt(t *testing.T) {
 	q := New[req](Limits{})
 	mustPush(t, q, item("flood", 0, 1, 0, "f1"))
 	q.Charge("flood", 1000)
+	q.Started("flood")
 	before := q.Epoch("calm")
 	mustPush(t, q, item("calm", 0, 1, 0, "c1")) // lifted from 0 to 1000
 	if q.Served("calm") != 1000 || q.Epoch("calm") == before {
@@ -322,9 +378,34 @@ func FuzzQueue(f *testing.F) {
 			case 0: // push
 				it := &Item[req]{Tenant: fmt.Sprint("t", op>>2&3), Priority: int(op>>4&3) - 1,
 					Deadline: int64(rng.IntN(20)), Bytes: int64(op>>6) * 30, Cost: int64(rng.IntN(100))}
+				// A tenant new to the band starts at the virtual time, or
+				// at the band's least backlogged counter if lower, unless
+				// its own counter is higher.
+				want, backlogged, lo, have := q.Served(it.Tenant), false, 0.0, false
+				for o := range live {
+					if o.Priority != it.Priority {
+						continue
+					}
+					if o.Tenant == it.Tenant {
+						backlogged = true
+					}
+					if s := q.Served(o.Tenant); !have || s < lo {
+						lo, have = s, true
+					}
+				}
+				if !backlogged {
+					to := q.vtime
+					if have && lo < to {
+						to = lo
+					}
+					want = max(want, to)
+				}
 				if err := q.Push(it); err == nil {
 					live[it] = true
 					all = append(all, it)
+					if got := q.Served(it.Tenant); got != want {
+						t.Fatalf("step %d: %s at %v after its push, want %v", step, it.Tenant, got, want)
+					}
 				} else if _, ok := err.(*ErrFull); !ok {
 					t.Fatalf("step %d: push: %v", step, err)
 				}
@@ -392,6 +473,7 @@ func FuzzQueue(f *testing.F) {
 				// tenant's last lift.
 				name := fmt.Sprint("t", op>>2&3)
 				q.ChargeSince(name, int64(op>>4&7)*40-100, q.Epoch(name)-uint64(op>>7))
+				q.Started(name) // its next request starts at once
 			}
 			// Invariants.
 			var bytes int64
