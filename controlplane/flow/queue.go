@@ -184,12 +184,13 @@ func (q *Queue[T]) Push(it *Item[T]) error {
 		// started rather than where the backlogged tenants' counters now
 		// stand (past that request's cost) lets the request it brings go
 		// before their next one: a returning tenant is one request ahead
-		// at most, however long it was idle.
+		// at most, however long it was idle. One still waiting at another
+		// priority was not idle, and its counter is that band's too.
 		to := q.vtime
 		if lo, ok := b.least(); ok && lo < to {
 			to = lo
 		}
-		if t.counter.served < to {
+		if t.counter.queued == 0 && t.counter.served < to {
 			q.lifts++
 			t.counter.absorb, t.counter.served, t.counter.lifted = to-t.counter.served, to, q.lifts
 		}

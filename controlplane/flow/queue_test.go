@@ -170,6 +170,25 @@ func TestNoCreditBankedWhileTheQueueWasEmpty(t *testing.T) {
 	}
 }
 
+// A tenant still waiting at one priority was not idle: a request it sends
+// at another priority does not lift its counter (which both bands use).
+func TestNoLiftWhileWaitingAtAnotherPriority(t *testing.T) {
+	q := New[req](Limits{})
+	for i := range 10 {
+		mustPush(t, q, item("flood", 0, int64(i), 100, "F"))
+	}
+	for range 5 {
+		takeOne(t, q)
+	}
+	mustPush(t, q, item("mixed", 0, 100, 100, "M0")) // lifted to 400
+	q.Charge("flood", 10000)
+	q.Started("flood") // the virtual time is now 10,500
+	mustPush(t, q, item("mixed", 5, 100, 100, "M5"))
+	if q.Served("mixed") != 400 {
+		t.Fatalf("mixed at %v after a push at another priority, want 400 (not lifted while it waits)", q.Served("mixed"))
+	}
+}
+
 // Requests that started without waiting move the virtual time too
 // (Started): a tenant that was served through an unsaturated pool's free
 // slots is level with one returning when the pool fills, not behind it.
@@ -378,16 +397,16 @@ func FuzzQueue(f *testing.F) {
 			case 0: // push
 				it := &Item[req]{Tenant: fmt.Sprint("t", op>>2&3), Priority: int(op>>4&3) - 1,
 					Deadline: int64(rng.IntN(20)), Bytes: int64(op>>6) * 30, Cost: int64(rng.IntN(100))}
-				// A tenant new to the band starts at the virtual time, or
-				// at the band's least backlogged counter if lower, unless
-				// its own counter is higher.
+				// A tenant with nothing queued starts at the virtual time,
+				// or at its band's least backlogged counter if lower,
+				// unless its own counter is higher.
 				want, backlogged, lo, have := q.Served(it.Tenant), false, 0.0, false
 				for o := range live {
-					if o.Priority != it.Priority {
-						continue
-					}
 					if o.Tenant == it.Tenant {
 						backlogged = true
+					}
+					if o.Priority != it.Priority {
+						continue
 					}
 					if s := q.Served(o.Tenant); !have || s < lo {
 						lo, have = s, true
