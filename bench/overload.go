@@ -259,7 +259,7 @@ func (s *suite) overloadRun(ctx context.Context, c OverloadConfig, scName, targe
 		err = fmt.Errorf("unknown target %q", target)
 	}
 	defer func() {
-		s.keepLogs(d.procs)
+		s.keepLogs(d.procs, scName+"__")
 		s.env.StopAll(d.procs)
 	}()
 	if err != nil {

@@ -182,7 +182,7 @@ func (s *suite) pdRun(ctx context.Context, c PDConfig, trace, target string, w *
 	if p != nil {
 		defer func() {
 			if run.Status != "ok" {
-				s.keepLogs([]*Proc{p})
+				s.keepLogs([]*Proc{p}, "")
 			}
 			s.env.StopAll([]*Proc{p})
 		}()

@@ -614,7 +614,7 @@ func (s *suite) runScenario(ctx context.Context, trace, sc string, w *Workload, 
 	if err != nil {
 		s.env.StopAll(dep.procs)
 		r.Status, r.Reason = "skipped", err.Error()
-		s.keepLogs(dep.procs)
+		s.keepLogs(dep.procs, "")
 		return r
 	}
 	target := dep.target
@@ -662,8 +662,11 @@ func (s *suite) runScenario(ctx context.Context, trace, sc string, w *Workload, 
 }
 
 // keepLogs copies the logs of a skipped scenario's processes into
-// <out>/logs/, since the suite's temporary directory is removed at the end.
-func (s *suite) keepLogs(procs []*Proc) {
+// <out>/logs/, since the suite's temporary directory is removed at the end;
+// each file's name is the process's with prefix before it, so that runs
+// reusing a process name (the overload scenarios) do not overwrite each
+// other's.
+func (s *suite) keepLogs(procs []*Proc, prefix string) {
 	dir := filepath.Join(s.cfg.OutDir, "logs")
 	for _, p := range procs {
 		b, err := os.ReadFile(p.LogPath)
@@ -674,7 +677,7 @@ func (s *suite) keepLogs(procs []*Proc) {
 			b = b[len(b)-64<<10:]
 		}
 		if os.MkdirAll(dir, 0o755) == nil {
-			_ = os.WriteFile(filepath.Join(dir, filepath.Base(p.LogPath)), b, 0o644)
+			_ = os.WriteFile(filepath.Join(dir, prefix+filepath.Base(p.LogPath)), b, 0o644)
 		}
 	}
 }
