@@ -289,11 +289,12 @@ func (q *Queue[T]) Epoch(tenantName string) uint64 {
 
 // ChargeSince is Charge for a request dispatched at lift number epoch.
 // A request dispatched before the tenant's last lift was served before
-// it, and the lift already counted the tenant as served up to the least
-// backlogged counter: its report fills what the lift added before it adds
-// to the counter. Otherwise, when an idle tenant returns, the report of
-// its previous request (finishing while it waits) would put it behind the
-// tenant it was just lifted to equal, costing it the next free slot.
+// it, and the lift already counted the tenant as served up to the virtual
+// time: its report fills what the lift added before it adds to the
+// counter. Otherwise, when an idle tenant returns, the report of its
+// previous request (finishing while it waits) would put it behind the
+// tenants it was just lifted to start level with, costing it the next free
+// slot.
 func (q *Queue[T]) ChargeSince(tenantName string, tokens int64, epoch uint64) {
 	c := q.counters[tenantName]
 	if c == nil {
@@ -442,8 +443,8 @@ func (q *Queue[T]) counterFor(name string, weight float64) *counter {
 }
 
 // prune forgets the counters of idle tenants beyond MaxTenants, least
-// recently active first. A forgotten tenant comes back lifted to the
-// least backlogged counter, as any newly backlogged one.
+// recently active first. A forgotten tenant comes back lifted as any newly
+// backlogged one (Push).
 func (q *Queue[T]) prune() {
 	if len(q.counters) <= q.lim.MaxTenants {
 		return
@@ -496,9 +497,9 @@ func (b *band[T]) byCounter() []*tenant[T] {
 			return -1
 		case x.counter.served > y.counter.served:
 			return 1
-		// Equal counters: the tenant lifted last goes first. It was just
-		// lifted to equal the other, whose requests running meanwhile
-		// have served tokens not charged until they finish.
+		// Equal counters: the tenant lifted last goes first. It was
+		// lifted to start level with the other, whose requests running
+		// meanwhile have served tokens not charged until they finish.
 		case x.counter.lifted > y.counter.lifted:
 			return -1
 		case x.counter.lifted < y.counter.lifted:
