@@ -48,6 +48,9 @@ type OverloadConfig struct {
 	// FloodConcurrency what each flooding tenant keeps in flight.
 	CalmRate         float64 `json:"calm_rate"`
 	FloodConcurrency int     `json:"flood_concurrency"`
+	// ReserveSlots is flow.reserve_slots in the priority and shed
+	// scenarios: the slots per worker kept for the calm tenant's priority.
+	ReserveSlots int `json:"reserve_slots"`
 	// Measure is each measured window; Warmup the flood's head start
 	// before its window (the router learns the engines' concurrency).
 	Measure time.Duration `json:"measure_ns"`
@@ -61,7 +64,7 @@ type OverloadConfig struct {
 // ~280 ms, a calm tenant at 2 chats/s, a flood of 32 in flight.
 func DefaultOverload() OverloadConfig {
 	return OverloadConfig{Replicas: 2, Seqs: 4, OutputTokens: 28, OutputSpread: 0.5, DecodeMsPerToken: 10, PrefillUsPerToken: 20,
-		SystemTokens: 512, Prompts: 8, CalmRate: 2, FloodConcurrency: 32,
+		SystemTokens: 512, Prompts: 8, CalmRate: 2, FloodConcurrency: 32, ReserveSlots: 1,
 		Measure: 40 * time.Second, Warmup: 5 * time.Second,
 		Scenarios: []string{"flood", "priority", "two-floods", "shed"},
 		Targets:   []string{"nginx-lc", "cart-noqueue", "cart", "cart-2dp"}}
@@ -155,11 +158,11 @@ func overloadPlan(sc string, c OverloadConfig) (calm tenantPlan, floods []tenant
 	switch sc {
 	case "priority":
 		calm.priority = 5
-		extra = "flow:\n  reserve_priority: 5\n  reserve_slots: 1\n  engine_priority: true\n"
+		extra = fmt.Sprintf("flow:\n  reserve_priority: 5\n  reserve_slots: %d\n  engine_priority: true\n", c.ReserveSlots)
 	case "shed":
 		calm.priority = 5
 		flood.priority = -1
-		extra = "flow:\n  reserve_priority: 5\n  reserve_slots: 1\n"
+		extra = fmt.Sprintf("flow:\n  reserve_priority: 5\n  reserve_slots: %d\n", c.ReserveSlots)
 	case "two-floods":
 		a := tenantPlan{name: "flood-a", key: "flood-a-key-0123456789", conc: c.FloodConcurrency / 2, front: 0}
 		b := tenantPlan{name: "flood-b", key: "flood-b-key-0123456789", conc: c.FloodConcurrency * 3 / 2, front: 1}
@@ -594,8 +597,8 @@ func (l *tenantLoad) figures(window time.Duration) TenantFigures {
 func FormatOverload(r *OverloadResult) string {
 	var b strings.Builder
 	c := r.Config
-	fmt.Fprintf(&b, "# Overload: a calm tenant under a flood\n\n%d replicas (cart-sim, --max-num-seqs %d, %d ±%.0f%% output tokens at %g ms/token), calm tenant %.1f streamed chats/s, flood %d in flight; windows of %s after a %s head start. \n\n%s\n",
-		c.Replicas, c.Seqs, c.OutputTokens, 100*c.OutputSpread, c.DecodeMsPerToken, c.CalmRate, c.FloodConcurrency, c.Measure, c.Warmup, MachineMarkdown(r.Machine))
+	fmt.Fprintf(&b, "# Overload: a calm tenant under a flood\n\n%d replicas (cart-sim, --max-num-seqs %d, %d ±%.0f%% output tokens at %g ms/token), calm tenant %.1f streamed chats/s, flood %d in flight; windows of %s after a %s head start; headroom (priority, shed) %d slot(s) per worker. \n\n%s\n",
+		c.Replicas, c.Seqs, c.OutputTokens, 100*c.OutputSpread, c.DecodeMsPerToken, c.CalmRate, c.FloodConcurrency, c.Measure, c.Warmup, c.ReserveSlots, MachineMarkdown(r.Machine))
 	for _, sc := range c.Scenarios {
 		var runs []OverloadRun
 		for _, run := range r.Runs {

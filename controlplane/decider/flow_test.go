@@ -501,13 +501,13 @@ func TestRidingCompletionsServeTheQueueFirst(t *testing.T) {
 	}
 }
 
-// A tenant that comes back from idle is lifted to the counter of the
+// A tenant that comes back from idle is lifted to start level with the
 // tenant flooding the pool. The usage report of its previous request,
 // arriving while it waits, was service before the lift and fills the
-// lift instead of putting it behind; and on equal counters the tenant
-// lifted last goes first (the flood's running requests have served
-// tokens not charged yet). So the next free slot is the returning
-// tenant's, whatever the tenants are called ("web" sorts after "batch").
+// lift instead of putting it behind (without that this test fails), so
+// the next free slot is the returning tenant's, whatever the tenants are
+// called ("web" sorts after "batch"). The tie-break by the last lift is
+// flow's TestIdleTenantIsLiftedNotCredited.
 func TestReturningTenantTakesTheNextSlot(t *testing.T) {
 	d := flowDecider(t, FlowOptions{}, engine.Policy{}, 2)
 	usage := Outcome{Delivered: true, PromptTokens: 545, CachedTokens: 512, CompletionTokens: 28}

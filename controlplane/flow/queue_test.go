@@ -111,23 +111,23 @@ func TestTokenFairnessBetweenTenants(t *testing.T) {
 func TestIdleTenantIsLiftedNotCredited(t *testing.T) {
 	q := New[req](Limits{})
 	for i := range 50 {
-		mustPush(t, q, item("flood", 0, int64(i), 100, "F"))
+		mustPush(t, q, item("batch", 0, int64(i), 100, "F"))
 	}
 	for range 20 {
 		takeOne(t, q)
 	}
-	if q.Served("flood") != 2000 {
-		t.Fatalf("flood served %v, want 2000", q.Served("flood"))
+	if q.Served("batch") != 2000 {
+		t.Fatalf("batch served %v, want 2000", q.Served("batch"))
 	}
 	for i := range 10 {
-		mustPush(t, q, item("calm", 0, int64(100+i), 100, "C"))
+		mustPush(t, q, item("web", 0, int64(100+i), 100, "C"))
 	}
-	if q.Served("calm") != 1900 {
-		t.Fatalf("calm lifted to %v, want 1900 (where the flood's last request started)", q.Served("calm"))
+	if q.Served("web") != 1900 {
+		t.Fatalf("web lifted to %v, want 1900 (where batch's last request started)", q.Served("web"))
 	}
 	// Its first request goes at once, its second on the tie (it was lifted
-	// last), and from there the two alternate: the burst of ten does not
-	// take ten slots in a row.
+	// last; by name, batch would win it), and from there the two
+	// alternate: the burst of ten does not take ten slots in a row.
 	var got []string
 	for range 8 {
 		got = append(got, takeOne(t, q))
