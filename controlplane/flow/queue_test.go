@@ -110,12 +110,7 @@ func TestTokenFairnessBetweenTenants(t *testing.T) {
 // its idle time as credit for a burst. It is one request ahead at most.
 func TestIdleTenantIsLiftedNotCredited(t *testing.T) {
 	q := New[req](Limits{})
-	for i := range 50 {
-		mustPush(t, q, item("batch", 0, int64(i), 100, "F"))
-	}
-	for range 20 {
-		takeOne(t, q)
-	}
+	flood(t, q, "batch", 50, 20)
 	if q.Served("batch") != 2000 {
 		t.Fatalf("batch served %v, want 2000", q.Served("batch"))
 	}
@@ -174,12 +169,7 @@ func TestNoCreditBankedWhileTheQueueWasEmpty(t *testing.T) {
 // at another priority does not lift its counter (which both bands use).
 func TestNoLiftWhileWaitingAtAnotherPriority(t *testing.T) {
 	q := New[req](Limits{})
-	for i := range 10 {
-		mustPush(t, q, item("flood", 0, int64(i), 100, "F"))
-	}
-	for range 5 {
-		takeOne(t, q)
-	}
+	flood(t, q, "flood", 10, 5)
 	mustPush(t, q, item("mixed", 0, 100, 100, "M0")) // lifted to 400
 	q.Charge("flood", 10000)
 	q.Started("flood") // the virtual time is now 10,500
@@ -207,6 +197,18 @@ func TestRequestsStartedWithoutWaitingMoveTheVirtualTime(t *testing.T) {
 	mustPush(t, q, item("web", 0, 1, 100, "W"))
 	if q.Served("web") != 5100 {
 		t.Fatalf("web at %v on return, want 5100 (where batch's last request started)", q.Served("web"))
+	}
+}
+
+// flood queues n requests of 100 tokens (named "F") for tenant at
+// priority 0 and dispatches the first taken of them.
+func flood(t *testing.T, q *Queue[req], tenant string, n, taken int) {
+	t.Helper()
+	for i := range n {
+		mustPush(t, q, item(tenant, 0, int64(i), 100, "F"))
+	}
+	for range taken {
+		takeOne(t, q)
 	}
 }
 
