@@ -287,23 +287,31 @@ func TestRedialAfterRouteTimeouts(t *testing.T) {
 	}
 	cp.set(func(f *fakeCP) { f.routeDelay = time.Minute })
 	dropped := func() float64 { return counterValue(t, r.redials.WithLabelValues("route_timeouts")) }
+	// The drop counter says when the data plane dropped its connections;
+	// how many the HTTP/2 transport opened before that is its own
+	// business (under load it opened a second one once in ~100 runs).
 	for i := range redialAfter {
 		if d := askOnce(t, r); d.FromLeader {
 			t.Fatalf("route %d with the leader stalled: %+v", i, d)
 		}
-		if i < redialAfter-1 && (dropped() != 0 || conns.Accepted() != 1) {
-			t.Fatalf("after %d timeouts: %v drops, %d connections; want none yet, 1", i+1, dropped(), conns.Accepted())
+		if i < redialAfter-1 && dropped() != 0 {
+			t.Fatalf("after %d timeouts: %v drops, want none yet", i+1, dropped())
 		}
 	}
 	if got := dropped(); got != 1 {
 		t.Fatalf("%v drops after %d timeouts in a row, want 1", got, redialAfter)
 	}
+	before := conns.Accepted()
 	cp.set(func(f *fakeCP) { f.routeDelay = 0 })
-	if d := askOnce(t, r); !d.FromLeader {
-		t.Fatalf("route after the drop: %+v", d)
-	}
-	if n := conns.Accepted(); n != 2 {
-		t.Fatalf("%d connections dialled, want 2 (a fresh one after the drop)", n)
+	// A fresh dial and its handshake can take longer than the 50 ms route
+	// timeout on a loaded machine: the call is asked again until the
+	// leader answers.
+	testkit.WaitForMsg(t, 5*time.Second, "a route answered by the leader after the drop", func() (bool, string) {
+		d := askOnce(t, r)
+		return d.FromLeader, fmt.Sprintf("%+v", d)
+	})
+	if n := conns.Accepted(); n <= before {
+		t.Fatalf("%d connections dialled, %d before the drop: want a fresh one after it", n, before)
 	}
 }
 
