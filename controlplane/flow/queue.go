@@ -258,15 +258,6 @@ func (q *Queue[T]) unlink(b *band[T], t *tenant[T], i int) {
 	}
 }
 
-// Charge adds tokens (negative to correct an estimate) to tenant's served
-// count: the completion tokens and the real prompt tokens once the worker
-// reported them. A tenant without a counter any more is not charged.
-func (q *Queue[T]) Charge(tenantName string, tokens int64) {
-	if c := q.counters[tenantName]; c != nil {
-		q.ChargeSince(tenantName, tokens, c.lifted)
-	}
-}
-
 // Started tells the queue that a request of tenant started without
 // waiting (a worker had room): the virtual time moves to its counter as it
 // does for one dispatched from the queue, so a tenant returning after the
@@ -287,7 +278,11 @@ func (q *Queue[T]) Epoch(tenantName string) uint64 {
 	return 0
 }
 
-// ChargeSince is Charge for a request dispatched at lift number epoch.
+// ChargeSince adds tokens (negative to correct an estimate) to tenant's
+// served count for a request dispatched at lift number epoch: its
+// completion tokens and its real prompt tokens once the worker reported
+// them. A tenant without a counter any more is not charged.
+//
 // A request dispatched before the tenant's last lift was served before
 // it, and the lift already counted the tenant as served up to the virtual
 // time: its report fills what the lift added before it adds to the

@@ -171,7 +171,7 @@ func TestNoLiftWhileWaitingAtAnotherPriority(t *testing.T) {
 	q := New[req](Limits{})
 	flood(t, q, "flood", 10, 5)
 	mustPush(t, q, item("mixed", 0, 100, 100, "M0")) // lifted to 400
-	q.Charge("flood", 10000)
+	q.ChargeSince("flood", 10000, q.Epoch("flood"))
 	q.Started("flood") // the virtual time is now 10,500
 	mustPush(t, q, item("mixed", 5, 100, 100, "M5"))
 	if q.Served("mixed") != 400 {
@@ -190,7 +190,7 @@ func TestRequestsStartedWithoutWaitingMoveTheVirtualTime(t *testing.T) {
 	// tokens; web is idle.
 	for range 5 {
 		q.Started("batch")
-		q.Charge("batch", 1000)
+		q.ChargeSince("batch", 1000, q.Epoch("batch"))
 	}
 	q.Started("batch")
 	q.Started("nobody") // no counter: ignored
@@ -262,7 +262,7 @@ func TestSkippedItemsDoNotBlock(t *testing.T) {
 func TestReportsFromBeforeALiftFillIt(t *testing.T) {
 	q := New[req](Limits{})
 	mustPush(t, q, item("flood", 0, 1, 0, "f1"))
-	q.Charge("flood", 1000)
+	q.ChargeSince("flood", 1000, q.Epoch("flood"))
 	q.Started("flood")
 	before := q.Epoch("calm")
 	mustPush(t, q, item("calm", 0, 1, 0, "c1")) // lifted from 0 to 1000
@@ -394,6 +394,9 @@ func FuzzQueue(f *testing.F) {
 		live := map[*Item[req]]bool{}
 		done := map[*Item[req]]bool{}
 		var all []*Item[req]
+		// vt models the virtual time: the largest counter a request
+		// started at, taken from the queue or started at once.
+		vt := 0.0
 		for step, op := range ops {
 			switch op & 3 {
 			case 0: // push
@@ -415,7 +418,7 @@ func FuzzQueue(f *testing.F) {
 					}
 				}
 				if !backlogged {
-					to := q.vtime
+					to := vt
 					if have && lo < to {
 						to = lo
 					}
@@ -487,6 +490,7 @@ func FuzzQueue(f *testing.F) {
 					n++
 					delete(live, it)
 					done[it] = true
+					vt = max(vt, q.Served(it.Tenant)) // charged after the callback
 					return Taken
 				})
 			case 3:
@@ -495,6 +499,7 @@ func FuzzQueue(f *testing.F) {
 				name := fmt.Sprint("t", op>>2&3)
 				q.ChargeSince(name, int64(op>>4&7)*40-100, q.Epoch(name)-uint64(op>>7))
 				q.Started(name) // its next request starts at once
+				vt = max(vt, q.Served(name))
 			}
 			// Invariants.
 			var bytes int64
