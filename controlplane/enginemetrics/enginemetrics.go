@@ -118,12 +118,12 @@ func (s *Scraper) Run(ctx context.Context) {
 // Round reads every worker once (a probed one twice, below), concurrently,
 // and returns when all answered or timed out.
 //
-// A read that raised a worker's limit (a probe) is followed by another a tenth of an Interval
-// later: the request the raise let through reaches the engine at once, and
-// if the engine had no room for it, it waits in the engine's queue, where
-// priority and fairness no longer apply, with every request sent there
-// after it, until a read shows it. The second read ends that after a tenth
-// of the time.
+// A read that raised a worker's limit (a probe) is followed by another a
+// tenth of an Interval later: the request the raise let through reaches
+// the engine at once, and if the engine had no room for it, it waits in
+// the engine's queue, where priority and fairness no longer apply, with
+// every request sent there after it, until a read shows it. The second
+// read ends that after a tenth of the time.
 func (s *Scraper) Round(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, w := range s.Workers() {
