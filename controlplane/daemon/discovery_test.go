@@ -47,17 +47,12 @@ func workerSources(url string) map[string]string {
 func waitSources(t *testing.T, nodes []*node, what string, want map[string]string) {
 	t.Helper()
 	testkit.WaitForMsg(t, 15*time.Second, what, func() (bool, string) {
-		for _, n := range nodes {
-			if !n.Running() {
-				continue
-			}
-			if st, err := n.status(); err != nil || st.GetState() != "leader" {
-				continue
-			}
-			got := workerSources(n.url())
-			return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprintf("leader %s lists %v, want %v", n.id, got, want)
+		n := leaderNow(nodes)
+		if n == nil {
+			return false, "no node reports itself leader"
 		}
-		return false, "no node reports itself leader"
+		got := workerSources(n.url())
+		return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprintf("leader %s lists %v, want %v", n.id, got, want)
 	})
 }
 

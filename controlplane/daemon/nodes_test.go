@@ -139,18 +139,23 @@ func waitLeader(t *testing.T, nodes []*node, within time.Duration) *node {
 	t.Helper()
 	var leader *node
 	testkit.WaitFor(t, within, "a leader", func() bool {
-		for _, n := range nodes {
-			if !n.Running() {
-				continue
-			}
-			if st, err := n.status(); err == nil && st.GetState() == "leader" {
-				leader = n
-				return true
-			}
-		}
-		return false
+		leader = leaderNow(nodes)
+		return leader != nil
 	})
 	return leader
+}
+
+// leaderNow is the first running node that reports itself leader, or nil.
+func leaderNow(nodes []*node) *node {
+	for _, n := range nodes {
+		if !n.Running() {
+			continue
+		}
+		if st, err := n.status(); err == nil && st.GetState() == "leader" {
+			return n
+		}
+	}
+	return nil
 }
 
 var client = cpclient.NewWithTLS(nil)
