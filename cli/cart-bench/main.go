@@ -518,6 +518,7 @@ data planes in distributed mode), shed (a sheddable flood).`,
 	f.Float64Var(&c.CalmRate, "calm-rate", c.CalmRate, "calm tenant's requests per second")
 	f.IntVar(&c.FloodConcurrency, "flood", c.FloodConcurrency, "flooding tenant's requests in flight")
 	f.IntVar(&c.ReserveSlots, "reserve-slots", c.ReserveSlots, "flow.reserve_slots (slots per worker kept for the calm tenant's priority) in the priority and shed scenarios")
+	f.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the tenants' arrivals, output lengths and questions (another seed samples other bursts)")
 	f.DurationVar(&c.Measure, "measure", c.Measure, "each measured window")
 	f.DurationVar(&c.Warmup, "warmup", c.Warmup, "the flood's head start before its window")
 	f.StringSliceVar(&c.Scenarios, "scenarios", c.Scenarios, "scenarios: "+strings.Join(bench.OverloadScenarios, ", "))
