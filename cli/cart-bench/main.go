@@ -515,6 +515,7 @@ data planes in distributed mode), shed (a sheddable flood).`,
 	f.IntVar(&c.OutputTokens, "output-tokens", c.OutputTokens, "output tokens per request (the mean)")
 	f.Float64Var(&c.OutputSpread, "output-spread", c.OutputSpread, "output lengths spread uniformly over ±this fraction of --output-tokens (0: all equal)")
 	f.Float64Var(&c.DecodeMsPerToken, "decode-ms-per-token", c.DecodeMsPerToken, "replica decode time per token")
+	f.Float64Var(&c.DecodeSlowdown, "decode-slowdown", c.DecodeSlowdown, "fraction each other running sequence adds to a token's time (cart-sim --decode-slowdown; 0 as llm-d-inference-sim's default; the runs before this flag: 0.05)")
 	f.Float64Var(&c.CalmRate, "calm-rate", c.CalmRate, "calm tenant's requests per second")
 	f.IntVar(&c.FloodConcurrency, "flood", c.FloodConcurrency, "flooding tenant's requests in flight")
 	f.IntVar(&c.ReserveSlots, "reserve-slots", c.ReserveSlots, "flow.reserve_slots (slots per worker kept for the calm tenant's priority) in the priority and shed scenarios")
