@@ -125,3 +125,22 @@ Requests/sec:  12345.60
 		t.Error("garbage parsed")
 	}
 }
+
+func TestFlowCounters(t *testing.T) {
+	if got := flowCounters(nil); len(got) != 0 {
+		t.Errorf("no page answered: %v, want nothing", got)
+	}
+	quiet := "cart_flow_enqueued_total 3\ncart_requests_total{status=\"2xx\"} 9\n"
+	got := flowCounters([]string{quiet, quiet})
+	if len(got) != 2 || got["cart_flow_enqueued_total"] != 6 || got["cart_fallback_total"] != 0 {
+		t.Errorf("two quiet routers: %v, want enqueued 6 and fallbacks 0", got)
+	}
+	if _, ok := got["cart_fallback_total"]; !ok {
+		t.Error("fallbacks missing when no router fell back")
+	}
+	fell := "cart_fallback_total{reason=\"timeout\"} 2\n"
+	got = flowCounters([]string{quiet, fell})
+	if _, plain := got["cart_fallback_total"]; plain || got[`cart_fallback_total{reason="timeout"}`] != 2 {
+		t.Errorf("one router fell back: %v, want only its labelled count", got)
+	}
+}
