@@ -381,13 +381,7 @@ func (s *suite) overloadRun(ctx context.Context, c OverloadConfig, scName, targe
 // routers. In distributed mode the queue's counters are the leader's, which
 // data planes do not export: only their fallbacks show.
 func (s *suite) flowMetrics(ports []int) map[string]float64 {
-	var bodies []string
-	for _, p := range ports {
-		if _, body, err := s.env.Get(baseURL(p) + "/metrics"); err == nil {
-			bodies = append(bodies, string(body))
-		}
-	}
-	return flowCounters(bodies)
+	return flowCounters(s.metricsPages(ports))
 }
 
 // flowCounters sums the kept counters over the routers' /metrics pages; with

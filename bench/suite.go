@@ -738,16 +738,24 @@ func (s *suite) routerMetrics(ports []int) map[string]float64 {
 		return nil
 	}
 	out := map[string]float64{}
-	for _, p := range ports {
-		code, body, err := s.env.Get(baseURL(p) + "/metrics")
-		if err != nil || code != 200 {
-			continue
-		}
-		for k, v := range ParseCounters(string(body), routerMetricNames) {
+	for _, page := range s.metricsPages(ports) {
+		for k, v := range ParseCounters(page, routerMetricNames) {
 			out[k] += v
 		}
 	}
 	return out
+}
+
+// metricsPages fetches the routers' /metrics pages, leaving out those that
+// did not answer 200.
+func (s *suite) metricsPages(ports []int) []string {
+	var pages []string
+	for _, p := range ports {
+		if code, body, err := s.env.Get(baseURL(p) + "/metrics"); err == nil && code == 200 {
+			pages = append(pages, string(body))
+		}
+	}
+	return pages
 }
 
 // ParseCounters returns the samples of the named metrics from Prometheus
