@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -139,8 +141,60 @@ type OverloadRun struct {
 	// Shares is each flooding tenant's share of the flood tenants' tokens
 	// (two-floods).
 	Shares map[string]float64 `json:"shares,omitempty"`
+	// Engine is what the replicas' own waiting queues saw during the
+	// flood window (vLLM's request_queue_time_seconds, summed over them):
+	// with CART's queue in front, a request that waits in an engine was
+	// sent to a replica with no free sequence.
+	Engine EngineQueue `json:"engine_queue"`
 	// RouterMetrics are CART's flow-control counters after the run.
 	RouterMetrics map[string]float64 `json:"router_metrics,omitempty"`
+}
+
+// EngineQueue is the requests the engines admitted in a window and those
+// of them that waited in an engine's own queue for more than a
+// millisecond (the histogram's first bucket), with their total wait and
+// the longest wait's bucket bound.
+type EngineQueue struct {
+	Admitted  float64 `json:"admitted"`
+	Waited    float64 `json:"waited"`
+	WaitSumMs float64 `json:"wait_sum_ms"`
+	WaitMaxMs float64 `json:"wait_max_ms"` // upper bound of the longest wait's bucket; +Inf is written as -1
+}
+
+// engineQueue turns two scrapes of the replicas' queue-time histograms
+// (one series each, summed) into the window's figures.
+func engineQueue(before, after *Histogram) EngineQueue {
+	if after == nil {
+		return EngineQueue{}
+	}
+	d := after.Sub(before)
+	q := EngineQueue{Admitted: d.Count, WaitSumMs: 1000 * d.Sum, WaitMaxMs: 1000 * d.MaxBound()}
+	if math.IsInf(q.WaitMaxMs, 1) {
+		q.WaitMaxMs = -1
+	}
+	q.Waited = d.Count
+	if len(d.Bounds) > 0 && d.Bounds[0] <= 0.001 {
+		q.Waited -= d.Counts[0]
+	}
+	return q
+}
+
+// engineQueueTimes sums the replicas' vllm:request_queue_time_seconds
+// (nil when no replica answered or their buckets differ).
+func (s *suite) engineQueueTimes() *Histogram {
+	var sum *Histogram
+	for _, r := range s.replicas {
+		code, body, err := s.env.Get(baseURL(r.port) + "/metrics")
+		if err != nil || code != 200 {
+			return nil
+		}
+		for _, h := range ParseHistograms(string(body), "vllm:request_queue_time_seconds") {
+			if sum = sum.Add(h); sum == nil {
+				return nil
+			}
+		}
+	}
+	return sum
 }
 
 // OverloadResult is results.json of the benchmark.
@@ -318,10 +372,12 @@ func (s *suite) overloadRun(ctx context.Context, c OverloadConfig, scName, targe
 	case <-ctx.Done():
 	}
 	calmLoaded := newTenantLoad(calm, sender(calm), c, c.Seed*100+2)
+	engineBefore := s.engineQueueTimes()
 	calmCtx, stopCalm := context.WithTimeout(ctx, c.Measure)
 	calmLoaded.run(calmCtx, time.Now())
 	stopCalm()
 	windowEnd := time.Now()
+	run.Engine = engineQueue(engineBefore, s.engineQueueTimes())
 	stopFlood()
 	wg.Wait()
 	run.Loaded["calm"] = calmLoaded.figures(c.Measure)
@@ -363,6 +419,9 @@ func (s *suite) overloadRun(ctx context.Context, c OverloadConfig, scName, targe
 	waits := nextEnds(calmLoaded, append(loads, calmLoaded), windowEnd.Add(-c.Measure), windowEnd)
 	if err := writeCalmCSV(filepath.Join(s.cfg.OutDir, "calm__"+scName+"__"+target+".csv"), waits); err != nil {
 		s.env.Logf("calm requests of %s via %s not written: %v", scName, target, err)
+	}
+	if err := writeRequestsCSV(filepath.Join(s.cfg.OutDir, "requests__"+scName+"__"+target+".csv.gz"), append(loads, calmLoaded), windowEnd.Add(-c.Measure)); err != nil {
+		s.env.Logf("requests of %s via %s not written: %v", scName, target, err)
 	}
 	if len(waits) > 0 {
 		next := make([]float64, len(waits))
@@ -513,16 +572,21 @@ func (l *tenantLoad) run(ctx context.Context, from time.Time) {
 func (l *tenantLoad) keepUntil(t time.Time) { l.until = t }
 
 // calmWait is one calm request served under the flood: when it started
-// (ms into the window), its TTFT, and the wait from its start to the next
-// end of another request served (ms).
-type calmWait struct{ startMs, ttftMs, nextEndMs float64 }
+// (ms into the window), its TTFT, the wait from its start to the next end
+// of another request served (ms), and how many other requests had their
+// first token while it waited for its own: the slots others took meanwhile
+// (one of them may have been started just before it arrived).
+type calmWait struct {
+	startMs, ttftMs, nextEndMs float64
+	othersFirst                int
+}
 
 // writeCalmCSV writes ws, one request a line.
 func writeCalmCSV(path string, ws []calmWait) error {
 	var b strings.Builder
-	b.WriteString("start_ms,ttft_ms,next_end_ms\n")
+	b.WriteString("start_ms,ttft_ms,next_end_ms,others_first_tokens\n")
 	for _, w := range ws {
-		fmt.Fprintf(&b, "%.1f,%.1f,%.1f\n", w.startMs, w.ttftMs, w.nextEndMs)
+		fmt.Fprintf(&b, "%.1f,%.1f,%.1f,%d\n", w.startMs, w.ttftMs, w.nextEndMs, w.othersFirst)
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
@@ -534,17 +598,35 @@ func writeCalmCSV(path string, ws []calmWait) error {
 // the time from its start to the next end of another request of any of
 // loads that was served.
 func nextEnds(calm *tenantLoad, loads []*tenantLoad, from, until time.Time) []calmWait {
-	var ends []time.Time
+	var ends, firsts []time.Time
 	for _, l := range loads {
 		l.mu.Lock()
 		for _, r := range l.result {
 			if r.servedWithin(time.Time{}, time.Time{}) { // a refusal ran nowhere
 				ends = append(ends, r.end)
+				firsts = append(firsts, r.end.Add(r.TTFT-r.E2E))
 			}
 		}
 		l.mu.Unlock()
 	}
 	slices.SortFunc(ends, func(a, b time.Time) int { return a.Compare(b) })
+	slices.SortFunc(firsts, func(a, b time.Time) int { return a.Compare(b) })
+	// firstsIn counts the first tokens strictly inside (a, b).
+	firstsIn := func(a, b time.Time) int {
+		i, _ := slices.BinarySearchFunc(firsts, a, func(e, t time.Time) int {
+			if e.After(t) {
+				return 1
+			}
+			return -1
+		})
+		j, _ := slices.BinarySearchFunc(firsts, b, func(e, t time.Time) int {
+			if e.Before(t) {
+				return -1
+			}
+			return 1
+		})
+		return max(0, j-i)
+	}
 	calm.mu.Lock()
 	defer calm.mu.Unlock()
 	var out []calmWait
@@ -562,12 +644,42 @@ func nextEnds(calm *tenantLoad, loads []*tenantLoad, from, until time.Time) []ca
 		})
 		for ; i < len(ends); i++ {
 			if !ends[i].Equal(r.end) {
-				out = append(out, calmWait{ms(start.Sub(from)), ms(r.TTFT), ms(ends[i].Sub(start))})
+				out = append(out, calmWait{ms(start.Sub(from)), ms(r.TTFT), ms(ends[i].Sub(start)), firstsIn(start, start.Add(r.TTFT))})
 				break
 			}
 		}
 	}
 	return out
+}
+
+// writeRequestsCSV writes every served request of loads (gzipped): its
+// tenant, and its start, first token and end in ms from "from", for
+// reading a run's tail after the fact.
+func writeRequestsCSV(path string, loads []*tenantLoad, from time.Time) error {
+	var b strings.Builder
+	b.WriteString("tenant,start_ms,first_token_ms,end_ms\n")
+	for _, l := range loads {
+		l.mu.Lock()
+		for _, r := range l.result {
+			if r.servedWithin(time.Time{}, time.Time{}) {
+				start := r.end.Add(-r.E2E)
+				fmt.Fprintf(&b, "%s,%.1f,%.1f,%.1f\n", l.plan.name, ms(start.Sub(from)), ms(start.Add(r.TTFT).Sub(from)), ms(r.end.Sub(from)))
+			}
+		}
+		l.mu.Unlock()
+	}
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	if _, err := zw.Write([]byte(b.String())); err != nil {
+		return err
+	}
+	if err := zw.Close(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, z.Bytes(), 0o644)
 }
 
 // promptTokensBetween sums the prompt and cached tokens of the requests
@@ -632,10 +744,10 @@ func FormatOverload(r *OverloadResult) string {
 		if len(runs) == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "## %s\n\n| through | calm TTFT p50 / p99 alone (ms) | calm TTFT p50 / p90 / p99 under the flood (ms) | p99 flood / alone | next end after a calm start p50 / p90 / p99 (ms) | calm errors / 429 | flood req/s | flood 429 | tokens/s | hit ratio: window / its second half | shares |\n|---|---|---|---|---|---|---|---|---|---|---|\n", sc)
+		fmt.Fprintf(&b, "## %s\n\n| through | calm TTFT p50 / p99 alone (ms) | calm TTFT p50 / p90 / p99 under the flood (ms) | p99 flood / alone | next end after a calm start p50 / p90 / p99 (ms) | calm errors / 429 | flood req/s | flood 429 | tokens/s | hit ratio: window / its second half | engine queues: waited / admitted (longest ≤ ms) | shares |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", sc)
 		for _, run := range runs {
 			if run.Status != "ok" {
-				fmt.Fprintf(&b, "| %s | %s: %s ||||||||||\n", run.Target, run.Status, run.Reason)
+				fmt.Fprintf(&b, "| %s | %s: %s |||||||||||\n", run.Target, run.Status, run.Reason)
 				continue
 			}
 			calm := run.Loaded["calm"]
@@ -656,9 +768,17 @@ func FormatOverload(r *OverloadResult) string {
 					shares = append(shares, fmt.Sprintf("%s %.0f%%", n, 100*v))
 				}
 			}
-			fmt.Fprintf(&b, "| %s | %.0f / %.0f | %.0f / %.0f / %.0f | **%.1f×** | %.0f / %.0f / %.0f | %d / %d | %.1f | %d | %.0f | %.4f / %.4f | %s |\n",
+			engine := "n/a"
+			if e := run.Engine; e.Admitted > 0 {
+				longest := "∞"
+				if e.WaitMaxMs >= 0 {
+					longest = fmt.Sprintf("%.0f", e.WaitMaxMs)
+				}
+				engine = fmt.Sprintf("%.0f / %.0f (%s)", e.Waited, e.Admitted, longest)
+			}
+			fmt.Fprintf(&b, "| %s | %.0f / %.0f | %.0f / %.0f / %.0f | **%.1f×** | %.0f / %.0f / %.0f | %d / %d | %.1f | %d | %.0f | %.4f / %.4f | %s | %s |\n",
 				run.Target, run.Alone.TTFTP50Ms, run.Alone.TTFTP99Ms, calm.TTFTP50Ms, calm.TTFTP90Ms, calm.TTFTP99Ms,
-				nanTo0(run.CalmP99Ratio), run.NextEndP50Ms, run.NextEndP90Ms, run.NextEndP99Ms, calm.Errors+run.Alone.Errors, calm.Refused, floodRate, floodRefused, run.TokensPerS, run.HitRatio, run.HitRatioLate, strings.Join(shares, ", "))
+				nanTo0(run.CalmP99Ratio), run.NextEndP50Ms, run.NextEndP90Ms, run.NextEndP99Ms, calm.Errors+run.Alone.Errors, calm.Refused, floodRate, floodRefused, run.TokensPerS, run.HitRatio, run.HitRatioLate, engine, strings.Join(shares, ", "))
 		}
 		b.WriteString("\n")
 	}

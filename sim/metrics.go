@@ -2,6 +2,7 @@ package sim
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -28,8 +29,19 @@ func newMetrics(s *Server) *metrics {
 			Help: "Inference API requests by endpoint and outcome (HTTP status; 499 when the client went away, aborted when the replica cut the connection).",
 		}, []string{"endpoint", "status"}),
 	}
+	// vLLM's name for the time a request spent in the engine's waiting
+	// queue; the buckets start at a millisecond because a router that
+	// queues in front of the engine should keep nearly every wait at 0.
+	queueTime := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:        "vllm:request_queue_time_seconds",
+		Help:        "Histogram of time spent in WAITING phase for request.",
+		ConstLabels: prometheus.Labels{"model_name": s.cfg.Model},
+		Buckets:     []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	})
+	s.seqs.waited = func(d time.Duration) { queueTime.Observe(d.Seconds()) }
 	m.registry.MustRegister(
 		m.requests,
+		queueTime,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sim_prompt_tokens_total",
 			Help: "Prompt tokens of requests whose prefill completed.",

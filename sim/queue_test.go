@@ -280,6 +280,22 @@ func TestMaxRunningQueuesAndReports(t *testing.T) {
 	if r, w := s.seqs.counts(); r != 0 || w != 0 {
 		t.Fatalf("after all finished: %d running, %d waiting", r, w)
 	}
+	// Two found a slot, three waited for one (each ~100 ms of decode).
+	resp, err := http.Get(ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`vllm:request_queue_time_seconds_bucket{model_name="cart-sim",le="0.001"} 2`,
+		`vllm:request_queue_time_seconds_bucket{model_name="cart-sim",le="0.05"} 2`,
+		`vllm:request_queue_time_seconds_count{model_name="cart-sim"} 5`,
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Fatalf("no %s in:\n%s", want, b)
+		}
+	}
 }
 
 // Under the priority policy the engine's queue runs lower "priority"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"time"
 )
 
 // sequences models an engine's running batch: at most max requests run at
@@ -20,6 +21,10 @@ type sequences struct {
 	running  int
 	waiting  []*seqWaiter // in the order they will run
 	n        uint64
+	// waited, when set, is told each admitted request's time in the
+	// waiting queue (0 for one that found a free slot): the figure that
+	// shows whether a router in front kept the engine's queue empty.
+	waited func(time.Duration)
 }
 
 type seqWaiter struct {
@@ -41,8 +46,10 @@ func (q *sequences) acquire(ctx context.Context, prio int) error {
 	if q.max <= 0 || q.running < q.max && len(q.waiting) == 0 {
 		q.running++
 		q.mu.Unlock()
+		q.observe(0)
 		return nil
 	}
+	start := time.Now()
 	q.n++
 	w := &seqWaiter{prio: prio, n: q.n, ready: make(chan struct{})}
 	i, _ := slices.BinarySearchFunc(q.waiting, w, func(x, y *seqWaiter) int {
@@ -55,6 +62,7 @@ func (q *sequences) acquire(ctx context.Context, prio int) error {
 	q.mu.Unlock()
 	select {
 	case <-w.ready:
+		q.observe(time.Since(start))
 		return nil
 	case <-ctx.Done():
 		q.mu.Lock()
@@ -66,6 +74,12 @@ func (q *sequences) acquire(ctx context.Context, prio int) error {
 		// Granted meanwhile: hand the slot on.
 		q.releaseLocked()
 		return ctx.Err()
+	}
+}
+
+func (q *sequences) observe(d time.Duration) {
+	if q.waited != nil {
+		q.waited(d)
 	}
 }
 
