@@ -158,6 +158,9 @@ func (d *Decider) admit(ctx context.Context, c *Caller, req Request, a Admission
 	}
 	d.noteReserve(a.Priority, now)
 	req.Priority = a.Priority
+	// With requests waiting, a probe's slot is theirs to take (pump), the
+	// last of them in the policy's order; with none, this one may.
+	req.NoProbe = d.fq != nil && d.fq.Len() > 0
 	dec, err := d.decide(ctx, c, req, now)
 	if err == nil || d.o.Flow.Off || req.DryRun || !errors.Is(err, engine.ErrAllSaturated) {
 		if err == nil {
@@ -288,18 +291,39 @@ func (d *Decider) pump() {
 	d.freedSeen = d.eng.Freed()
 	now := d.o.Now()
 	d.reserveExpiry(now)
-	d.fq.Dispatch(maxDispatchTries, func(it *flow.Item[*waiter]) flow.Verdict {
+	d.fq.Dispatch(maxDispatchTries, d.offer(now, true))
+	if d.fq.Len() > 0 && d.eng.ProbeRoom() {
+		// A probe's slot may be one the engine does not have: the request
+		// it takes may wait there behind a whole running sequence. It goes
+		// to the request the policy would serve last (the lowest band's
+		// most-served tenant), not to the one owed the next real slot.
+		d.fq.DispatchLast(maxDispatchTries, d.offer(now, false))
+	}
+	// Dispatching releases nothing, but an undone expired call does: the
+	// count after the pass is what the next one compares with.
+	d.freedSeen = d.eng.Freed()
+}
+
+// offer is a dispatch pass's callback: it binds a waiting request to a
+// worker with room (noProbe: not in a probe's slot). d.mu held.
+func (d *Decider) offer(now time.Time, noProbe bool) func(*flow.Item[*waiter]) flow.Verdict {
+	return func(it *flow.Item[*waiter]) flow.Verdict {
 		w := it.Value
-		if !d.eng.HasRoom(w.adm.Priority) {
+		if noProbe && !d.eng.HasRoom(w.adm.Priority, true) {
 			// Nobody has room at this priority, nor below it (the bands
 			// come highest first and the headroom only lowers limits).
 			return flow.Stop
+		}
+		if !noProbe && !d.eng.ProbeRoom() {
+			return flow.Stop // the probes' slots are taken
 		}
 		if w.caller != nil && !d.lead.leading {
 			w.done <- admitted{err: ErrNotLeading}
 			return flow.Dropped
 		}
-		dec, err := d.decide(w.ctx, w.caller, w.req, now)
+		req := w.req
+		req.NoProbe = noProbe
+		dec, err := d.decide(w.ctx, w.caller, req, now)
 		switch {
 		case err == nil:
 			if w.caller == nil {
@@ -315,10 +339,7 @@ func (d *Decider) pump() {
 		}
 		w.done <- admitted{err: capacity(err)}
 		return flow.Dropped
-	})
-	// Dispatching releases nothing, but an undone expired call does: the
-	// count after the pass is what the next one compares with.
-	d.freedSeen = d.eng.Freed()
+	}
 }
 
 // setTicketTenant records on a tracked ticket (id != 0) whom its usage

@@ -543,3 +543,58 @@ func TestReturningTenantTakesTheNextSlot(t *testing.T) {
 	}
 	noResult(t, f3)
 }
+
+// A probe's slot (a learned limit just raised, not yet confirmed by the
+// engine) goes to the waiting request the policy would serve last, the
+// most-served tenant's, not to the tenant owed the next slot: a failed
+// probe makes its request wait in the engine behind a running sequence.
+func TestProbeSlotGoesToTheLastInOrder(t *testing.T) {
+	d := flowDecider(t, FlowOptions{}, engine.Policy{}, 0)
+	usage := Outcome{Delivered: true, PromptTokens: 545, CachedTokens: 512, CompletionTokens: 28}
+	admit := func(name, tenant string) <-chan admitResult {
+		return admitAsync(t, d, context.Background(), name, "prompt of "+name, Admission{Tenant: tenant, Cost: 540})
+	}
+	b1 := result(t, admit("b1", "batch")) // no limit known: at once
+	b2 := result(t, admit("b2", "batch"))
+	d.ObserveEngine("a", engine.EngineLoad{Running: 2, Waiting: 1}) // learned 2: saturated
+	b3 := admit("b3", "batch")
+	noResult(t, b3)
+	if err := d.Settle(b1.dec.Ticket, usage); err != nil {
+		t.Fatal(err)
+	}
+	if r := result(t, b3); r.err != nil {
+		t.Fatal(r.err)
+	}
+	b4 := admit("b4", "batch")
+	w1 := admit("w1", "web") // lifted to the virtual time: below batch, first in order
+	noResult(t, w1)
+	if q := d.Queue(); q.Served["web"] >= q.Served["batch"] {
+		t.Fatalf("served: web %v, batch %v; the test needs web first in order", q.Served["web"], q.Served["batch"])
+	}
+	for range engine.GrowAfter {
+		d.ObserveEngine("a", engine.EngineLoad{Running: 2, Waiting: 0})
+	}
+	if lim, _ := d.Concurrency("a"); lim != 3 {
+		t.Fatalf("limit %d after GrowAfter reads at 2, want 3 (a probe)", lim)
+	}
+	select {
+	case r := <-b4:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+	case r := <-w1:
+		t.Fatalf("the probe's slot went to %s, the tenant owed the next real slot", r.name)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the raised limit dispatched nothing")
+	}
+	noResult(t, w1)
+	// The engine runs 3 with nothing waiting (the probe held); the next
+	// real slot, freed by b2, is web's.
+	d.ObserveEngine("a", engine.EngineLoad{Running: 3, Waiting: 0})
+	if err := d.Settle(b2.dec.Ticket, usage); err != nil {
+		t.Fatal(err)
+	}
+	if r := result(t, w1); r.err != nil {
+		t.Fatal(r.err)
+	}
+}

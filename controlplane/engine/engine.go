@@ -128,6 +128,12 @@ type Request struct {
 	// Priority is the request's flow-control priority: below
 	// Policy.ReservePriority it cannot use the slots kept in reserve.
 	Priority int
+	// NoProbe keeps the request out of a slot its engine has not shown it
+	// has: the top slot of a learned limit just raised by a probe
+	// (ObserveEngine), which the engine may answer by queueing the request
+	// behind a whole running sequence. Flow control gives such a slot to
+	// the waiting request its policy would serve last.
+	NoProbe bool
 	// Disagg says whether the request may be split between a prefill and
 	// a decode worker (roles.go); the zero value routes it whole.
 	Disagg Disagg
@@ -393,13 +399,13 @@ type choice struct {
 // pickAmong picks a worker among the usable ones of the given roles.
 func (e *Engine) pickAmong(req Request, roles RoleMask, now int64) (choice, error) {
 	avoidIgnored := false
-	if err := e.collectUsable(req.Exclude, req.Avoid, req.Priority, roles); err != nil {
+	if err := e.collectUsable(req.Exclude, req.Avoid, req.Priority, req.NoProbe, roles); err != nil {
 		if len(req.Avoid) == 0 {
 			return choice{}, err
 		}
 		// The avoid list is soft, so the error, if any, is the one of
 		// the request without it (saturated, not "all excluded").
-		if err := e.collectUsable(req.Exclude, nil, req.Priority, roles); err != nil {
+		if err := e.collectUsable(req.Exclude, nil, req.Priority, req.NoProbe, roles); err != nil {
 			return choice{}, err
 		}
 		avoidIgnored = true
@@ -485,7 +491,7 @@ func (e *Engine) commit(c *choice, req Request, now int64, place bool) {
 
 // collectUsable fills e.usable with the healthy, not draining, not
 // saturated workers of the given roles in neither exclude nor avoid.
-func (e *Engine) collectUsable(exclude, avoid []string, prio int, roles RoleMask) error {
+func (e *Engine) collectUsable(exclude, avoid []string, prio int, noProbe bool, roles RoleMask) error {
 	e.usable = e.usable[:0]
 	if len(e.workers) == 0 {
 		return ErrNoWorkers
@@ -502,7 +508,7 @@ func (e *Engine) collectUsable(exclude, avoid []string, prio int, roles RoleMask
 			continue
 		}
 		notExcluded++
-		if e.saturated(w, prio) {
+		if e.saturated(w, prio, noProbe) {
 			continue
 		}
 		e.usable = append(e.usable, w)

@@ -16,12 +16,16 @@ package engine
 // Policy.ReserveSlots, so a few slots per worker stay free for the
 // high-priority traffic and it never waits behind a flood.
 
-// limitFor is w's in-flight limit for a request of priority prio (0: none).
-func (e *Engine) limitFor(w *worker, prio int) int {
+// limitFor is w's in-flight limit for a request of priority prio (0:
+// none); noProbe leaves out the unconfirmed top slot of a probe.
+func (e *Engine) limitFor(w *worker, prio int, noProbe bool) int {
 	l := w.spec.MaxLoad
 	c := w.spec.MaxConcurrency
 	if c <= 0 {
 		c = w.learned
+		if noProbe && w.probing && c > 1 {
+			c--
+		}
 	}
 	if c > 0 && (l <= 0 || c < l) {
 		l = c
@@ -35,9 +39,10 @@ func (e *Engine) limitFor(w *worker, prio int) int {
 	return l
 }
 
-// saturated reports whether w has no room for a request of priority prio.
-func (e *Engine) saturated(w *worker, prio int) bool {
-	l := e.limitFor(w, prio)
+// saturated reports whether w has no room for a request of priority prio
+// (noProbe: not counting a probe's slot).
+func (e *Engine) saturated(w *worker, prio int, noProbe bool) bool {
+	l := e.limitFor(w, prio, noProbe)
 	return l < 0 || l > 0 && w.load >= l
 }
 
@@ -60,11 +65,26 @@ func (e *Engine) ReserveActive() bool { return e.reserveActive }
 func (e *Engine) Freed() uint64 { return e.freed }
 
 // HasRoom reports whether any healthy, not draining worker has room for a
-// request of priority prio (ignoring a request's own exclusions): when
-// none has, no queued request can be dispatched.
-func (e *Engine) HasRoom(prio int) bool {
+// request of priority prio (ignoring a request's own exclusions; noProbe:
+// not counting a probe's slot): when none has, no queued request can be
+// dispatched.
+func (e *Engine) HasRoom(prio int, noProbe bool) bool {
 	for _, w := range e.workers {
-		if w.healthy && !w.draining && !e.saturated(w, prio) {
+		if w.healthy && !w.draining && !e.saturated(w, prio, noProbe) {
+			return true
+		}
+	}
+	return false
+}
+
+// ProbeRoom reports whether a healthy, not draining worker has room only
+// a request allowing a probe's slot may take (Request.NoProbe): the top
+// slot of a limit a probe just raised. The headroom does not count here:
+// no probe is made while it is held (ObserveEngine).
+func (e *Engine) ProbeRoom() bool {
+	for _, w := range e.workers {
+		if w.healthy && !w.draining && w.probing && w.spec.MaxConcurrency <= 0 &&
+			(w.spec.MaxLoad <= 0 || w.learned <= w.spec.MaxLoad) && w.load == w.learned-1 {
 			return true
 		}
 	}
@@ -96,7 +116,9 @@ const MaxGrowAfter = GrowAfter << 5
 //   - the engine queued requests (Waiting > 0): it runs no more than
 //     Running at once now, so that is the limit (at least 1);
 //   - it queued nothing while running at least the limit, GrowAfter times
-//     in a row: it may take more, so the limit grows by one (a probe).
+//     in a row with the headroom off: it may take more, so the limit grows
+//     by one (a probe), whose slot only requests that allow it take
+//     (Request.NoProbe) until an observation confirms or refutes it.
 //
 // A probe that ends with the engine queueing below the raised limit found
 // no room: the next one waits twice as many observations, up to
@@ -129,6 +151,14 @@ func (e *Engine) ObserveEngine(url string, l EngineLoad) (before, after int) {
 	case w.learned > 0 && l.Running >= w.learned:
 		if w.probing {
 			w.probing, w.growAfter = false, GrowAfter
+		}
+		if e.reserveActive {
+			// No probe while the headroom is held: the requests below
+			// the reserve would take the raised limit's slot as theirs,
+			// and a failed probe would leave a reserved slot that the
+			// engine does not have.
+			w.atLimit = 0
+			break
 		}
 		if w.atLimit++; w.atLimit >= w.growAfter {
 			w.learned, w.atLimit, w.probing = w.learned+1, 0, true

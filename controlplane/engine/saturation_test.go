@@ -57,11 +57,11 @@ func TestSaturationAndHeadroom(t *testing.T) {
 	if e.Freed() == freed {
 		t.Fatal("a release did not count as freed room")
 	}
-	if !e.HasRoom(5) || e.HasRoom(0) {
-		t.Fatalf("HasRoom(5)=%v HasRoom(0)=%v with 1 of 2 taken and the reserve on", e.HasRoom(5), e.HasRoom(0))
+	if !e.HasRoom(5, false) || e.HasRoom(0, false) {
+		t.Fatalf("HasRoom(5)=%v HasRoom(0)=%v with 1 of 2 taken and the reserve on", e.HasRoom(5, false), e.HasRoom(0, false))
 	}
 	e.SetReserveActive(false)
-	if !e.HasRoom(0) {
+	if !e.HasRoom(0, false) {
 		t.Fatal("reserve off, a slot free: no room for priority 0")
 	}
 }
@@ -123,5 +123,65 @@ func TestFailedProbesBackOff(t *testing.T) {
 	}
 	if n <= GrowAfter {
 		t.Fatalf("the limit followed after %d reads: the back-off did not hold", n)
+	}
+}
+
+// A probe's slot (the top of a limit just raised) is open only to
+// requests that allow it, until the engine confirms it; no probe is made
+// while the headroom is held.
+func TestProbeSlot(t *testing.T) {
+	pol := testPolicy()
+	pol.ReservePriority, pol.ReserveSlots = 5, 1
+	e := newTestEngine(t, pol, WorkerSpec{URL: "a"})
+	e.ObserveEngine("a", EngineLoad{Running: 2, Waiting: 1}) // learned 2
+	for range GrowAfter {
+		e.ObserveEngine("a", EngineLoad{Running: 2, Waiting: 0})
+	}
+	if l, _ := e.Concurrency("a"); l != 3 {
+		t.Fatalf("limit %d after GrowAfter reads at 2, want 3 (a probe)", l)
+	}
+	r := req("x")
+	r.NoProbe = true
+	for i := range 2 {
+		if _, err := e.Choose(r, int64(i+1)); err != nil {
+			t.Fatalf("confirmed slot %d: %v", i+1, err)
+		}
+	}
+	if e.ProbeRoom() != true || e.HasRoom(0, true) || !e.HasRoom(0, false) {
+		t.Fatalf("2 of 3 taken, the third a probe's: ProbeRoom %v, HasRoom without it %v, with it %v", e.ProbeRoom(), e.HasRoom(0, true), e.HasRoom(0, false))
+	}
+	if _, err := e.Choose(r, 3); err != ErrAllSaturated {
+		t.Fatalf("NoProbe into the probe's slot: %v, want ErrAllSaturated", err)
+	}
+	r.NoProbe = false
+	if _, err := e.Choose(r, 4); err != nil {
+		t.Fatalf("into the probe's slot: %v", err)
+	}
+	if e.ProbeRoom() {
+		t.Fatal("the probe's slot taken: still ProbeRoom")
+	}
+	// The engine runs 3 with nothing waiting: confirmed, an ordinary slot.
+	e.Release("a")
+	e.ObserveEngine("a", EngineLoad{Running: 3, Waiting: 0})
+	r.NoProbe = true
+	if _, err := e.Choose(r, 5); err != nil {
+		t.Fatalf("the confirmed third slot: %v", err)
+	}
+
+	// With the headroom on, reads at the limit never raise it.
+	e.Release("a")
+	e.SetReserveActive(true)
+	for range 4 * MaxGrowAfter {
+		e.ObserveEngine("a", EngineLoad{Running: 3, Waiting: 0})
+	}
+	if l, _ := e.Concurrency("a"); l != 3 {
+		t.Fatalf("limit %d after reads at 3 with the headroom on, want 3 (no probe)", l)
+	}
+	e.SetReserveActive(false)
+	for range GrowAfter {
+		e.ObserveEngine("a", EngineLoad{Running: 3, Waiting: 0})
+	}
+	if l, _ := e.Concurrency("a"); l != 4 {
+		t.Fatalf("limit %d after GrowAfter reads at 3 with the headroom off, want 4", l)
 	}
 }

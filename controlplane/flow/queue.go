@@ -327,13 +327,35 @@ func (q *Queue[T]) Served(tenantName string) float64 {
 // Stop, nothing more is taken in a whole pass, or maxTries offers were
 // made (0: no bound), and returns the items taken and dropped.
 func (q *Queue[T]) Dispatch(maxTries int, try func(*Item[T]) Verdict) (taken, dropped int) {
+	return q.dispatch(maxTries, false, try)
+}
+
+// DispatchLast is Dispatch in the reverse of the policy's order between
+// tenants: the lowest band first and in each band the most-served tenant
+// first (each tenant's own items still in their order). It is for room
+// that may not be real — a slot a worker's engine may make its request
+// wait for in its own queue — which should go to the request the policy
+// would serve last, not to the one it owes the next slot.
+func (q *Queue[T]) DispatchLast(maxTries int, try func(*Item[T]) Verdict) (taken, dropped int) {
+	return q.dispatch(maxTries, true, try)
+}
+
+func (q *Queue[T]) dispatch(maxTries int, last bool, try func(*Item[T]) Verdict) (taken, dropped int) {
 	q.pass++
 	tries := 0
 	for q.n > 0 {
 		progressed := false
+		bands := slices.Clone(q.bands)
+		if last {
+			slices.Reverse(bands)
+		}
 	bands:
-		for _, b := range slices.Clone(q.bands) {
-			for _, t := range b.byCounter() {
+		for _, b := range bands {
+			tenants := b.byCounter()
+			if last {
+				slices.Reverse(tenants)
+			}
+			for _, t := range tenants {
 				for i := 0; i < len(t.items) && i < q.lim.ScanPerTenant; {
 					if maxTries > 0 && tries >= maxTries {
 						return taken, dropped
@@ -353,7 +375,7 @@ func (q *Queue[T]) Dispatch(maxTries int, try func(*Item[T]) Verdict) (taken, dr
 						taken++
 						progressed = true
 						// The counters changed: the next item is chosen
-						// afresh, from the highest band down.
+						// afresh, from the first band in this order.
 						break bands
 					case Dropped:
 						q.unlink(b, t, i)

@@ -459,7 +459,14 @@ func FuzzQueue(f *testing.F) {
 				}
 				stopAfter := int(op>>2) % 4
 				n := 0
-				q.Dispatch(int(op>>4), func(it *Item[req]) Verdict {
+				// DispatchLast: the policy's order reversed between
+				// tenants (a slot whose request may wait in the engine).
+				last := op&0x40 != 0
+				dispatch := q.Dispatch
+				if last {
+					dispatch = q.DispatchLast
+				}
+				dispatch(int(op>>4), func(it *Item[req]) Verdict {
 					if !live[it] || done[it] {
 						t.Fatalf("step %d: offered an item not queued", step)
 					}
@@ -475,9 +482,19 @@ func FuzzQueue(f *testing.F) {
 						return Dropped
 					}
 					// The best offerable item is of the highest priority,
-					// and in its band of a tenant with the least counter.
+					// and in its band of a tenant with the least counter;
+					// for DispatchLast the lowest, and the greatest.
 					for o := range live {
 						if o == it || !offerable(o) {
+							continue
+						}
+						if last {
+							if o.Priority < it.Priority {
+								t.Fatalf("step %d: last took priority %d while an offerable %d waits", step, it.Priority, o.Priority)
+							}
+							if o.Priority == it.Priority && o.Tenant != it.Tenant && q.Served(o.Tenant) > q.Served(it.Tenant) {
+								t.Fatalf("step %d: last took %s (served %v) before %s (served %v)", step, it.Tenant, q.Served(it.Tenant), o.Tenant, q.Served(o.Tenant))
+							}
 							continue
 						}
 						if o.Priority > it.Priority {
