@@ -342,3 +342,27 @@ func TestPrioritySchedulingOrder(t *testing.T) {
 		}
 	}
 }
+
+// A request's sequence ends with its last token, before the answer's
+// closing bytes (vLLM frees a finished request before its output reaches
+// the client), streamed or not: a router that sends the next request the
+// moment it sees an answer end finds the slot free.
+func TestSequenceEndsBeforeTheAnswerCloses(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		s := New(Config{MaxRunning: 1, MaxConcurrency: 4, OutputTokens: 3, DecodeMsPerToken: 1, TimeScale: 1})
+		running := make(chan int, 1)
+		s.hooks.answerEnd = func(*job) { r, _ := s.seqs.counts(); running <- r }
+		ts := httptest.NewServer(s.Handler())
+		resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(`{"prompt":"p","stream":%t}`, stream)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if r := testkit.Recv(t, running, 5*time.Second, "the answer's end"); r != 0 {
+			t.Fatalf("stream %v: %d running when the answer's closing bytes were written, want 0", stream, r)
+		}
+		ts.Close()
+		s.Close()
+	}
+}

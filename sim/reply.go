@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"sync"
 )
 
 // reply is how one API shapes a generated answer. Admission, the usage
@@ -45,11 +46,23 @@ func (s *Server) serveGeneration(ctx context.Context, w http.ResponseWriter, r *
 	if j.pull != nil {
 		admit = s.admitRemote
 	}
-	done, err := admit(ctx, j)
+	release, err := admit(ctx, j)
 	if err != nil {
 		return err
 	}
-	defer done()
+	// The sequence ends with its last token, before the answer's closing
+	// bytes are written, as in vLLM, whose scheduler frees a finished
+	// request before its output reaches the client: a router that sends
+	// the next request the moment it sees an answer end must find the
+	// slot free, not wait in this queue for the handler to return.
+	var once sync.Once
+	done := func() {
+		once.Do(release)
+		if s.hooks.answerEnd != nil {
+			s.hooks.answerEnd(j)
+		}
+	}
+	defer once.Do(release)
 	setUsageHeaders(w, j)
 
 	rp := answer(j)
@@ -60,6 +73,7 @@ func (s *Server) serveGeneration(ctx context.Context, w http.ResponseWriter, r *
 		if err != nil {
 			return err
 		}
+		done()
 		if j.remoteDecode {
 			b, _ := json.Marshal(rp.whole(out)) // our own types
 			writeRawJSON(w, http.StatusOK, withKV(b, s.holdTransfer(j, r.Host)))
@@ -86,6 +100,7 @@ func (s *Server) serveGeneration(ctx context.Context, w http.ResponseWriter, r *
 			return err
 		}
 	}
+	done()
 	return rp.close(sw)
 }
 

@@ -65,6 +65,9 @@ type hooks struct {
 	// prefillEnd runs after the prompt's blocks were inserted, before the
 	// slot is released.
 	prefillEnd func(j *job)
+	// answerEnd runs after the last token is generated, before the
+	// answer's closing bytes are written.
+	answerEnd func(j *job)
 }
 
 // New returns a replica configured by cfg. It panics if cfg is invalid (see
