@@ -77,11 +77,14 @@ func (e *Engine) HasRoom(prio int, noProbe bool) bool {
 	return false
 }
 
-// ProbeRoom reports whether a healthy, not draining worker has room only
-// a request allowing a probe's slot may take (Request.NoProbe): the top
-// slot of a limit a probe just raised. The headroom does not count here:
-// no probe is made while it is held (ObserveEngine).
+// ProbeRoom reports whether a healthy, not draining worker has room that
+// only a request without NoProbe may take: the top slot of a limit a probe
+// just raised. Never while the headroom is held: the slot would go to the
+// priority the reserve is for (and no probe starts then, ObserveEngine).
 func (e *Engine) ProbeRoom() bool {
+	if e.reserveActive {
+		return false
+	}
 	for _, w := range e.workers {
 		if w.healthy && !w.draining && w.probing && w.spec.MaxConcurrency <= 0 &&
 			(w.spec.MaxLoad <= 0 || w.learned <= w.spec.MaxLoad) && w.load == w.learned-1 {

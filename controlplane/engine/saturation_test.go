@@ -153,6 +153,11 @@ func TestProbeSlot(t *testing.T) {
 	if _, err := e.Choose(r, 3); err != ErrAllSaturated {
 		t.Fatalf("NoProbe into the probe's slot: %v, want ErrAllSaturated", err)
 	}
+	e.SetReserveActive(true)
+	if e.ProbeRoom() {
+		t.Fatal("ProbeRoom with the headroom held")
+	}
+	e.SetReserveActive(false)
 	r.NoProbe = false
 	if _, err := e.Choose(r, 4); err != nil {
 		t.Fatalf("into the probe's slot: %v", err)
