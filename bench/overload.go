@@ -180,15 +180,20 @@ func engineQueue(before, after *Histogram) EngineQueue {
 }
 
 // engineQueueTimes sums the replicas' vllm:request_queue_time_seconds
-// (nil when no replica answered or their buckets differ).
+// (nil unless every replica answered, with the same buckets: a partial sum
+// would undercount the waits).
 func (s *suite) engineQueueTimes() *Histogram {
+	ports := make([]int, len(s.replicas))
+	for i, r := range s.replicas {
+		ports[i] = r.port
+	}
+	pages := s.metricsPages(ports)
+	if len(pages) != len(ports) {
+		return nil
+	}
 	var sum *Histogram
-	for _, r := range s.replicas {
-		code, body, err := s.env.Get(baseURL(r.port) + "/metrics")
-		if err != nil || code != 200 {
-			return nil
-		}
-		for _, h := range ParseHistograms(string(body), "vllm:request_queue_time_seconds") {
+	for _, page := range pages {
+		for _, h := range ParseHistograms(page, "vllm:request_queue_time_seconds") {
 			if sum = sum.Add(h); sum == nil {
 				return nil
 			}

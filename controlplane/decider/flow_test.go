@@ -501,6 +501,16 @@ func TestRidingCompletionsServeTheQueueFirst(t *testing.T) {
 	}
 }
 
+// chatUsage is the usage report of one of the fairness tests' chats.
+var chatUsage = Outcome{Delivered: true, PromptTokens: 545, CachedTokens: 512, CompletionTokens: 28}
+
+// tenantAdmitter admits (admitAsync) one chat of a tenant, named.
+func tenantAdmitter(t *testing.T, d *Decider) func(name, tenant string) <-chan admitResult {
+	return func(name, tenant string) <-chan admitResult {
+		return admitAsync(t, d, context.Background(), name, "prompt of "+name, Admission{Tenant: tenant, Cost: 540})
+	}
+}
+
 // A tenant that comes back from idle is lifted to start level with the
 // tenant flooding the pool. The usage report of its previous request,
 // arriving while it waits, was service before the lift and fills the
@@ -510,15 +520,12 @@ func TestRidingCompletionsServeTheQueueFirst(t *testing.T) {
 // flow's TestIdleTenantIsLiftedNotCredited.
 func TestReturningTenantTakesTheNextSlot(t *testing.T) {
 	d := flowDecider(t, FlowOptions{}, engine.Policy{}, 2)
-	usage := Outcome{Delivered: true, PromptTokens: 545, CachedTokens: 512, CompletionTokens: 28}
-	admit := func(name, tenant string) <-chan admitResult {
-		return admitAsync(t, d, context.Background(), name, "prompt of "+name, Admission{Tenant: tenant, Cost: 540})
-	}
+	admit := tenantAdmitter(t, d)
 	c1 := result(t, admit("c1", "web"))   // room: at once
 	f1 := result(t, admit("f1", "batch")) // the last slot
 	f2 := admit("f2", "batch")
 	noResult(t, f2)
-	if err := d.Settle(f1.dec.Ticket, usage); err != nil {
+	if err := d.Settle(f1.dec.Ticket, chatUsage); err != nil {
 		t.Fatal(err)
 	}
 	if r := result(t, f2); r.err != nil {
@@ -528,7 +535,7 @@ func TestReturningTenantTakesTheNextSlot(t *testing.T) {
 	c2 := admit("c2", "web") // lifted to batch's counter
 	noResult(t, c2)
 	// web's previous request ends (with its report) and frees the slot.
-	if err := d.Settle(c1.dec.Ticket, usage); err != nil {
+	if err := d.Settle(c1.dec.Ticket, chatUsage); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -550,16 +557,13 @@ func TestReturningTenantTakesTheNextSlot(t *testing.T) {
 // probe makes its request wait in the engine behind a running sequence.
 func TestProbeSlotGoesToTheLastInOrder(t *testing.T) {
 	d := flowDecider(t, FlowOptions{}, engine.Policy{}, 0)
-	usage := Outcome{Delivered: true, PromptTokens: 545, CachedTokens: 512, CompletionTokens: 28}
-	admit := func(name, tenant string) <-chan admitResult {
-		return admitAsync(t, d, context.Background(), name, "prompt of "+name, Admission{Tenant: tenant, Cost: 540})
-	}
+	admit := tenantAdmitter(t, d)
 	b1 := result(t, admit("b1", "batch")) // no limit known: at once
 	b2 := result(t, admit("b2", "batch"))
 	d.ObserveEngine("a", engine.EngineLoad{Running: 2, Waiting: 1}) // learned 2: saturated
 	b3 := admit("b3", "batch")
 	noResult(t, b3)
-	if err := d.Settle(b1.dec.Ticket, usage); err != nil {
+	if err := d.Settle(b1.dec.Ticket, chatUsage); err != nil {
 		t.Fatal(err)
 	}
 	if r := result(t, b3); r.err != nil {
@@ -591,7 +595,7 @@ func TestProbeSlotGoesToTheLastInOrder(t *testing.T) {
 	// The engine runs 3 with nothing waiting (the probe held); the next
 	// real slot, freed by b2, is web's.
 	d.ObserveEngine("a", engine.EngineLoad{Running: 3, Waiting: 0})
-	if err := d.Settle(b2.dec.Ticket, usage); err != nil {
+	if err := d.Settle(b2.dec.Ticket, chatUsage); err != nil {
 		t.Fatal(err)
 	}
 	if r := result(t, w1); r.err != nil {
