@@ -421,6 +421,9 @@ func (s *suite) overloadRun(ctx context.Context, c OverloadConfig, scName, targe
 	if run.Alone.TTFTP99Ms > 0 {
 		run.CalmP99Ratio = run.Loaded["calm"].TTFTP99Ms / run.Alone.TTFTP99Ms
 	}
+	if err := writeTTFTCSV(filepath.Join(s.cfg.OutDir, ttftFilePrefix+scName+"__"+target+".csv"), alone.servedTTFTsMs(), calmLoaded.servedTTFTsMs()); err != nil {
+		s.env.Logf("calm TTFTs of %s via %s not written: %v", scName, target, err)
+	}
 	waits := nextEnds(calmLoaded, append(loads, calmLoaded), windowEnd.Add(-c.Measure), windowEnd)
 	if err := writeCalmCSV(filepath.Join(s.cfg.OutDir, "calm__"+scName+"__"+target+".csv"), waits); err != nil {
 		s.env.Logf("calm requests of %s via %s not written: %v", scName, target, err)
@@ -702,13 +705,33 @@ func (l *tenantLoad) promptTokensBetween(from, until time.Time) (prompt, cached 
 	return prompt, cached
 }
 
+// counted reports whether r ended inside l's window, the requests its
+// figures count.
+func (l *tenantLoad) counted(r timedResult) bool {
+	return !r.end.Before(l.from) && (l.until.IsZero() || !r.end.After(l.until))
+}
+
+// servedTTFTsMs returns the TTFTs (ms) its figures' percentiles are taken
+// over, in the order the requests ended.
+func (l *tenantLoad) servedTTFTsMs() []float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []float64
+	for _, r := range l.result {
+		if l.counted(r) && r.Err == nil && r.Status == http.StatusOK {
+			out = append(out, ms(r.TTFT))
+		}
+	}
+	return out
+}
+
 func (l *tenantLoad) figures(window time.Duration) TenantFigures {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var f TenantFigures
 	var ttft []float64
 	for _, r := range l.result {
-		if r.end.Before(l.from) || !l.until.IsZero() && r.end.After(l.until) {
+		if !l.counted(r) {
 			continue
 		}
 		f.Requests++
@@ -720,7 +743,7 @@ func (l *tenantLoad) figures(window time.Duration) TenantFigures {
 			f.Errors++
 			continue
 		}
-		ttft = append(ttft, float64(r.TTFT)/float64(time.Millisecond))
+		ttft = append(ttft, ms(r.TTFT))
 		f.PromptTokens += r.PromptTokens
 		f.CachedTokens += r.CachedTokens
 		f.CompletionTokens += r.CompletionTokens

@@ -43,7 +43,7 @@ func newRootCmd() *cobra.Command {
 		Version:      buildinfo.String("cart-bench"),
 		SilenceUsage: true,
 	}
-	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newEPPOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd(), newOverloadCmd(), newAlternateCmd(), newPDCmd())
+	root.AddCommand(newRunCmd(), newSuiteCmd(), newOverheadCmd(), newEPPOverheadCmd(), newOracleCmd(), newCPCmd(), newFailoverCmd(), newOverloadCmd(), newOverloadPoolCmd(), newAlternateCmd(), newPDCmd())
 	return root
 }
 
@@ -525,6 +525,29 @@ data planes in distributed mode), shed (a sheddable flood).`,
 	f.StringSliceVar(&c.Scenarios, "scenarios", c.Scenarios, "scenarios: "+strings.Join(bench.OverloadScenarios, ", "))
 	f.StringSliceVar(&c.Targets, "targets", c.Targets, "targets: "+strings.Join(bench.OverloadTargets, ", "))
 	return cmd
+}
+
+func newOverloadPoolCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "overload-pool DIR...",
+		Short: "The calm tenant's TTFT p99s over several overload result directories at once",
+		Long: `Reads the calm tenant's TTFTs that each window of cart-bench overload writes
+(ttft__<scenario>__<target>.csv in its --out directory) and, per scenario and
+target, takes the percentiles over all the windows' requests together: the
+p99 alone, the p50/p90/p99 under the flood and their ratio, beside each
+window's own ratio. A 120 s window holds ~240 calm requests, whose p99 is
+about its third-largest TTFT; several seeds pooled estimate the same p99
+from many more.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, dirs []string) error {
+			ws, err := bench.ReadTTFTWindows(dirs)
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), bench.FormatPooledTTFT(bench.PoolTTFT(ws)))
+			return nil
+		},
+	}
 }
 
 func newPDCmd() *cobra.Command {
