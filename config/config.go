@@ -778,6 +778,12 @@ type Flow struct {
 	ReservePriority   int     `yaml:"reserve_priority"`
 	ReserveSlots      int     `yaml:"reserve_slots"`
 	ReserveWindowSecs float64 `yaml:"reserve_window_secs"`
+	// ReturnCredit is how many requests (each the size of the one it
+	// brings) a tenant returning from idle may start behind the others'
+	// fair-share counters: with equal requests, a burst of ReturnCredit+2
+	// goes before the backlogged tenants' next ones. Its share over time
+	// is unchanged (a tenant served past its share gets no credit).
+	ReturnCredit int `yaml:"return_credit"`
 	// EnginePriority sets vLLM's request field "priority" (lower runs
 	// first under --scheduling-policy priority) to minus the request's
 	// priority, so the engine's own scheduler agrees with CART's.
@@ -958,6 +964,7 @@ func Default() *Config {
 			DeadlineHeader:          "X-CART-Deadline-Ms",
 			ReservePriority:         1,
 			ReserveWindowSecs:       10,
+			ReturnCredit:            2,
 			LearnConcurrency:        true,
 			MetricsEndpoint:         "/metrics",
 			MetricsIntervalSecs:     1,

@@ -548,6 +548,11 @@ const (
 	MaxPriority = 100
 )
 
+// MaxReturnCredit bounds flow.return_credit: a credit that large lets a
+// returning tenant's bursts run ahead of everyone for so long that the
+// fair share would only hold over hours.
+const MaxReturnCredit = 64
+
 func (v *validator) flow() {
 	f := v.c.Flow
 	v.positive("flow.queue_timeout_secs", f.QueueTimeoutSecs)
@@ -571,6 +576,7 @@ func (v *validator) flow() {
 	v.intRange("flow.reserve_priority", int64(f.ReservePriority), MinPriority, MaxPriority)
 	v.intAtLeast("flow.reserve_slots", int64(f.ReserveSlots), 0)
 	v.positive("flow.reserve_window_secs", f.ReserveWindowSecs)
+	v.intRange("flow.return_credit", int64(f.ReturnCredit), 0, MaxReturnCredit)
 	if f.LearnConcurrency {
 		if !strings.HasPrefix(f.MetricsEndpoint, "/") {
 			v.add("flow.metrics_endpoint", "must be a path starting with /, got %q", f.MetricsEndpoint)

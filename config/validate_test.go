@@ -305,6 +305,8 @@ func TestValidateRules(t *testing.T) {
 		{"two tenants share a key", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "k"}, {Name: "b", Key: "k"}} }, "auth.client_keys[1]", "same value as auth.client_keys[0]"},
 		{"client key without name", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Key: "k"}} }, "auth.client_keys[0].name", "is required"},
 		{"client key name charset", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "team a", Key: "k"}} }, "auth.client_keys[0].name", "may only contain"},
+		{"return credit negative", RoleAllInOne, func(c *Config) { c.Flow.ReturnCredit = -1 }, "flow.return_credit", "between 0 and 64"},
+		{"return credit past its bound", RoleAllInOne, func(c *Config) { c.Flow.ReturnCredit = MaxReturnCredit + 1 }, "flow.return_credit", "between 0 and 64"},
 		{"client key name anonymous", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "anonymous", Key: "k"}} }, "auth.client_keys[0].name", "reserved"},
 		{"client key names duplicate", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a", Key: "k1"}, {Name: "a", Key: "k2"}} }, "auth.client_keys[1].name", "duplicate tenant name"},
 		{"client key without secret", RoleAllInOne, func(c *Config) { c.Auth.ClientKeys = []ClientKey{{Name: "a"}} }, "auth.client_keys[0].key_file", "is required"},

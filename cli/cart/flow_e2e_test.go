@@ -49,6 +49,7 @@ flow:
   reserve_priority: 5
   reserve_slots: 1
   reserve_window_secs: 1
+  return_credit: 3
   engine_priority: true
   learn_concurrency: true
   metrics_interval_secs: 0.1

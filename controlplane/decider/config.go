@@ -43,6 +43,7 @@ func FlowFrom(cfg *config.Config) FlowOptions {
 		Limits: flow.Limits{
 			MaxItems: f.MaxQueued, MaxBytes: f.MaxQueuedBytes,
 			MaxItemsPerTenant: f.MaxQueuedPerTenant, MaxBytesPerTenant: f.MaxQueuedBytesPerTenant,
+			ReturnCredit: f.ReturnCredit,
 		},
 		QueueTimeout:  f.QueueTimeout(),
 		ReserveWindow: config.Seconds(f.ReserveWindowSecs),

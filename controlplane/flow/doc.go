@@ -13,9 +13,11 @@
 //     others out. A tenant that becomes backlogged starts where the last
 //     request started (start-time fair queuing's virtual time, Goyal, Vin and
 //     Cheng, SIGCOMM 1996), or at the least counter among the band's
-//     backlogged tenants if that is lower, so idle time is not saved up as
-//     credit to be spent in a burst later: the request it brings goes before
-//     the backlogged tenants' next one, and it is one request ahead at most.
+//     backlogged tenants if that is lower, less Limits.ReturnCredit requests
+//     the size of the one it brings (flow.return_credit, 2 by default). Idle
+//     time is not saved up as credit beyond that bound: a returning burst of
+//     up to ReturnCredit+2 equal requests goes before the backlogged
+//     tenants' next one, and no more, however long the tenant was idle.
 //  3. Order within a tenant: earliest deadline first, where a request
 //     without a deadline of its own has its queue timeout as its deadline;
 //     for requests that all carry the same timeout that is first come,
@@ -114,6 +116,18 @@
 // where the last request started, as start-time fair queuing does, lets a
 // burst of two go first; the credit is one request, however long the tenant
 // was idle, and a tenant that stays backlogged gains nothing from it.
+//
+// Why more credit than that (ReturnCredit): an interactive tenant's
+// requests come in bursts (Poisson arrivals bunch), and with one request of
+// credit the third of a burst took turns with the flood, a sequence's length
+// later. Starting up to ReturnCredit requests further back is the sleeper
+// credit Linux's CFS gives a waking task (placed a bounded way behind the
+// least virtual runtime): the lift is a bound on where a returning tenant
+// starts, not a gift on each return, so a tenant whose counter is already
+// above it (served past its share lately) gains nothing, and one that sends
+// a burst each time its last one leaves the queue is served its share over
+// time, no more (TestReturnCreditKeepsTheShare). Two tenants that both stay
+// backlogged never use it.
 //
 // Charging at the end rather than token by token (the paper's counter grows
 // with every token decoded) needs two corrections, or an interactive tenant

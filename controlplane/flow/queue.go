@@ -20,6 +20,14 @@ type Limits struct {
 	// worker with room can take (another model) does not hide the next
 	// one, while one pass stays bounded.
 	ScanPerTenant int
+	// ReturnCredit is how far behind the virtual time a tenant that was
+	// idle may start, in requests the size of the one it brings (0: none
+	// beyond the one request the virtual time gives). It lets a returning
+	// tenant's burst go before the backlogged tenants' next requests, as a
+	// waking task's sleeper credit does in Linux's CFS; a tenant whose
+	// counter is above that point was not under its share and gains
+	// nothing, so over time no tenant is served past its share.
+	ReturnCredit int
 }
 
 // Item is one waiting request. The host fills the exported fields before
@@ -184,12 +192,14 @@ func (q *Queue[T]) Push(it *Item[T]) error {
 		// started rather than where the backlogged tenants' counters now
 		// stand (past that request's cost) lets the request it brings go
 		// before their next one: a returning tenant is one request ahead
-		// at most, however long it was idle. One still waiting at another
+		// at most, however long it was idle; ReturnCredit more requests
+		// of the size of the one it brings. One still waiting at another
 		// priority was not idle, and its counter is that band's too.
 		to := q.vtime
 		if lo, ok := b.least(); ok && lo < to {
 			to = lo
 		}
+		to -= float64(q.lim.ReturnCredit) * float64(it.Cost) / t.counter.weight
 		if t.counter.queued == 0 && t.counter.served < to {
 			q.lifts++
 			t.counter.absorb, t.counter.served, t.counter.lifted = to-t.counter.served, to, q.lifts

@@ -132,6 +132,68 @@ func TestIdleTenantIsLiftedNotCredited(t *testing.T) {
 	}
 }
 
+// With ReturnCredit, a returning tenant starts that many of its requests
+// behind the virtual time: a burst of credit+2 goes before the busy
+// tenant's next request, then the two alternate.
+func TestReturnCreditLetsABurstGoFirst(t *testing.T) {
+	q := New[req](Limits{ReturnCredit: 2})
+	flood(t, q, "batch", 50, 20)
+	for i := range 10 {
+		mustPush(t, q, item("web", 0, int64(100+i), 100, "C"))
+	}
+	if q.Served("web") != 1700 {
+		t.Fatalf("web lifted to %v, want 1700 (where batch's last request started, less two of its requests)", q.Served("web"))
+	}
+	var got []string
+	for range 8 {
+		got = append(got, takeOne(t, q))
+	}
+	if want := []string{"C", "C", "C", "C", "F", "C", "F", "C"}; !slices.Equal(got, want) {
+		t.Fatalf("dispatches %v, want %v", got, want)
+	}
+}
+
+// The credit is a bound on how far behind a tenant starts, not a gift on
+// each return: a tenant that sends a burst each time its last one has left
+// the queue is served its share over time, no more, however often it
+// returns.
+func TestReturnCreditKeepsTheShare(t *testing.T) {
+	const credit = 3
+	q := New[req](Limits{ReturnCredit: credit})
+	flood(t, q, "batch", 20, 0)
+	got := map[string]int{}
+	returns := 0
+	for n := range 600 {
+		if !hasQueued(q, "web") {
+			returns++
+			for i := range 5 {
+				mustPush(t, q, item("web", 0, int64(n*10+i), 100, "C"))
+			}
+		}
+		for q.Len()-queuedOf(q, "web") < 10 {
+			mustPush(t, q, item("batch", 0, int64(n*10), 100, "F"))
+		}
+		got[takeOne(t, q)]++
+	}
+	// Equal requests: each return may put web up to credit+2 requests
+	// ahead; a gift on every return would add up over the returns.
+	if d := got["C"] - got["F"]; returns < 50 || d > credit+2 || d < -(credit+2) {
+		t.Fatalf("dispatched web %d batch %d over %d returns: more than the credit apart", got["C"], got["F"], returns)
+	}
+}
+
+func queuedOf(q *Queue[req], tenant string) int {
+	n := 0
+	q.Each(func(it *Item[req]) {
+		if it.Tenant == tenant {
+			n++
+		}
+	})
+	return n
+}
+
+func hasQueued(q *Queue[req], tenant string) bool { return queuedOf(q, tenant) > 0 }
+
 // Credit is not banked while the queue is empty either: a tenant that
 // comes back when nothing waits starts where the last request started, not
 // from the counter it left with, or it would take every slot until it had
@@ -388,7 +450,7 @@ func FuzzQueue(f *testing.F) {
 	f.Add([]byte("push push dispatch remove charge dispatch stop"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		lim := Limits{MaxItems: 12, MaxBytes: 400, MaxItemsPerTenant: 5, MaxBytesPerTenant: 200, MaxTenants: 3, ScanPerTenant: 2}
+		lim := Limits{MaxItems: 12, MaxBytes: 400, MaxItemsPerTenant: 5, MaxBytesPerTenant: 200, MaxTenants: 3, ScanPerTenant: 2, ReturnCredit: len(ops) % 3}
 		q := New[req](lim)
 		rng := rand.New(rand.NewPCG(uint64(len(ops)), 7))
 		live := map[*Item[req]]bool{}
@@ -403,8 +465,9 @@ func FuzzQueue(f *testing.F) {
 				it := &Item[req]{Tenant: fmt.Sprint("t", op>>2&3), Priority: int(op>>4&3) - 1,
 					Deadline: int64(rng.IntN(20)), Bytes: int64(op>>6) * 30, Cost: int64(rng.IntN(100))}
 				// A tenant with nothing queued starts at the virtual time,
-				// or at its band's least backlogged counter if lower,
-				// unless its own counter is higher.
+				// or at its band's least backlogged counter if lower, less
+				// ReturnCredit requests of the size of this one, unless its
+				// own counter is higher.
 				want, backlogged, lo, have := q.Served(it.Tenant), false, 0.0, false
 				for o := range live {
 					if o.Tenant == it.Tenant {
@@ -422,7 +485,7 @@ func FuzzQueue(f *testing.F) {
 					if have && lo < to {
 						to = lo
 					}
-					want = max(want, to)
+					want = max(want, to-float64(int64(lim.ReturnCredit)*it.Cost))
 				}
 				if err := q.Push(it); err == nil {
 					live[it] = true
