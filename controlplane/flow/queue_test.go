@@ -106,50 +106,39 @@ func TestTokenFairnessBetweenTenants(t *testing.T) {
 }
 
 // A tenant that was idle is lifted to where the busy tenant's last
-// request started: the request it brings goes next, but it cannot spend
-// its idle time as credit for a burst. It is one request ahead at most.
+// request started, less ReturnCredit requests of the size of the one it
+// brings: a burst of ReturnCredit+2 goes next, but it cannot spend its
+// idle time as credit for a longer one; from there the two alternate.
 func TestIdleTenantIsLiftedNotCredited(t *testing.T) {
-	q := New[req](Limits{})
-	flood(t, q, "batch", 50, 20)
-	if q.Served("batch") != 2000 {
-		t.Fatalf("batch served %v, want 2000", q.Served("batch"))
-	}
-	for i := range 10 {
-		mustPush(t, q, item("web", 0, int64(100+i), 100, "C"))
-	}
-	if q.Served("web") != 1900 {
-		t.Fatalf("web lifted to %v, want 1900 (where batch's last request started)", q.Served("web"))
-	}
-	// Its first request goes at once, its second on the tie (it was lifted
-	// last; by name, batch would win it), and from there the two
-	// alternate: the burst of ten does not take ten slots in a row.
-	var got []string
-	for range 8 {
-		got = append(got, takeOne(t, q))
-	}
-	if want := []string{"C", "C", "F", "C", "F", "C", "F", "C"}; !slices.Equal(got, want) {
-		t.Fatalf("dispatches %v, want %v", got, want)
-	}
-}
-
-// With ReturnCredit, a returning tenant starts that many of its requests
-// behind the virtual time: a burst of credit+2 goes before the busy
-// tenant's next request, then the two alternate.
-func TestReturnCreditLetsABurstGoFirst(t *testing.T) {
-	q := New[req](Limits{ReturnCredit: 2})
-	flood(t, q, "batch", 50, 20)
-	for i := range 10 {
-		mustPush(t, q, item("web", 0, int64(100+i), 100, "C"))
-	}
-	if q.Served("web") != 1700 {
-		t.Fatalf("web lifted to %v, want 1700 (where batch's last request started, less two of its requests)", q.Served("web"))
-	}
-	var got []string
-	for range 8 {
-		got = append(got, takeOne(t, q))
-	}
-	if want := []string{"C", "C", "C", "C", "F", "C", "F", "C"}; !slices.Equal(got, want) {
-		t.Fatalf("dispatches %v, want %v", got, want)
+	for _, tc := range []struct {
+		credit int
+		lifted float64
+		want   []string
+	}{
+		// Its first request goes at once, its second on the tie (it was
+		// lifted last; by name, batch would win it): the burst of ten does
+		// not take ten slots in a row.
+		{0, 1900, []string{"C", "C", "F", "C", "F", "C", "F", "C"}},
+		{2, 1700, []string{"C", "C", "C", "C", "F", "C", "F", "C"}},
+	} {
+		q := New[req](Limits{ReturnCredit: tc.credit})
+		flood(t, q, "batch", 50, 20)
+		if q.Served("batch") != 2000 {
+			t.Fatalf("batch served %v, want 2000", q.Served("batch"))
+		}
+		for i := range 10 {
+			mustPush(t, q, item("web", 0, int64(100+i), 100, "C"))
+		}
+		if q.Served("web") != tc.lifted {
+			t.Fatalf("credit %d: web lifted to %v, want %v (where batch's last request started, less the credit)", tc.credit, q.Served("web"), tc.lifted)
+		}
+		var got []string
+		for range 8 {
+			got = append(got, takeOne(t, q))
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Fatalf("credit %d: dispatches %v, want %v", tc.credit, got, tc.want)
+		}
 	}
 }
 
