@@ -2,7 +2,10 @@ package bench
 
 import (
 	"bufio"
+	"compress/gzip"
+	"encoding/csv"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,10 +34,63 @@ func writeTTFTCSV(path string, alone, loaded []float64) error {
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
-// TTFTWindow is one overload window's calm TTFTs (ms).
+// TTFTWindow is one overload window's calm TTFTs (ms) and, when its
+// requests file was read, every request served in it.
 type TTFTWindow struct {
 	Dir, Scenario, Target string
 	Alone, Loaded         []float64
+	Requests              []ServedRequest
+}
+
+// ServedRequest is one line of a window's requests__*.csv.gz: a request
+// served, its times in ms from the window's start.
+type ServedRequest struct {
+	Tenant                  string
+	StartMs, FirstMs, EndMs float64
+}
+
+// CalmFirst returns, for each calm request that started in the window,
+// the TTFT it would have had if calm requests took every slot that freed
+// before any other tenant's (absolute priority, no preemption), the ends
+// being those that happened: the wait from its start to the first end of
+// another request not taken by an earlier calm request, plus firstToken
+// (what a request that finds a slot at once takes to its first token).
+// In a saturated pool no scheduler that neither preempts a running
+// request nor keeps a slot idle serves the calm tenant sooner, so the
+// p99 of these is the floor a queue is held to at equal priority.
+func CalmFirst(reqs []ServedRequest, firstToken float64) []float64 {
+	var ends []float64
+	var calm []ServedRequest
+	for _, r := range reqs {
+		ends = append(ends, r.EndMs)
+		if r.Tenant == "calm" && r.StartMs >= 0 {
+			calm = append(calm, r)
+		}
+	}
+	slices.Sort(ends)
+	slices.SortFunc(calm, func(a, b ServedRequest) int {
+		switch {
+		case a.StartMs < b.StartMs:
+			return -1
+		case a.StartMs > b.StartMs:
+			return 1
+		}
+		return 0
+	})
+	var out []float64
+	taken := -1 // index in ends of the last end a calm request took
+	for _, r := range calm {
+		i, _ := slices.BinarySearch(ends, r.StartMs)
+		for i < len(ends) && (ends[i] <= r.StartMs || i <= taken || ends[i] == r.EndMs) {
+			i++
+		}
+		if i == len(ends) {
+			continue // the window ended first: no bound for it
+		}
+		taken = i
+		out = append(out, ends[i]-r.StartMs+firstToken)
+	}
+	return out
 }
 
 // Ratio is the window's calm p99 under the flood over its p99 alone, as
@@ -56,6 +112,10 @@ type PooledTTFT struct {
 	LoadedP50, LoadedP90 float64
 	Ratio                float64   // LoadedP99 / AloneP99
 	WindowRatios         []float64 // each window's own ratio, in Dir order
+	// CalmFirstP99 is the p99 of CalmFirst over the windows (each with its
+	// own calm TTFT p50 alone as the first token's time), 0 unless every
+	// window's requests were read; CalmFirstRatio is it over AloneP99.
+	CalmFirstP99, CalmFirstRatio float64
 }
 
 // PoolTTFT pools ws by scenario and target, in the order of their first
@@ -63,7 +123,8 @@ type PooledTTFT struct {
 func PoolTTFT(ws []TTFTWindow) []PooledTTFT {
 	var out []PooledTTFT
 	idx := map[[2]string]int{}
-	var alone, loaded [][]float64
+	var alone, loaded, first [][]float64
+	missing := map[int]bool{}
 	for _, w := range ws {
 		k := [2]string{w.Scenario, w.Target}
 		i, ok := idx[k]
@@ -71,8 +132,12 @@ func PoolTTFT(ws []TTFTWindow) []PooledTTFT {
 			i = len(out)
 			idx[k] = i
 			out = append(out, PooledTTFT{Scenario: w.Scenario, Target: w.Target})
-			alone, loaded = append(alone, nil), append(loaded, nil)
+			alone, loaded, first = append(alone, nil), append(loaded, nil), append(first, nil)
 		}
+		if len(w.Requests) == 0 {
+			missing[i] = true
+		}
+		first[i] = append(first[i], CalmFirst(w.Requests, Percentile(w.Alone, 50))...)
 		out[i].Windows++
 		out[i].WindowRatios = append(out[i].WindowRatios, w.Ratio())
 		alone[i] = append(alone[i], w.Alone...)
@@ -84,6 +149,10 @@ func PoolTTFT(ws []TTFTWindow) []PooledTTFT {
 		p.AloneP99 = Percentile(alone[i], 99)
 		p.LoadedP50, p.LoadedP90, p.LoadedP99 = Percentile(loaded[i], 50), Percentile(loaded[i], 90), Percentile(loaded[i], 99)
 		p.Ratio = p.LoadedP99 / p.AloneP99
+		if !missing[i] && len(first[i]) > 0 {
+			p.CalmFirstP99 = Percentile(first[i], 99)
+			p.CalmFirstRatio = p.CalmFirstP99 / p.AloneP99
+		}
 	}
 	return out
 }
@@ -107,6 +176,10 @@ func ReadTTFTWindows(dirs []string) ([]TTFTWindow, error) {
 				return nil, err
 			}
 			w.Dir = d
+			reqs := filepath.Join(d, "requests__"+w.Scenario+"__"+w.Target+".csv.gz")
+			if w.Requests, err = readRequestsFile(reqs); err != nil && !os.IsNotExist(err) {
+				return nil, err
+			}
 			out = append(out, w)
 		}
 	}
@@ -158,17 +231,60 @@ func readTTFTFile(path string) (TTFTWindow, error) {
 	return w, nil
 }
 
+// readRequestsFile reads a window's requests__*.csv.gz.
+func readRequestsFile(path string) ([]ServedRequest, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	r := csv.NewReader(z)
+	r.FieldsPerRecord = 4
+	head, err := r.Read()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if strings.Join(head, ",") != "tenant,start_ms,first_token_ms,end_ms" {
+		return nil, fmt.Errorf("%s: header %q, want tenant,start_ms,first_token_ms,end_ms", path, strings.Join(head, ","))
+	}
+	var out []ServedRequest
+	for {
+		rec, err := r.Read()
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		var v [3]float64
+		for i := range v {
+			if v[i], err = strconv.ParseFloat(rec[i+1], 64); err != nil {
+				return nil, fmt.Errorf("%s: %q: %w", path, strings.Join(rec, ","), err)
+			}
+		}
+		out = append(out, ServedRequest{rec[0], v[0], v[1], v[2]})
+	}
+}
+
 // FormatPooledTTFT renders p as a Markdown table.
 func FormatPooledTTFT(p []PooledTTFT) string {
 	var b strings.Builder
-	b.WriteString("| scenario | through | windows | calm requests alone / under the flood | p99 alone (ms) | p50 / p90 / p99 under the flood (ms) | pooled p99 flood / alone | each window's ratio |\n|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| scenario | through | windows | calm requests alone / under the flood | p99 alone (ms) | p50 / p90 / p99 under the flood (ms) | pooled p99 flood / alone | calm-first floor p99 (ms, / alone) | each window's ratio |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range p {
 		rs := make([]string, len(x.WindowRatios))
 		for i, r := range x.WindowRatios {
 			rs[i] = fmt.Sprintf("%.1f×", r)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %d / %d | %.0f | %.0f / %.0f / %.0f | **%.2f×** | %s |\n",
-			x.Scenario, x.Target, x.Windows, x.AloneN, x.LoadedN, x.AloneP99, x.LoadedP50, x.LoadedP90, x.LoadedP99, x.Ratio, strings.Join(rs, ", "))
+		floor := "no requests files"
+		if x.CalmFirstP99 > 0 {
+			floor = fmt.Sprintf("%.0f (%.2f×)", x.CalmFirstP99, x.CalmFirstRatio)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d / %d | %.0f | %.0f / %.0f / %.0f | **%.2f×** | %s | %s |\n",
+			x.Scenario, x.Target, x.Windows, x.AloneN, x.LoadedN, x.AloneP99, x.LoadedP50, x.LoadedP90, x.LoadedP99, x.Ratio, floor, strings.Join(rs, ", "))
 	}
 	return b.String()
 }

@@ -116,3 +116,63 @@ func TestReadTTFTWindowsRefusesWhatItCannotPool(t *testing.T) {
 		})
 	}
 }
+
+// CalmFirst gives each calm request the first end after its start that no
+// earlier calm request took (nor its own end), plus the first token's time.
+func TestCalmFirst(t *testing.T) {
+	reqs := []ServedRequest{
+		{"flood", -300, -290, 100},
+		{"flood", -200, -190, 130},
+		{"flood", -100, -90, 135},
+		{"flood", 0, 10, 400},
+		{"calm", 90, 150, 600},  // takes the end at 100
+		{"calm", 95, 160, 300},  // 100 taken: 130
+		{"calm", 96, 170, 131},  // 100, 130 taken, its own end (131) skipped: 135
+		{"calm", -5, 20, 60},    // started before the window: no bound
+		{"calm", 390, 420, 900}, // 400
+		{"calm", 950, 960, 990}, // no end after it but its own: no bound
+	}
+	got := CalmFirst(reqs, 10)
+	if want := []float64{100 - 90 + 10, 130 - 95 + 10, 135 - 96 + 10, 400 - 390 + 10}; !slices.Equal(got, want) {
+		t.Fatalf("calm-first %v, want %v", got, want)
+	}
+}
+
+// The requests file a window writes reads back, and pooling takes the
+// calm-first floor over the windows that have one.
+func TestRequestsFileReadsBackAndPools(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ok := func(endMs, e2eMs, ttftMs int) timedResult {
+		return timedResult{Result{Status: http.StatusOK, E2E: time.Duration(e2eMs) * time.Millisecond, TTFT: time.Duration(ttftMs) * time.Millisecond}, at(endMs)}
+	}
+	flood := &tenantLoad{plan: tenantPlan{name: "flood"}, result: []timedResult{ok(100, 400, 10), ok(300, 250, 10)}}
+	calm := &tenantLoad{plan: tenantPlan{name: "calm"}, result: []timedResult{ok(200, 150, 60)}}
+	dir := t.TempDir()
+	if err := writeRequestsCSV(filepath.Join(dir, "requests__flood__cart.csv.gz"), []*tenantLoad{flood, calm}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeTTFTCSV(filepath.Join(dir, ttftFilePrefix+"flood__cart.csv"), []float64{5, 7, 9}, []float64{60}); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := ReadTTFTWindows([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []ServedRequest{{"flood", -300, -290, 100}, {"flood", 50, 60, 300}, {"calm", 50, 110, 200}}
+	if len(ws) != 1 || !slices.Equal(ws[0].Requests, want) {
+		t.Fatalf("requests read back %+v, want %+v", ws, want)
+	}
+	p := PoolTTFT(ws)
+	// The calm request started at 50: the next end is 100, plus the p50
+	// alone (7).
+	if len(p) != 1 || p[0].CalmFirstP99 != 57 || p[0].CalmFirstRatio != 57/Percentile([]float64{5, 7, 9}, 99) {
+		t.Fatalf("pooled %+v, want a calm-first p99 of 57 ms", p)
+	}
+	// A window without its requests file pools no floor at all rather
+	// than one from the other windows alone.
+	ws = append(ws, TTFTWindow{Dir: "b", Scenario: "flood", Target: "cart", Alone: []float64{5}, Loaded: []float64{6}})
+	if p := PoolTTFT(ws); p[0].CalmFirstP99 != 0 || !strings.Contains(FormatPooledTTFT(p), "no requests files") {
+		t.Fatalf("pooled with a window missing its requests: %+v", p)
+	}
+}
