@@ -537,7 +537,12 @@ target, takes the percentiles over all the windows' requests together: the
 p99 alone, the p50/p90/p99 under the flood and their ratio, beside each
 window's own ratio. A 120 s window holds ~240 calm requests, whose p99 is
 about its third-largest TTFT; several seeds pooled estimate the same p99
-from many more.`,
+from many more. From each window's requests__<scenario>__<target>.csv.gz it
+also takes the calm-first floor: the p99 of each calm request's wait for the
+first end no earlier calm request took, plus the calm TTFT p50 alone, which
+no scheduler that neither preempts nor idles a slot beats at equal priority
+(in the priority and shed scenarios the calm tenant waits for no end, and
+the column means nothing there).`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, dirs []string) error {
 			ws, err := bench.ReadTTFTWindows(dirs)
