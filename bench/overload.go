@@ -596,10 +596,7 @@ func writeCalmCSV(path string, ws []calmWait) error {
 	for _, w := range ws {
 		fmt.Fprintf(&b, "%.1f,%.1f,%.1f,%d\n", w.startMs, w.ttftMs, w.nextEndMs, w.othersFirst)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	return writeResultFile(path, []byte(b.String()))
 }
 
 // nextEnds returns, for each request of calm served within [from, until],
@@ -684,10 +681,7 @@ func writeRequestsCSV(path string, loads []*tenantLoad, from time.Time) error {
 	if err := zw.Close(); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(path, z.Bytes(), 0o644)
+	return writeResultFile(path, z.Bytes())
 }
 
 // promptTokensBetween sums the prompt and cached tokens of the requests

@@ -1,7 +1,7 @@
 package bench
 
 import (
-	"bufio"
+	"cmp"
 	"compress/gzip"
 	"encoding/csv"
 	"fmt"
@@ -28,10 +28,15 @@ func writeTTFTCSV(path string, alone, loaded []float64) error {
 	for _, v := range loaded {
 		fmt.Fprintf(&b, "loaded,%.3f\n", v)
 	}
+	return writeResultFile(path, []byte(b.String()))
+}
+
+// writeResultFile writes a run's data file, making its directory.
+func writeResultFile(path string, data []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	return os.WriteFile(path, data, 0o644)
 }
 
 // TTFTWindow is one overload window's calm TTFTs (ms) and, when its
@@ -68,20 +73,13 @@ func CalmFirst(reqs []ServedRequest, firstToken float64) []float64 {
 		}
 	}
 	slices.Sort(ends)
-	slices.SortFunc(calm, func(a, b ServedRequest) int {
-		switch {
-		case a.StartMs < b.StartMs:
-			return -1
-		case a.StartMs > b.StartMs:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(calm, func(a, b ServedRequest) int { return cmp.Compare(a.StartMs, b.StartMs) })
 	var out []float64
 	taken := -1 // index in ends of the last end a calm request took
 	for _, r := range calm {
 		i, _ := slices.BinarySearch(ends, r.StartMs)
-		for i < len(ends) && (ends[i] <= r.StartMs || i <= taken || ends[i] == r.EndMs) {
+		i = max(i, taken+1)
+		for i < len(ends) && (ends[i] <= r.StartMs || ends[i] == r.EndMs) {
 			i++
 		}
 		if i == len(ends) {
@@ -114,45 +112,56 @@ type PooledTTFT struct {
 	WindowRatios         []float64 // each window's own ratio, in Dir order
 	// CalmFirstP99 is the p99 of CalmFirst over the windows (each with its
 	// own calm TTFT p50 alone as the first token's time), 0 unless every
-	// window's requests were read; CalmFirstRatio is it over AloneP99.
+	// window's requests were read; CalmFirstRatio is it over AloneP99, and
+	// WindowFloors each window's own, beside WindowRatios.
 	CalmFirstP99, CalmFirstRatio float64
+	WindowFloors                 []float64
+}
+
+// calmFirst is w's CalmFirst, nil without its requests.
+func (w TTFTWindow) calmFirst() []float64 {
+	if len(w.Requests) == 0 {
+		return nil
+	}
+	return CalmFirst(w.Requests, Percentile(w.Alone, 50))
 }
 
 // PoolTTFT pools ws by scenario and target, in the order of their first
 // window.
 func PoolTTFT(ws []TTFTWindow) []PooledTTFT {
-	var out []PooledTTFT
-	idx := map[[2]string]int{}
-	var alone, loaded, first [][]float64
-	missing := map[int]bool{}
+	var keys [][2]string
+	groups := map[[2]string][]TTFTWindow{}
 	for _, w := range ws {
 		k := [2]string{w.Scenario, w.Target}
-		i, ok := idx[k]
-		if !ok {
-			i = len(out)
-			idx[k] = i
-			out = append(out, PooledTTFT{Scenario: w.Scenario, Target: w.Target})
-			alone, loaded, first = append(alone, nil), append(loaded, nil), append(first, nil)
+		if groups[k] == nil {
+			keys = append(keys, k)
 		}
-		if len(w.Requests) == 0 {
-			missing[i] = true
-		}
-		first[i] = append(first[i], CalmFirst(w.Requests, Percentile(w.Alone, 50))...)
-		out[i].Windows++
-		out[i].WindowRatios = append(out[i].WindowRatios, w.Ratio())
-		alone[i] = append(alone[i], w.Alone...)
-		loaded[i] = append(loaded[i], w.Loaded...)
+		groups[k] = append(groups[k], w)
 	}
-	for i := range out {
-		p := &out[i]
-		p.AloneN, p.LoadedN = len(alone[i]), len(loaded[i])
-		p.AloneP99 = Percentile(alone[i], 99)
-		p.LoadedP50, p.LoadedP90, p.LoadedP99 = Percentile(loaded[i], 50), Percentile(loaded[i], 90), Percentile(loaded[i], 99)
-		p.Ratio = p.LoadedP99 / p.AloneP99
-		if !missing[i] && len(first[i]) > 0 {
-			p.CalmFirstP99 = Percentile(first[i], 99)
-			p.CalmFirstRatio = p.CalmFirstP99 / p.AloneP99
+	out := make([]PooledTTFT, 0, len(keys))
+	for _, k := range keys {
+		p := PooledTTFT{Scenario: k[0], Target: k[1], Windows: len(groups[k])}
+		var alone, loaded, first []float64
+		floors := true
+		for _, w := range groups[k] {
+			alone, loaded = append(alone, w.Alone...), append(loaded, w.Loaded...)
+			p.WindowRatios = append(p.WindowRatios, w.Ratio())
+			f := w.calmFirst()
+			floors = floors && len(f) > 0
+			first = append(first, f...)
+			p.WindowFloors = append(p.WindowFloors, Percentile(f, 99)/Percentile(w.Alone, 99))
 		}
+		p.AloneN, p.LoadedN = len(alone), len(loaded)
+		p.AloneP99 = Percentile(alone, 99)
+		p.LoadedP50, p.LoadedP90, p.LoadedP99 = Percentile(loaded, 50), Percentile(loaded, 90), Percentile(loaded, 99)
+		p.Ratio = p.LoadedP99 / p.AloneP99
+		if floors {
+			p.CalmFirstP99 = Percentile(first, 99)
+			p.CalmFirstRatio = p.CalmFirstP99 / p.AloneP99
+		} else {
+			p.WindowFloors = nil
+		}
+		out = append(out, p)
 	}
 	return out
 }
@@ -198,32 +207,23 @@ func readTTFTFile(path string) (TTFTWindow, error) {
 		return w, err
 	}
 	defer f.Close()
-	sc2 := bufio.NewScanner(f)
-	line := 0
-	for sc2.Scan() {
-		line++
-		if line == 1 {
-			if sc2.Text() != "phase,ttft_ms" {
-				return w, fmt.Errorf("%s: header %q, want phase,ttft_ms", path, sc2.Text())
-			}
-			continue
+	err = readCSV(f, path, "phase,ttft_ms", func(rec []string) error {
+		x, err := strconv.ParseFloat(rec[1], 64)
+		if err != nil {
+			return err
 		}
-		phase, v, ok := strings.Cut(sc2.Text(), ",")
-		x, err := strconv.ParseFloat(v, 64)
-		if !ok || err != nil {
-			return w, fmt.Errorf("%s:%d: want phase,ttft_ms: %q", path, line, sc2.Text())
-		}
-		switch phase {
+		switch rec[0] {
 		case "alone":
 			w.Alone = append(w.Alone, x)
 		case "loaded":
 			w.Loaded = append(w.Loaded, x)
 		default:
-			return w, fmt.Errorf("%s:%d: phase %q, want alone or loaded", path, line, phase)
+			return fmt.Errorf("phase %q, want alone or loaded", rec[0])
 		}
-	}
-	if err := sc2.Err(); err != nil {
-		return w, fmt.Errorf("%s: %w", path, err)
+		return nil
+	})
+	if err != nil {
+		return w, err
 	}
 	if len(w.Alone) == 0 || len(w.Loaded) == 0 {
 		return w, fmt.Errorf("%s: %d TTFTs alone and %d loaded; a ratio needs both", path, len(w.Alone), len(w.Loaded))
@@ -242,31 +242,45 @@ func readRequestsFile(path string) ([]ServedRequest, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	r := csv.NewReader(z)
-	r.FieldsPerRecord = 4
-	head, err := r.Read()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if strings.Join(head, ",") != "tenant,start_ms,first_token_ms,end_ms" {
-		return nil, fmt.Errorf("%s: header %q, want tenant,start_ms,first_token_ms,end_ms", path, strings.Join(head, ","))
-	}
 	var out []ServedRequest
-	for {
-		rec, err := r.Read()
-		if err == io.EOF {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
+	err = readCSV(z, path, "tenant,start_ms,first_token_ms,end_ms", func(rec []string) error {
 		var v [3]float64
 		for i := range v {
+			var err error
 			if v[i], err = strconv.ParseFloat(rec[i+1], 64); err != nil {
-				return nil, fmt.Errorf("%s: %q: %w", path, strings.Join(rec, ","), err)
+				return err
 			}
 		}
 		out = append(out, ServedRequest{rec[0], v[0], v[1], v[2]})
+		return nil
+	})
+	return out, err
+}
+
+// readCSV checks r's header against header and hands each record, with as
+// many fields, to each.
+func readCSV(r io.Reader, path, header string, each func([]string) error) error {
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = strings.Count(header, ",") + 1
+	head, err := cr.Read()
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if got := strings.Join(head, ","); got != header {
+		return fmt.Errorf("%s: header %q, want %s", path, got, header)
+	}
+	for {
+		rec, err := cr.Read()
+		if err == io.EOF {
+			return nil
+		}
+		if err == nil {
+			err = each(rec)
+		}
+		if err != nil {
+			line, _ := cr.FieldPos(0)
+			return fmt.Errorf("%s:%d: %w", path, line, err)
+		}
 	}
 }
 
@@ -277,7 +291,10 @@ func FormatPooledTTFT(p []PooledTTFT) string {
 	for _, x := range p {
 		rs := make([]string, len(x.WindowRatios))
 		for i, r := range x.WindowRatios {
-			rs[i] = fmt.Sprintf("%.1f×", r)
+			rs[i] = fmt.Sprintf("%.2f×", r)
+			if x.WindowFloors != nil {
+				rs[i] += fmt.Sprintf(" (floor %.2f×)", x.WindowFloors[i])
+			}
 		}
 		floor := "no requests files"
 		if x.CalmFirstP99 > 0 {

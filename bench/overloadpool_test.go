@@ -169,6 +169,9 @@ func TestRequestsFileReadsBackAndPools(t *testing.T) {
 	if len(p) != 1 || p[0].CalmFirstP99 != 57 || p[0].CalmFirstRatio != 57/Percentile([]float64{5, 7, 9}, 99) {
 		t.Fatalf("pooled %+v, want a calm-first p99 of 57 ms", p)
 	}
+	if !slices.Equal(p[0].WindowFloors, []float64{p[0].CalmFirstRatio}) || !strings.Contains(FormatPooledTTFT(p), "(floor ") {
+		t.Fatalf("window floors %v, want the one window's %v, shown", p[0].WindowFloors, p[0].CalmFirstRatio)
+	}
 	// A window without its requests file pools no floor at all rather
 	// than one from the other windows alone.
 	ws = append(ws, TTFTWindow{Dir: "b", Scenario: "flood", Target: "cart", Alone: []float64{5}, Loaded: []float64{6}})
